@@ -1,0 +1,55 @@
+"""The `bertkit` command: one subcommand per stage, thin over the library.
+
+Each stage's arguments live in `bertkit/commands/<stage>.py`, which exposes `register(subparsers)`; the registered
+handler gets the parsed `argparse.Namespace` and calls the library. User errors (`BertkitError`) print one line and
+exit 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bertkit.errors import BertkitError
+
+# Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
+# partial install still runs the stages it has.
+STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "serve", "export", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertkit", description="BERT, whole and fast: text -> vocab -> pre-training -> fine-tuning -> predictions")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for stage in STAGES:
+        try:
+            module = importlib.import_module(f"bertkit.commands.{stage}")
+        except ModuleNotFoundError as e:
+            if e.name == f"bertkit.commands.{stage}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except BertkitError as e:
+        print(f"bertkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bertkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `bertkit tokenize ... | head`
+        return 0
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
