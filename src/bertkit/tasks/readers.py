@@ -1,0 +1,414 @@
+"""Readers for fine-tuning data: table files (CSV / TSV / JSONL), CoNLL token files, SQuAD JSON.
+
+Every reader returns plain dataclasses that remember where each record came from (`source = "file:line"`), so a
+later error (an unknown label in dev, an answer span that does not fit) can still name the file and line.
+
+    read_table(path, text_column="text", pair_column="text_pair", label_column="label")   -> list[TextExample]
+    read_conll(path, tag_column=-1)                                                        -> list[Sentence]
+    read_squad(path)                                                                       -> SquadData
+
+Rules (nothing is dropped silently):
+  * a missing column, an empty text, a missing label, a CoNLL line whose column count differs from the file's,
+    a SQuAD answer whose offset does not fit its context: `DataError` naming file and line;
+  * the one tolerated repair is a SQuAD answer whose `answer_start` is off but whose text occurs in the context:
+    with `fix_offsets=True` (default) it moves to the nearest occurrence, and the fix is *counted* in
+    `SquadData.fixed_offsets` (the CLI prints the count).
+
+`LabelMap` turns label names (or numbers) into ids; it is built from the training file and saved with the model
+(config.json `id2label` / `label2id`, as transformers does), and it refuses labels it has not seen.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertkit.errors import DataError
+
+__all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
+           "read_squad", "write_table", "write_conll", "write_squad"]
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+def _open_text(path: Path):
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _table_format(path: Path) -> str:
+    suffixes = [s for s in path.suffixes if s != ".gz"]
+    ext = suffixes[-1].lower() if suffixes else ""
+    if ext in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    if ext in (".tsv", ".tab"):
+        return "tsv"
+    if ext == ".csv":
+        return "csv"
+    raise DataError(f"{path}: unknown table format {ext or '(no extension)'!r}; use .csv, .tsv or .jsonl")
+
+
+# --------------------------------------------------------------------------------------------------- table files
+
+@dataclass
+class TextExample:
+    text: str
+    text_pair: str | None = None
+    label: str | float | list[str] | None = None   # name, number (regression) or names (multi-label); None = unlabelled
+    source: str = ""                                # "file:line", for error messages
+
+
+def _rows(path: Path):
+    """(line_number, dict row) of a CSV/TSV/JSONL file; line numbers are 1-based physical lines."""
+    fmt = _table_format(path)
+    with _open_text(path) as f:
+        if fmt == "jsonl":
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{i}: expected a JSON object per line, got {type(row).__name__}")
+                yield i, row
+            return
+        reader = csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",",
+                                quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL)
+        if reader.fieldnames is None:
+            return
+        for row in reader:
+            line = reader.line_num  # the physical line where this row ends
+            if None in row:  # more fields than the header
+                raise DataError(f"{path}:{line}: {len(reader.fieldnames) + len(row[None])} fields, the header has "
+                                f"{len(reader.fieldnames)} ({', '.join(reader.fieldnames)})")
+            yield line, row
+
+
+def read_table(path: str | Path, *, text_column: str = "text", pair_column: str | None = "text_pair",
+               label_column: str | None = "label", require_pair: bool = False, require_label: bool = True,
+               multilabel_sep: str = "|") -> list[TextExample]:
+    """Read a CSV / TSV / JSONL file with named columns.
+
+    `pair_column` is used when present (or required with `require_pair`); `label_column` must be present when
+    `require_label` (training / evaluation) and may be absent for prediction. A multi-label cell is a JSON list
+    (JSONL) or names joined by `multilabel_sep`; labels stay strings (numbers too) and `LabelMap` / the task
+    decide what they mean.
+    """
+    path = Path(path)
+    out: list[TextExample] = []
+    checked_columns = False
+    for line, row in _rows(path):
+        if not checked_columns:
+            cols = list(row)
+            needed = [text_column] + ([pair_column] if require_pair else []) + ([label_column] if require_label else [])
+            missing = [c for c in needed if c and c not in row]
+            if missing:
+                raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
+                                f"found {', '.join(map(repr, cols))}")
+            checked_columns = True
+        text = row.get(text_column)
+        if text is None or not str(text).strip():
+            raise DataError(f"{path}:{line}: empty {text_column!r}")
+        pair = row.get(pair_column) if pair_column else None
+        if require_pair and (pair is None or not str(pair).strip()):
+            raise DataError(f"{path}:{line}: empty {pair_column!r}")
+        label = row.get(label_column) if label_column else None
+        if isinstance(label, str):
+            label = label.strip()
+            if label == "":
+                label = None
+        if require_label and label is None:
+            raise DataError(f"{path}:{line}: missing value in column {label_column!r}")
+        if isinstance(label, list):
+            label = [str(x) for x in label]
+        elif label is not None and not isinstance(label, str):
+            label = str(label) if not isinstance(label, float) else repr(label)
+        out.append(TextExample(text=str(text), text_pair=None if pair is None else str(pair), label=label,
+                               source=f"{path}:{line}"))
+    if not out:
+        raise DataError(f"{path}: no examples")
+    return out
+
+
+def split_multilabel(label: str | list[str], sep: str = "|") -> list[str]:
+    if isinstance(label, list):
+        return label
+    return [x.strip() for x in label.split(sep) if x.strip()]
+
+
+def write_table(path: str | Path, rows: list[dict]) -> Path:
+    """Write dict rows as CSV / TSV / JSONL (by extension); the builders in tasks.data use it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = _table_format(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        if fmt == "jsonl":
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        else:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ",",
+                               quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                               escapechar="\\" if fmt == "tsv" else None)
+            w.writeheader()
+            w.writerows(rows)
+    tmp.replace(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------ labels
+
+_NUMBER = re.compile(r"^-?\d+$")
+
+
+@dataclass
+class LabelMap:
+    """id <-> label name. Built from training labels: integer-looking labels sort numerically ("0" < "1" < "10"),
+    others alphabetically, so the same training file always gives the same ids."""
+    labels: list[str]
+
+    @classmethod
+    def from_labels(cls, labels) -> "LabelMap":
+        names = sorted({str(x) for x in labels})
+        if names and all(_NUMBER.match(n) for n in names):
+            names.sort(key=int)
+        return cls(names)
+
+    @classmethod
+    def from_config(cls, id2label: dict) -> "LabelMap":
+        return cls([id2label[k] for k in sorted(id2label, key=int)])
+
+    def __post_init__(self):
+        self._index = {n: i for i, n in enumerate(self.labels)}
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __contains__(self, label) -> bool:
+        return str(label) in self._index
+
+    def id(self, label, source: str = "") -> int:
+        try:
+            return self._index[str(label)]
+        except KeyError:
+            known = ", ".join(self.labels[:20]) + (" ..." if len(self.labels) > 20 else "")
+            where = f"{source}: " if source else ""
+            raise DataError(f"{where}unknown label {label!r}: the model knows {len(self.labels)} labels "
+                            f"({known}), from its training data") from None
+
+    def name(self, i: int) -> str:
+        return self.labels[i]
+
+    @property
+    def id2label(self) -> dict[str, str]:  # JSON keys are strings (as in HF config.json)
+        return {str(i): n for i, n in enumerate(self.labels)}
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return dict(self._index)
+
+
+# ------------------------------------------------------------------------------------------------------ CoNLL
+
+@dataclass
+class Sentence:
+    words: list[str]
+    tags: list[str] | None     # None when the file has no tag column (prediction input)
+    doc: str = ""              # the -DOCSTART- argument (or "doc<N>"): split by document, never by sentence
+    source: str = ""           # "file:line" of the first word
+
+
+def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = True) -> list[Sentence]:
+    """CoNLL-style token file: one token per line with whitespace-separated columns (token first, tag in
+    `tag_column`), blank lines between sentences, `-DOCSTART-` lines between documents. Every token line must have
+    the same column count as the first one (a wrong count is an error naming the line)."""
+    path = Path(path)
+    out: list[Sentence] = []
+    n_cols: int | None = None
+    first_line = 0
+    words: list[str] = []
+    tags: list[str] = []
+    doc, n_docs = "", 0
+
+    def flush():
+        nonlocal words, tags
+        if words:
+            out.append(Sentence(words, tags if n_cols and n_cols > 1 else None, doc or f"doc{n_docs}",
+                                f"{path}:{first_line}"))
+        words, tags = [], []
+
+    with _open_text(path) as f:
+        for i, raw in enumerate(f, 1):
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                flush()
+                continue
+            cols = line.split("\t") if "\t" in line else line.split()
+            if cols[0] == "-DOCSTART-":
+                flush()
+                n_docs += 1
+                # "-DOCSTART-<TAB>name" names the document; CoNLL-2003's "-DOCSTART- -X- -X- O" does not
+                doc = cols[1] if len(cols) == 2 and cols[1] != "O" else f"doc{n_docs}"
+                continue
+            if n_cols is None:
+                n_cols = len(cols)
+                if require_tags and n_cols < 2:
+                    raise DataError(f"{path}:{i}: a token line needs a tag column (token<TAB>tag), got {line!r}")
+            if len(cols) != n_cols:
+                raise DataError(f"{path}:{i}: {len(cols)} column(s), expected {n_cols} like line 1 of the data "
+                                f"({line!r})")
+            if not words:
+                first_line = i
+            words.append(cols[0])
+            if n_cols > 1:
+                tags.append(cols[tag_column])
+        flush()
+    if not out:
+        raise DataError(f"{path}: no sentences")
+    return out
+
+
+def write_conll(path: str | Path, sentences: list[Sentence]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        last_doc = None
+        for s in sentences:
+            if s.doc != last_doc:
+                f.write(f"-DOCSTART-\t{s.doc}\n\n")
+                last_doc = s.doc
+            for j, w in enumerate(s.words):
+                f.write(w + (f"\t{s.tags[j]}" if s.tags is not None else "") + "\n")
+            f.write("\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------ SQuAD
+
+@dataclass
+class SquadExample:
+    id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]       # (text, char start); all gold answers (dev has several)
+    is_impossible: bool = False
+    title: str = ""
+    source: str = ""
+
+
+@dataclass
+class SquadData:
+    examples: list[SquadExample]
+    version_2: bool                      # any is_impossible question in the file
+    fixed_offsets: int = 0               # answers whose answer_start was moved to where the text really is
+    details: list[str] = field(default_factory=list)
+
+
+def _id_lines(raw: str) -> dict[str, int]:
+    """question id -> 1-based line of its `"id": ...` in the raw JSON: parsed JSON has no line numbers, and
+    error messages should name one."""
+    out: dict[str, int] = {}
+    line, last = 1, 0
+    for m in re.finditer(r'"id"\s*:\s*"((?:[^"\\]|\\.)*)"', raw):
+        line += raw.count("\n", last, m.start())
+        last = m.start()
+        out.setdefault(m.group(1), line)
+    return out
+
+
+def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: bool = True) -> SquadData:
+    """SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
+    "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}.
+
+    An answer whose `context[start:start+len(text)]` differs from `text` is an error naming the line, unless
+    `fix_offsets` and the text occurs in the context: then it moves to the occurrence nearest `answer_start` and
+    is counted. A question without answers that is not `is_impossible` is an error when `require_answers`.
+    """
+    path = Path(path)
+    with _open_text(path) as f:
+        raw = f.read()
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(f"{path}: not SQuAD JSON (expected a top-level object with a 'data' list)")
+    out: list[SquadExample] = []
+    fixed, details = 0, []
+    id_lines = _id_lines(raw)
+    any_impossible = False
+    for article in doc["data"]:
+        title = article.get("title", "")
+        for para in article.get("paragraphs", []):
+            context = para.get("context")
+            if not isinstance(context, str) or not context.strip():
+                raise DataError(f"{path}: article {title!r} has a paragraph with an empty 'context'")
+            for qa in para.get("qas", []):
+                qid = str(qa.get("id", ""))
+                line = id_lines.get(qid, 0)
+                where = f"{path}:{line}" if line else f"{path} (question {qid!r})"
+                question = qa.get("question")
+                if not isinstance(question, str) or not question.strip():
+                    raise DataError(f"{where}: question {qid!r} is empty")
+                impossible = bool(qa.get("is_impossible", False))
+                any_impossible |= impossible
+                answers = []
+                for a in ([] if impossible else qa.get("answers", [])):
+                    text, start = a.get("text"), a.get("answer_start")
+                    if not isinstance(text, str) or not text or not isinstance(start, int):
+                        raise DataError(f"{where}: question {qid!r} has an answer without 'text' / integer "
+                                        f"'answer_start': {a!r}")
+                    if context[start:start + len(text)] != text:
+                        hits = [m.start() for m in re.finditer(re.escape(text), context)]
+                        if not (fix_offsets and hits):
+                            found = context[max(start, 0):max(start, 0) + len(text)]
+                            raise DataError(f"{where}: question {qid!r}: answer {text!r} is not at answer_start="
+                                            f"{start} of its context (found {found!r})"
+                                            + ("" if hits else "; the text does not occur in the context"))
+                        new = min(hits, key=lambda h: abs(h - start))
+                        fixed += 1
+                        details.append(f"{where}: question {qid!r}: answer_start {start} -> {new}")
+                        start = new
+                    answers.append((text, start))
+                if require_answers and not impossible and not answers:
+                    raise DataError(f"{where}: question {qid!r} has no answers and is not marked is_impossible")
+                out.append(SquadExample(qid, question, context, answers, impossible, title, where))
+    if not out:
+        raise DataError(f"{path}: no questions")
+    return SquadData(out, any_impossible, fixed, details)
+
+
+def write_squad(path: str | Path, examples: list[SquadExample], version: str = "1.1") -> Path:
+    """Write examples as SQuAD JSON (one paragraph per distinct (title, context))."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    articles: dict[str, dict[str, list]] = {}
+    for e in examples:
+        articles.setdefault(e.title, {}).setdefault(e.context, []).append(e)
+    data = []
+    for title, paras in articles.items():
+        ps = []
+        for context, exs in paras.items():
+            qas = []
+            for e in exs:
+                qa = {"id": e.id, "question": e.question,
+                      "answers": [{"text": t, "answer_start": s} for t, s in e.answers]}
+                if version.startswith("2"):
+                    qa["is_impossible"] = e.is_impossible
+                qas.append(qa)
+            ps.append({"context": context, "qas": qas})
+        data.append({"title": title, "paragraphs": ps})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"version": version, "data": data}, f, ensure_ascii=False, indent=1)
+    return path
