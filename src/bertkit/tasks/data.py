@@ -1,0 +1,225 @@
+"""Real fine-tuning data sets, built from the corpora in `bertkit.datasets` and written as ordinary task files
+(CSV / CoNLL / SQuAD JSON) so that `bertkit finetune` reads them like any user's data.
+
+    sentiment   Rotten Tomatoes sentences (VADER ground truth): score > 0 -> pos, < 0 -> neg, 0 dropped (counted)
+    sentiment-regress   the same sentences and split, label = the mean human score in [-4, 4]
+    topic       BBC News, 5 topics, text = headline + body
+    pairs       BBC headline vs a first body sentence: from the same article (label 1) or from another article of
+                the same topic (label 0); one positive and one negative per article, negatives drawn inside the split
+    ner         the silver-tagged BBC CoNLL file (shared/data/bbc_ner_silver.conll.gz), split by article
+    qa          cloze QA in SQuAD v1.1 format (the CNN/Daily Mail recipe): the headline, or the article's first
+                sentence, with one named entity replaced by "@placeholder" is the question; the answer is that
+                entity's first occurrence in the context (the body; without the first paragraph for the
+                first-sentence questions, so the answer is never copied from the question's own sentence)
+    qa2         SQuAD 2.0 variant: one question in three gets the context of another article of the same topic in
+                which the answer does not occur, and is marked is_impossible
+
+Every split is a fixed 80/10/10 split by `seed` (`datasets.split_by_seed`), over *articles* for the BBC tasks, so
+no article contributes to two splits. `build(name, out_dir)` writes train / dev / test files and a stats.json that
+counts what was dropped and why.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from bertkit import datasets
+from bertkit.errors import ConfigError, DataError
+from bertkit.tasks.readers import SquadExample, read_conll, write_conll, write_squad, write_table
+
+__all__ = ["TASKS", "build", "first_sentence", "ner_file"]
+
+TASKS = ("sentiment", "sentiment-regress", "topic", "pairs", "ner", "qa", "qa2")
+PLACEHOLDER = "@placeholder"
+# entity types worth asking about (numbers / dates make poor cloze answers)
+_QA_TYPES = {"PERSON", "ORG", "GPE", "NORP", "LOC", "FAC", "EVENT", "PRODUCT", "WORK_OF_ART", "LAW"}
+
+_SENT_END = re.compile(r"(?<=[.!?])[\"']?\s+(?=[\"'A-Z0-9£$])")
+
+
+def first_sentence(paragraph: str) -> str:
+    """The first sentence of a paragraph (split after . ! ? before a capital, a digit or a quote)."""
+    m = _SENT_END.search(paragraph)
+    return paragraph[:m.start() + (1 if paragraph[m.start()] in "\"'" else 0)].strip() if m else paragraph.strip()
+
+
+def ner_file() -> Path:
+    """The shared silver NER file (../shared/data relative to the repo, or $BERTKIT_NER_FILE)."""
+    import os
+    env = os.environ.get("BERTKIT_NER_FILE")
+    cands = [Path(env)] if env else []
+    cands.append(Path(__file__).resolve().parents[3].parent / "shared" / "data" / "bbc_ner_silver.conll.gz")
+    for c in cands:
+        if c.exists():
+            return c
+    raise datasets.DatasetUnavailable(f"the silver NER file is not at {cands[-1]} (set BERTKIT_NER_FILE)")
+
+
+def _write_split(out: Path, ext: str, splits: dict[str, list[dict]]) -> dict[str, str]:
+    return {name: str(write_table(out / f"{name}.{ext}", rows)) for name, rows in splits.items()}
+
+
+def _sentiment(out: Path, seed: int, regress: bool) -> dict:
+    items = datasets.rotten_tomatoes()
+    kept = [s for s in items if s.score != 0]
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(kept, seed)))
+    rows = {k: [{"text": s.text, "label": (s.score if regress else ("pos" if s.score > 0 else "neg"))} for s in v]
+            for k, v in parts.items()}
+    files = _write_split(out, "csv", rows)
+    return {"files": files, "counts": {k: len(v) for k, v in rows.items()},
+            "dropped_zero_score": len(items) - len(kept), "total": len(items)}
+
+
+def _topic(out: Path, seed: int) -> dict:
+    arts = datasets.bbc_articles()
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
+    rows = {k: [{"text": f"{a.title}. {' '.join(a.paragraphs)}", "label": a.topic} for a in v]
+            for k, v in parts.items()}
+    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()}}
+
+
+def _pairs(out: Path, seed: int) -> dict:
+    arts = [a for a in datasets.bbc_articles() if a.paragraphs]
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
+    rng = random.Random(seed)
+    rows = {}
+    for name, split in parts.items():
+        by_topic = defaultdict(list)
+        for a in split:
+            by_topic[a.topic].append(a)
+        r = []
+        for a in split:
+            r.append({"text": a.title, "text_pair": first_sentence(a.paragraphs[0]), "label": 1})
+            other = rng.choice([b for b in by_topic[a.topic] if b.name != a.name])
+            r.append({"text": a.title, "text_pair": first_sentence(other.paragraphs[0]), "label": 0})
+        rng.shuffle(r)
+        rows[name] = r
+    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()}}
+
+
+def _doc_split(sentences, seed: int):
+    docs = list(dict.fromkeys(s.doc for s in sentences))
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(docs, seed)))
+    where = {d: name for name, ds in parts.items() for d in ds}
+    out = {"train": [], "dev": [], "test": []}
+    for s in sentences:
+        out[where[s.doc]].append(s)
+    return out, parts
+
+
+def _ner(out: Path, seed: int) -> dict:
+    sents = read_conll(ner_file())
+    parts, docs = _doc_split(sents, seed)
+    files = {k: str(write_conll(out / f"{k}.conll", v)) for k, v in parts.items()}
+    return {"files": files, "counts": {k: len(v) for k, v in parts.items()},
+            "articles": {k: len(v) for k, v in docs.items()}}
+
+
+def _entities_by_doc() -> dict[str, list[tuple[str, str]]]:
+    """doc -> [(entity text, type)] from the silver NER file (tokens joined by spaces, then re-matched)."""
+    from bertkit.tasks.metrics import get_entities
+    out = defaultdict(list)
+    for s in read_conll(ner_file()):
+        for typ, a, b in get_entities(s.tags):
+            if typ in _QA_TYPES:
+                out[s.doc].append((" ".join(s.words[a:b + 1]), typ))
+    return out
+
+
+def _find(entity: str, text: str) -> int:
+    """Start of the first whole-word occurrence of `entity` in `text` (spaces may be any white space), or -1."""
+    pat = r"(?<!\w)" + r"\s+".join(map(re.escape, entity.split())) + r"(?!\w)"
+    m = re.search(pat, text)
+    return m.start() if m else -1
+
+
+def _cloze(q_text: str, context: str, entities: list[str]) -> tuple[str, str, int] | None:
+    """Blank the longest entity that occurs in both question text and context: (question, answer, start)."""
+    for ent in sorted(set(entities), key=len, reverse=True):
+        qi = _find(ent, q_text)
+        if qi < 0:
+            continue
+        ci = _find(ent, context)
+        if ci < 0:
+            continue
+        m = re.match(r"\s+".join(map(re.escape, ent.split())), context[ci:])
+        answer = context[ci:ci + m.end()]
+        ql = re.match(r"\s+".join(map(re.escape, ent.split())), q_text[qi:]).end()
+        return q_text[:qi] + PLACEHOLDER + q_text[qi + ql:], answer, ci
+    return None
+
+
+def _qa(out: Path, seed: int, version_2: bool) -> dict:
+    ents = _entities_by_doc()
+    arts = {a.name: a for a in datasets.bbc_articles()}
+    sents = read_conll(ner_file())
+    _, docs = _doc_split(sents, seed)
+    rng = random.Random(seed)
+    files, counts, skipped = {}, {}, defaultdict(int)
+    for split, names in docs.items():
+        exs: list[SquadExample] = []
+        for name in names:
+            a = arts.get(name)
+            if a is None or not a.paragraphs:
+                skipped["article missing from corpus"] += 1
+                continue
+            e_texts = [t for t, _ in ents.get(name, [])]
+            body = "\n".join(a.paragraphs)
+            rest = "\n".join(a.paragraphs[1:])
+            for kind, q_text, ctx in (("headline", a.title, body),
+                                      ("lead", first_sentence(a.paragraphs[0]), rest)):
+                if not ctx:
+                    skipped[f"{kind}: no context"] += 1
+                    continue
+                c = _cloze(q_text, ctx, e_texts)
+                if c is None:
+                    skipped[f"{kind}: no entity shared with the context"] += 1
+                    continue
+                q, ans, start = c
+                exs.append(SquadExample(f"{name}#{kind}", q, ctx, [(ans, start)], False, name))
+        if version_2:
+            by_topic = defaultdict(list)
+            for e in exs:
+                by_topic[e.title.split("/")[0]].append(e)
+            for i, e in enumerate(exs):
+                if i % 3 != 2:
+                    continue
+                pool = [o for o in by_topic[e.title.split("/")[0]]
+                        if o.title != e.title and _find(e.answers[0][0], o.context) < 0]
+                if not pool:
+                    continue
+                o = rng.choice(pool)
+                exs[i] = SquadExample(e.id + "#unanswerable", e.question, o.context, [], True, o.title)
+        files[split] = str(write_squad(out / f"{split}.json", exs, "2.0" if version_2 else "1.1"))
+        counts[split] = len(exs)
+        if version_2:
+            counts[f"{split}_unanswerable"] = sum(e.is_impossible for e in exs)
+    return {"files": files, "counts": counts, "skipped": dict(skipped)}
+
+
+def build(name: str, out_dir: str | Path, seed: int = 0) -> dict:
+    """Write the train/dev/test files of task `name` into out_dir; returns (and writes stats.json) the file paths
+    and counts, including everything left out and why."""
+    if name not in TASKS:
+        raise ConfigError(f"unknown task data set {name!r}; choose from {', '.join(TASKS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if name in ("sentiment", "sentiment-regress"):
+        stats = _sentiment(out, seed, regress=name == "sentiment-regress")
+    elif name == "topic":
+        stats = _topic(out, seed)
+    elif name == "pairs":
+        stats = _pairs(out, seed)
+    elif name == "ner":
+        stats = _ner(out, seed)
+    else:
+        stats = _qa(out, seed, version_2=name == "qa2")
+    stats.update(task=name, seed=seed)
+    (out / "stats.json").write_text(json.dumps(stats, indent=1))
+    if not stats["files"]:
+        raise DataError(f"task {name}: nothing written")
+    return stats
