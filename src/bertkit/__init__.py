@@ -27,6 +27,8 @@ _LAZY = {
     "BertForSequenceClassification": "bertkit.heads",
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
+    "Predictor": "bertkit.infer",
+    "cosine_search": "bertkit.infer",
 }
 
 __all__ = ["BertkitError", "CheckpointError", "ConfigError", "DataError", "DatasetUnavailable", "VocabError",

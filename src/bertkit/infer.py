@@ -1,0 +1,513 @@
+"""Inference: fill-mask (jointly over several masks), embeddings, similarity search, predictions, attention maps.
+
+    p = Predictor.load("runs/demo/pretrain/final")       # any HF-format BERT directory
+    p.fill_mask("Paris is the [MASK] of France.")        # top-k words with probabilities
+    p.fill_mask("The [MASK] [MASK] said on Monday.")     # both masks decoded jointly
+    p.embed(["A man is eating food."], pooling="mean")   # (n, hidden) numpy, L2-normalised by default
+    p.attention("Bert notices the hat ...")               # tokens + per-layer (heads, seq, seq) maps
+
+Fill-mask, one mask. The masked-LM head gives a distribution over the vocabulary at the [MASK]; its top-k word-start
+pieces are the one-piece answers. Whole words that the vocabulary splits into pieces ("cap ##ital") cannot come from
+one mask, so we also try the same slot as n = 2..max_pieces masks and decode them left to right: the first mask takes
+a word-start piece, each later mask a `##` continuation, each step re-running the model with the pieces chosen so far
+filled in (iterative decoding, beam of `beam_size`). A candidate's probability is the product of its pieces'
+conditional probabilities. A multi-piece candidate whose pieces join into a word the vocabulary holds whole is dropped
+(the tokenizer would never split it that way). All candidates are ranked together; the one-piece ones usually win,
+which is right for a vocabulary that holds the common words whole.
+
+Fill-mask, several masks (one [MASK] per word piece). Guessing each mask independently from one forward pass gives
+incoherent fills ("the prime prime minister") because each guess ignores the others. We decode jointly: a beam search
+that fills one mask per step (the most confident of the unfilled masks first), re-running the model on every beam
+with its filled masks visible, and keeps the `beam_size` best partial fills by summed log-probability. The finished
+beams are then re-scored by their pseudo-log-likelihood (PLL): for each mask i, log p(token_i | all other masks
+filled), summed; the answer is the beam with the highest PLL (the independent guess is re-ranked with the beams, so
+the joint answer's PLL is never below it). `independent_fill` gives the per-mask argmax baseline
+that `benchmarks/fillmask.py` compares against.
+
+Embeddings. [CLS] vector or the mean of the token vectors under the attention mask (special tokens included, as
+sentence-transformers does), from the last layer or the average of chosen layers (`layers=[-1, -2]`), optionally
+L2-normalised so a dot product is the cosine similarity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from bertkit.errors import BertkitError, CheckpointError, DataError
+
+__all__ = ["Predictor", "cosine_search", "MASK"]
+
+MASK = "[MASK]"
+
+# config.json "architectures" -> (bertkit class name, task)
+_ARCHS = {
+    "BertForMaskedLM": ("BertForMaskedLM", "mlm"),
+    "BertForPreTraining": ("BertForPreTraining", "mlm"),
+    "BertForSequenceClassification": ("BertForSequenceClassification", "classify"),
+    "BertForTokenClassification": ("BertForTokenClassification", "tag"),
+    "BertForQuestionAnswering": ("BertForQuestionAnswering", "answer"),
+    "BertModel": ("BertModel", "encoder"),
+}
+
+
+def _detect_architecture(model_dir: Path) -> str:
+    """The head a checkpoint carries: config.json "architectures", else the weight names."""
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{model_dir}: no config.json (expected an HF-format model directory)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path}: not JSON ({e.msg})") from None
+    for arch in cfg.get("architectures") or []:
+        if arch in _ARCHS:
+            return arch
+    keys: list[str] = []
+    st = model_dir / "model.safetensors"
+    if st.is_file():
+        from safetensors import safe_open
+        with safe_open(str(st), framework="pt") as f:
+            keys = list(f.keys())
+    if any(k.startswith("cls.seq_relationship") for k in keys):
+        return "BertForPreTraining"
+    if any(k.startswith("cls.predictions") for k in keys):
+        return "BertForMaskedLM"
+    if any(k.startswith("qa_outputs") for k in keys):
+        return "BertForQuestionAnswering"
+    if any(k.startswith("classifier") for k in keys):
+        return "BertForTokenClassification" if cfg.get("task") == "tag" else "BertForSequenceClassification"
+    return "BertModel"
+
+
+def _mlm_logits(out) -> torch.Tensor:
+    for name in ("logits", "prediction_logits"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    raise CheckpointError("the masked-LM model returned no logits")
+
+
+@dataclass
+class FillResult:
+    tokens: list[str]        # one per mask
+    score: float             # probability (one mask) or exp(PLL) (several masks)
+    sequence: str
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "score": round(self.score, 6), "sequence": self.sequence}
+
+
+class Predictor:
+    """A loaded model + tokenizer with the inference entry points. `task` is mlm | classify | tag | answer | encoder."""
+
+    def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.task = task
+        self.labels = labels
+        self.name = name
+        self.device = next(model.parameters()).device
+        self._special = {tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
+                         tokenizer.mask_token_id, tokenizer.unk_token_id}
+        itos = tokenizer.ids_to_tokens
+        self._is_cont = torch.tensor([t.startswith("##") for t in itos], dtype=torch.bool)
+        # pieces that can fill a word-start slot: not a continuation, not special, not "[unused..]"
+        self._word_start = ~self._is_cont & torch.tensor([not (t.startswith("[") and t.endswith("]")) for t in itos])
+        self._cont_ok = self._is_cont.clone()
+        # the vocab can be padded past the tokenizer (multiple of 8): never predict the padding rows
+        self._n_vocab = len(itos)
+
+    # ---------------------------------------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu") -> "Predictor":
+        import bertkit
+        from bertkit.tokenizer import Tokenizer
+        model_dir = Path(path)
+        if not model_dir.is_dir():
+            raise CheckpointError(f"{model_dir}: no such model directory")
+        arch = _detect_architecture(model_dir)
+        cls_name, task = _ARCHS[arch]
+        model = getattr(bertkit, cls_name).from_pretrained(str(model_dir)).to(device)
+        tok = Tokenizer.from_pretrained(str(model_dir))
+        labels = None
+        id2label = getattr(model.config, "id2label", None)
+        if task in ("classify", "tag") and id2label:
+            labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
+        return cls(model, tok, task, labels=labels, name=model_dir.name)
+
+    @property
+    def has_mlm(self) -> bool:
+        return self.task == "mlm"
+
+    @property
+    def encoder(self):
+        """The BertModel inside a head model (HF naming: `.bert`), or the model itself."""
+        return getattr(self.model, "bert", self.model)
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def _batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256) -> dict:
+        """[CLS] a [SEP] (b [SEP]) per text, truncated longest-first to max_length, padded to the longest row."""
+        tok = self.tokenizer
+        rows, types = [], []
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise BertkitError(f"text {i} must be a string, got {type(t).__name__}")
+            a = tok.convert_tokens_to_ids(tok.tokenize(t))
+            b = tok.convert_tokens_to_ids(tok.tokenize(pairs[i])) if pairs is not None else None
+            budget = max_length - (3 if b is not None else 2)
+            while len(a) + (len(b) if b is not None else 0) > budget:   # longest_first truncation
+                if b is not None and len(b) > len(a):
+                    b.pop()
+                else:
+                    a.pop()
+            row = [tok.cls_token_id] + a + [tok.sep_token_id]
+            tt = [0] * len(row)
+            if b is not None:
+                row += b + [tok.sep_token_id]
+                tt += [1] * (len(b) + 1)
+            rows.append(row)
+            types.append(tt)
+        batch = self._pad(rows)
+        n = batch["input_ids"].shape[1]
+        batch["token_type_ids"] = torch.tensor([t + [0] * (n - len(t)) for t in types], dtype=torch.long,
+                                               device=self.device)
+        return batch
+
+    def _masked_ids(self, text: str, max_length: int) -> list[int]:
+        """[CLS] text [SEP] with each literal "[MASK]" kept as the mask id (the text around it is tokenised)."""
+        tok = self.tokenizer
+        parts = text.split(MASK)
+        if len(parts) < 2:
+            raise BertkitError(f"no {MASK} in the text {text[:80]!r}")
+        ids = [tok.cls_token_id]
+        for i, part in enumerate(parts):
+            if i:
+                ids.append(tok.mask_token_id)
+            if part.strip():
+                ids.extend(tok.convert_tokens_to_ids(tok.tokenize(part)))
+        ids.append(tok.sep_token_id)
+        if len(ids) > max_length:
+            raise BertkitError(f"text is {len(ids)} tokens; the limit is {max_length}")
+        return ids
+
+    @torch.inference_mode()
+    def _log_probs(self, rows: list[list[int]]) -> torch.Tensor:
+        """Masked-LM log-probabilities for equal-length rows: (n, seq, vocab)."""
+        ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids))
+        logits = _mlm_logits(out)[..., : self._n_vocab].float()
+        return torch.log_softmax(logits, dim=-1).cpu()
+
+    def _join(self, ids: list[int]) -> str:
+        """Pieces back to text: special tokens dropped, "##" continuations glued to the piece before."""
+        toks = [t for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids)) if i not in self._special]
+        return " ".join(toks).replace(" ##", "")
+
+    # ---------------------------------------------------------------------------------------------- fill-mask
+    def fill_mask(self, text: str, top_k: int = 5, beam_size: int = 8, whole_word: bool = True, max_pieces: int = 3,
+                  max_length: int = 512) -> dict:
+        """One mask: {"masks": 1, "candidates": [{"word", "score", "pieces", "sequence"}]}.
+        Several masks: {"masks": n, "candidates": [{"tokens", "score", "sequence"}]} from joint decoding."""
+        self._require_mlm()
+        ids = self._masked_ids(text, max_length)
+        positions = [i for i, t in enumerate(ids) if t == self.tokenizer.mask_token_id]
+        if len(positions) == 1:
+            cands = self._fill_one(ids, positions[0], top_k, beam_size, max_pieces if whole_word else 1)
+            return {"masks": 1, "candidates": cands}
+        results = self.joint_fill(ids, positions, top_k=top_k, beam_size=beam_size)
+        return {"masks": len(positions), "candidates": [r.as_dict() for r in results]}
+
+    def _require_mlm(self):
+        if not self.has_mlm:
+            raise BertkitError(f"{self.name} has no masked-LM head (it is a {self.task} model); fill-mask needs one")
+
+    def _fill_one(self, ids: list[int], pos: int, top_k: int, beam_size: int, max_pieces: int) -> list[dict]:
+        lp = self._log_probs([ids])[0, pos]
+        lp = lp.masked_fill(~self._word_start, -math.inf)
+        vals, idx = lp.topk(top_k)
+        cands: dict[str, tuple[float, list[int]]] = {}
+        for v, i in zip(vals.tolist(), idx.tolist()):
+            cands[self.tokenizer.ids_to_tokens[i]] = (v, [i])
+        for n in range(2, max_pieces + 1):
+            for pieces, score in self._fill_word(ids, pos, n, beam_size):
+                toks = self.tokenizer.convert_ids_to_tokens(pieces)
+                word = toks[0] + "".join(t[2:] for t in toks[1:])
+                if word in self.tokenizer.vocab:      # the tokenizer would keep it whole: not a real split
+                    continue
+                if word not in cands or cands[word][0] < score:
+                    cands[word] = (score, pieces)
+        ranked = sorted(cands.items(), key=lambda kv: -kv[1][0])[:top_k]
+        out = []
+        for word, (score, pieces) in ranked:
+            filled = ids[:pos] + pieces + ids[pos + 1:]
+            out.append({"word": word, "score": round(math.exp(score), 6),
+                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces), "sequence": self._join(filled)})
+        return out
+
+    def _fill_word(self, ids: list[int], pos: int, n: int, beam_size: int) -> list[tuple[list[int], float]]:
+        """Replace the mask at `pos` by n masks; decode them left to right: word-start piece, then ## pieces."""
+        mask = self.tokenizer.mask_token_id
+        base = ids[:pos] + [mask] * n + ids[pos + 1:]
+        beams: list[tuple[list[int], float]] = [([], 0.0)]
+        for step in range(n):
+            rows = [base[:pos] + p + base[pos + step:] for p, _ in beams]
+            lp = self._log_probs(rows)[:, pos + step]                  # (beams, vocab)
+            allowed = self._word_start if step == 0 else self._cont_ok
+            lp = lp.masked_fill(~allowed, -math.inf)
+            scores = lp + torch.tensor([s for _, s in beams]).unsqueeze(1)
+            vals, flat = scores.flatten().topk(min(beam_size, scores.numel()))
+            V = lp.shape[1]
+            beams = [(beams[f // V][0] + [f % V], v) for v, f in zip(vals.tolist(), flat.tolist()) if v > -math.inf]
+        return beams
+
+    def independent_fill(self, ids: list[int], positions: list[int]) -> list[int]:
+        """Baseline: the argmax of each mask from one forward pass with every mask still masked."""
+        self._require_mlm()
+        lp = self._log_probs([ids])[0]
+        lp = lp.masked_fill(torch.tensor([t in self._special for t in range(lp.shape[-1])]), -math.inf)
+        return [int(lp[p].argmax()) for p in positions]
+
+    def pseudo_log_likelihood(self, rows: list[list[int]], positions: list[int]) -> list[float]:
+        """sum_i log p(row[i] | row with only position i masked), for each row (same mask positions)."""
+        mask = self.tokenizer.mask_token_id
+        probe = []
+        for row in rows:
+            for p in positions:
+                r = list(row)
+                r[p] = mask
+                probe.append(r)
+        lp = self._log_probs(probe)
+        k = len(positions)
+        out = []
+        for b, row in enumerate(rows):
+            out.append(sum(float(lp[b * k + j, p, row[p]]) for j, p in enumerate(positions)))
+        return out
+
+    def joint_fill(self, ids: list[int], positions: list[int], top_k: int = 5, beam_size: int = 8) -> list[FillResult]:
+        """Beam search over the masks (most confident unfilled mask first), re-ranked by pseudo-log-likelihood."""
+        self._require_mlm()
+        special = torch.tensor([t in self._special for t in range(self._n_vocab)])
+        beams: list[tuple[list[int], float]] = [(list(ids), 0.0)]
+        for _ in range(len(positions)):
+            lp = self._log_probs([b for b, _ in beams]).masked_fill(special, -math.inf)   # (beams, seq, vocab)
+            candidates: dict[tuple, float] = {}
+            for bi, (row, score) in enumerate(beams):
+                open_pos = [p for p in positions if row[p] == self.tokenizer.mask_token_id]
+                # the mask the model is surest about goes first: it then conditions the harder ones
+                best = max(open_pos, key=lambda p: float(lp[bi, p].max()))
+                vals, idx = lp[bi, best].topk(beam_size)
+                for v, t in zip(vals.tolist(), idx.tolist()):
+                    new = list(row)
+                    new[best] = t
+                    key = tuple(new)
+                    if score + v > candidates.get(key, -math.inf):
+                        candidates[key] = score + v
+            beams = sorted(((list(k), s) for k, s in candidates.items()), key=lambda b: -b[1])[:beam_size]
+        rows = [b for b, _ in beams]
+        # the independent per-mask argmax joins the re-ranking, so the joint answer never scores below it
+        indep = list(ids)
+        for p, t in zip(positions, self.independent_fill(ids, positions)):
+            indep[p] = t
+        if indep not in rows:
+            rows.append(indep)
+        pll = self.pseudo_log_likelihood(rows, positions)
+        order = sorted(range(len(rows)), key=lambda i: -pll[i])[:top_k]
+        return [FillResult(tokens=self.tokenizer.convert_ids_to_tokens([rows[i][p] for p in positions]),
+                           score=math.exp(pll[i]), sequence=self._join(rows[i])) for i in order]
+
+    # ---------------------------------------------------------------------------------------------- embeddings
+    @torch.inference_mode()
+    def embed(self, texts: Sequence[str], pooling: str = "mean", layers: Sequence[int] | None = None,
+              normalize: bool = True, max_length: int = 256, batch_size: int = 32, progress: bool = False) -> np.ndarray:
+        """(n, hidden) float32 sentence vectors; see the module docstring for pooling / layers / normalize."""
+        if pooling not in ("mean", "cls"):
+            raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        texts = list(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))    # similar lengths share a batch: less padding
+        out = np.zeros((len(texts), self.encoder.config.hidden_size), dtype=np.float32)
+        starts = range(0, len(texts), batch_size)
+        if progress:
+            from tqdm import tqdm
+            starts = tqdm(starts, desc="embed", unit="batch")
+        for s in starts:
+            idx = order[s: s + batch_size]
+            batch = self._batch([texts[i] for i in idx], max_length=max_length)
+            want_layers = layers is not None and list(layers) != [-1]
+            enc = self.encoder(**batch, output_hidden_states=want_layers)
+            if want_layers:
+                hs = enc.hidden_states                       # (layers+1) x (batch, seq, hidden); 0 = embeddings
+                try:
+                    h = torch.stack([hs[l] for l in layers]).mean(0)
+                except IndexError:
+                    raise BertkitError(f"layers {list(layers)} out of range: the model has {len(hs) - 1} layers "
+                                       f"(0 = embeddings, -1 = last)") from None
+            else:
+                h = enc.last_hidden_state                    # (batch, seq, hidden)
+            h = h.float()
+            if pooling == "cls":
+                v = h[:, 0]
+            else:
+                m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)       # (batch, seq, 1)
+                v = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+            if normalize:
+                v = torch.nn.functional.normalize(v, dim=-1)
+            out[idx] = v.cpu().numpy()
+        return out
+
+    # ---------------------------------------------------------------------------------------------- task heads
+    @torch.inference_mode()
+    def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None) -> list[dict]:
+        """[{"label", "score", "scores": {label: p}}] (regression models: {"value"})."""
+        if self.task != "classify":
+            raise BertkitError(f"{self.name} is a {self.task} model, not a sequence classifier")
+        logits = self.model(**self._batch(texts, pairs, max_length)).logits.float()
+        if logits.shape[-1] == 1 and getattr(self.model.config, "problem_type", None) == "regression":
+            return [{"value": round(float(v), 6)} for v in logits[:, 0]]
+        if getattr(self.model.config, "problem_type", None) == "multi_label_classification":
+            probs = torch.sigmoid(logits)
+        else:
+            probs = torch.softmax(logits, -1)
+        labels = self.labels or [str(i) for i in range(probs.shape[-1])]
+        out = []
+        for row in probs.tolist():
+            best = int(np.argmax(row))
+            out.append({"label": labels[best], "score": round(row[best], 6),
+                        "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}})
+        return out
+
+    def _word_rows(self, words_list: list[list[str]], max_length: int):
+        """Ids built word by word: ([CLS] pieces.. [SEP]) + index of each word's first piece (None if cut off)."""
+        tok = self.tokenizer
+        rows, firsts = [], []
+        for words in words_list:
+            ids, first = [tok.cls_token_id], []
+            for w in words:
+                pieces = tok.convert_tokens_to_ids(tok.tokenize(w)) or [tok.unk_token_id]
+                if len(ids) + len(pieces) >= max_length:
+                    first.append(None)
+                    continue
+                first.append(len(ids))
+                ids.extend(pieces)
+            ids.append(tok.sep_token_id)
+            rows.append(ids)
+            firsts.append(first)
+        return rows, firsts
+
+    def _pad(self, rows: list[list[int]]) -> dict:
+        n = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows], dtype=torch.long, device=self.device)
+        att = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows], dtype=torch.long, device=self.device)
+        return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": att}
+
+    @torch.inference_mode()
+    def tag(self, texts: Sequence[str], max_length: int = 256) -> list[list[dict]]:
+        """Per word (the tokenizer's basic words): [{"word", "label", "score"}], label of the word's first piece."""
+        if self.task != "tag":
+            raise BertkitError(f"{self.name} is a {self.task} model, not a token classifier")
+        words_list = [self.tokenizer.basic_tokenize(t) for t in texts]
+        rows, firsts = self._word_rows(words_list, max_length)
+        probs = torch.softmax(self.model(**self._pad(rows)).logits.float(), -1)   # (batch, seq, labels)
+        labels = self.labels or [str(i) for i in range(probs.shape[-1])]
+        out = []
+        for b, (words, first) in enumerate(zip(words_list, firsts)):
+            tags = []
+            for w, f in zip(words, first):
+                if f is None:
+                    tags.append({"word": w, "label": None, "score": None})
+                    continue
+                j = int(probs[b, f].argmax())
+                tags.append({"word": w, "label": labels[j], "score": round(float(probs[b, f, j]), 6)})
+            out.append(tags)
+        return out
+
+    @torch.inference_mode()
+    def answer(self, questions: Sequence[str], contexts: Sequence[str], max_length: int = 384,
+               max_answer_words: int = 30) -> list[dict]:
+        """The best context span (in the tokenizer's basic words): {"answer", "score", "start_word", "end_word"}."""
+        if self.task != "answer":
+            raise BertkitError(f"{self.name} is a {self.task} model, not a question-answering model")
+        tok = self.tokenizer
+        rows, spans = [], []
+        for q, c in zip(questions, contexts):
+            q_ids = tok.convert_tokens_to_ids(tok.tokenize(q))[: max_length // 3]
+            c_words = tok.basic_tokenize(c)
+            ids = [tok.cls_token_id] + q_ids + [tok.sep_token_id]
+            seg = len(ids)
+            word_of = []                  # token index -> context word index
+            for wi, w in enumerate(c_words):
+                pieces = tok.convert_tokens_to_ids(tok.tokenize(w)) or [tok.unk_token_id]
+                if len(ids) + len(pieces) >= max_length - 1:
+                    break
+                ids.extend(pieces)
+                word_of.extend([wi] * len(pieces))
+            ids.append(tok.sep_token_id)
+            rows.append((ids, seg))
+            spans.append((c_words, word_of, seg))
+        batch = self._pad([r for r, _ in rows])
+        tt = torch.zeros_like(batch["input_ids"])
+        for b, (r, seg) in enumerate(rows):
+            tt[b, seg: len(r)] = 1
+        batch["token_type_ids"] = tt
+        out = self.model(**batch)
+        res = []
+        for b, (c_words, word_of, seg) in enumerate(spans):
+            n = len(word_of)
+            if n == 0:
+                res.append({"answer": "", "score": 0.0, "start_word": None, "end_word": None})
+                continue
+            s = torch.log_softmax(out.start_logits[b].float(), -1)[seg: seg + n]
+            e = torch.log_softmax(out.end_logits[b].float(), -1)[seg: seg + n]
+            scores = s[:, None] + e[None, :]                                   # (n, n): start x end
+            valid = torch.ones(n, n, dtype=torch.bool).triu() & ~torch.ones(n, n, dtype=torch.bool).triu(max_answer_words * 3)
+            scores = scores.masked_fill(~valid, -math.inf)
+            flat = int(scores.argmax())
+            i, j = divmod(flat, n)
+            ws, we = word_of[i], word_of[j]
+            res.append({"answer": " ".join(c_words[ws: we + 1]), "score": round(math.exp(float(scores[i, j])), 6),
+                        "start_word": ws, "end_word": we})
+        return res
+
+    # ---------------------------------------------------------------------------------------------- attention
+    @torch.inference_mode()
+    def attention(self, text: str, max_length: int = 128) -> tuple[list[str], list[np.ndarray]]:
+        """Tokens of `text` ([CLS] .. [SEP]) and each layer's attention probabilities (heads, seq, seq)."""
+        batch = self._batch([text], max_length=max_length)
+        out = self.encoder(**batch, output_attentions=True)
+        atts = getattr(out, "attentions", None)
+        if not atts:
+            raise BertkitError("the model returned no attention maps (output_attentions=True unsupported?)")
+        tokens = self.tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+        return tokens, [a[0].float().cpu().numpy() for a in atts]
+
+
+def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 5) -> list[list[tuple[int, float]]]:
+    """For each query row, the top_k (index, cosine) of the corpus rows (vectors need not be normalised)."""
+    def unit(x):
+        return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    sims = unit(query_vecs) @ unit(corpus_vecs).T          # (queries, corpus)
+    k = min(top_k, sims.shape[1])
+    out = []
+    for row in sims:
+        idx = np.argsort(-row)[:k]
+        out.append([(int(i), float(row[i])) for i in idx])
+    return out
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        raise DataError(f"{path}: no non-empty lines")
+    return lines

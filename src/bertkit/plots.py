@@ -1,0 +1,264 @@
+"""Pictures: training curves, attention heatmaps and confusion matrices, written as PNG files.
+
+    plot_run(run_dir, out_png)                    loss / accuracy curves from a run directory's metrics JSONL
+    plot_attention(attn, tokens, out_png)         a layers x heads grid of (query x key) attention heatmaps
+    plot_attention_from(attn, tokens, query, out) one picture: attention *from one token* (rows = layer.head)
+    plot_confusion(matrix, labels, out_png)       a confusion matrix with counts and row-normalised colours
+
+matplotlib is imported lazily with the non-interactive Agg backend, so plots work on a headless machine and
+`import bertkit.plots` costs nothing until a picture is drawn.
+
+Metrics files: the training loop writes one JSON object per line (`metrics.jsonl` in the run directory). We do not
+depend on a fixed schema: every numeric field whose name contains "loss" goes on the loss panel, every field whose
+name contains "acc", "f1", "exact" or "corr" goes on the score panel, plotted against "step" (else "global_step",
+else "epoch", else the line number). A record that carries a "split" / "phase" field ("train" / "eval") has its series
+named "<split>/<field>", so train and held-out curves of the same quantity are told apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from bertkit.errors import DataError
+
+__all__ = ["read_metrics", "plot_run", "plot_attention", "plot_attention_from", "plot_confusion",
+           "find_metrics_file", "confusion_matrix"]
+
+_X_KEYS = ("step", "global_step", "epoch")
+_LOSS_WORDS = ("loss", "perplexity", "ppl")
+_SCORE_WORDS = ("acc", "f1", "exact", "corr", "precision", "recall", "mcc")
+_SPLIT_KEYS = ("split", "phase", "kind")
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+# ----------------------------------------------------------------------------------------------------------- curves
+
+def find_metrics_file(run_dir: str | Path) -> Path:
+    """The metrics JSONL of a run: `metrics.jsonl` if present, else the only / newest `*.jsonl` in the directory."""
+    run_dir = Path(run_dir)
+    if run_dir.is_file():
+        return run_dir
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: no such run directory")
+    direct = run_dir / "metrics.jsonl"
+    if direct.is_file():
+        return direct
+    found = sorted(run_dir.rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise DataError(f"{run_dir}: no metrics.jsonl (or any *.jsonl) in the run directory")
+    return found[-1]
+
+
+def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
+    """Series name -> [(x, value)] from a metrics JSONL (see the module docstring for how fields are picked)."""
+    path = find_metrics_file(path)
+    series: dict[str, list[tuple[float, float]]] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                continue
+            x = next((rec[k] for k in _X_KEYS if isinstance(rec.get(k), (int, float))), lineno)
+            split = next((str(rec[k]) for k in _SPLIT_KEYS if isinstance(rec.get(k), str)), None)
+            for key, value in rec.items():
+                if key in _X_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if not math.isfinite(value):
+                    continue
+                name = f"{split}/{key}" if split and "/" not in key else key
+                series.setdefault(name, []).append((float(x), float(value)))
+    return series
+
+
+def _is_loss(name: str) -> bool:
+    leaf = name.lower()
+    return any(w in leaf for w in _LOSS_WORDS)
+
+
+def _is_score(name: str) -> bool:
+    leaf = name.lower()
+    return not _is_loss(name) and any(w in leaf for w in _SCORE_WORDS)
+
+
+def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
+    """Loss curves (left, log scale when they span > 1 decade) and accuracy-like curves (right) of one run."""
+    series = read_metrics(run_dir)
+    losses = {k: v for k, v in series.items() if _is_loss(k)}
+    scores = {k: v for k, v in series.items() if _is_score(k)}
+    if not losses and not scores:
+        raise DataError(f"{find_metrics_file(run_dir)}: no loss or accuracy fields to plot "
+                        f"(fields: {', '.join(sorted(series)) or 'none'})")
+    plt = _pyplot()
+    panels = [(n, s) for n, s in (("loss", losses), ("score", scores)) if s]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.2), squeeze=False)
+    for ax, (kind, group) in zip(axes[0], panels):
+        for name, points in sorted(group.items()):
+            xs, ys = zip(*points)
+            style = "-" if len(xs) > 12 else "o-"
+            ax.plot(xs, ys, style, label=name, linewidth=1.4, markersize=4)
+        ax.set_xlabel("step")
+        ax.set_ylabel(kind)
+        if kind == "loss":
+            values = [y for pts in group.values() for _, y in pts]
+            if min(values) > 0 and max(values) / min(values) > 10:
+                ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or f"run: {Path(run_dir).name}")
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def _save(fig, out_png: str | Path) -> Path:
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    _pyplot().close(fig)
+    return out_png
+
+
+# -------------------------------------------------------------------------------------------------------- attention
+
+def _as_numpy_layers(attn) -> list:
+    """Accept a list/tuple of per-layer tensors (batch=1 or no batch dim) or one (layers, heads, S, S) array."""
+    import numpy as np
+    layers = []
+    for a in attn:
+        a = a.detach().float().cpu().numpy() if hasattr(a, "detach") else np.asarray(a, dtype=np.float32)
+        if a.ndim == 4:   # (batch, heads, S, S): take the first sentence
+            a = a[0]
+        if a.ndim != 3:
+            raise ValueError(f"attention of a layer must be (heads, seq, seq) or (1, heads, seq, seq), got {a.shape}")
+        layers.append(a)
+    return layers
+
+
+def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Sequence[int] | None = None,
+                   heads: Sequence[int] | None = None, title: str | None = None) -> Path:
+    """A grid with one (query x key) heatmap per layer (rows) and head (columns).
+
+    attn: per-layer attention probabilities, each (heads, seq, seq) or (1, heads, seq, seq), rows = queries.
+    """
+    mats = _as_numpy_layers(attn)
+    layers = list(range(len(mats))) if layers is None else list(layers)
+    heads = list(range(mats[0].shape[0])) if heads is None else list(heads)
+    n = len(tokens)
+    if mats[0].shape[-1] != n:
+        raise ValueError(f"{len(tokens)} tokens but attention over {mats[0].shape[-1]} positions")
+    plt = _pyplot()
+    cell = max(1.6, min(3.2, 0.16 * n + 0.6))
+    fig, axes = plt.subplots(len(layers), len(heads), figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.8),
+                             squeeze=False)
+    show_labels = n <= 40
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            ax = axes[r][c]
+            ax.imshow(mats[layer][head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"head {head}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=9)
+            if show_labels and r == len(layers) - 1:
+                ax.set_xticks(range(n))
+                ax.set_xticklabels(tokens, rotation=90, fontsize=5)
+            if show_labels and c == 0:
+                ax.set_yticks(range(n))
+                ax.set_yticklabels(tokens, fontsize=5)
+    fig.suptitle(title or "attention per layer (rows) and head (columns); in each map rows = query token, "
+                 "columns = key token", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return _save(fig, out_png)
+
+
+def plot_attention_from(attn, tokens: Sequence[str], query: int | str, out_png: str | Path,
+                        title: str | None = None) -> Path:
+    """Where one token looks: a (layer.head x key token) heatmap of the attention weights from `query`.
+
+    `query` is a position or a token string (its first occurrence). This is the book's "he -> Bert" picture for every
+    head at once: a bright cell in the "bert" column means that head resolves the pronoun to its antecedent.
+    """
+    import numpy as np
+    mats = _as_numpy_layers(attn)
+    if isinstance(query, str):
+        try:
+            qpos = list(tokens).index(query)
+        except ValueError:
+            raise ValueError(f"query token {query!r} is not among the tokens {list(tokens)}") from None
+    else:
+        qpos = int(query)
+    rows, labels = [], []
+    for li, m in enumerate(mats):
+        for hi in range(m.shape[0]):
+            rows.append(m[hi, qpos])
+            labels.append(f"L{li}.H{hi}")
+    grid = np.stack(rows)                                    # (layers*heads, seq)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(tokens) + 2.0), max(3.0, 0.22 * len(rows) + 1.5)))
+    im = ax.imshow(grid, cmap="magma", aspect="auto", vmin=0.0, vmax=float(grid.max()))
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels(tokens, rotation=60, ha="right", fontsize=8)
+    ax.get_xticklabels()[qpos].set_color("tab:purple")
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=6 if len(labels) > 24 else 8)
+    ax.set_xlabel("key token (attended to)")
+    ax.set_ylabel("layer.head")
+    fig.colorbar(im, ax=ax, fraction=0.025, pad=0.02, label="attention weight")
+    ax.set_title(title or f"attention from {tokens[qpos]!r} (position {qpos})")
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+# -------------------------------------------------------------------------------------------------------- confusion
+
+def plot_confusion(matrix, labels: Sequence[str], out_png: str | Path, title: str | None = None) -> Path:
+    """Rows = true label, columns = predicted. Colours are row-normalised (recall per class); cells show counts."""
+    import numpy as np
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != len(labels):
+        raise ValueError(f"confusion matrix must be ({len(labels)}, {len(labels)}), got {m.shape}")
+    norm = m / np.maximum(m.sum(axis=1, keepdims=True), 1.0)
+    plt = _pyplot()
+    k = len(labels)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * k + 1.5, 0.8 + 0.8 * k + 0.8))
+    im = ax.imshow(norm, cmap="Blues", vmin=0.0, vmax=1.0)
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=9,
+                    color="white" if norm[i, j] > 0.55 else "black")
+    ax.set_xticks(range(k))
+    ax.set_xticklabels(labels, rotation=45, ha="right")
+    ax.set_yticks(range(k))
+    ax.set_yticklabels(labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    acc = float(np.trace(m) / max(m.sum(), 1.0))
+    ax.set_title(title or f"confusion matrix (accuracy {acc:.3f})")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="row share")
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def confusion_matrix(y_true: Sequence[int], y_pred: Sequence[int], num_labels: int):
+    """Counts (num_labels, num_labels), rows = true label."""
+    import numpy as np
+    m = np.zeros((num_labels, num_labels), dtype=np.int64)
+    for t, p in zip(y_true, y_pred):
+        m[int(t), int(p)] += 1
+    return m
