@@ -1,0 +1,44 @@
+"""`bertkit vocab`: learn a WordPiece vocabulary from raw text files (thin over `bertkit.vocab`).
+
+    bertkit vocab --files 'corpus/*.txt' more.txt.gz --vocab-size 30000 --out my-vocab/ [--cased]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary from raw text files",
+                              description="Learn a WordPiece vocabulary (vocab.txt + tokenizer_config.json) from raw "
+                                          "text files, streaming. Files may be globs and may be gzipped.")
+    p.add_argument("--files", nargs="+", required=True, metavar="FILE", help="text files or glob patterns (.gz ok)")
+    p.add_argument("--vocab-size", type=int, default=30_522, help="size of the vocabulary, specials included")
+    p.add_argument("--out", required=True, help="output directory (vocab.txt + tokenizer_config.json)")
+    p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
+    p.add_argument("--min-frequency", type=int, default=2, help="stop merging when the best pair is rarer (default 2)")
+    p.add_argument("--limit-alphabet", type=int, default=None,
+                   help="keep only the N most frequent characters (default: every character seen)")
+    p.add_argument("--max-distinct-words", type=int, default=2_000_000,
+                   help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
+
+    config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
+                                 min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
+                                 max_distinct_words=args.max_distinct_words)
+    result = learn_vocab(args.files, config, progress=not args.no_progress and sys.stderr.isatty())
+    tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
+    tok.save(args.out)
+    s = result.stats
+    note = "" if s["vocab_size"] == args.vocab_size else f" (requested {args.vocab_size}: {s['stop_reason']})"
+    pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""
+    print(f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
+          f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
+          f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")
+    return 0

@@ -1,0 +1,438 @@
+"""WordPiece vocabulary training from raw text files.
+
+    from bertkit import train_vocab
+    tok = train_vocab(["corpus/*.txt", "more.txt.gz"], vocab_size=30_000)   # -> bertkit Tokenizer
+    tok.save("my-bert/")                                                    # vocab.txt + tokenizer_config.json
+
+The pipeline has three passes, and only the first one reads the corpus:
+
+1. **Count words, streaming.** Each file (plain or .gz, globs allowed) is read in bounded chunks (a line, or at most
+   `_CHUNK_BYTES` of a very long line, cut at a space), decoded as UTF-8 and pre-tokenized by the tokenizer's own
+   `basic_tokenize` (BERT's cleaning, CJK split, lowercasing + accent stripping when uncased, punctuation split), so
+   the vocabulary is learned on exactly the words the tokenizer will later see. Words go into a count table.
+   Memory stays flat however large the corpus is: when the table holds more than `max_distinct_words` entries, the
+   rarest words are pruned (all words with count <= t, for the smallest t that brings the table to at most half the
+   cap). That is the only approximation: a word that keeps being pruned loses its early counts, which only matters
+   for words too rare to earn a piece anyway. Character counts are kept exactly (a pruned word's characters are
+   folded into them before it is dropped), so character coverage never depends on the pruning.
+
+2. **Alphabet.** Every character seen becomes two pieces: `c` (word-initial) and `##c` (continuation), so any word
+   made of seen characters can always be tokenized without `[UNK]`. `limit_alphabet` optionally keeps only the most
+   frequent characters (words using any other character are then left out of training; they will encode as
+   `[UNK]`).
+
+3. **Merges (frequency-driven, like BPE).** Each distinct word starts as its character pieces, e.g. "hugs" ->
+   `h ##u ##g ##s`. Repeatedly the adjacent pair (a, b) with the highest count, summed over words weighted by word
+   frequency, is merged into one new piece a + b without b's "##" (`##u ##g` -> `##ug`, `h ##ug` -> `hug`), until the
+   vocabulary has `vocab_size` entries, the best pair is rarer than `min_frequency`, or no pair is left. Ties go to
+   the pair of lower piece ids, so training is deterministic. This is the scoring HF tokenizers' `WordPieceTrainer`
+   uses internally. (The original WordPiece likelihood score count(ab) / (count(a) count(b)) was considered; it makes
+   every merge change the score of every pair that touches a or b, which defeats the incremental queue below, and
+   on BERT-style greedy longest-match encoding frequency merges give as few pieces per word.)
+   Efficiency: pair counts and, for each pair, the set of words containing it are built once. A merge touches only
+   the words that contain the merged pair: their old pairs are subtracted and their new pairs added. A max-heap of
+   (count, pair) is updated lazily: pairs whose count dropped are re-queued with their true count when they surface;
+   pairs that grow (only those next to the new piece) are pushed after each merge. A 30k vocabulary on the 5 MB BBC
+   corpus trains in seconds on one core (see benchmarks/vocab.py).
+
+Vocabulary layout (the order of vocab.txt): the special tokens in `special_tokens` order (default
+`[PAD] [UNK] [CLS] [SEP] [MASK]`, ids 0-4; the Tokenizer finds them by name, not by id), then every single character
+sorted by code point, then their `##` forms in the same order, then the merged pieces in the order they were learned.
+If the corpus runs out of pairs before `vocab_size` is reached, the vocabulary is smaller (reported in the stats).
+
+Words longer than `max_word_chars` (100, BERT's limit) are encoded as a single `[UNK]` by the tokenizer, so they do
+not take part in merges (their characters still join the alphabet).
+
+Special tokens that appear verbatim in the text ("[MASK]") are kept whole by the pre-tokenizer; they are not
+counted (neither as words nor as characters), so an uncased vocabulary never gains "M", "A", ... from them.
+
+Bad input: missing files, globs that match nothing, directories, unreadable or corrupt (.gz) files and a corpus
+without a single word raise `DataError` naming the file or pattern; impossible settings (vocab_size below the
+specials + alphabet, ...) raise `ConfigError` naming the value. Invalid UTF-8 follows the tokenizer's text-file
+policy (`bertkit.tokenizer`): each invalid byte decodes to U+FFFD, which BERT's cleaning drops; the number of U+FFFD
+characters seen is reported in the stats (`replacement_chars`) and by `bertkit vocab`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob as _glob
+import gzip
+import zlib
+import heapq
+import os
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from bertkit.errors import ConfigError, DataError
+
+__all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
+           "count_words", "learn_wordpieces", "expand_files"]
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_REQUIRED_SPECIALS = SPECIAL_TOKENS  # the Tokenizer needs all five by name
+_CHUNK_BYTES = 1 << 20  # longest piece of a line decoded at once: bounds memory on files without newlines
+_PREFIX = "##"
+
+
+@dataclass
+class VocabTrainingConfig:
+    vocab_size: int = 30_522          # bert-base's size; the result has exactly this many entries if the corpus allows
+    lowercase: bool = True            # uncased (lowercase + strip accents), like bert-base-uncased
+    min_frequency: int = 2            # a pair seen once is noise, not a piece (HF's BertWordPieceTokenizer default)
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS
+    limit_alphabet: int | None = None  # None keeps every character seen: full coverage, no [UNK] on the corpus
+    max_word_chars: int = 100         # BERT encodes longer words as [UNK], so they do not train
+    max_distinct_words: int = 2_000_000  # word-table cap (~200 MB); beyond it the rarest words are pruned
+
+    def validate(self) -> None:
+        if not isinstance(self.vocab_size, int) or self.vocab_size <= 0:
+            raise ConfigError(f"vocab_size must be a positive integer, got {self.vocab_size!r}")
+        if not isinstance(self.min_frequency, int) or self.min_frequency < 0:
+            raise ConfigError(f"min_frequency must be an integer >= 0, got {self.min_frequency!r}")
+        if self.limit_alphabet is not None and (not isinstance(self.limit_alphabet, int) or self.limit_alphabet < 1):
+            raise ConfigError(f"limit_alphabet must be a positive integer or None, got {self.limit_alphabet!r}")
+        if not isinstance(self.max_distinct_words, int) or self.max_distinct_words < 2:
+            raise ConfigError(f"max_distinct_words must be an integer >= 2, got {self.max_distinct_words!r}")
+        if not isinstance(self.max_word_chars, int) or self.max_word_chars < 1:
+            raise ConfigError(f"max_word_chars must be a positive integer, got {self.max_word_chars!r}")
+        specials = list(self.special_tokens)
+        for s in specials:
+            if not isinstance(s, str) or not s or any(ch.isspace() for ch in s):
+                raise ConfigError(f"special token {s!r} must be a non-empty string without whitespace")
+        dup = sorted({s for s in specials if specials.count(s) > 1})
+        if dup:
+            raise ConfigError(f"special_tokens has duplicates: {dup}")
+        missing = [s for s in _REQUIRED_SPECIALS if s not in specials]
+        if missing:
+            raise ConfigError(f"special_tokens must include {list(_REQUIRED_SPECIALS)}; missing {missing}")
+
+
+@dataclass
+class VocabTrainingResult:
+    tokens: list[str]                  # the vocabulary in id order
+    lowercase: bool
+    stats: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------- reading the corpus
+
+def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Paths and glob patterns -> existing files, in the given order (each glob sorted). Raises DataError naming a
+    path that is missing, a directory, or a pattern that matches nothing."""
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    out: list[Path] = []
+    for spec in files:
+        if not isinstance(spec, (str, os.PathLike)):
+            raise TypeError(f"files must be paths or glob patterns, got {type(spec).__name__}: {spec!r}")
+        s = os.fspath(spec)
+        if _glob.has_magic(s):
+            matches = sorted(p for p in _glob.glob(os.path.expanduser(s), recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise DataError(f"{s}: the pattern matches no file")
+            out.extend(Path(p) for p in matches)
+            continue
+        p = Path(s).expanduser()
+        if not p.exists():
+            raise DataError(f"{s}: no such file")
+        if p.is_dir():
+            raise DataError(f"{s}: is a directory (give files or a glob such as {os.path.join(s, '*.txt')})")
+        out.append(p)
+    if not out:
+        raise DataError("no training files given")
+    return out
+
+
+def _open_binary(path: Path):
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror or e})") from None
+    if path.suffix == ".gz":
+        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
+    return raw, raw
+
+
+def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Yield the decoded text of `path` in bounded chunks (whole lines, or pieces of a very long line cut after a
+    space, never inside a word unless the word itself exceeds `_CHUNK_BYTES`). Memory is O(_CHUNK_BYTES).
+    `on_bytes(n)` is called with the number of (compressed) bytes consumed since the last call, for progress bars."""
+    raw, f = _open_binary(path)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # the tokenizer's text-file policy
+    line_no, carry, last_pos = 1, "", 0
+    try:
+        while True:
+            try:
+                chunk = f.readline(_CHUNK_BYTES)
+            except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+                raise DataError(f"{path}:{line_no}: cannot read ({e})") from None
+            final = not chunk
+            text = decoder.decode(chunk, final=final)
+            if on_bytes is not None:
+                pos = raw.tell()
+                on_bytes(pos - last_pos)
+                last_pos = pos
+            text = carry + text
+            carry = ""
+            if final:
+                if text:
+                    yield text
+                return
+            if text.endswith("\n"):
+                line_no += 1
+                yield text
+            else:  # a piece of a long line: cut after the last space so no word is split
+                cut = max(text.rfind(" "), text.rfind("\t"))
+                if cut < 0 and len(text) < 4 * _CHUNK_BYTES:
+                    carry = text  # one enormous word so far; keep reading (bounded: flushed at 4 chunks)
+                elif cut < 0:
+                    yield text
+                else:
+                    carry = text[cut + 1:]
+                    yield text[:cut + 1]
+    finally:
+        f.close()
+        raw.close()
+
+
+# ----------------------------------------------------------------------------------------------------- word counts
+
+def _pretokenizer(lowercase: bool) -> Callable[[str], list[str]]:
+    """The tokenizer's own pre-tokenization, so training sees the words encoding will see."""
+    from bertkit.tokenizer import Tokenizer
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    return Tokenizer(vocab, lowercase=lowercase).basic_tokenize
+
+
+def _fold_chars(words: Iterable[tuple[str, int]], char_counts: Counter, skip: frozenset[str]) -> None:
+    for word, n in words:
+        if word in skip:
+            continue
+        for ch in word:
+            char_counts[ch] += n
+
+
+def _prune(counts: Counter, char_counts: Counter, target: int, skip: frozenset[str]) -> int:
+    """Drop every word with count <= t for the smallest t that leaves at most `target` words; return how many were
+    dropped. Their characters are folded into `char_counts` first, so coverage is unaffected."""
+    histogram = Counter(counts.values())
+    keep, t = len(counts), 0
+    for c in sorted(histogram):
+        if keep <= target:
+            break
+        keep -= histogram[c]
+        t = c
+    dropped = [(w, n) for w, n in counts.items() if n <= t]
+    _fold_chars(dropped, char_counts, skip)
+    for w, _ in dropped:
+        del counts[w]
+    return len(dropped)
+
+
+def count_words(texts: Iterable[str], basic_tokenize: Callable[[str], list[str]], max_distinct_words: int,
+                special_tokens: Iterable[str] = SPECIAL_TOKENS, stats: dict | None = None) -> tuple[Counter, Counter]:
+    """Stream `texts` through `basic_tokenize` into (word counts, character counts), the word table bounded by
+    `max_distinct_words` (see the module docstring). Special tokens found verbatim are not counted."""
+    skip = frozenset(special_tokens)
+    counts: Counter = Counter()
+    char_counts: Counter = Counter()
+    n_words = n_pruned = prune_rounds = n_replaced = 0
+    for text in texts:
+        n_replaced += text.count("\ufffd")
+        words = basic_tokenize(text)
+        n_words += len(words)
+        counts.update(words)
+        if len(counts) > max_distinct_words:
+            n_pruned += _prune(counts, char_counts, max_distinct_words // 2, skip)
+            prune_rounds += 1
+    for s in skip:
+        n_words -= counts.pop(s, 0)
+    _fold_chars(counts.items(), char_counts, skip)
+    if stats is not None:
+        stats.update(words_seen=n_words, distinct_words=len(counts), pruned_words=n_pruned, prune_rounds=prune_rounds,
+                     replacement_chars=n_replaced)
+    return counts, char_counts
+
+
+# ---------------------------------------------------------------------------------------------------------- merges
+
+def _merge_word(syms: tuple[int, ...], a: int, b: int, new: int) -> tuple[int, ...]:
+    out, i, n = [], 0, len(syms)
+    while i < n:
+        if i + 1 < n and syms[i] == a and syms[i + 1] == b:
+            out.append(new)
+            i += 2
+        else:
+            out.append(syms[i])
+            i += 1
+    return tuple(out)
+
+
+def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], vocab_size: int,
+                     special_tokens: tuple[str, ...] = SPECIAL_TOKENS, min_frequency: int = 2,
+                     limit_alphabet: int | None = None, max_word_chars: int = 100,
+                     progress: bool = False, stats: dict | None = None) -> list[str]:
+    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (module docstring)."""
+    # alphabet: every character (or the `limit_alphabet` most frequent), sorted by code point for stable ids
+    chars = sorted(char_counts)
+    if limit_alphabet is not None and len(chars) > limit_alphabet:
+        chars = sorted(sorted(char_counts, key=lambda c: (-char_counts[c], c))[:limit_alphabet])
+    tokens: list[str] = list(special_tokens)
+    for piece in [*chars, *(_PREFIX + c for c in chars)]:
+        if piece not in tokens:  # a special token could be a single char / ##char in principle
+            tokens.append(piece)
+    token_id = {t: i for i, t in enumerate(tokens)}
+    base_size = len(tokens)
+    if vocab_size < base_size:
+        raise ConfigError(
+            f"vocab_size={vocab_size} is smaller than the {len(special_tokens)} special tokens + {len(chars)} "
+            f"characters x 2 (with their ## forms) = {base_size}; use vocab_size >= {base_size}"
+            + ("" if limit_alphabet else " or set limit_alphabet"))
+
+    # each distinct trainable word as a tuple of piece ids: first char, then ##chars
+    alphabet = set(chars)
+    words: list[tuple[int, ...]] = []
+    freqs: list[int] = []
+    for w, n in word_counts.items():
+        if len(w) < 2 or len(w) > max_word_chars or (limit_alphabet is not None and not alphabet.issuperset(w)):
+            continue  # single chars have no pairs; over-long words encode as [UNK]
+        words.append((token_id[w[0]], *(token_id[_PREFIX + c] for c in w[1:])))
+        freqs.append(n)
+
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for wi, syms in enumerate(words):
+        f = freqs[wi]
+        for p in zip(syms, syms[1:]):
+            pair_counts[p] += f
+            where[p].add(wi)
+    heap = [(-c, a, b) for (a, b), c in pair_counts.items()]
+    heapq.heapify(heap)
+
+    budget = vocab_size - len(tokens)
+    bar = None
+    if progress and budget > 0:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=budget, desc="merges", unit="piece", dynamic_ncols=True)
+    n_merges = 0
+    stop_reason = "vocab_size reached"
+    while len(tokens) < vocab_size:
+        if not heap:
+            stop_reason = "no pairs left"
+            break
+        negc, a, b = heapq.heappop(heap)
+        count = pair_counts.get((a, b), 0)
+        if count != -negc:  # stale entry: re-queue with the true (lower) count
+            if count > 0:
+                heapq.heappush(heap, (-count, a, b))
+            continue
+        if count < min_frequency:
+            stop_reason = f"best pair count {count} < min_frequency {min_frequency}"
+            break
+        new_piece = tokens[a] + tokens[b][len(_PREFIX):]
+        new = token_id.get(new_piece)
+        if new is None:  # the same string can arise from two different pairs; it is one piece
+            new = len(tokens)
+            tokens.append(new_piece)
+            token_id[new_piece] = new
+            if bar is not None:
+                bar.update(1)
+        n_merges += 1
+        grown: set[tuple[int, int]] = set()
+        for wi in where.pop((a, b)):
+            syms = words[wi]
+            f = freqs[wi]
+            merged = _merge_word(syms, a, b, new)
+            old_pairs = list(zip(syms, syms[1:]))
+            new_pairs = list(zip(merged, merged[1:]))
+            for p in old_pairs:
+                pair_counts[p] -= f
+            for p in new_pairs:
+                pair_counts[p] += f
+            old_set, new_set = set(old_pairs), set(new_pairs)
+            for p in old_set - new_set:
+                if p != (a, b):
+                    s = where[p]
+                    s.discard(wi)
+                    if not s:
+                        del where[p]
+            for p in new_set - old_set:
+                where[p].add(wi)
+                grown.add(p)
+            words[wi] = merged
+        pair_counts.pop((a, b), None)
+        for p in grown:  # only pairs next to the new piece can have grown: queue their true counts
+            c = pair_counts[p]
+            if c > 0:
+                heapq.heappush(heap, (-c, p[0], p[1]))
+    if bar is not None:
+        bar.close()
+    if stats is not None:
+        stats.update(alphabet=len(chars), base_size=base_size, merges=n_merges, trained_words=len(words),
+                     vocab_size=len(tokens), stop_reason=stop_reason)
+    return tokens
+
+
+# ------------------------------------------------------------------------------------------------------ front door
+
+def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool = False,
+                basic_tokenize: Callable[[str], list[str]] | None = None) -> VocabTrainingResult:
+    """Count words in `files` (streaming) and learn a vocabulary; returns the tokens in id order and stats.
+    `basic_tokenize` defaults to the Tokenizer's own pre-tokenization for `config.lowercase`."""
+    config = config or VocabTrainingConfig()
+    config.validate()
+    paths = expand_files(files)
+    tokenize = basic_tokenize or _pretokenizer(config.lowercase)
+    stats: dict = {"files": len(paths)}
+    t0 = time.perf_counter()
+
+    bar = None
+    on_bytes = None
+    if progress:
+        from tqdm.auto import tqdm
+        total = sum(p.stat().st_size for p in paths)
+        bar = tqdm(total=total, desc="counting words", unit="B", unit_scale=True, dynamic_ncols=True)
+        on_bytes = bar.update
+
+    def texts() -> Iterator[str]:
+        for p in paths:
+            yield from iter_text(p, on_bytes)
+
+    try:
+        counts, char_counts = count_words(texts(), tokenize, config.max_distinct_words, config.special_tokens, stats)
+    finally:
+        if bar is not None:
+            bar.close()
+    stats["count_seconds"] = round(time.perf_counter() - t0, 3)
+    if not char_counts:
+        names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+        raise DataError(f"{names}: the corpus has no words (empty or whitespace/control characters only)")
+
+    t1 = time.perf_counter()
+    tokens = learn_wordpieces(counts, char_counts, config.vocab_size, tuple(config.special_tokens),
+                              config.min_frequency, config.limit_alphabet, config.max_word_chars,
+                              progress=progress, stats=stats)
+    stats["merge_seconds"] = round(time.perf_counter() - t1, 3)
+    return VocabTrainingResult(tokens=tokens, lowercase=config.lowercase, stats=stats)
+
+
+def train_vocab(files, vocab_size: int = 30_522, lowercase: bool = True, min_frequency: int = 2,
+                special_tokens: tuple[str, ...] = SPECIAL_TOKENS, limit_alphabet: int | None = None,
+                max_word_chars: int = 100, max_distinct_words: int = 2_000_000, progress: bool = False):
+    """Learn a WordPiece vocabulary from text files (paths or globs; .gz read transparently) and return a bertkit
+    `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring."""
+    config = VocabTrainingConfig(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
+                                 special_tokens=tuple(special_tokens), limit_alphabet=limit_alphabet,
+                                 max_word_chars=max_word_chars, max_distinct_words=max_distinct_words)
+    result = learn_vocab(files, config, progress=progress)
+    return tokenizer_from_tokens(result.tokens, lowercase=lowercase)
+
+
+def tokenizer_from_tokens(tokens: list[str], lowercase: bool = True):
+    """A bertkit Tokenizer over `tokens` (in id order)."""
+    from bertkit.tokenizer import Tokenizer
+    return Tokenizer({t: i for i, t in enumerate(tokens)}, lowercase=lowercase)
