@@ -257,6 +257,8 @@ class Predictor:
         base = ids[:pos] + [mask] * n + ids[pos + 1:]
         beams: list[tuple[list[int], float]] = [([], 0.0)]
         for step in range(n):
+            if not beams:        # e.g. a vocabulary without "##" pieces
+                return []
             rows = [base[:pos] + p + base[pos + step:] for p, _ in beams]
             lp = self._log_probs(rows)[:, pos + step]                  # (beams, vocab)
             allowed = self._word_start if step == 0 else self._cont_ok
