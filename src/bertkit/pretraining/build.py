@@ -1,0 +1,321 @@
+"""The whole pipeline: corpus files -> documents -> WordPiece ids -> examples -> (static) masks -> shards.
+
+    prepare(corpus, vocab, out, seq_len=128, task="nsp", masking="token", dynamic=False, workers=1, ...)
+
+Parallel building: with `workers > 1` each process takes a share of the input and writes its own shards
+(`w00-00000`, `w01-00000`, ...); the parent merges their shard lists and counts into one manifest.json once every
+worker has finished. Shares: whole files (balanced by size) when there are at least as many files as workers,
+otherwise every worker reads the stream and keeps documents `index % workers == rank` (reading and sentence
+splitting are cheap next to WordPiece, which is split). Each worker's output depends only on (seed, worker rank,
+workers), so a build is deterministic for a seed and worker count.
+
+Memory stays flat in the corpus size: one document at a time, the NotNext buffer (bounded), one shard being filled
+(`examples_per_shard` rows), and a batch of examples waiting for masking.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import ConfigError, DataError
+from bertkit.pretraining.corpus import CorpusStats, expand_corpus, iter_documents
+from bertkit.pretraining.examples import BuildStats, ExampleBuilder, ExampleConfig, TokenizedDocument
+from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
+from bertkit.pretraining.shards import FORMAT_VERSION, MANIFEST, ShardWriter, remove_partial, write_manifest
+
+__all__ = ["prepare", "PrepareSummary", "load_tokenizer"]
+
+_MASK_BATCH = 512           # examples masked and written together
+_STATIC_SEED_SALT = 0x5EED_57A7_1C   # static masks draw from other keys than the reader's dynamic masks
+
+
+@dataclass
+class MaskStats:
+    candidates: int = 0      # maskable tokens in masked rows
+    chosen: int = 0          # positions to predict
+    shown_mask: int = 0
+    shown_random: int = 0
+    shown_original: int = 0
+
+    def merge(self, other: "MaskStats") -> None:
+        for k, v in vars(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@dataclass
+class PrepareSummary:
+    out: str
+    seconds: float
+    corpus: CorpusStats
+    build: BuildStats
+    masks: MaskStats                 # static: over every example; dynamic: over a sample drawn like epoch 0
+    shards: int
+    workers: int
+    dynamic: bool
+
+    @property
+    def masked_share(self) -> float:
+        return self.masks.chosen / max(1, self.masks.candidates)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.corpus.bytes / 1e6 / max(self.seconds, 1e-9)
+
+    def as_dict(self) -> dict:
+        return {"out": self.out, "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 3),
+                "shards": self.shards, "workers": self.workers, "dynamic": self.dynamic,
+                "masked_share": round(self.masked_share, 5), "corpus": asdict(self.corpus),
+                "build": asdict(self.build), "masks": asdict(self.masks)}
+
+    def format(self) -> str:
+        c, b, m = self.corpus, self.build, self.masks
+        pairs = b.is_next + b.not_next
+        lines = [
+            f"wrote {b.examples:,} examples in {self.shards} shards to {self.out}",
+            f"  input      {c.files} files, {c.bytes / 1e6:.1f} MB, {c.documents:,} documents, {c.sentences:,} sentences",
+            f"  tokens     {b.tokens:,} in examples, padding {b.padding / max(1, b.tokens + b.padding):.2%}",
+            (f"  masking    {'dynamic (sampled as epoch 0)' if self.dynamic else 'static'}: {self.masked_share:.2%} "
+             f"of maskable tokens; shown as [MASK] {m.shown_mask / max(1, m.chosen):.1%}, random "
+             f"{m.shown_random / max(1, m.chosen):.1%}, original {m.shown_original / max(1, m.chosen):.1%}"),
+        ]
+        if pairs:
+            lines.append(f"  pairs      label 0 {b.is_next / pairs:.1%} / label 1 {b.not_next / pairs:.1%}; "
+                         f"{b.split_sentence_pairs:,} split single sentences, {b.forced_not_next} forced NotNext")
+        skipped = {k: v for k, v in {**c.skipped(), "skipped_chunks": b.skipped_chunks,
+                                      "no_other_document": b.no_other_document}.items() if v}
+        lines.append("  skipped    " + (", ".join(f"{k}={v}" for k, v in skipped.items()) if skipped else "nothing"))
+        lines.append(f"  speed      {self.mb_per_s:.2f} MB/s of raw text ({self.seconds:.1f} s, {self.workers} workers)")
+        return "\n".join(lines)
+
+
+def load_tokenizer(vocab: str | Path):
+    from bertkit.tokenizer import Tokenizer
+    return Tokenizer.from_pretrained(vocab)
+
+
+# ------------------------------------------------------------------------------------------------------- worker
+
+@dataclass
+class _Job:
+    rank: int
+    workers: int
+    files: list[str]
+    select_modulo: bool              # True: every worker reads all files, keeps documents index % workers == rank
+    vocab: str
+    out: str
+    corpus_format: str
+    examples: ExampleConfig
+    masking: MaskingConfig
+    seed: int
+    examples_per_shard: int
+    max_line_bytes: int
+    stats_sample: int = 4096         # dynamic masking: examples masked for the summary's statistics
+
+
+_progress = None                     # shared per-worker byte counters (multiprocessing.Array) in pool workers
+
+
+def _init_worker(progress) -> None:
+    global _progress
+    _progress = progress
+
+
+def _worker(job: _Job, progress=None) -> dict:
+    progress = progress if progress is not None else _progress
+    tok = load_tokenizer(job.vocab)
+    tables = VocabTables.from_tokens(tok.ids_to_tokens)
+    seq_len = job.examples.seq_len
+    static = not job.masking.dynamic
+    max_pred = job.masking.resolved_max_predictions(seq_len)
+    writer = ShardWriter(job.out, f"w{job.rank:02d}", seq_len, tok.vocab_size, tok.pad_token_id,
+                         max_predictions=max_pred if static else None, examples_per_shard=job.examples_per_shard)
+    builder = ExampleBuilder(job.examples, tok.cls_token_id, tok.sep_token_id,
+                             seed=int(example_keys(job.seed, job.rank, np.array([job.workers]))[0]))
+    reserved = np.array([tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id])
+    cstats, mstats = CorpusStats(), MaskStats()
+    pending: list = []
+    serial = 0
+
+    def flush():
+        nonlocal serial, pending
+        if not pending:
+            return
+        b = len(pending)
+        rows = np.full((b, seq_len), tok.pad_token_id, dtype=np.int64)
+        meta = np.empty((b, 3), dtype=np.int32)
+        for i, ex in enumerate(pending):
+            rows[i, :len(ex.tokens)] = ex.tokens
+            meta[i] = (len(ex.tokens), ex.a_len, ex.label)
+        pos = ids = None
+        if static or serial < job.stats_sample:
+            keys = example_keys(job.seed ^ _STATIC_SEED_SALT, job.rank, np.arange(serial, serial + b))
+            inputs, chosen = mask_batch(rows, meta[:, 0], keys, job.masking, tables)
+            _count_masks(mstats, rows, meta[:, 0], inputs, chosen, tables)
+            if static:
+                order = np.argsort(~chosen, axis=1, kind="stable")[:, :max_pred]       # chosen columns first
+                valid = np.take_along_axis(chosen, order, axis=1)
+                pos = np.where(valid, order, 0)
+                ids = np.where(valid, np.take_along_axis(inputs, order, axis=1), 0)
+        writer.add_batch(rows, meta, pos, ids)
+        serial += b
+        pending = []
+
+    select = (lambda i: i % job.workers == job.rank) if job.select_modulo else None
+    for doc in iter_documents(job.files, job.corpus_format, cstats, job.max_line_bytes, select=select):
+        sentences = [tok.convert_tokens_to_ids(tok.tokenize(s)) for s in doc.sentences]
+        tdoc = TokenizedDocument.from_sentences(doc.index, sentences)
+        tdoc.tokens[np.isin(tdoc.tokens, reserved)] = tok.unk_token_id   # literal "[SEP]" in text -> [UNK]
+        for ex in builder.add(tdoc):
+            pending.append(ex)
+        if len(pending) >= _MASK_BATCH:
+            flush()
+        if progress is not None:
+            progress[job.rank] = cstats.bytes
+    pending.extend(builder.finish())
+    flush()
+    if progress is not None:
+        progress[job.rank] = cstats.bytes
+    return {"shards": writer.close(), "corpus": asdict(cstats), "build": asdict(builder.stats),
+            "masks": asdict(mstats)}
+
+
+def _count_masks(st: MaskStats, rows, lengths, inputs, chosen, tables) -> None:
+    cand = (np.arange(rows.shape[1])[None, :] < lengths[:, None]) & ~tables.never_mask[rows]
+    st.candidates += int(cand.sum())
+    st.chosen += int(chosen.sum())
+    shown, orig = inputs[chosen], rows[chosen]
+    st.shown_mask += int((shown == tables.mask_id).sum())
+    st.shown_original += int((shown == orig).sum())
+    st.shown_random += int(((shown != tables.mask_id) & (shown != orig)).sum())
+
+
+# --------------------------------------------------------------------------------------------------------- driver
+
+def _split_files(files: list[Path], workers: int) -> list[list[str]]:
+    """Greedy balance by size: the largest file goes to the least loaded worker."""
+    loads = [0] * workers
+    shares: list[list[str]] = [[] for _ in range(workers)]
+    for f in sorted(files, key=lambda p: p.stat().st_size, reverse=True):
+        w = loads.index(min(loads))
+        shares[w].append(str(f))
+        loads[w] += f.stat().st_size
+    return [sorted(s) for s in shares]
+
+
+def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", masking: str = "token",
+            dynamic: bool = False, mask_prob: float = 0.15, max_predictions: int | None = None,
+            dupe_factor: int = 1, short_seq_prob: float = 0.1, workers: int = 1, seed: int = 12345,
+            corpus_format: str = "auto", examples_per_shard: int = 65536, max_line_bytes: int = 256 * 1024,
+            overwrite: bool = False, progress: bool = False) -> PrepareSummary:
+    """Build pre-training shards in `out` from `corpus` (paths / dirs / globs). Returns the summary."""
+    ecfg = ExampleConfig(seq_len=seq_len, task=task, short_seq_prob=0.0 if task == "none" else short_seq_prob,
+                         dupe_factor=dupe_factor)
+    mcfg = MaskingConfig(mode=masking, mask_prob=mask_prob, max_predictions=max_predictions, dynamic=dynamic)
+    mcfg.max_predictions = mcfg.resolved_max_predictions(seq_len)
+    if dynamic and dupe_factor != 1:
+        raise ConfigError(f"dupe_factor={dupe_factor} with dynamic masking: masks are redrawn every epoch, so copies "
+                          "add nothing; use dupe_factor=1")
+    if workers < 1:
+        raise ConfigError(f"workers={workers} must be >= 1")
+    if examples_per_shard < 1:
+        raise ConfigError(f"examples_per_shard={examples_per_shard} must be >= 1")
+    files = expand_corpus(corpus)
+    tok = load_tokenizer(vocab)
+    if seq_len > 65535:
+        raise ConfigError(f"seq_len={seq_len} is too long")
+    out = Path(out)
+    _prepare_out_dir(out, overwrite)
+    vocab_copy = out / "vocab.txt"
+    vocab_copy.write_text("\n".join(tok.ids_to_tokens) + "\n", encoding="utf-8")
+
+    by_files = len(files) >= workers
+    shares = _split_files(files, workers) if by_files else [[str(f) for f in files]] * workers
+    jobs = [_Job(rank=w, workers=workers, files=shares[w], select_modulo=not by_files, vocab=str(vocab),
+                 out=str(out), corpus_format=corpus_format, examples=ecfg, masking=mcfg, seed=seed,
+                 examples_per_shard=examples_per_shard, max_line_bytes=max_line_bytes)
+            for w in range(workers) if shares[w]]
+    total_bytes = sum(f.stat().st_size for f in files)
+    t0 = time.perf_counter()
+    results = _run(jobs, total_bytes * (1 if by_files else len(jobs)), progress)
+    seconds = time.perf_counter() - t0
+
+    cstats, bstats, mstats, shards = CorpusStats(), BuildStats(), MaskStats(), []
+    for r in results:
+        cstats.merge(CorpusStats(**r["corpus"]))
+        bstats.merge(BuildStats(**r["build"]))
+        mstats.merge(MaskStats(**r["masks"]))
+        shards.extend(r["shards"])
+    if not by_files:     # every worker read the whole stream; count the input once
+        for name in ("files", "bytes", "empty_files", "binary_files", "invalid_utf8_lines", "binary_lines",
+                     "long_lines"):
+            setattr(cstats, name, getattr(cstats, name) // len(jobs))
+    if bstats.examples == 0:
+        raise DataError(f"corpus {[str(f) for f in files][:3]}... produced no examples "
+                        f"({cstats.documents} documents; skipped: {cstats.skipped()})")
+    summary = PrepareSummary(str(out), seconds, cstats, bstats, mstats, len(shards), len(jobs), dynamic)
+    write_manifest(out, {
+        "format": "bertkit-pretraining-shards", "version": FORMAT_VERSION,
+        "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "lowercase": tok.lowercase,
+        "seq_len": seq_len, "task": task, "short_seq_prob": ecfg.short_seq_prob, "dupe_factor": dupe_factor,
+        "buffer_docs": ecfg.buffer_docs, "buffer_tokens": ecfg.buffer_tokens,
+        "masking": mcfg.to_dict(), "static_masks": not dynamic, "seed": seed, "workers": len(jobs),
+        "corpus": [str(f) for f in files][:1000], "corpus_format": corpus_format,
+        "counts": {"examples": bstats.examples, "documents": cstats.documents, "sentences": cstats.sentences,
+                   "tokens": bstats.tokens, "padding": bstats.padding, "label_0": bstats.is_next,
+                   "label_1": bstats.not_next, "masked": mstats.chosen, "maskable": mstats.candidates,
+                   "bytes": cstats.bytes, "skipped": {**cstats.skipped(), "skipped_chunks": bstats.skipped_chunks,
+                                                       "no_other_document": bstats.no_other_document}},
+        "shards": sorted(shards, key=lambda e: e["name"]),
+    })
+    return summary
+
+
+def _prepare_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} exists and is not a directory")
+    if (out / MANIFEST).exists() and not overwrite:
+        raise DataError(f"{out} already holds shards ({MANIFEST}); pass overwrite=True (--overwrite) to replace them")
+    out.mkdir(parents=True, exist_ok=True)
+    remove_partial(out)
+
+
+def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
+    bar = None
+    if show:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1)
+    try:
+        if len(jobs) == 1:
+            counter = _BarCounter(bar)
+            return [_worker(jobs[0], counter)]
+        ctx = mp.get_context("spawn")          # no fork: the parent may hold threads (torch) or open files
+        shared = ctx.Array("q", len(jobs), lock=False)
+        with ProcessPoolExecutor(len(jobs), mp_context=ctx, initializer=_init_worker, initargs=(shared,)) as pool:
+            futures = [pool.submit(_worker, job) for job in jobs]
+            while not all(f.done() for f in futures):
+                time.sleep(0.2)
+                if bar is not None:
+                    bar.n = sum(shared)
+                    bar.refresh()
+            return [f.result() for f in futures]
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+class _BarCounter:
+    """Stands in for the shared counter array in the single-process case: updates the bar directly."""
+
+    def __init__(self, bar):
+        self.bar, self.last = bar, 0
+
+    def __setitem__(self, i, value):
+        if self.bar is not None and value - self.last >= 1 << 20:   # refresh every MB
+            self.bar.n, self.last = value, value
+            self.bar.refresh()

@@ -1,0 +1,298 @@
+"""Raw text -> a stream of documents (lists of sentences), one document in memory at a time.
+
+Two input layouts, both with a blank line between documents:
+
+    lines   Google's format (create_pretraining_data.py): one sentence per line.
+    prose   a paragraph (or any run of text) per line; sentences are found by `split_sentences`.
+    auto    (default) per file: sample the first lines; if they hold more than ~1.3 sentences per line on average
+            the file is prose, else lines.
+
+Files may be gzip-compressed (recognised by their magic bytes, not their name); arguments may be paths, directories
+(every file below, sorted) or globs. Reading is byte-oriented and bounded, so bad input cannot blow up memory:
+
+    * a line longer than `max_line_bytes` is consumed in chunks and skipped        (counted: long_lines)
+    * a line that is not valid UTF-8 is skipped                                      (counted: invalid_utf8_lines)
+    * a line with NUL / control bytes (binary junk) is skipped                        (counted: binary_lines)
+    * a file whose first 8 KiB look binary (NUL bytes) is skipped whole                (counted: binary_files)
+    * an empty file or a file with no text                                             (counted: empty_files)
+
+Skips are counted in `CorpusStats`, which `bertkit prepare` prints in its summary. A missing path or a glob that
+matches nothing is a `DataError`: an empty corpus is almost always a typo.
+
+The sentence splitter is a small rule-based one (the Punkt idea without training): a candidate boundary is
+`.`, `!`, `?` or `…` (plus closing quotes / brackets) followed by whitespace and then something that can start a
+sentence (an upper-case letter, a digit, an opening quote or bracket). The candidate is rejected when the word
+before the period is a known abbreviation ("Mr.", "Dr.", "e.g.", "Inc."), a single initial ("J. Smith"), or a
+dotted acronym ("U.S.", "U.K.") that is not followed by a typical sentence opener. Decimals ("3.5"), versions and
+URLs never split because no whitespace follows their dots.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import io
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Iterator
+
+from bertkit.errors import DataError
+
+__all__ = ["Document", "CorpusStats", "expand_corpus", "iter_documents", "split_sentences", "detect_format"]
+
+FORMATS = ("auto", "lines", "prose")
+
+
+@dataclass
+class Document:
+    sentences: list[str]
+    source: str        # file the document came from
+    index: int         # running document number in the whole corpus stream (0-based): a stable document id
+
+
+@dataclass
+class CorpusStats:
+    files: int = 0
+    bytes: int = 0                 # raw text bytes read (after gunzip)
+    documents: int = 0
+    sentences: int = 0
+    empty_files: int = 0
+    binary_files: int = 0
+    invalid_utf8_lines: int = 0
+    binary_lines: int = 0
+    long_lines: int = 0
+
+    def merge(self, other: "CorpusStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def skipped(self) -> dict[str, int]:
+        names = ("empty_files", "binary_files", "invalid_utf8_lines", "binary_lines", "long_lines")
+        return {n: getattr(self, n) for n in names}
+
+
+# ------------------------------------------------------------------------------------------------- file discovery
+
+def expand_corpus(patterns: str | os.PathLike | list) -> list[Path]:
+    """Paths, directories (all files below, sorted) and globs -> a sorted, de-duplicated file list."""
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    out: list[Path] = []
+    for pat in patterns:
+        pat = str(pat)
+        if any(ch in pat for ch in "*?["):
+            matches = sorted(globlib.glob(pat, recursive=True))
+            if not matches:
+                raise DataError(f"corpus pattern {pat!r} matches no file")
+            paths = [Path(m) for m in matches]
+        else:
+            paths = [Path(pat)]
+        for p in paths:
+            if p.is_dir():
+                out.extend(sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")))
+            elif p.is_file():
+                out.append(p)
+            else:
+                raise DataError(f"corpus file {p} does not exist")
+    seen, files = set(), []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            files.append(p)
+    if not files:
+        raise DataError(f"corpus {list(map(str, patterns))} holds no files")
+    return files
+
+
+# -------------------------------------------------------------------------------------------------- line reading
+
+_CONTROL = re.compile(rb"[\x00-\x08\x0e-\x1f\x7f]")   # control bytes other than tab / newline / cr / ff
+_BINARY_PROBE = 8192
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    f = open(path, "rb")
+    if f.peek(2)[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]
+    return f
+
+
+def _iter_lines(path: Path, stats: CorpusStats, max_line_bytes: int) -> Iterator[str]:
+    """Decoded, stripped lines of one file ('' for blank lines); bad lines skipped and counted."""
+    try:
+        f = _open_binary(path)
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path}: {e}") from None
+    stats.files += 1
+    with f:
+        try:
+            head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
+        except (OSError, EOFError) as e:
+            raise DataError(f"corpus file {path} is not readable gzip: {e}") from None
+        if not head.strip():
+            stats.empty_files += 1
+            return
+        if b"\x00" in head:
+            stats.binary_files += 1
+            return
+        while True:
+            try:
+                raw = f.readline(max_line_bytes + 1)
+            except (OSError, EOFError) as e:
+                raise DataError(f"corpus file {path} is truncated or corrupt: {e}") from None
+            if not raw:
+                return
+            stats.bytes += len(raw)
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                stats.long_lines += 1
+                while raw and not raw.endswith(b"\n"):   # drain the rest of the line without keeping it
+                    raw = f.readline(1 << 20)
+                    stats.bytes += len(raw)
+                continue
+            if _CONTROL.search(raw):
+                stats.binary_lines += 1
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                stats.invalid_utf8_lines += 1
+                continue
+            yield line.strip()
+
+
+# ------------------------------------------------------------------------------------------------ sentence split
+
+# Words that end with a period but rarely end a sentence (lower-cased, without the final period).
+ABBREVIATIONS = frozenset("""
+mr mrs ms dr prof sr jr st rev hon gen col lt sgt capt cmdr adm gov sen rep pres supt insp det messrs mme mlle
+inc ltd co corp plc llc bros dept univ assn est approx fig figs vol vols no nos pp p ed eds al vs etc cf
+e.g i.e a.m p.m viz ca
+jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thur thurs fri sat sun
+""".split())
+# Words that usually open a sentence: after a dotted acronym ("the U.S. The ..."), they signal a real boundary.
+_OPENERS = frozenset("""
+the a an this that these those it its he she they we i you his her their our my there here but and or so
+yet however meanwhile in on at for if when while after before as since although though mr mrs ms dr
+""".split())
+
+_BOUNDARY = re.compile(r"""
+    (?P<end>[.!?\u2026]+)                 # sentence-final punctuation
+    (?P<close>['"\u2019\u201d)\]]*)      # closing quotes / brackets that belong to the sentence
+    (?P<space>\s+)
+    (?=[\"'\u2018\u201c(\[]*[A-Z0-9\u00C0-\u00DE])   # next sentence opens with a capital or a digit
+""", re.VERBOSE)
+_WORD_BEFORE = re.compile(r"(\S+)$")
+_ACRONYM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]?$")
+
+
+def _is_false_boundary(text: str, m: re.Match) -> bool:
+    if m.group("end") != ".":
+        return False
+    word_m = _WORD_BEFORE.search(text, 0, m.start("end"))
+    if not word_m:
+        return False
+    word = word_m.group(1).lstrip("\"'(\u2018\u201c[")
+    low = word.lower()
+    if low in ABBREVIATIONS:
+        return True
+    if len(word) == 1 and word.isalpha() and word.isupper():        # an initial: "J. R. R. Tolkien"
+        return True
+    if _ACRONYM.match(word + "."):                                  # "U.S.", "e.g.", "Ph.D."
+        nxt = text[m.end():].split(None, 1)
+        opener = nxt[0].strip("\"'\u2018\u201c(").lower() if nxt else ""
+        return opener not in _OPENERS
+    return False
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph into sentences (see the module docstring for the rules)."""
+    text = text.strip()
+    if not text:
+        return []
+    out, start = [], 0
+    for m in _BOUNDARY.finditer(text):
+        if _is_false_boundary(text, m):
+            continue
+        end = m.end("close")
+        sentence = text[start:end].strip()
+        if sentence:
+            out.append(sentence)
+        start = m.end()
+    tail = text[start:].strip()
+    if tail:
+        out.append(tail)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ documents
+
+def detect_format(lines: list[str]) -> str:
+    """'prose' if the sample holds clearly more than one sentence per non-blank line, else 'lines'."""
+    body = [ln for ln in lines if ln]
+    if not body:
+        return "lines"
+    per_line = sum(len(split_sentences(ln)) for ln in body) / len(body)
+    return "prose" if per_line > 1.3 else "lines"
+
+
+@dataclass
+class _DocBuilder:
+    fmt: str
+    sentences: list[str] = field(default_factory=list)
+
+    def add(self, line: str) -> None:
+        if self.fmt == "prose":
+            self.sentences.extend(split_sentences(line))
+        else:
+            self.sentences.append(line)
+
+
+def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, max_line_bytes: int = 256 * 1024,
+                   select=None) -> Iterator[Document]:
+    """Stream documents from `corpus` (paths / dirs / globs, or a list of them).
+
+    `select(doc_index) -> bool`, when given, keeps only some documents before their sentences are split (parallel
+    workers each take their share of one stream this way). Document ids (`Document.index`) count every document of
+    the stream, selected or not, so they are the same for any number of workers.
+    """
+    if fmt not in FORMATS:
+        raise DataError(f"corpus format {fmt!r} is not one of {FORMATS}")
+    stats = stats if stats is not None else CorpusStats()
+    files = expand_corpus(corpus)
+    index = 0
+    for path in files:
+        lines = _iter_lines(path, stats, max_line_bytes)
+        file_fmt = fmt
+        if fmt == "auto":
+            sample = []
+            for line in lines:
+                sample.append(line)
+                if len(sample) >= 200:
+                    break
+            file_fmt = detect_format(sample)
+            lines = _chain(sample, lines)
+        current: list[str] = []
+        for line in _chain(lines, [""]):           # a final blank line closes the last document of each file
+            if line:
+                current.append(line)
+                continue
+            if not current:
+                continue
+            keep = select is None or select(index)
+            if keep:
+                doc = _DocBuilder(file_fmt)
+                for ln in current:
+                    doc.add(ln)
+                if doc.sentences:
+                    stats.documents += 1
+                    stats.sentences += len(doc.sentences)
+                    yield Document(doc.sentences, str(path), index)
+            index += 1
+            current = []
+
+
+def _chain(*iterables):
+    for it in iterables:
+        yield from it

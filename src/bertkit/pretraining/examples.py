@@ -1,0 +1,352 @@
+"""Tokenised documents -> pre-training examples: `[CLS] A [SEP] B [SEP]` pairs (NSP / SOP) or packed text (none).
+
+Algorithm (the BERT paper, sec. 3.1 + appendix A.2, as google-research's create_pretraining_data.py implements it):
+
+    for each document (a list of tokenised sentences), dupe_factor times:
+        max_tokens = seq_len - 3                            # room for [CLS], [SEP], [SEP]
+        target = max_tokens, or with prob short_seq_prob (0.1) a uniform length in [2, max_tokens]
+        walk the sentences, collecting them into a chunk until the chunk holds >= target tokens
+        (or the document ends); then:
+            a_end = uniform in [1, len(chunk) - 1]          # A = chunk[:a_end] (whole sentences)
+            nsp, IsNext (50%):   B = chunk[a_end:]
+            nsp, NotNext (50%):  B = sentences of ANOTHER document from a random sentence on, up to
+                                 target - len(A) tokens; chunk[a_end:] is "put back" (walked again)
+            sop, in order (50%): B = chunk[a_end:]                      label 0
+            sop, swapped (50%):  A, B = chunk[a_end:], chunk[:a_end]    label 1   (ALBERT)
+            truncate_seq_pair: while len(A) + len(B) > max_tokens, drop a token from the longer one (B on a
+                               tie), from its front or back with probability 1/2 each
+            emit [CLS] A [SEP] B [SEP], token types 0 up to and including the first [SEP], 1 after
+            start a new chunk (and, per document pass, a new target)
+
+    none (RoBERTa FULL-SENTENCES without the pair): sentences of consecutive documents are concatenated into one
+        stream and cut into rows of exactly seq_len - 2 tokens: [CLS] tokens [SEP], types all 0, no label.
+
+Labels follow the transformers convention that bertkit's NSP head uses: next_sentence_label 0 = B follows A
+(IsNext / in order), 1 = B is random (NotNext) / swapped.
+
+Deliberate deviations from google-research's create_pretraining_data.py, each with its reason:
+
+1. Streaming, not whole corpus in RAM. google-research reads every document into memory, shuffles them, and draws
+   NotNext segments from any document. We keep a bounded buffer of recent documents (default 1,000 documents /
+   1M tokens; when full, a random slot is replaced, so older documents survive with decaying probability) and draw
+   NotNext segments from it. Why: memory stays flat however large the corpus (the benchmark measures it). The first
+   document waits until a second one arrives so it too has another document to draw from.
+2. No global shuffle of documents or examples at build time. Why: it needs the whole corpus in memory; the shard
+   reader shuffles all examples across all shards every epoch instead, which is what training sees.
+3. Balanced labels. google-research forces NotNext whenever the chunk holds a single sentence (short targets, long
+   sentences, a document's last sentence), which skews the NSP labels towards NotNext (well above 50% with
+   short_seq_prob=0.1). We draw the label first; an IsNext / SOP chunk of one sentence takes the document's next
+   sentence as B, and at the document's end the sentence is split at a random token into A and B (B still truly
+   follows A). Only a one-token sentence with nothing after it falls back to NotNext (nsp) or is skipped (sop);
+   both are counted. Why: the issue (and the paper) ask for 50/50, and a biased label teaches the head a prior.
+4. One-sentence documents are kept (google-research keeps them too, as forced-NotNext A segments); under rule 3
+   their IsNext / SOP examples split the sentence. Empty documents are dropped (as there).
+5. Special tokens that appear literally in the text ("[SEP]", "[MASK]", ...) become [UNK]. Why: the tokenizer keeps
+   them whole; left alone, a literal "[SEP]" in a web page would add a third separator to an example.
+6. Task none (not in google-research): rows are filled to exactly seq_len - 2 tokens, cutting the sentence that
+   overflows a row and continuing it in the next one; no separator between documents; no short sequences.
+   Why: RoBERTa's "full sentences" keeps sentences whole and pads the rest, which wastes ~10% of a 128-token row;
+   the issue asks for < 2% padding (only the very last row of a stream is padded). One [SEP] per row keeps the
+   single-segment format fine-tuning uses.
+7. dupe_factor is applied per document pass while streaming (the document's examples are built dupe_factor times
+   in a row, each with fresh random targets, split points, NotNext draws and masks) instead of over the whole
+   corpus; for task none each packed row is emitted dupe_factor times (masked differently). Why: streaming.
+   With dynamic masking dupe_factor must be 1: masks are redrawn every epoch anyway.
+8. Masking lives in masking.py and differs in small ways (stochastic rounding of the mask count instead of
+   max(1, round(...)); random replacements never draw special tokens); see that module's docstring.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from bertkit.errors import ConfigError
+
+__all__ = ["ExampleConfig", "Example", "TokenizedDocument", "ExampleBuilder", "BuildStats", "TASKS"]
+
+TASKS = ("nsp", "sop", "none")
+
+
+@dataclass
+class ExampleConfig:
+    seq_len: int = 128                 # max_seq_length: every row has exactly this width on disk
+    task: str = "nsp"                  # nsp (BERT) | sop (ALBERT) | none (RoBERTa-style packing, MLM only)
+    short_seq_prob: float = 0.1        # BERT: 10% of rows get a shorter random target, to match fine-tuning
+    dupe_factor: int = 1               # static masking: copies of the data with different masks (BERT used 10)
+    buffer_docs: int = 1000            # NotNext pool: recent documents kept in memory...
+    buffer_tokens: int = 1_000_000     # ...and at most this many tokens of them (bounds RAM on long documents)
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ConfigError(f"task {self.task!r} is not one of {TASKS}")
+        if self.seq_len < 8:
+            raise ConfigError(f"seq_len={self.seq_len} is too short (need >= 8)")
+        if self.seq_len > 65535:
+            raise ConfigError(f"seq_len={self.seq_len} is too long (at most 65535)")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ConfigError(f"short_seq_prob={self.short_seq_prob} must be in [0, 1]")
+        if self.dupe_factor < 1:
+            raise ConfigError(f"dupe_factor={self.dupe_factor} must be >= 1")
+        if self.buffer_docs < 2:
+            raise ConfigError(f"buffer_docs={self.buffer_docs} must be >= 2")
+
+
+@dataclass
+class TokenizedDocument:
+    """A document as one flat id array plus sentence boundaries: sentence k = tokens[bounds[k]:bounds[k+1]]."""
+    id: int
+    tokens: np.ndarray     # (n_tokens,) int32
+    bounds: np.ndarray     # (n_sentences + 1,) int64
+
+    @classmethod
+    def from_sentences(cls, doc_id: int, sentences: list[list[int]]) -> "TokenizedDocument":
+        sentences = [s for s in sentences if len(s)]
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        bounds = np.zeros(len(sentences) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        flat = np.fromiter((t for s in sentences for t in s), dtype=np.int32, count=int(bounds[-1]))
+        return cls(doc_id, flat, bounds)
+
+    @property
+    def n_sentences(self) -> int:
+        return len(self.bounds) - 1
+
+    def span(self, first: int, stop: int) -> np.ndarray:
+        """Tokens of sentences [first, stop)."""
+        return self.tokens[self.bounds[first]:self.bounds[stop]]
+
+
+@dataclass
+class Example:
+    tokens: np.ndarray     # (length,) int32: [CLS] A [SEP] B [SEP]  (or [CLS] text [SEP])
+    a_len: int             # tokens of type 0: [CLS] A [SEP]; == len(tokens) for task none
+    label: int             # 0 IsNext / in order, 1 NotNext / swapped, -1 for task none
+    doc_a: int             # test hook: id of the document A came from (first document of a packed row)
+    doc_b: int             # ... and B (== doc_a unless NotNext)
+
+
+@dataclass
+class BuildStats:
+    examples: int = 0
+    tokens: int = 0                     # non-pad tokens in examples, specials included
+    padding: int = 0                    # pad positions in examples (seq_len - length, summed)
+    is_next: int = 0
+    not_next: int = 0
+    split_sentence_pairs: int = 0       # IsNext / SOP pairs made by splitting one sentence (rule 3)
+    forced_not_next: int = 0            # IsNext wanted but impossible (one-token last sentence)
+    skipped_chunks: int = 0             # SOP chunks of one token: no pair possible
+    no_other_document: int = 0          # NotNext wanted but the whole stream has one document
+
+    def merge(self, other: "BuildStats") -> None:
+        for k, v in vars(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@dataclass
+class _Buffer:
+    """Recent documents for NotNext draws: bounded in documents and tokens; a full buffer replaces a random slot."""
+    max_docs: int
+    max_tokens: int
+    docs: list = field(default_factory=list)
+    n_tokens: int = 0
+
+    def add(self, doc: TokenizedDocument, rng: random.Random) -> None:
+        if len(self.docs) < self.max_docs:
+            self.docs.append(doc)
+        else:
+            slot = rng.randrange(len(self.docs))
+            self.n_tokens -= len(self.docs[slot].tokens)
+            self.docs[slot] = doc
+        self.n_tokens += len(doc.tokens)
+        while self.n_tokens > self.max_tokens and len(self.docs) > 2:
+            gone = self.docs.pop(rng.randrange(len(self.docs) - 1))   # never the newest
+            self.n_tokens -= len(gone.tokens)
+
+    def other_than(self, doc_id: int, rng: random.Random) -> TokenizedDocument | None:
+        """A random buffered document other than `doc_id` (None when there is none)."""
+        for _ in range(32):                    # with >= 2 documents, almost always the first draw
+            d = self.docs[rng.randrange(len(self.docs))] if self.docs else None
+            if d is not None and d.id != doc_id:
+                return d
+        rest = [d for d in self.docs if d.id != doc_id]
+        return rng.choice(rest) if rest else None
+
+
+class ExampleBuilder:
+    """Feed documents with `add(doc)`, then call `finish()`; both yield `Example`s. See the module docstring."""
+
+    def __init__(self, cfg: ExampleConfig, cls_id: int, sep_id: int, seed: int = 0):
+        self.cfg = cfg
+        self.cls_id, self.sep_id = cls_id, sep_id
+        self.rng = random.Random(seed)
+        self.stats = BuildStats()
+        self._buffer = _Buffer(cfg.buffer_docs, cfg.buffer_tokens)
+        self._pending: deque[TokenizedDocument] = deque()
+        self._pack: list[np.ndarray] = []          # task none: pieces of the row being filled
+        self._pack_len = 0
+        self._pack_doc = -1
+
+    # ------------------------------------------------------------------------------------------------- stream
+
+    def add(self, doc: TokenizedDocument) -> Iterator[Example]:
+        if doc.n_sentences == 0:
+            return
+        if self.cfg.task == "none":
+            yield from self._pack_document(doc)
+            return
+        if self.cfg.task == "sop":
+            yield from self._pair_document(doc)
+            return
+        self._buffer.add(doc, self.rng)
+        self._pending.append(doc)
+        if len(self._buffer.docs) < 2:
+            return                                  # the first document waits for a second to draw NotNext from
+        while self._pending:
+            yield from self._pair_document(self._pending.popleft())
+
+    def finish(self) -> Iterator[Example]:
+        while self._pending:                         # a one-document stream
+            yield from self._pair_document(self._pending.popleft())
+        if self._pack_len:
+            yield from self._emit_pack()
+
+    # ----------------------------------------------------------------------------------------- pairs: nsp / sop
+
+    def _pair_document(self, doc: TokenizedDocument) -> Iterator[Example]:
+        for _ in range(self.cfg.dupe_factor):
+            yield from self._pairs_once(doc)
+
+    def _pairs_once(self, doc: TokenizedDocument) -> Iterator[Example]:
+        rng, cfg = self.rng, self.cfg
+        max_tokens = cfg.seq_len - 3
+        target = max_tokens
+        if rng.random() < cfg.short_seq_prob:
+            target = rng.randint(2, max_tokens)
+        n = doc.n_sentences
+        lengths = np.diff(doc.bounds)
+        first, i, chunk_len = 0, 0, 0              # chunk = sentences [first, i]
+        while i < n:
+            chunk_len += int(lengths[i])
+            if i == n - 1 or chunk_len >= target:
+                ex, i = self._make_pair(doc, first, i + 1, target, max_tokens)
+                if ex is not None:
+                    yield ex
+                first, chunk_len = i + 1, 0
+            i += 1
+
+    def _make_pair(self, doc, first, stop, target, max_tokens):
+        """Chunk = sentences [first, stop). Returns (example or None, index of the last sentence consumed)."""
+        rng, task = self.rng, self.cfg.task
+        swap_or_random = rng.random() < 0.5
+        n_chunk = stop - first
+        if task == "nsp" and swap_or_random:
+            other = self._buffer.other_than(doc.id, rng)
+            if other is None:
+                self.stats.no_other_document += 1
+                swap_or_random = False
+            else:
+                a_end = first + (rng.randint(1, n_chunk - 1) if n_chunk >= 2 else 1)
+                a = doc.span(first, a_end)
+                b = self._random_segment(other, target - len(a))
+                ex = self._pack_pair(a, b, 1, max_tokens, doc.id, other.id)
+                return ex, a_end - 1                      # sentences after A are put back
+        if n_chunk == 1 and stop < doc.n_sentences:       # one sentence: take the next one as B
+            stop += 1
+            n_chunk = 2
+        if n_chunk >= 2:
+            a_end = first + rng.randint(1, n_chunk - 1)
+            a, b = doc.span(first, a_end), doc.span(a_end, stop)
+        else:                                               # last sentence alone: split it inside
+            s = doc.span(first, stop)
+            if len(s) < 2:
+                if task == "nsp":
+                    other = self._buffer.other_than(doc.id, rng)
+                    if other is not None:
+                        self.stats.forced_not_next += 1
+                        b = self._random_segment(other, target - len(s))
+                        return self._pack_pair(s, b, 1, max_tokens, doc.id, other.id), stop - 1
+                self.stats.skipped_chunks += 1
+                return None, stop - 1
+            cut = rng.randint(1, len(s) - 1)
+            a, b = s[:cut], s[cut:]
+            self.stats.split_sentence_pairs += 1
+        if task == "sop" and swap_or_random:
+            return self._pack_pair(b, a, 1, max_tokens, doc.id, doc.id), stop - 1
+        return self._pack_pair(a, b, 0, max_tokens, doc.id, doc.id), stop - 1
+
+    def _random_segment(self, doc: TokenizedDocument, target_len: int) -> np.ndarray:
+        start = self.rng.randrange(doc.n_sentences)
+        stop = start + 1
+        while stop < doc.n_sentences and doc.bounds[stop] - doc.bounds[start] < target_len:
+            stop += 1
+        return doc.span(start, stop)
+
+    def _pack_pair(self, a, b, label, max_tokens, doc_a, doc_b) -> Example:
+        a0, a1, b0, b1 = truncate_seq_pair(len(a), len(b), max_tokens, self.rng)
+        a, b = a[a0:a1], b[b0:b1]
+        tokens = np.empty(len(a) + len(b) + 3, dtype=np.int32)
+        tokens[0] = self.cls_id
+        tokens[1:1 + len(a)] = a
+        tokens[1 + len(a)] = self.sep_id
+        tokens[2 + len(a):-1] = b
+        tokens[-1] = self.sep_id
+        self._count(tokens, label)
+        return Example(tokens, len(a) + 2, label, doc_a, doc_b)
+
+    def _count(self, tokens, label):
+        st = self.stats
+        st.examples += 1
+        st.tokens += len(tokens)
+        st.padding += self.cfg.seq_len - len(tokens)
+        if label == 0:
+            st.is_next += 1
+        elif label == 1:
+            st.not_next += 1
+
+    # -------------------------------------------------------------------------------------------- packing: none
+
+    def _pack_document(self, doc: TokenizedDocument) -> Iterator[Example]:
+        room_total = self.cfg.seq_len - 2
+        rest = doc.tokens
+        if self._pack_len == 0:
+            self._pack_doc = doc.id
+        while len(rest):
+            room = room_total - self._pack_len
+            piece, rest = rest[:room], rest[room:]
+            self._pack.append(piece)
+            self._pack_len += len(piece)
+            if self._pack_len == room_total:
+                yield from self._emit_pack()
+                self._pack_doc = doc.id
+
+    def _emit_pack(self) -> Iterator[Example]:
+        tokens = np.concatenate([[self.cls_id], *self._pack, [self.sep_id]]).astype(np.int32)
+        self._pack, self._pack_len = [], 0
+        for _ in range(self.cfg.dupe_factor):
+            self._count(tokens, -1)
+            yield Example(tokens, len(tokens), -1, self._pack_doc, self._pack_doc)
+
+
+def truncate_seq_pair(len_a: int, len_b: int, max_tokens: int, rng: random.Random) -> tuple[int, int, int, int]:
+    """google-research's truncate_seq_pair on lengths: returns the kept ranges (a0, a1, b0, b1).
+
+    While the pair is too long, one token goes from the longer side (B on a tie), from its front or its back with
+    probability 1/2. Runs of removals from one side are done at once: k removals with a binomial(k, 1/2) count
+    from the front, which is the same distribution as k coin flips, in O(1) Python steps.
+    """
+    a0, a1, b0, b1 = 0, len_a, 0, len_b
+    while (a1 - a0) + (b1 - b0) > max_tokens:
+        la, lb = a1 - a0, b1 - b0
+        excess = la + lb - max_tokens
+        k = min(excess, abs(la - lb)) or 1
+        front = bin(rng.getrandbits(k)).count("1")
+        if la > lb:
+            a0, a1 = a0 + front, a1 - (k - front)
+        else:
+            b0, b1 = b0 + front, b1 - (k - front)
+    return a0, a1, b0, b1

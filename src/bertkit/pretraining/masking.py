@@ -1,0 +1,276 @@
+"""Masked-LM masking over id arrays: which positions to predict, and what the model sees there.
+
+For each row of a (batch, seq) array of token ids:
+
+1. Candidates: positions inside the row's length whose token is not a bracketed special ([CLS], [SEP], [PAD],
+   [MASK], [UNK], [unusedN]). Specials are never masked.
+2. Budget: n = floor(mask_prob * n_candidates + u), u ~ U[0,1) (stochastic rounding, so the expected share is
+   exactly mask_prob; google-research uses max(1, round(...)), which overshoots on short rows), capped at
+   `max_predictions` and at the number of candidates.
+3. Units, drawn in random order until the budget is spent, skipping a unit that would overshoot it (as
+   google-research does for whole words, so the budget is met exactly whenever a fitting unit remains):
+     token   every candidate position on its own (BERT);
+     wwm     whole words: a piece plus the "##" pieces after it (BERT's whole-word masking);
+     ngram   spans of 1..max_ngram whole words, span length drawn with p(n) proportional to 1/n (ALBERT: for
+             max_ngram=3 that is 6/11, 3/11, 2/11); a span whose words overlap a chosen one is skipped, a span that
+             does not fit the budget is shortened, and spans never jump over a [SEP].
+4. Replacement: of the chosen positions 80% become [MASK], 10% a random non-special token, 10% keep the original
+   (shares configurable). Labels hold the original id at chosen positions and -100 elsewhere.
+
+Randomness is counter-based: every draw is a hash (splitmix64) of (row key, stream, position), and a row key is
+a hash of (seed, epoch, example index). So a mask depends only on those three numbers: not on batch size, rank,
+world size or the order rows are processed in; dynamic masking is reproducible and resumable for free, and the
+token mode is one vectorised pass over the whole batch. Whole-word selection is vectorised too (sort words by key,
+take the prefix that fits, then greedy rounds for the remainder); n-gram spans loop per row in Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import ConfigError, VocabError
+
+__all__ = ["MaskingConfig", "VocabTables", "mask_batch", "example_keys", "MODES"]
+
+MODES = ("token", "wwm", "ngram")
+
+
+@dataclass
+class MaskingConfig:
+    mode: str = "token"              # token | wwm | ngram
+    mask_prob: float = 0.15          # BERT's 15%; MosaicBERT found 30% better for short schedules
+    max_predictions: int | None = None  # per row; None -> ceil(mask_prob * seq_len) + 1 (20 at 128, like BERT)
+    mask_token_prob: float = 0.8     # share of chosen positions shown as [MASK]
+    random_token_prob: float = 0.1   # share shown as a random token; the rest keep their original token
+    max_ngram: int = 3               # ngram mode: spans of 1..max_ngram whole words (ALBERT uses 3)
+    dynamic: bool = False            # True: masks drawn at batch time, fresh every epoch (RoBERTa)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"masking mode {self.mode!r} is not one of {MODES}")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ConfigError(f"mask_prob={self.mask_prob} must be in (0, 1)")
+        if not (0 <= self.mask_token_prob and 0 <= self.random_token_prob
+                and self.mask_token_prob + self.random_token_prob <= 1.0):
+            raise ConfigError(f"mask_token_prob={self.mask_token_prob} + random_token_prob={self.random_token_prob}"
+                              " must be shares summing to at most 1")
+        if self.max_ngram < 1:
+            raise ConfigError(f"max_ngram={self.max_ngram} must be >= 1")
+
+    def resolved_max_predictions(self, seq_len: int) -> int:
+        if self.max_predictions is not None:
+            if self.max_predictions < 1:
+                raise ConfigError(f"max_predictions={self.max_predictions} must be >= 1")
+            return self.max_predictions
+        return math.ceil(self.mask_prob * seq_len) + 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------- vocabulary tables
+
+@dataclass
+class VocabTables:
+    """What masking needs to know about a vocabulary, as arrays indexed by token id."""
+    never_mask: np.ndarray        # (V,) bool: bracketed special tokens
+    continuation: np.ndarray      # (V,) bool: "##" pieces
+    random_ids: np.ndarray        # (R,) int64: ids a random replacement is drawn from (non-special tokens)
+    mask_id: int
+    pad_id: int
+    cls_id: int
+    sep_id: int
+
+    @classmethod
+    def from_tokens(cls, tokens: list[str]) -> "VocabTables":
+        index = {t: i for i, t in enumerate(tokens)}
+        for name in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"):
+            if name not in index:
+                raise VocabError(f"vocabulary lacks the special token {name} that pre-training needs")
+        special = np.array([len(t) > 2 and t.startswith("[") and t.endswith("]") for t in tokens], dtype=bool)
+        cont = np.array([t.startswith("##") for t in tokens], dtype=bool)
+        return cls(never_mask=special, continuation=cont, random_ids=np.flatnonzero(~special).astype(np.int64),
+                   mask_id=index["[MASK]"], pad_id=index["[PAD]"], cls_id=index["[CLS]"], sep_id=index["[SEP]"])
+
+    @classmethod
+    def from_vocab_file(cls, path: str | Path) -> "VocabTables":
+        path = Path(path)
+        try:
+            tokens = path.read_text(encoding="utf-8").split("\n")
+        except (OSError, UnicodeDecodeError) as e:
+            raise VocabError(f"cannot read vocabulary {path}: {e}") from None
+        if tokens and tokens[-1] == "":
+            tokens.pop()
+        return cls.from_tokens([t.strip() for t in tokens])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.never_mask)
+
+
+# -------------------------------------------------------------------------------------------- counter-based random
+
+_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a good 64-bit hash, elementwise (uint64 arithmetic wraps)."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(x, dtype=np.uint64) + _GOLD
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def example_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
+    """(n,) uint64 keys for examples `indices` in `epoch` under `seed`: the only input a row's mask depends on."""
+    base = _mix(_mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF)) ^ np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
+    return _mix(base ^ np.asarray(indices, dtype=np.uint64))
+
+
+def _uniform(keys: np.ndarray, stream: int, width: int | None = None) -> np.ndarray:
+    """U[0,1) floats: (B,) when width is None, else (B, width); independent per (key, stream, column)."""
+    k = _mix(keys ^ np.uint64(stream * 0x632BE59BD9B4E019 & 0xFFFFFFFFFFFFFFFF))
+    if width is None:
+        bits = _mix(k)
+    else:
+        cols = np.arange(1, width + 1, dtype=np.uint64) * _GOLD   # (width,)
+        bits = _mix(k[:, None] ^ cols[None, :])                      # (B, width)
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+_S_COUNT, _S_ORDER, _S_KIND, _S_RANDOM, _S_NGRAM = 1, 2, 3, 4, 5
+
+
+# --------------------------------------------------------------------------------------------------------- masking
+
+def mask_batch(tokens: np.ndarray, lengths: np.ndarray, keys: np.ndarray, cfg: MaskingConfig,
+               tables: VocabTables) -> tuple[np.ndarray, np.ndarray]:
+    """Mask a batch. tokens (B, S) ids, lengths (B,) real lengths, keys (B,) uint64 from `example_keys`.
+
+    Returns (input_ids (B, S) int64 with replacements applied, chosen (B, S) bool: the positions to predict).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    b, s = tokens.shape
+    keys = np.asarray(keys, dtype=np.uint64)
+    cand = (np.arange(s)[None, :] < np.asarray(lengths)[:, None]) & ~tables.never_mask[tokens]   # (B, S)
+    n_cand = cand.sum(axis=1)
+    budget = np.floor(cfg.mask_prob * n_cand + _uniform(keys, _S_COUNT)).astype(np.int64)
+    budget = np.minimum(np.minimum(budget, cfg.resolved_max_predictions(s)), n_cand)               # (B,)
+
+    if cfg.mode == "token":
+        chosen = _choose_tokens(cand, budget, keys)
+    elif cfg.mode == "wwm":
+        chosen = _choose_words(tokens, cand, budget, keys, tables)
+    else:
+        chosen = _choose_ngrams(tokens, cand, budget, keys, tables, cfg.max_ngram)
+
+    inputs = tokens.copy()
+    u = _uniform(keys, _S_KIND, s)                                                                 # (B, S)
+    to_mask = chosen & (u < cfg.mask_token_prob)
+    to_random = chosen & (u >= cfg.mask_token_prob) & (u < cfg.mask_token_prob + cfg.random_token_prob)
+    inputs[to_mask] = tables.mask_id
+    if to_random.any():
+        r = _uniform(keys, _S_RANDOM, s)[to_random]
+        inputs[to_random] = tables.random_ids[(r * len(tables.random_ids)).astype(np.int64)]
+    return inputs, chosen
+
+
+def _rank_in_row(keys2d: np.ndarray) -> np.ndarray:
+    """For each element, its rank when its row is sorted ascending. (B, N) -> (B, N) int."""
+    order = np.argsort(keys2d, axis=1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(keys2d.shape[1])[None, :].repeat(keys2d.shape[0], 0), axis=1)
+    return ranks
+
+
+def _choose_tokens(cand, budget, keys):
+    order_keys = np.where(cand, _uniform(keys, _S_ORDER, cand.shape[1]), 2.0)   # non-candidates sort last
+    return _rank_in_row(order_keys) < budget[:, None]
+
+
+def _words(tokens, cand, tables):
+    """Word structure: word id per position (-1 outside words) and per-row word lengths (B, S)."""
+    b, s = tokens.shape
+    prev_cand = np.zeros_like(cand)
+    prev_cand[:, 1:] = cand[:, :-1]
+    # a "##" piece continues the word before it, unless nothing maskable precedes it (e.g. right after [SEP])
+    start = cand & ~(tables.continuation[tokens] & prev_cand)
+    word = np.cumsum(start, axis=1) - 1
+    word = np.where(cand, word, -1)                                                # (B, S)
+    n_words = start.sum(axis=1)
+    flat = (np.arange(b)[:, None] * s + word)[cand]
+    lengths = np.bincount(flat, minlength=b * s).reshape(b, s)                     # (B, S): length of word w
+    return word, lengths, n_words
+
+
+def _choose_words(tokens, cand, budget, keys, tables):
+    b, s = tokens.shape
+    word, wlen, n_words = _words(tokens, cand, tables)
+    valid = np.arange(s)[None, :] < n_words[:, None]                               # (B, S) over word slots
+    wkeys = np.where(valid, _uniform(keys, _S_ORDER, s), 2.0)
+    order = np.argsort(wkeys, axis=1, kind="stable")                              # words in random order
+    len_sorted = np.take_along_axis(np.where(valid, wlen, 0), order, axis=1)
+    taken_sorted = np.cumsum(len_sorted, axis=1) <= budget[:, None]               # the prefix that fits
+    taken_sorted &= np.take_along_axis(valid, order, axis=1)
+    remaining = budget - np.where(taken_sorted, len_sorted, 0).sum(axis=1)
+    # google-research keeps scanning after a word that does not fit: take the next word that does, repeatedly
+    pos = np.arange(s)[None, :]
+    while True:
+        fits = (~taken_sorted) & (len_sorted > 0) & (len_sorted <= remaining[:, None])
+        first_overflow = np.argmin(taken_sorted, axis=1)                          # scanning resumes after the prefix
+        fits &= pos >= first_overflow[:, None]
+        rows = np.flatnonzero(fits.any(axis=1))
+        if len(rows) == 0:
+            break
+        pick = np.argmax(fits[rows], axis=1)
+        taken_sorted[rows, pick] = True
+        remaining[rows] -= len_sorted[rows, pick]
+    taken = np.zeros((b, s), dtype=bool)
+    np.put_along_axis(taken, order, taken_sorted, axis=1)                          # back to word ids
+    return cand & np.take_along_axis(taken, np.maximum(word, 0), axis=1)
+
+
+def _choose_ngrams(tokens, cand, budget, keys, tables, max_ngram):
+    b, s = tokens.shape
+    word, wlen, n_words = _words(tokens, cand, tables)
+    wkeys = _uniform(keys, _S_ORDER, s)
+    span_u = _uniform(keys, _S_NGRAM, s)
+    p = 1.0 / np.arange(1, max_ngram + 1)
+    chosen = np.zeros((b, s), dtype=bool)
+    for r in range(b):
+        nw = int(n_words[r])
+        if nw == 0 or budget[r] == 0:
+            continue
+        pos = np.flatnonzero(cand[r])
+        starts = pos[np.r_[True, word[r, pos[1:]] != word[r, pos[:-1]]]]            # first position of each word
+        lens = wlen[r, :nw]
+        ends = starts + lens                                                        # exclusive
+        # how many words a span starting at word i may cover without jumping over a special token
+        contiguous = np.r_[ends[:-1] == starts[1:], False]
+        taken = np.zeros(nw, dtype=bool)
+        left = int(budget[r])
+        for i in np.argsort(wkeys[r, :nw], kind="stable"):
+            if left == 0:
+                break
+            if taken[i]:
+                continue
+            reach = 1
+            while reach < max_ngram and i + reach < nw and contiguous[i + reach - 1]:
+                reach += 1
+            cdf = np.cumsum(p[:reach]) / p[:reach].sum()
+            n = int(np.searchsorted(cdf, span_u[r, i], side="right")) + 1
+            n = min(n, reach)
+            while n > 0 and int(lens[i:i + n].sum()) > left:                       # shorten to fit the budget
+                n -= 1
+            if n == 0 or taken[i:i + n].any():
+                continue
+            taken[i:i + n] = True
+            left -= int(lens[i:i + n].sum())
+            for j in range(i, i + n):
+                chosen[r, starts[j]:ends[j]] = True
+    return chosen

@@ -1,0 +1,351 @@
+"""Examples on disk as numpy shards, and the reader that turns them into training batches.
+
+A shard directory:
+
+    manifest.json                   settings, counts, vocab hash, and every shard's files with size + sha256
+    vocab.txt                       the vocabulary the ids refer to (the reader needs its tables for masking)
+    <name>.tokens.npy               (E, S) uint16 (int32 if vocab > 65535): original ids, rows padded with [PAD]
+    <name>.meta.npy                 (E, 3) int32: length, a_len (tokens of type 0), label (-1 for task none)
+    <name>.mask_pos.npy             static masking only: (E, P) uint16 masked positions, 0 = unused slot
+    <name>.mask_ids.npy             static masking only: (E, P) ids shown at those positions
+    <name>.done.json                completeness marker: the shard's files, sizes and sha256, written last
+
+Plain .npy files (no pickle: `allow_pickle=False` everywhere) so the reader memory-maps them. Crash safety: every
+file is written under a temporary name, fsynced and renamed; the shard's `.done.json` comes after its files, and
+`manifest.json` (also renamed into place) only after every shard is done. A reader refuses a directory without a
+manifest (the build did not finish), a shard whose marker is missing, and a file whose size differs from the
+manifest (truncated / replaced); `verify="full"` also checks sha256.
+
+The reader (`ShardReader`) is an iterable of batches following the pre-training batch contract:
+input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as (B, S) long tensors and
+next_sentence_label (B,) long (absent for task none). Each epoch is a seeded permutation of all examples of all
+shards; rank r of w takes every w-th example of it (the permutation is cut to a multiple of w so all ranks have the
+same number of batches). Dynamic masks are drawn per example from (seed, epoch, example index), so they do not
+depend on the batch size or the number of ranks. `state_dict()` = (epoch, batches consumed in it): exact resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import DataError
+from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
+
+__all__ = ["ShardWriter", "ShardReader", "read_manifest", "write_manifest", "MANIFEST", "FORMAT_VERSION"]
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    """Write via `write(fileobj)` to a temp name in the same directory, fsync, rename into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_json(path: Path, obj) -> None:
+    _atomic_write_bytes(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+
+
+# ---------------------------------------------------------------------------------------------------------- writer
+
+class ShardWriter:
+    """Collects examples (token rows + meta [+ static masks]) and writes a shard every `examples_per_shard`."""
+
+    def __init__(self, out_dir: str | Path, prefix: str, seq_len: int, vocab_size: int, pad_id: int,
+                 max_predictions: int | None = None, examples_per_shard: int = 65536):
+        self.out_dir = Path(out_dir)
+        self.prefix, self.seq_len, self.pad_id = prefix, seq_len, pad_id
+        self.token_dtype = np.uint16 if vocab_size <= 65536 else np.int32
+        self.max_predictions = max_predictions        # None: no stored masks (dynamic)
+        self.examples_per_shard = examples_per_shard
+        self.shards: list[dict] = []                  # manifest entries of written shards
+        self._reset()
+
+    def _reset(self):
+        n, s = self.examples_per_shard, self.seq_len
+        self._tokens = np.full((n, s), self.pad_id, dtype=self.token_dtype)
+        self._meta = np.zeros((n, 3), dtype=np.int32)
+        if self.max_predictions is not None:
+            self._pos = np.zeros((n, self.max_predictions), dtype=np.uint16)
+            self._ids = np.zeros((n, self.max_predictions), dtype=self.token_dtype)
+        self._n = 0
+
+    def add(self, tokens: np.ndarray, a_len: int, label: int, mask_pos=None, mask_ids=None) -> None:
+        """One example: tokens (L,) ids with L <= seq_len; for static masking its masked positions and shown ids."""
+        i = self._n
+        self._tokens[i, :len(tokens)] = tokens
+        self._meta[i] = (len(tokens), a_len, label)
+        if self.max_predictions is not None:
+            k = len(mask_pos)
+            self._pos[i, :k] = mask_pos
+            self._ids[i, :k] = mask_ids
+        self._n += 1
+        if self._n == self.examples_per_shard:
+            self.flush()
+
+    def add_batch(self, tokens2d: np.ndarray, meta: np.ndarray, pos2d=None, ids2d=None) -> None:
+        """Many examples at once: tokens2d (B, S) padded rows, meta (B, 3), static masks (B, P) each."""
+        start = 0
+        while start < len(tokens2d):
+            take = min(len(tokens2d) - start, self.examples_per_shard - self._n)
+            sl, i = slice(start, start + take), self._n
+            self._tokens[i:i + take] = tokens2d[sl]
+            self._meta[i:i + take] = meta[sl]
+            if self.max_predictions is not None:
+                self._pos[i:i + take] = pos2d[sl]
+                self._ids[i:i + take] = ids2d[sl]
+            self._n += take
+            start += take
+            if self._n == self.examples_per_shard:
+                self.flush()
+
+    def flush(self) -> None:
+        if self._n == 0:
+            return
+        name = f"{self.prefix}-{len(self.shards):05d}"
+        arrays = {"tokens": self._tokens[:self._n], "meta": self._meta[:self._n]}
+        if self.max_predictions is not None:
+            arrays["mask_pos"] = self._pos[:self._n]
+            arrays["mask_ids"] = self._ids[:self._n]
+        files = {}
+        for field, arr in arrays.items():
+            path = self.out_dir / f"{name}.{field}.npy"
+            _atomic_write_bytes(path, lambda f, a=arr: np.save(f, np.ascontiguousarray(a), allow_pickle=False))
+            files[field] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        entry = {"name": name, "examples": int(self._n), "files": files}
+        _atomic_json(self.out_dir / f"{name}.done.json", entry)
+        self.shards.append(entry)
+        self._reset()
+
+    def close(self) -> list[dict]:
+        self.flush()
+        return self.shards
+
+
+def write_manifest(out_dir: str | Path, manifest: dict) -> Path:
+    path = Path(out_dir) / MANIFEST
+    _atomic_json(path, manifest)
+    return path
+
+
+def read_manifest(shard_dir: str | Path) -> dict:
+    shard_dir = Path(shard_dir)
+    path = shard_dir / MANIFEST
+    if not shard_dir.is_dir():
+        raise DataError(f"shard directory {shard_dir} does not exist")
+    if not path.exists():
+        partial = sorted(p.name for p in shard_dir.iterdir() if ".tmp-" in p.name or p.name.endswith(".done.json"))
+        raise DataError(f"{shard_dir} has no {MANIFEST}: the build did not finish (killed?) or this is not a shard "
+                        f"directory ({len(partial)} shard marker / temp files present); rebuild it with bertkit prepare")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON: {e}") from None
+    if manifest.get("format") != "bertkit-pretraining-shards" or manifest.get("version") != FORMAT_VERSION:
+        raise DataError(f"{path}: not a bertkit shard manifest of version {FORMAT_VERSION} "
+                        f"(format={manifest.get('format')!r}, version={manifest.get('version')!r})")
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------------------- reader
+
+@dataclass
+class _Shard:
+    tokens: np.ndarray            # (E, S) memmap
+    meta: np.ndarray              # (E, 3) memmap
+    mask_pos: np.ndarray | None   # (E, P) memmap
+    mask_ids: np.ndarray | None
+
+
+def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Shard:
+    name = entry.get("name", "?")
+    if not (shard_dir / f"{name}.done.json").exists():
+        raise DataError(f"shard {name} in {shard_dir} has no completeness marker {name}.done.json: it was not "
+                        "written to the end; rebuild the shards")
+    arrays = {}
+    for field, info in entry["files"].items():
+        path = shard_dir / info["file"]
+        if not path.exists():
+            raise DataError(f"shard file {path} is missing")
+        size = path.stat().st_size
+        if size != info["bytes"]:
+            raise DataError(f"shard file {path} has {size} bytes, the manifest says {info['bytes']}: truncated or "
+                            "overwritten; rebuild the shards")
+        if verify == "full" and _sha256(path) != info["sha256"]:
+            raise DataError(f"shard file {path} fails its sha256 check: corrupt; rebuild the shards")
+        try:
+            arrays[field] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as e:
+            raise DataError(f"shard file {path} is not a valid .npy array: {e}") from None
+    n = entry["examples"]
+    tokens, meta = arrays["tokens"], arrays["meta"]
+    if tokens.shape != (n, seq_len) or meta.shape != (n, 3):
+        raise DataError(f"shard {name}: arrays of shape {tokens.shape} / {meta.shape}, expected ({n}, {seq_len}) / "
+                        f"({n}, 3)")
+    return _Shard(tokens, meta, arrays.get("mask_pos"), arrays.get("mask_ids"))
+
+
+class ShardReader:
+    """Batches from a shard directory; see the module docstring. Iterating runs the rest of the current epoch and
+    then moves to the next one (`infinite=True`: keeps going)."""
+
+    def __init__(self, shard_dir: str | Path, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, drop_last: bool = True, infinite: bool = False, vocab_hash: str | None = None,
+                 vocab_size: int | None = None, verify: str = "size"):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(f"rank={rank} / world_size={world_size}: need 0 <= rank < world_size")
+        if batch_size < 1:
+            raise DataError(f"batch_size={batch_size} must be >= 1")
+        if verify not in ("size", "full"):
+            raise DataError(f"verify={verify!r} must be 'size' or 'full'")
+        self.dir = Path(shard_dir)
+        self.manifest = read_manifest(self.dir)
+        m = self.manifest
+        if vocab_hash is not None and vocab_hash != m["vocab_hash"]:
+            raise DataError(f"{self.dir}: shards were built with vocab {m['vocab_hash'][:12]}… (size {m['vocab_size']}),"
+                            f" but the model's tokenizer has vocab {vocab_hash[:12]}…: token ids would mean other "
+                            "tokens; rebuild the shards with this vocab (bertkit prepare --vocab ...)")
+        if vocab_size is not None and vocab_size != m["vocab_size"]:
+            raise DataError(f"{self.dir}: shards were built with a vocab of {m['vocab_size']} tokens, the model has "
+                            f"vocab_size={vocab_size}")
+        self.seq_len, self.task = int(m["seq_len"]), m["task"]
+        self.masking = MaskingConfig(**m["masking"])
+        self.tables = VocabTables.from_vocab_file(self.dir / "vocab.txt")
+        if self.tables.vocab_size != m["vocab_size"]:
+            raise DataError(f"{self.dir / 'vocab.txt'} has {self.tables.vocab_size} tokens, manifest says {m['vocab_size']}")
+        self._shards = [_open_shard(self.dir, e, verify, self.seq_len) for e in m["shards"]]
+        counts = np.array([e["examples"] for e in m["shards"]], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self.num_examples = int(self._starts[-1])
+        if self.num_examples == 0:
+            raise DataError(f"{self.dir}: the shards hold no examples")
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.shuffle, self.drop_last, self.infinite = shuffle, drop_last, infinite
+        self.per_rank = self.num_examples // world_size
+        if self.per_rank == 0 or (drop_last and self.per_rank < batch_size):
+            raise DataError(f"{self.dir}: {self.num_examples} examples are too few for world_size={world_size} "
+                            f"x batch_size={batch_size}")
+        self.epoch, self.position = 0, 0
+        self._perm_epoch, self._perm = None, None
+
+    # ------------------------------------------------------------------------------------------------- order
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        full, rest = divmod(self.per_rank, self.batch_size)
+        return full + (0 if self.drop_last or rest == 0 else 1)
+
+    def _indices(self, epoch: int) -> np.ndarray:
+        """This rank's example indices for `epoch`, in order."""
+        if self._perm_epoch != epoch:
+            total = self.num_examples
+            order = (np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle
+                     else np.arange(total))
+            self._perm = order[:self.per_rank * self.world_size][self.rank::self.world_size]
+            self._perm_epoch = epoch
+        return self._perm
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.position = int(epoch), 0
+
+    def __iter__(self):
+        while True:
+            n_batches = len(self)
+            idx = self._indices(self.epoch)
+            while self.position < n_batches:
+                b = self.position
+                self.position += 1          # counted before the yield: a state_dict taken now resumes after it
+                yield self.batch(idx[b * self.batch_size:(b + 1) * self.batch_size], self.epoch)
+            self.epoch, self.position = self.epoch + 1, 0
+            if not self.infinite:
+                return
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size, "num_examples": self.num_examples,
+                "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "world_size", "batch_size", "num_examples", "shuffle"):
+            if state.get(key) != getattr(self, key):
+                raise DataError(f"cannot resume data position: state has {key}={state.get(key)!r}, this reader "
+                                f"{key}={getattr(self, key)!r}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    # ------------------------------------------------------------------------------------------------- batches
+
+    def gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Rows of global example `indices`: tokens (B, S) int64, meta (B, 3), static mask pos / ids or None."""
+        indices = np.asarray(indices, dtype=np.int64)
+        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        b = len(indices)
+        tokens = np.empty((b, self.seq_len), dtype=np.int64)
+        meta = np.empty((b, 3), dtype=np.int64)
+        static = self._shards[0].mask_pos is not None
+        p = self._shards[0].mask_pos.shape[1] if static else 0
+        pos = np.empty((b, p), dtype=np.int64) if static else None
+        ids = np.empty((b, p), dtype=np.int64) if static else None
+        for s in np.unique(shard_of):
+            rows = np.flatnonzero(shard_of == s)
+            local = indices[rows] - self._starts[s]
+            order = np.argsort(local)                     # ascending reads are kinder to the page cache
+            sh, loc = self._shards[s], local[order]
+            tokens[rows[order]] = sh.tokens[loc]
+            meta[rows[order]] = sh.meta[loc]
+            if static:
+                pos[rows[order]] = sh.mask_pos[loc]
+                ids[rows[order]] = sh.mask_ids[loc]
+        return tokens, meta, pos, ids
+
+    def batch(self, indices: np.ndarray, epoch: int = 0) -> dict:
+        """The batch dict (torch tensors) for global example `indices` in `epoch`."""
+        import torch
+
+        tokens, meta, pos, ids = self.gather(indices)
+        length, a_len, label = meta[:, 0], meta[:, 1], meta[:, 2]
+        cols = np.arange(self.seq_len)[None, :]
+        attention = cols < length[:, None]                                          # (B, S)
+        types = (cols >= a_len[:, None]) & attention
+        if pos is None:                                                             # dynamic: draw now
+            keys = example_keys(self.seed, epoch, indices)
+            inputs, chosen = mask_batch(tokens, length, keys, self.masking, self.tables)
+        else:                                                                       # static: stored masks
+            inputs, chosen = tokens.copy(), np.zeros_like(attention)
+            r, c = np.nonzero(pos)
+            inputs[r, pos[r, c]] = ids[r, c]
+            chosen[r, pos[r, c]] = True
+        labels = np.where(chosen, tokens, -100)
+        out = {"input_ids": torch.from_numpy(inputs),
+               "token_type_ids": torch.from_numpy(types.astype(np.int64)),
+               "attention_mask": torch.from_numpy(attention.astype(np.int64)),
+               "labels": torch.from_numpy(labels)}
+        if self.task != "none":
+            out["next_sentence_label"] = torch.from_numpy(label.copy())
+        return out
+
+
+def remove_partial(out_dir: Path) -> None:
+    """Delete leftovers of an interrupted build in `out_dir` (temp files, markers, shards, manifest)."""
+    for p in out_dir.iterdir():
+        if p.name == MANIFEST or ".tmp-" in p.name or p.name.endswith((".npy", ".done.json")):
+            p.unlink() if p.is_file() else shutil.rmtree(p)
