@@ -1,0 +1,231 @@
+"""BertConfig: the typed hyper-parameters of a BERT model, with presets and HF `config.json` read/write.
+
+Field names are exactly those of a Hugging Face BERT `config.json`, so a directory written by transformers loads
+here and ours loads there. Keys we do not model (`architectures`, `transformers_version`, `use_cache`, ...) are kept
+in `extra` and written back unchanged, so a read -> write round trip loses nothing.
+
+    cfg = BertConfig.preset("small", vocab_size=8000)
+    cfg.to_json("run/config.json");  cfg = BertConfig.from_json("run/config.json")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertkit.errors import ConfigError
+
+__all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES"]
+
+# "auto" picks per batch: eager when attention maps are requested, unpadded when the batch has enough padding
+# to be worth removing, sdpa otherwise (the rule and its measurement live in model.py).
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "unpadded")
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+PROBLEM_TYPES = (None, "single_label_classification", "regression", "multi_label_classification")
+
+# name -> (layers, hidden, heads); intermediate = 4 * hidden. Shapes of the BERT paper / the Turc et al. miniatures.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+# HF keys that we store under a different spelling (HF writes the first, we read both).
+_BERTKIT_ATTN_KEY = "bertkit_attn_implementation"
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522               # bert-base-uncased WordPiece vocab
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072         # 4 * hidden, as in the paper
+    hidden_act: str = "gelu"              # exact erf GELU (not the tanh approximation): what real checkpoints used
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512    # learned absolute positions; longer inputs are an error, not truncated
+    type_vocab_size: int = 2              # segment A / B
+    initializer_range: float = 0.02       # std of the truncated-normal-like init (HF uses plain normal)
+    layer_norm_eps: float = 1e-12         # the TF original's epsilon; checkpoints are sensitive to it in fp32
+    pad_token_id: int = 0
+    position_embedding_type: str = "absolute"  # the only kind BERT checkpoints use; others are rejected
+    attn_implementation: str = "auto"
+    # task heads
+    num_labels: int = 2
+    problem_type: str | None = None       # None: inferred from num_labels / label dtype at loss time (as HF does)
+    classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    id2label: dict[int, str] | None = None
+    # every key of a config.json we do not model, kept for the round trip
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.id2label is not None:
+            labels = {int(k): str(v) for k, v in self.id2label.items()}
+            self.num_labels = len(labels)
+            # the default names (LABEL_0, ...) carry nothing: keep None so configs compare equal after a round trip
+            self.id2label = None if labels == {i: f"LABEL_{i}" for i in range(len(labels))} else labels
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value cannot work."""
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "max_position_embeddings", "type_vocab_size", "num_labels")
+        for name in positive:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"BertConfig.{name} must be a positive int, got {v!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+                              f"num_attention_heads={self.num_attention_heads}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {v!r}")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ConfigError(f"BertConfig.classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout!r}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ConfigError(f"BertConfig.hidden_act={self.hidden_act!r} is not one of {HIDDEN_ACTS}")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ConfigError(f"BertConfig.attn_implementation={self.attn_implementation!r} is not one of "
+                              f"{ATTN_IMPLEMENTATIONS}")
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ConfigError(f"BertConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        if self.position_embedding_type != "absolute":
+            raise ConfigError(f"BertConfig.position_embedding_type={self.position_embedding_type!r} is not "
+                              f"supported (only 'absolute')")
+        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            raise ConfigError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(f"BertConfig.pad_token_id={self.pad_token_id!r} is outside the vocab "
+                              f"(vocab_size={self.vocab_size})")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "BertConfig":
+        """A named size (tiny/mini/small/medium/base/large) with intermediate = 4 * hidden; overrides win."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown BertConfig preset {name!r}; choose one of {sorted(PRESETS)}")
+        layers, hidden, heads = PRESETS[name]
+        kw: dict[str, Any] = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                  intermediate_size=4 * hidden)
+        kw.update(overrides)
+        return cls.from_dict(kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
+        """Build from a dict of HF config keys; unknown keys go to `extra`, wrongly typed values raise ConfigError."""
+        d = dict(d)
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(d.pop("extra", None) or {})
+        if _BERTKIT_ATTN_KEY in d:
+            d["attn_implementation"] = d.pop(_BERTKIT_ATTN_KEY)
+        if "label2id" in d:  # derived from id2label on write
+            extra_label2id = d.pop("label2id")
+            if "id2label" not in d and isinstance(extra_label2id, dict):
+                d["id2label"] = {v: k for k, v in extra_label2id.items()}
+        for key, value in d.items():
+            if key in names and key != "extra":
+                kw[key] = _coerce(key, value, names[key].type)
+            else:
+                extra[key] = value
+        if "attn_implementation" in kw and kw["attn_implementation"] not in ATTN_IMPLEMENTATIONS:
+            # an HF value such as "flash_attention_2": keep it for the round trip, choose ours automatically
+            extra["attn_implementation"] = kw.pop("attn_implementation")
+        if "num_labels" in kw and "id2label" in kw and kw["id2label"] is not None \
+                and len(kw["id2label"]) != kw["num_labels"]:
+            kw["id2label"] = None  # num_labels given explicitly wins (e.g. from_pretrained(num_labels=5))
+        return cls(extra=extra, **kw)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "BertConfig":
+        """Read an HF-style config.json (a file, or a directory containing one)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{p}: expected a JSON object, got {type(d).__name__}")
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}") from None
+
+    # ------------------------------------------------------------------ output
+    def to_dict(self) -> dict[str, Any]:
+        """The HF config.json dict: our fields + the kept unknown keys (+ model_type/architectures if absent)."""
+        out: dict[str, Any] = {"model_type": "bert"}
+        out.update(self.extra)
+        for f in dataclasses.fields(self):
+            if f.name in ("extra", "attn_implementation", "id2label", "num_labels"):
+                continue
+            out[f.name] = getattr(self, f.name)
+        # HF derives num_labels from id2label; write both spellings so either library reads the label count
+        id2label = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
+        out["id2label"] = {str(k): v for k, v in sorted(id2label.items())}
+        out["label2id"] = {v: k for k, v in sorted(id2label.items())}
+        if self.attn_implementation != "auto":
+            out[_BERTKIT_ATTN_KEY] = self.attn_implementation
+        return out
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write config.json atomically (temp file, then rename). A directory path gets `config.json` inside."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, p)
+
+    def replace(self, **changes: Any) -> "BertConfig":
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check/convert one JSON value against the annotated type of field `key` (annotations are strings here)."""
+    t = str(typ)
+    if value is None:
+        if "None" in t:
+            return None
+        raise ConfigError(f"BertConfig.{key} must not be null")
+    if t == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"BertConfig.{key} must be an int, got {value!r}")
+    elif t.startswith("float"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"BertConfig.{key} must be a number, got {value!r}")
+        value = float(value)
+    elif t.startswith("str"):
+        if not isinstance(value, str):
+            raise ConfigError(f"BertConfig.{key} must be a string, got {value!r}")
+    elif t.startswith("dict"):
+        if not isinstance(value, dict):
+            raise ConfigError(f"BertConfig.{key} must be an object, got {value!r}")
+        try:
+            value = {int(k): v for k, v in value.items()}
+        except ValueError:
+            raise ConfigError(f"BertConfig.{key} keys must be integers, got {list(value)!r}") from None
+    return value

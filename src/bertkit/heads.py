@@ -1,0 +1,299 @@
+"""Task heads on top of BertModel, with their losses. Parameter names are the HF ones (`bert.*`, `cls.*`, ...).
+
+    BertForPreTraining             MLM + NSP/SOP: cls.predictions (transform dense+GELU+LayerNorm, decoder tied to
+                                   the word embeddings, own bias) and cls.seq_relationship on the pooled [CLS]
+    BertForMaskedLM                MLM only (no pooler)
+    BertForSequenceClassification  pooled [CLS] -> dropout -> classifier; CE / MSE (num_labels == 1) / BCE
+    BertForTokenClassification     every token -> dropout -> classifier; CE ignoring -100
+    BertForQuestionAnswering       every token -> qa_outputs (start, end); CE on clamped positions, averaged.
+                                   Padded positions get the most negative logit (never an answer); this is the
+                                   one deliberate difference from transformers, whose span softmax includes them.
+
+MLM at masked positions only: when `labels` are given, the rows whose label is not -100 are gathered *before* the
+transform and the vocabulary projection, so the (tokens x vocab) matmul shrinks to (masked x vocab): ~15% of the
+work, and the logits returned are (n_masked, vocab) in row-major order of the masked positions
+(`output.masked_positions` gives their flat (batch * seq) indices). Without labels the logits are (batch, seq, vocab).
+The loss is the mean cross-entropy over masked tokens, exactly what the full projection would give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertkit.config import BertConfig
+from bertkit.model import BertModel, BertPreTrainedModel, activation
+
+__all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
+           "BertForQuestionAnswering", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
+           "TokenClassifierOutput", "QuestionAnsweringOutput"]
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: Tensor | None = None
+    mlm_loss: Tensor | None = None
+    nsp_loss: Tensor | None = None
+    prediction_logits: Tensor | None = None        # (n_masked, vocab) with labels, else (batch, seq, vocab)
+    seq_relationship_logits: Tensor | None = None  # (batch, 2)
+    masked_positions: Tensor | None = None         # (n_masked,) flat indices into batch * seq, with labels
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: Tensor | None = None
+    logits: Tensor | None = None                   # (n_masked, vocab) with labels, else (batch, seq, vocab)
+    masked_positions: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class SequenceClassifierOutput:
+    loss: Tensor | None = None
+    logits: Tensor | None = None                   # (batch, num_labels)
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: Tensor | None = None
+    logits: Tensor | None = None                   # (batch, seq, num_labels)
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: Tensor | None = None
+    start_logits: Tensor | None = None             # (batch, seq)
+    end_logits: Tensor | None = None               # (batch, seq)
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+# ---------------------------------------------------------------------------------------------- MLM / NSP pieces
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform -> x @ word_embeddings^T + bias. The decoder weight is the embedding matrix itself (tied), so
+    the state_dict holds only `cls.predictions.bias` and the transform; no `decoder.weight` copy exists."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # a plain attribute (not a submodule): tied, so it is not registered twice
+        self.__dict__["_word_embeddings"] = word_embeddings
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(self.transform(x), self._word_embeddings.weight, self.bias)   # (..., vocab)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+
+
+def _masked_lm(predictions: BertLMPredictionHead, sequence_output: Tensor, labels: Tensor | None):
+    """(logits, loss, masked_positions). With labels, project only the rows whose label != -100."""
+    if labels is None:
+        return predictions(sequence_output), None, None           # (batch, seq, vocab)
+    h = sequence_output.reshape(-1, sequence_output.shape[-1])    # (batch * seq, hidden)
+    flat = labels.reshape(-1)
+    positions = (flat != IGNORE_INDEX).nonzero().squeeze(1)      # (n_masked,)
+    logits = predictions(h.index_select(0, positions))            # (n_masked, vocab)
+    target = flat.index_select(0, positions)
+    if positions.numel() == 0:
+        loss = logits.sum() * 0.0  # no masked token: a zero that still has a graph (HF would give NaN)
+    else:
+        loss = F.cross_entropy(logits.float(), target)
+    return logits, loss, positions
+
+
+class _HeadModel(BertPreTrainedModel):
+    def _init_extra(self) -> None:
+        for m in self.modules():
+            if isinstance(m, BertLMPredictionHead):
+                nn.init.zeros_(m.bias)
+
+
+# ---------------------------------------------------------------------------------------------- heads
+class BertForPreTraining(_HeadModel):
+    _head_prefixes = ("cls.", "bert.pooler.")
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.init_weights(self.cls)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> PreTrainingOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)                     # (batch, 2)
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.reshape(-1))
+        loss = None
+        if mlm_loss is not None:
+            loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
+        elif nsp_loss is not None:
+            loss = nsp_loss
+        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, prediction_logits=logits,
+                                 seq_relationship_logits=nsp_logits, masked_positions=positions,
+                                 hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class BertForMaskedLM(_HeadModel):
+    _head_prefixes = ("cls.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config, self.bert.embeddings.word_embeddings)
+        self.init_weights(self.cls)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> MaskedLMOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels)
+        return MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
+                              hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+class BertForSequenceClassification(_HeadModel):
+    _head_prefixes = ("classifier.", "bert.pooler.")
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights(self.classifier)
+
+    def problem_type(self, labels: Tensor) -> str:
+        """config.problem_type, else inferred as HF does: 1 label -> regression; integer labels -> single-label."""
+        if self.config.problem_type is not None:
+            return self.config.problem_type
+        if self.num_labels == 1:
+            return "regression"
+        if labels.dtype in (torch.long, torch.int32, torch.int16, torch.int8, torch.uint8):
+            return "single_label_classification"
+        return "multi_label_classification"
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> SequenceClassifierOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.classifier(self.dropout(out.pooler_output))                    # (batch, num_labels)
+        loss = None
+        if labels is not None:
+            kind = self.problem_type(labels)
+            if kind == "regression":
+                if self.num_labels == 1:
+                    loss = F.mse_loss(logits.float().squeeze(-1), labels.float().reshape(-1))
+                else:
+                    loss = F.mse_loss(logits.float(), labels.float())
+            elif kind == "single_label_classification":
+                loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long())
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions)
+
+
+class BertForTokenClassification(_HeadModel):
+    _head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights(self.classifier)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> TokenClassifierOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))                # (batch, seq, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long(),
+                                   ignore_index=IGNORE_INDEX)
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                     attentions=out.attentions)
+
+
+class BertForQuestionAnswering(_HeadModel):
+    _head_prefixes = ("qa_outputs.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights(self.qa_outputs)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                start_positions: Tensor | None = None, end_positions: Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.qa_outputs(out.last_hidden_state)                              # (batch, seq, 2)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        if attention_mask is not None:
+            # padding can never hold an answer: exclude it from the span softmax (transformers keeps it, so its
+            # loss depends on whatever the padded rows computed; ours is the same for every backend)
+            pad = attention_mask == 0
+            start_logits = start_logits.masked_fill(pad, torch.finfo(start_logits.dtype).min)
+            end_logits = end_logits.masked_fill(pad, torch.finfo(end_logits.dtype).min)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # positions outside the sequence (answer truncated away) are clamped to seq and ignored, as in HF
+            s = start_logits.shape[1]
+            start = start_positions.reshape(-1).clamp(0, s)
+            end = end_positions.reshape(-1).clamp(0, s)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=s)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=s)) / 2
+        return QuestionAnsweringOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                       hidden_states=out.hidden_states, attentions=out.attentions)

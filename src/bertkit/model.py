@@ -1,0 +1,403 @@
+"""The BERT encoder: embeddings, self-attention with three interchangeable backends, post-LN layers, tanh pooler.
+
+The maths is the BERT paper's (Devlin et al. 2018) and google-research/bert's `modeling.py`:
+
+    x = LayerNorm(word[ids] + type[token_type] + position[0..S-1]);  dropout          # (batch, seq, hidden)
+    for each layer:                                                                      # post-LN
+        a = softmax(Q K^T / sqrt(head_dim) + padding_mask) V                             # per head
+        x = LayerNorm(x + dropout(a W_o))
+        x = LayerNorm(x + dropout(GELU(x W_1) W_2))                                      # GELU = exact erf form
+    pooled = tanh(x[:, 0] W_p)                                                           # [CLS]
+
+Module and parameter names follow the Hugging Face BERT state_dict (`embeddings.word_embeddings.weight`,
+`encoder.layer.3.attention.self.query.weight`, `pooler.dense.bias`, ...), so checkpoints need no rename table.
+
+Attention backends (`config.attn_implementation`), all computing the same function:
+  * "eager":    explicit scores -> masked softmax -> dropout -> weighted sum. The only one that returns the
+                attention probabilities; `output_attentions=True` forces it.
+  * "sdpa":     `torch.nn.functional.scaled_dot_product_attention` on the padded batch (no mask at all when the
+                batch has no padding, so the fused kernel takes its fastest path).
+  * "unpadded": MosaicBERT-style. Padding is removed once, before the embeddings: the batch becomes a packed
+                (total_tokens, hidden) matrix plus `cu_seqlens`, and every dense op (embeddings, Q/K/V and output
+                projections, FFN, LayerNorms) runs on real tokens only. Only attention needs sequence structure:
+                each layer scatters the packed Q/K/V into a (batch, max_len) layout where every sequence is a
+                left-aligned prefix, runs SDPA with a key-padding mask, and gathers the real rows back. The scatter
+                and gather are O(tokens * hidden), small next to the O(tokens * hidden^2) dense work they save.
+                Padding is restored (with zeros) at the end; padded positions of `last_hidden_state` are 0.
+  * "auto":     eager if attention maps are requested; else unpadded if real tokens are fewer than
+                `UNPAD_MIN_FILL` of the padded batch; else sdpa. (Rule measured with benchmarks/inference.py.)
+
+Other differences from the textbook code, all exact: the three Q/K/V projections run as one matmul on the
+concatenated weight (parameters stay separate so the checkpoint names are HF's); token_type_ids=None adds the
+type-0 row by broadcast instead of an embedding lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertkit.config import BertConfig
+from bertkit.errors import ConfigError
+
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "UNPAD_MIN_FILL", "activation"]
+
+# "auto" unpads when real tokens are below this fraction of the padded batch (see module docstring).
+UNPAD_MIN_FILL = 0.9
+
+
+def activation(name: str):
+    """The FFN non-linearity named in config.hidden_act (HF names)."""
+    if name == "gelu":
+        return F.gelu  # exact: 0.5 x (1 + erf(x / sqrt 2))
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ConfigError(f"BertConfig.hidden_act={name!r} is not supported")
+
+
+@dataclass
+class BertModelOutput:
+    last_hidden_state: Tensor                  # (batch, seq, hidden)
+    pooler_output: Tensor | None = None        # (batch, hidden)
+    hidden_states: tuple[Tensor, ...] | None = None  # embeddings + each layer, each (batch, seq, hidden)
+    attentions: tuple[Tensor, ...] | None = None     # each layer (batch, heads, seq, seq)
+
+
+# ---------------------------------------------------------------------------------------------- batch layout
+@dataclass
+class Layout:
+    """How a batch is laid out for the encoder layers, built once per forward.
+
+    backend "eager"/"sdpa": hidden states are (batch, seq, hidden); `mask` is a bool (batch, 1, 1, seq) key mask
+    (True = attend) or None when nothing is padded.
+    backend "unpadded": hidden states are (tokens, hidden); `indices` (tokens,) are the flat positions in the
+    (batch * seq) grid of the real tokens, `packed_index` (tokens,) their flat positions in the (batch * max_len)
+    grid where each sequence is a left-aligned prefix, `mask` the (batch, 1, 1, max_len) key mask there (None when
+    all sequences have the same length), `cu_seqlens` (batch + 1,) the cumulative lengths.
+    """
+    backend: str
+    batch: int
+    seq: int
+    mask: Tensor | None = None
+    indices: Tensor | None = None
+    packed_index: Tensor | None = None
+    max_len: int = 0
+    cu_seqlens: Tensor | None = None
+
+    @classmethod
+    def build(cls, backend: str, attention_mask: Tensor | None, batch: int, seq: int) -> "Layout":
+        if backend != "unpadded":
+            if attention_mask is None:
+                return cls(backend, batch, seq)
+            mask = attention_mask.bool()
+            if backend == "sdpa" and mask.device.type == "cpu" and bool(mask.all()):
+                mask = None  # no padding: let SDPA run unmasked (cheap check on CPU, skipped on GPU: no sync)
+            else:
+                mask = mask[:, None, None, :]
+            return cls(backend, batch, seq, mask=mask)
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, seq, dtype=torch.bool)
+        mask = attention_mask.bool()
+        lengths = mask.sum(1)                                          # (batch,)
+        max_len = int(lengths.max())
+        indices = mask.reshape(-1).nonzero().squeeze(1)                # (tokens,)
+        rank = mask.cumsum(1, dtype=torch.long) - 1                    # position of each token inside its row
+        rows = indices // seq
+        packed_index = rows * max_len + rank.reshape(-1)[indices]      # (tokens,)
+        cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        key_mask = None
+        if bool((lengths != max_len).any()):
+            key_mask = (torch.arange(max_len, device=mask.device)[None, :] < lengths[:, None])[:, None, None, :]
+        return cls(backend, batch, seq, mask=key_mask, indices=indices, packed_index=packed_index,
+                   max_len=max_len, cu_seqlens=cu)
+
+    def pad(self, x: Tensor) -> Tensor:
+        """(tokens, hidden) -> (batch, seq, hidden) with zeros at padded positions (identity when padded)."""
+        if self.backend != "unpadded":
+            return x
+        out = x.new_zeros(self.batch * self.seq, x.shape[-1])
+        out = out.index_copy(0, self.indices, x)
+        return out.view(self.batch, self.seq, x.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------- modules
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor) -> Tensor:
+        # input_ids: (batch, seq) or packed (tokens,); position_ids broadcastable to it
+        x = self.word_embeddings(input_ids)                            # (..., hidden)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+
+    def qkv(self, x: Tensor) -> Tensor:
+        """One matmul for Q, K and V: (..., hidden) -> (..., 3 * hidden)."""
+        w = torch.cat((self.query.weight, self.key.weight, self.value.weight))   # (3 * hidden, hidden)
+        b = torch.cat((self.query.bias, self.key.bias, self.value.bias))
+        return F.linear(x, w, b)
+
+    def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
+        nh, hd = self.num_heads, self.head_dim
+        qkv = self.qkv(x)                                   # (batch, seq, 3 * hidden) or (tokens, 3 * hidden)
+        if layout.backend == "unpadded":
+            # packed -> (batch, max_len) prefix layout for attention only
+            grid = qkv.new_zeros(layout.batch * layout.max_len, qkv.shape[-1])
+            grid = grid.index_copy(0, layout.packed_index, qkv)
+            qkv = grid.view(layout.batch, layout.max_len, qkv.shape[-1])
+        b, s, _ = qkv.shape
+        q, k, v = qkv.view(b, s, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)   # each (batch, heads, seq, head_dim)
+        probs = None
+        if layout.backend == "eager" or output_attentions:
+            scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale        # (batch, heads, seq, seq)
+            if layout.mask is not None:
+                scores = scores.masked_fill(~layout.mask, torch.finfo(scores.dtype).min)
+            probs = torch.softmax(scores, dim=-1)
+            ctx = torch.matmul(self.dropout(probs), v)                          # (batch, heads, seq, head_dim)
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask,
+                                                 dropout_p=self.dropout.p if self.training else 0.0)
+        ctx = ctx.transpose(1, 2).reshape(b, s, nh * hd)                       # (batch, seq, hidden)
+        if layout.backend == "unpadded":
+            ctx = ctx.reshape(b * s, nh * hd).index_select(0, layout.packed_index)   # (tokens, hidden)
+        return ctx, probs
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, ctx: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(ctx)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
+        ctx, probs = self.self(x, layout, output_attentions)
+        return self.output(ctx, x), probs
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.dense(x))                                  # (..., intermediate)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
+        a, probs = self.attention(x, layout, output_attentions)
+        return self.output(self.intermediate(a), a), probs
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        hidden = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layer:
+            x, probs = layer(x, layout, output_attentions)
+            if hidden is not None:
+                hidden.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+        return x, hidden, attentions
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.dense(x[:, 0]))                          # (batch, hidden) from [CLS]
+
+
+# ---------------------------------------------------------------------------------------------- base class
+class BertPreTrainedModel(nn.Module):
+    """Shared by BertModel and the heads: config, HF-style init, from_pretrained / save_pretrained."""
+
+    base_model_prefix = "bert"
+    # head parameters whose absence from a checkpoint is reported (newly initialised), not an error
+    _head_prefixes: tuple[str, ...] = ()
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if not isinstance(config, BertConfig):
+            raise ConfigError(f"expected a BertConfig, got {type(config).__name__}")
+        self.config = config
+        self.loading_info: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": [], "ignored_keys": []}
+
+    def init_weights(self, module: nn.Module | None = None) -> None:
+        """HF BERT init: normal(0, initializer_range) for linear/embedding weights, zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        for m in (module or self).modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, std)
+                if m.padding_idx is not None:
+                    with torch.no_grad():
+                        m.weight[m.padding_idx].zero_()
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        self._init_extra()
+
+    def _init_extra(self) -> None:
+        """Hook for parameters that are not inside a Linear/Embedding/LayerNorm (e.g. the MLM output bias)."""
+
+    @classmethod
+    def from_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None, **config_overrides):
+        """Load an HF-format directory (config.json + model.safetensors or pytorch_model.bin). See checkpoint.py."""
+        from bertkit.checkpoint import load_pretrained
+        return load_pretrained(cls, path, dtype=dtype, device=device, **config_overrides)
+
+    def save_pretrained(self, path, tokenizer=None) -> None:
+        """Write config.json + model.safetensors (atomically) and, if given, the tokenizer's files."""
+        from bertkit.checkpoint import save_pretrained
+        save_pretrained(self, path, tokenizer=tokenizer)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= sum(p.numel() for name, p in self.named_parameters() if "embeddings" in name)
+        return n
+
+
+def _check_inputs(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor | None,
+                  attention_mask: Tensor | None) -> None:
+    """Raise ConfigError naming the bad value. Value range checks run on CPU tensors only (no GPU sync)."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise ConfigError(f"input_ids must be a (batch, seq) tensor, got {shape}")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
+        raise ConfigError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
+    b, s = input_ids.shape
+    if s > config.max_position_embeddings:
+        raise ConfigError(f"sequence length {s} exceeds max_position_embeddings={config.max_position_embeddings}")
+    for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+        if t is not None and tuple(t.shape) != (b, s):
+            raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected {(b, s)} like input_ids")
+    if input_ids.device.type != "cpu" or input_ids.numel() == 0:
+        return
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if hi >= config.vocab_size or lo < 0:
+        bad = hi if hi >= config.vocab_size else lo
+        where = (input_ids == bad).nonzero()[0].tolist()
+        raise ConfigError(f"input_ids contains token id {bad} at position {where}, outside the vocab "
+                          f"(vocab_size={config.vocab_size})")
+    if token_type_ids is not None:
+        hi, lo = int(token_type_ids.max()), int(token_type_ids.min())
+        if hi >= config.type_vocab_size or lo < 0:
+            bad = hi if hi >= config.type_vocab_size else lo
+            raise ConfigError(f"token_type_ids contains {bad}, outside type_vocab_size={config.type_vocab_size}")
+
+
+# ---------------------------------------------------------------------------------------------- BertModel
+class BertModel(BertPreTrainedModel):
+    _head_prefixes = ("pooler.",)
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def choose_backend(self, attention_mask: Tensor | None, output_attentions: bool) -> str:
+        """The attention backend for this batch (see the module docstring for the "auto" rule)."""
+        impl = self.config.attn_implementation
+        if output_attentions:
+            return "eager"
+        if impl != "auto":
+            return impl
+        if attention_mask is None:
+            return "sdpa"
+        fill = float(attention_mask.sum()) / max(attention_mask.numel(), 1)
+        return "unpadded" if fill < UNPAD_MIN_FILL else "sdpa"
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> BertModelOutput:
+        _check_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        b, s = input_ids.shape
+        backend = self.choose_backend(attention_mask, output_attentions)
+        layout = Layout.build(backend, attention_mask, b, s)
+        if backend == "unpadded":
+            idx = layout.indices                                         # (tokens,)
+            ids = input_ids.reshape(-1).index_select(0, idx)
+            types = None if token_type_ids is None else token_type_ids.reshape(-1).index_select(0, idx)
+            x = self.embeddings(ids, types, idx % s)                     # (tokens, hidden)
+        else:
+            positions = torch.arange(s, device=input_ids.device)
+            x = self.embeddings(input_ids, token_type_ids, positions)    # (batch, seq, hidden)
+        x, hidden, attentions = self.encoder(x, layout, output_attentions, output_hidden_states)
+        x = layout.pad(x)                                                # (batch, seq, hidden)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return BertModelOutput(
+            last_hidden_state=x, pooler_output=pooled,
+            hidden_states=tuple(layout.pad(h) for h in hidden) if hidden is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None)

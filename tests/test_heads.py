@@ -1,0 +1,160 @@
+"""Heads: logits and losses equal transformers' on randomly initialised checkpoints that transformers saved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertkit.config import BertConfig
+from bertkit.heads import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
+                           BertForSequenceClassification, BertForTokenClassification)
+
+transformers = pytest.importorskip("transformers")
+
+V, B, S = 211, 4, 13
+
+
+def _hf_config(**kw):
+    return transformers.BertConfig(vocab_size=V, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=96, max_position_embeddings=32, **kw)
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, V, (B, S), generator=g)
+    lengths = torch.tensor([S, 7, 10, 4])
+    mask = (torch.arange(S)[None] < lengths[:, None]).long()
+    types = ((torch.arange(S)[None] >= lengths[:, None] // 2).long()) * mask
+    return ids * mask, types, mask
+
+
+def _save_hf(hf_cls, tmp_path, **cfg):
+    torch.manual_seed(0)
+    hf = hf_cls(_hf_config(**cfg)).eval()
+    hf.save_pretrained(tmp_path)
+    return hf
+
+
+def _close(a, b, tol=1e-5):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert (a - b).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("backend", ["eager", "unpadded"])
+def test_pretraining_matches_hf(tmp_path, backend):
+    hf = _save_hf(transformers.BertForPreTraining, tmp_path)
+    ours = BertForPreTraining.from_pretrained(tmp_path, attn_implementation=backend)
+    assert ours.loading_info["missing_keys"] == []
+    ids, types, mask = _batch()
+    labels = torch.full_like(ids, -100)
+    pick = torch.rand(ids.shape, generator=torch.Generator().manual_seed(3)) < 0.3
+    pick &= mask.bool()
+    labels[pick] = ids[pick]
+    nsp = torch.tensor([0, 1, 1, 0])
+    with torch.no_grad():
+        r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, next_sentence_label=nsp)
+        o = ours(ids, types, mask, labels=labels, next_sentence_label=nsp)
+        o_full = ours(ids, types, mask)
+        o_mlm = ours(ids, types, mask, labels=labels)
+    _close(o.loss, r.loss)
+    # masked-only projection: logits at the masked rows, in row-major order of the positions
+    assert o.prediction_logits.shape == (int(pick.sum()), V)
+    _close(o.prediction_logits, r.prediction_logits[pick])
+    _close(o.seq_relationship_logits, r.seq_relationship_logits)
+    _close(o_full.prediction_logits[mask.bool()], r.prediction_logits[mask.bool()])
+    ce = torch.nn.functional.cross_entropy
+    _close(o.mlm_loss, ce(r.prediction_logits.reshape(-1, V), labels.reshape(-1)))
+    _close(o.nsp_loss, ce(r.seq_relationship_logits, nsp))
+    _close(o_mlm.loss, o.mlm_loss)
+    assert o_mlm.nsp_loss is None
+    assert ours.cls.predictions._word_embeddings.weight is ours.bert.embeddings.word_embeddings.weight
+
+
+def test_masked_lm_gradients_match_hf(tmp_path):
+    hf = _save_hf(transformers.BertForMaskedLM, tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf.train()
+    ours = BertForMaskedLM.from_pretrained(tmp_path).train()
+    ids, types, mask = _batch(1)
+    labels = torch.full_like(ids, -100)
+    labels[:, 1] = ids[:, 1]
+    labels[0, 5] = ids[0, 5]
+    r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+    o = ours(ids, types, mask, labels=labels)
+    _close(o.loss, r.loss)
+    r.loss.backward()
+    o.loss.backward()
+    hf_params = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        _close(p.grad, hf_params[name].grad, tol=1e-5)
+
+
+@pytest.mark.parametrize("problem", ["single", "pair_regression", "multi_label"])
+def test_sequence_classification_matches_hf(tmp_path, problem):
+    kw = {"single": dict(num_labels=3), "pair_regression": dict(num_labels=1),
+          "multi_label": dict(num_labels=4, problem_type="multi_label_classification")}[problem]
+    hf = _save_hf(transformers.BertForSequenceClassification, tmp_path, **kw)
+    ours = BertForSequenceClassification.from_pretrained(tmp_path)
+    assert ours.config.num_labels == kw["num_labels"] and ours.loading_info["missing_keys"] == []
+    ids, types, mask = _batch(2)
+    g = torch.Generator().manual_seed(5)
+    labels = {"single": torch.tensor([0, 2, 1, 2]), "pair_regression": torch.rand(B, generator=g),
+              "multi_label": (torch.rand(B, 4, generator=g) > 0.5).float()}[problem]
+    with torch.no_grad():
+        r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+        o = ours(ids, types, mask, labels=labels)
+    _close(o.logits, r.logits)
+    _close(o.loss, r.loss)
+
+
+def test_token_classification_matches_hf(tmp_path):
+    hf = _save_hf(transformers.BertForTokenClassification, tmp_path, num_labels=5)
+    ours = BertForTokenClassification.from_pretrained(tmp_path)
+    ids, types, mask = _batch(3)
+    labels = torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(1))
+    labels[~mask.bool()] = -100
+    with torch.no_grad():
+        r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+        o = ours(ids, types, mask, labels=labels)
+    real = mask.bool()
+    _close(o.logits[real], r.logits[real])
+    _close(o.loss, r.loss)
+
+
+def test_question_answering_matches_hf(tmp_path):
+    hf = _save_hf(transformers.BertForQuestionAnswering, tmp_path)
+    ours = BertForQuestionAnswering.from_pretrained(tmp_path)
+    ids, types, mask = _batch(4)
+    start, end = torch.tensor([1, 2, 40, 0]), torch.tensor([3, 5, 41, 0])  # 40/41: outside, clamped and ignored
+    with torch.no_grad():
+        r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, start_positions=start, end_positions=end)
+        o = ours(ids, types, mask, start_positions=start, end_positions=end)
+    real = mask.bool()
+    _close(o.start_logits[real], r.start_logits[real])
+    _close(o.end_logits[real], r.end_logits[real])
+    # we exclude padding from the span softmax (transformers does not): same loss on its logits with padding masked
+    ce = torch.nn.functional.cross_entropy
+    neg = torch.finfo(torch.float32).min
+    s_ref, e_ref = r.start_logits.masked_fill(~real, neg), r.end_logits.masked_fill(~real, neg)
+    _close(o.loss, (ce(s_ref, start.clamp(0, S), ignore_index=S) + ce(e_ref, end.clamp(0, S), ignore_index=S)) / 2)
+    # without padding the two definitions coincide: the loss equals transformers' exactly
+    full = torch.ones_like(mask)
+    with torch.no_grad():
+        r = hf(input_ids=ids, token_type_ids=types, attention_mask=full, start_positions=start, end_positions=end)
+        o = ours(ids, types, full, start_positions=start, end_positions=end)
+    _close(o.loss, r.loss)
+
+
+def test_problem_type_inference():
+    cfg = BertConfig.preset("tiny", vocab_size=50, num_labels=3)
+    m = BertForSequenceClassification(cfg)
+    assert m.problem_type(torch.tensor([1])) == "single_label_classification"
+    assert m.problem_type(torch.tensor([[1.0, 0.0, 1.0]])) == "multi_label_classification"
+    assert BertForSequenceClassification(cfg.replace(num_labels=1)).problem_type(torch.tensor([0.5])) == "regression"
+
+
+def test_mlm_with_no_masked_token_is_zero_not_nan():
+    m = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=50))
+    ids = torch.randint(1, 50, (2, 6))
+    out = m(ids, labels=torch.full_like(ids, -100))
+    assert out.loss.item() == 0.0 and out.logits.shape == (0, 50)
+    out.loss.backward()
