@@ -1,0 +1,156 @@
+"""Optimisers and learning-rate schedules for the training loop.
+
+* `param_groups(model, weight_decay)`: two groups, as BERT does it: weight decay on every matrix / embedding, none on
+  biases and LayerNorm weights (any 1-D parameter). Tied parameters appear once.
+* `build_optimizer(model, cfg)`: AdamW (decoupled weight decay; BERT's betas 0.9/0.999 and eps 1e-6) or LAMB.
+  AdamW uses PyTorch's fused kernel when it exists for the device (CPU and CUDA in torch >= 2.4), else foreach.
+* `Lamb`: layer-wise adaptive moments (You et al. 2019, "Large Batch Optimization for Deep Learning"): the Adam
+  update plus decoupled weight decay, rescaled per parameter tensor by the trust ratio ||w|| / ||update|| (1 when
+  either norm is 0), so every layer moves by a similar relative amount; what makes batch 32k work for BERT.
+* `lr_factor(step, total, warmup, schedule, min_ratio)`: the multiplier of the peak lr at a given optimizer step:
+  linear warmup from 0 over `warmup` steps, then linear (BERT) or cosine decay to `min_ratio` at `total`, or
+  constant. A pure function of (step, total): the schedule has no state of its own beyond those two numbers, which
+  the trainer checkpoints, so a resumed run continues on exactly the same curve.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from bertkit.errors import ConfigError
+
+__all__ = ["param_groups", "build_optimizer", "Lamb", "lr_factor", "warmup_steps", "SCHEDULES", "OPTIMIZERS"]
+
+SCHEDULES = ("linear", "cosine", "constant")
+OPTIMIZERS = ("adamw", "lamb")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """[{decayed params, weight_decay}, {biases + LayerNorm weights, weight_decay 0}]: BERT's exclusion rule.
+
+    A parameter is excluded when it is 1-D (biases, LayerNorm gamma/beta) or its name says LayerNorm / bias, which
+    covers the HF names (`LayerNorm.weight`, `*.bias`) and any custom norm layer.
+    """
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                    fused: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW or LAMB over `param_groups(model, weight_decay)`. fused=None: the fused AdamW kernel when available."""
+    groups = param_groups(model, weight_decay)
+    if name == "adamw":
+        kw = {}
+        if fused is None:
+            fused = _fused_adamw_ok(groups)
+        if fused:
+            kw["fused"] = True
+        else:
+            kw["foreach"] = True
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+
+
+def _fused_adamw_ok(groups: list[dict]) -> bool:
+    """torch has a fused AdamW for this device type and dtype (CPU since 2.4, CUDA since 2.0)."""
+    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        return False
+    params = [p for g in groups for p in g["params"]]
+    if not params:
+        return False
+    dev = params[0].device.type
+    if dev == "cuda":
+        return True
+    if dev == "cpu":
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+        return (major, minor) >= (2, 4)
+    return False
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB: Adam moments + decoupled weight decay, each tensor's update scaled by the trust ratio ||w|| / ||u||.
+
+    Bias correction is applied (as in the paper's v3 and NVIDIA's implementation). Groups with weight_decay 0
+    (biases, LayerNorm) still get the trust ratio, as in the reference implementations.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01):
+        if lr < 0 or eps < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
+            raise ConfigError(f"invalid LAMB hyper-parameters lr={lr} betas={betas} eps={eps}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                t = state["step"].item()
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(g, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                m_hat = m / (1 - beta1 ** t)
+                v_hat = v / (1 - beta2 ** t)
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                w = p.float()
+                if group["weight_decay"]:
+                    update.add_(w, alpha=group["weight_decay"])
+                w_norm, u_norm = w.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_((update * trust).to(p.dtype), alpha=-group["lr"])
+        return loss
+
+
+def warmup_steps(warmup: float, total: int) -> int:
+    """`warmup` < 1 is a fraction of the total steps, >= 1 a number of steps."""
+    if warmup < 0:
+        raise ConfigError(f"warmup must be >= 0, got {warmup}")
+    return int(round(warmup * total)) if warmup < 1 else int(warmup)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_ratio: float = 0.0) -> float:
+    """Multiplier of the peak lr for the update made at optimizer step `step` (0-based) of `total`.
+
+    Warmup: (step + 1) / warmup, so the first update already moves (BERT's TF code starts at 0 and wastes one step).
+    Decay over the remaining steps to `min_ratio` at step == total.
+    """
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {SCHEDULES}")
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total - warmup)
+    progress = min(1.0, max(0.0, (step - warmup) / span))
+    if schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * shape
