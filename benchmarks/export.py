@@ -1,0 +1,46 @@
+"""ONNX export of MiniLM-L6 (encoder): accuracy vs PyTorch and CPU speed of onnxruntime beside ours.
+
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/export.py
+
+Exports with bertkit.export (dynamic batch/seq axes), checks max |onnxruntime - PyTorch| over three batch shapes
+(padding included), then times one forward of each at (batch, seq) = (1, 32) and (8, 128), alternating PyTorch and
+onnxruntime in the same process (median of --repeats). Ours runs with its default attention backend ("auto"); the
+reference is onnxruntime with all graph optimisations on, both with the same number of threads (torch's default).
+One JSON line: ours, the reference, and ratio = ours_s / onnxruntime_s (> 1: onnxruntime is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="model directory (default: MiniLM-L6)")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    from bertkit.export import check_onnx, export_onnx, time_both
+    if args.model is None:
+        from bertkit.datasets import minilm_dir
+        args.model = str(minilm_dir())
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = export_onnx(args.model, Path(tmp) / "model.onnx")
+        check = check_onnx(args.model, path)
+        speed = {}
+        for b, s in ((1, 32), (8, 128)):
+            t = time_both(args.model, path, batch=b, seq=s, repeats=args.repeats, threads=threads)
+            speed[f"{b}x{s}"] = {"ours_ms": round(t["torch_s"] * 1e3, 2), "onnxruntime_ms": round(t["onnxruntime_s"] * 1e3, 2),
+                                 "ratio": round(t["torch_s"] / t["onnxruntime_s"], 3)}
+    print(json.dumps({"benchmark": "export", "model": Path(args.model).parent.name if Path(args.model).name == "model"
+                      else Path(args.model).name, "threads": threads, "max_abs_diff": check["max_abs_diff"],
+                      "task": check["task"], "speed": speed}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""`bertkit export MODEL OUT.onnx`: ONNX export with dynamic axes, verified against PyTorch (thin over
+bertkit.export)."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="export a model to ONNX (dynamic batch/seq) and check it with onnxruntime")
+    p.add_argument("model", help="model directory")
+    p.add_argument("out", help="output .onnx path")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs difference allowed by the check")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from bertkit.errors import BertkitError
+    from bertkit.export import check_onnx, export_onnx
+    path = export_onnx(args.model, args.out, opset=args.opset)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    if args.no_check:
+        return 0
+    report = check_onnx(args.model, path)
+    print(json.dumps(report))
+    if report["max_abs_diff"] > args.tolerance:
+        raise BertkitError(f"{path}: onnxruntime differs from PyTorch by {report['max_abs_diff']:.3g} "
+                           f"> tolerance {args.tolerance:g}")
+    return 0

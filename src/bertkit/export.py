@@ -1,0 +1,179 @@
+"""ONNX export of an encoder or a task model, with dynamic batch and sequence axes, checked with onnxruntime.
+
+    bertkit export MODEL_DIR model.onnx            # writes model.onnx, then runs it beside PyTorch and compares
+    from bertkit.export import export_onnx, check_onnx
+
+The graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, (batch, seq), both axes dynamic) and returns
+the head's outputs under stable names:
+
+    BertModel                       last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden)
+    BertForMaskedLM / PreTraining   logits (batch, seq, vocab)
+    BertForSequenceClassification   logits (batch, num_labels)
+    BertForTokenClassification      logits (batch, seq, num_labels)
+    BertForQuestionAnswering        start_logits, end_logits (batch, seq)
+
+The model is traced with the "eager" attention backend: the other backends take data-dependent shortcuts (skip the
+mask when nothing is padded, unpad when padding is heavy) that a traced graph would freeze for one input. Eager is
+the same function with an explicit additive mask, so one graph is right for every batch. `check_onnx` runs both on
+batches of different shapes (padding included) and reports the largest absolute difference.
+
+onnx / onnxruntime are optional: they are imported only here, lazily, with an install hint when missing.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from bertkit.errors import BertkitError
+
+__all__ = ["export_onnx", "check_onnx", "onnx_session", "OUTPUTS"]
+
+OUTPUTS = {
+    "encoder": ["last_hidden_state", "pooler_output"],
+    "mlm": ["logits"],
+    "classify": ["logits"],
+    "tag": ["logits"],
+    "answer": ["start_logits", "end_logits"],
+}
+
+
+def _require(module: str):
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise BertkitError(f"ONNX export needs the optional package {module!r}: pip install onnx onnxruntime "
+                           f"(or: pip install 'bertkit[test]')") from None
+
+
+class _Wrapped(torch.nn.Module):
+    """Positional inputs, a tuple of named outputs: what the ONNX exporter wants."""
+
+    def __init__(self, model, task: str):
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        if self.task == "encoder":
+            pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+            return out.last_hidden_state, pooled
+        if self.task == "mlm":
+            return (out.logits if getattr(out, "logits", None) is not None else out.prediction_logits,)
+        if self.task == "answer":
+            return out.start_logits, out.end_logits
+        return (out.logits,)
+
+
+def _sample_inputs(batch: int, seq: int, vocab: int, pad_from: int | None = None, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, seq), generator=g)
+    att = torch.ones(batch, seq, dtype=torch.long)
+    if pad_from is not None and batch > 1:
+        att[1:, pad_from:] = 0          # later rows padded: the graph must honour the mask
+        ids[1:, pad_from:] = 0
+    types = torch.zeros(batch, seq, dtype=torch.long)
+    types[:, seq // 2:] = 1
+    return {"input_ids": ids, "attention_mask": att, "token_type_ids": types}
+
+
+def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) -> Path:
+    """Export the model in `model_dir` (head detected like bertkit.infer) to `out_path` (.onnx)."""
+    _require("onnx")
+    from bertkit.infer import Predictor
+    pred = Predictor.load(model_dir)
+    model = pred.model.eval()
+    cfg = getattr(model, "config", None) or pred.encoder.config
+    old = pred.encoder.config.attn_implementation
+    pred.encoder.config.attn_implementation = "eager"
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    try:
+        sample = _sample_inputs(2, 16, cfg.vocab_size, pad_from=10)
+        names = OUTPUTS[pred.task]
+        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "token_type_ids")}
+        for n in names:   # pooled / sequence-level outputs have no seq axis
+            per_token = not (n == "pooler_output" or pred.task == "classify")
+            dynamic_axes[n] = {0: "batch", 1: "seq"} if per_token else {0: "batch"}
+        with torch.no_grad(), warnings.catch_warnings():
+            # input checks in the model (ids in range, shapes) run once at trace time; they are not graph ops
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(_Wrapped(model, pred.task), (sample["input_ids"], sample["attention_mask"],
+                                                          sample["token_type_ids"]),
+                              str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
+                              output_names=names, dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False)
+        tmp.replace(out_path)
+    finally:
+        pred.encoder.config.attn_implementation = old
+        if tmp.exists():
+            tmp.unlink()
+    return out_path
+
+
+def onnx_session(onnx_path: str | Path, threads: int | None = None):
+    ort = _require("onnxruntime")
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+
+
+def check_onnx(model_dir: str | Path, onnx_path: str | Path,
+               shapes: Sequence[tuple[int, int]] = ((1, 7), (3, 33), (8, 64))) -> dict:
+    """Run PyTorch and onnxruntime on random batches of several shapes (rows after the first padded);
+    return {"max_abs_diff": float, "per_output": {...}, "shapes": [...]}."""
+    from bertkit.infer import Predictor
+    pred = Predictor.load(model_dir)
+    sess = onnx_session(onnx_path)
+    wrapped = _Wrapped(pred.model.eval(), pred.task)
+    names = OUTPUTS[pred.task]
+    worst = {n: 0.0 for n in names}
+    for i, (b, s) in enumerate(shapes):
+        x = _sample_inputs(b, s, pred.encoder.config.vocab_size, pad_from=max(1, s * 2 // 3), seed=i + 1)
+        with torch.no_grad():
+            ref = wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
+        got = sess.run(names, {k: v.numpy() for k, v in x.items()})
+        mask = x["attention_mask"].bool()
+        for n, r, g in zip(names, ref, got):
+            r = r.float()
+            g = torch.from_numpy(g).float()
+            if r.dim() >= 2 and r.shape[:2] == mask.shape:   # per-token outputs: compare real tokens only
+                r, g = r[mask], g[mask]
+            worst[n] = max(worst[n], float((r - g).abs().max()))
+    return {"max_abs_diff": max(worst.values()), "per_output": worst, "shapes": [list(s) for s in shapes],
+            "task": pred.task}
+
+
+def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq: int = 128, repeats: int = 10,
+              threads: int | None = None) -> dict:
+    """Median seconds per forward of PyTorch (our default backend) and onnxruntime, alternating, same inputs."""
+    import statistics
+    from bertkit.infer import Predictor
+    pred = Predictor.load(model_dir)
+    sess = onnx_session(onnx_path, threads=threads)
+    wrapped = _Wrapped(pred.model.eval(), pred.task)
+    names = OUTPUTS[pred.task]
+    x = _sample_inputs(batch, seq, pred.encoder.config.vocab_size)
+    feed = {k: v.numpy() for k, v in x.items()}
+    ours, ort = [], []
+    with torch.inference_mode():
+        for _ in range(2):  # warm-up
+            wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
+            sess.run(names, feed)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
+            ours.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            sess.run(names, feed)
+            ort.append(time.perf_counter() - t0)
+    return {"torch_s": statistics.median(ours), "onnxruntime_s": statistics.median(ort)}

@@ -1,0 +1,67 @@
+"""ONNX export: every head exports with dynamic batch/seq axes and matches PyTorch within 1e-4 on batches of
+shapes other than the traced one (padding included); without onnx the error is a clear bertkit error."""
+
+from __future__ import annotations
+
+import builtins
+
+import pytest
+import torch
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+
+
+def _save(cls_name, path, **cfg):
+    import bertkit
+    from bertkit import BertConfig, Tokenizer
+    torch.manual_seed(0)
+    config = BertConfig.preset("tiny", vocab_size=len(VOCAB), **cfg)
+    getattr(bertkit, cls_name)(config).eval().save_pretrained(path, tokenizer=Tokenizer({t: i for i, t in enumerate(VOCAB)}))
+    return path
+
+
+@pytest.mark.parametrize("cls_name, cfg, outputs", [
+    ("BertModel", {}, ["last_hidden_state", "pooler_output"]),
+    ("BertForMaskedLM", {}, ["logits"]),
+    ("BertForSequenceClassification", {"num_labels": 3}, ["logits"]),
+    ("BertForTokenClassification", {"num_labels": 5}, ["logits"]),
+    ("BertForQuestionAnswering", {}, ["start_logits", "end_logits"]),
+])
+def test_export_matches_pytorch(tmp_path, cls_name, cfg, outputs):
+    import onnx
+    from bertkit.export import check_onnx, export_onnx
+    d = _save(cls_name, tmp_path / "m", **cfg)
+    path = export_onnx(d, tmp_path / "m.onnx")
+    graph = onnx.load(str(path)).graph
+    assert [o.name for o in graph.output] == outputs
+    dims = graph.input[0].type.tensor_type.shape.dim
+    assert [x.dim_param for x in dims] == ["batch", "seq"]            # dynamic, not frozen to the traced (2, 16)
+    report = check_onnx(d, path)
+    assert report["max_abs_diff"] <= 1e-4, report
+    assert report["shapes"] == [[1, 7], [3, 33], [8, 64]]
+
+
+def test_cli_export(tmp_path, capsys):
+    from bertkit.cli import main
+    d = _save("BertForSequenceClassification", tmp_path / "m", num_labels=2)
+    assert main(["export", str(d), str(tmp_path / "out" / "c.onnx")]) == 0
+    assert '"max_abs_diff"' in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "missing"), str(tmp_path / "x.onnx")]) == 2
+
+
+def test_missing_onnx_is_a_clear_error(tmp_path, monkeypatch):
+    from bertkit.errors import BertkitError
+    from bertkit.export import export_onnx
+    real_import = builtins.__import__
+
+    def no_onnx(name, *a, **kw):
+        if name == "onnx" or name.startswith("onnx."):
+            raise ImportError("No module named 'onnx'")
+        return real_import(name, *a, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_onnx)
+    monkeypatch.delitem(__import__("sys").modules, "onnx", raising=False)
+    with pytest.raises(BertkitError, match="pip install onnx"):
+        export_onnx(tmp_path, tmp_path / "x.onnx")
