@@ -29,6 +29,8 @@ _LAZY = {
     "BertForQuestionAnswering": "bertkit.heads",
     "Predictor": "bertkit.infer",
     "cosine_search": "bertkit.infer",
+    "TrainConfig": "bertkit.train",
+    "train": "bertkit.train",
 }
 
 __all__ = ["BertkitError", "CheckpointError", "ConfigError", "DataError", "DatasetUnavailable", "VocabError",
