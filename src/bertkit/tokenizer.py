@@ -46,6 +46,8 @@ Invalid input policy:
 
 from __future__ import annotations
 
+import bisect
+import gc
 import hashlib
 import json
 import os
@@ -77,11 +79,73 @@ _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700,
                (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
+def _unicode8_starts_ends() -> tuple[list[int], list[int]]:
+    starts, ends = [], []
+    for r in _ASSIGNED_IN_UNICODE_8.split():
+        a, _, b = r.partition("-")
+        starts.append(int(a, 16))
+        ends.append(int(b or a, 16))
+    return starts, ends
+
+
+_U8_RANGES: tuple[list[int], list[int]] | None = None
+
+
+def _assigned_in_unicode_8(cp: int) -> bool:
+    global _U8_RANGES
+    if _U8_RANGES is None:
+        _U8_RANGES = _unicode8_starts_ends()
+    starts, ends = _U8_RANGES
+    i = bisect.bisect_right(starts, cp) - 1
+    return i >= 0 and cp <= ends[i]
+
+
+# General_Category values that changed since Unicode 8.0 for characters assigned by then (the Rust tokenizer sees
+# the 8.0 value). Source: the Unicode Character Database change history (DerivedGeneralCategory across versions).
+_CATEGORY_IN_UNICODE_8 = {
+    0x166D: "Po",   # CANADIAN SYLLABICS CHI SIGN: Po -> So in Unicode 12.0
+    0x111C9: "Po",  # SHARADA SANDHI MARK: Po -> Mn in Unicode 11.0
+    0x1734: "Mn",   # HANUNOO SIGN PAMUDPOD: Mn -> Mc in Unicode 14.0
+    0x1885: "Lo",   # MONGOLIAN LETTER ALI GALI BALUDA: Lo -> Mn in Unicode 9.0
+    0x1886: "Lo",   # MONGOLIAN LETTER ALI GALI THREE BALUDA: Lo -> Mn in Unicode 9.0
+    0xA9BD: "Mc",   # JAVANESE CONSONANT SIGN KERET: Mc -> Mn in Unicode 12.0
+}
+
+# Lowercase pairs added after Unicode 14.0 (Python 3.11's database). The Rust tokenizer lowercases with Rust's std,
+# whose tables are newer (Unicode 17.0), so these capitals are lowercased there even though its category tables
+# (8.0) call them unassigned.
+_NEW_LOWERCASE = {0x1C89: 0x1C8A, 0xA7CB: 0x0264, 0xA7CC: 0xA7CD, 0xA7CE: 0xA7CF, 0xA7D2: 0xA7D3, 0xA7D4: 0xA7D5,
+                  0xA7DA: 0xA7DB, 0xA7DC: 0x019B,
+                  **{cp: cp + 0x20 for cp in range(0x10D50, 0x10D66)},   # Garay (16.0)
+                  **{cp: cp + 0x1B for cp in range(0x16EA0, 0x16EB9)}}   # Beria Erfe (17.0)
+
+
+def _lower_char(c: str) -> str:
+    low = c.lower()
+    if low == c:
+        cp = _NEW_LOWERCASE.get(ord(c))
+        if cp is not None:
+            return chr(cp)
+    return low
+
+
+def _category(c: str) -> str:
+    """General category as the Rust tokenizer's Unicode 8.0 tables see it (Cn for anything assigned later)."""
+    cp = ord(c)
+    cat = _CATEGORY_IN_UNICODE_8.get(cp)
+    if cat is not None:
+        return cat
+    if cp < 0x80 or 0xD800 <= cp <= 0xDFFF or _assigned_in_unicode_8(cp):  # surrogates: Cs in every version
+        return unicodedata.category(c)
+    return "Cn"
+
+
 def _is_removed(c: str) -> bool:
-    """Dropped by cleaning: NUL, U+FFFD, and every C* char except tab / LF / CR."""
+    """Dropped by cleaning: NUL, U+FFFD, and every Cc / Cf / Cs / Co char except tab / LF / CR. Unassigned (Cn)
+    code points are kept, as the Rust tokenizer keeps them (google-research's "C*" test would drop them)."""
     if c in "\t\n\r":
         return False
-    return c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C"
+    return c == "\x00" or c == "\ufffd" or _category(c) in ("Cc", "Cf", "Cs", "Co")
 
 
 def _is_cjk(c: str) -> bool:
@@ -90,45 +154,54 @@ def _is_cjk(c: str) -> bool:
 
 
 def _is_punct(c: str) -> bool:
-    return c in _ASCII_PUNCT or unicodedata.category(c)[0] == "P"
+    return c in _ASCII_PUNCT or _category(c)[0] == "P"
 
 
-def _char_class_regex(pred, lo: int = 0x80, hi: int = 0x110000) -> str:
-    """A regex character-class body listing the code points in [lo, hi) for which pred holds, as ranges."""
-    parts, start = [], None
-    for cp in range(lo, hi + 1):
-        hit = cp < hi and pred(chr(cp))
-        if hit and start is None:
-            start = cp
-        elif not hit and start is not None:
-            a, b = start, cp - 1
-            parts.append(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}")
-            start = None
-    return "".join(parts)
+def _nfd(c: str) -> str:
+    """Canonical decomposition of one char; a char unknown to Unicode 8.0 does not decompose (Rust tables)."""
+    if c.isascii() or not _assigned_in_unicode_8(ord(c)):
+        return c
+    return unicodedata.normalize("NFD", c)
 
 
-# ASCII fast path: after lowercasing, a word is a run of letters/digits, and every other printable char is
-# punctuation (ASCII has no other symbols), so one regex splits a whole batch.
-_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
-# ASCII chars cleaning removes (C0 controls except \t \n \r, and DEL). Text containing them takes the general path.
+# ASCII fast path. In ASCII text without control characters every char is whitespace (space, tab, LF, CR), a letter
+# or digit, or punctuation (ASCII has no other symbols). One regex over a whole batch yields each word together with
+# the whitespace before it, so consecutive matches tile the text and a word's end position is the running sum of the
+# match lengths: no per-word position bookkeeping in Python.
+_ASCII_TOKEN_RE = re.compile(r"[ \t\n\r]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
+# ASCII chars that cleaning removes (C0 controls other than tab / LF / CR, and DEL): such text takes the general path.
 _ASCII_REMOVED_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+# General path: normalised text is mapped char by char to its class ("a" word char, " " space, "." isolated), and
+# this finds the words in the class string.
+_CLASS_WORD_RE = re.compile(r"a+|\.")
 
 
-class _Tables:
-    """Per-character normalisation of non-ASCII text, computed lazily and memoised (the Unicode database is large
-    and most text uses few distinct characters)."""
+class _LazyMap(dict):
+    """A str.translate table filled on demand: fn(code point) -> replacement string, memoised."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, cp: int) -> str:
+        v = self[cp] = self.fn(chr(cp))
+        return v
+
+
+class _Normalizer:
+    """Cleaning + accent stripping + lowercasing of arbitrary text, with alignment to the original characters.
+
+    Three lazily-filled str.translate tables keep the per-character work in C: `norm` (char -> normalised form, ""
+    when removed), `width` (char -> chr(len(normalised form))) to build the alignment only when some char does not map
+    to exactly one char, and `cls` (normalised char -> "a" / " " / ".").
+    """
 
     def __init__(self, lowercase: bool, strip_accents: bool):
         self.lowercase, self.strip_accents = lowercase, strip_accents
-        self.norm: dict[str, str] = {}   # char -> its normalised form ("" when removed, " " when whitespace)
-        self.kind: dict[str, int] = {}   # normalised char -> 0 letter-like, 1 whitespace, 2 isolated (punct / CJK)
-
-    def normalize_char(self, c: str) -> str:
-        n = self.norm.get(c)
-        if n is None:
-            n = self._normalize_char(c)
-            self.norm[c] = n
-        return n
+        self.norm = _LazyMap(self._normalize_char)
+        self.width = _LazyMap(lambda c: chr(len(self.norm[ord(c)])))
+        self.cls = _LazyMap(self._class_of)
 
     def _normalize_char(self, c: str) -> str:
         if _is_removed(c):
@@ -137,18 +210,105 @@ class _Tables:
             return " "
         n = c
         if self.strip_accents:
-            n = "".join(x for x in unicodedata.normalize("NFD", n) if unicodedata.category(x) != "Mn")
+            n = "".join(x for x in _nfd(n) if _category(x) != "Mn")
         if self.lowercase:
             # char by char: str.lower() on a whole string turns a final Σ into ς, Rust's per-char lowercase does not
-            n = "".join(x.lower() for x in n)
+            n = "".join(_lower_char(x) for x in n)
         return n
 
-    def kind_of(self, c: str) -> int:
-        k = self.kind.get(c)
-        if k is None:
-            k = 1 if c in _WHITESPACE else 2 if (_is_punct(c) or _is_cjk(c)) else 0
-            self.kind[c] = k
-        return k
+    @staticmethod
+    def _class_of(c: str) -> str:
+        if c in _WHITESPACE:
+            return " "
+        return "." if (_is_punct(c) or _is_cjk(c)) else "a"
+
+    def words(self, text: str, base: int, out_words: list, out_starts: list, out_ends: list,
+              out_align: list) -> None:
+        """Append the words of text (positions offset by base) to the out lists. out_align gets, per word, None when
+        the word is a verbatim copy of text[start:end], else the list of original positions of its characters."""
+        norm = text.translate(self.norm)
+        widths = text.translate(self.width)
+        if len(norm) == len(text) and widths.count("\x01") == len(text):
+            align = None  # every char maps to exactly one char: positions are unchanged
+        else:
+            counts = np.frombuffer(widths.encode("latin-1"), dtype=np.uint8)
+            align = np.repeat(np.arange(base, base + len(text)), counts).tolist()
+        cls = norm.translate(self.cls)
+        for m in _CLASS_WORD_RE.finditer(cls):
+            s, e = m.span()
+            out_words.append(norm[s:e])
+            if align is None:
+                out_starts.append(base + s)
+                out_ends.append(base + e)
+                out_align.append(None)
+            else:
+                out_starts.append(align[s])
+                out_ends.append(align[e - 1] + 1)
+                out_align.append(align[s:e])
+
+
+class _PieceTable:
+    """The fast path's memo: ASCII token (word with its leading whitespace) -> word id, with numpy arrays per word id
+    (piece count, index of its first piece, token length) and per piece (id, start and end relative to the token
+    end). Lookups for a whole batch are one C-level `map` over the dict; misses run WordPiece once."""
+
+    MAX_WORDS = 1_000_000  # bound memory on adversarial input: the table restarts when it grows past this
+
+    def __init__(self, wordpiece):
+        self.wordpiece = wordpiece
+        self.reset()
+
+    def reset(self) -> None:
+        self.index = _LazyIndex(self._add)
+        self.n_words = self.n_pieces = 0
+        # new entries since the last flush into the numpy arrays
+        self.pending_words: list[tuple[int, int, int]] = []         # (first piece, piece count, token length)
+        self.pending_pieces: list[tuple[int, int, int]] = []        # (id, start, end) relative to the token end
+        self.words = np.zeros((1024, 3), dtype=np.int64)            # columns: first piece, count, token length
+        self.pieces = np.zeros((1024, 3), dtype=np.int64)           # columns: id, rel start, rel end
+
+    def _add(self, key: str) -> int:
+        word = key.lstrip(" \t\n\r")
+        n = len(word)
+        ids, starts = self.wordpiece(word)
+        self.pending_words.append((self.n_pieces, len(ids), len(key)))
+        bounds = starts + (n,)
+        for k, i in enumerate(ids):
+            self.pending_pieces.append((i, bounds[k] - n, bounds[k + 1] - n))
+        self.n_pieces += len(ids)
+        self.n_words += 1
+        return self.n_words - 1
+
+    @staticmethod
+    def _append(arr: np.ndarray, used: int, rows: list) -> np.ndarray:
+        need = used + len(rows)
+        if need > len(arr):
+            grown = np.zeros((max(need, 2 * len(arr)), arr.shape[1]), dtype=arr.dtype)
+            grown[:used] = arr[:used]
+            arr = grown
+        arr[used:need] = rows
+        return arr
+
+    def lookup(self, keys: list[str]) -> np.ndarray:
+        """Word ids of keys; afterwards self.words / self.pieces cover every id returned."""
+        if self.n_words > self.MAX_WORDS:
+            self.reset()
+        wids = np.fromiter(map(self.index.__getitem__, keys), dtype=np.int64, count=len(keys))
+        if self.pending_words:
+            self.words = self._append(self.words, self.n_words - len(self.pending_words), self.pending_words)
+            self.pieces = self._append(self.pieces, self.n_pieces - len(self.pending_pieces), self.pending_pieces)
+            self.pending_words, self.pending_pieces = [], []
+        return wids
+
+
+class _LazyIndex(dict):
+    def __init__(self, add):
+        super().__init__()
+        self.add = add
+
+    def __missing__(self, key: str) -> int:
+        v = self[key] = self.add(key)
+        return v
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -203,10 +363,16 @@ def read_text_file(path: str | os.PathLike) -> str:
 # The tokenizer
 
 @dataclass
-class _Seq:
-    """One encoded text before special tokens: piece ids and their character offsets."""
-    ids: list[int]
-    offsets: list[tuple[int, int]]
+class _Flat:
+    """Pieces of a batch of texts, concatenated: text i owns rows bounds[i]:bounds[i+1]. Offsets are relative to
+    each text. Compact (numpy) so worker processes can ship it cheaply."""
+    ids: np.ndarray      # (n_pieces,) int64
+    starts: np.ndarray   # (n_pieces,) int64
+    ends: np.ndarray     # (n_pieces,) int64
+    bounds: np.ndarray   # (n_texts + 1,) int64
+
+
+TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 
 
 class Tokenizer:
@@ -246,9 +412,11 @@ class Tokenizer:
         self._special_set = frozenset(SPECIAL_TOKENS)
         # Special tokens are matched verbatim in the original text; longest first so a longer one wins.
         self._special_re = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
-        self._tables = _Tables(self.lowercase, self.strip_accents)
+        self.model_max_length = 512  # padding="max_length" without max_length pads to this, as BERT's tokenizers do
+        self._normalizer = _Normalizer(self.lowercase, self.strip_accents)
         # word -> (piece ids, piece start offsets within the word); see _wordpiece
         self._cache: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._pieces = _PieceTable(self._wordpiece)
         # WordPiece never needs to try a candidate longer than the longest vocab entry
         self._max_piece = max(len(t) for t in vocab)
 
@@ -291,6 +459,14 @@ class Tokenizer:
         (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
         return directory
 
+    def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
+        return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
+                "vocab_file": self.vocab_file}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"])
+        self.vocab_file = state["vocab_file"]
+
     def __len__(self) -> int:
         return self.vocab_size
 
@@ -302,56 +478,46 @@ class Tokenizer:
     @staticmethod
     def _check_text(text, what: str = "text") -> str:
         if not isinstance(text, str):
-            raise TypeError(f"{what} must be str, got {type(text).__name__}: {text!r:.60}")
+            raise TypeError(f"{what} must be str, got {type(text).__name__}: {_short_repr(text)}")
         return text
 
-    def _words(self, text: str) -> list[tuple[str, int, int, list[int] | None]]:
-        """Split text into (word, start, end, alignment) in original-text character positions.
+    def _words(self, text: str) -> tuple[list[str], list[int], list[int], list]:
+        """Split one text into words: (words, starts, ends, alignments) in original-text character positions.
 
-        alignment is None when the word is a verbatim slice text[start:end] (special tokens, ASCII words);
-        otherwise alignment[i] is the original position of the word's i-th normalised character.
+        alignments[k] is None when word k is text[start:end] verbatim up to ASCII lowercasing; otherwise it lists
+        the original position of each of the word's normalised characters.
         """
-        out = []
+        words: list[str] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        aligns: list = []
         pos = 0
-        for m in self._special_re.finditer(text):
+        for m in self._special_re.finditer(text):  # special tokens are matched first, in the raw text
             if m.start() > pos:
-                self._segment_words(text, pos, m.start(), out)
-            out.append((m.group(), m.start(), m.end(), None))
+                self._segment_words(text[pos:m.start()], pos, words, starts, ends, aligns)
+            words.append(m.group())
+            starts.append(m.start())
+            ends.append(m.end())
+            aligns.append(None)
             pos = m.end()
         if pos < len(text):
-            self._segment_words(text, pos, len(text), out)
-        return out
+            self._segment_words(text[pos:] if pos else text, pos, words, starts, ends, aligns)
+        return words, starts, ends, aligns
 
-    def _segment_words(self, text: str, lo: int, hi: int, out: list) -> None:
-        seg = text[lo:hi]
+    def _segment_words(self, seg: str, base: int, words, starts, ends, aligns) -> None:
         if seg.isascii() and not _ASCII_REMOVED_RE.search(seg):
             if self.lowercase:
                 seg = seg.lower()
-            for m in _ASCII_WORD_RE.finditer(seg):
-                out.append((m.group(), lo + m.start(), lo + m.end(), None))
+            pos = base
+            for tok in _ASCII_TOKEN_RE.findall(seg):
+                pos += len(tok)
+                word = tok.lstrip(" \t\n\r")
+                words.append(word)
+                starts.append(pos - len(word))
+                ends.append(pos)
+                aligns.append(None)
             return
-        # General path: normalise char by char, remembering each normalised char's original position, then split.
-        tables = self._tables
-        word: list[str] = []
-        align: list[int] = []
-
-        def flush():
-            if word:
-                out.append(("".join(word), align[0], align[-1] + 1, align.copy()))
-                word.clear()
-                align.clear()
-
-        for i, c in enumerate(seg, lo):
-            for n in tables.normalize_char(c):
-                k = tables.kind_of(n)
-                if k == 0:
-                    word.append(n)
-                    align.append(i)
-                else:
-                    flush()
-                    if k == 2:
-                        out.append((n, i, i + 1, [i]))
-        flush()
+        self._normalizer.words(seg, base, words, starts, ends, aligns)
 
     def basic_tokenize(self, text: str) -> list[str]:
         """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split.
@@ -359,7 +525,10 @@ class Tokenizer:
         Special tokens ("[MASK]", ...) appearing verbatim in text stay whole words.
         """
         self._check_text(text)
-        return [w for w, _, _, _ in self._words(text)]
+        if text.isascii() and not _ASCII_REMOVED_RE.search(text) and "[" not in text:
+            low = text.lower() if self.lowercase else text
+            return _ASCII_WORD_RE.findall(low)
+        return self._words(text)[0]
 
     # ------------------------------------------------------------------ WordPiece
 
@@ -370,13 +539,13 @@ class Tokenizer:
             return hit
         vocab = self.vocab
         n = len(word)
-        ids: list[int] = []
-        starts: list[int] = []
         if word in self._special_set:
             res = ((vocab[word],), (0,))
         elif n > MAX_INPUT_CHARS_PER_WORD:
             res = ((self.unk_token_id,), (0,))
         else:
+            ids: list[int] = []
+            starts: list[int] = []
             start = 0
             while start < n:
                 end = min(n, start + self._max_piece)
@@ -386,41 +555,277 @@ class Tokenizer:
                     if i is not None:
                         break
                     end -= 1
-                else:
+                else:  # no piece matches here: the whole word is unknown
                     ids, starts = [self.unk_token_id], [0]
                     break
                 ids.append(i)
                 starts.append(start)
                 start = end
             res = (tuple(ids), tuple(starts))
-        if len(self._cache) < 1_000_000:  # bound memory on adversarial input
-            self._cache[word] = res
+        if len(self._cache) > 2 * _PieceTable.MAX_WORDS:  # bound memory on adversarial input
+            self._cache.clear()
+        self._cache[word] = res
         return res
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece pieces of text (continuation pieces start with "##"), without [CLS] / [SEP]."""
         self._check_text(text)
         itt = self.ids_to_tokens
-        return [itt[i] for i in self._encode_one(text).ids]
+        return [itt[i] for i in self._encode_flat([text]).ids.tolist()]
 
-    def _encode_one(self, text: str) -> _Seq:
+    # ------------------------------------------------------------------ texts -> pieces
+
+    def _encode_general(self, text: str) -> tuple[list[int], list[int], list[int]]:
+        """Pieces of one text of any content: (ids, starts, ends)."""
         ids: list[int] = []
-        offsets: list[tuple[int, int]] = []
-        for word, start, end, align in self._words(text):
+        starts: list[int] = []
+        ends: list[int] = []
+        for word, s, e, align in zip(*self._words(text)):
             pids, pstarts = self._wordpiece(word)
             if len(pids) == 1:
                 ids.append(pids[0])
-                offsets.append((start, end))
+                starts.append(s)
+                ends.append(e)
                 continue
             bounds = pstarts + (len(word),)
             for k, pid in enumerate(pids):
                 a, b = bounds[k], bounds[k + 1]
                 ids.append(pid)
                 if align is None:
-                    offsets.append((start + a, start + b))
+                    starts.append(s + a)
+                    ends.append(s + b)
                 else:
-                    offsets.append((align[a], align[b - 1] + 1))
-        return _Seq(ids, offsets)
+                    starts.append(align[a])
+                    ends.append(align[b - 1] + 1)
+        return ids, starts, ends
+
+    def _encode_fast(self, texts: list[str]) -> _Flat:
+        """Pieces of ASCII texts without control chars or special tokens, the whole batch at once (see docstring)."""
+        joined = "\n".join(texts)  # the newline is whitespace, so no word spans two texts
+        if self.lowercase:
+            joined = joined.lower()
+        toks = _ASCII_TOKEN_RE.findall(joined)
+        table = self._pieces
+        wids = table.lookup(toks)                                  # (n_words,)
+        words, pieces = table.words, table.pieces
+        tok_end = np.cumsum(words[wids, 2])                        # (n_words,) end of each word in joined
+        counts = words[wids, 1]
+        first = words[wids, 0]
+        if len(counts) and counts.max() == 1:                      # one piece per word: no expansion needed
+            pidx, pend = first, tok_end
+        else:
+            cum = np.cumsum(counts)
+            pidx = np.repeat(first - (cum - counts), counts) + np.arange(cum[-1] if len(cum) else 0)
+            pend = np.repeat(tok_end, counts)                      # (n_pieces,) end of each piece's word
+        ids = pieces[pidx, 0]
+        starts = pend + pieces[pidx, 1]
+        ends = pend + pieces[pidx, 2]
+        # which text each piece is in, and positions relative to that text
+        lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        text_start = np.cumsum(lens + 1) - (lens + 1)              # (n_texts,)
+        which = np.searchsorted(text_start, starts, side="right") - 1
+        starts -= text_start[which]
+        ends -= text_start[which]
+        bounds = np.searchsorted(which, np.arange(len(texts) + 1))
+        return _Flat(ids, starts, ends, bounds)
+
+    def _is_fast(self, text: str) -> bool:
+        return text.isascii() and not _ASCII_REMOVED_RE.search(text) and not self._special_re.search(text)
+
+    def _encode_flat(self, texts: Sequence[str]) -> _Flat:
+        """Pieces of every text: the fast path for the ASCII ones, the general path for the rest."""
+        joined = "\n".join(texts)
+        if joined.isascii() and not _ASCII_REMOVED_RE.search(joined) and not self._special_re.search(joined):
+            return self._encode_fast(list(texts))
+        fast_idx = [i for i, t in enumerate(texts) if self._is_fast(t)]
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(texts)  # type: ignore[list-item]
+        if fast_idx:
+            f = self._encode_fast([texts[i] for i in fast_idx])
+            b = f.bounds.tolist()
+            for k, i in enumerate(fast_idx):
+                parts[i] = (f.ids[b[k]:b[k + 1]], f.starts[b[k]:b[k + 1]], f.ends[b[k]:b[k + 1]])
+        for i, t in enumerate(texts):
+            if parts[i] is None:
+                parts[i] = tuple(np.array(x, dtype=np.int64) for x in self._encode_general(t))
+        lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        cat = (lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
+        return _Flat(cat(0), cat(1), cat(2), bounds)
+
+    def _materialize(self, flat: _Flat, offsets: bool) -> list[tuple[list[int], list | None]]:
+        """Per text: (ids, [(start, end), ...] or None) as Python lists."""
+        ids = flat.ids.tolist()
+        b = flat.bounds.tolist()
+        spans = zip(b, b[1:])
+        if not offsets:
+            return [(ids[x:y], None) for x, y in spans]
+        starts, ends = flat.starts.tolist(), flat.ends.tolist()
+        return [(ids[x:y], list(zip(starts[x:y], ends[x:y]))) for x, y in spans]
+
+    def _pieces_batch(self, texts: Sequence[str], offsets: bool) -> list[tuple[list[int], list | None]]:
+        was_enabled = gc.isenabled()
+        gc.disable()  # millions of small ints / tuples would trigger many useless cyclic-GC passes
+        try:
+            return self._materialize(self._encode_flat(texts), offsets)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    # ------------------------------------------------------------------ model inputs
+
+    def encode(self, text: str, pair: str | None = None, max_length: int | None = None,
+               truncation: bool | str | None = None) -> list[int]:
+        """Ids of [CLS] text [SEP] (pair [SEP]), truncated to max_length when given."""
+        return self(text, pair, max_length=max_length, truncation=truncation)["input_ids"]
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None,
+                 max_length: int | None = None, padding: bool | str = False, truncation: bool | str | None = None,
+                 pad_to_multiple_of: int | None = None, return_offsets: bool = False,
+                 return_tensors: str | None = None) -> dict:
+        """Model inputs for one text (or pair) or a batch: dict(input_ids, token_type_ids, attention_mask[,
+        offsets]). Semantics follow transformers' BertTokenizerFast:
+
+        truncation: None -> "longest_first" when max_length is given, else none; True = "longest_first"; or
+          "only_first" / "only_second". max_length counts the special tokens. A strategy that cannot reach
+          max_length (the sequence it may cut is too short) raises ValueError; a max_length below the number of
+          special tokens leaves the inputs untruncated, as BertTokenizerFast does.
+        padding: False; True / "longest" (to the longest in the batch); "max_length" (to max_length, default 512);
+          pad_to_multiple_of rounds the padded length up.
+        offsets: (start, end) character positions into the original text, (0, 0) for special and pad tokens.
+        return_tensors="pt" returns torch tensors (batch, seq) (offsets (batch, seq, 2)); needs equal lengths.
+        A single str returns flat lists (but tensors always have a batch dimension).
+        """
+        single = isinstance(texts, str)
+        if single:
+            if pairs is not None:
+                self._check_text(pairs, "pair")
+                # BertTokenizerFast treats an empty pair string in an unbatched call as no pair
+                pairs = [pairs] if pairs else None
+            texts = [texts]
+        else:
+            texts = self._check_batch(texts, "texts")
+            if pairs is not None:
+                pairs = self._check_batch(pairs, "pairs")
+                if len(pairs) != len(texts):
+                    raise ValueError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        first = self._pieces_batch(texts, return_offsets)
+        second = self._pieces_batch(pairs, return_offsets) if pairs is not None else None
+        return self._assemble(first, second, max_length=max_length, padding=padding, truncation=truncation,
+                              pad_to_multiple_of=pad_to_multiple_of, return_offsets=return_offsets,
+                              return_tensors=return_tensors, single=single)
+
+    def _assemble(self, first, second, max_length=None, padding=False, truncation=None, pad_to_multiple_of=None,
+                  return_offsets=False, return_tensors=None, single=False) -> dict:
+        """Truncate, add [CLS] / [SEP], token types, mask, pad: pieces -> model inputs."""
+        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
+                                       or max_length < 0):
+            raise ValueError(f"max_length must be a non-negative int, got {max_length!r}")
+        strategy = _truncation_strategy(truncation, max_length)
+        cls, sep = self.cls_token_id, self.sep_token_id
+        out_ids, out_types, out_offsets = [], [], []
+        for i, (a_ids, a_off) in enumerate(first):
+            b_ids, b_off = second[i] if second is not None else (None, None)
+            if strategy is not None:
+                na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy)
+                a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
+                if b_ids is not None:
+                    b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
+            if b_ids is None:
+                out_ids.append([cls, *a_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2))
+                if return_offsets:
+                    out_offsets.append([(0, 0), *a_off, (0, 0)])
+            else:
+                out_ids.append([cls, *a_ids, sep, *b_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1))
+                if return_offsets:
+                    out_offsets.append([(0, 0), *a_off, (0, 0), *b_off, (0, 0)])
+        out_mask = [[1] * len(x) for x in out_ids]
+        self._pad(out_ids, out_types, out_mask, out_offsets if return_offsets else None, padding, max_length,
+                  pad_to_multiple_of)
+        result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
+        if return_offsets:
+            result["offsets"] = out_offsets
+        if return_tensors is not None:
+            return _to_tensors(result, return_tensors)
+        if single:
+            result = {k: v[0] for k, v in result.items()}
+        return result
+
+    def _check_batch(self, texts, what: str) -> list[str]:
+        if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
+            raise TypeError(f"{what} must be a str or a list of str, got {type(texts).__name__}: "
+                            f"{_short_repr(texts)}")
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"{what}[{i}] must be str, got {type(t).__name__}: {_short_repr(t)}")
+        return texts
+
+    def _pad(self, ids, types, mask, offsets, padding, max_length, multiple) -> None:
+        if padding is False or padding is None or padding == "do_not_pad" or not ids:
+            return
+        if padding is True or padding == "longest":
+            target = max(len(x) for x in ids)
+        elif padding == "max_length":
+            target = max_length if max_length is not None else self.model_max_length
+        else:
+            raise ValueError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
+        if multiple is not None:
+            if not isinstance(multiple, int) or multiple <= 0:
+                raise ValueError(f"pad_to_multiple_of must be a positive int, got {multiple!r}")
+            target = -(-target // multiple) * multiple
+        pad = self.pad_token_id
+        for i in range(len(ids)):
+            n = target - len(ids[i])
+            if n > 0:
+                ids[i].extend([pad] * n)
+                types[i].extend([0] * n)
+                mask[i].extend([0] * n)
+                if offsets is not None:
+                    offsets[i].extend([(0, 0)] * n)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text of ids: pieces joined by spaces, "##" continuations glued to the piece before, no space before
+        . , ! ? (as BertTokenizerFast's WordPiece decoder does). Lowercasing / accent stripping is not undone."""
+        out = []
+        for i in _as_id_list(ids):
+            i = int(i)
+            if skip_special_tokens and i in self._special_ids:
+                continue
+            t = self._id_to_token(i)
+            if out and t.startswith("##"):
+                out.append(t[2:])
+            elif out:
+                out.append(t if t in (".", ",", "!", "?") else " " + t)
+            else:
+                out.append(t)
+        return "".join(out)
+
+    def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                              processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:
+        """Like `self(texts, pairs, **kwargs)` for a large batch, with the texts split into chunks encoded by
+        `processes` worker processes (default: all cores). Results are identical to the serial call."""
+        texts = self._check_batch(texts, "texts")
+        if pairs is not None:
+            pairs = self._check_batch(pairs, "pairs")
+        processes = processes or os.cpu_count() or 1
+        if processes <= 1 or len(texts) <= chunk_size:
+            return self(texts, pairs, **kwargs)
+        import multiprocessing as mp
+        offsets = bool(kwargs.get("return_offsets"))
+        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
+        if pairs is not None:
+            chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        with mp.get_context(method).Pool(processes, initializer=_worker_init, initargs=(self,)) as pool:
+            flats = pool.map(_worker_encode, chunks, chunksize=1)
+        pieces = []
+        for f in flats:
+            pieces.extend(self._materialize(f, offsets))
+        first = pieces[:len(texts)]
+        second = pieces[len(texts):] if pairs is not None else None
+        return self._assemble(first, second, **kwargs)
 
     # ------------------------------------------------------------------ ids <-> tokens
 
@@ -440,7 +845,163 @@ class Tokenizer:
         return self.ids_to_tokens[i]
 
 
+def _short_repr(x, limit: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+def _truncation_strategy(truncation, max_length) -> str | None:
+    """None (no truncation) or one of TRUNCATION_STRATEGIES, from the user's `truncation` argument."""
+    if truncation is None:
+        return "longest_first" if max_length is not None else None
+    if truncation is False or truncation == "do_not_truncate":
+        return None
+    if max_length is None:
+        return None  # nothing to truncate to (BertTokenizerFast would use the model's max length)
+    if truncation is True:
+        return "longest_first"
+    if truncation in TRUNCATION_STRATEGIES:
+        return truncation
+    raise ValueError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
+
+
+def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str) -> tuple[int, int]:
+    """Lengths (first, second) after truncating so that, with [CLS]/[SEP], the input fits max_length.
+
+    longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
+    to the same length and one token is left over it goes to the longer (to the second on a tie).
+    """
+    budget = max_length - (2 if nb is None else 3)
+    nb0 = nb or 0
+    if budget < 0:
+        return na, nb0  # BertTokenizerFast leaves the inputs untruncated when max_length < the special tokens
+    if budget == 0:
+        return 0, 0
+    excess = na + nb0 - budget
+    if excess <= 0:
+        return na, nb0
+    if strategy == "longest_first":
+        if nb is None:
+            return budget, 0
+        short, long_ = min(na, nb), max(na, nb)
+        half = budget // 2
+        if short > half:
+            short, long_ = half, budget - half
+        else:
+            long_ = budget - short
+        return (long_, short) if na > nb else (short, long_)
+    if strategy == "only_first":
+        if na <= excess:
+            raise ValueError(f"truncation='only_first' cannot fit max_length={max_length}: the first sequence "
+                             f"has {na} tokens but {excess} must go")
+        return na - excess, nb0
+    # only_second
+    if nb is None:
+        raise ValueError("truncation='only_second' needs a pair, but no second sequence was given")
+    if nb <= excess:
+        raise ValueError(f"truncation='only_second' cannot fit max_length={max_length}: the second sequence "
+                         f"has {nb} tokens but {excess} must go")
+    return na, nb - excess
+
+
+def _to_tensors(result: dict, kind: str) -> dict:
+    if kind not in ("pt", "np"):
+        raise ValueError(f"return_tensors must be 'pt' or 'np', got {kind!r}")
+    lengths = {len(x) for x in result["input_ids"]}
+    if len(lengths) > 1:
+        raise ValueError("cannot make tensors from sequences of different lengths "
+                         f"({min(lengths)}..{max(lengths)}): pass padding=True or padding='max_length'")
+    out = {}
+    for k, v in result.items():
+        arr = np.asarray(v, dtype=np.int64)
+        if k == "offsets":
+            arr = arr.reshape(len(v), -1, 2)
+        out[k] = arr
+    if kind == "pt":
+        import torch
+        out = {k: torch.from_numpy(v) for k, v in out.items()}
+    return out
+
+
+_WORKER_TOKENIZER: "Tokenizer | None" = None
+
+
+def _worker_init(tok: "Tokenizer") -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tok
+
+
+def _worker_encode(texts: list[str]) -> _Flat:
+    gc.disable()
+    return _WORKER_TOKENIZER._encode_flat(texts)
+
+
 def _as_id_list(ids) -> list[int]:
     if hasattr(ids, "tolist"):  # torch / numpy
         ids = ids.tolist()
     return list(ids)
+
+
+# Code points assigned as of Unicode 8.0 (DerivedAge "Present_In=8.0"), as hex ranges: the Rust tokenizer classifies
+# characters with Unicode 8.0 tables, so a character assigned later is, to it, unassigned (kept, never punctuation,
+# never a mark, never removed). Generated with perl (whose Unicode database carries the Age property):
+#   perl -e 'for $cp (0..0x10FFFF) { ... chr($cp) =~ /\p{In=8.0}/ ... }'   (ranges of matching code points)
+_ASSIGNED_IN_UNICODE_8 = (
+    "0-377 37A-37F 384-38A 38C 38E-3A1 3A3-52F 531-556 559-55F 561-587 589-58A 58D-58F 591-5C7 5D0-5EA 5F0-5F4 "
+    "600-61C 61E-70D 70F-74A 74D-7B1 7C0-7FA 800-82D 830-83E 840-85B 85E 8A0-8B4 8E3-983 985-98C 98F-990 993-9A8 "
+    "9AA-9B0 9B2 9B6-9B9 9BC-9C4 9C7-9C8 9CB-9CE 9D7 9DC-9DD 9DF-9E3 9E6-9FB A01-A03 A05-A0A A0F-A10 A13-A28 A2A-A30 "
+    "A32-A33 A35-A36 A38-A39 A3C A3E-A42 A47-A48 A4B-A4D A51 A59-A5C A5E A66-A75 A81-A83 A85-A8D A8F-A91 A93-AA8 "
+    "AAA-AB0 AB2-AB3 AB5-AB9 ABC-AC5 AC7-AC9 ACB-ACD AD0 AE0-AE3 AE6-AF1 AF9 B01-B03 B05-B0C B0F-B10 B13-B28 B2A-B30 "
+    "B32-B33 B35-B39 B3C-B44 B47-B48 B4B-B4D B56-B57 B5C-B5D B5F-B63 B66-B77 B82-B83 B85-B8A B8E-B90 B92-B95 B99-B9A "
+    "B9C B9E-B9F BA3-BA4 BA8-BAA BAE-BB9 BBE-BC2 BC6-BC8 BCA-BCD BD0 BD7 BE6-BFA C00-C03 C05-C0C C0E-C10 C12-C28 "
+    "C2A-C39 C3D-C44 C46-C48 C4A-C4D C55-C56 C58-C5A C60-C63 C66-C6F C78-C7F C81-C83 C85-C8C C8E-C90 C92-CA8 CAA-CB3 "
+    "CB5-CB9 CBC-CC4 CC6-CC8 CCA-CCD CD5-CD6 CDE CE0-CE3 CE6-CEF CF1-CF2 D01-D03 D05-D0C D0E-D10 D12-D3A D3D-D44 "
+    "D46-D48 D4A-D4E D57 D5F-D63 D66-D75 D79-D7F D82-D83 D85-D96 D9A-DB1 DB3-DBB DBD DC0-DC6 DCA DCF-DD4 DD6 DD8-DDF "
+    "DE6-DEF DF2-DF4 E01-E3A E3F-E5B E81-E82 E84 E87-E88 E8A E8D E94-E97 E99-E9F EA1-EA3 EA5 EA7 EAA-EAB EAD-EB9 "
+    "EBB-EBD EC0-EC4 EC6 EC8-ECD ED0-ED9 EDC-EDF F00-F47 F49-F6C F71-F97 F99-FBC FBE-FCC FCE-FDA 1000-10C5 10C7 10CD "
+    "10D0-1248 124A-124D 1250-1256 1258 125A-125D 1260-1288 128A-128D 1290-12B0 12B2-12B5 12B8-12BE 12C0 12C2-12C5 "
+    "12C8-12D6 12D8-1310 1312-1315 1318-135A 135D-137C 1380-1399 13A0-13F5 13F8-13FD 1400-169C 16A0-16F8 1700-170C "
+    "170E-1714 1720-1736 1740-1753 1760-176C 176E-1770 1772-1773 1780-17DD 17E0-17E9 17F0-17F9 1800-180E 1810-1819 "
+    "1820-1877 1880-18AA 18B0-18F5 1900-191E 1920-192B 1930-193B 1940 1944-196D 1970-1974 1980-19AB 19B0-19C9 "
+    "19D0-19DA 19DE-1A1B 1A1E-1A5E 1A60-1A7C 1A7F-1A89 1A90-1A99 1AA0-1AAD 1AB0-1ABE 1B00-1B4B 1B50-1B7C 1B80-1BF3 "
+    "1BFC-1C37 1C3B-1C49 1C4D-1C7F 1CC0-1CC7 1CD0-1CF6 1CF8-1CF9 1D00-1DF5 1DFC-1F15 1F18-1F1D 1F20-1F45 1F48-1F4D "
+    "1F50-1F57 1F59 1F5B 1F5D 1F5F-1F7D 1F80-1FB4 1FB6-1FC4 1FC6-1FD3 1FD6-1FDB 1FDD-1FEF 1FF2-1FF4 1FF6-1FFE "
+    "2000-2064 2066-2071 2074-208E 2090-209C 20A0-20BE 20D0-20F0 2100-218B 2190-23FA 2400-2426 2440-244A 2460-2B73 "
+    "2B76-2B95 2B98-2BB9 2BBD-2BC8 2BCA-2BD1 2BEC-2BEF 2C00-2C2E 2C30-2C5E 2C60-2CF3 2CF9-2D25 2D27 2D2D 2D30-2D67 "
+    "2D6F-2D70 2D7F-2D96 2DA0-2DA6 2DA8-2DAE 2DB0-2DB6 2DB8-2DBE 2DC0-2DC6 2DC8-2DCE 2DD0-2DD6 2DD8-2DDE 2DE0-2E42 "
+    "2E80-2E99 2E9B-2EF3 2F00-2FD5 2FF0-2FFB 3000-303F 3041-3096 3099-30FF 3105-312D 3131-318E 3190-31BA 31C0-31E3 "
+    "31F0-321E 3220-32FE 3300-4DB5 4DC0-9FD5 A000-A48C A490-A4C6 A4D0-A62B A640-A6F7 A700-A7AD A7B0-A7B7 A7F7-A82B "
+    "A830-A839 A840-A877 A880-A8C4 A8CE-A8D9 A8E0-A8FD A900-A953 A95F-A97C A980-A9CD A9CF-A9D9 A9DE-A9FE AA00-AA36 "
+    "AA40-AA4D AA50-AA59 AA5C-AAC2 AADB-AAF6 AB01-AB06 AB09-AB0E AB11-AB16 AB20-AB26 AB28-AB2E AB30-AB65 AB70-ABED "
+    "ABF0-ABF9 AC00-D7A3 D7B0-D7C6 D7CB-D7FB E000-FA6D FA70-FAD9 FB00-FB06 FB13-FB17 FB1D-FB36 FB38-FB3C FB3E "
+    "FB40-FB41 FB43-FB44 FB46-FBC1 FBD3-FD3F FD50-FD8F FD92-FDC7 FDD0-FDFD FE00-FE19 FE20-FE52 FE54-FE66 FE68-FE6B "
+    "FE70-FE74 FE76-FEFC FEFF FF01-FFBE FFC2-FFC7 FFCA-FFCF FFD2-FFD7 FFDA-FFDC FFE0-FFE6 FFE8-FFEE FFF9-1000B "
+    "1000D-10026 10028-1003A 1003C-1003D 1003F-1004D 10050-1005D 10080-100FA 10100-10102 10107-10133 10137-1018C "
+    "10190-1019B 101A0 101D0-101FD 10280-1029C 102A0-102D0 102E0-102FB 10300-10323 10330-1034A 10350-1037A "
+    "10380-1039D 1039F-103C3 103C8-103D5 10400-1049D 104A0-104A9 10500-10527 10530-10563 1056F 10600-10736 "
+    "10740-10755 10760-10767 10800-10805 10808 1080A-10835 10837-10838 1083C 1083F-10855 10857-1089E 108A7-108AF "
+    "108E0-108F2 108F4-108F5 108FB-1091B 1091F-10939 1093F 10980-109B7 109BC-109CF 109D2-10A03 10A05-10A06 "
+    "10A0C-10A13 10A15-10A17 10A19-10A33 10A38-10A3A 10A3F-10A47 10A50-10A58 10A60-10A9F 10AC0-10AE6 10AEB-10AF6 "
+    "10B00-10B35 10B39-10B55 10B58-10B72 10B78-10B91 10B99-10B9C 10BA9-10BAF 10C00-10C48 10C80-10CB2 10CC0-10CF2 "
+    "10CFA-10CFF 10E60-10E7E 11000-1104D 11052-1106F 1107F-110C1 110D0-110E8 110F0-110F9 11100-11134 11136-11143 "
+    "11150-11176 11180-111CD 111D0-111DF 111E1-111F4 11200-11211 11213-1123D 11280-11286 11288 1128A-1128D "
+    "1128F-1129D 1129F-112A9 112B0-112EA 112F0-112F9 11300-11303 11305-1130C 1130F-11310 11313-11328 1132A-11330 "
+    "11332-11333 11335-11339 1133C-11344 11347-11348 1134B-1134D 11350 11357 1135D-11363 11366-1136C 11370-11374 "
+    "11480-114C7 114D0-114D9 11580-115B5 115B8-115DD 11600-11644 11650-11659 11680-116B7 116C0-116C9 11700-11719 "
+    "1171D-1172B 11730-1173F 118A0-118F2 118FF 11AC0-11AF8 12000-12399 12400-1246E 12470-12474 12480-12543 "
+    "13000-1342E 14400-14646 16800-16A38 16A40-16A5E 16A60-16A69 16A6E-16A6F 16AD0-16AED 16AF0-16AF5 16B00-16B45 "
+    "16B50-16B59 16B5B-16B61 16B63-16B77 16B7D-16B8F 16F00-16F44 16F50-16F7E 16F8F-16F9F 1B000-1B001 1BC00-1BC6A "
+    "1BC70-1BC7C 1BC80-1BC88 1BC90-1BC99 1BC9C-1BCA3 1D000-1D0F5 1D100-1D126 1D129-1D1E8 1D200-1D245 1D300-1D356 "
+    "1D360-1D371 1D400-1D454 1D456-1D49C 1D49E-1D49F 1D4A2 1D4A5-1D4A6 1D4A9-1D4AC 1D4AE-1D4B9 1D4BB 1D4BD-1D4C3 "
+    "1D4C5-1D505 1D507-1D50A 1D50D-1D514 1D516-1D51C 1D51E-1D539 1D53B-1D53E 1D540-1D544 1D546 1D54A-1D550 "
+    "1D552-1D6A5 1D6A8-1D7CB 1D7CE-1DA8B 1DA9B-1DA9F 1DAA1-1DAAF 1E800-1E8C4 1E8C7-1E8D6 1EE00-1EE03 1EE05-1EE1F "
+    "1EE21-1EE22 1EE24 1EE27 1EE29-1EE32 1EE34-1EE37 1EE39 1EE3B 1EE42 1EE47 1EE49 1EE4B 1EE4D-1EE4F 1EE51-1EE52 "
+    "1EE54 1EE57 1EE59 1EE5B 1EE5D 1EE5F 1EE61-1EE62 1EE64 1EE67-1EE6A 1EE6C-1EE72 1EE74-1EE77 1EE79-1EE7C 1EE7E "
+    "1EE80-1EE89 1EE8B-1EE9B 1EEA1-1EEA3 1EEA5-1EEA9 1EEAB-1EEBB 1EEF0-1EEF1 1F000-1F02B 1F030-1F093 1F0A0-1F0AE "
+    "1F0B1-1F0BF 1F0C1-1F0CF 1F0D1-1F0F5 1F100-1F10C 1F110-1F12E 1F130-1F16B 1F170-1F19A 1F1E6-1F202 1F210-1F23A "
+    "1F240-1F248 1F250-1F251 1F300-1F579 1F57B-1F5A3 1F5A5-1F6D0 1F6E0-1F6EC 1F6F0-1F6F3 1F700-1F773 1F780-1F7D4 "
+    "1F800-1F80B 1F810-1F847 1F850-1F859 1F860-1F887 1F890-1F8AD 1F910-1F918 1F980-1F984 1F9C0 1FFFE-2A6D6 "
+    "2A700-2B734 2B740-2B81D 2B820-2CEA1 2F800-2FA1D 2FFFE-2FFFF 3FFFE-3FFFF 4FFFE-4FFFF 5FFFE-5FFFF 6FFFE-6FFFF "
+    "7FFFE-7FFFF 8FFFE-8FFFF 9FFFE-9FFFF AFFFE-AFFFF BFFFE-BFFFF CFFFE-CFFFF DFFFE-DFFFF E0001 E0020-E007F "
+    "E0100-E01EF EFFFE-10FFFF "
+)
