@@ -60,7 +60,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bertkit.errors import VocabError
+from bertkit.errors import BertkitError, VocabError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # BERT's limit: a longer (normalised) word is one [UNK]; it also bounds the WordPiece loop.
@@ -707,7 +707,7 @@ class Tokenizer:
             if pairs is not None:
                 pairs = self._check_batch(pairs, "pairs")
                 if len(pairs) != len(texts):
-                    raise ValueError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+                    raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
         first = self._pieces_batch(texts, return_offsets)
         second = self._pieces_batch(pairs, return_offsets) if pairs is not None else None
         return self._assemble(first, second, max_length=max_length, padding=padding, truncation=truncation,
@@ -719,7 +719,7 @@ class Tokenizer:
         """Truncate, add [CLS] / [SEP], token types, mask, pad: pieces -> model inputs."""
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 0):
-            raise ValueError(f"max_length must be a non-negative int, got {max_length!r}")
+            raise BertkitError(f"max_length must be a non-negative int, got {max_length!r}")
         strategy = _truncation_strategy(truncation, max_length)
         cls, sep = self.cls_token_id, self.sep_token_id
         out_ids, out_types, out_offsets = [], [], []
@@ -770,10 +770,10 @@ class Tokenizer:
         elif padding == "max_length":
             target = max_length if max_length is not None else self.model_max_length
         else:
-            raise ValueError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
+            raise BertkitError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
         if multiple is not None:
             if not isinstance(multiple, int) or multiple <= 0:
-                raise ValueError(f"pad_to_multiple_of must be a positive int, got {multiple!r}")
+                raise BertkitError(f"pad_to_multiple_of must be a positive int, got {multiple!r}")
             target = -(-target // multiple) * multiple
         pad = self.pad_token_id
         for i in range(len(ids)):
@@ -862,7 +862,7 @@ def _truncation_strategy(truncation, max_length) -> str | None:
         return "longest_first"
     if truncation in TRUNCATION_STRATEGIES:
         return truncation
-    raise ValueError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
+    raise BertkitError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
 
 
 def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str) -> tuple[int, int]:
@@ -892,24 +892,24 @@ def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str) 
         return (long_, short) if na > nb else (short, long_)
     if strategy == "only_first":
         if na <= excess:
-            raise ValueError(f"truncation='only_first' cannot fit max_length={max_length}: the first sequence "
+            raise BertkitError(f"truncation='only_first' cannot fit max_length={max_length}: the first sequence "
                              f"has {na} tokens but {excess} must go")
         return na - excess, nb0
     # only_second
     if nb is None:
-        raise ValueError("truncation='only_second' needs a pair, but no second sequence was given")
+        raise BertkitError("truncation='only_second' needs a pair, but no second sequence was given")
     if nb <= excess:
-        raise ValueError(f"truncation='only_second' cannot fit max_length={max_length}: the second sequence "
+        raise BertkitError(f"truncation='only_second' cannot fit max_length={max_length}: the second sequence "
                          f"has {nb} tokens but {excess} must go")
     return na, nb - excess
 
 
 def _to_tensors(result: dict, kind: str) -> dict:
     if kind not in ("pt", "np"):
-        raise ValueError(f"return_tensors must be 'pt' or 'np', got {kind!r}")
+        raise BertkitError(f"return_tensors must be 'pt' or 'np', got {kind!r}")
     lengths = {len(x) for x in result["input_ids"]}
     if len(lengths) > 1:
-        raise ValueError("cannot make tensors from sequences of different lengths "
+        raise BertkitError("cannot make tensors from sequences of different lengths "
                          f"({min(lengths)}..{max(lengths)}): pass padding=True or padding='max_length'")
     out = {}
     for k, v in result.items():

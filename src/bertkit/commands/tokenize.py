@@ -1,0 +1,106 @@
+"""`bertkit tokenize`: text (arguments, a file, or stdin) -> JSON lines of tokens / ids / offsets.
+
+    bertkit tokenize --model runs/demo/model "Hello world" "Second text"
+    bertkit tokenize --vocab vocab.txt --file corpus.txt --processes 2 > tokens.jsonl
+    bertkit tokenize --vocab vocab.txt "Who wrote it?" --pair "It was written by me." --max-length 16
+
+One JSON object per input text: {"tokens": [...], "ids": [...], "token_type_ids": [...], "offsets": [[s, e], ...]}
+with [CLS]/[SEP] included (offsets (0, 0) for them). Files are read as UTF-8 with invalid bytes replaced (see
+bertkit.tokenizer). Thin over `bertkit.Tokenizer`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import islice
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tokenize", help="tokenize text with a WordPiece vocab; JSON lines out")
+    p.add_argument("text", nargs="*", help="texts to tokenize (or use --file)")
+    p.add_argument("--file", help="tokenize each line of this file ('-' = stdin)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--vocab", help="vocab.txt")
+    src.add_argument("--model", help="model directory (vocab.txt + tokenizer_config.json)")
+    case = p.add_mutually_exclusive_group()
+    case.add_argument("--cased", action="store_true", help="keep case and accents (default: the vocab's setting, "
+                                                           "uncased for a bare vocab.txt)")
+    case.add_argument("--uncased", action="store_true", help="lowercase and strip accents")
+    p.add_argument("--pair", help="second sequence for a single text argument")
+    p.add_argument("--pair-file", help="second sequences, one per line, aligned with --file")
+    p.add_argument("--max-length", type=int, help="truncate to this many tokens (with [CLS]/[SEP])")
+    p.add_argument("--truncation", default=None, choices=["longest_first", "only_first", "only_second"],
+                   help="truncation strategy (default longest_first when --max-length is given)")
+    p.add_argument("--processes", type=int, default=1, help="worker processes for --file (parallel encoder)")
+    p.add_argument("--batch-lines", type=int, default=20000, help="lines per batch when reading --file")
+    p.set_defaults(func=run)
+
+
+def _lines(path: str):
+    """Lines of a file (or stdin) without their newline, decoded as UTF-8 with invalid bytes replaced."""
+    from bertkit.errors import DataError
+    if path == "-":
+        stream = open(sys.stdin.fileno(), "r", encoding="utf-8", errors="replace", closefd=False)
+    else:
+        try:
+            stream = open(path, "r", encoding="utf-8", errors="replace", newline="")
+        except FileNotFoundError:
+            raise DataError(f"{path}: file not found") from None
+        except IsADirectoryError:
+            raise DataError(f"{path}: is a directory, expected a text file") from None
+        except OSError as e:
+            raise DataError(f"{path}: cannot read: {e.strerror}") from None
+    with stream:
+        for line in stream:
+            yield line.rstrip("\r\n")
+
+
+def run(args) -> int:
+    from bertkit.errors import BertkitError
+    from bertkit.tokenizer import Tokenizer
+    if not args.vocab and not args.model:
+        raise BertkitError("give --vocab VOCAB.txt or --model MODEL_DIR")
+    if args.file and args.text:
+        raise BertkitError("give texts as arguments or --file, not both")
+    if not args.file and not args.text:
+        raise BertkitError("nothing to tokenize: give texts as arguments or --file PATH ('-' = stdin)")
+    if args.pair is not None and (args.file or len(args.text) != 1):
+        raise BertkitError("--pair goes with exactly one text argument (use --pair-file with --file)")
+    if args.pair_file and not args.file:
+        raise BertkitError("--pair-file goes with --file")
+    if args.max_length is not None and args.max_length < 0:
+        raise BertkitError(f"--max-length must be >= 0, got {args.max_length}")
+    if args.processes < 1 or args.batch_lines < 1:
+        raise BertkitError("--processes and --batch-lines must be >= 1")
+    overrides = {"lowercase": False} if args.cased else {"lowercase": True} if args.uncased else {}
+    tok = Tokenizer.from_pretrained(args.model or args.vocab, **overrides)
+    opts = dict(max_length=args.max_length, truncation=args.truncation, return_offsets=True)
+
+    if args.file:
+        texts = _lines(args.file)
+        pairs = _lines(args.pair_file) if args.pair_file else None
+        while True:
+            batch = list(islice(texts, args.batch_lines))
+            pair_batch = list(islice(pairs, len(batch))) if pairs is not None else None
+            if pair_batch is not None and len(pair_batch) != len(batch):
+                raise BertkitError(f"{args.pair_file} has fewer lines than {args.file}")
+            if not batch:
+                break
+            if args.processes > 1:
+                enc = tok.encode_batch_parallel(batch, pair_batch, processes=args.processes, **opts)
+            else:
+                enc = tok(batch, pair_batch, **opts)
+            _write(tok, enc)
+    else:
+        pairs = [args.pair] if args.pair is not None else None
+        _write(tok, tok(args.text, pairs, **opts))
+    return 0
+
+
+def _write(tok, enc: dict) -> None:
+    out = []
+    for ids, types, offsets in zip(enc["input_ids"], enc["token_type_ids"], enc["offsets"]):
+        out.append(json.dumps({"tokens": tok.convert_ids_to_tokens(ids), "ids": ids, "token_type_ids": types,
+                               "offsets": [list(o) for o in offsets]}, ensure_ascii=False))
+    sys.stdout.write("\n".join(out) + "\n")
