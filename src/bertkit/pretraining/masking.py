@@ -238,39 +238,41 @@ def _choose_words(tokens, cand, budget, keys, tables):
 def _choose_ngrams(tokens, cand, budget, keys, tables, max_ngram):
     b, s = tokens.shape
     word, wlen, n_words = _words(tokens, cand, tables)
-    wkeys = _uniform(keys, _S_ORDER, s)
-    span_u = _uniform(keys, _S_NGRAM, s)
+    order = np.argsort(_uniform(keys, _S_ORDER, s), axis=1, kind="stable").tolist()   # word visiting order
+    span_u = _uniform(keys, _S_NGRAM, s).tolist()
     p = 1.0 / np.arange(1, max_ngram + 1)
+    cdfs = [(np.cumsum(p[:k]) / p[:k].sum()).tolist() for k in range(1, max_ngram + 1)]  # P(n <= j) given reach k
     chosen = np.zeros((b, s), dtype=bool)
     for r in range(b):
-        nw = int(n_words[r])
-        if nw == 0 or budget[r] == 0:
+        nw, left = int(n_words[r]), int(budget[r])
+        if nw == 0 or left == 0:
             continue
         pos = np.flatnonzero(cand[r])
-        starts = pos[np.r_[True, word[r, pos[1:]] != word[r, pos[:-1]]]]            # first position of each word
-        lens = wlen[r, :nw]
-        ends = starts + lens                                                        # exclusive
-        # how many words a span starting at word i may cover without jumping over a special token
-        contiguous = np.r_[ends[:-1] == starts[1:], False]
-        taken = np.zeros(nw, dtype=bool)
-        left = int(budget[r])
-        for i in np.argsort(wkeys[r, :nw], kind="stable"):
+        starts = pos[np.r_[True, word[r, pos[1:]] != word[r, pos[:-1]]]]             # first position of each word
+        lens = wlen[r, :nw].tolist()
+        ends = (starts + wlen[r, :nw]).tolist()                                       # exclusive
+        starts = starts.tolist()
+        taken = [False] * nw
+        u_row = span_u[r]
+        for i in order[r]:
             if left == 0:
                 break
-            if taken[i]:
+            if i >= nw or taken[i]:
                 continue
-            reach = 1
-            while reach < max_ngram and i + reach < nw and contiguous[i + reach - 1]:
+            reach = 1                      # words a span from i may cover without jumping over a special token
+            while reach < max_ngram and i + reach < nw and ends[i + reach - 1] == starts[i + reach]:
                 reach += 1
-            cdf = np.cumsum(p[:reach]) / p[:reach].sum()
-            n = int(np.searchsorted(cdf, span_u[r, i], side="right")) + 1
-            n = min(n, reach)
-            while n > 0 and int(lens[i:i + n].sum()) > left:                       # shorten to fit the budget
+            u, cdf, n = u_row[i], cdfs[reach - 1], 1
+            while n < reach and u >= cdf[n - 1]:
+                n += 1
+            size = sum(lens[i:i + n])
+            while n > 0 and size > left:                                              # shorten to fit the budget
                 n -= 1
-            if n == 0 or taken[i:i + n].any():
+                size -= lens[i + n]
+            if n == 0 or any(taken[i:i + n]):
                 continue
-            taken[i:i + n] = True
-            left -= int(lens[i:i + n].sum())
             for j in range(i, i + n):
+                taken[j] = True
                 chosen[r, starts[j]:ends[j]] = True
+            left -= size
     return chosen

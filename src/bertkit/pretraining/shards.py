@@ -297,6 +297,8 @@ class ShardReader:
     def gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Rows of global example `indices`: tokens (B, S) int64, meta (B, 3), static mask pos / ids or None."""
         indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_examples):
+            raise IndexError(f"example index out of range [0, {self.num_examples})")
         shard_of = np.searchsorted(self._starts, indices, side="right") - 1
         b = len(indices)
         tokens = np.empty((b, self.seq_len), dtype=np.int64)

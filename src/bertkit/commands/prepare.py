@@ -1,0 +1,54 @@
+"""`bertkit prepare`: raw text -> masked sentence-pair shards for pre-training (thin over `bertkit.pretraining`).
+
+    bertkit prepare --corpus 'wiki/*.txt.gz' books.txt --vocab bert-base-uncased/ --out shards/ \\
+        --seq-len 128 --task nsp --masking wwm [--dynamic] [--dupe-factor 5] [--workers 2] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("prepare", help="build pre-training shards (MLM + NSP/SOP examples) from raw text",
+                              description="Stream raw text into masked pre-training examples in numpy shards "
+                                          "(manifest.json + .npy), read later by bertkit pretrain.")
+    p.add_argument("--corpus", nargs="+", required=True, metavar="GLOB",
+                   help="text files, directories or glob patterns (.gz ok); blank line between documents")
+    p.add_argument("--vocab", required=True, help="vocab.txt or a model directory holding one")
+    p.add_argument("--out", required=True, help="output shard directory")
+    p.add_argument("--seq-len", type=int, default=128, help="max_seq_length: tokens per example (default 128)")
+    p.add_argument("--task", choices=("nsp", "sop", "none"), default="nsp",
+                   help="nsp: next sentence (BERT), sop: sentence order (ALBERT), none: packed text, MLM only")
+    p.add_argument("--masking", choices=("token", "wwm", "ngram"), default="token",
+                   help="token: single pieces; wwm: whole words; ngram: 1-3 word spans (ALBERT)")
+    p.add_argument("--dynamic", action="store_true", help="draw masks at batch time, fresh every epoch (RoBERTa)")
+    p.add_argument("--dupe-factor", type=int, default=1, help="static masking: copies with different masks")
+    p.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens to predict (default 0.15)")
+    p.add_argument("--max-predictions", type=int, default=None,
+                   help="cap on predictions per example (default ceil(mask_prob * seq_len) + 1)")
+    p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of shorter targets (default 0.1)")
+    p.add_argument("--format", dest="corpus_format", choices=("auto", "lines", "prose"), default="auto",
+                   help="lines: a sentence per line (Google's format); prose: paragraphs, split into sentences")
+    p.add_argument("--workers", type=int, default=1, help="processes (each writes its own shards)")
+    p.add_argument("--examples-per-shard", type=int, default=65536)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertkit.pretraining import prepare
+
+    summary = prepare(args.corpus, args.vocab, args.out, seq_len=args.seq_len, task=args.task,
+                      masking=args.masking, dynamic=args.dynamic, mask_prob=args.mask_prob,
+                      max_predictions=args.max_predictions, dupe_factor=args.dupe_factor,
+                      short_seq_prob=args.short_seq_prob, workers=args.workers, seed=args.seed,
+                      corpus_format=args.corpus_format, examples_per_shard=args.examples_per_shard,
+                      overwrite=args.overwrite, progress=not args.no_progress and sys.stderr.isatty())
+    print(json.dumps(summary.as_dict()) if args.json else summary.format())
+    return 0

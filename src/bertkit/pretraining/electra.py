@@ -1,0 +1,122 @@
+"""ELECTRA replaced-token detection (Clark et al. 2020) as a pre-training objective.
+
+    generator      a small BERT masked LM: predicts the masked tokens of the batch (its MLM loss is trained too)
+    corrupt        each masked position gets a token *sampled* from the generator's softmax (no gradient through
+                   the sampling); every other position keeps the original token
+    discriminator  a full-size BERT encoder + head (dense -> act -> dense to 1 logit per token): for every real
+                   token, was it replaced? Sigmoid cross-entropy over all non-padding tokens.
+    loss           generator MLM loss + 50 x discriminator loss (the paper's lambda = 50)
+
+A sampled token that happens to equal the original counts as "original" (label 0), as in the paper. The
+generator and the discriminator share the embedding module (token, position and segment embeddings); the paper
+shares token and position embeddings. Because our encoder has no embedding-to-hidden projection, sharing needs
+equal widths, so the generator is made smaller in *depth* (default a third of the layers, at least 1) and in
+feed-forward width (half), rather than in hidden size as in the paper (1/4 to 1/2 of the discriminator's width
+works best there). After pre-training the discriminator is the model to fine-tune: `save_pretrained(dir)` writes
+it as an HF-format BertModel directory that every bertkit / transformers BERT head loads.
+
+The shard batches are used as they are: masked positions (labels != -100) are where the generator predicts and the
+discriminator input is corrupted; `next_sentence_label`, if present, is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertkit.config import BertConfig
+from bertkit.heads import BertForMaskedLM
+from bertkit.model import BertModel, activation
+
+__all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ElectraOutput:
+    loss: Tensor
+    mlm_loss: Tensor                  # generator MLM loss
+    rtd_loss: Tensor                  # discriminator replaced-token-detection loss (unweighted)
+    prediction_logits: Tensor         # generator logits at the masked positions, (n_masked, vocab)
+    rtd_logits: Tensor                # (batch, seq)
+    rtd_correct: Tensor               # () correct replaced/original decisions over non-padding tokens
+    rtd_count: Tensor                 # () non-padding tokens
+    replaced_share: Tensor            # () share of non-padding tokens that were actually replaced
+
+
+def generator_config(config: BertConfig, layers: int | None = None, intermediate_size: int | None = None) -> BertConfig:
+    """The generator's config: same width (embeddings are shared), a third of the layers, half the FFN width."""
+    return config.replace(num_hidden_layers=layers or max(1, config.num_hidden_layers // 3),
+                          intermediate_size=intermediate_size or max(1, config.intermediate_size // 2))
+
+
+class ElectraDiscriminatorHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dense_prediction(self.act(self.dense(x))).squeeze(-1)       # (batch, seq, hidden) -> (batch, seq)
+
+
+class ElectraForPreTraining(nn.Module):
+    def __init__(self, config: BertConfig, rtd_weight: float = 50.0, generator: BertConfig | None = None):
+        super().__init__()
+        self.config = config
+        self.rtd_weight = rtd_weight          # the paper's lambda: the binary loss is ~50x smaller than the MLM loss
+        self.discriminator = BertModel(config, add_pooling_layer=False)
+        self.discriminator_predictions = ElectraDiscriminatorHead(config)
+        gcfg = generator or generator_config(config)
+        if gcfg.hidden_size != config.hidden_size or gcfg.vocab_size != config.vocab_size:
+            raise ValueError("the generator must have the discriminator's hidden_size and vocab_size (shared "
+                             "embeddings)")
+        self.generator = BertForMaskedLM(gcfg)
+        # share the embedding module; the generator's tied MLM decoder follows the shared word embeddings
+        self.generator.bert.embeddings = self.discriminator.embeddings
+        self.generator.cls.predictions.__dict__["_word_embeddings"] = self.discriminator.embeddings.word_embeddings
+        self.discriminator.init_weights(self.discriminator_predictions)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, next_sentence_label: Tensor | None = None) -> ElectraOutput:
+        if labels is None:
+            raise ValueError("ELECTRA pre-training needs `labels` (the masked positions)")
+        gen = self.generator(input_ids, token_type_ids, attention_mask, labels=labels)
+        masked = labels != IGNORE_INDEX                                          # (batch, seq)
+        original = torch.where(masked, labels, input_ids)
+        with torch.no_grad():
+            probs = torch.softmax(gen.logits.detach().float(), dim=-1)         # (n_masked, vocab)
+            sampled = torch.multinomial(probs, 1).squeeze(1) if probs.numel() else original[masked]
+            corrupt = original.clone()
+            corrupt[masked] = sampled                                            # row-major, as the logits
+            replaced = (corrupt != original).float()                             # (batch, seq)
+        hidden = self.discriminator(corrupt, token_type_ids, attention_mask).last_hidden_state
+        rtd_logits = self.discriminator_predictions(hidden)                      # (batch, seq)
+        active = attention_mask.bool() if attention_mask is not None else torch.ones_like(masked)
+        logits_a, target_a = rtd_logits[active].float(), replaced[active]
+        rtd_loss = F.binary_cross_entropy_with_logits(logits_a, target_a)
+        loss = gen.loss + self.rtd_weight * rtd_loss
+        with torch.no_grad():
+            correct = ((logits_a > 0).float() == target_a).sum()
+        return ElectraOutput(loss=loss, mlm_loss=gen.loss, rtd_loss=rtd_loss, prediction_logits=gen.logits,
+                             rtd_logits=rtd_logits, rtd_correct=correct,
+                             rtd_count=torch.tensor(float(target_a.numel())),
+                             replaced_share=target_a.mean() if target_a.numel() else target_a.sum())
+
+    def save_pretrained(self, path, tokenizer=None) -> None:
+        """The discriminator (the model to fine-tune) as an HF-format BertModel directory."""
+        self.discriminator.save_pretrained(path, tokenizer=tokenizer)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        seen, n = set(), 0
+        for name, p in self.named_parameters():
+            if id(p) in seen or (exclude_embeddings and "embeddings" in name):
+                continue
+            seen.add(id(p))
+            n += p.numel()
+        return n
