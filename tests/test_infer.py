@@ -91,7 +91,7 @@ def test_fill_one_mask_returns_ranked_word_starts(predictor):
             assert c["word"] not in predictor.tokenizer.vocab
     # one-piece scores are exactly the softmax at the mask over word-start pieces
     ids = predictor._masked_ids("the man is [MASK] food .", 64)
-    lp = predictor._log_probs([ids])[0, ids.index(predictor.tokenizer.mask_token_id)]
+    lp = predictor._log_probs([ids], [ids.index(predictor.tokenizer.mask_token_id)])[0, 0]
     single = [c for c in cands if len(c["pieces"]) == 1]
     for c in single:
         assert c["score"] == pytest.approx(math.exp(float(lp[predictor.tokenizer.vocab[c["word"]]])), rel=1e-4)

@@ -42,7 +42,7 @@ import torch
 
 from bertkit.errors import BertkitError, CheckpointError, DataError
 
-__all__ = ["Predictor", "cosine_search", "MASK"]
+__all__ = ["Predictor", "cosine_search", "multi_mask_eval", "read_lines", "MASK"]
 
 MASK = "[MASK]"
 
@@ -198,12 +198,24 @@ class Predictor:
         return ids
 
     @torch.inference_mode()
-    def _log_probs(self, rows: list[list[int]]) -> torch.Tensor:
-        """Masked-LM log-probabilities for equal-length rows: (n, seq, vocab)."""
+    def _log_probs(self, rows: list[list[int]], positions: Sequence[int]) -> torch.Tensor:
+        """Masked-LM log-probabilities at `positions` of equal-length rows: (n, len(positions), vocab).
+
+        The positions are passed to the head as labels, so it projects only those rows onto the vocabulary (the
+        (hidden x vocab) matmul at every position would be most of the cost otherwise)."""
+        order = sorted(set(positions))
         ids = torch.tensor(rows, dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids))
-        logits = _mlm_logits(out)[..., : self._n_vocab].float()
-        return torch.log_softmax(logits, dim=-1).cpu()
+        labels = torch.full_like(ids, -100)
+        labels[:, order] = 0                                 # any valid id: we only want the logits
+        out = self.model(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids),
+                         labels=labels)
+        logits = _mlm_logits(out)
+        if logits.dim() == 3:                                # a head that ignores labels: (n, seq, vocab)
+            logits = logits[:, order]
+        logits = logits.reshape(len(rows), len(order), -1)[..., : self._n_vocab].float()
+        lp = torch.log_softmax(logits, dim=-1).cpu()
+        where = {p: i for i, p in enumerate(order)}
+        return lp[:, [where[p] for p in positions]]
 
     def _join(self, ids: list[int]) -> str:
         """Pieces back to text: special tokens dropped, "##" continuations glued to the piece before."""
@@ -229,7 +241,7 @@ class Predictor:
             raise BertkitError(f"{self.name} has no masked-LM head (it is a {self.task} model); fill-mask needs one")
 
     def _fill_one(self, ids: list[int], pos: int, top_k: int, beam_size: int, max_pieces: int) -> list[dict]:
-        lp = self._log_probs([ids])[0, pos]
+        lp = self._log_probs([ids], [pos])[0, 0]
         lp = lp.masked_fill(~self._word_start, -math.inf)
         vals, idx = lp.topk(top_k)
         cands: dict[str, tuple[float, list[int]]] = {}
@@ -260,7 +272,7 @@ class Predictor:
             if not beams:        # e.g. a vocabulary without "##" pieces
                 return []
             rows = [base[:pos] + p + base[pos + step:] for p, _ in beams]
-            lp = self._log_probs(rows)[:, pos + step]                  # (beams, vocab)
+            lp = self._log_probs(rows, [pos + step])[:, 0]             # (beams, vocab)
             allowed = self._word_start if step == 0 else self._cont_ok
             lp = lp.masked_fill(~allowed, -math.inf)
             scores = lp + torch.tensor([s for _, s in beams]).unsqueeze(1)
@@ -272,9 +284,9 @@ class Predictor:
     def independent_fill(self, ids: list[int], positions: list[int]) -> list[int]:
         """Baseline: the argmax of each mask from one forward pass with every mask still masked."""
         self._require_mlm()
-        lp = self._log_probs([ids])[0]
+        lp = self._log_probs([ids], positions)[0]                          # (masks, vocab)
         lp = lp.masked_fill(torch.tensor([t in self._special for t in range(lp.shape[-1])]), -math.inf)
-        return [int(lp[p].argmax()) for p in positions]
+        return [int(row.argmax()) for row in lp]
 
     def pseudo_log_likelihood(self, rows: list[list[int]], positions: list[int]) -> list[float]:
         """sum_i log p(row[i] | row with only position i masked), for each row (same mask positions)."""
@@ -285,11 +297,11 @@ class Predictor:
                 r = list(row)
                 r[p] = mask
                 probe.append(r)
-        lp = self._log_probs(probe)
+        lp = self._log_probs(probe, positions)                             # (rows * masks, masks, vocab)
         k = len(positions)
         out = []
         for b, row in enumerate(rows):
-            out.append(sum(float(lp[b * k + j, p, row[p]]) for j, p in enumerate(positions)))
+            out.append(sum(float(lp[b * k + j, j, row[p]]) for j, p in enumerate(positions)))
         return out
 
     def joint_fill(self, ids: list[int], positions: list[int], top_k: int = 5, beam_size: int = 8) -> list[FillResult]:
@@ -298,13 +310,14 @@ class Predictor:
         special = torch.tensor([t in self._special for t in range(self._n_vocab)])
         beams: list[tuple[list[int], float]] = [(list(ids), 0.0)]
         for _ in range(len(positions)):
-            lp = self._log_probs([b for b, _ in beams]).masked_fill(special, -math.inf)   # (beams, seq, vocab)
+            lp = self._log_probs([b for b, _ in beams], positions).masked_fill(special, -math.inf)  # (beams, masks, V)
             candidates: dict[tuple, float] = {}
             for bi, (row, score) in enumerate(beams):
-                open_pos = [p for p in positions if row[p] == self.tokenizer.mask_token_id]
+                open_j = [j for j, p in enumerate(positions) if row[p] == self.tokenizer.mask_token_id]
                 # the mask the model is surest about goes first: it then conditions the harder ones
-                best = max(open_pos, key=lambda p: float(lp[bi, p].max()))
-                vals, idx = lp[bi, best].topk(beam_size)
+                best_j = max(open_j, key=lambda j: float(lp[bi, j].max()))
+                best = positions[best_j]
+                vals, idx = lp[bi, best_j].topk(beam_size)
                 for v, t in zip(vals.tolist(), idx.tolist()):
                     new = list(row)
                     new[best] = t
@@ -513,3 +526,74 @@ def read_lines(path: str | Path) -> list[str]:
     if not lines:
         raise DataError(f"{path}: no non-empty lines")
     return lines
+
+
+def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], n_masks: Sequence[int] = (2, 3),
+                    span: str = "contiguous", limit: int = 200, beam_size: int = 8, seed: int = 0,
+                    max_length: int = 128, progress: bool = False) -> dict:
+    """Mask 2-3 whole words in held-out sentences and compare joint decoding with independent per-mask argmax.
+
+    Only words the vocabulary holds as one piece are masked (alphabetic, so one [MASK] = one word). `span`:
+    "contiguous" masks k adjacent words (the case where the masks depend on each other most: "prime minister"),
+    "scattered" masks k words anywhere in the sentence. Exact match = every mask of the sentence right.
+    Returns counts and rates for both decoders, plus a few examples.
+    """
+    import random
+    rng = random.Random(seed)
+    tok = predictor.tokenizer
+    cases = []
+    for s in sentences:
+        words = tok.basic_tokenize(s)
+        pieces = [tok.tokenize(w) for w in words]
+        if sum(len(p) for p in pieces) + 2 > max_length or len(words) < 6:
+            continue
+        ok = [len(p) == 1 and words[i].isalpha() and p[0] in tok.vocab for i, p in enumerate(pieces)]
+        k = rng.choice(list(n_masks))
+        if span == "contiguous":
+            starts = [i for i in range(len(words) - k + 1) if all(ok[i:i + k])]
+            if not starts:
+                continue
+            st = rng.choice(starts)
+            chosen = list(range(st, st + k))
+        else:
+            cand = [i for i, o in enumerate(ok) if o]
+            if len(cand) < k:
+                continue
+            chosen = sorted(rng.sample(cand, k))
+        ids, positions, truth = [tok.cls_token_id], [], []
+        for i, p in enumerate(pieces):
+            if i in chosen:
+                positions.append(len(ids))
+                truth.append(tok.vocab[p[0]])
+                ids.append(tok.mask_token_id)
+            else:
+                ids.extend(tok.convert_tokens_to_ids(p))
+        ids.append(tok.sep_token_id)
+        cases.append((ids, positions, truth))
+        if len(cases) >= limit:
+            break
+    if not cases:
+        raise DataError("no sentence had enough one-piece words to mask")
+    it = cases
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(cases, desc=f"fill-mask eval ({span})", unit="sent")
+    stats = {"joint": [0, 0], "independent": [0, 0]}   # exact matches, correct masks
+    examples = []
+    for ids, positions, truth in it:
+        joint = tok.convert_tokens_to_ids(predictor.joint_fill(ids, positions, top_k=1, beam_size=beam_size)[0].tokens)
+        indep = predictor.independent_fill(ids, positions)
+        for name, pred in (("joint", joint), ("independent", indep)):
+            stats[name][0] += int(pred == truth)
+            stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))
+        if len(examples) < 8 and joint != indep:
+            examples.append({"masked": " ".join(tok.convert_ids_to_tokens(ids[1:-1])).replace(" ##", ""),
+                             "truth": tok.convert_ids_to_tokens(truth), "joint": tok.convert_ids_to_tokens(joint),
+                             "independent": tok.convert_ids_to_tokens(indep)})
+    n, n_masks_total = len(cases), sum(len(c[1]) for c in cases)
+    return {"span": span, "sentences": n, "masks": n_masks_total, "beam_size": beam_size,
+            "joint_exact": stats["joint"][0] / n, "independent_exact": stats["independent"][0] / n,
+            "joint_per_mask": stats["joint"][1] / n_masks_total,
+            "independent_per_mask": stats["independent"][1] / n_masks_total,
+            "joint_exact_count": stats["joint"][0], "independent_exact_count": stats["independent"][0],
+            "examples": examples}

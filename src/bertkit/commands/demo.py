@@ -1,0 +1,35 @@
+"""`bertkit demo --out runs/demo`: the main job, end to end (thin over bertkit.demo)."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    from bertkit.demo import STAGES, DemoConfig
+    d = DemoConfig()
+    p = sub.add_parser("demo", help="the whole pipeline on BBC News + Rotten Tomatoes, with a report (make demo)")
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--force", action="store_true", help="redo stages whose output exists")
+    p.add_argument("--only", default="", help=f"comma-separated stages to run ({','.join(STAGES[:-1])})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--pretrain-budget", type=float, default=d.pretrain_budget_s, help="seconds of pre-training")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    p.add_argument("--preset", default=d.preset)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--sentiment-train-examples", type=int, default=d.sentiment_train_examples,
+                   help="0 = all training sentences")
+    p.add_argument("--sentiment-epochs", type=float, default=d.sentiment_epochs)
+    p.add_argument("--fill-eval-sentences", type=int, default=d.fill_eval_sentences)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from bertkit.demo import DemoConfig, run_demo
+    cfg = DemoConfig(out=args.out, seed=args.seed, force=args.force,
+                     only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
+                     pretrain_budget_s=args.pretrain_budget, vocab_size=args.vocab_size, preset=args.preset,
+                     batch_size=args.batch_size, sentiment_train_examples=args.sentiment_train_examples or None,
+                     sentiment_epochs=args.sentiment_epochs, fill_eval_sentences=args.fill_eval_sentences,
+                     progress=not args.quiet)
+    print(run_demo(cfg))
+    return 0

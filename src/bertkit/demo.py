@@ -1,0 +1,439 @@
+"""The main job: the whole of bertkit on a fresh machine in one command (`make demo` = `bertkit demo --out runs/demo`).
+
+    data       BBC News (2,225 articles), split by article 80/10/10: train -> corpus, test -> held-out text
+    vocab      a WordPiece vocabulary trained on the train corpus           (bertkit.vocab.train_vocab)
+    shards     pre-training shards: train (dynamic masks) + held-out (static masks, for a stable accuracy)
+                                                                            (bertkit.pretraining.prepare)
+    pretrain   a `mini` BERT (4 layers, 256 hidden) with the MLM objective for a wall-clock budget, bf16 on CPU
+                                                                            (bertkit.train.train)
+    fillmask   fill-mask examples (one mask, whole words, several masks decoded jointly) and the joint-vs-
+               independent exact match on held-out sentences                (bertkit.infer)
+    attention  the "he -> Bert" attention picture of the book, on MiniLM-L6 and on our model  (bertkit.plots)
+    sentiment  fine-tune MiniLM-L6 on Rotten Tomatoes sentiment, evaluate on the test split  (bertkit.tasks)
+    report     runs/demo/report.md with every figure and the PNGs
+
+Every stage writes its output under OUT/<stage>/ and a `done.json` last; a stage whose done.json exists is skipped
+(so an interrupted demo resumes where it stopped, and each stage's output is usable on its own), unless --force.
+The defaults fit the whole run in about 10 minutes on 2 CPU cores; `--pretrain-budget` trades time for quality.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+__all__ = ["DemoConfig", "run_demo", "STAGES"]
+
+STAGES = ("data", "vocab", "shards", "pretrain", "fillmask", "attention", "sentiment", "report")
+
+HE_SENTENCE = ("Bert notices the hat, but chooses not to engage Ernie since he knows it'll lead to some "
+               "ridiculous stuff.")
+
+FILL_EXAMPLES = [
+    "The prime [MASK] said the government would act.",
+    "Shares in the company [MASK] sharply on Monday.",
+    "The film won the award for best [MASK].",
+    "Chelsea beat Arsenal in the [MASK] on Saturday.",
+    "The new phone will go on sale in [MASK].",
+    "Mr Blair told the [MASK] [MASK] that the election would be held in May.",
+    "The [MASK] [MASK] rose by 2% in the last quarter.",
+    "He scored two [MASK] in the [MASK] half.",
+]
+
+
+@dataclass
+class DemoConfig:
+    out: str = "runs/demo"
+    seed: int = 0
+    force: bool = False
+    only: tuple[str, ...] = ()            # run just these stages (their inputs must exist)
+    # vocab: 8k pieces suit a 1M-word corpus (bert-base's 30k would leave most pieces rarely seen)
+    vocab_size: int = 8192
+    # pre-training: MLM only ("none": no NSP) with packed 128-token rows, RoBERTa-style, dynamic masking
+    preset: str = "mini"
+    seq_len: int = 128
+    pretrain_budget_s: float = 300.0      # wall clock for the optimizer loop
+    batch_size: int = 64
+    lr: float = 1e-3                      # small models at short schedules take a high peak lr (cramming: 1e-3)
+    warmup: float = 0.06
+    eval_rows: int = 1024                 # held-out rows scored for MLM accuracy (static masks)
+    # fill-mask evaluation on held-out sentences
+    fill_eval_sentences: int = 150
+    # sentiment fine-tuning of MiniLM-L6 on Rotten Tomatoes
+    sentiment_epochs: float = 1.0
+    sentiment_train_examples: int | None = 4000   # a quick run; None = all ~8.3k training sentences
+    sentiment_lr: float = 5e-5
+    progress: bool = True
+    stage_seconds: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+def _done(path: Path) -> dict | None:
+    f = path / "done.json"
+    if f.is_file():
+        try:
+            return json.loads(f.read_text())
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def _mark(path: Path, info: dict) -> dict:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "done.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1, default=str))
+    tmp.replace(path / "done.json")
+    return info
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def _write_corpus(articles, path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for a in articles:
+            f.write(a.title + "\n")
+            for p in a.paragraphs:
+                f.write(p + "\n")
+            f.write("\n")
+
+
+# ------------------------------------------------------------------------------------------------- stages
+
+def stage_data(cfg: DemoConfig, out: Path) -> dict:
+    from bertkit import datasets
+    arts = datasets.bbc_articles()
+    train, dev, test = datasets.split_by_seed(arts, seed=cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in (("train", train), ("dev", dev), ("test", test)):
+        _write_corpus(part, out / f"bbc_{name}.txt")
+    sizes = {n: (out / f"bbc_{n}.txt").stat().st_size for n in ("train", "dev", "test")}
+    return {"articles": {"train": len(train), "dev": len(dev), "test": len(test)}, "bytes": sizes}
+
+
+def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
+    from bertkit.vocab import train_vocab
+    tok = train_vocab([str(data / "bbc_train.txt")], vocab_size=cfg.vocab_size, lowercase=True, progress=cfg.progress)
+    tok.save(out)
+    return {"vocab_size": tok.vocab_size, "vocab_hash": tok.vocab_hash,
+            "example": tok.tokenize("The chancellor's pre-budget report disappointed economists.")}
+
+
+def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
+    from bertkit.pretraining import prepare
+    res = {}
+    for split, dynamic in (("train", True), ("heldout", False)):
+        src = data / ("bbc_train.txt" if split == "train" else "bbc_test.txt")
+        s = prepare(str(src), str(vocab / "vocab.txt"), out / split, seq_len=cfg.seq_len, task="none",
+                    masking="wwm", dynamic=dynamic, seed=cfg.seed + (0 if dynamic else 1), overwrite=True,
+                    progress=cfg.progress)
+        m = json.loads((out / split / "manifest.json").read_text())
+        res[split] = {"examples": m["counts"]["examples"], "tokens": m["counts"]["tokens"], "seconds": s.seconds}
+    return res
+
+
+def _heldout_accuracy(model, shard_dir: Path, rows: int, batch_size: int = 64) -> dict:
+    """MLM accuracy and loss on the held-out shards' static masks (the first `rows` rows, fixed order)."""
+    import torch
+    from bertkit.pretraining import ShardReader
+    reader = ShardReader(shard_dir, batch_size=batch_size, shuffle=False, drop_last=False)
+    correct = total = 0
+    loss_sum = 0.0
+    was_training = model.training
+    model.eval()
+    seen = 0
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for batch in reader:
+            batch.pop("next_sentence_label", None)
+            out = model(**batch)
+            labels = batch["labels"]
+            target = labels[labels != -100]
+            pred = out.logits.float().argmax(-1)
+            if pred.dim() > 1:
+                pred = pred[labels != -100]
+            correct += int((pred == target).sum())
+            total += int(target.numel())
+            loss_sum += float(out.loss) * int(target.numel())
+            seen += labels.shape[0]
+            if seen >= rows:
+                break
+    model.train(was_training)
+    return {"heldout_mlm_acc": correct / max(total, 1), "heldout_mlm_loss": loss_sum / max(total, 1),
+            "heldout_masked_tokens": total}
+
+
+def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
+    import torch
+    from bertkit import BertConfig, BertForMaskedLM, Tokenizer
+    from bertkit.pretraining import ShardReader
+    from bertkit.train import TrainConfig, pretraining_step, seed_everything, train
+    seed_everything(cfg.seed)
+    tok = Tokenizer.from_pretrained(vocab)
+    mcfg = BertConfig.preset(cfg.preset, vocab_size=tok.vocab_size, max_position_embeddings=max(512, cfg.seq_len))
+    model = BertForMaskedLM(mcfg)
+    batches = ShardReader(shards / "train", batch_size=cfg.batch_size, seed=cfg.seed, vocab_hash=tok.vocab_hash)
+    n_params = sum(p.numel() for p in model.parameters())
+    _say(f"pre-training {cfg.preset} ({n_params / 1e6:.1f}M parameters) for {cfg.pretrain_budget_s:.0f} s on "
+         f"{batches.num_examples} rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, bf16, {torch.get_num_threads()} threads")
+    tcfg = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, precision="bf16",
+                       save_final=False, keep_last=1, log_every_steps=5, progress=cfg.progress,
+                       eval_every_steps=None, plot=True, tensorboard=False, seed=cfg.seed)
+    run_dir = out / "run"
+    result = train(model, batches, tcfg, run_dir, step_fn=pretraining_step,
+                   eval_fn=lambda m: _heldout_accuracy(m, shards / "heldout", cfg.eval_rows))
+    model.save_pretrained(out / "model", tokenizer=tok)
+    final = _heldout_accuracy(model, shards / "heldout", cfg.eval_rows)
+    train_acc = [h.get("mlm_acc") for h in result.history if h.get("mlm_acc") is not None]
+    return {"steps": result.steps, "tokens": result.tokens, "seconds": result.elapsed_s,
+            "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params,
+            "final_train_loss": float(sum(result.losses[-20:]) / max(len(result.losses[-20:]), 1)),
+            "final_train_mlm_acc": train_acc[-1] if train_acc else None, **final,
+            "model_dir": str(out / "model"), "run_dir": str(run_dir), "stop_reason": result.stop_reason}
+
+
+def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> dict:
+    from bertkit.infer import Predictor, multi_mask_eval
+    from bertkit.pretraining import split_sentences
+    p = Predictor.load(model_dir)
+    examples = []
+    for text in FILL_EXAMPLES:
+        res = p.fill_mask(text, top_k=5)
+        examples.append({"text": text, **res})
+    # held-out sentences (test articles: never seen in pre-training)
+    sents = []
+    for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines():
+        sents.extend(s for s in split_sentences(para) if 8 <= len(s.split()) <= 40)
+    evals = {span: multi_mask_eval(p, sents, span=span, limit=cfg.fill_eval_sentences, seed=cfg.seed,
+                                   progress=cfg.progress)
+             for span in ("contiguous", "scattered")}
+    return {"examples": examples, "multi_mask": evals}
+
+
+def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
+    from bertkit import datasets, plots
+    from bertkit.infer import Predictor
+    res = {}
+    for name, path in (("minilm", datasets.minilm_dir()), ("ours", model_dir)):
+        p = Predictor.load(path)
+        tokens, att = p.attention(HE_SENTENCE)
+        plots.plot_attention(att, tokens, out / f"attention_grid_{name}.png",
+                             title=f"{name}: attention per layer and head")
+        plots.plot_attention_from(att, tokens, "he", out / f"attention_he_{name}.png",
+                                  title=f"{name}: where 'he' looks, per layer.head")
+        q = tokens.index("he")
+        bert = [1]                      # "Bert" opens the sentence; a vocab may split it ("be ##rt"): sum its pieces
+        while tokens[bert[-1] + 1].startswith("##"):
+            bert.append(bert[-1] + 1)
+        best = max(((li, hi, float(a[hi, q, bert].sum())) for li, a in enumerate(att) for hi in range(a.shape[0])),
+                   key=lambda x: x[2])
+        res[name] = {"best_head": f"L{best[0]}.H{best[1]}", "he_to_bert": best[2],
+                     "grid": f"attention_grid_{name}.png", "he": f"attention_he_{name}.png"}
+    return res
+
+
+def _tasks_api():
+    try:
+        from bertkit.tasks import FinetuneConfig, evaluate, finetune
+    except ImportError:
+        from bertkit.tasks.runner import FinetuneConfig, evaluate, finetune
+    return FinetuneConfig, finetune, evaluate
+
+
+def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
+    from bertkit import datasets, plots
+    from bertkit.infer import Predictor
+    from bertkit.tasks.data import build
+    FinetuneConfig, finetune, _ = _tasks_api()
+    stats = build("sentiment", out / "data", seed=cfg.seed)
+    files = stats["files"]
+    fcfg = FinetuneConfig(task="classify", model=str(datasets.minilm_dir()), train=files["train"], dev=files["dev"],
+                          test=files["test"], out=str(out / "model"), epochs=cfg.sentiment_epochs,
+                          lr=cfg.sentiment_lr, batch_size=32, max_train_examples=cfg.sentiment_train_examples,
+                          seeds=(cfg.seed + 1,), quiet=not cfg.progress)
+    summary = finetune(fcfg)
+    # our own pass over the test split through the inference API: the confusion matrix and a cross-check
+    import csv
+    with open(files["test"], encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    pred = Predictor.load(out / "model")
+    labels = pred.labels or ["neg", "pos"]
+    got = []
+    for i in range(0, len(rows), 128):
+        got.extend(r["label"] for r in pred.classify([r["text"] for r in rows[i:i + 128]], max_length=128))
+    ix = {l: i for i, l in enumerate(labels)}
+    m = plots.confusion_matrix([ix[r["label"]] for r in rows], [ix[g] for g in got], len(labels))
+    acc = sum(int(r["label"] == g) for r, g in zip(rows, got)) / len(rows)
+    plots.plot_confusion(m, labels, out / "confusion_test.png",
+                         title=f"sentiment, test split (n={len(rows)}, accuracy {acc:.3f})")
+    curves = None
+    for metrics in sorted((out / "model").rglob("metrics.jsonl")):
+        try:
+            curves = plots.plot_run(metrics.parent, out / "curves.png", title="sentiment fine-tuning")
+            break
+        except BertkitError:
+            continue
+    test = summary.get("test", {})
+    return {"data": stats.get("counts"), "test": test, "dev": summary.get("dev"),
+            "test_accuracy_inference_api": acc, "confusion": m.tolist(), "labels": labels,
+            "examples_per_s": summary.get("examples_per_s"), "curves": bool(curves),
+            "train_examples": cfg.sentiment_train_examples, "epochs": cfg.sentiment_epochs}
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+def _fmt(x, nd=3):
+    if isinstance(x, dict) and "mean" in x:
+        x = x["mean"]
+    return f"{x:.{nd}f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
+    L = [f"# bertkit demo report", "",
+         f"Machine: {platform.machine()}, {_cpu_count()} CPU cores, torch threads {_threads()}; "
+         f"seed {cfg.seed}. Generated by `python -m bertkit demo --out {cfg.out}`.", ""]
+    L += ["## Stages", "", "| stage | seconds | status |", "|---|---:|---|"]
+    total = 0.0
+    for st in STAGES[:-1]:
+        info = results.get(st) or {}
+        sec = info.get("_seconds")
+        total += sec or 0.0
+        L.append(f"| {st} | {_fmt(sec, 1) if sec is not None else '-'} | {info.get('_status', 'not run')} |")
+    L += [f"| **total (stages run now + reused)** | {total:.1f} | |", ""]
+    d = results.get("data") or {}
+    if d:
+        L += ["## Data", "", f"BBC News split by article (seed {cfg.seed}): {d['articles']} articles; "
+              f"pre-training text {d['bytes']['train'] / 1e6:.1f} MB, held-out (test articles) "
+              f"{d['bytes']['test'] / 1e6:.2f} MB.", ""]
+    v = results.get("vocab") or {}
+    if v:
+        L += ["## Vocabulary", "", f"WordPiece, {v['vocab_size']} entries, trained on the training articles. "
+              f"Example: `{' '.join(v['example'])}`", ""]
+    s = results.get("shards") or {}
+    if s:
+        L += ["## Pre-training data", "", "| split | rows (128 tokens) | tokens | masking |", "|---|---:|---:|---|",
+              f"| train | {s['train']['examples']} | {s['train']['tokens']} | whole-word, dynamic (redrawn per epoch) |",
+              f"| held-out | {s['heldout']['examples']} | {s['heldout']['tokens']} | whole-word, static |", ""]
+    p = results.get("pretrain") or {}
+    if p:
+        L += ["## Pre-training (`mini`: 4 layers, 256 hidden, 4 heads; MLM only)", "",
+              f"- {p['steps']} optimizer steps in {p['seconds']:.0f} s, {p['tokens'] / 1e6:.2f} M tokens "
+              f"({p['tokens_per_s']:.0f} tokens/s), {p['params'] / 1e6:.1f} M parameters, bf16 autocast",
+              f"- final training loss {p['final_train_loss']:.3f}, training MLM accuracy {_fmt(p['final_train_mlm_acc'])}",
+              f"- **held-out MLM accuracy {p['heldout_mlm_acc']:.3f}** (loss {p['heldout_mlm_loss']:.3f}) on "
+              f"{p['heldout_masked_tokens']} masked tokens of unseen BBC articles",
+              "", "![pre-training curves](pretrain/curves.png)", ""]
+    f = results.get("fillmask") or {}
+    if f:
+        L += ["## Fill-mask (our pre-trained `mini`)", ""]
+        for ex in f["examples"]:
+            c = ex["candidates"]
+            if ex["masks"] == 1:
+                got = ", ".join(f"{x['word']} ({x['score']:.2f})" for x in c)
+            else:
+                got = "; ".join(f"{' '.join(x['tokens'])} ({x['score']:.2g})" for x in c[:3])
+            L.append(f"- `{ex['text']}` -> {got}")
+        L += ["", "Several masks, jointly (beam search + pseudo-likelihood re-ranking) vs each mask's independent "
+              "argmax, on held-out sentences with 2-3 masked one-piece words:", "",
+              "| masked words | sentences | exact match, joint | exact match, independent | per-mask, joint | per-mask, independent |",
+              "|---|---:|---:|---:|---:|---:|"]
+        for span, e in f["multi_mask"].items():
+            L.append(f"| {span} | {e['sentences']} | **{e['joint_exact']:.3f}** | {e['independent_exact']:.3f} | "
+                     f"{e['joint_per_mask']:.3f} | {e['independent_per_mask']:.3f} |")
+        ex = (f["multi_mask"].get("contiguous") or {}).get("examples") or []
+        if ex:
+            L += ["", "Where they differ (truth / joint / independent):", ""]
+            for e in ex[:5]:
+                L.append(f"- `{e['masked']}`: {' '.join(e['truth'])} / {' '.join(e['joint'])} / {' '.join(e['independent'])}")
+        L.append("")
+    a = results.get("attention") or {}
+    if a:
+        L += ["## Attention: where does \"he\" look?", "",
+              f"`{HE_SENTENCE}`", "",
+              f"MiniLM-L6: the head most focused on \"bert\" from \"he\" is {a['minilm']['best_head']} "
+              f"(weight {a['minilm']['he_to_bert']:.2f}); our mini model: {a['ours']['best_head']} "
+              f"(weight {a['ours']['he_to_bert']:.2f}).", "",
+              "![he, MiniLM](attention/attention_he_minilm.png)", "",
+              "![grid, MiniLM](attention/attention_grid_minilm.png)", "",
+              "![he, ours](attention/attention_he_ours.png)", ""]
+    se = results.get("sentiment") or {}
+    if se:
+        t = se.get("test") or {}
+        L += ["## Sentiment (MiniLM-L6 fine-tuned on Rotten Tomatoes)", "",
+              f"- data: {se.get('data')}; trained on {se.get('train_examples') or 'all'} sentences for "
+              f"{se.get('epochs')} epoch(s)",
+              f"- **test accuracy {_fmt(t.get('accuracy'))}**, macro-F1 {_fmt(t.get('macro_f1', t.get('f1')))} "
+              f"(bertkit.tasks); through the inference API: {se['test_accuracy_inference_api']:.3f}",
+              "", "![confusion](sentiment/confusion_test.png)", ""]
+        if se.get("curves"):
+            L += ["![fine-tuning curves](sentiment/curves.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(L) + "\n", encoding="utf-8")
+    return path
+
+
+def _cpu_count() -> int:
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
+# ------------------------------------------------------------------------------------------------- driver
+
+def run_demo(cfg: DemoConfig) -> Path:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = {s: out / s for s in STAGES}
+    unknown = set(cfg.only) - set(STAGES)
+    if unknown:
+        raise BertkitError(f"--only: unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
+    fns = {
+        "data": lambda: stage_data(cfg, dirs["data"]),
+        "vocab": lambda: stage_vocab(cfg, dirs["vocab"], dirs["data"]),
+        "shards": lambda: stage_shards(cfg, dirs["shards"], dirs["data"], dirs["vocab"]),
+        "pretrain": lambda: stage_pretrain(cfg, dirs["pretrain"], dirs["vocab"], dirs["shards"]),
+        "fillmask": lambda: stage_fillmask(cfg, dirs["fillmask"], dirs["pretrain"] / "model", dirs["data"]),
+        "attention": lambda: stage_attention(cfg, dirs["attention"], dirs["pretrain"] / "model"),
+        "sentiment": lambda: stage_sentiment(cfg, dirs["sentiment"]),
+    }
+    results: dict[str, dict] = {}
+    t_all = time.perf_counter()
+    for st in STAGES[:-1]:
+        prev = _done(dirs[st])
+        if cfg.only and st not in cfg.only:
+            if prev:
+                results[st] = {**prev, "_status": "reused"}
+            continue
+        if prev and not cfg.force:
+            _say(f"{st}: reusing {dirs[st]} (done in {prev.get('_seconds', 0):.0f} s earlier; --force to redo)")
+            results[st] = {**prev, "_status": "reused"}
+            continue
+        _say(f"{st}: running")
+        t0 = time.perf_counter()
+        info = fns[st]()
+        info["_seconds"] = time.perf_counter() - t0
+        if st == "pretrain":   # the training loop's own curves, copied beside the model
+            _curves(dirs[st])
+        results[st] = {**_mark(dirs[st], info), "_status": "ran"}
+        _say(f"{st}: done in {info['_seconds']:.1f} s")
+    report = write_report(cfg, out, results)
+    _say(f"report: {report}  (this invocation: {time.perf_counter() - t_all:.0f} s)")
+    return report
+
+
+def _curves(pre: Path) -> None:
+    from bertkit import plots
+    try:
+        plots.plot_run(pre / "run", pre / "curves.png", title="pre-training (mini, MLM)")
+    except BertkitError as e:
+        _say(f"no pre-training curves: {e}")
