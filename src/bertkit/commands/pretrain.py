@@ -1,0 +1,86 @@
+"""`bertkit pretrain`: pre-train (or continue pre-training) BERT on shard directories. Thin over bertkit.train.
+
+    bertkit pretrain shards128/ --preset base --out run/ --global-batch 256 --batch-size 32 --steps 1000000
+    bertkit pretrain shards128/ --phase2 shards512/ --preset base --out run/ --steps 1000000   # 90% / 10%
+    bertkit pretrain shards/ --preset mini --out run/ --budget 15m --eval-shards heldout/ --eval-every 200
+    bertkit pretrain shards/ --init run/model --out run2/ --steps 10000          # continue from a checkpoint
+    bertkit pretrain shards/ --preset small --objective electra --out run/ --steps 20000
+    bertkit pretrain ... --resume                                                  # after a crash / kill
+    torchrun --nproc_per_node=4 -m bertkit pretrain ...                           # DDP (gloo CPU / nccl GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pretrain", help="pre-train BERT (MLM+NSP/SOP, MLM, ELECTRA) on shards",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("shards", help="shard directory (bertkit prepare --out), phase 1")
+    p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, curves.png, model/")
+    p.add_argument("--phase2", dest="phase2_shards", default=None,
+                   help="shards for the last part of the run (BERT: seq 512 for the last 10%% of steps)")
+    p.add_argument("--phase1-fraction", type=float, default=0.9, help="share of steps in phase 1 (default 0.9)")
+    p.add_argument("--eval-shards", default=None, help="held-out shard directory for evaluation")
+    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None, help="evaluate every N steps")
+    p.add_argument("--eval-batches", type=int, default=50, help="batches per evaluation (default 50)")
+    m = p.add_argument_group("model (one of)")
+    m.add_argument("--preset", default=None, help="tiny / mini / small / medium / base / large")
+    m.add_argument("--config", default=None, help="config.json (with --init: fields overriding the checkpoint's)")
+    m.add_argument("--init", default=None, help="model directory to continue pre-training from")
+    m.add_argument("--dropout", type=float, default=None, help="hidden + attention dropout override")
+    p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
+                   help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
+    p.add_argument("--electra-weight", type=float, default=50.0, help="discriminator loss weight (paper: 50)")
+    b = p.add_argument_group("batch and length")
+    b.add_argument("--batch-size", type=int, default=32, help="examples per process per micro-batch (default 32)")
+    b.add_argument("--global-batch", type=int, default=None,
+                   help="examples per optimizer step over all processes; accumulation is derived")
+    b.add_argument("--steps", dest="max_steps", type=int, default=None, help="optimizer steps")
+    b.add_argument("--epochs", type=float, default=None, help="passes over the shards")
+    b.add_argument("--budget", default=None, help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
+    o.add_argument("--lr", type=float, default=1e-4)
+    o.add_argument("--weight-decay", type=float, default=0.01)
+    o.add_argument("--warmup", type=float, default=0.01, help="< 1: fraction of steps; >= 1: steps (default 0.01)")
+    o.add_argument("--schedule", choices=("linear", "cosine", "constant"), default="linear")
+    o.add_argument("--min-lr-ratio", type=float, default=0.0)
+    o.add_argument("--clip", dest="max_grad_norm", type=float, default=1.0, help="gradient norm clip (0: none)")
+    o.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")
+    o.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
+    c = p.add_argument_group("checkpoints and logging")
+    c.add_argument("--save-every", dest="save_every_steps", type=int, default=None, help="checkpoint every N steps")
+    c.add_argument("--save-minutes", dest="save_every_minutes", type=float, default=None,
+                   help="checkpoint every M minutes")
+    c.add_argument("--keep", dest="keep_last", type=int, default=3, help="checkpoints kept (default 3)")
+    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
+    c.add_argument("--log-every", dest="log_every_steps", type=int, default=1)
+    c.add_argument("--no-progress", dest="progress", action="store_false")
+    c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
+    c.add_argument("--vocab", default=None, help="vocab.txt saved with the model (default: the shards')")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from bertkit.train.pretrain import PretrainConfig, pretrain
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    fields = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    if fields.get("max_grad_norm") == 0:
+        fields["max_grad_norm"] = None
+    result = pretrain(PretrainConfig(**fields))
+    last = result.eval_history[-1] if result.eval_history else {}
+    summary = {"steps": result.steps, "tokens": result.tokens, "elapsed_s": round(result.elapsed_s, 1),
+               "stop": result.stop_reason, "skipped_steps": result.skipped_steps,
+               **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)}}
+    import os
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(" ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0

@@ -1,0 +1,295 @@
+"""`bertkit pretrain` as a library call: shard directories -> a model -> train() -> an HF-format model directory.
+
+    from bertkit.train import PretrainConfig, pretrain
+    pretrain(PretrainConfig(shards="shards128/", phase2_shards="shards512/", preset="base", out="run/",
+                            global_batch=256, max_steps=1_000_000, lr=1e-4))
+
+The model comes from a preset (vocab_size taken from the shards), a config.json, or an existing checkpoint
+directory (continued pre-training; `config` then overrides fields of the checkpoint's config, and a shape that
+no longer fits is a CheckpointError). The objective follows the shards' manifest task: "nsp" -> MLM + NSP,
+"sop" -> MLM + SOP (the same two-way head, 0 = in order, 1 = swapped), "none" -> MLM only; `objective="mlm"`
+drops the sentence task; `objective="electra"` trains replaced-token detection (bertkit.pretraining.electra).
+
+Everything a user can get wrong is checked before the first step: shard directories (missing, incomplete,
+truncated files), vocab hash / size of every shard directory against each other and against the model (and
+against the checkpoint's vocab.txt when there is one), sequence length against max_position_embeddings, the
+output directory, batch arithmetic (global batch = batch_size x accumulation x processes), the time budget.
+
+Two phases (BERT: 90% of the steps at seq 128, then 512): give `phase2_shards`; one schedule spans both.
+Output: `out/model/` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) plus what train() writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertkit.errors import CheckpointError, ConfigError, DataError
+
+__all__ = ["PretrainConfig", "pretrain", "OBJECTIVES"]
+
+log = logging.getLogger("bertkit.pretrain")
+
+OBJECTIVES = ("auto", "mlm", "electra")
+
+
+@dataclass
+class PretrainConfig:
+    shards: str                                 # shard directory (phase 1)
+    out: str
+    phase2_shards: str | None = None            # e.g. seq 512 shards for the last part of the run
+    phase1_fraction: float = 0.9                # BERT: 90% of the steps at seq 128
+    eval_shards: str | None = None              # held-out shards for periodic evaluation
+    eval_batches: int = 50
+    # model: exactly one of preset / config / init (init + config: config fields override the checkpoint's)
+    preset: str | None = None
+    config: str | None = None
+    init: str | None = None
+    dropout: float | None = None                # overrides hidden + attention dropout when given
+    objective: str = "auto"                     # auto (the shards' task) | mlm | electra
+    electra_weight: float = 50.0
+    # batch
+    batch_size: int = 32                        # per process per micro-batch
+    global_batch: int | None = None             # None: batch_size x processes (no accumulation)
+    # length & schedule (TrainConfig's meaning)
+    max_steps: int | None = None
+    epochs: float | None = None
+    budget: str | float | None = None           # "10m", "2h", seconds
+    optimizer: str = "adamw"
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup: float = 0.01
+    schedule: str = "linear"
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+    precision: str = "bf16"
+    seed: int = 0
+    device: str | None = None
+    fsdp: bool = False
+    deterministic: bool = False
+    # checkpoints & logging
+    save_every_steps: int | None = None
+    save_every_minutes: float | None = None
+    keep_last: int = 3
+    resume: bool = False
+    overwrite: bool = False
+    eval_every_steps: int | None = None
+    log_every_steps: int = 1
+    progress: bool = True
+    verify: str = "size"                        # shard file check: "size" or "full" (sha256)
+    vocab: str | None = None                    # tokenizer to save with the model (default: the shards' vocab.txt)
+
+
+def _check_out(out: Path) -> None:
+    import os
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
+
+
+def _manifests(pc: PretrainConfig) -> dict[str, dict]:
+    from bertkit.pretraining.shards import read_manifest
+    dirs = {"shards": pc.shards}
+    if pc.phase2_shards:
+        dirs["phase2_shards"] = pc.phase2_shards
+    if pc.eval_shards:
+        dirs["eval_shards"] = pc.eval_shards
+    out = {name: read_manifest(path) for name, path in dirs.items()}
+    first = out["shards"]
+    for name, m in out.items():
+        if m["vocab_hash"] != first["vocab_hash"] or m["vocab_size"] != first["vocab_size"]:
+            raise DataError(f"{dirs[name]} was built with another vocab (size {m['vocab_size']}, hash "
+                            f"{m['vocab_hash'][:12]}…) than {pc.shards} (size {first['vocab_size']}, hash "
+                            f"{first['vocab_hash'][:12]}…)")
+    return out
+
+
+def _objective(pc: PretrainConfig, task: str) -> str:
+    if pc.objective not in OBJECTIVES:
+        raise ConfigError(f"objective={pc.objective!r} is not one of {OBJECTIVES}")
+    if pc.objective == "electra":
+        return "electra"
+    if pc.objective == "mlm" or task == "none":
+        return "mlm"
+    return task  # "nsp" | "sop"
+
+
+def _config_overrides(path: str) -> dict:
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return d
+
+
+def build_model(pc: PretrainConfig, manifest: dict, objective: str):
+    """(model, BertConfig): from a preset, a config.json or a checkpoint, checked against the shards' vocab."""
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.pretraining.electra import ElectraForPreTraining
+
+    chosen = [n for n in ("preset", "init") if getattr(pc, n)]
+    if len(chosen) > 1 or (not chosen and not pc.config):
+        raise ConfigError("choose the model with one of --preset NAME, --config config.json or --init CHECKPOINT_DIR"
+                          " (--config may refine --init)")
+    vocab_size = int(manifest["vocab_size"])
+    drop = {} if pc.dropout is None else {"hidden_dropout_prob": pc.dropout, "attention_probs_dropout_prob": pc.dropout}
+    cls = {"nsp": BertForPreTraining, "sop": BertForPreTraining, "mlm": BertForMaskedLM}.get(objective)
+    if pc.init:
+        init = Path(pc.init)
+        if not (init / "config.json").is_file():
+            raise CheckpointError(f"--init {init}: not a model directory (no config.json)")
+        overrides = {**(_config_overrides(pc.config) if pc.config else {}), **drop}
+        vocab_file = init / "vocab.txt"
+        if vocab_file.is_file():
+            from bertkit.tokenizer import Tokenizer
+            h = Tokenizer(str(vocab_file)).vocab_hash
+            if h != manifest["vocab_hash"]:
+                raise DataError(f"the shards were built with vocab {manifest['vocab_hash'][:12]}… but {vocab_file} "
+                                f"is {h[:12]}…: token ids would mean other tokens; rebuild the shards with "
+                                f"--vocab {vocab_file}")
+        if objective == "electra":
+            from bertkit.model import BertModel
+            body = BertModel.from_pretrained(init, **overrides)
+            config = body.config
+            _check_vocab(config, vocab_size, init)
+            model = ElectraForPreTraining(config, rtd_weight=pc.electra_weight)
+            model.discriminator.load_state_dict(body.state_dict(), strict=False)
+        else:
+            model = cls.from_pretrained(init, **overrides)
+            config = model.config
+            _check_vocab(config, vocab_size, init)
+        return model, config
+    if pc.preset:
+        config = BertConfig.preset(pc.preset, vocab_size=vocab_size, **drop)
+    else:
+        config = BertConfig.from_json(pc.config)
+        _check_vocab(config, vocab_size, pc.config)
+        if drop:
+            config = config.replace(**drop)
+    if objective == "electra":
+        return ElectraForPreTraining(config, rtd_weight=pc.electra_weight), config
+    return cls(config), config
+
+
+def _check_vocab(config, vocab_size: int, where) -> None:
+    if config.vocab_size != vocab_size:
+        raise DataError(f"the shards hold ids of a {vocab_size}-token vocab, the model ({where}) has "
+                        f"vocab_size={config.vocab_size}")
+
+
+class _DropKeys:
+    """A batch source without some keys (MLM-only training on NSP shards), keeping the reader's resume API."""
+
+    def __init__(self, source, keys: tuple[str, ...]):
+        self.source, self.keys = source, keys
+        self.seq_len = getattr(source, "seq_len", None)
+
+    def __iter__(self):
+        for batch in self.source:
+            yield {k: v for k, v in batch.items() if k not in self.keys}
+
+    def __len__(self):
+        return len(self.source)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.source.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.source.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.source.load_state_dict(state)
+
+
+def pretrain(pc: PretrainConfig):
+    """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
+    from bertkit.pretraining.shards import ShardReader
+    from bertkit.train.loop import (Phase, TrainConfig, distributed_context, parse_duration, pretraining_eval,
+                                    pretraining_step, seed_everything, train)
+
+    out = Path(pc.out)
+    budget_s = parse_duration(pc.budget) if pc.budget is not None else None
+    if pc.budget is None and pc.max_steps is None and pc.epochs is None:
+        raise ConfigError("give the run's length: --steps N, --epochs E or --budget 10m")
+    if not 0 < pc.phase1_fraction < 1 and pc.phase2_shards:
+        raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
+    if pc.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
+    _check_out(out)
+    manifests = _manifests(pc)
+    task = manifests["shards"]["task"]
+    objective = _objective(pc, task)
+    rank, world = distributed_context(pc.device)
+    per_step = pc.batch_size * world
+    global_batch = pc.global_batch or per_step
+    if global_batch % per_step:
+        raise ConfigError(f"global batch {global_batch} is not a multiple of batch_size {pc.batch_size} x "
+                          f"{world} processes")
+    seed_everything(pc.seed)
+    model, config = build_model(pc, manifests["shards"], objective)
+    for name, m in manifests.items():
+        if int(m["seq_len"]) > config.max_position_embeddings:
+            raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's "
+                              f"max_position_embeddings={config.max_position_embeddings}")
+
+    def reader(path: str, **kw):
+        r = ShardReader(path, pc.batch_size, seed=pc.seed, vocab_size=config.vocab_size, verify=pc.verify, **kw)
+        if objective in ("mlm", "electra") and r.task != "none":
+            return _DropKeys(r, ("next_sentence_label",))
+        return r
+
+    data = reader(pc.shards, rank=rank, world_size=world)
+    batches = data
+    if pc.phase2_shards:
+        batches = [Phase(data, pc.phase1_fraction, "phase1"),
+                   Phase(reader(pc.phase2_shards, rank=rank, world_size=world), 1 - pc.phase1_fraction, "phase2")]
+    eval_fn = None
+    if pc.eval_shards:
+        eval_fn = pretraining_eval(reader(pc.eval_shards, shuffle=False), max_batches=pc.eval_batches)
+    cfg = TrainConfig(
+        max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
+        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, max_grad_norm=pc.max_grad_norm,
+        schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio, precision=pc.precision,
+        device=pc.device, fsdp=pc.fsdp, deterministic=pc.deterministic, seed=pc.seed,
+        save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
+        resume=pc.resume, overwrite=pc.overwrite, eval_every_steps=pc.eval_every_steps,
+        log_every_steps=pc.log_every_steps, progress=pc.progress)
+    cfg.validate()
+    if rank == 0:
+        (out / "pretrain_config.json").write_text(json.dumps(dataclasses.asdict(pc), indent=1, default=str))
+        log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
+                 pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
+                 objective, global_batch, pc.batch_size, cfg.grad_accum, world)
+    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step)
+    if rank == 0:
+        _save_final(model, result, pc, out)
+    return result
+
+
+def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
+    """out/model: the trained weights as an HF-format directory with the tokenizer (FSDP: from the checkpoint)."""
+    from bertkit.tokenizer import Tokenizer
+    from bertkit.train.loop import load_model_weights
+    if pc.fsdp and result.checkpoint is not None:
+        model.load_state_dict(load_model_weights(result.checkpoint / "model.safetensors"))
+    vocab = pc.vocab or str(Path(pc.shards) / "vocab.txt")
+    try:
+        from bertkit.pretraining.shards import read_manifest
+        lowercase = bool(read_manifest(pc.shards).get("lowercase", True))
+        tok = Tokenizer(vocab, lowercase=lowercase)
+    except Exception as e:  # the model is still worth saving
+        log.warning("no tokenizer saved with the model: %s", e)
+        tok = None
+    model.save_pretrained(out / "model", tokenizer=tok)

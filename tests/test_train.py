@@ -1,0 +1,325 @@
+"""The training loop on stand-in models and data: optimiser groups, schedules, accumulation maths, NaN skipping,
+checkpoints (atomic, keep-last), exact resume after SIGKILL (mid-training and mid-checkpoint-write), bad settings."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from bertkit.errors import BertkitError, ConfigError
+from bertkit.optim import Lamb, build_optimizer, lr_factor, param_groups, warmup_steps
+from bertkit.train import (StepOutput, TrainConfig, TrainingDiverged, latest_checkpoint, parse_duration,
+                           pretraining_step, train)
+
+V = 32  # stand-in vocabulary
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is faster than two fighting a loaded machine for the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class TinyMLM(nn.Module):
+    """Embedding -> LayerNorm -> dropout -> linear: an MLM-shaped model whose loss is a mean over labelled tokens."""
+
+    def __init__(self, dropout: float = 0.1):
+        super().__init__()
+        self.emb = nn.Embedding(V, 16)
+        self.LayerNorm = nn.LayerNorm(16)
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(16, V)
+
+    def forward(self, input_ids, labels, attention_mask=None):
+        h = self.drop(self.LayerNorm(self.emb(input_ids)))                         # (batch, seq, 16)
+        logits = self.out(h)                                                       # (batch, seq, V)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1))
+        return SimpleNamespace(loss=loss, mlm_loss=loss, logits=logits)
+
+
+class Batches:
+    """Deterministic random batches; resumable via state_dict; `n` batches per epoch."""
+
+    def __init__(self, n: int = 50, batch: int = 4, seq: int = 8, seed: int = 0):
+        self.n, self.batch, self.seq, self.seed = n, batch, seq, seed
+        self.epoch, self.pos = 0, 0
+
+    def __len__(self):
+        return self.n
+
+    def set_epoch(self, epoch):
+        self.epoch, self.pos = epoch, 0
+
+    def __iter__(self):
+        while self.pos < self.n:
+            g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch * 1009 + self.pos)
+            self.pos += 1
+            x = torch.randint(0, V, (self.batch, self.seq), generator=g)
+            labels = torch.where(torch.rand(x.shape, generator=g) < 0.3, (x * 7 + 3) % V, -100)
+            labels[:, 0] = (x[:, 0] * 7 + 3) % V   # at least one label per row
+            yield {"input_ids": x, "labels": labels}
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, s):
+        self.epoch, self.pos = s["epoch"], s["pos"]
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(max_steps=10, lr=1e-2, precision="fp32", progress=False, plot=False, tensorboard=False, warmup=2)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# ---------------------------------------------------------------------------------------------- optimiser
+def test_param_groups_exclude_biases_and_layernorm():
+    m = TinyMLM()
+    groups = param_groups(m, 0.01)
+    decay = {id(p) for p in groups[0]["params"]}
+    names = {n for n, p in m.named_parameters() if id(p) in decay}
+    assert names == {"emb.weight", "out.weight"}
+    assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
+    opt = build_optimizer(m, "adamw", lr=1e-4)
+    assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-6
+
+
+def test_lr_schedule_warmup_then_decay():
+    total, warm = 100, warmup_steps(0.1, 100)
+    assert warm == 10 and warmup_steps(7, 100) == 7
+    f = [lr_factor(s, total, warm, "linear") for s in range(total + 1)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
+    assert f[55] == pytest.approx(0.5) and f[100] == 0.0
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+    c = [lr_factor(s, total, warm, "cosine", min_ratio=0.1) for s in range(total + 1)]
+    assert c[55] == pytest.approx(0.55) and c[100] == pytest.approx(0.1)
+    assert lr_factor(50, total, warm, "constant") == 1.0
+
+
+def test_lamb_trust_ratio_and_descent():
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(8, 8))
+    opt = Lamb([w], lr=0.1, weight_decay=0.0)
+    w0 = w.detach().clone()
+    (w ** 2).sum().backward()
+    opt.step()
+    # first step: update = m_hat / sqrt(v_hat) = sign(g); scaled to lr * ||w|| / ||sign(g)||
+    expected = w0 - 0.1 * w0.norm() / torch.sign(w0).norm() * torch.sign(w0)
+    assert torch.allclose(w.detach(), expected, atol=1e-5)
+
+
+def test_parse_duration():
+    assert parse_duration("10m") == 600 and parse_duration("1.5h") == 5400 and parse_duration("90") == 90
+    for bad in ("0", "0m", "-5s", "abc", "nan"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
+
+
+# ---------------------------------------------------------------------------------------------- loop maths
+def test_learns_and_writes_outputs(tmp_path):
+    torch.manual_seed(0)
+    res = train(TinyMLM(), Batches(), _cfg(max_steps=40, save_every_steps=10, keep_last=2), tmp_path)
+    assert res.steps == 40 and len(res.losses) == 40 and res.stop_reason == "max_steps"
+    assert sum(res.losses[-5:]) / 5 < sum(res.losses[:5]) / 5 - 0.3
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["step-00000030", "step-00000040"]          # keep_last=2, the final one included
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 41))
+    assert {"loss", "lr", "tokens_per_s", "grad_norm"} <= set(lines[0])
+    # an existing run is not silently overwritten
+    with pytest.raises(ConfigError, match="already holds"):
+        train(TinyMLM(), Batches(), _cfg(), tmp_path)
+
+
+def test_accumulation_equals_big_batch_with_token_weighting(tmp_path):
+    """4 micro-batches of 2 == 1 batch of 8: same per-step loss and weights (MLM mean over all masked tokens,
+    although the micro-batches hold different numbers of masked tokens)."""
+    class Split(Batches):
+        def __iter__(self):
+            for big in Batches(batch=8, n=self.n // 4).__iter__():
+                for i in range(0, 8, 2):
+                    self.pos += 1
+                    yield {k: v[i:i + 2] for k, v in big.items()}
+
+    torch.manual_seed(0)
+    big = TinyMLM(dropout=0.0)
+    torch.manual_seed(0)
+    small = TinyMLM(dropout=0.0)
+    r_big = train(big, Batches(batch=8), _cfg(max_steps=6), tmp_path / "big", step_fn=pretraining_step)
+    r_acc = train(small, Split(n=200), _cfg(max_steps=6, grad_accum=4), tmp_path / "acc", step_fn=pretraining_step)
+    assert r_acc.losses == pytest.approx(r_big.losses, rel=1e-5)
+    for (name, a), b in zip(big.state_dict().items(), small.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+    assert r_acc.tokens == r_big.tokens == 6 * 8 * 8
+
+
+def test_nan_steps_are_skipped_then_stop(tmp_path):
+    torch.manual_seed(0)
+    bad = {3, 4}
+
+    def step_fn(model, batch):
+        out = pretraining_step(model, batch)
+        if step_fn.calls in bad:
+            out.loss = out.loss * float("nan")
+        step_fn.calls += 1
+        return out
+    step_fn.calls = 0
+    m = TinyMLM()
+    res = train(m, Batches(), _cfg(max_steps=8, max_bad_steps=3), tmp_path / "a", step_fn=step_fn)
+    assert res.skipped_steps == 2 and math.isnan(res.losses[3]) and math.isnan(res.losses[4])
+    assert all(math.isfinite(x) for x in res.losses[5:])
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+    step_fn.calls = 0
+    bad.clear()
+    bad.update(range(6, 100))
+    with pytest.raises(TrainingDiverged, match=r"3 consecutive steps \(6\.\.8\).*step-00000005"):
+        train(TinyMLM(), Batches(), _cfg(max_steps=20, max_bad_steps=3, save_every_steps=5), tmp_path / "b",
+              step_fn=step_fn)
+    # the last good checkpoint is intact and no checkpoint of a bad state was written
+    assert latest_checkpoint(tmp_path / "b").name == "step-00000005"
+
+
+def test_bad_settings_fail_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        train(TinyMLM(), Batches(), _cfg(), blocker / "out")
+    with pytest.raises(ConfigError, match="max_steps, epochs or budget_s"):
+        train(TinyMLM(), Batches(), _cfg(max_steps=None), tmp_path / "x")
+    with pytest.raises(ConfigError, match="budget_s"):
+        train(TinyMLM(), Batches(), _cfg(budget_s=0), tmp_path / "y")
+    with pytest.raises(BertkitError):
+        train(TinyMLM(), Batches(), _cfg(optimizer="sgd"), tmp_path / "z")
+
+
+def test_budget_mode_fits_the_wall_clock(tmp_path):
+    torch.manual_seed(0)
+
+    def slow_step(model, batch):
+        time.sleep(0.02)
+        return pretraining_step(model, batch)
+    t0 = time.perf_counter()
+    res = train(TinyMLM(), Batches(), _cfg(max_steps=None, budget_s=1.0, warmup=0.1), tmp_path, step_fn=slow_step)
+    took = time.perf_counter() - t0
+    assert res.stop_reason == "budget" and took < 4.0
+    assert res.elapsed_s == pytest.approx(1.0, abs=0.3)
+    # the schedule was fitted: the last lr is near the end of the decay
+    assert res.history[-1]["lr"] < 0.4 * 1e-2
+    assert abs(res.total_steps - res.steps) <= 2
+
+
+def test_epochs_and_phases(tmp_path):
+    from bertkit.train import Phase
+    torch.manual_seed(0)
+    res = train(TinyMLM(), Batches(n=6), _cfg(max_steps=None, epochs=2, grad_accum=2), tmp_path / "e")
+    assert res.steps == 6 and res.stop_reason == "epochs"
+    seen = []
+
+    def step_fn(model, batch):
+        seen.append(batch["input_ids"].shape[1])
+        return pretraining_step(model, batch)
+    train(TinyMLM(), [Phase(Batches(seq=8), 0.75), Phase(Batches(seq=12), 0.25)], _cfg(max_steps=8),
+          tmp_path / "p", step_fn=step_fn)
+    assert seen == [8] * 6 + [12] * 2
+
+
+# ---------------------------------------------------------------------------------------------- crash safety
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time, torch
+    sys.path.insert(0, {tests!r})
+    from test_train import TinyMLM, Batches, _cfg
+    import bertkit.train.loop as loop
+    from bertkit.train import train, pretraining_step
+    out, resume, kill_in_save = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    if kill_in_save:
+        real = loop.save_model_weights
+        def dying_save(state, path):
+            if loop_state["step"] == kill_in_save:
+                with open(path, "wb") as f:       # half a weights file, then the process dies
+                    f.write(b"\\0" * 100)
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(state, path)
+        loop_state = {{}}
+        loop.save_model_weights = dying_save
+        orig_save = loop._Trainer.save
+        def save(self):
+            loop_state["step"] = self.step
+            return orig_save(self)
+        loop._Trainer.save = save
+    def slow_step(model, batch):   # slow enough that the parent's SIGKILL lands mid-run
+        time.sleep(0.03)
+        return pretraining_step(model, batch)
+    torch.manual_seed(0)
+    train(TinyMLM(), Batches(), _cfg(max_steps=24, save_every_steps=4, resume=resume, deterministic=True), out,
+          step_fn=slow_step)
+""")
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def _run_child(script: Path, out: Path, resume: bool, kill_in_save: int = 0, kill_after_step: int | None = None):
+    p = subprocess.Popen([sys.executable, str(script), str(out), "1" if resume else "0", str(kill_in_save)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if kill_after_step is not None:
+        metrics = out / "metrics.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None:
+            if metrics.exists() and any(json.loads(l)["step"] >= kill_after_step
+                                        for l in metrics.read_text().splitlines() if l.endswith("}")):
+                break
+            time.sleep(0.005)
+        p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    return p.returncode, err.decode()
+
+
+def test_sigkill_then_resume_gives_identical_losses(tmp_path):
+    """Killed while writing the step-12 checkpoint, resumed, killed again mid-training, resumed to the end: the
+    per-step losses equal an uninterrupted run's, bit for bit (CPU, deterministic algorithms, one thread)."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(0)
+        train(TinyMLM(), Batches(), _cfg(max_steps=24, save_every_steps=4, deterministic=True), tmp_path / "ref",
+              step_fn=pretraining_step)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    ref = _losses(tmp_path / "ref")
+    assert sorted(ref) == list(range(1, 25))
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=str(Path(__file__).parent)))
+    run = tmp_path / "run"
+    # 1) SIGKILL in the middle of writing the step-12 checkpoint: the half-written one is ignored
+    rc, _ = _run_child(script, run, resume=False, kill_in_save=12)
+    assert rc == -signal.SIGKILL
+    assert latest_checkpoint(run).name == "step-00000008"
+    assert any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
+    # 2) resumed from step 8, SIGKILLed again mid-training once step 18 is logged
+    rc, _ = _run_child(script, run, resume=True, kill_after_step=18)
+    assert rc == -signal.SIGKILL
+    assert 16 <= int(latest_checkpoint(run).name[5:]) < 24
+    # 3) resumed to the end
+    rc, err = _run_child(script, run, resume=True)
+    assert rc == 0, err
+    assert _losses(run) == ref                                                   # bitwise: the same floats
+    assert not any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
