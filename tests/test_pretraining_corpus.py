@@ -93,3 +93,14 @@ def test_corrupt_gzip_is_an_error(tmp_path):
     (tmp_path / "cut.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match="cut.gz"):
         list(iter_documents(tmp_path / "cut.gz"))
+
+
+def test_prose_joins_hard_wrapped_lines(tmp_path):
+    """In prose, a line that stops mid-sentence and a next line that goes on in lower case are one paragraph;
+    a heading without a period stays a sentence of its own."""
+    p = tmp_path / "wrapped.txt"
+    p.write_text("A Heading Line\nThe quick brown fox jumped over\nthe lazy dog. It was\n42 degrees outside.\n"
+                 "Next paragraph starts here.\n")
+    docs = list(iter_documents(p, "prose"))
+    assert docs[0].sentences == ["A Heading Line", "The quick brown fox jumped over the lazy dog.",
+                                 "It was 42 degrees outside.", "Next paragraph starts here."]

@@ -279,7 +279,7 @@ def test_cli(small_corpus, vocab, tmp_path, capsys):
     from bertkit.cli import main
     rc = main(["prepare", "--corpus", str(small_corpus), "--vocab", str(vocab.parent), "--out", str(tmp_path / "o"),
                "--seq-len", "64", "--task", "sop", "--masking", "ngram", "--dupe-factor", "2", "--mask-prob", "0.3",
-               "--workers", "2", "--seed", "3", "--no-progress"])
+               "--workers", "1", "--seed", "3", "--no-progress"])
     text = capsys.readouterr().out
     assert rc == 0 and "documents" in text and "MB/s" in text and "masking" in text
     m = read_manifest(tmp_path / "o")

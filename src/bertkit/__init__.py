@@ -27,6 +27,7 @@ _LAZY = {
     "BertForSequenceClassification": "bertkit.heads",
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
+    "ShardReader": "bertkit.pretraining.shards",
     "Predictor": "bertkit.infer",
     "cosine_search": "bertkit.infer",
     "TrainConfig": "bertkit.train",

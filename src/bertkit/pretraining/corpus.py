@@ -3,7 +3,8 @@
 Two input layouts, both with a blank line between documents:
 
     lines   Google's format (create_pretraining_data.py): one sentence per line.
-    prose   a paragraph (or any run of text) per line; sentences are found by `split_sentences`.
+    prose   a paragraph per line, or hard-wrapped paragraphs (a line that does not end like a sentence and a next
+            line that starts in lower case or with a digit are joined); sentences are found by `split_sentences`.
     auto    (default) per file: sample the first lines; if they hold more than ~1.3 sentences per line on average
             the file is prose, else lines.
 
@@ -34,7 +35,7 @@ import gzip
 import io
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
@@ -237,16 +238,25 @@ def detect_format(lines: list[str]) -> str:
     return "prose" if per_line > 1.3 else "lines"
 
 
-@dataclass
-class _DocBuilder:
-    fmt: str
-    sentences: list[str] = field(default_factory=list)
+_ENDS_SENTENCE = re.compile(r"""[.!?\u2026:;'"\u2019\u201d)\]]$""")
 
-    def add(self, line: str) -> None:
-        if self.fmt == "prose":
-            self.sentences.extend(split_sentences(line))
+
+def _prose_paragraphs(lines: list[str]) -> list[str]:
+    """Join hard-wrapped lines: a line that does not end like a sentence, followed by one that starts with a
+    lower-case letter or a digit, continues the same paragraph."""
+    out: list[str] = []
+    for line in lines:
+        if out and not _ENDS_SENTENCE.search(out[-1]) and (line[0].islower() or line[0].isdigit()):
+            out[-1] += " " + line
         else:
-            self.sentences.append(line)
+            out.append(line)
+    return out
+
+
+def _sentences(lines: list[str], fmt: str) -> list[str]:
+    if fmt == "lines":
+        return lines
+    return [s for para in _prose_paragraphs(lines) for s in split_sentences(para)]
 
 
 def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, max_line_bytes: int = 256 * 1024,
@@ -282,13 +292,11 @@ def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, 
                 continue
             keep = select is None or select(index)
             if keep:
-                doc = _DocBuilder(file_fmt)
-                for ln in current:
-                    doc.add(ln)
-                if doc.sentences:
+                sentences = _sentences(current, file_fmt)
+                if sentences:
                     stats.documents += 1
-                    stats.sentences += len(doc.sentences)
-                    yield Document(doc.sentences, str(path), index)
+                    stats.sentences += len(sentences)
+                    yield Document(sentences, str(path), index)
             index += 1
             current = []
 

@@ -3,14 +3,18 @@
 For each row of a (batch, seq) array of token ids:
 
 1. Candidates: positions inside the row's length whose token is not a bracketed special ([CLS], [SEP], [PAD],
-   [MASK], [UNK], [unusedN]). Specials are never masked.
+   [MASK], [UNK], [unusedN]). Specials are never masked. (google-research only skips [CLS] / [SEP], so it may ask
+   the model to predict [UNK]; that teaches nothing.)
 2. Budget: n = floor(mask_prob * n_candidates + u), u ~ U[0,1) (stochastic rounding, so the expected share is
-   exactly mask_prob; google-research uses max(1, round(...)), which overshoots on short rows), capped at
+   exactly mask_prob; google-research uses max(1, round(mask_prob * len(tokens))) with [CLS] / [SEP] counted,
+   which overshoots, most on short rows), capped at
    `max_predictions` and at the number of candidates.
 3. Units, drawn in random order until the budget is spent, skipping a unit that would overshoot it (as
    google-research does for whole words, so the budget is met exactly whenever a fitting unit remains):
      token   every candidate position on its own (BERT);
-     wwm     whole words: a piece plus the "##" pieces after it (BERT's whole-word masking);
+     wwm     whole words: a piece plus the "##" pieces after it (BERT's whole-word masking); a "##" piece right
+             after [SEP] (a segment truncated mid-word) starts its own word (google-research glues it to the
+             word before the [SEP]);
      ngram   spans of 1..max_ngram whole words, span length drawn with p(n) proportional to 1/n (ALBERT: for
              max_ngram=3 that is 6/11, 3/11, 2/11); a span whose words overlap a chosen one is skipped, a span that
              does not fit the budget is shortened, and spans never jump over a [SEP].
@@ -43,7 +47,7 @@ MODES = ("token", "wwm", "ngram")
 class MaskingConfig:
     mode: str = "token"              # token | wwm | ngram
     mask_prob: float = 0.15          # BERT's 15%; MosaicBERT found 30% better for short schedules
-    max_predictions: int | None = None  # per row; None -> ceil(mask_prob * seq_len) + 1 (20 at 128, like BERT)
+    max_predictions: int | None = None  # per row; None -> ceil(mask_prob * seq_len): 20 at 128 like BERT
     mask_token_prob: float = 0.8     # share of chosen positions shown as [MASK]
     random_token_prob: float = 0.1   # share shown as a random token; the rest keep their original token
     max_ngram: int = 3               # ngram mode: spans of 1..max_ngram whole words (ALBERT uses 3)
@@ -66,7 +70,7 @@ class MaskingConfig:
             if self.max_predictions < 1:
                 raise ConfigError(f"max_predictions={self.max_predictions} must be >= 1")
             return self.max_predictions
-        return math.ceil(self.mask_prob * seq_len) + 1
+        return math.ceil(self.mask_prob * seq_len)
 
     def to_dict(self) -> dict:
         return asdict(self)

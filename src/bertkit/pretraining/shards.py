@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,8 +346,12 @@ class ShardReader:
         return out
 
 
+_OWN_FILE = re.compile(r"^(manifest\.json|vocab\.txt|w\d+-\d+\.(tokens|meta|mask_pos|mask_ids)\.npy|w\d+-\d+\.done\.json)$")
+
+
 def remove_partial(out_dir: Path) -> None:
-    """Delete leftovers of an interrupted build in `out_dir` (temp files, markers, shards, manifest)."""
+    """Delete what a bertkit build leaves in `out_dir` (shards, markers, temp files, manifest); nothing else."""
     for p in out_dir.iterdir():
-        if p.name == MANIFEST or ".tmp-" in p.name or p.name.endswith((".npy", ".done.json")):
-            p.unlink() if p.is_file() else shutil.rmtree(p)
+        name = p.name[1:].split(".tmp-")[0] if p.name.startswith(".") and ".tmp-" in p.name else p.name
+        if p.is_file() and _OWN_FILE.match(name):
+            p.unlink()
