@@ -31,8 +31,8 @@ def docs(bbc_articles, tok):
     out = []
     for i, a in enumerate(bbc_articles[::step][:N_ARTICLES]):
         sentences = [a.title] + [s for p in a.paragraphs for s in split_sentences(p)]
-        out.append(TokenizedDocument.from_sentences(i, [tok.convert_tokens_to_ids(tok.tokenize(s))
-                                                        for s in sentences]))
+        ids = [e[1:-1] for e in tok(sentences)["input_ids"]]           # without [CLS] / [SEP]
+        out.append(TokenizedDocument.from_sentences(i, ids))
     return out
 
 

@@ -184,17 +184,17 @@ _BOUNDARY = re.compile(r"""
     (?P<space>\s+)
     (?=[\"'\u2018\u201c(\[]*[A-Z0-9\u00C0-\u00DE])   # next sentence opens with a capital or a digit
 """, re.VERBOSE)
-_WORD_BEFORE = re.compile(r"(\S+)$")
 _ACRONYM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]?$")
 
 
 def _is_false_boundary(text: str, m: re.Match) -> bool:
     if m.group("end") != ".":
         return False
-    word_m = _WORD_BEFORE.search(text, 0, m.start("end"))
-    if not word_m:
+    end = m.start("end")
+    before = text[max(0, end - 40):end].split()      # a bounded window: searching from 0 would be quadratic
+    if not before or text[end - 1].isspace():
         return False
-    word = word_m.group(1).lstrip("\"'(\u2018\u201c[")
+    word = before[-1].lstrip("\"'(\u2018\u201c[")
     low = word.lower()
     if low in ABBREVIATIONS:
         return True

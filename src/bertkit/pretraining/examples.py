@@ -59,6 +59,7 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
 from __future__ import annotations
 
 import random
+from itertools import chain
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -109,7 +110,7 @@ class TokenizedDocument:
         lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
         bounds = np.zeros(len(sentences) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
-        flat = np.fromiter((t for s in sentences for t in s), dtype=np.int32, count=int(bounds[-1]))
+        flat = np.array(list(chain.from_iterable(sentences)), dtype=np.int32).reshape(-1)
         return cls(doc_id, flat, bounds)
 
     @property
