@@ -509,7 +509,7 @@ class Tokenizer:
             if self.lowercase:
                 seg = seg.lower()
             pos = base
-            for tok in _ASCII_TOKEN_RE.findall(seg):
+            for tok in _ASCII_TOKEN_RE.findall(seg.rstrip(" \t\n\r")):  # rstrip: see _encode_fast
                 pos += len(tok)
                 word = tok.lstrip(" \t\n\r")
                 words.append(word)
@@ -604,7 +604,9 @@ class Tokenizer:
         joined = "\n".join(texts)  # the newline is whitespace, so no word spans two texts
         if self.lowercase:
             joined = joined.lower()
-        toks = _ASCII_TOKEN_RE.findall(joined)
+        # no trailing whitespace: then every whitespace run is followed by a word, and the regex never fails a
+        # match (a failing scan from each position of a long whitespace tail would be quadratic)
+        toks = _ASCII_TOKEN_RE.findall(joined.rstrip(" \t\n\r"))
         table = self._pieces
         wids = table.lookup(toks)                                  # (n_words,)
         words, pieces = table.words, table.pieces
@@ -685,10 +687,11 @@ class Tokenizer:
         """Model inputs for one text (or pair) or a batch: dict(input_ids, token_type_ids, attention_mask[,
         offsets]). Semantics follow transformers' BertTokenizerFast:
 
-        truncation: None -> "longest_first" when max_length is given, else none; True = "longest_first"; or
-          "only_first" / "only_second". max_length counts the special tokens. A strategy that cannot reach
-          max_length (the sequence it may cut is too short) raises ValueError; a max_length below the number of
-          special tokens leaves the inputs untruncated, as BertTokenizerFast does.
+        truncation: None -> "longest_first" when max_length is given and padding is off, else none;
+          True = "longest_first"; or "only_first" / "only_second". max_length counts the special tokens. A
+          strategy that cannot reach max_length (the sequence it may cut is too short) raises BertkitError (a
+          ValueError); a max_length below the number of special tokens leaves the inputs untruncated, as
+          BertTokenizerFast does.
         padding: False; True / "longest" (to the longest in the batch); "max_length" (to max_length, default 512);
           pad_to_multiple_of rounds the padded length up.
         offsets: (start, end) character positions into the original text, (0, 0) for special and pad tokens.
@@ -720,7 +723,7 @@ class Tokenizer:
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 0):
             raise BertkitError(f"max_length must be a non-negative int, got {max_length!r}")
-        strategy = _truncation_strategy(truncation, max_length)
+        strategy = _truncation_strategy(truncation, max_length, padding)
         cls, sep = self.cls_token_id, self.sep_token_id
         out_ids, out_types, out_offsets = [], [], []
         for i, (a_ids, a_off) in enumerate(first):
@@ -850,10 +853,12 @@ def _short_repr(x, limit: int = 60) -> str:
     return r if len(r) <= limit else r[:limit] + "..."
 
 
-def _truncation_strategy(truncation, max_length) -> str | None:
-    """None (no truncation) or one of TRUNCATION_STRATEGIES, from the user's `truncation` argument."""
+def _truncation_strategy(truncation, max_length, padding) -> str | None:
+    """None (no truncation) or one of TRUNCATION_STRATEGIES, from the user's `truncation` argument. Unset, it
+    means longest_first when max_length is given without padding (BertTokenizerFast's rule)."""
     if truncation is None:
-        return "longest_first" if max_length is not None else None
+        unpadded = padding is False or padding is None or padding == "do_not_pad"
+        return "longest_first" if max_length is not None and unpadded else None
     if truncation is False or truncation == "do_not_truncate":
         return None
     if max_length is None:

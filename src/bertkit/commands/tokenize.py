@@ -35,6 +35,12 @@ def register(sub) -> None:
     p.add_argument("--processes", type=int, default=1, help="worker processes for --file (parallel encoder)")
     p.add_argument("--batch-lines", type=int, default=20000, help="lines per batch when reading --file")
     p.set_defaults(func=run)
+    p.error = _one_line_error  # a usage error is a user error: one line, exit 2
+
+
+def _one_line_error(message: str):
+    print(f"bertkit tokenize: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _lines(path: str):
