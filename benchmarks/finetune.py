@@ -1,0 +1,237 @@
+"""Fine-tuning: bertkit vs transformers, same checkpoint, same splits, same features, same hyperparameters.
+
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/finetune.py --task sentiment --seeds 1,2,3
+
+Both sides start from the real MiniLM-L6 checkpoint (`datasets.minilm_dir()`), train on the same token ids (our
+features; the bert-base-uncased WordPiece output is identical in both libraries) with AdamW (lr, weight decay 0.01
+off biases / LayerNorm, betas 0.9/0.999, eps 1e-6), linear warmup over 10% then linear decay, gradient clipping
+at 1.0, dropout 0.1, bf16 autocast, evaluate dev after every epoch and score test at the best dev epoch.
+
+  * ours: `bertkit.tasks.runner.finetune` (bertkit.train loop, the encoder's "auto" attention, i.e. unpadded
+    for ragged batches, length-bucketed batches padded to their own longest sequence);
+  * reference: `transformers.Bert*` with `attn_implementation="sdpa"` (its fastest on CPU) in a plain torch loop
+    with random batches padded to the batch's longest sequence (DataCollatorWithPadding's behaviour) - the
+    usual way to fine-tune it. Metrics come from the same metric code on its outputs.
+
+Runs interleave (seed 1 ours, seed 1 reference, seed 2 ours, ...) so background load hits both alike; examples/s
+is training examples / training wall time (dev evaluation excluded). Prints one JSON line: per-side mean +- std
+of every metric, examples/s medians and the ratio, plus the per-run records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit import datasets
+from bertkit.tasks import data as task_data
+from bertkit.tasks.batching import collate
+from bertkit.tasks.runner import FinetuneConfig, _evaluate_task, _prepare, finetune, make_task
+
+# benchmark name -> (data set builder name, task kind, default max_length, file extension)
+TASKS = {
+    "sentiment": ("sentiment", "classify", 64, "csv"),
+    "sentiment-regress": ("sentiment-regress", "regress", 64, "csv"),
+    "topic": ("topic", "classify", 256, "csv"),
+    "pairs": ("pairs", "pair", 96, "csv"),
+    "ner": ("ner", "tag", 128, "conll"),
+    "qa": ("qa", "qa", 384, "json"),
+    "qa2": ("qa2", "qa", 384, "json"),
+}
+
+
+def _files(name: str) -> dict[str, str]:
+    out = datasets.cache_dir() / "tasks" / name
+    if not (out / "stats.json").exists():
+        task_data.build(name, out)
+    stats = json.loads((out / "stats.json").read_text())
+    return stats["files"]
+
+
+# ------------------------------------------------------------------------------------------- the reference
+def _hf_model(kind: str, task, model_dir: Path, dropout: float):
+    import transformers as tf
+    cls = {"classify": tf.BertForSequenceClassification, "pair": tf.BertForSequenceClassification,
+           "regress": tf.BertForSequenceClassification, "tag": tf.BertForTokenClassification,
+           "qa": tf.BertForQuestionAnswering}[kind]
+    kw = dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, attn_implementation="sdpa")
+    if kind in ("classify", "pair", "regress", "tag"):
+        kw["num_labels"] = task.num_labels
+    if kind in ("classify", "pair"):
+        kw["problem_type"] = "single_label_classification"
+    if kind == "regress":
+        kw["problem_type"] = "regression"
+    return cls.from_pretrained(str(model_dir), **kw)
+
+
+def run_reference(cfg: FinetuneConfig, task, data, seed: int) -> dict:
+    """transformers model, plain torch loop, random batches padded to their longest sequence."""
+    import transformers as tf
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    model = _hf_model(cfg.task, task, Path(cfg.model), cfg.dropout)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
+                            fused=True)
+    feats = data.train_feats
+    per_epoch = -(-len(feats) // cfg.batch_size)
+    total = max(1, math.ceil(per_epoch * cfg.epochs))
+    sched = tf.get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
+    label_keys = [k for k in ("labels", "start_positions", "end_positions") if k in feats[0]]
+    g = torch.Generator().manual_seed(seed)
+    step, epoch, train_s, examples = 0, 0, 0.0, 0
+    best = {"value": -math.inf}
+    history = []
+    while step < total:
+        perm = torch.randperm(len(feats), generator=g).tolist()
+        t0 = time.perf_counter()
+        for s in range(0, len(perm), cfg.batch_size):
+            if step >= total:
+                break
+            idx = perm[s:s + cfg.batch_size]
+            batch = collate([feats[i] for i in idx], 0, multiple_of=1)  # pad to the longest, as HF's collator
+            inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", *label_keys)}
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                loss = model(**inputs).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            examples += len(idx)
+        train_s += time.perf_counter() - t0
+        epoch += 1
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            report, _ = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16,
+                                       tune_null=True)
+        history.append({"step": step, task.main_metric: report[task.main_metric]})
+        if report[task.main_metric] > best["value"]:
+            best = {"value": report[task.main_metric], "dev": report, "step": step,
+                    "null": getattr(task, "null_threshold", None),
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        model.train()
+    model.load_state_dict(best["state"])
+    if best["null"] is not None:
+        task.null_threshold = best["null"]
+    rec = {"seed": seed, "dev": best["dev"], "best_step": best["step"], "history": history, "train_s": train_s,
+           "train_examples": examples, "examples_per_s": examples / train_s}
+    if data.test is not None:
+        rec["test"], _ = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size, cfg.bf16)
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------- reporting
+_KEYS = ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "precision", "recall", "exact",
+         "HasAns_f1", "NoAns_f1", "HasAns_exact", "NoAns_exact")
+
+
+def _summary(runs: list[dict]) -> dict:
+    out = {}
+    for split in ("dev", "test"):
+        if split in runs[0]:
+            out[split] = {}
+            for k in _KEYS:
+                if k in runs[0][split]:
+                    vals = [float(r[split][k]) for r in runs]
+                    out[split][k] = {"mean": statistics.fmean(vals),
+                                     "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+            if "per_type" in runs[0][split]:  # entity F1 per type, mean over seeds
+                types = runs[0][split]["per_type"]
+                out[split]["per_type_f1"] = {t: statistics.fmean(r[split]["per_type"].get(t, {"f1": 0})["f1"]
+                                                                 for r in runs) for t in types}
+    eps = [r["examples_per_s"] for r in runs]
+    out["examples_per_s"] = {"median": statistics.median(eps), "values": eps}
+    return out
+
+
+def _strip(rec: dict) -> dict:
+    drop = ("confusion_matrix", "per_class", "per_type", "files")
+    return {k: ({kk: vv for kk, vv in v.items() if kk not in drop} if isinstance(v, dict) else v)
+            for k, v in rec.items() if k not in ("history",)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="sentiment", choices=sorted(TASKS))
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--max-length", type=int)
+    p.add_argument("--max-train-examples", type=int)
+    p.add_argument("--model", help="model directory (default: MiniLM-L6)")
+    p.add_argument("--side", choices=("both", "ours", "reference"), default="both")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    p.add_argument("--out", default="runs/bench-finetune")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    data_name, kind, max_len, _ = TASKS[args.task]
+    files = _files(data_name)
+    model_dir = Path(args.model) if args.model else datasets.minilm_dir()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    cfg = FinetuneConfig(task=kind, model=str(model_dir), train=files["train"], dev=files["dev"],
+                         test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
+                         epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
+                         max_train_examples=args.max_train_examples, save_model=False, quiet=True)
+    # the reference trains on exactly our features
+    from bertkit.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(model_dir)
+    ref_task = make_task(kind, cfg)
+    data = _prepare(cfg, ref_task, tok)
+
+    ours, ref = [], []
+    for seed in seeds:
+        if args.side in ("both", "ours"):
+            cfg.seeds = (seed,)
+            cfg.out = f"{args.out}/{args.task}/ours-seed{seed}"
+            s = finetune(cfg)
+            rec = json.loads((Path(cfg.out) / "metrics.json").read_text())
+            ours.append(rec)
+            print(f"# ours seed {seed}: dev {rec['dev'][ref_task.main_metric]:.4f} "
+                  f"test {rec.get('test', {}).get(ref_task.main_metric, float('nan')):.4f} "
+                  f"{rec['examples_per_s']:.1f} ex/s", file=sys.stderr, flush=True)
+        if args.side in ("both", "reference"):
+            rec = run_reference(cfg, ref_task, data, seed)
+            ref.append(rec)
+            print(f"# reference seed {seed}: dev {rec['dev'][ref_task.main_metric]:.4f} "
+                  f"test {rec.get('test', {}).get(ref_task.main_metric, float('nan')):.4f} "
+                  f"{rec['examples_per_s']:.1f} ex/s", file=sys.stderr, flush=True)
+
+    result = {"benchmark": "finetune", "task": args.task, "kind": kind, "model": model_dir.name,
+              "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs, "max_length": cfg.max_length,
+              "seeds": seeds, "data": data.counts, "threads": torch.get_num_threads()}
+    if ours:
+        result["ours"] = _summary(ours)
+    if ref:
+        result["reference"] = _summary(ref)
+    if ours and ref:
+        result["speedup"] = result["ours"]["examples_per_s"]["median"] / result["reference"]["examples_per_s"]["median"]
+        m = ref_task.main_metric
+        for split in ("dev", "test"):
+            if split in result["ours"] and m in result["ours"][split]:
+                result[f"{split}_{m}_diff_points"] = 100 * (result["ours"][split][m]["mean"]
+                                                            - result["reference"][split][m]["mean"])
+    result["runs"] = {"ours": [_strip(r) for r in ours], "reference": [_strip(r) for r in ref]}
+    out = Path(args.out) / f"{args.task}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

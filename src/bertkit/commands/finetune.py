@@ -1,0 +1,134 @@
+"""`bertkit finetune | evaluate | predict | task-data`: thin wrappers over bertkit.tasks.
+
+    bertkit task-data sentiment --out data/sentiment          # real task files (CSV / CoNLL / SQuAD JSON)
+    bertkit finetune --task classify --model MODEL_DIR --train data/sentiment/train.csv \\
+        --dev data/sentiment/dev.csv --test data/sentiment/test.csv --out runs/sentiment --seeds 1,2,3
+    bertkit evaluate --model runs/sentiment/seed-1 --data data/sentiment/test.csv --out runs/eval
+    bertkit predict --model runs/sentiment/seed-1 --data new.csv --out preds.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bertkit.errors import ConfigError
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds wants comma-separated integers, got {text!r}") from None
+
+
+def register(sub) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa)",
+                       description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
+                                   "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
+                                   "3 epochs, 10%% warmup, dropout 0.1, bf16 autocast.")
+    p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa"))
+    p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
+    p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
+    p.add_argument("--train", required=True, help="training file (.csv/.tsv/.jsonl, CoNLL, SQuAD .json)")
+    p.add_argument("--dev", required=True, help="dev file: scored during training, picks the best checkpoint")
+    p.add_argument("--test", help="test file, scored once with the best checkpoint")
+    p.add_argument("--out", required=True, help="output directory (model, metrics, predictions, summary.json)")
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of the steps (default 0.1)")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--max-length", type=int, help="max pieces per example (default 128; qa 384)")
+    p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
+    p.add_argument("--grid", action="store_true", help="search lr {5e-5,3e-5,2e-5} x batch {16,32} on dev first")
+    p.add_argument("--eval-every", type=int, default=0, help="steps between dev evaluations (0: every epoch)")
+    p.add_argument("--patience", type=int, default=0, help="early stopping: evaluations without improvement")
+    p.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
+    p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
+    p.add_argument("--attn", dest="attn_implementation", choices=("auto", "eager", "sdpa", "unpadded"))
+    p.add_argument("--label-all-pieces", action="store_true", help="tag: label every piece, not only the first")
+    p.add_argument("--scheme", choices=("IOB1", "IOB2", "BIOES"), help="tag: convert tags before training")
+    p.add_argument("--doc-stride", type=int, default=128)
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--max-answer-length", type=int, default=30)
+    p.add_argument("--n-best", type=int, default=20)
+    p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_finetune)
+
+    e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file")
+    e.add_argument("--model", required=True, help="directory written by `bertkit finetune`")
+    e.add_argument("--data", required=True)
+    e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
+    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--fp32", action="store_true")
+    e.set_defaults(func=_evaluate)
+
+    r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
+    r.add_argument("--model", required=True, help="directory written by `bertkit finetune`")
+    r.add_argument("--data", required=True, help="input file (labels optional)")
+    r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
+    r.add_argument("--batch-size", type=int, default=128)
+    r.add_argument("--fp32", action="store_true")
+    r.set_defaults(func=_predict)
+
+    d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
+    d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | ner | qa | qa2")
+    d.add_argument("--out", required=True)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_task_data)
+
+
+def _finetune(args) -> int:
+    from bertkit.tasks.runner import FinetuneConfig, finetune
+    cfg = FinetuneConfig(
+        task=args.task, model=args.model, vocab=args.vocab, train=args.train, dev=args.dev, test=args.test,
+        out=args.out, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
+        weight_decay=args.weight_decay, dropout=args.dropout, max_length=args.max_length, bf16=not args.fp32,
+        seeds=args.seeds, grid=args.grid, eval_every=args.eval_every, patience=args.patience,
+        max_train_examples=args.max_train_examples, attn_implementation=args.attn_implementation,
+        label_all_pieces=args.label_all_pieces, scheme=args.scheme, doc_stride=args.doc_stride,
+        max_query_length=args.max_query_length, max_answer_length=args.max_answer_length, n_best=args.n_best,
+        save_model=not args.no_save, quiet=args.quiet)
+    summary = finetune(cfg)
+    print(json.dumps(_brief(summary)))
+    return 0
+
+
+def _brief(summary: dict) -> dict:
+    """The headline numbers: mean +- std per metric per split."""
+    out = {"task": summary["task"], "lr": summary["lr"], "batch_size": summary["batch_size"],
+           "seeds": summary["seeds"],
+           "examples_per_s": round(summary["examples_per_s"]["mean"], 1)}
+    for split in ("dev", "test"):
+        if split in summary:
+            out[split] = {k: f"{v['mean']:.4f} +- {v['std']:.4f}" for k, v in summary[split].items()
+                          if k in ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact",
+                                   "precision", "recall", "f1_micro", "HasAns_f1", "NoAns_f1")}
+    return out
+
+
+def _evaluate(args) -> int:
+    from bertkit.tasks.runner import evaluate
+    report = evaluate(args.model, args.data, args.out, args.batch_size, bf16=not args.fp32)
+    report.pop("confusion_matrix", None)
+    print(json.dumps(report, default=float))
+    return 0
+
+
+def _predict(args) -> int:
+    from bertkit.tasks.runner import predict
+    path = predict(args.model, args.data, args.out, args.batch_size, bf16=not args.fp32)
+    print(path)
+    return 0
+
+
+def _task_data(args) -> int:
+    from bertkit.tasks import data
+    if args.name not in data.TASKS:
+        raise ConfigError(f"unknown task data set {args.name!r}; choose from {', '.join(data.TASKS)}")
+    stats = data.build(args.name, args.out, args.seed)
+    print(json.dumps(stats))
+    return 0

@@ -1,0 +1,143 @@
+"""Batching for fine-tuning: length-bucketed batches, dynamic padding, and a sorted inference pass.
+
+Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one). Padding every batch to a fixed
+`max_seq_length` wastes most of the compute on pad tokens, so:
+
+  * `BucketBatchSampler` shuffles the data, cuts it into windows of `batch_size * bucket_batches` examples, sorts
+    each window by length and cuts it into batches, then shuffles the batch order. Batches hold similar lengths
+    (little padding) yet stay random from epoch to epoch (the window is random, and so is the batch order).
+  * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly).
+  * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference) and hands
+    back per-batch outputs with the original indices, under bf16 autocast when asked.
+
+Features are plain dicts of python lists / ints (`input_ids`, `token_type_ids`, optional `labels`,
+`start_positions`, ...); `collate` turns a list of them into a dict of tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["BucketBatchSampler", "collate", "autocast", "predict_batches", "iterate_batches"]
+
+SEQUENCE_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+# per-token label keys are padded with -100 (ignored by the loss); everything else is per-example
+TOKEN_LABEL_KEYS = ("labels_tokens",)
+
+
+class BucketBatchSampler:
+    """Yields lists of indices; similar lengths share a batch. Deterministic given (seed, epoch)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0, shuffle: bool = True,
+                 bucket_batches: int = 50, drop_last: bool = False):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.bucket_batches = bucket_batches
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.lengths)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def batches(self) -> list[list[int]]:
+        idx = list(range(len(self.lengths)))
+        rng = random.Random(self.seed * 100_003 + self.epoch)
+        if self.shuffle:
+            rng.shuffle(idx)
+        window = self.batch_size * self.bucket_batches
+        out: list[list[int]] = []
+        for w in range(0, len(idx), window):
+            chunk = sorted(idx[w:w + window], key=lambda i: self.lengths[i])
+            out.extend(chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size))
+        if self.drop_last:
+            out = [b for b in out if len(b) == self.batch_size]
+        if self.shuffle:
+            rng.shuffle(out)
+        return out
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.batches()
+
+
+def collate(features: list[dict], pad_token_id: int = 0, multiple_of: int = 8) -> dict[str, torch.Tensor]:
+    """Pad a list of features to the batch's longest sequence (rounded up to `multiple_of`)."""
+    longest = max(len(f["input_ids"]) for f in features)
+    seq = -(-longest // multiple_of) * multiple_of if multiple_of else longest
+    b = len(features)
+    ids = torch.full((b, seq), pad_token_id, dtype=torch.long)
+    types = torch.zeros((b, seq), dtype=torch.long)
+    mask = torch.zeros((b, seq), dtype=torch.long)
+    out = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[i, :n] = torch.as_tensor(f["input_ids"])
+        if f.get("token_type_ids") is not None:
+            types[i, :n] = torch.as_tensor(f["token_type_ids"])
+        mask[i, :n] = 1
+    first = features[0]
+    if "labels" in first:
+        lab = first["labels"]
+        if isinstance(lab, list) and first.get("token_labels", False):     # per-token: pad with -100
+            t = torch.full((b, seq), -100, dtype=torch.long)
+            for i, f in enumerate(features):
+                t[i, :len(f["labels"])] = torch.as_tensor(f["labels"])
+            out["labels"] = t
+        elif isinstance(lab, list):                                          # multi-label: (batch, num_labels)
+            out["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.float)
+        elif isinstance(lab, float):                                         # regression
+            out["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.float)
+        else:
+            out["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.long)
+    for key in ("start_positions", "end_positions"):
+        if key in first:
+            out[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
+    return out
+
+
+def iterate_batches(features: list[dict], batch_size: int, seed: int, epoch: int, pad_token_id: int = 0,
+                    shuffle: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+    sampler = BucketBatchSampler([len(f["input_ids"]) for f in features], batch_size, seed, shuffle)
+    sampler.set_epoch(epoch)
+    for batch in sampler:
+        yield collate([features[i] for i in batch], pad_token_id)
+
+
+def autocast(bf16: bool, device: str | torch.device = "cpu"):
+    """bf16 autocast on the model's device (CPU AMX / CUDA tensor cores), or a no-op."""
+    if not bf16:
+        return contextlib.nullcontext()
+    dev = torch.device(device).type
+    return torch.autocast(device_type=dev, dtype=torch.bfloat16)
+
+
+_MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+@torch.no_grad()
+def predict_batches(model, features: list[dict], batch_size: int = 64, bf16: bool = True, pad_token_id: int = 0,
+                    model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
+    """Run `model` in eval mode over `features` sorted by length; yields (original indices, model output)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    try:
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            batch = collate([features[i] for i in idx], pad_token_id)
+            inputs = {k: batch[k].to(device) for k in _MODEL_KEYS}
+            with autocast(bf16, device):
+                out = model(**inputs, **(model_kwargs or {}))
+            yield idx, out
+    finally:
+        model.train(was_training)

@@ -1,0 +1,163 @@
+"""Sequence-level tasks: single-text classification, text-pair classification, regression, multi-label.
+
+One output layer on the pooled [CLS] vector (`BertForSequenceClassification`), as in the paper's figure 4 (a)/(b):
+
+    classify    text  -> one of K labels            cross-entropy      accuracy, macro-F1, MCC (+ binary F1)
+    pair        text, text_pair -> one of K labels  cross-entropy      same; segment B = text_pair
+    regress     text (, text_pair) -> a number      mean squared error Pearson, Spearman, MSE
+    multilabel  text -> any subset of K labels      BCE per label      micro/macro F1, exact-match accuracy
+
+Labels are names or numbers in the file; the `LabelMap` built from the training file is saved with the model as
+config.json `id2label` / `label2id`. A dev/test label the model has never seen is a `DataError` naming file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit.errors import DataError
+from bertkit.tasks import metrics as M
+from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.readers import LabelMap, TextExample, read_table, split_multilabel
+
+__all__ = ["SequenceTask", "encode_examples"]
+
+KINDS = ("classify", "pair", "regress", "multilabel")
+PROBLEM = {"classify": "single_label_classification", "pair": "single_label_classification",
+           "regress": "regression", "multilabel": "multi_label_classification"}
+
+
+def encode_examples(tok, examples: list[TextExample], max_length: int) -> list[dict]:
+    """Tokenise (text[, text_pair]) with [CLS]/[SEP], truncating the longer side first to `max_length`."""
+    texts = [e.text for e in examples]
+    pairs = [e.text_pair for e in examples] if any(e.text_pair is not None for e in examples) else None
+    if pairs is not None and any(p is None for p in pairs):
+        bad = next(e for e in examples if e.text_pair is None)
+        raise DataError(f"{bad.source}: empty text_pair (other rows have one)")
+    enc = tok(texts, pairs, max_length=max_length, truncation="longest_first" if pairs else True)
+    return [{"input_ids": list(enc["input_ids"][i]), "token_type_ids": list(enc["token_type_ids"][i])}
+            for i in range(len(examples))]
+
+
+@dataclass
+class SequenceTask:
+    kind: str                      # classify | pair | regress | multilabel
+    max_length: int = 128
+    multilabel_sep: str = "|"
+    labels: LabelMap | None = None
+
+    model_class_name = "BertForSequenceClassification"
+
+    # ------------------------------------------------------------------ data
+    def read(self, path, require_label: bool = True) -> list[TextExample]:
+        return read_table(path, require_pair=self.kind == "pair", require_label=require_label,
+                          multilabel_sep=self.multilabel_sep)
+
+    def fit_labels(self, train: list[TextExample]) -> None:
+        if self.kind == "regress":
+            self.labels = None
+        elif self.kind == "multilabel":
+            self.labels = LabelMap.from_labels(x for e in train for x in split_multilabel(e.label, self.multilabel_sep))
+        else:
+            self.labels = LabelMap.from_labels(e.label for e in train)
+            if len(self.labels) < 2:
+                raise DataError(f"{train[0].source.rsplit(':', 1)[0]}: only one label ({self.labels.labels[0]!r}) "
+                                f"in the training data; classification needs two or more")
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.kind == "regress" else len(self.labels)
+
+    def config_overrides(self) -> dict:
+        out = {"num_labels": self.num_labels, "problem_type": PROBLEM[self.kind]}
+        if self.labels is not None:
+            out["id2label"] = {i: n for i, n in enumerate(self.labels.labels)}
+        return out
+
+    def _target(self, e: TextExample):
+        if self.kind == "regress":
+            try:
+                return float(e.label)
+            except (TypeError, ValueError):
+                raise DataError(f"{e.source}: regression label {e.label!r} is not a number") from None
+        if self.kind == "multilabel":
+            v = [0.0] * len(self.labels)
+            for name in split_multilabel(e.label, self.multilabel_sep):
+                v[self.labels.id(name, e.source)] = 1.0
+            return v
+        return self.labels.id(e.label, e.source)
+
+    def features(self, tok, examples: list[TextExample], with_labels: bool = True) -> list[dict]:
+        feats = encode_examples(tok, examples, self.max_length)
+        if with_labels:
+            for f, e in zip(feats, examples):
+                f["labels"] = self._target(e)
+        return feats
+
+    # ------------------------------------------------------------------ inference
+    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool = True) -> np.ndarray:
+        out = np.zeros((len(feats), self.num_labels), dtype=np.float32)
+        for idx, o in predict_batches(model, feats, batch_size, bf16):
+            out[idx] = o.logits.float().cpu().numpy()
+        return out
+
+    def decode(self, logits: np.ndarray) -> list:
+        if self.kind == "regress":
+            return logits[:, 0].tolist()
+        if self.kind == "multilabel":
+            return [[self.labels.name(j) for j in np.nonzero(row > 0)[0]] for row in logits]
+        return [self.labels.name(int(j)) for j in logits.argmax(-1)]
+
+    def score(self, examples: list[TextExample], feats: list[dict], logits: np.ndarray) -> dict:
+        """Metrics of predictions `logits` against the gold labels in `feats`."""
+        if self.kind == "regress":
+            gold = np.array([f["labels"] for f in feats])
+            pred = logits[:, 0]
+            return {"pearson": M.pearson(gold, pred), "spearman": M.spearman(gold, pred),
+                    "mse": float(((gold - pred) ** 2).mean()), "n": len(gold)}
+        if self.kind == "multilabel":
+            gold = np.array([f["labels"] for f in feats]) > 0.5
+            pred = logits > 0
+            tp = (gold & pred).sum(0)
+            fp, fn = (~gold & pred).sum(0), (gold & ~pred).sum(0)
+            f1s = [M._prf(tp[k], fp[k], fn[k])[2] for k in range(gold.shape[1])]
+            return {"f1_micro": M._prf(tp.sum(), fp.sum(), fn.sum())[2], "f1_macro": float(np.mean(f1s)),
+                    "exact_match": float((gold == pred).all(1).mean()), "n": len(gold)}
+        gold = [f["labels"] for f in feats]
+        rep = M.classification_report(gold, logits.argmax(-1).tolist(), self.labels.labels)
+        rep["n"] = len(gold)
+        return rep
+
+    @property
+    def main_metric(self) -> str:
+        return {"regress": "pearson", "multilabel": "f1_micro"}.get(self.kind, "accuracy")
+
+    def write_predictions(self, path: Path, examples: list[TextExample], logits: np.ndarray) -> Path:
+        preds = self.decode(logits)
+        with open(path, "w", encoding="utf-8") as f:
+            for e, p, row in zip(examples, preds, logits):
+                rec = {"text": e.text, "prediction": p}
+                if e.text_pair is not None:
+                    rec["text_pair"] = e.text_pair
+                if e.label is not None:
+                    rec["label"] = e.label
+                if self.kind in ("classify", "pair"):
+                    probs = torch.softmax(torch.from_numpy(row), -1).tolist()
+                    rec["probabilities"] = {self.labels.name(j): round(p_, 6) for j, p_ in enumerate(probs)}
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        return path
+
+    def artifacts(self, out_dir: Path, split: str, report: dict) -> list[Path]:
+        """Confusion-matrix PNG for classification (matplotlib Agg), when matplotlib is installed."""
+        if "confusion_matrix" not in report:
+            return []
+        try:
+            return [M.plot_confusion_matrix(report["confusion_matrix"], self.labels.labels,
+                                            out_dir / f"confusion_{split}.png", f"{split} confusion matrix")]
+        except ImportError:
+            return []

@@ -1,0 +1,176 @@
+"""Feature-based use of BERT (the paper's section 5.3, ELMo-style): a frozen encoder, chosen layers combined, a small
+classifier trained on top.
+
+    X = extract_features(encoder, tok, texts, layers=(-1, -2, -3, -4), combine="concat", pooling="mean")
+    clf = FeatureClassifierConfig(...); probe = train_probe(X_train, y_train, X_dev, y_dev, num_labels, cfg)
+
+`extract_features` runs the encoder once (eval mode, no gradients, bf16 autocast optional, batches sorted by length
+with dynamic padding) and keeps, per text, the requested hidden layers:
+  * layers: indices into `hidden_states` (0 = the embeddings output, -1 = the last layer; the paper's best
+    feature-based choice was the concatenation of the last four);
+  * combine: "concat" (dimension = len(layers) * hidden), "sum" or "mean" of the layers (dimension = hidden);
+  * pooling: "cls" (the [CLS] vector), "mean" (mean over real tokens, padding excluded) or "tokens" (a list of
+    (n_pieces, dim) arrays, for token-level probes).
+It is the library function behind `bertkit embed --layers ...` (the inference engineer's command).
+
+The probe is a linear layer or a one-hidden-layer MLP trained with the shared training loop (`bertkit.train`) on the
+fixed features: the encoder is never updated, which is the point of the feature-based approach (features computed
+once, any number of cheap classifiers on top).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertkit.errors import ConfigError
+from bertkit.tasks.batching import autocast, collate
+
+__all__ = ["extract_features", "ProbeConfig", "Probe", "train_probe"]
+
+
+@torch.no_grad()
+def extract_features(model, tok, texts: list[str], pairs: list[str] | None = None, *,
+                     layers: tuple[int, ...] = (-1, -2, -3, -4), combine: str = "concat", pooling: str = "mean",
+                     max_length: int = 128, batch_size: int = 64, bf16: bool = False):
+    """Frozen-encoder features for `texts` (see module docstring). `model` is a BertModel or any bertkit model with
+    a `.bert` encoder. Returns a (n, dim) float32 array, or a list of (n_pieces, dim) arrays for pooling="tokens"."""
+    if combine not in ("concat", "sum", "mean"):
+        raise ConfigError(f"combine={combine!r}: use concat, sum or mean")
+    if pooling not in ("cls", "mean", "tokens"):
+        raise ConfigError(f"pooling={pooling!r}: use cls, mean or tokens")
+    encoder = getattr(model, "bert", model)
+    n_hidden = encoder.config.num_hidden_layers + 1
+    for li in layers:
+        if not -n_hidden <= li < n_hidden:
+            raise ConfigError(f"layer {li} does not exist: the model has hidden states 0..{n_hidden - 1} "
+                              f"(0 = embeddings) or -1..-{n_hidden}")
+    enc = tok(texts, pairs, max_length=max_length, truncation=True)
+    feats = [{"input_ids": list(enc["input_ids"][i]), "token_type_ids": list(enc["token_type_ids"][i])}
+             for i in range(len(texts))]
+    was_training = encoder.training
+    encoder.eval()
+    device = next(encoder.parameters()).device
+    order = sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
+    out: list = [None] * len(feats)
+    try:
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], tok.pad_token_id).items()}
+            with autocast(bf16, device):
+                o = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                            attention_mask=batch["attention_mask"], output_hidden_states=True)
+            hs = [o.hidden_states[li].float() for li in layers]                  # each (batch, seq, hidden)
+            h = torch.cat(hs, -1) if combine == "concat" else torch.stack(hs).sum(0)
+            if combine == "mean":
+                h = h / len(hs)
+            mask = batch["attention_mask"].unsqueeze(-1).float()                 # (batch, seq, 1)
+            if pooling == "cls":
+                pooled = h[:, 0]
+            elif pooling == "mean":
+                pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
+            for row, i in enumerate(idx):
+                if pooling == "tokens":
+                    out[i] = h[row, :len(feats[i]["input_ids"])].cpu().numpy()
+                else:
+                    out[i] = pooled[row].cpu().numpy()
+    finally:
+        encoder.train(was_training)
+    return out if pooling == "tokens" else np.stack(out).astype(np.float32)
+
+
+@dataclass
+class ProbeConfig:
+    hidden: int = 0            # 0: linear probe; > 0: one hidden ReLU layer of this width
+    dropout: float = 0.1
+    lr: float = 1e-3           # a fresh small head learns at a far higher rate than fine-tuning uses
+    batch_size: int = 32
+    epochs: int = 10
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+class Probe(nn.Module):
+    """A small classifier on fixed features; forward(features, labels) -> object with .loss / .logits, like the
+    bertkit heads, so the shared training loop can train it."""
+
+    def __init__(self, dim: int, num_labels: int, cfg: ProbeConfig):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Dropout(cfg.dropout)]
+        if cfg.hidden:
+            layers += [nn.Linear(dim, cfg.hidden), nn.ReLU(), nn.Dropout(cfg.dropout)]
+            dim = cfg.hidden
+        layers.append(nn.Linear(dim, num_labels))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None):
+        logits = self.net(features)                                              # (batch, num_labels)
+        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return _ProbeOutput(loss, logits)
+
+
+@dataclass
+class _ProbeOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+class _FeatureBatches:
+    """Shuffled mini-batches of (features, labels) tensors, reshuffled per epoch by the training loop."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
+        self.X, self.y = torch.from_numpy(np.asarray(X, dtype=np.float32)), torch.as_tensor(y, dtype=torch.long)
+        self.batch_size, self.seed, self.epoch = batch_size, seed, 0
+
+    def __len__(self) -> int:
+        return -(-len(self.y) // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        perm = torch.randperm(len(self.y), generator=g)
+        for s in range(0, len(perm), self.batch_size):
+            idx = perm[s:s + self.batch_size]
+            yield {"features": self.X[idx], "labels": self.y[idx]}
+
+
+def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfig | None = None,
+                out_dir: str | None = None) -> tuple[Probe, dict]:
+    """Train a `Probe` on fixed features with the shared loop (`bertkit.train`, fp32, linear decay, 10% warmup);
+    the state with the best dev accuracy is kept. Returns (probe, {"dev_accuracy", "best_step", "history"})."""
+    import tempfile
+
+    T = importlib.import_module("bertkit.train")  # not `from bertkit import train`: that name is the function
+    from bertkit.tasks.metrics import accuracy
+
+    cfg = cfg or ProbeConfig()
+    T.seed_everything(cfg.seed)
+    probe = Probe(np.asarray(X_train).shape[1], num_labels, cfg)
+    batches = _FeatureBatches(X_train, y_train, cfg.batch_size, cfg.seed)
+    Xd = torch.from_numpy(np.asarray(X_dev, dtype=np.float32))
+    best = {"acc": -1.0, "state": None, "step": 0, "history": [], "evals": 0}
+
+    def on_eval(m) -> dict:
+        best["evals"] += 1
+        acc = accuracy(y_dev, m(Xd).logits.argmax(-1).numpy())
+        best["history"].append(acc)
+        if acc > best["acc"]:
+            best.update(acc=acc, step=best["evals"] * len(batches),
+                        state={k: v.clone() for k, v in m.state_dict().items()})
+        return {"accuracy": acc}
+
+    tcfg = T.TrainConfig(max_steps=max(1, int(len(batches) * cfg.epochs)), lr=cfg.lr, warmup=0.1,
+                         weight_decay=cfg.weight_decay, precision="fp32", seed=cfg.seed, eval_every_steps=len(batches),
+                         save_final=False, progress=False, tensorboard=False, plot=False, log_every_steps=50,
+                         overwrite=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        T.train(probe, batches, tcfg, out_dir or tmp, eval_fn=on_eval)
+    probe.load_state_dict(best["state"])
+    probe.eval()
+    return probe, {"dev_accuracy": best["acc"], "best_step": best["step"], "history": best["history"]}

@@ -1,0 +1,220 @@
+"""Extractive question answering, SQuAD v1.1 and v2.0: the paper's figure 4 (c) and section 4.2/4.3.
+
+Features. The question is cut to `max_query_length` pieces; the context is tokenised once with character offsets and
+cut into windows of at most `max_seq_length - len(question) - 3` pieces that start every `doc_stride` pieces, so a
+context longer than one window is covered by several overlapping ones (none is dropped):
+
+    [CLS] question [SEP] context[w : w + window] [SEP]          token_type 0 ... 0 1 ... 1
+
+Training labels are the answer's first/last piece inside the window; a window that does not contain the whole
+answer (and every window of an unanswerable question) points at [CLS] (position 0), as the original does.
+
+Decoding. For every window: the `n_best` highest start and end logits over context pieces, pairs with
+start <= end, length <= `max_answer_length`, and the start piece in its "max-context" window (the window where it
+has the most context on both sides, so overlapping windows do not vote twice); the answer text is the context
+substring between the pieces' character offsets. Score = start_logit + end_logit. The null score is the [CLS]
+start + end logit, the minimum over the example's windows. SQuAD 2.0: predict "" when
+null score - best span score > threshold, with the threshold chosen on dev to maximise F1
+(`metrics.best_null_threshold`) and saved with the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import DataError
+from bertkit.tasks import metrics as M
+from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.readers import SquadExample, read_squad
+
+__all__ = ["QATask"]
+
+
+def _context_pieces(tok, context: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Piece ids and (start, end) character offsets of the context, without [CLS]/[SEP]."""
+    enc = tok([context], return_offsets=True)
+    ids, offs = list(enc["input_ids"][0]), [tuple(o) for o in enc["offsets"][0]]
+    keep = [i for i, t in enumerate(ids) if t not in (tok.cls_token_id, tok.sep_token_id)]
+    return [ids[i] for i in keep], [offs[i] for i in keep]
+
+
+@dataclass
+class QATask:
+    max_length: int = 384           # max_seq_length
+    doc_stride: int = 128
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    n_best: int = 20
+    null_threshold: float = 0.0     # SQuAD 2.0: tuned on dev after training
+    version_2: bool = False
+    stats: dict = field(default_factory=lambda: {"examples": 0, "features": 0, "multi_window_examples": 0,
+                                                 "truncated_questions": 0, "answer_outside_window": 0,
+                                                 "fixed_offsets": 0})
+    kind = "qa"
+    labels = None
+    model_class_name = "BertForQuestionAnswering"
+    num_labels = 2
+
+    @property
+    def main_metric(self) -> str:
+        return "f1"
+
+    def read(self, path, require_label: bool = True) -> list[SquadExample]:
+        data = read_squad(path, require_answers=require_label)
+        self.version_2 |= data.version_2
+        self.stats["fixed_offsets"] += data.fixed_offsets
+        return data.examples
+
+    def fit_labels(self, train) -> None:
+        pass
+
+    def config_overrides(self) -> dict:
+        return {"num_labels": 2}
+
+    # ------------------------------------------------------------------ features
+    def features(self, tok, examples: list[SquadExample], with_labels: bool = True) -> list[dict]:
+        feats = []
+        for ei, e in enumerate(examples):
+            q = tok.convert_tokens_to_ids(tok.tokenize(e.question))
+            if len(q) > self.max_query_length:
+                q = q[:self.max_query_length]
+                self.stats["truncated_questions"] += 1
+            ids, offs = _context_pieces(tok, e.context)
+            if not ids:
+                raise DataError(f"{e.source}: question {e.id!r}: the context has no tokens")
+            window = self.max_length - len(q) - 3
+            if window < 1:
+                raise DataError(f"max_seq_length={self.max_length} leaves no room for context after a "
+                                f"{len(q)}-piece question")
+            a_start = a_end = None
+            if with_labels and e.answers and not e.is_impossible:
+                text, cs = e.answers[0]
+                ce = cs + len(text)
+                inside = [i for i, (s, t) in enumerate(offs) if s < ce and t > cs]
+                if not inside:
+                    raise DataError(f"{e.source}: question {e.id!r}: answer {text!r} at {cs} covers no token "
+                                    f"of the context")
+                a_start, a_end = inside[0], inside[-1]
+            starts = list(range(0, max(len(ids) - window, 0) + 1, self.doc_stride))
+            if starts[-1] + window < len(ids):
+                starts.append(len(ids) - window)  # the tail is always covered
+            self.stats["multi_window_examples"] += len(starts) > 1
+            for ws in starts:
+                we = min(ws + window, len(ids))
+                f_ids = [tok.cls_token_id] + q + [tok.sep_token_id] + ids[ws:we] + [tok.sep_token_id]
+                off = len(q) + 2                                   # position of context piece ws in the feature
+                f = {"input_ids": f_ids, "token_type_ids": [0] * off + [1] * (we - ws + 1), "example": ei,
+                     "ctx_start": ws, "ctx_end": we, "offset": off, "ctx_offsets": offs}  # offs shared
+                if with_labels:
+                    if a_start is not None and ws <= a_start and a_end < we:
+                        f["start_positions"], f["end_positions"] = a_start - ws + off, a_end - ws + off
+                    else:
+                        f["start_positions"] = f["end_positions"] = 0
+                        if a_start is not None:
+                            self.stats["answer_outside_window"] += 1
+                feats.append(f)
+            self.stats["examples"] += 1
+        self.stats["features"] += len(feats)
+        return feats
+
+    # ------------------------------------------------------------------ inference
+    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool = True) -> list[tuple]:
+        out: list = [None] * len(feats)
+        for idx, o in predict_batches(model, feats, batch_size, bf16):
+            s, e = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
+            for row, i in enumerate(idx):
+                n = len(feats[i]["input_ids"])
+                out[i] = (s[row, :n], e[row, :n])
+        return out
+
+    def _max_context(self, feats_of_example: list[dict]) -> dict[int, int]:
+        """context piece -> index (in the list) of the window where it has the most context on both sides."""
+        best: dict[int, tuple[float, int]] = {}
+        for k, f in enumerate(feats_of_example):
+            length = f["ctx_end"] - f["ctx_start"]
+            for p in range(f["ctx_start"], f["ctx_end"]):
+                score = min(p - f["ctx_start"], f["ctx_end"] - 1 - p) + 0.01 * length
+                if p not in best or score > best[p][0]:
+                    best[p] = (score, k)
+        return {p: k for p, (_, k) in best.items()}
+
+    def decode(self, examples: list[SquadExample], feats: list[dict], logits) -> list[dict]:
+        """Per example: best span text, its score, the null score, the margin (null - best) and the n-best list."""
+        by_ex: dict[int, list[int]] = {}
+        for i, f in enumerate(feats):
+            by_ex.setdefault(f["example"], []).append(i)
+        out = []
+        for ei, e in enumerate(examples):
+            fis = by_ex.get(ei, [])
+            fs = [feats[i] for i in fis]
+            offs = fs[0]["ctx_offsets"] if fs else []
+            maxctx = self._max_context(fs)
+            cands, null = [], float("inf")
+            for k, i in enumerate(fis):
+                f, (sl, el) = feats[i], logits[i]
+                null = min(null, float(sl[0] + el[0]))
+                lo, hi = f["offset"], f["offset"] + f["ctx_end"] - f["ctx_start"]   # context positions [lo, hi)
+                s_top = lo + np.argsort(-sl[lo:hi])[:self.n_best]
+                e_top = lo + np.argsort(-el[lo:hi])[:self.n_best]
+                for s in s_top:
+                    ps = f["ctx_start"] + s - lo
+                    if maxctx.get(ps) != k:
+                        continue
+                    for t in e_top:
+                        if t < s or t - s + 1 > self.max_answer_length:
+                            continue
+                        pe = f["ctx_start"] + t - lo
+                        cands.append((float(sl[s] + el[t]), offs[ps][0], offs[pe][1]))
+            cands.sort(key=lambda c: -c[0])
+            seen, nbest = set(), []
+            for score, cs, ce in cands:
+                if (cs, ce) in seen:
+                    continue
+                seen.add((cs, ce))
+                nbest.append({"text": e.context[cs:ce], "score": score, "start": cs})
+                if len(nbest) >= self.n_best:
+                    break
+            if nbest:
+                sc = np.array([c["score"] for c in nbest])
+                p = np.exp(sc - sc.max())
+                p /= p.sum()
+                for c, pr in zip(nbest, p):
+                    c["probability"] = float(pr)
+            best = nbest[0] if nbest else {"text": "", "score": -1e9, "start": -1}
+            out.append({"id": e.id, "text": best["text"], "score": best["score"], "null_score": null,
+                        "margin": null - best["score"], "nbest": nbest})
+        return out
+
+    def final_answers(self, decoded: list[dict]) -> dict[str, str]:
+        if not self.version_2:
+            return {d["id"]: d["text"] for d in decoded}
+        return {d["id"]: ("" if d["margin"] > self.null_threshold else d["text"]) for d in decoded}
+
+    def tune_threshold(self, examples: list[SquadExample], decoded: list[dict]) -> float:
+        gold = {e.id: [t for t, _ in e.answers] for e in examples}
+        self.null_threshold, _ = M.best_null_threshold({d["id"]: d["text"] for d in decoded},
+                                                       {d["id"]: d["margin"] for d in decoded}, gold, "f1")
+        return self.null_threshold
+
+    def score_decoded(self, examples: list[SquadExample], decoded: list[dict]) -> dict:
+        gold = {e.id: [t for t, _ in e.answers] for e in examples}
+        out = M.squad_scores(self.final_answers(decoded), gold)
+        if self.version_2:
+            out["null_threshold"] = self.null_threshold
+        out["n"] = len(examples)
+        return out
+
+    def write_predictions(self, path: Path, examples, decoded: list[dict]) -> Path:
+        """predictions.json ({id: answer}) as the official script reads it, plus nbest in a sibling file."""
+        path.write_text(json.dumps(self.final_answers(decoded), ensure_ascii=False, indent=1))
+        nb = path.with_name(path.stem + "_nbest.json")
+        nb.write_text(json.dumps({d["id"]: {"null_score": d["null_score"], "margin": d["margin"],
+                                            "nbest": d["nbest"][:5]} for d in decoded}, ensure_ascii=False))
+        return path
+
+    def artifacts(self, out_dir, split, report) -> list:
+        return []

@@ -1,0 +1,209 @@
+"""Token classification (NER and friends): the paper's figure 4 (d), one linear layer on every token.
+
+Words -> WordPiece pieces. The word's tag goes on its *first* piece; the other pieces get -100 and are ignored by
+the loss (the paper's choice), or, with `label_all_pieces`, they get the word's tag too (B-X turned into I-X, so a
+word never opens two entities). Predictions are read from each word's first piece, so they map back to words
+exactly, and from words to character spans of the sentence (words joined by single spaces) or, for raw text, of
+the input string (via the tokenizer's offsets).
+
+A sentence whose pieces do not fit `max_length - 2` is not truncated: it is cut into consecutive word windows that
+each fit, and the predictions are stitched back (counted in `stats["windows_split"]`). A word that tokenises to
+no piece at all (only control characters) is given [UNK] so it still gets a prediction (counted).
+
+Tags may come in IOB1, IOB2 or BIOES; `convert_to` rewrites them before training (e.g. IOB1 -> IOB2), and entity
+scores follow the CoNLL/seqeval conventions for any of them (`metrics.entity_scores`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import DataError
+from bertkit.tasks import metrics as M
+from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.readers import LabelMap, Sentence, read_conll
+
+__all__ = ["TokenTask", "word_pieces", "tag_text"]
+
+IGNORE = -100
+
+
+def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[list[int]], int]:
+    """Piece ids per word (cached by word); words with no piece get [UNK]. Returns (pieces, n_empty_words)."""
+    cache = {} if cache is None else cache
+    out, empty = [], 0
+    for w in words:
+        ids = cache.get(w)
+        if ids is None:
+            ids = tok.convert_tokens_to_ids(tok.tokenize(w))
+            cache[w] = ids
+        if not ids:
+            ids = [tok.unk_token_id]
+            empty += 1
+        out.append(ids)
+    return out, empty
+
+
+@dataclass
+class TokenTask:
+    max_length: int = 128
+    label_all_pieces: bool = False
+    convert_to: str | None = None        # None: keep the file's scheme; "IOB2" | "IOB1" | "BIOES"
+    labels: LabelMap | None = None
+    stats: dict = field(default_factory=lambda: {"windows_split": 0, "empty_words": 0})
+    kind = "tag"
+    model_class_name = "BertForTokenClassification"
+    main_metric = "f1"
+
+    def read(self, path, require_label: bool = True) -> list[Sentence]:
+        sents = read_conll(path, require_tags=require_label)
+        if self.convert_to and require_label:
+            for s in sents:
+                s.tags = M.convert_tags(s.tags, self.convert_to)
+        return sents
+
+    def fit_labels(self, train: list[Sentence]) -> None:
+        tags = {t for s in train for t in s.tags}
+        # make sure every B-X has its I-X (continuation pieces under label_all_pieces, IOB1 readers)
+        for t in list(tags):
+            if t.startswith("B-"):
+                tags.add("I-" + t[2:])
+        self.labels = LabelMap(sorted(tags, key=lambda t: (t != "O", t[2:], t)))
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    def config_overrides(self) -> dict:
+        return {"num_labels": self.num_labels, "id2label": {i: n for i, n in enumerate(self.labels.labels)}}
+
+    # ------------------------------------------------------------------ features
+    def features(self, tok, sents: list[Sentence], with_labels: bool = True) -> list[dict]:
+        feats, cache = [], {}
+        budget = self.max_length - 2
+        for si, s in enumerate(sents):
+            pieces, empty = word_pieces(tok, s.words, cache)
+            self.stats["empty_words"] += empty
+            tag_ids = None
+            if with_labels:
+                tag_ids = [self.labels.id(t, s.source) for t in s.tags]
+            w = 0
+            first = True
+            while w < len(s.words):
+                ids, labels, firsts = [tok.cls_token_id], [IGNORE], []
+                start = w
+                while w < len(s.words) and (len(ids) - 1 + len(pieces[w]) <= budget or w == start):
+                    p = pieces[w][:budget]  # a single word longer than the window keeps its first pieces
+                    firsts.append(len(ids))
+                    ids.extend(p)
+                    if tag_ids is not None:
+                        labels.append(tag_ids[w])
+                        labels.extend([self._continuation(tag_ids[w]) if self.label_all_pieces else IGNORE]
+                                      * (len(p) - 1))
+                    w += 1
+                ids.append(tok.sep_token_id)
+                labels.append(IGNORE)
+                if not first:
+                    self.stats["windows_split"] += 1
+                first = False
+                f = {"input_ids": ids, "token_type_ids": [0] * len(ids), "sentence": si, "word_start": start,
+                     "first_pieces": firsts}
+                if tag_ids is not None:
+                    f["labels"], f["token_labels"] = labels, True
+                feats.append(f)
+        return feats
+
+    def _continuation(self, tag_id: int) -> int:
+        name = self.labels.name(tag_id)
+        if name.startswith("B-") and ("I-" + name[2:]) in self.labels:
+            return self.labels.id("I-" + name[2:])
+        return tag_id
+
+    # ------------------------------------------------------------------ inference
+    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool = True) -> list[np.ndarray]:
+        """Per feature: (n_words_in_window, num_labels) logits at the words' first pieces."""
+        out: list[np.ndarray] = [None] * len(feats)  # type: ignore[list-item]
+        for idx, o in predict_batches(model, feats, batch_size, bf16):
+            lg = o.logits.float().cpu().numpy()                               # (batch, seq, labels)
+            for row, i in enumerate(idx):
+                out[i] = lg[row, feats[i]["first_pieces"]]
+        return out
+
+    def word_tags(self, sents: list[Sentence], feats: list[dict], logits: list[np.ndarray]) -> list[list[str]]:
+        tags = [[None] * len(s.words) for s in sents]
+        for f, lg in zip(feats, logits):
+            for j, k in enumerate(lg.argmax(-1)):
+                tags[f["sentence"]][f["word_start"] + j] = self.labels.name(int(k))
+        return tags
+
+    def score(self, sents: list[Sentence], feats: list[dict], logits) -> dict:
+        pred = self.word_tags(sents, feats, logits)
+        out = M.entity_scores([s.tags for s in sents], pred)
+        out["n"] = len(sents)
+        return out
+
+    def write_predictions(self, path: Path, sents: list[Sentence], logits, feats: list[dict]) -> Path:
+        """JSONL: words, predicted tags, entities with word and character spans (words joined by one space)."""
+        pred = self.word_tags(sents, feats, logits)
+        with open(path, "w", encoding="utf-8") as f:
+            for s, tags in zip(sents, pred):
+                starts, pos = [], 0
+                for w in s.words:
+                    starts.append(pos)
+                    pos += len(w) + 1
+                ents = [{"type": t, "words": [a, b + 1], "chars": [starts[a], starts[b] + len(s.words[b])],
+                         "text": " ".join(s.words[a:b + 1])} for t, a, b in M.get_entities(tags)]
+                rec = {"words": s.words, "tags": tags, "entities": ents}
+                if s.tags is not None:
+                    rec["gold"] = s.tags
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        return path
+
+    def artifacts(self, out_dir, split, report) -> list:
+        return []
+
+
+def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf16: bool = False) -> list[dict]:
+    """Tag raw text: words are grouped from the tokenizer's pieces ("##" continues a word) and entities come back
+    with character spans of `text`. For texts longer than the model's window use `TokenTask` on sentences."""
+    import torch
+    enc = tok([text], max_length=max_length, truncation=True, return_offsets=True, return_tensors="pt")
+    offsets = enc["offsets"][0]
+    offsets = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
+    ids = enc["input_ids"][0].tolist()
+    words: list[list[int]] = []          # piece positions per word
+    for i, t in enumerate(ids):
+        if t in (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id):
+            continue
+        if words and tok.ids_to_tokens[t].startswith("##"):
+            words[-1].append(i)
+        else:
+            words.append([i])
+    if not words:
+        return []
+    model.eval()
+    with torch.no_grad(), (torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else _null()):
+        logits = model(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"],
+                       attention_mask=enc["attention_mask"]).logits[0].float()
+    tags = [labels.name(int(logits[w[0]].argmax())) for w in words]
+    out = []
+    for typ, a, b in M.get_entities(tags):
+        s, e = offsets[words[a][0]][0], offsets[words[b][-1]][1]
+        out.append({"type": typ, "start": s, "end": e, "text": text[s:e]})
+    return out
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def check_conll_labels(sents: list[Sentence], labels: LabelMap) -> None:
+    for s in sents:
+        for t in s.tags or []:
+            if t not in labels:
+                raise DataError(f"{s.source}: unknown tag {t!r}; the model knows {', '.join(labels.labels)}")
