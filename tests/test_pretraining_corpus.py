@@ -104,3 +104,11 @@ def test_prose_joins_hard_wrapped_lines(tmp_path):
     docs = list(iter_documents(p, "prose"))
     assert docs[0].sentences == ["A Heading Line", "The quick brown fox jumped over the lazy dog.",
                                  "It was 42 degrees outside.", "Next paragraph starts here."]
+
+
+def test_documents_without_blank_lines_are_cut(tmp_path):
+    p = tmp_path / "noblank.txt"
+    p.write_text("".join(f"Sentence number {i}.\n" for i in range(25)))
+    st = CorpusStats()
+    docs = list(iter_documents(p, "lines", stats=st, max_document_lines=10))
+    assert [len(d.sentences) for d in docs] == [10, 10, 5] and st.split_documents == 2

@@ -169,6 +169,7 @@ def test_finite_iteration_runs_one_epoch(dynamic_dir):
 def test_vocab_checks(static_dir, tok):
     out, _ = static_dir
     ShardReader(out, batch_size=4, vocab_hash=tok.vocab_hash, vocab_size=tok.vocab_size)
+    ShardReader(out, batch_size=4, vocab_size=tok.vocab_size + 6)       # a model vocab padded to a multiple of 8
     with pytest.raises(DataError, match="vocab"):
         ShardReader(out, batch_size=4, vocab_hash="0" * 64)
     with pytest.raises(DataError, match="vocab_size=1000"):

@@ -277,7 +277,7 @@ def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", maskin
         shards.extend(r["shards"])
     if not by_files:     # every worker read the whole stream; count the input once
         for name in ("files", "bytes", "empty_files", "binary_files", "invalid_utf8_lines", "binary_lines",
-                     "long_lines"):
+                     "long_lines", "split_documents"):
             setattr(cstats, name, getattr(cstats, name) // len(jobs))
     if bstats.examples == 0:
         raise DataError(f"corpus {[str(f) for f in files][:3]}... produced no examples "

@@ -16,6 +16,10 @@ Files may be gzip-compressed (recognised by their magic bytes, not their name); 
     * a line with NUL / control bytes (binary junk) is skipped                        (counted: binary_lines)
     * a file whose first 8 KiB look binary (NUL bytes) is skipped whole                (counted: binary_files)
     * an empty file or a file with no text                                             (counted: empty_files)
+    * a "document" of more than `max_document_lines` lines (a file without blank lines) is cut into documents of
+      that many lines, so memory stays bounded                                        (counted: split_documents)
+
+UTF-16 / UTF-32 files hold NUL bytes and are skipped as binary: convert them to UTF-8. A leading BOM is harmless.
 
 Skips are counted in `CorpusStats`, which `bertkit prepare` prints in its summary. A missing path or a glob that
 matches nothing is a `DataError`: an empty corpus is almost always a typo.
@@ -64,6 +68,7 @@ class CorpusStats:
     invalid_utf8_lines: int = 0
     binary_lines: int = 0
     long_lines: int = 0
+    split_documents: int = 0       # over-long documents cut at max_document_lines (not a loss of text)
 
     def merge(self, other: "CorpusStats") -> None:
         for f in fields(self):
@@ -260,7 +265,7 @@ def _sentences(lines: list[str], fmt: str) -> list[str]:
 
 
 def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, max_line_bytes: int = 256 * 1024,
-                   select=None) -> Iterator[Document]:
+                   select=None, max_document_lines: int = 10_000) -> Iterator[Document]:
     """Stream documents from `corpus` (paths / dirs / globs, or a list of them).
 
     `select(doc_index) -> bool`, when given, keeps only some documents before their sentences are split (parallel
@@ -287,7 +292,9 @@ def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, 
         for line in _chain(lines, [""]):           # a final blank line closes the last document of each file
             if line:
                 current.append(line)
-                continue
+                if len(current) < max_document_lines:
+                    continue
+                stats.split_documents += 1
             if not current:
                 continue
             keep = select is None or select(index)

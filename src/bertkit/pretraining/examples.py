@@ -31,11 +31,14 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
    1M tokens; when full, a random slot is replaced, so older documents survive with decaying probability) and draw
    NotNext segments from it. Why: memory stays flat however large the corpus (the benchmark measures it). The first
    document waits until a second one arrives so it too has another document to draw from.
+   The NotNext document is always another document (google-research gives up after 10 draws and may use the
+   same one). Since BBC-like corpora are grouped by topic, NotNext segments often come from the same topic, which
+   makes NSP a little harder than with global draws, not easier.
 2. No global shuffle of documents or examples at build time. Why: it needs the whole corpus in memory; the shard
    reader shuffles all examples across all shards every epoch instead, which is what training sees.
 3. Balanced labels. google-research forces NotNext whenever the chunk holds a single sentence (short targets, long
-   sentences, a document's last sentence), which skews the NSP labels towards NotNext (well above 50% with
-   short_seq_prob=0.1). We draw the label first; an IsNext / SOP chunk of one sentence takes the document's next
+   sentences, a document's last sentence), which skews the NSP labels towards NotNext (on BBC at seq_len 128,
+   12.5% of chunks are single sentences, so about 56% NotNext). We draw the label first; an IsNext / SOP chunk of one sentence takes the document's next
    sentence as B, and at the document's end the sentence is split at a random token into A and B (B still truly
    follows A). Only a one-token sentence with nothing after it falls back to NotNext (nsp) or is skipped (sop);
    both are counted. Why: the issue (and the paper) ask for 50/50, and a biased label teaches the head a prior.
@@ -52,16 +55,18 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
    in a row, each with fresh random targets, split points, NotNext draws and masks) instead of over the whole
    corpus; for task none each packed row is emitted dupe_factor times (masked differently). Why: streaming.
    With dynamic masking dupe_factor must be 1: masks are redrawn every epoch anyway.
-8. Masking lives in masking.py and differs in small ways (stochastic rounding of the mask count instead of
-   max(1, round(...)); random replacements never draw special tokens); see that module's docstring.
+8. Masking lives in masking.py and differs in small ways, each explained there: stochastic rounding of the mask
+   count instead of max(1, round(...)) over a length that counts [CLS] / [SEP]; [UNK] and other bracketed specials
+   are never chosen and never drawn as the random replacement; a "##" piece right after [SEP] is its own word.
+   Why: an exact expected mask rate, and no predictions that teach nothing.
 """
 
 from __future__ import annotations
 
 import random
-from itertools import chain
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Iterator
 
 import numpy as np

@@ -225,9 +225,9 @@ class ShardReader:
             raise DataError(f"{self.dir}: shards were built with vocab {m['vocab_hash'][:12]}… (size {m['vocab_size']}),"
                             f" but the model's tokenizer has vocab {vocab_hash[:12]}…: token ids would mean other "
                             "tokens; rebuild the shards with this vocab (bertkit prepare --vocab ...)")
-        if vocab_size is not None and vocab_size != m["vocab_size"]:
+        if vocab_size is not None and vocab_size < m["vocab_size"]:     # a model vocab padded to a multiple of 8 is fine
             raise DataError(f"{self.dir}: shards were built with a vocab of {m['vocab_size']} tokens, the model has "
-                            f"vocab_size={vocab_size}")
+                            f"vocab_size={vocab_size}: ids would fall outside its embedding table")
         self.seq_len, self.task = int(m["seq_len"]), m["task"]
         self.masking = MaskingConfig(**m["masking"])
         self.tables = VocabTables.from_vocab_file(self.dir / "vocab.txt")
