@@ -154,3 +154,30 @@ def test_real_model_endpoints(server, tmp_path):
         assert status == 200 and max(abs(a - b) for a, b in zip(r["embedding"], v.tolist())) < 1e-4
     assert _request(port, "POST", "/embed", {"text": "the", "pooling": "max"})[0] == 422
     assert _request(port, "POST", "/classify", {"text": "the"})[0] == 404
+
+
+@pytest.mark.parametrize("cls_name, endpoint, body, check", [
+    ("BertForSequenceClassification", "classify", {"text": "the cat sat .", "pair": "a dog ."},
+     lambda r: r["label"] in ("neg", "pos") and abs(sum(r["scores"].values()) - 1) < 1e-4),
+    ("BertForTokenClassification", "tag", {"text": "the cat sat on the mat"},
+     lambda r: [w["word"] for w in r] == ["the", "cat", "sat", "on", "the", "mat"] and all(w["label"] in ("neg", "pos") for w in r)),
+    ("BertForQuestionAnswering", "answer", {"question": "who sat ?", "context": "the cat sat on the mat ."},
+     lambda r: r["answer"] and r["answer"] in "the cat sat on the mat ." and 0 <= r["start_word"] <= r["end_word"]),
+])
+def test_task_heads_get_their_endpoint(server, tmp_path, cls_name, endpoint, body, check):
+    import torch
+    import bertkit
+    from bertkit import BertConfig, Tokenizer
+    from bertkit.infer import Predictor
+    from bertkit.serve import model_endpoints
+    torch.manual_seed(0)
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on",
+                                         "mat", "a", "dog", ".", "who", "?"])}
+    cfg = BertConfig.preset("tiny", vocab_size=len(vocab), id2label={0: "neg", 1: "pos"})
+    getattr(bertkit, cls_name)(cfg).save_pretrained(tmp_path, tokenizer=Tokenizer(vocab))
+    pred = Predictor.load(tmp_path)
+    port = server(model_endpoints(pred, ServeConfig(port=0)))
+    eps = _request(port, "GET", "/health")[1]["endpoints"]
+    assert sorted(eps) == sorted(["embed", endpoint])
+    status, res = _request(port, "POST", f"/{endpoint}", body)
+    assert status == 200 and check(res), res

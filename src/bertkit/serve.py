@@ -347,9 +347,10 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
             summary="fill [MASK] tokens (several masks are decoded jointly)",
             example={"text": "Paris is the [MASK] of France."})
     if predictor.task == "classify":
-        eps["classify"] = Endpoint("classify", [text],
-                                   lambda items: predictor.classify([it["text"] for it in items], max_length=L),
-                                   summary="sequence classification", example={"text": "a gripping, funny film"})
+        eps["classify"] = Endpoint(
+            "classify", [text, Field("pair", "string", required=False, description="second text (pair tasks)")],
+            lambda items: _classify_batch(predictor, items, L),
+            summary="sequence classification (of a text, or of a text pair)", example={"text": "a gripping, funny film"})
     if predictor.task == "tag":
         eps["tag"] = Endpoint("tag", [text], lambda items: predictor.tag([it["text"] for it in items], max_length=L),
                               summary="token classification (per word)", example={"text": "Tony Blair visited Paris."})
@@ -373,6 +374,21 @@ def _embed_batch(predictor, items: list[dict], max_length: int) -> list[dict]:
         for i, v in zip(idx, vecs):
             out[i] = {"embedding": [round(float(x), 6) for x in v]}
     return out  # type: ignore[return-value]
+
+
+def _classify_batch(predictor, items: list[dict], max_length: int) -> list:
+    out: list = [None] * len(items)
+    single = [i for i, it in enumerate(items) if it["pair"] is None]
+    paired = [i for i, it in enumerate(items) if it["pair"] is not None]
+    if single:
+        for i, r in zip(single, predictor.classify([items[i]["text"] for i in single], max_length=max_length)):
+            out[i] = r
+    if paired:
+        res = predictor.classify([items[i]["text"] for i in paired], max_length=max_length,
+                                 pairs=[items[i]["pair"] for i in paired])
+        for i, r in zip(paired, res):
+            out[i] = r
+    return out
 
 
 def _fill(predictor, item: dict, max_length: int):
