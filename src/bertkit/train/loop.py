@@ -913,9 +913,10 @@ class _Trainer:
         losses: list[float] = []
         history: list[dict] = []
         evals: list[dict] = []
-        last_save_time = time.perf_counter()
+        last_save_elapsed = self.elapsed
         stop_reason = "max_steps"
         window_tokens, window_time = 0, 0.0
+        session_t0, prior_elapsed = time.perf_counter(), self.elapsed
         try:
             while True:
                 if self.step >= self.total:
@@ -929,10 +930,13 @@ class _Trainer:
                 t0 = time.perf_counter()
                 rec = self.train_step()
                 dt = time.perf_counter() - t0
-                dt = d.broadcast_object(dt) if d.world > 1 else dt  # one clock for every rank's decisions
-                self.elapsed += dt
+                # wall time of the run, evaluations and checkpoints included (a budget is wall-clock)
+                wall = prior_elapsed + time.perf_counter() - session_t0
+                if d.world > 1 and (cfg.budget_s is not None or cfg.save_every_minutes):
+                    wall = d.broadcast_object(wall)  # one clock for every rank's decisions
+                step_wall, self.elapsed = wall - self.elapsed, wall
                 if cfg.budget_s is not None:
-                    self._update_budget(dt)
+                    self._update_budget(step_wall)
                 finite = rec.pop("finite")
                 losses.append(rec["loss"])
                 if not finite and len(self.bad_run) >= cfg.max_bad_steps:
@@ -965,12 +969,11 @@ class _Trainer:
                 if cfg.eval_every_steps and self.step % cfg.eval_every_steps == 0 and not done:
                     evals.append(self._eval_and_log(mfile, tb))
                 want_save = bool(cfg.save_every_steps and self.step % cfg.save_every_steps == 0)
-                if cfg.save_every_minutes:
-                    late = time.perf_counter() - last_save_time >= cfg.save_every_minutes * 60
-                    want_save = want_save or bool(d.broadcast_object(late))
+                if cfg.save_every_minutes and self.elapsed - last_save_elapsed >= cfg.save_every_minutes * 60:
+                    want_save = True
                 if want_save and not done:
                     self.save()
-                    last_save_time = time.perf_counter()
+                    last_save_elapsed = self.elapsed
             if self.eval_fn is not None:
                 evals.append(self._eval_and_log(mfile, tb))
             if cfg.save_final and self.step > start_step:

@@ -1,0 +1,180 @@
+"""`bertkit pretrain` end to end on tiny real shards (BBC articles, a small trained vocab): objectives, continued
+pre-training, every bad input failing before the first step, and DDP on 2 CPU processes (torchrun, gloo) giving
+the losses of 1 process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertkit.cli import main as cli
+
+TINY = ["--preset", "tiny", "--batch-size", "8", "--precision", "fp32", "--no-progress", "--lr", "1e-3",
+        "--warmup", "0"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, bbc_articles):
+    """Shards from 40 BBC articles (NSP, seq 64, dynamic masks), held-out shards from 10 others, vocab of 600."""
+    from bertkit.pretraining import prepare
+    from bertkit.vocab import train_vocab
+    root = tmp_path_factory.mktemp("pretrain_data")
+    for name, arts in (("train", bbc_articles[:40]), ("heldout", bbc_articles[1000:1010])):
+        (root / f"{name}.txt").write_text("".join("\n".join([a.title, *a.paragraphs]) + "\n\n" for a in arts))
+    tok = train_vocab([str(root / "train.txt")], vocab_size=600)
+    tok.save(root / "vocab")
+    prepare(str(root / "train.txt"), str(root / "vocab"), str(root / "shards"), seq_len=64, task="nsp",
+            dynamic=True, corpus_format="prose")
+    prepare(str(root / "heldout.txt"), str(root / "vocab"), str(root / "heldout"), seq_len=64, task="nsp",
+            corpus_format="prose")
+    # the same text under another vocab, for the mismatch check
+    other = train_vocab([str(root / "heldout.txt")], vocab_size=400)
+    other.save(root / "vocab_other")
+    prepare(str(root / "heldout.txt"), str(root / "vocab_other"), str(root / "shards_other"), seq_len=64,
+            task="nsp", corpus_format="prose")
+    return root
+
+
+def _records(run: Path, split: str = "train") -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
+def test_pretrain_mlm_nsp_writes_model_metrics_plot(data, tmp_path):
+    from bertkit.heads import BertForPreTraining
+    out = tmp_path / "run"
+    rc = cli(["pretrain", str(data / "shards"), "--out", str(out), *TINY, "--steps", "4", "--eval-shards",
+              str(data / "heldout"), "--eval-every", "2", "--eval-batches", "2", "--save-every", "2"])
+    assert rc == 0
+    train_recs, eval_recs = _records(out), _records(out, "eval")
+    assert [r["step"] for r in train_recs] == [1, 2, 3, 4] and [r["step"] for r in eval_recs] == [2, 4]
+    assert {"mlm_acc", "nsp_acc", "mlm_loss", "nsp_loss", "tokens_per_s", "flops_per_s", "mfu"} <= set(train_recs[0])
+    assert {"mlm_acc", "nsp_acc", "mlm_loss"} <= set(eval_recs[-1])
+    assert (out / "curves.png").stat().st_size > 1000
+    model = BertForPreTraining.from_pretrained(out / "model")
+    assert model.config.vocab_size == 600 and (out / "model" / "vocab.txt").exists()
+    # continued pre-training from that model, MLM only (the NSP labels of the shards are dropped)
+    out2 = tmp_path / "run2"
+    assert cli(["pretrain", str(data / "shards"), "--out", str(out2), "--init", str(out / "model"),
+                "--objective", "mlm", "--steps", "2", "--batch-size", "8", "--no-progress"]) == 0
+    rec = _records(out2)[-1]
+    assert "mlm_acc" in rec and "nsp_acc" not in rec
+
+
+def test_pretrain_electra(data, tmp_path):
+    from bertkit.model import BertModel
+    out = tmp_path / "electra"
+    assert cli(["pretrain", str(data / "shards"), "--out", str(out), *TINY, "--steps", "3",
+                "--objective", "electra"]) == 0
+    rec = _records(out)[-1]
+    assert {"rtd_acc", "rtd_loss", "mlm_acc"} <= set(rec)
+    assert rec["loss"] == pytest.approx(rec["mlm_loss"] + 50 * rec["rtd_loss"], rel=1e-4)
+    body = BertModel.from_pretrained(out / "model")                          # the discriminator
+    assert body.config.num_hidden_layers == 2
+
+
+def test_electra_corrupts_only_masked_positions():
+    from bertkit.config import BertConfig
+    from bertkit.pretraining.electra import ElectraForPreTraining
+    torch.manual_seed(0)
+    m = ElectraForPreTraining(BertConfig.preset("tiny", vocab_size=50))
+    assert m.generator.bert.embeddings is m.discriminator.embeddings
+    ids = torch.randint(5, 50, (2, 12))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3] = ids[:, 3]
+    ids_in = ids.clone()
+    ids_in[:, 3] = 4  # [MASK]-like
+    out = m(ids_in, attention_mask=torch.ones_like(ids), labels=labels)
+    assert out.rtd_count == 24 and 0 <= out.replaced_share <= 2 / 24
+    assert float(out.loss) == pytest.approx(float(out.mlm_loss + 50 * out.rtd_loss), rel=1e-5)
+
+
+def _fails(argv, capsys, match: str, out: Path | None = None):
+    rc = cli(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "bertkit pretrain: error:" in err and match in err, err
+    if out is not None:
+        assert not (out / "metrics.jsonl").exists()   # no training step ran
+
+
+def test_bad_inputs_fail_before_training(data, tmp_path, capsys):
+    import shutil
+    out = tmp_path / "out"
+    base = [*TINY, "--steps", "2", "--out", str(out)]
+    _fails(["pretrain", str(tmp_path / "nope"), *base], capsys, "does not exist", out)
+    # a truncated shard file
+    bad = tmp_path / "bad_shards"
+    shutil.copytree(data / "shards", bad)
+    victim = sorted(bad.glob("*.tokens.npy"))[0]
+    victim.write_bytes(victim.read_bytes()[:-100])
+    _fails(["pretrain", str(bad), *base], capsys, "truncated", out)
+    # a manifest that is not JSON
+    (bad / "manifest.json").write_text("{not json")
+    _fails(["pretrain", str(bad), *base], capsys, "not valid JSON", out)
+    # a config whose vocab size differs from the shards'
+    from bertkit.config import BertConfig
+    BertConfig.preset("tiny", vocab_size=999).to_json(tmp_path / "config.json")
+    _fails(["pretrain", str(data / "shards"), "--config", str(tmp_path / "config.json"),
+            *base[2:]], capsys, "vocab_size=999", out)
+    # phase-2 / eval shards built with another vocab
+    _fails(["pretrain", str(data / "shards"), "--eval-shards", str(data / "shards_other"), *base], capsys,
+           "another vocab", out)
+    # a checkpoint + a config that does not fit it
+    model_dir = tmp_path / "m"
+    from bertkit.heads import BertForPreTraining
+    from bertkit.tokenizer import Tokenizer
+    BertForPreTraining(BertConfig.preset("tiny", vocab_size=600)).save_pretrained(
+        model_dir, tokenizer=Tokenizer(str(data / "vocab" / "vocab.txt")))
+    (tmp_path / "wide.json").write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 2,
+                                                     "intermediate_size": 512}))
+    _fails(["pretrain", str(data / "shards"), "--init", str(model_dir), "--config", str(tmp_path / "wide.json"),
+            *base[2:]], capsys, "shape", out)
+    # a checkpoint whose vocab.txt is not the shards' vocab
+    _fails(["pretrain", str(data / "shards_other"), "--init", str(model_dir), *base[2:]], capsys,
+           "token ids would mean other tokens", out)
+    # an output directory that cannot be written, a zero budget, no length at all
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _fails(["pretrain", str(data / "shards"), *TINY, "--steps", "2", "--out", str(blocker / "run")], capsys,
+           "not writable")
+    _fails(["pretrain", str(data / "shards"), *TINY, "--budget", "0", "--out", str(out)], capsys, "budget", out)
+    _fails(["pretrain", str(data / "shards"), *TINY, "--out", str(out)], capsys, "--steps", out)
+    _fails(["pretrain", str(data / "shards"), *TINY, "--steps", "2", "--global-batch", "12", "--out", str(out)],
+           capsys, "not a multiple", out)
+
+
+def test_two_processes_give_the_losses_of_one(data, tmp_path):
+    """Global batch 8: 1 process x batch 8 vs torchrun 2 processes (gloo) x batch 4: same per-step losses."""
+    common = ["--preset", "tiny", "--precision", "fp32", "--no-progress", "--dropout", "0", "--steps", "4",
+              "--lr", "1e-3", "--warmup", "0", "--save-every", "2"]
+    one = tmp_path / "one"
+    assert cli(["pretrain", str(data / "shards"), "--out", str(one), "--batch-size", "8", *common]) == 0
+    two = tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "bertkit", "pretrain", str(data / "shards"), "--out", str(two), "--batch-size", "4",
+                           *common], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _records(one), _records(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        assert rb["tokens"] == ra["tokens"]
+        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc"):
+            assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-6), (ra["step"], key)
+    # each rank wrote its own data position + RNG state
+    ckpt = two / "checkpoints" / "step-00000004"
+    assert (ckpt / "rank-00000.pt").exists() and (ckpt / "rank-00001.pt").exists()
