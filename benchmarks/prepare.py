@@ -14,14 +14,16 @@ repeated 10 times (40 files). Settings: bert-base-uncased vocab, seq_len 128, ta
   built) by loading both corpora that way with our tokenizer: an emulation of its data structure, not its code
   (it needs TensorFlow, which this environment lacks), so only its RSS is reported.
 
-One JSON line: ours (MB/s at 1 and 2 workers, speedup; peak RSS MB at 5 and 50 MB, ratio) and the in-memory
-reference's peak RSS at 5 and 50 MB.
+One JSON line: ours (MB/s at 1 and 2 workers, speedup; peak RSS MB at 5 and 50 MB, ratio), the in-memory
+reference's peak RSS at 5 and 50 MB, and the machine's CPU count and load average (a 2-worker speedup needs two
+idle cores; on a shared machine the load says how many there were).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -93,6 +95,7 @@ def main() -> None:
 
     from bertkit.datasets import minilm_dir
     vocab = minilm_dir() / "vocab.txt"
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         small, big = _corpora(Path(tmp))
         runs = {1: [], 2: []}
@@ -117,6 +120,8 @@ def main() -> None:
                  "mb_per_s_50mb_1_worker": round(rss_big["mb_per_s"], 3),
                  "examples_5mb": rss_small["examples"], "examples_50mb": rss_big["examples"]},
         "in_memory_reference": ref,
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_start": round(load_start, 2),
+                    "load_avg_1m_end": round(os.getloadavg()[0], 2)},
     }
     if ref:
         result["in_memory_reference"]["rss_ratio_50_vs_5"] = round(ref["peak_rss_mb_50mb"] / ref["peak_rss_mb_5mb"], 3)

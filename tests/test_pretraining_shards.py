@@ -204,7 +204,7 @@ def test_damaged_shards_are_refused(small_corpus, vocab, tmp_path):
 def test_killed_build_is_refused(vocab, bbc_articles, tmp_path):
     corpus = tmp_path / "big.txt"
     with open(corpus, "w") as f:
-        for a in bbc_articles:
+        for a in bbc_articles * 2:          # ~10 MB: the build takes seconds, the first shard a fraction of that
             f.write(a.title + "\n" + "\n".join(a.paragraphs) + "\n\n")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "bertkit", "prepare", "--corpus", str(corpus), "--vocab", str(vocab),
@@ -212,10 +212,11 @@ def test_killed_build_is_refused(vocab, bbc_articles, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline and not (out.exists() and any(out.glob("*.done.json"))):
-        time.sleep(0.05)
+        time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert any(out.glob("*.done.json")), "the build never wrote a shard"
+    assert not (out / "manifest.json").exists(), "the build finished before it could be killed"
     with pytest.raises(DataError, match="did not finish"):
         ShardReader(out, batch_size=4)
     # a rebuild into the same directory clears the leftovers and works
