@@ -157,6 +157,14 @@ def _is_punct(c: str) -> bool:
     return c in _ASCII_PUNCT or _category(c)[0] == "P"
 
 
+def _ccc(c: str) -> int:
+    """Canonical combining class (0 for a char Unicode 8.0 did not have, as in the Rust tables)."""
+    if c.isascii():
+        return 0
+    cp = ord(c)
+    return unicodedata.combining(c) if (0xD800 <= cp <= 0xDFFF or _assigned_in_unicode_8(cp)) else 0
+
+
 def _nfd(c: str) -> str:
     """Canonical decomposition of one char; a char unknown to Unicode 8.0 does not decompose (Rust tables)."""
     if c.isascii() or not _assigned_in_unicode_8(ord(c)):
@@ -202,6 +210,9 @@ class _Normalizer:
         self.norm = _LazyMap(self._normalize_char)
         self.width = _LazyMap(lambda c: chr(len(self.norm[ord(c)])))
         self.cls = _LazyMap(self._class_of)
+        # "m" when the char's NFD holds a combining mark with a nonzero combining class, "" when cleaning removes
+        # it, else "o": two adjacent "m" may need canonical reordering (see _words_reordered)
+        self.marks = _LazyMap(lambda c: "" if _is_removed(c) else "m" if any(_ccc(x) for x in _nfd(c)) else "o")
 
     def _normalize_char(self, c: str) -> str:
         if _is_removed(c):
@@ -226,6 +237,10 @@ class _Normalizer:
               out_align: list) -> None:
         """Append the words of text (positions offset by base) to the out lists. out_align gets, per word, None when
         the word is a verbatim copy of text[start:end], else the list of original positions of its characters."""
+        if self.strip_accents and "mm" in text.translate(self.marks):
+            norm, align = self._normalize_reordered(text, base)
+            self._split(norm, align, base, out_words, out_starts, out_ends, out_align)
+            return
         norm = text.translate(self.norm)
         widths = text.translate(self.width)
         if len(norm) == len(text) and widths.count("\x01") == len(text):
@@ -233,6 +248,53 @@ class _Normalizer:
         else:
             counts = np.frombuffer(widths.encode("latin-1"), dtype=np.uint8)
             align = np.repeat(np.arange(base, base + len(text)), counts).tolist()
+        self._split(norm, align, base, out_words, out_starts, out_ends, out_align)
+
+    def _normalize_reordered(self, text: str, base: int) -> tuple[str, list[int]]:
+        """Normalise text whose NFD needs canonical reordering of combining marks across characters.
+
+        Emulates the Rust tokenizer exactly: after cleaning, each char decomposes into (char, change) pairs (change
+        0 for its first char, +1 for the ones it adds); runs of nonzero-class marks are stably sorted by class, the
+        pairs moving together; then alignment is assigned by walking the pairs in order: a change-0 char takes the
+        position of the next source char, an added char that of the last one taken. So after a reordering the
+        positions follow the sequence, not the characters.
+        """
+        pairs: list[list] = []
+        src: list[int] = []
+        for i, c in enumerate(text, base):
+            if _is_removed(c):
+                continue
+            src.append(i)
+            d = " " if c in _WHITESPACE else _nfd(c)
+            pairs.extend([x, 1 if k else 0] for k, x in enumerate(d))
+        k = 0
+        while k < len(pairs):  # canonical ordering: stable sort of each run of non-starters by class
+            if _ccc(pairs[k][0]):
+                j = k
+                while j < len(pairs) and _ccc(pairs[j][0]):
+                    j += 1
+                pairs[k:j] = sorted(pairs[k:j], key=lambda p: _ccc(p[0]))
+                k = j
+            else:
+                k += 1
+        chars: list[str] = []
+        align: list[int] = []
+        taken = 0
+        for x, change in pairs:
+            if change == 0:
+                pos = src[taken]
+                taken += 1
+            else:
+                pos = src[taken - 1] if taken else src[0]
+            if _category(x) == "Mn":
+                continue
+            for y in (_lower_char(x) if self.lowercase else x):
+                chars.append(y)
+                align.append(pos)
+        return "".join(chars), align
+
+    def _split(self, norm: str, align: list[int] | None, base: int, out_words, out_starts, out_ends,
+               out_align) -> None:
         cls = norm.translate(self.cls)
         for m in _CLASS_WORD_RE.finditer(cls):
             s, e = m.span()
@@ -379,7 +441,7 @@ class Tokenizer:
     """WordPiece tokenizer with BERT semantics. See the module docstring for the algorithm."""
 
     def __init__(self, vocab: str | os.PathLike | dict[str, int], lowercase: bool = True,
-                 strip_accents: bool | None = None):
+                 strip_accents: bool | None = None, model_max_length: int | None = None):
         if isinstance(vocab, (str, os.PathLike)):
             self.vocab_file: str | None = str(vocab)
             vocab = load_vocab(vocab)
@@ -412,7 +474,9 @@ class Tokenizer:
         self._special_set = frozenset(SPECIAL_TOKENS)
         # Special tokens are matched verbatim in the original text; longest first so a longer one wins.
         self._special_re = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
-        self.model_max_length = 512  # padding="max_length" without max_length pads to this, as BERT's tokenizers do
+        # the length truncation=True / padding="max_length" use when max_length is not given (tokenizer_config.json's
+        # model_max_length, e.g. 512); None: those then do nothing, as in BertTokenizerFast
+        self.model_max_length = model_max_length
         self._normalizer = _Normalizer(self.lowercase, self.strip_accents)
         # word -> (piece ids, piece start offsets within the word); see _wordpiece
         self._cache: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -443,6 +507,9 @@ class Tokenizer:
                     kwargs["lowercase"] = bool(cfg["do_lower_case"])
                 if cfg.get("strip_accents") is not None:
                     kwargs["strip_accents"] = bool(cfg["strip_accents"])
+                mml = cfg.get("model_max_length")
+                if isinstance(mml, int) and 0 < mml < 1_000_000:  # HF writes 1e30 for "no limit"
+                    kwargs["model_max_length"] = mml
             kwargs.update(overrides)
             return cls(vocab_file, **kwargs)
         return cls(path, **overrides)
@@ -456,15 +523,18 @@ class Tokenizer:
                else self.strip_accents, "tokenize_chinese_chars": True, "unk_token": "[UNK]", "sep_token": "[SEP]",
                "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]",
                "tokenizer_class": "BertTokenizer", "vocab_hash": self.vocab_hash}
+        if self.model_max_length is not None:
+            cfg["model_max_length"] = self.model_max_length
         (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
         return directory
 
     def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
         return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
-                "vocab_file": self.vocab_file}
+                "vocab_file": self.vocab_file, "model_max_length": self.model_max_length}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"])
+        self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"],
+                      model_max_length=state["model_max_length"])
         self.vocab_file = state["vocab_file"]
 
     def __len__(self) -> int:
@@ -692,7 +762,8 @@ class Tokenizer:
           strategy that cannot reach max_length (the sequence it may cut is too short) raises BertkitError (a
           ValueError); a max_length below the number of special tokens leaves the inputs untruncated, as
           BertTokenizerFast does.
-        padding: False; True / "longest" (to the longest in the batch); "max_length" (to max_length, default 512);
+        padding: False; True / "longest" (to the longest in the batch); "max_length" (to max_length, default
+          model_max_length);
           pad_to_multiple_of rounds the padded length up.
         offsets: (start, end) character positions into the original text, (0, 0) for special and pad tokens.
         return_tensors="pt" returns torch tensors (batch, seq) (offsets (batch, seq, 2)); needs equal lengths.
@@ -723,7 +794,14 @@ class Tokenizer:
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 0):
             raise BertkitError(f"max_length must be a non-negative int, got {max_length!r}")
+        if max_length is None and self.model_max_length is not None and (
+                truncation not in (None, False, "do_not_truncate") or padding == "max_length"):
+            max_length = self.model_max_length
         strategy = _truncation_strategy(truncation, max_length, padding)
+        if (strategy is not None and padding not in (False, None, "do_not_pad") and pad_to_multiple_of
+                and max_length is not None and max_length % pad_to_multiple_of):
+            raise BertkitError(f"max_length={max_length} (truncation with padding) must be a multiple of "
+                               f"pad_to_multiple_of={pad_to_multiple_of}")
         cls, sep = self.cls_token_id, self.sep_token_id
         out_ids, out_types, out_offsets = [], [], []
         for i, (a_ids, a_off) in enumerate(first):
@@ -771,7 +849,9 @@ class Tokenizer:
         if padding is True or padding == "longest":
             target = max(len(x) for x in ids)
         elif padding == "max_length":
-            target = max_length if max_length is not None else self.model_max_length
+            if max_length is None:
+                return  # no length to pad to (BertTokenizerFast: "Default to no padding")
+            target = max_length
         else:
             raise BertkitError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
         if multiple is not None:
