@@ -108,6 +108,25 @@ def test_static_masks_repeat_dynamic_masks_change(static_dir, dynamic_dir):
     assert set(b["next_sentence_label"].tolist()) == {0, 1}
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_permute_is_a_seeded_bijection(n):
+    from bertkit.pretraining.shards import permute
+    p = permute(np.arange(n), n, seed=1, epoch=0)
+    assert sorted(p.tolist()) == list(range(n))
+    assert np.array_equal(permute(np.arange(n)[::-1], n, 1, 0), p[::-1])             # pointwise: any subset
+    if n >= 64:
+        assert not np.array_equal(p, permute(np.arange(n), n, 1, 1))
+        assert not np.array_equal(p, permute(np.arange(n), n, 2, 0))
+        assert abs(np.corrcoef(np.arange(n), p)[0, 1]) < 0.2                         # no visible order left
+
+
+def test_permute_is_uniform_enough():
+    from bertkit.pretraining.shards import permute
+    first = np.array([permute(np.array([0]), 10, seed=s, epoch=0)[0] for s in range(5000)])
+    counts = np.bincount(first, minlength=10)
+    assert counts.min() > 400 and counts.max() < 600                                  # 500 expected each
+
+
 def _all_batches(reader, n=None):
     out = []
     for i, b in enumerate(reader):
@@ -129,7 +148,7 @@ def test_deterministic_for_a_seed(dynamic_dir):
 def test_ranks_split_the_data(dynamic_dir):
     one = ShardReader(dynamic_dir, batch_size=8, seed=3)
     ranks = [ShardReader(dynamic_dir, batch_size=8, seed=3, rank=r, world_size=3) for r in range(3)]
-    parts = [r._indices(0) for r in ranks]
+    parts = [r.indices(0) for r in ranks]
     assert all(len(p) == one.num_examples // 3 for p in parts)
     assert len(set(np.concatenate(parts).tolist())) == 3 * len(parts[0])          # disjoint
     assert len({len(r) for r in ranks}) == 1                                       # same number of batches
@@ -137,7 +156,7 @@ def test_ranks_split_the_data(dynamic_dir):
     idx = parts[1][:8]
     assert torch.equal(one.batch(idx, 0)["input_ids"], next(iter(ranks[1]))["input_ids"])
     # and the epoch order differs between epochs
-    assert not np.array_equal(ranks[0]._indices(0), ranks[0]._indices(1))
+    assert not np.array_equal(ranks[0].indices(0), ranks[0].indices(1))
 
 
 def test_exact_resume(dynamic_dir):

@@ -248,3 +248,14 @@ def test_masks_depend_only_on_seed_epoch_index(pair_rows, tables):
 def test_max_predictions_caps(pair_rows, tables):
     t, lengths, inputs, chosen, _ = _mask(pair_rows, tables, mode="wwm", max_predictions=4)
     assert chosen.sum(1).max() == 4
+
+
+def test_notnext_buffer_is_bounded(docs, tok):
+    cfg = ExampleConfig(seq_len=64, task="nsp", buffer_docs=50, buffer_tokens=20_000)
+    b = ExampleBuilder(cfg, tok.cls_token_id, tok.sep_token_id, seed=1)
+    for d in docs[:300]:
+        list(b.add(d))
+        assert len(b._buffer.docs) <= 50 and (b._buffer.n_tokens <= 20_000 or len(b._buffer.docs) <= 2)
+        assert b._buffer.docs[-1] is d and b._buffer.n_tokens == sum(len(x.tokens) for x in b._buffer.docs)
+    ids = {x.id for x in b._buffer.docs}
+    assert min(ids) < 250 < max(ids)           # older documents survive with decaying probability

@@ -28,7 +28,7 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
 
 1. Streaming, not whole corpus in RAM. google-research reads every document into memory, shuffles them, and draws
    NotNext segments from any document. We keep a bounded buffer of recent documents (default 1,000 documents /
-   1M tokens; when full, a random slot is replaced, so older documents survive with decaying probability) and draw
+   1M tokens; when full, a random older document leaves, so documents survive with decaying probability) and draw
    NotNext segments from it. Why: memory stays flat however large the corpus (the benchmark measures it). The first
    document waits until a second one arrives so it too has another document to draw from.
    The NotNext document is always another document (google-research gives up after 10 draws and may use the
@@ -155,22 +155,19 @@ class BuildStats:
 
 @dataclass
 class _Buffer:
-    """Recent documents for NotNext draws: bounded in documents and tokens; a full buffer replaces a random slot."""
+    """Recent documents for NotNext draws, bounded in documents and tokens; a full buffer drops a random older one,
+    so a document's chance to stay decays geometrically with its age."""
     max_docs: int
     max_tokens: int
     docs: list = field(default_factory=list)
     n_tokens: int = 0
 
     def add(self, doc: TokenizedDocument, rng: random.Random) -> None:
-        if len(self.docs) < self.max_docs:
-            self.docs.append(doc)
-        else:
-            slot = rng.randrange(len(self.docs))
-            self.n_tokens -= len(self.docs[slot].tokens)
-            self.docs[slot] = doc
+        """Append `doc`; while over a bound, a random older document leaves (the newest stays last)."""
+        self.docs.append(doc)
         self.n_tokens += len(doc.tokens)
-        while self.n_tokens > self.max_tokens and len(self.docs) > 2:
-            gone = self.docs.pop(rng.randrange(len(self.docs) - 1))   # never the newest
+        while len(self.docs) > 2 and (len(self.docs) > self.max_docs or self.n_tokens > self.max_tokens):
+            gone = self.docs.pop(rng.randrange(len(self.docs) - 1))
             self.n_tokens -= len(gone.tokens)
 
     def other_than(self, doc_id: int, rng: random.Random) -> TokenizedDocument | None:

@@ -20,7 +20,8 @@ The reader (`ShardReader`) is an iterable of batches following the pre-training 
 input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as (B, S) long tensors and
 next_sentence_label (B,) long (absent for task none). Each epoch is a seeded permutation of all examples of all
 shards; rank r of w takes every w-th example of it (the permutation is cut to a multiple of w so all ranks have the
-same number of batches). Dynamic masks are drawn per example from (seed, epoch, example index), so they do not
+same number of batches). The permutation is computed, not stored (`permute`: a keyed Feistel network), so the
+reader's memory does not grow with the number of examples. Dynamic masks are drawn per example from (seed, epoch, example index), so they do not
 depend on the batch size or the number of ranks. `state_dict()` = (epoch, batches consumed in it): exact resume.
 """
 
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import DataError
-from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
+from bertkit.pretraining.masking import MaskingConfig, VocabTables, _mix, example_keys, mask_batch
 
 __all__ = ["ShardWriter", "ShardReader", "read_manifest", "write_manifest", "MANIFEST", "FORMAT_VERSION"]
 
@@ -169,6 +170,30 @@ def read_manifest(shard_dir: str | Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------- reader
 
+def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """A seeded pseudo-random permutation of [0, n), evaluated only at `positions`: O(batch) memory however many
+    examples there are (an explicit permutation of 100M examples would take 800 MB per rank).
+
+    A 4-round Feistel network on 2h-bit numbers (2^2h >= n; the round function is splitmix64 of the right half and
+    a round key from (seed, epoch)) is a bijection of [0, 2^2h); "cycle walking" (apply it again while the result
+    is >= n) restricts it to a bijection of [0, n). 2^2h < 4n, so a value walks fewer than 4 times on average.
+    """
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    shift = np.uint64(half)
+    round_keys = example_keys(seed, epoch, np.arange(4) + (1 << 40))          # (4,) uint64
+    x = np.asarray(positions, dtype=np.uint64).copy()
+    todo = np.ones(len(x), dtype=bool)
+    while todo.any():
+        y = x[todo]
+        for k in round_keys:
+            left, right = y >> shift, y & mask
+            y = (right << shift) | (left ^ (_mix(right ^ k) & mask))
+        x[todo] = y
+        todo = x >= np.uint64(n)
+    return x.astype(np.int64)
+
+
 @dataclass
 class _Shard:
     tokens: np.ndarray            # (E, S) memmap
@@ -246,7 +271,6 @@ class ShardReader:
             raise DataError(f"{self.dir}: {self.num_examples} examples are too few for world_size={world_size} "
                             f"x batch_size={batch_size}")
         self.epoch, self.position = 0, 0
-        self._perm_epoch, self._perm = None, None
 
     # ------------------------------------------------------------------------------------------------- order
 
@@ -255,15 +279,13 @@ class ShardReader:
         full, rest = divmod(self.per_rank, self.batch_size)
         return full + (0 if self.drop_last or rest == 0 else 1)
 
-    def _indices(self, epoch: int) -> np.ndarray:
-        """This rank's example indices for `epoch`, in order."""
-        if self._perm_epoch != epoch:
-            total = self.num_examples
-            order = (np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle
-                     else np.arange(total))
-            self._perm = order[:self.per_rank * self.world_size][self.rank::self.world_size]
-            self._perm_epoch = epoch
-        return self._perm
+    def indices(self, epoch: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Global example indices at this rank's positions [start, stop) of `epoch` (default: the whole epoch)."""
+        stop = self.per_rank if stop is None else min(stop, self.per_rank)
+        positions = self.rank + self.world_size * np.arange(start, stop, dtype=np.int64)
+        if not self.shuffle:
+            return positions
+        return permute(positions, self.num_examples, self.seed, epoch)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = int(epoch), 0
@@ -271,11 +293,11 @@ class ShardReader:
     def __iter__(self):
         while True:
             n_batches = len(self)
-            idx = self._indices(self.epoch)
             while self.position < n_batches:
                 b = self.position
                 self.position += 1          # counted before the yield: a state_dict taken now resumes after it
-                yield self.batch(idx[b * self.batch_size:(b + 1) * self.batch_size], self.epoch)
+                idx = self.indices(self.epoch, b * self.batch_size, (b + 1) * self.batch_size)
+                yield self.batch(idx, self.epoch)
             self.epoch, self.position = self.epoch + 1, 0
             if not self.infinite:
                 return
