@@ -38,10 +38,11 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
    reader shuffles all examples across all shards every epoch instead, which is what training sees.
 3. Balanced labels. google-research forces NotNext whenever the chunk holds a single sentence (short targets, long
    sentences, a document's last sentence), which skews the NSP labels towards NotNext (on BBC at seq_len 128,
-   12.5% of chunks are single sentences, so about 56% NotNext). We draw the label first; an IsNext / SOP chunk of one sentence takes the document's next
-   sentence as B, and at the document's end the sentence is split at a random token into A and B (B still truly
-   follows A). Only a one-token sentence with nothing after it falls back to NotNext (nsp) or is skipped (sop);
-   both are counted. Why: the issue (and the paper) ask for 50/50, and a biased label teaches the head a prior.
+   12.5% of chunks are single sentences, so about 56% NotNext). We draw the label first; an IsNext / SOP chunk of
+   one sentence takes the document's next sentence as B, and at the document's end the sentence is split at a
+   random token into A and B (B still truly follows A). Only a one-token sentence with nothing after it falls back
+   to NotNext (nsp) or is skipped (sop); both are counted. Why: the issue (and the paper) ask for 50/50, and a
+   biased label teaches the head a prior.
 4. One-sentence documents are kept (google-research keeps them too, as forced-NotNext A segments); under rule 3
    their IsNext / SOP examples split the sentence. Empty documents are dropped (as there).
 5. Special tokens that appear literally in the text ("[SEP]", "[MASK]", ...) become [UNK]. Why: the tokenizer keeps

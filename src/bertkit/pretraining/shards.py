@@ -21,8 +21,9 @@ input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as 
 next_sentence_label (B,) long (absent for task none). Each epoch is a seeded permutation of all examples of all
 shards; rank r of w takes every w-th example of it (the permutation is cut to a multiple of w so all ranks have the
 same number of batches). The permutation is computed, not stored (`permute`: a keyed Feistel network), so the
-reader's memory does not grow with the number of examples. Dynamic masks are drawn per example from (seed, epoch, example index), so they do not
-depend on the batch size or the number of ranks. `state_dict()` = (epoch, batches consumed in it): exact resume.
+reader's memory does not grow with the number of examples. Dynamic masks are drawn per example from (seed, epoch,
+example index), so they do not depend on the batch size or the number of ranks. `state_dict()` = (epoch, batches
+consumed in it): exact resume.
 """
 
 from __future__ import annotations
