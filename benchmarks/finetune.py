@@ -172,6 +172,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int)
     p.add_argument("--max-train-examples", type=int)
     p.add_argument("--model", help="model directory (default: MiniLM-L6)")
+    p.add_argument("--random-init", action="store_true", help="ours only: the model's architecture, fresh weights")
     p.add_argument("--side", choices=("both", "ours", "reference"), default="both")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--out", default="runs/bench-finetune")
@@ -186,7 +187,8 @@ def main(argv=None) -> int:
     cfg = FinetuneConfig(task=kind, model=str(model_dir), train=files["train"], dev=files["dev"],
                          test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
                          epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
-                         max_train_examples=args.max_train_examples, save_model=False, quiet=True)
+                         max_train_examples=args.max_train_examples, save_model=False, quiet=True,
+                         random_init=args.random_init)
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
                   f"test {rec.get('test', {}).get(ref_task.main_metric, float('nan')):.4f} "
                   f"{rec['examples_per_s']:.1f} ex/s", file=sys.stderr, flush=True)
 
-    result = {"benchmark": "finetune", "task": args.task, "kind": kind, "model": model_dir.name,
+    result = {"benchmark": "finetune", "task": args.task, "random_init": args.random_init, "kind": kind, "model": model_dir.name,
               "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs, "max_length": cfg.max_length,
               "seeds": seeds, "data": data.counts, "threads": torch.get_num_threads()}
     if ours:

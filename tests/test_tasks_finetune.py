@@ -288,3 +288,19 @@ def test_cli_finetune_evaluate_errors(tiny_dir, tmp_path, capsys):
     assert "bad.csv:3: empty 'text'" in capsys.readouterr().err
     assert main(["evaluate", "--model", str(tiny_dir), "--data", dev]) == 2
     assert "not a model fine-tuned by bertkit" in capsys.readouterr().err
+
+
+def test_random_init_keeps_architecture_not_weights(tiny_dir, tmp_path):
+    import torch
+    from bertkit.heads import BertForSequenceClassification
+    from bertkit.tasks.runner import FinetuneConfig, _build_model, make_task
+    from bertkit.tasks.readers import LabelMap
+    task = make_task("classify")
+    task.labels = LabelMap(["neg", "pos"])
+    kw = dict(task="classify", model=str(tiny_dir), train="", dev="", out=str(tmp_path))
+    fresh = _build_model(FinetuneConfig(**kw, random_init=True), task, seed=5)
+    loaded = _build_model(FinetuneConfig(**kw), task, seed=5)
+    assert isinstance(fresh, BertForSequenceClassification) and fresh.config.hidden_size == 32
+    w = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(fresh.state_dict()[w], loaded.state_dict()[w])
+    assert fresh.config.id2label == {0: "neg", 1: "pos"}

@@ -15,7 +15,9 @@
                 which the answer does not occur, and is marked is_impossible
 
 Every split is a fixed 80/10/10 split by `seed` (`datasets.split_by_seed`), over *articles* for the BBC tasks, so
-no article contributes to two splits. `build(name, out_dir)` writes train / dev / test files and a stats.json that
+no article contributes to two splits. BBC holds duplicate articles (98 exact copies under two file names, and a few
+more versions of one story with the same first sentence); only the first of each is kept (counted as
+`duplicate_articles_dropped`), else a copy could land in train and its twin in test. `build(name, out_dir)` writes train / dev / test files and a stats.json that
 counts what was dropped and why.
 """
 
@@ -59,6 +61,18 @@ def ner_file() -> Path:
     raise datasets.DatasetUnavailable(f"the silver NER file is not at {cands[-1]} (set BERTKIT_NER_FILE)")
 
 
+def _unique_articles() -> tuple[list, dict[str, str]]:
+    """BBC articles without duplicates (same first sentence; first by name kept), and name -> kept name."""
+    kept, first, alias = [], {}, {}
+    for a in datasets.bbc_articles():
+        key = " ".join(first_sentence(a.paragraphs[0]).split()) if a.paragraphs else a.title
+        if key not in first:
+            first[key] = a.name
+            kept.append(a)
+        alias[a.name] = first[key]
+    return kept, alias
+
+
 def _write_split(out: Path, ext: str, splits: dict[str, list[dict]]) -> dict[str, str]:
     return {name: str(write_table(out / f"{name}.{ext}", rows)) for name, rows in splits.items()}
 
@@ -75,15 +89,17 @@ def _sentiment(out: Path, seed: int, regress: bool) -> dict:
 
 
 def _topic(out: Path, seed: int) -> dict:
-    arts = datasets.bbc_articles()
+    arts, alias = _unique_articles()
     parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
     rows = {k: [{"text": f"{a.title}. {' '.join(a.paragraphs)}", "label": a.topic} for a in v]
             for k, v in parts.items()}
-    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()}}
+    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()},
+            "duplicate_articles_dropped": len(alias) - len(arts)}
 
 
 def _pairs(out: Path, seed: int) -> dict:
-    arts = [a for a in datasets.bbc_articles() if a.paragraphs]
+    uniq, alias = _unique_articles()
+    arts = [a for a in uniq if a.paragraphs]
     parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
     rng = random.Random(seed)
     rows = {}
@@ -98,7 +114,22 @@ def _pairs(out: Path, seed: int) -> dict:
             r.append({"text": a.title, "text_pair": first_sentence(other.paragraphs[0]), "label": 0})
         rng.shuffle(r)
         rows[name] = r
-    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()}}
+    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()},
+            "duplicate_articles_dropped": len(alias) - len(uniq)}
+
+
+def _ner_sentences() -> tuple[list, int]:
+    """The silver NER sentences without the duplicate articles (those whose text an earlier doc already has)."""
+    _, alias = _unique_articles()
+    sents = read_conll(ner_file())
+    docs = list(dict.fromkeys(s.doc for s in sents))
+    seen, drop = set(), set()
+    for d in docs:
+        canon = alias.get(d, d)
+        if canon in seen:
+            drop.add(d)
+        seen.add(canon)
+    return [s for s in sents if s.doc not in drop], len(drop)
 
 
 def _doc_split(sentences, seed: int):
@@ -112,11 +143,11 @@ def _doc_split(sentences, seed: int):
 
 
 def _ner(out: Path, seed: int) -> dict:
-    sents = read_conll(ner_file())
+    sents, dropped = _ner_sentences()
     parts, docs = _doc_split(sents, seed)
     files = {k: str(write_conll(out / f"{k}.conll", v)) for k, v in parts.items()}
     return {"files": files, "counts": {k: len(v) for k, v in parts.items()},
-            "articles": {k: len(v) for k, v in docs.items()}}
+            "articles": {k: len(v) for k, v in docs.items()}, "duplicate_articles_dropped": dropped}
 
 
 def _entities_by_doc() -> dict[str, list[tuple[str, str]]]:
@@ -156,7 +187,7 @@ def _cloze(q_text: str, context: str, entities: list[str]) -> tuple[str, str, in
 def _qa(out: Path, seed: int, version_2: bool) -> dict:
     ents = _entities_by_doc()
     arts = {a.name: a for a in datasets.bbc_articles()}
-    sents = read_conll(ner_file())
+    sents, dropped = _ner_sentences()
     _, docs = _doc_split(sents, seed)
     rng = random.Random(seed)
     files, counts, skipped = {}, {}, defaultdict(int)
@@ -198,7 +229,7 @@ def _qa(out: Path, seed: int, version_2: bool) -> dict:
         counts[split] = len(exs)
         if version_2:
             counts[f"{split}_unanswerable"] = sum(e.is_impossible for e in exs)
-    return {"files": files, "counts": counts, "skipped": dict(skipped)}
+    return {"files": files, "counts": counts, "skipped": dict(skipped), "duplicate_articles_dropped": dropped}
 
 
 def build(name: str, out_dir: str | Path, seed: int = 0) -> dict:

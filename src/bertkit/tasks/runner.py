@@ -56,6 +56,8 @@ class FinetuneConfig:
     out: str
     test: str | None = None
     vocab: str | None = None               # vocab.txt for a preset model (a directory brings its own)
+    random_init: bool = False              # a directory's architecture with fresh weights (the "no pre-training"
+                                           # baseline that shows what pre-training is worth)
     lr: float = 5e-5                       # the paper's grid is {5e-5, 3e-5, 2e-5}; the top end suits small models
     batch_size: int = 32
     epochs: float = 3.0
@@ -198,6 +200,8 @@ def _build_model(cfg: FinetuneConfig, task, seed: int):
         over["attn_implementation"] = cfg.attn_implementation
     cls = _model_class(task)
     path = Path(cfg.model)
+    if path.is_dir() and cfg.random_init:
+        return cls(BertConfig.from_dict({**BertConfig.from_json(path / "config.json").to_dict(), **over}))
     if path.is_dir():
         return cls.from_pretrained(path, **over)
     try:
