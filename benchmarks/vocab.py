@@ -11,7 +11,7 @@ Quality: each learned vocab.txt is loaded into the *same* encoder, bertkit's Tok
 WordPiece), and the held-out articles are encoded: pieces per word (words = basic_tokenize output) and the [UNK]
 rate (share of pieces that are [UNK]). As a cross-check the HF vocab is also encoded by HF's own Rust BERT tokenizer.
 
-Speed / memory: every training run is its own subprocess (python -c worker), so its peak RSS (ru_maxrss) is its own;
+Speed / memory: every training run is its own subprocess (python -c worker), so its peak RSS (VmHWM) is its own;
 the RSS after imports, before training, is reported too (`base_rss_mb`), so the training's own memory is
 peak - base. Ours and HF alternate, `--repeats` times; medians are reported. HF runs with its default threads (it
 parallelises counting over both cores); ours is single-process.
@@ -39,7 +39,7 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # ---------------------------------------------------------------------------------------------- worker (subprocess)
 
 WORKER = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 kind, corpus, size, min_freq, out, cap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def rss_mb():
@@ -67,12 +67,14 @@ else:
     secs = time.perf_counter() - t0
     os.makedirs(out, exist_ok=True)
     tok.model.save(out)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so it would include the parent benchmark's RSS
+with open("/proc/self/status") as f:
+    peak = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
 print(json.dumps({"seconds": secs, "peak_rss_mb": peak, "base_rss_mb": base}))
 """
 
 
-def run_worker(kind: str, corpus: Path, size: int, min_freq: int, out: Path, cap: int = 2_000_000) -> dict:
+def run_worker(kind: str, corpus: Path, size: int, min_freq: int, out: Path, cap: int = 1_000_000) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.run([sys.executable, "-c", WORKER, kind, str(corpus), str(size), str(min_freq), str(out), str(cap)],
                           capture_output=True, text=True, env=env)

@@ -29,7 +29,7 @@ The pipeline has three passes, and only the first one reads the corpus:
    uses internally. (The original WordPiece likelihood score count(ab) / (count(a) count(b)) was considered; it makes
    every merge change the score of every pair that touches a or b, which defeats the incremental queue below, and
    on BERT-style greedy longest-match encoding frequency merges give as few pieces per word.)
-   Efficiency: pair counts and, for each pair, the set of words containing it are built once. A merge touches only
+   Efficiency: pair counts and, for each pair, the list of words containing it are built once. A merge touches only
    the words that contain the merged pair: their old pairs are subtracted and their new pairs added. A max-heap of
    (count, pair) is updated lazily: pairs whose count dropped are re-queued with their true count when they surface;
    pairs that grow (only those next to the new piece) are pushed after each merge. A 30k vocabulary on the 5 MB BBC
@@ -86,7 +86,9 @@ class VocabTrainingConfig:
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS
     limit_alphabet: int | None = None  # None keeps every character seen: full coverage, no [UNK] on the corpus
     max_word_chars: int = 100         # BERT encodes longer words as [UNK], so they do not train
-    max_distinct_words: int = 2_000_000  # word-table cap (~200 MB); beyond it the rarest words are pruned
+    # Word-table cap; beyond it the rarest words are pruned. Memory is about 0.1 KB a word while counting and
+    # ~1 KB a word while merging on real text (more on random strings), so ~1 GB at the cap, whatever the corpus size.
+    max_distinct_words: int = 1_000_000
 
     def validate(self) -> None:
         if not isinstance(self.vocab_size, int) or self.vocab_size <= 0:
@@ -303,13 +305,16 @@ def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], v
         words.append((token_id[w[0]], *(token_id[_PREFIX + c] for c in w[1:])))
         freqs.append(n)
 
+    # pair -> count (summed over words, weighted by word frequency); pair -> indices of words that contain it.
+    # The word lists are append-only (8 bytes an entry; a word listed twice, or no longer holding the pair, is
+    # skipped when visited), which keeps memory at O(total symbols) instead of a set per pair.
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    where: dict[tuple[int, int], list[int]] = defaultdict(list)
     for wi, syms in enumerate(words):
         f = freqs[wi]
         for p in zip(syms, syms[1:]):
             pair_counts[p] += f
-            where[p].add(wi)
+            where[p].append(wi)
     heap = [(-c, a, b) for (a, b), c in pair_counts.items()]
     heapq.heapify(heap)
 
@@ -335,40 +340,36 @@ def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], v
             break
         new_piece = tokens[a] + tokens[b][len(_PREFIX):]
         new = token_id.get(new_piece)
-        if new is None:  # the same string can arise from two different pairs; it is one piece
+        if new is None:  # the same string could arise from two different pairs; it is one piece
             new = len(tokens)
             tokens.append(new_piece)
             token_id[new_piece] = new
             if bar is not None:
                 bar.update(1)
         n_merges += 1
-        grown: set[tuple[int, int]] = set()
+        grown: set[tuple[int, int]] = set()   # pairs next to the new piece: counts can only have grown
+        shrunk: set[tuple[int, int]] = set()  # pairs that lost occurrences: counts may have reached zero
         for wi in where.pop((a, b)):
             syms = words[wi]
-            f = freqs[wi]
             merged = _merge_word(syms, a, b, new)
-            old_pairs = list(zip(syms, syms[1:]))
-            new_pairs = list(zip(merged, merged[1:]))
-            for p in old_pairs:
+            if len(merged) == len(syms):  # listed twice, already merged
+                continue
+            f = freqs[wi]
+            for p in zip(syms, syms[1:]):
                 pair_counts[p] -= f
-            for p in new_pairs:
+                shrunk.add(p)
+            for p in zip(merged, merged[1:]):
                 pair_counts[p] += f
-            old_set, new_set = set(old_pairs), set(new_pairs)
-            for p in old_set - new_set:
-                if p != (a, b):
-                    s = where[p]
-                    s.discard(wi)
-                    if not s:
-                        del where[p]
-            for p in new_set - old_set:
-                where[p].add(wi)
-                grown.add(p)
+                if p[0] == new or p[1] == new:
+                    where[p].append(wi)
+                    grown.add(p)
             words[wi] = merged
-        pair_counts.pop((a, b), None)
-        for p in grown:  # only pairs next to the new piece can have grown: queue their true counts
-            c = pair_counts[p]
-            if c > 0:
-                heapq.heappush(heap, (-c, p[0], p[1]))
+        for p in shrunk:
+            if pair_counts[p] <= 0:
+                del pair_counts[p]
+                where.pop(p, None)
+        for p in grown:  # queue the true counts of the pairs that grew
+            heapq.heappush(heap, (-pair_counts[p], p[0], p[1]))
     if bar is not None:
         bar.close()
     if stats is not None:
@@ -422,7 +423,7 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
 
 def train_vocab(files, vocab_size: int = 30_522, lowercase: bool = True, min_frequency: int = 2,
                 special_tokens: tuple[str, ...] = SPECIAL_TOKENS, limit_alphabet: int | None = None,
-                max_word_chars: int = 100, max_distinct_words: int = 2_000_000, progress: bool = False):
+                max_word_chars: int = 100, max_distinct_words: int = 1_000_000, progress: bool = False):
     """Learn a WordPiece vocabulary from text files (paths or globs; .gz read transparently) and return a bertkit
     `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring."""
     config = VocabTrainingConfig(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,

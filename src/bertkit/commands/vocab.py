@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--min-frequency", type=int, default=2, help="stop merging when the best pair is rarer (default 2)")
     p.add_argument("--limit-alphabet", type=int, default=None,
                    help="keep only the N most frequent characters (default: every character seen)")
-    p.add_argument("--max-distinct-words", type=int, default=2_000_000,
+    p.add_argument("--max-distinct-words", type=int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
