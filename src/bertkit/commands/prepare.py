@@ -28,11 +28,15 @@ def register(subparsers) -> None:
     p.add_argument("--dupe-factor", type=int, default=1, help="static masking: copies with different masks")
     p.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens to predict (default 0.15)")
     p.add_argument("--max-predictions", type=int, default=None,
-                   help="cap on predictions per example (default ceil(mask_prob * seq_len) + 1)")
+                   help="cap on predictions per example (default ceil(mask_prob * seq_len): 20 at 128)")
     p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of shorter targets (default 0.1)")
     p.add_argument("--format", dest="corpus_format", choices=("auto", "lines", "prose"), default="auto",
                    help="lines: a sentence per line (Google's format); prose: paragraphs, split into sentences")
     p.add_argument("--workers", type=int, default=1, help="processes (each writes its own shards)")
+    p.add_argument("--max-line-bytes", type=int, default=256 * 1024,
+                   help="longer lines are skipped and counted (default 256 KiB)")
+    p.add_argument("--max-document-lines", type=int, default=10_000,
+                   help="longer documents are cut (bounds memory for files without blank lines)")
     p.add_argument("--examples-per-shard", type=int, default=65536)
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                       max_predictions=args.max_predictions, dupe_factor=args.dupe_factor,
                       short_seq_prob=args.short_seq_prob, workers=args.workers, seed=args.seed,
                       corpus_format=args.corpus_format, examples_per_shard=args.examples_per_shard,
+                      max_line_bytes=args.max_line_bytes, max_document_lines=args.max_document_lines,
                       overwrite=args.overwrite, progress=not args.no_progress and sys.stderr.isatty())
     print(json.dumps(summary.as_dict()) if args.json else summary.format())
     return 0

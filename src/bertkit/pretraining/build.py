@@ -79,7 +79,8 @@ class PrepareSummary:
         pairs = b.is_next + b.not_next
         lines = [
             f"wrote {b.examples:,} examples in {self.shards} shards to {self.out}",
-            f"  input      {c.files} files, {c.bytes / 1e6:.1f} MB, {c.documents:,} documents, {c.sentences:,} sentences",
+            f"  input      {c.files} files, {c.bytes / 1e6:.1f} MB, {c.documents:,} documents, {c.sentences:,} sentences"
+            + (f" ({c.split_documents} over-long documents cut)" if c.split_documents else ""),
             f"  tokens     {b.tokens:,} in examples, padding {b.padding / max(1, b.tokens + b.padding):.2%}",
             (f"  masking    {'dynamic (sampled as epoch 0)' if self.dynamic else 'static'}: {self.masked_share:.2%} "
              f"of maskable tokens; shown as [MASK] {m.shown_mask / max(1, m.chosen):.1%}, random "
@@ -116,6 +117,7 @@ class _Job:
     seed: int
     examples_per_shard: int
     max_line_bytes: int
+    max_document_lines: int
     stats_sample: int = 4096         # dynamic masking: examples masked for the summary's statistics
 
 
@@ -177,7 +179,8 @@ def _worker(job: _Job, progress=None) -> dict:
 
     select = (lambda i: i % job.workers == job.rank) if job.select_modulo else None
     waiting, n_sentences = [], 0
-    for doc in iter_documents(job.files, job.corpus_format, cstats, job.max_line_bytes, select=select):
+    for doc in iter_documents(job.files, job.corpus_format, cstats, job.max_line_bytes, select=select,
+                              max_document_lines=job.max_document_lines):
         waiting.append(doc)
         n_sentences += len(doc.sentences)
         if n_sentences >= _TOKENIZE_BATCH:
@@ -236,7 +239,7 @@ def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", maskin
             dynamic: bool = False, mask_prob: float = 0.15, max_predictions: int | None = None,
             dupe_factor: int = 1, short_seq_prob: float = 0.1, workers: int = 1, seed: int = 12345,
             corpus_format: str = "auto", examples_per_shard: int = 65536, max_line_bytes: int = 256 * 1024,
-            overwrite: bool = False, progress: bool = False) -> PrepareSummary:
+            max_document_lines: int = 10_000, overwrite: bool = False, progress: bool = False) -> PrepareSummary:
     """Build pre-training shards in `out` from `corpus` (paths / dirs / globs). Returns the summary."""
     ecfg = ExampleConfig(seq_len=seq_len, task=task, short_seq_prob=0.0 if task == "none" else short_seq_prob,
                          dupe_factor=dupe_factor)
@@ -249,6 +252,8 @@ def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", maskin
         raise ConfigError(f"workers={workers} must be >= 1")
     if examples_per_shard < 1:
         raise ConfigError(f"examples_per_shard={examples_per_shard} must be >= 1")
+    if max_line_bytes < 1 or max_document_lines < 1:
+        raise ConfigError(f"max_line_bytes={max_line_bytes} and max_document_lines={max_document_lines} must be >= 1")
     files = expand_corpus(corpus)
     tok = load_tokenizer(vocab)
     if seq_len > 65535:
@@ -262,7 +267,8 @@ def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", maskin
     shares = _split_files(files, workers) if by_files else [[str(f) for f in files]] * workers
     jobs = [_Job(rank=w, workers=workers, files=shares[w], select_modulo=not by_files, vocab=str(vocab),
                  out=str(out), corpus_format=corpus_format, examples=ecfg, masking=mcfg, seed=seed,
-                 examples_per_shard=examples_per_shard, max_line_bytes=max_line_bytes)
+                 examples_per_shard=examples_per_shard, max_line_bytes=max_line_bytes,
+                 max_document_lines=max_document_lines)
             for w in range(workers) if shares[w]]
     total_bytes = sum(f.stat().st_size for f in files)
     t0 = time.perf_counter()
