@@ -259,3 +259,57 @@ def test_notnext_buffer_is_bounded(docs, tok):
         assert b._buffer.docs[-1] is d and b._buffer.n_tokens == sum(len(x.tokens) for x in b._buffer.docs)
     ids = {x.id for x in b._buffer.docs}
     assert min(ids) < 250 < max(ids)           # older documents survive with decaying probability
+
+
+def _google_like(docs, seq_len, seed, passes):
+    """The google-research algorithm as its source reads (forced NotNext on one-sentence chunks, target drawn per
+    document pass, NotNext from any other document), rewritten plainly: (length, a_len, label) per example."""
+    import random
+    rng = random.Random(seed)
+    sents = [[d.tokens[d.bounds[k]:d.bounds[k + 1]].tolist() for k in range(d.n_sentences)] for d in docs]
+    out = []
+    for _ in range(passes):
+        for di, doc in enumerate(sents):
+            max_tokens = seq_len - 3
+            target = rng.randint(2, max_tokens) if rng.random() < 0.1 else max_tokens
+            chunk, length, i = [], 0, 0
+            while i < len(doc):
+                chunk.append(doc[i])
+                length += len(doc[i])
+                if i == len(doc) - 1 or length >= target:
+                    a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                    a = [t for s in chunk[:a_end] for t in s]
+                    if len(chunk) == 1 or rng.random() < 0.5:
+                        label, other = 1, di
+                        while other == di:
+                            other = rng.randrange(len(sents))
+                        b, k = [], rng.randrange(len(sents[other]))
+                        while k < len(sents[other]) and len(b) < target - len(a):
+                            b += sents[other][k]
+                            k += 1
+                        b = b or sents[other][-1]
+                        i -= len(chunk) - a_end
+                    else:
+                        label, b = 0, [t for s in chunk[a_end:] for t in s]
+                    while len(a) + len(b) > max_tokens:
+                        side = a if len(a) > len(b) else b
+                        side.pop(0 if rng.random() < 0.5 else -1)
+                    out.append((len(a) + len(b) + 3, len(a) + 2, label))
+                    chunk, length = [], 0
+                i += 1
+    return np.array(out)
+
+
+def test_examples_match_the_google_research_algorithm(docs, tok):
+    """Same corpus, same settings: our examples have the reference's length profile; only the label share differs,
+    by design (deviation 3: the reference skews to NotNext)."""
+    ref = _google_like(docs, 64, seed=0, passes=2)
+    ours, _ = build(docs, tok, seq_len=64, task="nsp", dupe_factor=2)
+    length = np.array([len(e.tokens) for e in ours])
+    a_len = np.array([e.a_len for e in ours])
+    assert abs(len(ours) / len(ref) - 1) < 0.03
+    assert abs(length.mean() / ref[:, 0].mean() - 1) < 0.02
+    assert abs(a_len.mean() / ref[:, 1].mean() - 1) < 0.03
+    assert abs((length == 64).mean() - (ref[:, 0] == 64).mean()) < 0.03
+    assert ref[:, 2].mean() > 0.53                          # the reference's NotNext skew...
+    assert abs(np.mean([e.label for e in ours]) - 0.5) < 0.015     # ...which we remove
