@@ -8,31 +8,40 @@ The pipeline (identical results to transformers' BertTokenizerFast, which is our
                                            whitespace -> ' ')                                            │
     ids, offsets <─ [CLS] A [SEP] (B [SEP]) <─ truncation / padding <─ WordPiece (greedy longest match, "##") <─┘
 
-Character classes (Unicode, as the Rust tokenizer defines them; google-research's tokenization.py differs in two
-places and we follow the Rust one, as the issue asks):
-  * removed by cleaning: U+0000, U+FFFD and every "other" char (general category C*: Cc, Cf, Cs, Co, Cn) except
-    tab / newline / carriage return. So U+000B, U+000C, U+001C..U+001F, U+0085 are *removed* (google-research
-    keeps U+001C..U+001F as whitespace).
+Character classes are the Rust tokenizer's, which differ from google-research's tokenization.py in places; where
+they differ we follow the Rust one (the issue says to match BertTokenizerFast). Its category tables are Unicode 8.0,
+so a character assigned later is, to it, unassigned (kept, never punctuation, never a stripped mark); we reproduce
+that with the list of code points assigned by Unicode 8.0 (_ASSIGNED_IN_UNICODE_8) and the few characters whose
+category changed since (_CATEGORY_IN_UNICODE_8). Its lowercasing uses newer tables (_NEW_LOWERCASE adds the pairs
+Python 3.11 lacks).
+  * removed by cleaning: U+0000, U+FFFD and every Cc / Cf / Cs / Co char except tab / LF / CR. So U+000B, U+000C,
+    U+001C..U+001F, U+0085 are removed (google-research keeps U+001C..U+001F as whitespace), and unassigned (Cn)
+    code points are kept (google-research drops every C*).
   * whitespace: the Unicode White_Space property (tab, LF, CR, space, U+00A0, U+1680, U+2000..U+200A, U+2028,
     U+2029, U+202F, U+205F, U+3000). google-research uses only Zs, so it keeps U+2028 / U+2029 as characters.
   * punctuation: ASCII non-alphanumeric printable characters and every Unicode P* character; each is its own word.
-  * CJK ideographs (the blocks BERT lists) are each their own word.
-  * uncased: NFD, drop nonspacing marks (Mn), then lowercase char by char (so a final sigma stays σ, as in Rust).
+  * CJK ideographs (the blocks BERT lists) are each their own word; Extension E starts at U+2B920 in the Rust
+    tokenizer (U+2B820 in google-research).
+  * uncased: NFD, drop nonspacing marks (Mn), then lowercase char by char (so a final sigma stays σ, as in Rust;
+    google-research lowercases before NFD).
 
 Offsets are (start, end) character positions into the ORIGINAL text (before any of the above) for every token,
 (0, 0) for [CLS] / [SEP] / [PAD]. A normalised character inherits the position of the original character it came
 from (an accent stripped from "é" leaves "e" covering the original "é"; a Hangul syllable that NFD splits into three
-jamo has all three covering the syllable).
+jamo has all three covering the syllable). The one exception, again the Rust tokenizer's: when NFD reorders
+combining marks across characters, positions follow the sequence, not the characters (_normalize_reordered).
 
 WordPiece: for each word, take the longest vocab entry that prefixes the rest of the word ("##"-prefixed after the
 first piece); a word with no full segmentation, or longer than 100 characters, becomes one [UNK] covering the word.
 
-Speed. Tokenization is a pure function of the word, and words repeat (Zipf), so every word's pieces are cached
-(word -> piece ids, piece start offsets). Batch calls on ASCII text (most real text) never loop over characters in
-Python: the whole batch is joined into one string, lowercased and split into words by one compiled regex (C code),
-piece ids come from the word cache through `map`/`chain` (C loops), and offsets are computed arithmetically with
-numpy from the match positions. Non-ASCII text takes the general path (per-character normalisation with an
-alignment array), still through the word cache.
+Speed (pure Python, no extension). Tokenization is a pure function of the word, and words repeat (Zipf), so every
+word's pieces are cached. Large batches of ASCII text (most real text) never loop over characters or words in
+Python: the batch is joined into one string, lowercased and split by one compiled regex (C) whose matches carry
+the whitespace before each word, so word end positions are a cumulative sum of match lengths; a dict lookup per
+word (through `map`, a C loop) gives a word id, and numpy gathers piece ids and offsets from per-word tables and
+splits them back per text. Non-ASCII text is normalised with str.translate tables filled lazily per character, and
+an alignment array is built only when some character does not map to exactly one. Small batches take a per-text
+path with less fixed overhead. Both paths are parity-tested.
 
 Invalid input policy:
   * non-str text raises TypeError naming the type given; any str (any length, any code points, lone surrogates
@@ -75,8 +84,10 @@ _WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u
                         "\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 _ASCII_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 # The CJK Unified Ideographs blocks BERT isolates (not all of CJK: Hangul, kana etc. are ordinary letters).
+# google-research lists Extension E as 0x2B820-0x2CEAF; the Rust tokenizer starts it at 0x2B920, so U+2B820..U+2B91F
+# are ordinary letters there, and we follow the Rust tokenizer (the issue says to match BertTokenizerFast).
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+               (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
 def _unicode8_starts_ends() -> tuple[list[int], list[int]]:
@@ -481,6 +492,8 @@ class Tokenizer:
         # word -> (piece ids, piece start offsets within the word); see _wordpiece
         self._cache: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._pieces = _PieceTable(self._wordpiece)
+        # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
+        self._small_batch_chars = 2048
         # WordPiece never needs to try a candidate longer than the longest vocab entry
         self._max_piece = max(len(t) for t in vocab)
 
@@ -641,7 +654,7 @@ class Tokenizer:
         """WordPiece pieces of text (continuation pieces start with "##"), without [CLS] / [SEP]."""
         self._check_text(text)
         itt = self.ids_to_tokens
-        return [itt[i] for i in self._encode_flat([text]).ids.tolist()]
+        return [itt[i] for i in self._pieces_batch([text], offsets=False)[0][0]]
 
     # ------------------------------------------------------------------ texts -> pieces
 
@@ -735,6 +748,12 @@ class Tokenizer:
         return [(ids[x:y], list(zip(starts[x:y], ends[x:y]))) for x, y in spans]
 
     def _pieces_batch(self, texts: Sequence[str], offsets: bool) -> list[tuple[list[int], list | None]]:
+        if sum(map(len, texts)) < self._small_batch_chars:  # numpy's per-call overhead would dominate
+            out = []
+            for t in texts:
+                ids, starts, ends = self._encode_general(t)
+                out.append((ids, list(zip(starts, ends)) if offsets else None))
+            return out
         was_enabled = gc.isenabled()
         gc.disable()  # millions of small ints / tuples would trigger many useless cyclic-GC passes
         try:
