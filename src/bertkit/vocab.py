@@ -68,12 +68,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from bertkit.errors import ConfigError, DataError
+from bertkit.tokenizer import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, Tokenizer
 
 __all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
-           "count_words", "learn_wordpieces", "expand_files"]
+           "count_words", "learn_wordpieces", "expand_files", "iter_text", "tokenizer_from_tokens"]
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-_REQUIRED_SPECIALS = SPECIAL_TOKENS  # the Tokenizer needs all five by name
+_REQUIRED_SPECIALS = SPECIAL_TOKENS  # the Tokenizer finds all five by name (extra specials are plain vocab entries)
 _CHUNK_BYTES = 1 << 20  # longest piece of a line decoded at once: bounds memory on files without newlines
 _PREFIX = "##"
 
@@ -85,7 +85,7 @@ class VocabTrainingConfig:
     min_frequency: int = 2            # a pair seen once is noise, not a piece (HF's BertWordPieceTokenizer default)
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS
     limit_alphabet: int | None = None  # None keeps every character seen: full coverage, no [UNK] on the corpus
-    max_word_chars: int = 100         # BERT encodes longer words as [UNK], so they do not train
+    max_word_chars: int = MAX_INPUT_CHARS_PER_WORD  # BERT encodes longer words as [UNK]: they do not train
     # Word-table cap; beyond it the rarest words are pruned. Memory is about 0.1 KB a word while counting and
     # ~1 KB a word while merging on real text (more on random strings), so ~1 GB at the cap, whatever the corpus size.
     max_distinct_words: int = 1_000_000
@@ -205,7 +205,6 @@ def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iter
 
 def _pretokenizer(lowercase: bool) -> Callable[[str], list[str]]:
     """The tokenizer's own pre-tokenization, so training sees the words encoding will see."""
-    from bertkit.tokenizer import Tokenizer
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     return Tokenizer(vocab, lowercase=lowercase).basic_tokenize
 
@@ -276,7 +275,7 @@ def _merge_word(syms: tuple[int, ...], a: int, b: int, new: int) -> tuple[int, .
 
 def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], vocab_size: int,
                      special_tokens: tuple[str, ...] = SPECIAL_TOKENS, min_frequency: int = 2,
-                     limit_alphabet: int | None = None, max_word_chars: int = 100,
+                     limit_alphabet: int | None = None, max_word_chars: int = MAX_INPUT_CHARS_PER_WORD,
                      progress: bool = False, stats: dict | None = None) -> list[str]:
     """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (module docstring)."""
     # alphabet: every character (or the `limit_alphabet` most frequent), sorted by code point for stable ids
@@ -423,7 +422,7 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
 
 def train_vocab(files, vocab_size: int = 30_522, lowercase: bool = True, min_frequency: int = 2,
                 special_tokens: tuple[str, ...] = SPECIAL_TOKENS, limit_alphabet: int | None = None,
-                max_word_chars: int = 100, max_distinct_words: int = 1_000_000, progress: bool = False):
+                max_word_chars: int = MAX_INPUT_CHARS_PER_WORD, max_distinct_words: int = 1_000_000, progress: bool = False):
     """Learn a WordPiece vocabulary from text files (paths or globs; .gz read transparently) and return a bertkit
     `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring."""
     config = VocabTrainingConfig(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
@@ -435,5 +434,4 @@ def train_vocab(files, vocab_size: int = 30_522, lowercase: bool = True, min_fre
 
 def tokenizer_from_tokens(tokens: list[str], lowercase: bool = True):
     """A bertkit Tokenizer over `tokens` (in id order)."""
-    from bertkit.tokenizer import Tokenizer
     return Tokenizer({t: i for i, t in enumerate(tokens)}, lowercase=lowercase)
