@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bertkit import vocab as V
 from bertkit.cli import main as cli_main
@@ -280,3 +282,28 @@ def test_quality_matches_wordpiece_trainer_on_a_bbc_slice(bbc_articles, tmp_path
     unk = {name: sum(tok.tokenize(t).count("[UNK]") for t in heldout) for name, tok in (("ours", ours), ("hf", theirs))}
     assert ppw["ours"] <= 1.03 * ppw["hf"], ppw
     assert unk["ours"] <= unk["hf"], unk
+
+
+# ------------------------------------------------------------------------------------- arbitrary Unicode coverage
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.text(min_size=1, max_size=60), min_size=1, max_size=8), lowercase=st.booleans())
+def test_any_unicode_corpus_trains_and_encodes_without_unk(tmp_path, lines, lowercase):
+    path = tmp_path / "u.txt"
+    path.write_bytes("\n".join(lines).encode("utf-8", errors="surrogatepass"))  # lone surrogates: invalid UTF-8
+    bt = Tokenizer({t: i for i, t in enumerate(SPECIALS)}, lowercase=lowercase).basic_tokenize
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    words = [w for w in bt(text) if w not in SPECIALS]
+    if not words:
+        with pytest.raises(DataError, match="no words"):
+            V.train_vocab(path, vocab_size=10_000, lowercase=lowercase)
+        return
+    tok = V.train_vocab(path, vocab_size=10_000, lowercase=lowercase, min_frequency=1)
+    assert tok.ids_to_tokens[:5] == SPECIALS and len(set(tok.ids_to_tokens)) == tok.vocab_size
+    for w in words:
+        assert w[0] in tok.vocab and all("##" + c in tok.vocab for c in w[1:]), w
+    assert "[UNK]" not in tok.tokenize(" ".join(w for w in words if len(w) <= 100))
+    # and it survives a save / load round trip
+    again = Tokenizer.from_pretrained(tok.save(tmp_path / f"rt{int(lowercase)}"))
+    assert again.ids_to_tokens == tok.ids_to_tokens
