@@ -11,7 +11,8 @@ Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one)
     back per-batch outputs with the original indices, under bf16 autocast when asked.
 
 Features are plain dicts of python lists / ints (`input_ids`, `token_type_ids`, optional `labels`,
-`start_positions`, ...); `collate` turns a list of them into a dict of tensors.
+`start_positions`, ...); `collate` turns a list of them into a dict of tensors. Per-token labels (features flagged
+`token_labels`) are padded with -100, which the loss ignores.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ import torch
 
 __all__ = ["BucketBatchSampler", "collate", "autocast", "predict_batches", "iterate_batches"]
 
-SEQUENCE_KEYS = ("input_ids", "token_type_ids", "attention_mask")
-# per-token label keys are padded with -100 (ignored by the loss); everything else is per-example
-TOKEN_LABEL_KEYS = ("labels_tokens",)
 
 
 class BucketBatchSampler:

@@ -24,7 +24,6 @@ so `evaluate` / `predict` need only the directory.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import json
 import math
@@ -33,10 +32,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from bertkit.errors import ConfigError, DataError
+from bertkit.errors import ConfigError
 from bertkit.tasks.batching import BucketBatchSampler, collate
 
 __all__ = ["FinetuneConfig", "finetune", "evaluate", "predict", "load_task", "make_task", "TASK_KINDS",

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.errors import DataError
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
@@ -200,10 +199,3 @@ def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf1
 def _null():
     import contextlib
     return contextlib.nullcontext()
-
-
-def check_conll_labels(sents: list[Sentence], labels: LabelMap) -> None:
-    for s in sents:
-        for t in s.tags or []:
-            if t not in labels:
-                raise DataError(f"{s.source}: unknown tag {t!r}; the model knows {', '.join(labels.labels)}")
