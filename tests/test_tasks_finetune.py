@@ -304,3 +304,28 @@ def test_random_init_keeps_architecture_not_weights(tiny_dir, tmp_path):
     w = "bert.embeddings.word_embeddings.weight"
     assert not torch.equal(fresh.state_dict()[w], loaded.state_dict()[w])
     assert fresh.config.id2label == {0: "neg", 1: "pos"}
+
+
+def test_tag_text_char_spans(tiny_dir):
+    """Raw text -> words from pieces -> entities whose character spans index the original string."""
+    import torch
+    from bertkit.heads import BertForTokenClassification
+    from bertkit.tasks.readers import LabelMap
+    from bertkit.tasks.tag import tag_text
+    from bertkit.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(tiny_dir)
+    labels = LabelMap(["O", "B-PER", "I-PER"])
+    model = BertForTokenClassification.from_pretrained(tiny_dir, num_labels=3)
+    text = "the  winner is Alice Bob, said x.y"
+    enc = tok([text], return_offsets=True)
+    names = {i for i, (s, e) in enumerate(enc["offsets"][0]) if text[s:e] in ("Alice", "Bob")}
+    with torch.no_grad():  # rig the head: B-PER on "alice", I-PER on "bob", O elsewhere, via a hook on logits
+        def hook(_m, _inp, out):
+            fake = torch.zeros_like(out)
+            fake[..., 0] = 1.0
+            for i in names:
+                fake[0, i] = torch.tensor([0.0, 2.0, 1.0] if text[enc["offsets"][0][i][0]] == "A" else [0.0, 1.0, 2.0])
+            return fake
+        model.classifier.register_forward_hook(hook)
+    ents = tag_text(model, tok, text, labels)
+    assert ents == [{"type": "PER", "start": 15, "end": 24, "text": "Alice Bob"}]
