@@ -178,3 +178,25 @@ def test_two_processes_give_the_losses_of_one(data, tmp_path):
     # each rank wrote its own data position + RNG state
     ckpt = two / "checkpoints" / "step-00000004"
     assert (ckpt / "rank-00000.pt").exists() and (ckpt / "rank-00001.pt").exists()
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_give_the_losses_of_one(data, tmp_path):
+    """--fsdp (FSDP2 on CPU / gloo): the same per-step losses as one process, and a whole model saved."""
+    common = ["--preset", "tiny", "--precision", "fp32", "--no-progress", "--dropout", "0", "--steps", "3",
+              "--lr", "1e-3", "--warmup", "0"]
+    one = tmp_path / "one"
+    assert cli(["pretrain", str(data / "shards"), "--out", str(one), "--batch-size", "8", *common]) == 0
+    two = tmp_path / "fsdp"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "bertkit", "pretrain", str(data / "shards"), "--out", str(two), "--batch-size", "4",
+                           "--fsdp", *common], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for ra, rb in zip(_records(one), _records(two), strict=True):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+    from bertkit.heads import BertForPreTraining
+    a = BertForPreTraining.from_pretrained(one / "model").state_dict()
+    b = BertForPreTraining.from_pretrained(two / "model").state_dict()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k

@@ -282,7 +282,8 @@ def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
     """out/model: the trained weights as an HF-format directory with the tokenizer (FSDP: from the checkpoint)."""
     from bertkit.tokenizer import Tokenizer
     from bertkit.train.loop import load_model_weights
-    if pc.fsdp and result.checkpoint is not None:
+    if pc.fsdp and result.checkpoint is not None:   # the trained model is sharded: rebuild it whole on rank 0
+        model = type(model)(model.config)
         model.load_state_dict(load_model_weights(result.checkpoint / "model.safetensors"))
     vocab = pc.vocab or str(Path(pc.shards) / "vocab.txt")
     try:
