@@ -329,3 +329,24 @@ def test_tag_text_char_spans(tiny_dir):
         model.classifier.register_forward_hook(hook)
     ents = tag_text(model, tok, text, labels)
     assert ents == [{"type": "PER", "start": 15, "end": 24, "text": "Alice Bob"}]
+
+
+def test_grid_search_picks_best_dev(tiny_dir, tmp_path):
+    from bertkit.tasks.runner import PAPER_GRID, finetune
+    train = _write_csv(tmp_path / "train.csv", _sentiment_rows(64, 0))
+    dev = _write_csv(tmp_path / "dev.csv", _sentiment_rows(32, 1))
+    s = finetune(_cfg(tiny_dir, tmp_path, "classify", train, dev, grid=True, epochs=1, save_model=False))
+    assert len(s["grid"]) == len(PAPER_GRID["lr"]) * len(PAPER_GRID["batch_size"])
+    best = max(s["grid"], key=lambda g: g["accuracy"])
+    assert (s["lr"], s["batch_size"]) == (best["lr"], best["batch_size"])
+
+
+def test_early_stopping_keeps_best(tiny_dir, tmp_path):
+    from bertkit.tasks.runner import finetune
+    train = _write_csv(tmp_path / "train.csv", _sentiment_rows(128, 0))
+    dev = _write_csv(tmp_path / "dev.csv", _sentiment_rows(32, 1))
+    # an lr too small to change the dev accuracy: the second evaluation does not improve, patience 1 stops the run
+    finetune(_cfg(tiny_dir, tmp_path, "classify", train, dev, lr=1e-12, eval_every=2, patience=1, epochs=3))
+    rec = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert rec["stopped_early"] and len(rec["history"]) == 2 and rec["best_step"] == 2
+    assert rec["steps"] == 24 and rec["train_examples"] == 4 * 16
