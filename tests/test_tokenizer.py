@@ -328,3 +328,29 @@ def test_cli_tokenize(tmp_path, minilm_dir, bert_vocab_file):
         r = run_cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- internals
+
+def test_embedded_unicode_tables_match_their_definition():
+    """_PUNCT_UNICODE_8 (the fast path's regex class) is derived data: it must equal _is_punct over all code points."""
+    from bertkit import tokenizer as T
+    listed = set()
+    for r in T._PUNCT_UNICODE_8.split():
+        a, _, b = r.partition("-")
+        listed.update(range(int(a, 16), int(b or a, 16) + 1))
+    computed = {cp for cp in range(0x80, 0x110000) if not 0xD800 <= cp <= 0xDFFF and T._is_punct(chr(cp))}
+    assert listed == computed
+
+
+def test_prefilled_words_equal_wordpiece(tok):
+    """The fast path's prefilled vocab words give what running WordPiece gives."""
+    fresh = Tokenizer(tok.vocab)
+    words = [w for w in list(tok.vocab)[::97] if w.isascii() and w.isalnum()]
+    fresh._pieces.lookup(["x"])  # triggers the prefill
+    assert fresh._pieces.n_words > 2 * 20_000
+    for w in words:
+        assert fresh._wordpiece(w) == ((tok.vocab[w],), (0,))
+        wid = fresh._pieces.index[" " + w]
+        first, count, length = fresh._pieces.words[wid]
+        assert (count, length) == (1, len(w) + 1) and fresh._pieces.pieces[first].tolist() == [tok.vocab[w], -len(w), 0]

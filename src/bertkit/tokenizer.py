@@ -56,6 +56,7 @@ Invalid input policy:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import hashlib
 import json
@@ -191,6 +192,21 @@ _ASCII_TOKEN_RE = re.compile(r"[ \t\n\r]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
 # ASCII chars that cleaning removes (C0 controls other than tab / LF / CR, and DEL): such text takes the general path.
 _ASCII_REMOVED_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+_UNICODE_TOKEN_RE: re.Pattern | None = None
+
+
+def _unicode_token_re() -> re.Pattern:
+    """The fast path's regex for normalised non-ASCII text (whitespace is then only ' '): a word is a run of chars
+    that are neither whitespace nor punctuation / CJK; each punctuation / CJK char is a word of its own."""
+    global _UNICODE_TOKEN_RE
+    if _UNICODE_TOKEN_RE is None:
+        ranges = [r.partition("-") for r in _PUNCT_UNICODE_8.split()]
+        ranges = [(int(a, 16), int(b or a, 16)) for a, _, b in ranges] + list(_CJK_RANGES)
+        iso = "!-/:-@\\[-`{-~" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+        _UNICODE_TOKEN_RE = re.compile(f"[ \t\n\r]*(?:[^ \t\n\r{iso}]+|[{iso}])")
+    return _UNICODE_TOKEN_RE
+
+
 # General path: normalised text is mapped char by char to its class ("a" word char, " " space, "." isolated), and
 # this finds the words in the class string.
 _CLASS_WORD_RE = re.compile(r"a+|\.")
@@ -261,6 +277,15 @@ class _Normalizer:
             align = np.repeat(np.arange(base, base + len(text)), counts).tolist()
         self._split(norm, align, base, out_words, out_starts, out_ends, out_align)
 
+    def one_to_one(self, text: str) -> str | None:
+        """The normalised text when every char maps to exactly one char (so positions are unchanged), else None."""
+        norm = text.translate(self.norm)
+        if len(norm) != len(text) or text.translate(self.width).count("\x01") != len(text):
+            return None
+        if self.strip_accents and "mm" in text.translate(self.marks):
+            return None
+        return norm
+
     def _normalize_reordered(self, text: str, base: int) -> tuple[str, list[int]]:
         """Normalise text whose NFD needs canonical reordering of combining marks across characters.
 
@@ -327,12 +352,13 @@ class _PieceTable:
 
     MAX_WORDS = 1_000_000  # bound memory on adversarial input: the table restarts when it grows past this
 
-    def __init__(self, wordpiece):
-        self.wordpiece = wordpiece
+    def __init__(self, wordpiece, vocab: dict[str, int]):
+        self.wordpiece, self.vocab = wordpiece, vocab
         self.reset()
 
     def reset(self) -> None:
         self.index = _LazyIndex(self._add)
+        self.prefilled = False
         self.n_words = self.n_pieces = 0
         # new entries since the last flush into the numpy arrays
         self.pending_words: list[tuple[int, int, int]] = []         # (first piece, piece count, token length)
@@ -362,10 +388,33 @@ class _PieceTable:
         arr[used:need] = rows
         return arr
 
+    def prefill(self, vocab: dict[str, int]) -> None:
+        """Enter every whole-word vocab entry the fast path can meet (ASCII letters/digits, or one punctuation char),
+        alone and after a space: WordPiece maps a word that is a vocab entry to that one entry, so these
+        need no WordPiece run (most running-text words are vocab entries)."""
+        shape = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+        entries = [(w, i) for w, i in vocab.items() if shape.fullmatch(w)]
+        rows_w, rows_p = [], []
+        for prefix in ("", " "):
+            for w, i in entries:
+                key = prefix + w
+                if key in self.index:
+                    continue
+                self.index[key] = self.n_words + len(rows_w)
+                rows_w.append((self.n_pieces + len(rows_p), 1, len(key)))
+                rows_p.append((i, -len(w), 0))
+        self.words = self._append(self.words, self.n_words, rows_w)
+        self.pieces = self._append(self.pieces, self.n_pieces, rows_p)
+        self.n_words += len(rows_w)
+        self.n_pieces += len(rows_p)
+
     def lookup(self, keys: list[str]) -> np.ndarray:
         """Word ids of keys; afterwards self.words / self.pieces cover every id returned."""
         if self.n_words > self.MAX_WORDS:
             self.reset()
+        if not self.prefilled:
+            self.prefilled = True
+            self.prefill(self.vocab)
         wids = np.fromiter(map(self.index.__getitem__, keys), dtype=np.int64, count=len(keys))
         if self.pending_words:
             self.words = self._append(self.words, self.n_words - len(self.pending_words), self.pending_words)
@@ -491,7 +540,7 @@ class Tokenizer:
         self._normalizer = _Normalizer(self.lowercase, self.strip_accents)
         # word -> (piece ids, piece start offsets within the word); see _wordpiece
         self._cache: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._pieces = _PieceTable(self._wordpiece)
+        self._pieces = _PieceTable(self._wordpiece, self.vocab)
         # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
         self._small_batch_chars = 2048
         # WordPiece never needs to try a candidate longer than the longest vocab entry
@@ -682,14 +731,13 @@ class Tokenizer:
                     ends.append(align[b - 1] + 1)
         return ids, starts, ends
 
-    def _encode_fast(self, texts: list[str]) -> _Flat:
-        """Pieces of ASCII texts without control chars or special tokens, the whole batch at once (see docstring)."""
+    def _encode_fast(self, texts: list[str], pattern: re.Pattern) -> _Flat:
+        """Pieces of texts that need no normalisation beyond what is already done (see _encode_flat), the whole
+        batch at once: one regex pass, one dict lookup per word, numpy for the rest (see the module docstring)."""
         joined = "\n".join(texts)  # the newline is whitespace, so no word spans two texts
-        if self.lowercase:
-            joined = joined.lower()
         # no trailing whitespace: then every whitespace run is followed by a word, and the regex never fails a
         # match (a failing scan from each position of a long whitespace tail would be quadratic)
-        toks = _ASCII_TOKEN_RE.findall(joined.rstrip(" \t\n\r"))
+        toks = pattern.findall(joined.rstrip(" \t\n\r"))
         table = self._pieces
         wids = table.lookup(toks)                                  # (n_words,)
         words, pieces = table.words, table.pieces
@@ -714,24 +762,39 @@ class Tokenizer:
         bounds = np.searchsorted(which, np.arange(len(texts) + 1))
         return _Flat(ids, starts, ends, bounds)
 
-    def _is_fast(self, text: str) -> bool:
-        return text.isascii() and not _ASCII_REMOVED_RE.search(text) and not self._special_re.search(text)
-
     def _encode_flat(self, texts: Sequence[str]) -> _Flat:
-        """Pieces of every text: the fast path for the ASCII ones, the general path for the rest."""
+        """Pieces of every text. Three routes, same results: ASCII text without control chars goes to the fast path
+        as is (lowercased); other text whose normalisation maps each char to one char goes there normalised (with a
+        Unicode regex); the rest (special tokens, removed chars, expansions, reordering) takes the general path."""
         joined = "\n".join(texts)
         if joined.isascii() and not _ASCII_REMOVED_RE.search(joined) and not self._special_re.search(joined):
-            return self._encode_fast(list(texts))
-        fast_idx = [i for i, t in enumerate(texts) if self._is_fast(t)]
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(texts)  # type: ignore[list-item]
-        if fast_idx:
-            f = self._encode_fast([texts[i] for i in fast_idx])
-            b = f.bounds.tolist()
-            for k, i in enumerate(fast_idx):
-                parts[i] = (f.ids[b[k]:b[k + 1]], f.starts[b[k]:b[k + 1]], f.ends[b[k]:b[k + 1]])
+            return self._encode_fast([t.lower() for t in texts] if self.lowercase else list(texts), _ASCII_TOKEN_RE)
+        routes: dict[str, list[int]] = {"ascii": [], "unicode": [], "general": []}
+        prepared: list[str | None] = [None] * len(texts)
+        one_to_one = self._normalizer.one_to_one
         for i, t in enumerate(texts):
-            if parts[i] is None:
-                parts[i] = tuple(np.array(x, dtype=np.int64) for x in self._encode_general(t))
+            if self._special_re.search(t):
+                routes["general"].append(i)
+            elif t.isascii():
+                if _ASCII_REMOVED_RE.search(t):
+                    routes["general"].append(i)
+                else:
+                    prepared[i] = t.lower() if self.lowercase else t
+                    routes["ascii"].append(i)
+            else:
+                prepared[i] = one_to_one(t)
+                routes["unicode" if prepared[i] is not None else "general"].append(i)
+        parts: list = [None] * len(texts)
+        for route, pattern in (("ascii", _ASCII_TOKEN_RE), ("unicode", None)):
+            idx = routes[route]
+            if not idx:
+                continue
+            f = self._encode_fast([prepared[i] for i in idx], pattern or _unicode_token_re())
+            b = f.bounds.tolist()
+            for k, i in enumerate(idx):
+                parts[i] = (f.ids[b[k]:b[k + 1]], f.starts[b[k]:b[k + 1]], f.ends[b[k]:b[k + 1]])
+        for i in routes["general"]:
+            parts[i] = tuple(np.array(x, dtype=np.int64) for x in self._encode_general(texts[i]))
         lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         cat = (lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
@@ -754,13 +817,7 @@ class Tokenizer:
                 ids, starts, ends = self._encode_general(t)
                 out.append((ids, list(zip(starts, ends)) if offsets else None))
             return out
-        was_enabled = gc.isenabled()
-        gc.disable()  # millions of small ints / tuples would trigger many useless cyclic-GC passes
-        try:
-            return self._materialize(self._encode_flat(texts), offsets)
-        finally:
-            if was_enabled:
-                gc.enable()
+        return self._materialize(self._encode_flat(texts), offsets)
 
     # ------------------------------------------------------------------ model inputs
 
@@ -801,9 +858,10 @@ class Tokenizer:
                 pairs = self._check_batch(pairs, "pairs")
                 if len(pairs) != len(texts):
                     raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
-        first = self._pieces_batch(texts, return_offsets)
-        second = self._pieces_batch(pairs, return_offsets) if pairs is not None else None
-        return self._assemble(first, second, max_length=max_length, padding=padding, truncation=truncation,
+        with _gc_paused():
+            first = self._pieces_batch(texts, return_offsets)
+            second = self._pieces_batch(pairs, return_offsets) if pairs is not None else None
+            return self._assemble(first, second, max_length=max_length, padding=padding, truncation=truncation,
                               pad_to_multiple_of=pad_to_multiple_of, return_offsets=return_offsets,
                               return_tensors=return_tensors, single=single)
 
@@ -922,12 +980,13 @@ class Tokenizer:
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         with mp.get_context(method).Pool(processes, initializer=_worker_init, initargs=(self,)) as pool:
             flats = pool.map(_worker_encode, chunks, chunksize=1)
-        pieces = []
-        for f in flats:
-            pieces.extend(self._materialize(f, offsets))
-        first = pieces[:len(texts)]
-        second = pieces[len(texts):] if pairs is not None else None
-        return self._assemble(first, second, **kwargs)
+        with _gc_paused():
+            pieces = []
+            for f in flats:
+                pieces.extend(self._materialize(f, offsets))
+            first = pieces[:len(texts)]
+            second = pieces[len(texts):] if pairs is not None else None
+            return self._assemble(first, second, **kwargs)
 
     # ------------------------------------------------------------------ ids <-> tokens
 
@@ -945,6 +1004,19 @@ class Tokenizer:
         if not 0 <= i < self.vocab_size:
             raise IndexError(f"token id {i} is outside the vocab (size {self.vocab_size})")
         return self.ids_to_tokens[i]
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic GC: encoding a batch allocates millions of small lists / tuples / ints (none cyclic), and
+    each allocation burst would otherwise trigger collections that walk every live object again and again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _short_repr(x, limit: int = 60) -> str:
@@ -1108,4 +1180,22 @@ _ASSIGNED_IN_UNICODE_8 = (
     "2A700-2B734 2B740-2B81D 2B820-2CEA1 2F800-2FA1D 2FFFE-2FFFF 3FFFE-3FFFF 4FFFE-4FFFF 5FFFE-5FFFF 6FFFE-6FFFF "
     "7FFFE-7FFFF 8FFFE-8FFFF 9FFFE-9FFFF AFFFE-AFFFF BFFFE-BFFFF CFFFE-CFFFF DFFFE-DFFFF E0001 E0020-E007F "
     "E0100-E01EF EFFFE-10FFFF "
+)
+
+# Non-ASCII punctuation as the Rust tokenizer sees it (General_Category P* in Unicode 8.0, with
+# _CATEGORY_IN_UNICODE_8), as hex ranges: the character class of the fast path's Unicode regex. Derived from the
+# functions above (computing it at import would cost seconds); test_tokenizer checks it still equals them.
+_PUNCT_UNICODE_8 = (
+    "A1 A7 AB B6-B7 BB BF 37E 387 55A-55F 589-58A 5BE 5C0 5C3 5C6 5F3-5F4 609-60A 60C-60D 61B 61E-61F 66A-66D 6D4 "
+    "700-70D 7F7-7F9 830-83E 85E 964-965 970 AF0 DF4 E4F E5A-E5B F04-F12 F14 F3A-F3D F85 FD0-FD4 FD9-FDA 104A-104F "
+    "10FB 1360-1368 1400 166D-166E 169B-169C 16EB-16ED 1735-1736 17D4-17D6 17D8-17DA 1800-180A 1944-1945 1A1E-1A1F "
+    "1AA0-1AA6 1AA8-1AAD 1B5A-1B60 1BFC-1BFF 1C3B-1C3F 1C7E-1C7F 1CC0-1CC7 1CD3 2010-2027 2030-2043 2045-2051 "
+    "2053-205E 207D-207E 208D-208E 2308-230B 2329-232A 2768-2775 27C5-27C6 27E6-27EF 2983-2998 29D8-29DB 29FC-29FD "
+    "2CF9-2CFC 2CFE-2CFF 2D70 2E00-2E2E 2E30-2E42 3001-3003 3008-3011 3014-301F 3030 303D 30A0 30FB A4FE-A4FF "
+    "A60D-A60F A673 A67E A6F2-A6F7 A874-A877 A8CE-A8CF A8F8-A8FA A8FC A92E-A92F A95F A9C1-A9CD A9DE-A9DF AA5C-AA5F "
+    "AADE-AADF AAF0-AAF1 ABEB FD3E-FD3F FE10-FE19 FE30-FE52 FE54-FE61 FE63 FE68 FE6A-FE6B FF01-FF03 FF05-FF0A "
+    "FF0C-FF0F FF1A-FF1B FF1F-FF20 FF3B-FF3D FF3F FF5B FF5D FF5F-FF65 10100-10102 1039F 103D0 1056F 10857 1091F 1093F "
+    "10A50-10A58 10A7F 10AF0-10AF6 10B39-10B3F 10B99-10B9C 11047-1104D 110BB-110BC 110BE-110C1 11140-11143 "
+    "11174-11175 111C5-111C9 111CD 111DB 111DD-111DF 11238-1123D 112A9 114C6 115C1-115D7 11641-11643 1173C-1173E "
+    "12470-12474 16A6E-16A6F 16AF5 16B37-16B3B 16B44 1BC9F 1DA87-1DA8B "
 )
