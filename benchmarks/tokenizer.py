@@ -8,7 +8,9 @@ The reference runs single-threaded (TOKENIZERS_PARALLELISM=false, RAYON_NUM_THRE
 imported) at its fastest: the backend's encode_batch, then the ids and offsets of every encoding pulled into Python
 (the same work ours does); transformers' own __call__ (slower, it wraps the same) is reported too. Ours is measured
 cold (a fresh Tokenizer per repeat, so the word cache is built during the run: the headline) and warm. The parallel
-encoder is measured on 2 processes vs 1 (cold each time, pool start-up included).
+encoders are measured on 2 processes vs 1 (cold each time, pool start-up included): encode_batch_parallel (Python
+lists, like the serial call) and encode_pieces (numpy arrays of pieces, for corpora). The 1-minute load average is
+reported: the machine is shared, and parallel speed-up needs idle cores.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def main() -> None:
     identical = ours_ids == [r[0] for r in ref_out] and ours_off == [r[1] for r in ref_out]
     del ours_ids, ours_off, ref_out
 
-    t = {k: [] for k in ("ours", "ours_warm", "ref", "ref_call", "par1", "par2")}
+    t = {k: [] for k in ("ours", "ours_warm", "ref", "ref_call", "par1", "par2", "pieces1", "pieces2")}
     warm = Tokenizer(vocab)
     run_ours(warm)
     for _ in range(args.repeats):  # interleaved: background load hits all alike
@@ -79,6 +81,8 @@ def main() -> None:
                                                                                return_offsets=True))[0])
         t["par2"].append(timed(lambda: Tokenizer(vocab).encode_batch_parallel(lines, processes=2, chunk_size=2000,
                                                                                return_offsets=True))[0])
+        t["pieces1"].append(timed(lambda: Tokenizer(vocab).encode_pieces(lines, processes=1))[0])
+        t["pieces2"].append(timed(lambda: Tokenizer(vocab).encode_pieces(lines, processes=2, chunk_size=2000))[0])
     med = {k: statistics.median(v) for k, v in t.items()}
     mbs = {k: round(mb / v, 3) for k, v in med.items()}
     print(json.dumps({
@@ -88,7 +92,10 @@ def main() -> None:
         "ours_warm_mb_s": mbs["ours_warm"], "ratio_warm": round(med["ref"] / med["ours_warm"], 3),
         "ref_transformers_call_mb_s": mbs["ref_call"],
         "parallel_1proc_mb_s": mbs["par1"], "parallel_2proc_mb_s": mbs["par2"],
-        "parallel_speedup_2v1": round(med["par1"] / med["par2"], 3), "cpu_count": os.cpu_count(),
+        "parallel_speedup_2v1": round(med["par1"] / med["par2"], 3),
+        "pieces_arrays_1proc_mb_s": mbs["pieces1"], "pieces_arrays_2proc_mb_s": mbs["pieces2"],
+        "pieces_arrays_speedup_2v1": round(med["pieces1"] / med["pieces2"], 3),
+        "cpu_count": os.cpu_count(), "load_avg_1min_at_end": round(os.getloadavg()[0], 2),
         "reference": "tokenizers BertTokenizerFast backend encode_batch, 1 thread", "target_ratio": 1.5,
     }))
 

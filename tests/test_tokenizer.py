@@ -218,6 +218,14 @@ def test_parallel_encoder_equals_serial(tok, bbc_lines):
     serial = tok(texts, pairs, **kw)
     parallel = tok.encode_batch_parallel(texts, pairs, processes=2, chunk_size=500, **kw)
     assert parallel == serial
+    flat = tok.encode_pieces(texts, processes=2, chunk_size=700)
+    assert len(flat) == len(texts)
+    for i in (0, 1, 999, len(texts) - 3, len(texts) - 1):
+        ids, offsets = flat.text(i)
+        enc = tok(texts[i], return_offsets=True)
+        assert ids == enc["input_ids"][1:-1] and offsets == enc["offsets"][1:-1]
+    serial_flat = tok.encode_pieces(texts)
+    assert (flat.ids == serial_flat.ids).all() and (flat.bounds == serial_flat.bounds).all()
 
 
 # ---------------------------------------------------------------------------------------------------- bad input

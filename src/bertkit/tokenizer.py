@@ -485,13 +485,34 @@ def read_text_file(path: str | os.PathLike) -> str:
 # The tokenizer
 
 @dataclass
-class _Flat:
-    """Pieces of a batch of texts, concatenated: text i owns rows bounds[i]:bounds[i+1]. Offsets are relative to
-    each text. Compact (numpy) so worker processes can ship it cheaply."""
+class PieceArrays:
+    """WordPiece pieces of many texts (no [CLS] / [SEP]), concatenated: text i owns rows bounds[i]:bounds[i+1];
+    offsets are relative to each text. Compact numpy arrays: what corpus pipelines store, and cheap to ship between
+    processes."""
     ids: np.ndarray      # (n_pieces,) int64
     starts: np.ndarray   # (n_pieces,) int64
     ends: np.ndarray     # (n_pieces,) int64
     bounds: np.ndarray   # (n_texts + 1,) int64
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def text(self, i: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """(piece ids, offsets) of text i."""
+        a, b = int(self.bounds[i]), int(self.bounds[i + 1])
+        return self.ids[a:b].tolist(), list(zip(self.starts[a:b].tolist(), self.ends[a:b].tolist()))
+
+    @staticmethod
+    def concatenate(parts: list["PieceArrays"]) -> "PieceArrays":
+        if not parts:
+            return PieceArrays(*(np.zeros(0, np.int64) for _ in range(3)), np.zeros(1, np.int64))
+        shifts = np.cumsum([0] + [int(p.bounds[-1]) for p in parts[:-1]])
+        bounds = np.concatenate([parts[0].bounds[:1]] + [p.bounds[1:] + k for p, k in zip(parts, shifts)])
+        return PieceArrays(np.concatenate([p.ids for p in parts]), np.concatenate([p.starts for p in parts]),
+                           np.concatenate([p.ends for p in parts]), bounds)
+
+
+_Flat = PieceArrays
 
 
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
@@ -964,22 +985,21 @@ class Tokenizer:
 
     def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                               processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:
-        """Like `self(texts, pairs, **kwargs)` for a large batch, with the texts split into chunks encoded by
-        `processes` worker processes (default: all cores). Results are identical to the serial call."""
+        """Like `self(texts, pairs, **kwargs)` for a large batch: chunks of texts are split into pieces by
+        `processes` worker processes (default: all cores); truncation, special tokens and padding then run here.
+        Results are identical to the serial call. (The Python lists are built here, which bounds the speed-up;
+        `encode_pieces` returns numpy arrays and scales further.)"""
         texts = self._check_batch(texts, "texts")
         if pairs is not None:
             pairs = self._check_batch(pairs, "pairs")
         processes = processes or os.cpu_count() or 1
         if processes <= 1 or len(texts) <= chunk_size:
             return self(texts, pairs, **kwargs)
-        import multiprocessing as mp
         offsets = bool(kwargs.get("return_offsets"))
         chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
         if pairs is not None:
             chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        with mp.get_context(method).Pool(processes, initializer=_worker_init, initargs=(self,)) as pool:
-            flats = pool.map(_worker_encode, chunks, chunksize=1)
+        flats = self._map_chunks(chunks, processes)
         with _gc_paused():
             pieces = []
             for f in flats:
@@ -987,6 +1007,23 @@ class Tokenizer:
             first = pieces[:len(texts)]
             second = pieces[len(texts):] if pairs is not None else None
             return self._assemble(first, second, **kwargs)
+
+    def encode_pieces(self, texts: Sequence[str], processes: int = 1, chunk_size: int = 2000) -> PieceArrays:
+        """WordPiece pieces of every text as flat numpy arrays (no [CLS] / [SEP], no truncation), for corpora: with
+        processes > 1, chunks are encoded by worker processes and only concatenated here, so it scales with cores."""
+        texts = self._check_batch(texts, "texts")
+        if processes <= 1 or len(texts) <= chunk_size:
+            with _gc_paused():
+                return self._encode_flat(texts)
+        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
+        return PieceArrays.concatenate(self._map_chunks(chunks, processes))
+
+    def _map_chunks(self, chunks: list[list[str]], processes: int) -> list[PieceArrays]:
+        import multiprocessing as mp
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        with mp.get_context(method).Pool(min(processes, len(chunks)), initializer=_worker_init,
+                                         initargs=(self,)) as pool:
+            return pool.map(_worker_encode, chunks, chunksize=1)
 
     # ------------------------------------------------------------------ ids <-> tokens
 
