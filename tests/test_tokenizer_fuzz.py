@@ -31,14 +31,15 @@ _POOL = (
     + list("éÉñüÜİıßẞΣσςǅﬁÅøØæœÞðŁł") + ["A\u030a", "e\u0301\u0301", "a\u0308\u0323"]
     + [chr(c) for c in range(0x300, 0x370, 7)] + ["\u0483", "\u0591", "\u093c", "\u0e31", "\u1ab0", "\u20dd",
                                                  "\U0001d165", "\U0001d16d", "\u0f39", "\u1734", "\u1885"]
-    + ["中", "文", "\u3400", "\U00020000", "\U0002a700", "\U0002b820", "\U0002b91f", "\U0002b920", "\uf900", "\U0002f800", "한", "국", "カ", "ｶ", "ﾟ", "ー"]
+    + ["中", "文", "\u3400", "\U00020000", "\U0002a700", "\U0002b820", "\U0002b91f", "\U0002b920", "\uf900",
+       "\U0002f800", "한", "국", "カ", "ｶ", "ﾟ", "ー"]
     + ["😀", "👍", "🏽", "\u200d", "🇬", "🇧", "\ufe0f", "👨\u200d👩\u200d👧", "\u20e3"]
     + [chr(c) for c in range(0x00, 0x20)] + ["\x7f", "\x85", "\x9f", "\ufffd", "\u200b", "\u200c", "\u200e",
                                               "\u2060", "\ufeff", "\U000e0001", "\U000e0041", "\ue000",
                                               "\U000f0000", "\u00ad", "\u061c", "\u180e", "\u08e2", "\u0890"]
     + ["\xa0", "\u1680", "\u2000", "\u2007", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\t",
        "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f"]
-    + list("—–«»‘’“”…、。؟¿¡·•†‰′※⁂") + ["\u2e43", "\u2e52", "\u166d", "\u111c9", "\u0f3a", "\ufe10", "\uff01"]
+    + list("—–«»‘’“”…、。؟¿¡·•†‰′※⁂") + ["\u2e43", "\u2e52", "\u166d", "\U000111c9", "\u0f3a", "\ufe10", "\uff01"]
     + list("£€$¥©®°±×÷§¶") + ["\u0378", "\U000e0080", "\ua7cb", "\U00010d50", "\u1c89", "\U00016ea0", "\U0001fffe"]
     + ["[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]", "[mask]", "[unused1]", "[MASK", "MASK]", "##", "##ing"]
 )
@@ -161,7 +162,8 @@ def _make(n: int):
         "single": cfg(given(text=texts, cased=st.booleans())(prop_single)),
         "ascii": cfg(given(text=ascii_texts, cased=st.booleans())(prop_single)),
         "marks": cfg(given(text=mark_texts, cased=st.booleans())(prop_single)),
-        "batch": cfg(given(batch=st.lists(st.one_of(texts, ascii_texts), min_size=1, max_size=8), cased=st.booleans())(prop_batch)),
+        "batch": cfg(given(batch=st.lists(st.one_of(texts, ascii_texts), min_size=1, max_size=8),
+                           cased=st.booleans())(prop_batch)),
         "pairs": cfg(given(**_pair_args)(prop_pairs)),
         "decode": cfg(given(ids=st.lists(st.integers(0, 30521), max_size=20), skip=st.booleans())(prop_decode)),
         "no_crash": cfg(given(text=_surrogate_texts)(prop_no_crash)),

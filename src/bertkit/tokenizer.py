@@ -64,7 +64,6 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -512,7 +511,6 @@ class PieceArrays:
                            np.concatenate([p.ends for p in parts]), bounds)
 
 
-_Flat = PieceArrays
 
 
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
@@ -752,7 +750,7 @@ class Tokenizer:
                     ends.append(align[b - 1] + 1)
         return ids, starts, ends
 
-    def _encode_fast(self, texts: list[str], pattern: re.Pattern) -> _Flat:
+    def _encode_fast(self, texts: list[str], pattern: re.Pattern) -> PieceArrays:
         """Pieces of texts that need no normalisation beyond what is already done (see _encode_flat), the whole
         batch at once: one regex pass, one dict lookup per word, numpy for the rest (see the module docstring)."""
         joined = "\n".join(texts)  # the newline is whitespace, so no word spans two texts
@@ -781,9 +779,9 @@ class Tokenizer:
         starts -= text_start[which]
         ends -= text_start[which]
         bounds = np.searchsorted(which, np.arange(len(texts) + 1))
-        return _Flat(ids, starts, ends, bounds)
+        return PieceArrays(ids, starts, ends, bounds)
 
-    def _encode_flat(self, texts: Sequence[str]) -> _Flat:
+    def _encode_flat(self, texts: Sequence[str]) -> PieceArrays:
         """Pieces of every text. Three routes, same results: ASCII text without control chars goes to the fast path
         as is (lowercased); other text whose normalisation maps each char to one char goes there normalised (with a
         Unicode regex); the rest (special tokens, removed chars, expansions, reordering) takes the general path."""
@@ -819,9 +817,9 @@ class Tokenizer:
         lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         cat = (lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
-        return _Flat(cat(0), cat(1), cat(2), bounds)
+        return PieceArrays(cat(0), cat(1), cat(2), bounds)
 
-    def _materialize(self, flat: _Flat, offsets: bool) -> list[tuple[list[int], list | None]]:
+    def _materialize(self, flat: PieceArrays, offsets: bool) -> list[tuple[list[int], list | None]]:
         """Per text: (ids, [(start, end), ...] or None) as Python lists."""
         ids = flat.ids.tolist()
         b = flat.bounds.tolist()
@@ -1144,7 +1142,7 @@ def _worker_init(tok: "Tokenizer") -> None:
     _WORKER_TOKENIZER = tok
 
 
-def _worker_encode(texts: list[str]) -> _Flat:
+def _worker_encode(texts: list[str]) -> PieceArrays:
     gc.disable()
     return _WORKER_TOKENIZER._encode_flat(texts)
 
