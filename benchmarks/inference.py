@@ -16,6 +16,7 @@ Cases
                bf16, vs transformers.BertForPreTraining; both use torch.optim.AdamW, fused when available; two
                bf16 policies, each applied to both models alike: "autocast" (fp32 weights under torch.autocast)
                and "master" (bf16 weights, fp32 master copies in the optimizer: no casts inside the model)
+  fill         (opt-in) ours only: unpadded vs sdpa at fill levels 1.0 .. 0.6 (the "auto" threshold)
   compile      (opt-in) torch.compile of our model vs eager ours, fixed 32 x 128 bf16
 
 Every figure is tokens/s of *real* (non-padding) tokens; "ratio" = ours / reference; "mfu" = model FLOP/s (the
@@ -297,6 +298,28 @@ def compile_case(repeats: int, peak: float) -> None:
           "ratio": round(secs["eager"] / secs["compiled"], 3), "repeats": repeats})
 
 
+def fill_case(repeats: int, shape: str) -> None:
+    """The "auto" rule: unpadded vs sdpa (ours only) on 32 x 128 batches at several fill levels, bf16 autocast."""
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.preset(shape)).eval()
+    g = torch.Generator().manual_seed(0)
+    for target in (1.0, 0.95, 0.9, 0.8, 0.6):
+        cut = (torch.rand(32, generator=g) * 2 * (1 - target) * 128).long().clamp(max=127)
+        mask = (torch.arange(128)[None] < (128 - cut)[:, None]).long()
+        ids = torch.randint(1000, 30000, (32, 128), generator=g) * mask
+
+        def run(backend):
+            def f():
+                model.config.attn_implementation = backend
+                with torch.inference_mode(), autocast("autocast"):
+                    model(ids, None, mask)
+            return f
+        secs = interleaved({"sdpa": run("sdpa"), "unpadded": run("unpadded")}, repeats)
+        emit({"case": "fill", "shape": shape, "fill": round(mask.float().mean().item(), 3),
+              "sdpa_s": round(secs["sdpa"], 3), "unpadded_s": round(secs["unpadded"], 3),
+              "unpadded_speedup": round(secs["sdpa"] / secs["unpadded"], 3), "repeats": repeats})
+
+
 def _fused_adamw_ok() -> bool:
     try:
         p = torch.nn.Parameter(torch.zeros(2))
@@ -337,6 +360,8 @@ def main(argv=None) -> int:
         infer_case("bbc", args.shape, batches, args.bf16_policy, args.repeats, peak)
     if "train" in cases:
         train_case(args.repeats, peak, args.train_policies.split(","))
+    if "fill" in cases:
+        fill_case(args.repeats, args.shape)
     if "compile" in cases:
         compile_case(args.repeats, peak)
     return 0
