@@ -27,13 +27,14 @@ The pipeline has three passes, and only the first one reads the corpus:
    vocabulary has `vocab_size` entries, the best pair is rarer than `min_frequency`, or no pair is left. Ties go to
    the pair of lower piece ids, so training is deterministic. This is the scoring HF tokenizers' `WordPieceTrainer`
    uses internally. (The original WordPiece likelihood score count(ab) / (count(a) count(b)) was considered; it makes
-   every merge change the score of every pair that touches a or b, which defeats the incremental queue below, and
-   on BERT-style greedy longest-match encoding frequency merges give as few pieces per word.)
+   every merge change the score of every pair that touches a or b, which defeats the incremental queue below; it is
+   not implemented.)
    Efficiency: pair counts and, for each pair, the list of words containing it are built once. A merge touches only
    the words that contain the merged pair: their old pairs are subtracted and their new pairs added. A max-heap of
    (count, pair) is updated lazily: pairs whose count dropped are re-queued with their true count when they surface;
    pairs that grow (only those next to the new piece) are pushed after each merge. A 30k vocabulary on the 5 MB BBC
-   corpus trains in seconds on one core (see benchmarks/vocab.py).
+   corpus trains in seconds on one core (see benchmarks/vocab.py). Memory of this pass is O(symbols of the distinct
+   words kept), so it too is bounded by `max_distinct_words`, not by the corpus size.
 
 Vocabulary layout (the order of vocab.txt): the special tokens in `special_tokens` order (default
 `[PAD] [UNK] [CLS] [SEP] [MASK]`, ids 0-4; the Tokenizer finds them by name, not by id), then every single character

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     s = result.stats
     note = "" if s["vocab_size"] == args.vocab_size else f" (requested {args.vocab_size}: {s['stop_reason']})"
     pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""
+    if s["replacement_chars"]:
+        print(f"note: {s['replacement_chars']:,} invalid UTF-8 bytes (or U+FFFD characters) were dropped", file=sys.stderr)
     print(f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
           f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
           f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")
