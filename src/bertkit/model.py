@@ -102,7 +102,8 @@ class Layout:
     cu_seqlens: Tensor | None = None
 
     @classmethod
-    def build(cls, backend: str, attention_mask: Tensor | None, batch: int, seq: int) -> "Layout":
+    def build(cls, backend: str, attention_mask: Tensor | None, batch: int, seq: int,
+              device: torch.device | None = None) -> "Layout":
         if backend != "unpadded":
             if attention_mask is None:
                 return cls(backend, batch, seq)
@@ -113,7 +114,7 @@ class Layout:
                 mask = mask[:, None, None, :]
             return cls(backend, batch, seq, mask=mask)
         if attention_mask is None:
-            attention_mask = torch.ones(batch, seq, dtype=torch.bool)
+            attention_mask = torch.ones(batch, seq, dtype=torch.bool, device=device)
         mask = attention_mask.bool()
         lengths = mask.sum(1)                                          # (batch,)
         max_len = int(lengths.max())
@@ -394,7 +395,7 @@ class BertModel(BertPreTrainedModel):
         _check_inputs(self.config, input_ids, token_type_ids, attention_mask)
         b, s = input_ids.shape
         backend = self.choose_backend(attention_mask, output_attentions)
-        layout = Layout.build(backend, attention_mask, b, s)
+        layout = Layout.build(backend, attention_mask, b, s, input_ids.device)
         if backend == "unpadded":
             idx = layout.indices                                         # (tokens,)
             ids = input_ids.reshape(-1).index_select(0, idx)
