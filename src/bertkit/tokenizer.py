@@ -514,6 +514,9 @@ class PieceArrays:
 
 
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+# decode's clean-up, applied in this order to each piece (with its leading space): the WordPiece decoder's
+_DECODE_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+                   (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 class Tokenizer:
@@ -965,20 +968,20 @@ class Tokenizer:
                     offsets[i].extend([(0, 0)] * n)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Text of ids: pieces joined by spaces, "##" continuations glued to the piece before, no space before
-        . , ! ? (as BertTokenizerFast's WordPiece decoder does). Lowercasing / accent stripping is not undone."""
+        """Text of ids as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces, "##" continuations
+        glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," -> ",", " 's" ->
+        "'s", ...). Lowercasing / accent stripping is not undone."""
         out = []
         for i in _as_id_list(ids):
             i = int(i)
             if skip_special_tokens and i in self._special_ids:
                 continue
             t = self._id_to_token(i)
-            if out and t.startswith("##"):
-                out.append(t[2:])
-            elif out:
-                out.append(t if t in (".", ",", "!", "?") else " " + t)
-            else:
-                out.append(t)
+            if out:
+                t = t[2:] if t.startswith("##") else " " + t
+            for dirty, clean in _DECODE_CLEANUP:
+                t = t.replace(dirty, clean)
+            out.append(t)
         return "".join(out)
 
     def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
