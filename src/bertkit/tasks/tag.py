@@ -8,7 +8,8 @@ the input string (via the tokenizer's offsets).
 
 A sentence whose pieces do not fit `max_length - 2` is not truncated: it is cut into consecutive word windows that
 each fit, and the predictions are stitched back (counted in `stats["windows_split"]`). A word that tokenises to
-no piece at all (only control characters) is given [UNK] so it still gets a prediction (counted).
+no piece at all (only control characters) is given [UNK] so it still gets a prediction (counted), and a single word
+with more pieces than a window keeps its first ones (counted in `long_words_cut`; its label sits on the first).
 
 Tags may come in IOB1, IOB2 or BIOES; `convert_to` rewrites them before training (e.g. IOB1 -> IOB2), and entity
 scores follow the CoNLL/seqeval conventions for any of them (`metrics.entity_scores`).
@@ -53,7 +54,7 @@ class TokenTask:
     label_all_pieces: bool = False
     convert_to: str | None = None        # None: keep the file's scheme; "IOB2" | "IOB1" | "BIOES"
     labels: LabelMap | None = None
-    stats: dict = field(default_factory=lambda: {"windows_split": 0, "empty_words": 0})
+    stats: dict = field(default_factory=lambda: {"windows_split": 0, "empty_words": 0, "long_words_cut": 0})
     kind = "tag"
     model_class_name = "BertForTokenClassification"
     main_metric = "f1"
@@ -97,6 +98,7 @@ class TokenTask:
                 start = w
                 while w < len(s.words) and (len(ids) - 1 + len(pieces[w]) <= budget or w == start):
                     p = pieces[w][:budget]  # a single word longer than the window keeps its first pieces
+                    self.stats["long_words_cut"] += len(p) < len(pieces[w])
                     firsts.append(len(ids))
                     ids.extend(p)
                     if tag_ids is not None:
