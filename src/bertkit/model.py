@@ -25,7 +25,7 @@ Attention backends (`config.attn_implementation`), all computing the same functi
                 and gather are O(tokens * hidden), small next to the O(tokens * hidden^2) dense work they save.
                 Padding is restored (with zeros) at the end; padded positions of `last_hidden_state` are 0.
   * "auto":     eager if attention maps are requested; else unpadded if real tokens are fewer than
-                `UNPAD_MIN_FILL` of the padded batch; else sdpa. (Rule measured with benchmarks/inference.py.)
+                `UNPAD_MIN_FILL` of the padded batch; else sdpa. (0.95: a cost model, see below.)
 
 Precision: device-agnostic code; fp32, bf16 autocast (fp32 weights) and bf16 weights all work on CPU and CUDA.
 Softmax / LayerNorm statistics are computed by PyTorch's kernels in fp32 internally; losses are taken in fp32.
@@ -55,8 +55,12 @@ from bertkit.errors import ConfigError
 
 __all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "UNPAD_MIN_FILL", "activation"]
 
-# "auto" unpads when real tokens are below this fraction of the padded batch (see module docstring).
-UNPAD_MIN_FILL = 0.9
+# "auto" unpads when real tokens are below this fraction of the padded batch. Cost model: unpadding adds ~3 memory
+# passes of a (batch * max_len, 3 * hidden) grid per layer (~7 * hidden * 2 bytes per token) and saves the padded
+# share of ~24 * hidden^2 FLOPs + ~20 elementwise passes per token; on a CPU at ~150 GFLOP/s and ~5 GB/s that breaks
+# even at ~99% fill for BERT-base and ~93% for tiny, hence 0.95. (`benchmarks/inference.py --cases fill`
+# measures it; the loaded 2-core dev machine gave no stable figure, see the closing note of issue 3.)
+UNPAD_MIN_FILL = 0.95
 
 
 def activation(name: str):
