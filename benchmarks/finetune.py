@@ -162,6 +162,37 @@ def _strip(rec: dict) -> dict:
             for k, v in rec.items() if k not in ("history",)}
 
 
+def feature_based(cfg: FinetuneConfig, task, data, tok, seeds: list[int]) -> dict:
+    """The paper's section 5.3 on our data: frozen encoder, layers combined, a linear probe (bertkit.train)."""
+    from bertkit.model import BertModel
+    from bertkit.tasks.features import ProbeConfig, extract_features, train_probe
+    from bertkit.tasks.metrics import accuracy
+    enc = BertModel.from_pretrained(cfg.model)
+    y = {k: np.array([task.labels.id(e.label) for e in v]) for k, v in
+         (("train", data.train), ("dev", data.dev), ("test", data.test))}
+    out = {}
+    for name, layers, combine in (("last", (-1,), "concat"), ("concat_last4", (-1, -2, -3, -4), "concat"),
+                                  ("sum_last4", (-1, -2, -3, -4), "sum"), ("embeddings", (0,), "concat")):
+        t0 = time.perf_counter()
+        X = {k: extract_features(enc, tok, [e.text for e in v], layers=layers, combine=combine, pooling="mean",
+                                 max_length=cfg.max_length, bf16=cfg.bf16)
+             for k, v in (("train", data.train), ("dev", data.dev), ("test", data.test))}
+        extract_s = time.perf_counter() - t0
+        runs = []
+        for seed in seeds:
+            probe, info = train_probe(X["train"], y["train"], X["dev"], y["dev"], len(task.labels),
+                                      ProbeConfig(epochs=20, lr=1e-3, seed=seed))
+            with torch.no_grad():
+                test_acc = accuracy(y["test"], probe(torch.from_numpy(X["test"])).logits.argmax(-1).numpy())
+            runs.append({"dev": info["dev_accuracy"], "test": test_acc})
+        out[name] = {"dim": int(X["train"].shape[1]), "extract_s": round(extract_s, 1),
+                     **{k: {"mean": statistics.fmean(r[k] for r in runs),
+                            "std": statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0}
+                        for k in ("dev", "test")}}
+        print(f"# feature-based {name}: {out[name]}", file=sys.stderr, flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="sentiment", choices=sorted(TASKS))
@@ -173,6 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-train-examples", type=int)
     p.add_argument("--model", help="model directory (default: MiniLM-L6)")
     p.add_argument("--random-init", action="store_true", help="ours only: the model's architecture, fresh weights")
+    p.add_argument("--feature-based", action="store_true",
+                   help="frozen encoder + linear probe on chosen layers instead of fine-tuning (classify tasks)")
     p.add_argument("--side", choices=("both", "ours", "reference"), default="both")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--out", default="runs/bench-finetune")
@@ -194,6 +227,15 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_pretrained(model_dir)
     ref_task = make_task(kind, cfg)
     data = _prepare(cfg, ref_task, tok)
+
+    if args.feature_based:
+        res = {"benchmark": "finetune-feature-based", "task": args.task, "model": model_dir.name, "seeds": seeds,
+               "data": data.counts, "probe": feature_based(cfg, ref_task, data, tok, seeds)}
+        out = Path(args.out) / f"{args.task}-feature-based.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1, default=float))
+        print(json.dumps(res, default=float))
+        return 0
 
     ours, ref = [], []
     for seed in seeds:
