@@ -171,3 +171,17 @@ def test_sharded_safetensors(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     _cfg().to_json(tmp_path)
     _same_params(m, BertModel.from_pretrained(tmp_path))
+
+
+def test_save_with_real_tokenizer_round_trip(tmp_path, bert_vocab_file):
+    tokenizer_mod = pytest.importorskip("bertkit.tokenizer")
+    tok = tokenizer_mod.Tokenizer.from_pretrained(bert_vocab_file)
+    model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=tok.vocab_size))
+    model.save_pretrained(tmp_path, tokenizer=tok)
+    assert (tmp_path / "vocab.txt").is_file()
+    tok2 = tokenizer_mod.Tokenizer.from_pretrained(tmp_path)
+    assert tok2.vocab_hash == tok.vocab_hash
+    back = BertForMaskedLM.from_pretrained(tmp_path)
+    ids = torch.tensor([tok.encode("the model and its tokenizer travel together")])
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model.eval()(ids).logits)
