@@ -58,17 +58,17 @@ class DemoConfig:
     preset: str = "mini"
     seq_len: int = 128
     pretrain_budget_s: float = 300.0      # wall clock for the optimizer loop
-    batch_size: int = 64
-    lr: float = 1e-3                      # small models at short schedules take a high peak lr (cramming: 1e-3)
+    batch_size: int = 32                  # small batches: more updates from the few minutes we have
+    lr: float = 7e-4                      # small models on short schedules take a high peak lr (cramming: 1e-3)
     warmup: float = 0.06
     eval_rows: int = 512                  # held-out rows scored for MLM accuracy (static masks): ~65k tokens
     eval_every_steps: int = 50
     # fill-mask evaluation on held-out sentences
-    fill_eval_sentences: int = 100
+    fill_eval_sentences: int = 60
     # sentiment fine-tuning of MiniLM-L6 on Rotten Tomatoes
     sentiment_epochs: float = 1.0
     sentiment_train_examples: int | None = 4000   # a quick run; None = all ~8.3k training sentences
-    sentiment_lr: float = 5e-5
+    sentiment_lr: float = 1e-4            # one short epoch: the top of the usual range for a 6-layer model
     progress: bool = True
     stage_seconds: dict = field(default_factory=dict)
 

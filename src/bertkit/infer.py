@@ -101,7 +101,8 @@ class FillResult:
     sequence: str
 
     def as_dict(self) -> dict:
-        return {"tokens": self.tokens, "score": round(self.score, 6), "sequence": self.sequence}
+        return {"tokens": self.tokens, "score": float(f"{self.score:.4g}"),
+                "log_pll": round(math.log(max(self.score, 1e-300)), 4), "sequence": self.sequence}
 
 
 class Predictor:

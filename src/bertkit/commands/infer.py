@@ -70,7 +70,7 @@ def fill_mask(args) -> int:
         print(text)
         for c in res["candidates"]:
             label = c["word"] if "word" in c else " | ".join(c["tokens"])
-            print(f"  {c['score']:8.4f}  {label:<24s} {c['sequence']}")
+            print(f"  {c['score']:9.3g}  {label:<24s} {c['sequence']}")
     return 0
 
 
