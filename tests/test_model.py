@@ -173,3 +173,23 @@ def test_parameter_names_are_hf_keys():
               "pooler.dense.weight", "pooler.dense.bias"):
         assert k in keys, k
     assert len(keys) == 5 + 16 * 2 + 2
+
+
+def test_inference_weight_cache_is_exact_and_invalidated():
+    """Cached fused/cast weights give bit-identical results and follow in-place parameter updates."""
+    ids, types, mask = _ragged()
+    m = _tiny()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        first = m(ids, types, mask).last_hidden_state
+        again = m(ids, types, mask).last_hidden_state          # served from the cache
+    with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        uncached = m(ids, types, mask).last_hidden_state.detach()  # grad mode never caches
+    assert torch.equal(first, again) and torch.equal(first, uncached)
+    with torch.no_grad():
+        m.encoder.layer[0].attention.self.key.weight.mul_(2.0)
+        m.encoder.layer[1].output.dense.weight.add_(0.01)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            changed = m(ids, types, mask).last_hidden_state
+    with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = m(ids, types, mask).last_hidden_state.detach()
+    assert torch.equal(changed, expected) and not torch.equal(changed, first)

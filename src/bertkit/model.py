@@ -37,8 +37,10 @@ vs eager 14.2 s per step (1.14x) after 165 s of compilation, so it is not the de
 `torch.compile(model.bert)` yourself for long fixed-shape runs.
 
 Other differences from the textbook code, all exact: the three Q/K/V projections run as one matmul on the
-concatenated weight (parameters stay separate so the checkpoint names are HF's); token_type_ids=None adds the
-type-0 row by broadcast instead of an embedding lookup.
+concatenated weight (parameters stay separate so the checkpoint names are HF's); in inference (no grad) the
+concatenated and autocast-cast weights are cached until a parameter changes (autocast would recast every weight on
+every forward; the cache costs one bf16 copy of the encoder's matrices); token_type_ids=None adds the type-0 row by
+broadcast instead of an embedding lookup.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from torch import Tensor, nn
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "UNPAD_MIN_FILL", "activation"]
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Linear", "UNPAD_MIN_FILL", "activation"]
 
 # "auto" unpads when real tokens are below this fraction of the padded batch. Cost model: unpadding adds ~3 memory
 # passes of a (batch * max_len, 3 * hidden) grid per layer (~7 * hidden * 2 bytes per token) and saves the padded
@@ -143,6 +145,48 @@ class Layout:
 
 
 # ---------------------------------------------------------------------------------------------- modules
+def _inference_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
+    """The dtype a cached weight copy should have, or None when caching does not apply (training: gradients must
+    flow to the real parameters)."""
+    if torch.is_grad_enabled():
+        return None
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return weight.dtype
+
+
+class _WeightCache:
+    """A derived copy of some parameters (cast and/or concatenated) reused across inference calls until a
+    parameter changes (its version counter or storage moves). Autocast would otherwise recast every weight on every
+    forward; values are bit-identical to the uncached path."""
+
+    def __init__(self):
+        self.key = None
+        self.value: tuple[Tensor, ...] = ()
+
+    def get(self, params: tuple[Tensor, ...], dtype: torch.dtype, make) -> tuple[Tensor, ...]:
+        key = (dtype, *((p._version, p.data_ptr(), p.device) for p in params))
+        if key != self.key:
+            self.value, self.key = make(), key
+        return self.value
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and state_dict keys) that reuses its autocast-cast weight during inference."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cast = _WeightCache()
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = _inference_dtype(x, self.weight)
+        if dtype is None or dtype == self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        w, b = self._cast.get((self.weight, self.bias), dtype,
+                              lambda: (self.weight.to(dtype), self.bias.to(dtype)))
+        return F.linear(x.to(dtype), w, b)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -173,12 +217,19 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self._fused = _WeightCache()
 
     def qkv(self, x: Tensor) -> Tensor:
-        """One matmul for Q, K and V: (..., hidden) -> (..., 3 * hidden)."""
-        w = torch.cat((self.query.weight, self.key.weight, self.value.weight))   # (3 * hidden, hidden)
-        b = torch.cat((self.query.bias, self.key.bias, self.value.bias))
-        return F.linear(x, w, b)
+        """One matmul for Q, K and V: (..., hidden) -> (..., 3 * hidden). In inference the concatenated (and, under
+        autocast, cast) weight is built once and reused until a parameter changes."""
+        params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias,
+                  self.value.bias)
+        dtype = _inference_dtype(x, self.query.weight)
+        if dtype is None:
+            return F.linear(x, torch.cat(params[:3]), torch.cat(params[3:]))   # (3 * hidden, hidden) weight
+        w, b = self._fused.get(params, dtype, lambda: (torch.cat(params[:3]).to(dtype),
+                                                       torch.cat(params[3:]).to(dtype)))
+        return F.linear(x.to(dtype), w, b)
 
     def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
         nh, hd = self.num_heads, self.head_dim
@@ -209,7 +260,7 @@ class BertSelfAttention(nn.Module):
 class BertSelfOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -231,7 +282,7 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.act = activation(config.hidden_act)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -241,7 +292,7 @@ class BertIntermediate(nn.Module):
 class BertOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dense = Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -282,7 +333,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.tanh(self.dense(x[:, 0]))                          # (batch, hidden) from [CLS]
