@@ -5,12 +5,14 @@
 Corpus: BBC News (bbc_corpus_file, ~5 MB, prose layout) cut into 4 files; the 50 MB corpus is those files
 repeated 10 times (40 files). Settings: bert-base-uncased vocab, seq_len 128, task nsp, whole-word masking, static.
 
-* Throughput: `prepare()` on the 5 MB corpus with workers=1 and workers=2, alternating (--repeats each, medians),
-  each run in a fresh subprocess so imports and page cache are the same for both. MB/s = raw text bytes / wall time
+* Throughput: `prepare()` on the 50 MB corpus with workers=1 and workers=2, alternating (--repeats each, medians),
+  each run in a fresh subprocess so imports and page cache are the same for both. (On 5 MB, fixed costs that
+  every worker pays, such as warming the tokenizer's word cache, are a quarter of the CPU.) MB/s = raw text bytes / wall time
   of prepare() (spawning workers included).
   Also CPU seconds per MB (user + system of the run's processes, imports included): on a shared machine the wall
   clock of 2 workers only improves when a second core is idle, but equal CPU per MB shows the split adds no work.
-* Memory: peak RSS of a fresh process (workers=1) building the 5 MB and the 50 MB corpus: flat when streaming.
+* Memory: peak RSS of a fresh process (workers=1) building the 5 MB and the 50 MB corpus (the largest of the
+  50 MB throughput runs): flat when streaming.
   For contrast, `in_memory_reference` measures the approach google-research's create_pretraining_data.py takes
   (every document of the corpus tokenised into lists of WordPiece strings and held in RAM before examples are
   built) by loading both corpora that way with our tokenizer: an emulation of its data structure, not its code
@@ -104,11 +106,11 @@ def main() -> None:
         runs = {1: [], 2: []}
         for _ in range(args.repeats):                  # alternate 1 and 2 workers: background load hits both
             for w in (1, 2):
-                runs[w].append(_run(small, vocab, "prepare", w))
+                runs[w].append(_run(big, vocab, "prepare", w))
         mbs = {w: statistics.median(r["mb_per_s"] for r in runs[w]) for w in runs}
         cpu = {w: statistics.median(r["cpu_s"] / (r["bytes"] / 1e6) for r in runs[w]) for w in runs}
         rss_small = _run(small, vocab, "prepare", 1)
-        rss_big = _run(big, vocab, "prepare", 1)
+        rss_big = max(runs[1], key=lambda r: r["peak_rss_mb"])
         ref = {}
         if not args.no_reference:
             ref = {"peak_rss_mb_5mb": _run(small, vocab, "in_memory")["peak_rss_mb"],
@@ -116,13 +118,14 @@ def main() -> None:
     result = {
         "benchmark": "prepare", "settings": "bbc, bert-base-uncased vocab, seq_len 128, nsp, wwm, static",
         "corpus_mb": {"5mb": round(rss_small["bytes"] / 1e6, 2), "50mb": round(rss_big["bytes"] / 1e6, 2)},
+        "throughput_corpus": "50mb",
         "ours": {"mb_per_s_1_worker": round(mbs[1], 3), "mb_per_s_2_workers": round(mbs[2], 3),
                  "speedup_2_vs_1": round(mbs[2] / mbs[1], 3),
                  "runs_mb_per_s": {str(w): [round(r["mb_per_s"], 3) for r in runs[w]] for w in runs},
                  "cpu_s_per_mb_1_worker": round(cpu[1], 3), "cpu_s_per_mb_2_workers": round(cpu[2], 3),
                  "peak_rss_mb_5mb": rss_small["peak_rss_mb"], "peak_rss_mb_50mb": rss_big["peak_rss_mb"],
                  "rss_ratio_50_vs_5": round(rss_big["peak_rss_mb"] / rss_small["peak_rss_mb"], 3),
-                 "mb_per_s_50mb_1_worker": round(rss_big["mb_per_s"], 3),
+                 "mb_per_s_5mb_1_worker": round(rss_small["mb_per_s"], 3),
                  "examples_5mb": rss_small["examples"], "examples_50mb": rss_big["examples"]},
         "in_memory_reference": ref,
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_start": round(load_start, 2),

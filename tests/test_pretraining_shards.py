@@ -263,6 +263,13 @@ def test_parallel_build_merges_and_is_deterministic(small_corpus, vocab, tmp_pat
     assert m2["counts"]["padding"] / (m2["counts"]["padding"] + m2["counts"]["tokens"]) < 0.02
     b = next(iter(ShardReader(tmp_path / "w2", batch_size=8)))
     assert "next_sentence_label" not in b and (b["token_type_ids"] == 0).all()
+    # the CLI process has no torch imported, so its workers are forked (here they were spawned): same shards
+    subprocess.run([sys.executable, "-m", "bertkit", "prepare", "--corpus", str(small_corpus), "--vocab", str(vocab),
+                    "--out", str(tmp_path / "cli"), "--seq-len", "64", "--task", "none", "--masking", "ngram",
+                    "--workers", "2", "--no-progress"], check=True, capture_output=True)
+    m_cli = read_manifest(tmp_path / "cli")
+    assert [e["files"]["tokens"]["sha256"] for e in m_cli["shards"]] == [e["files"]["tokens"]["sha256"] for e in m2["shards"]]
+    assert [e["files"]["mask_pos"]["sha256"] for e in m_cli["shards"]] == [e["files"]["mask_pos"]["sha256"] for e in m2["shards"]]
 
 
 def test_bad_input_end_to_end(vocab, tmp_path):
