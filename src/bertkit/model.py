@@ -32,9 +32,10 @@ Softmax / LayerNorm statistics are computed by PyTorch's kernels in fp32 interna
 
 torch.compile: works for the padded backends ("sdpa"/"eager"): the per-forward value checks are skipped while
 compiling (one graph). The "unpadded" backend is data-dependent (nonzero, max length) and graph-breaks there.
-Measured on this 2-core CPU (heavily shared, BERT-small MLM train step 32 x 128, bf16 autocast): compiled 12.5 s
-vs eager 14.2 s per step (1.14x) after 165 s of compilation, so it is not the default; call
-`torch.compile(model.bert)` yourself for long fixed-shape runs.
+Measured once on the 2-core dev CPU (shared with other jobs, outside the benchmark lock, so indicative only;
+BERT-small MLM train step 32 x 128, bf16 autocast, median of 3 interleaved): compiled encoder 12.5 s vs eager
+14.2 s per step (1.14x) after 165 s of compilation. Not the default; `torch.compile(model.bert)` it yourself for
+long fixed-shape runs (`benchmarks/inference.py --cases compile` re-measures inference).
 
 Other differences from the textbook code, all exact: the three Q/K/V projections run as one matmul on the
 concatenated weight (parameters stay separate so the checkpoint names are HF's); in inference (no grad) the
