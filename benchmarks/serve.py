@@ -150,7 +150,8 @@ def main() -> None:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=10)
-    summary = {"benchmark": "serve", "model": Path(args.model).name, "endpoint": args.endpoint,
+    name = Path(args.model).parent.name if Path(args.model).name == "model" else Path(args.model).name
+    summary = {"benchmark": "serve", "model": name, "endpoint": args.endpoint,
                "server_threads": args.threads, "levels": {}}
     failed = 0
     for c in clients:
