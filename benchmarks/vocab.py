@@ -129,6 +129,7 @@ def main() -> None:
     ap.add_argument("--min-frequency", type=int, default=1,
                     help="1 (not our default 2) so that both trainers reach the full 30,000 on 4.5 MB of text")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory-vs-corpus-size runs")
+    ap.add_argument("--only-memory", action="store_true", help="only the memory-vs-corpus-size runs")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     from bertkit import datasets
@@ -145,7 +146,7 @@ def main() -> None:
         corpus = tmp / "train.txt"
         write_corpus(corpus, train)
         report["train_mb"] = round(corpus.stat().st_size / 1e6, 2)
-        for size in args.sizes:
+        for size in ([] if args.only_memory else args.sizes):
             runs: dict[str, list[dict]] = {"ours": [], "hf": []}
             for r in range(args.repeats):
                 order = ("ours", "hf") if r % 2 == 0 else ("hf", "ours")
