@@ -374,7 +374,7 @@ def test_multilabel(tiny_dir, tmp_path):
     n_pos = sum(len(r["label"]) for r in dev_rows)
     all_f1 = 2 * (n_pos / (2 * len(dev_rows))) / (1 + n_pos / (2 * len(dev_rows)))
     top_set = max(collections.Counter(tuple(r["label"]) for r in dev_rows).values()) / len(dev_rows)
-    assert s["dev"]["f1_micro"]["mean"] > all_f1 + 0.05, (s["dev"], all_f1)
+    assert s["dev"]["f1_micro"]["mean"] > all_f1 + 0.03, (s["dev"], all_f1)
     assert s["dev"]["exact_match"]["mean"] > top_set + 0.1, (s["dev"], top_set)
     preds = [json.loads(x) for x in predict(tmp_path / "run", dev, tmp_path / "p.jsonl").read_text().splitlines()]
     assert all(set(p["prediction"]) <= {"pos", "neg"} for p in preds)
