@@ -104,15 +104,6 @@ def hf_pieces_per_word(vocab_file: Path, heldout: list[str], words: int) -> floa
     return sum(len(e.tokens) for e in tok.encode_batch(heldout, add_special_tokens=False)) / words
 
 
-def write_corpus(path: Path, articles) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for a in articles:
-            f.write(a.title + "\n")
-            for p in a.paragraphs:
-                f.write(p + "\n")
-            f.write("\n")
-
-
 def synthetic_corpus(path: Path, n_words: int, seed: int) -> None:
     """n_words all-distinct random lowercase words, 12 per line: the worst case for a word table."""
     rng = random.Random(seed)
@@ -144,7 +135,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = tmp / "train.txt"
-        write_corpus(corpus, train)
+        datasets.write_corpus(train, corpus)
         report["train_mb"] = round(corpus.stat().st_size / 1e6, 2)
         for size in ([] if args.only_memory else args.sizes):
             runs: dict[str, list[dict]] = {"ours": [], "hf": []}

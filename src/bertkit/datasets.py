@@ -29,7 +29,7 @@ from pathlib import Path
 from bertkit.errors import DatasetUnavailable
 
 __all__ = [
-    "cache_dir", "minilm_dir", "bbc_dir", "bbc_articles", "bbc_corpus_file", "rotten_tomatoes", "hutto_dir",
+    "cache_dir", "minilm_dir", "bbc_dir", "bbc_articles", "bbc_corpus_file", "write_corpus", "rotten_tomatoes", "hutto_dir",
     "Article", "RatedSentence", "split_by_seed",
 ]
 
@@ -182,7 +182,14 @@ def bbc_corpus_file(articles: list[Article] | None = None, name: str = "bbc_corp
     if articles is None and path.exists():
         return path
     articles = bbc_articles() if articles is None else articles
-    tmp = path.with_suffix(".tmp")
+    write_corpus(articles, path)
+    return path
+
+
+def write_corpus(articles: list[Article], path: Path) -> None:
+    """Write articles as plain text (title and paragraphs a line each, a blank line between articles), atomically."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for a in articles:
             f.write(a.title + "\n")
@@ -190,7 +197,6 @@ def bbc_corpus_file(articles: list[Article] | None = None, name: str = "bbc_corp
                 f.write(p + "\n")
             f.write("\n")
     tmp.replace(path)
-    return path
 
 
 # ------------------------------------------------------------------------------------------- Rotten Tomatoes (VADER)

@@ -99,15 +99,6 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def _write_corpus(articles, path: Path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for a in articles:
-            f.write(a.title + "\n")
-            for p in a.paragraphs:
-                f.write(p + "\n")
-            f.write("\n")
-
-
 # ------------------------------------------------------------------------------------------------- stages
 
 def stage_data(cfg: DemoConfig, out: Path) -> dict:
@@ -116,7 +107,7 @@ def stage_data(cfg: DemoConfig, out: Path) -> dict:
     train, dev, test = datasets.split_by_seed(arts, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", train), ("dev", dev), ("test", test)):
-        _write_corpus(part, out / f"bbc_{name}.txt")
+        datasets.write_corpus(part, out / f"bbc_{name}.txt")
     sizes = {n: (out / f"bbc_{n}.txt").stat().st_size for n in ("train", "dev", "test")}
     return {"articles": {"train": len(train), "dev": len(dev), "test": len(test)}, "bytes": sizes}
 
