@@ -8,6 +8,7 @@ import pytest
 
 from bertkit.errors import ConfigError, VocabError
 from bertkit.pretraining import masking as M
+from test_pretraining_stats import _word_spans  # the same word segmentation as the statistics tests
 
 TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"] + [f"w{i}" for i in range(40)] + \
          [f"##p{i}" for i in range(20)]
@@ -35,16 +36,7 @@ def random_rows(n, s, seed=0):
 
 def reference_wwm(row, length, budget, word_keys, tables):
     """google-research's loop: words in random order, skip one that overshoots, stop when the budget is met."""
-    words, i = [], 0
-    while i < length:
-        if tables.never_mask[row[i]]:
-            i += 1
-            continue
-        j = i + 1
-        while j < length and tables.continuation[row[j]] and not tables.never_mask[row[j]]:
-            j += 1
-        words.append((i, j))
-        i = j
+    words = _word_spans(row, length, tables)
     chosen = np.zeros(len(row), dtype=bool)
     total = 0
     for w in np.argsort(word_keys[:len(words)], kind="stable"):
