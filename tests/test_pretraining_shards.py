@@ -296,7 +296,11 @@ def test_bad_input_end_to_end(vocab, tmp_path):
 
 def test_config_errors(small_corpus, vocab, tmp_path):
     with pytest.raises(ConfigError, match="dupe_factor"):
-        prepare(small_corpus, vocab, tmp_path / "a", dynamic=True, dupe_factor=3)
+        prepare(small_corpus, vocab, tmp_path / "a", dynamic=True, dupe_factor=3, task="none")
+    # nsp copies re-draw their sentence pairs, so dynamic masking + dupe_factor is allowed there
+    one = prepare(small_corpus, vocab, tmp_path / "d1", dynamic=True, dupe_factor=1, task="nsp")
+    three = prepare(small_corpus, vocab, tmp_path / "d3", dynamic=True, dupe_factor=3, task="nsp")
+    assert three.build.examples > 2 * one.build.examples
     with pytest.raises(ConfigError, match="task"):
         prepare(small_corpus, vocab, tmp_path / "b", task="mlm")
     with pytest.raises(ConfigError, match="masking mode"):

@@ -246,9 +246,10 @@ def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", maskin
                          dupe_factor=dupe_factor)
     mcfg = MaskingConfig(mode=masking, mask_prob=mask_prob, max_predictions=max_predictions, dynamic=dynamic)
     mcfg.max_predictions = mcfg.resolved_max_predictions(seq_len)
-    if dynamic and dupe_factor != 1:
-        raise ConfigError(f"dupe_factor={dupe_factor} with dynamic masking: masks are redrawn every epoch, so copies "
-                          "add nothing; use dupe_factor=1")
+    if dynamic and dupe_factor != 1 and task == "none":
+        # nsp / sop copies differ in their sentence pairs and target lengths, so they still add data
+        raise ConfigError(f"dupe_factor={dupe_factor} with dynamic masking and task 'none': masks are redrawn every "
+                          "epoch and packed rows are identical, so copies add nothing; use dupe_factor=1")
     if workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")
     if examples_per_shard < 1:

@@ -55,7 +55,8 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
 7. dupe_factor is applied per document pass while streaming (the document's examples are built dupe_factor times
    in a row, each with fresh random targets, split points, NotNext draws and masks) instead of over the whole
    corpus; for task none each packed row is emitted dupe_factor times (masked differently). Why: streaming.
-   With dynamic masking dupe_factor must be 1: masks are redrawn every epoch anyway.
+   With dynamic masking and task none dupe_factor must be 1 (masks are redrawn every epoch anyway); with nsp / sop
+   the copies still differ in their sentence pairs and target lengths.
 8. Masking lives in masking.py and differs in small ways, each explained there: stochastic rounding of the mask
    count instead of max(1, round(...)) over a length that counts [CLS] / [SEP]; [UNK] and other bracketed specials
    are never chosen and never drawn as the random replacement; a "##" piece right after [SEP] is its own word.
