@@ -65,6 +65,22 @@ def test_parity_with_transformers_minilm(minilm, bbc_batch, hf_reference, backen
         assert out.last_hidden_state[~real].abs().max().item() == 0.0  # padding restored as zeros
 
 
+def test_bf16_inference_error_on_real_weights_no_worse_than_transformers(minilm, minilm_dir, bbc_batch,
+                                                                           hf_reference):
+    """bf16 autocast inference (auto backend: unpadded buckets, explicit attention with fp32 softmax, prepacked
+    GEMMs) is as close to the fp32 result as transformers' own bf16 autocast sdpa path."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.BertModel.from_pretrained(str(minilm_dir), attn_implementation="sdpa").eval()
+    real = bbc_batch["attention_mask"].bool()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = minilm(**bbc_batch).last_hidden_state.float()
+        theirs = ref(**bbc_batch).last_hidden_state.float()
+    fp32 = hf_reference.last_hidden_state
+    err_ours = (ours - fp32)[real].abs().mean().item()
+    err_theirs = (theirs - fp32)[real].abs().mean().item()
+    assert err_ours <= 1.25 * err_theirs, (err_ours, err_theirs)
+
+
 def test_attention_maps_match_transformers(minilm, bbc_batch, hf_reference):
     with torch.no_grad():
         out = minilm(**bbc_batch, output_attentions=True, output_hidden_states=True)
@@ -105,6 +121,38 @@ def test_backends_agree_including_gradients(backend):
     (out.last_hidden_state[real].sum() + out.pooler_output.sum()).backward()
     for (name, p), q in zip(ref.named_parameters(), other.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-4, rtol=1e-4), name
+
+
+def test_unpadded_length_buckets_agree_with_eager():
+    """Batches of >= 32 rows are split into attention buckets by length (model.length_buckets): same function, in
+    fp32 with gradients, and in bf16 inference (explicit attention with an fp32 softmax, prepacked GEMMs)."""
+    from bertkit.model import Layout, length_buckets
+    g = torch.Generator().manual_seed(3)
+    b, s = 70, 40
+    lengths = torch.randint(1, s + 1, (b,), generator=g)
+    lengths[:20] = s                                            # a bucket of full rows: no mask there
+    mask = (torch.arange(s)[None] < lengths[:, None]).long()
+    ids = torch.randint(1, 99, (b, s), generator=g) * mask
+    layout = Layout.build("unpadded", mask, b, s)
+    assert len(layout.buckets) == length_buckets(b) == 4
+    assert sum(bk.rows for bk in layout.buckets) == b
+    assert layout.grid_size < b * int(lengths.max())            # less padding than one (batch, max_len) grid
+    assert any(bk.mask is None for bk in layout.buckets)
+    eager, unp = _tiny(attn_implementation="eager"), _tiny(attn_implementation="unpadded")
+    real = mask.bool()
+    a, u = eager(ids, None, mask), unp(ids, None, mask)
+    assert (a.last_hidden_state - u.last_hidden_state)[real].abs().max() < 1e-5
+    assert (a.pooler_output - u.pooler_output).abs().max() < 1e-5
+    (a.last_hidden_state[real].sum() + a.pooler_output.sum()).backward()
+    (u.last_hidden_state[real].sum() + u.pooler_output.sum()).backward()
+    for (name, p), q in zip(eager.named_parameters(), unp.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-4, rtol=1e-4), name
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        u16 = unp(ids, None, mask).last_hidden_state
+        s16 = _tiny(attn_implementation="sdpa")(ids, None, mask).last_hidden_state
+    err_unp = (u16.float() - a.last_hidden_state.detach())[real].abs().max()
+    err_sdpa = (s16.float() - a.last_hidden_state.detach())[real].abs().max()
+    assert err_unp < 0.1 and err_unp < 2 * err_sdpa, (err_unp, err_sdpa)
 
 
 def test_unpadded_handles_holes_and_left_padding():
@@ -176,20 +224,26 @@ def test_parameter_names_are_hf_keys():
 
 
 def test_inference_weight_cache_is_exact_and_invalidated():
-    """Cached fused/cast weights give bit-identical results and follow in-place parameter updates."""
+    """Cached fused/cast/prepacked weights give bit-identical results to a fresh copy (no cache yet), follow in-place
+    parameter updates, and agree with the training-mode (grad) path to bf16 tolerance."""
+    import copy
     ids, types, mask = _ragged()
     m = _tiny()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        first = m(ids, types, mask).last_hidden_state
-        again = m(ids, types, mask).last_hidden_state          # served from the cache
+
+    def infer(model):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(ids, types, mask).last_hidden_state
+
+    first = infer(m)
+    again = infer(m)                                            # served from the cache
+    fresh = infer(copy.deepcopy(m))                             # builds its own cache
     with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        uncached = m(ids, types, mask).last_hidden_state.detach()  # grad mode never caches
-    assert torch.equal(first, again) and torch.equal(first, uncached)
+        grad_path = m(ids, types, mask).last_hidden_state.detach()  # grad mode never caches
+    assert torch.equal(first, again) and torch.equal(first, fresh)
+    assert (first - grad_path).abs().max() < 0.05
     with torch.no_grad():
         m.encoder.layer[0].attention.self.key.weight.mul_(2.0)
         m.encoder.layer[1].output.dense.weight.add_(0.01)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            changed = m(ids, types, mask).last_hidden_state
-    with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = m(ids, types, mask).last_hidden_state.detach()
+    changed = infer(m)
+    expected = infer(copy.deepcopy(m))
     assert torch.equal(changed, expected) and not torch.equal(changed, first)
