@@ -159,10 +159,13 @@ def test_real_model_endpoints(server, tmp_path):
 @pytest.mark.parametrize("cls_name, endpoint, body, check", [
     ("BertForSequenceClassification", "classify", {"text": "the cat sat .", "pair": "a dog ."},
      lambda r: r["label"] in ("neg", "pos") and abs(sum(r["scores"].values()) - 1) < 1e-4),
-    ("BertForTokenClassification", "tag", {"text": "the cat sat on the mat"},
-     lambda r: [w["word"] for w in r] == ["the", "cat", "sat", "on", "the", "mat"] and all(w["label"] in ("neg", "pos") for w in r)),
-    ("BertForQuestionAnswering", "answer", {"question": "who sat ?", "context": "the cat sat on the mat ."},
-     lambda r: r["answer"] and r["answer"] in "the cat sat on the mat ." and 0 <= r["start_word"] <= r["end_word"]),
+    ("BertForTokenClassification", "tag", {"text": "The  Cat sat on thé mat"},      # original case, accents, spans
+     lambda r: [w["word"] for w in r] == ["The", "Cat", "sat", "on", "thé", "mat"]
+     and [(w["start"], w["end"]) for w in r] == [(0, 3), (5, 8), (9, 12), (13, 15), (16, 19), (20, 23)]
+     and all(w["label"] in ("neg", "pos") for w in r)),
+    ("BertForQuestionAnswering", "answer", {"question": "who sat ?", "context": "The Cat sat on the Mat ."},
+     lambda r: r["answer"] and r["answer"] == "The Cat sat on the Mat ."[r["start"]:r["end"]]
+     and r["answer"] == r["answer"].strip()),
 ])
 def test_task_heads_get_their_endpoint(server, tmp_path, cls_name, endpoint, body, check):
     import torch

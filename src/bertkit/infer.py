@@ -398,23 +398,13 @@ class Predictor:
                         "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}})
         return out
 
-    def _word_rows(self, words_list: list[list[str]], max_length: int):
-        """Ids built word by word: ([CLS] pieces.. [SEP]) + index of each word's first piece (None if cut off)."""
-        tok = self.tokenizer
-        rows, firsts = [], []
-        for words in words_list:
-            ids, first = [tok.cls_token_id], []
-            for w in words:
-                pieces = tok.convert_tokens_to_ids(tok.tokenize(w)) or [tok.unk_token_id]
-                if len(ids) + len(pieces) >= max_length:
-                    first.append(None)
-                    continue
-                first.append(len(ids))
-                ids.extend(pieces)
-            ids.append(tok.sep_token_id)
-            rows.append(ids)
-            firsts.append(first)
-        return rows, firsts
+    def _words(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+        """WordPiece ids of `text` (no special tokens), each piece's (start, end) in `text`, and the index of every
+        word's first piece (a word = a basic-tokenizer word: a piece that is not a `##` continuation starts one)."""
+        ids, offsets = self.tokenizer._pieces_batch([text], offsets=True)[0]
+        cont = self.__dict__.setdefault("_is_cont_list", self._is_cont.tolist())
+        firsts = [i for i, t in enumerate(ids) if not cont[t]]
+        return ids, offsets, firsts
 
     def _pad(self, rows: list[list[int]]) -> dict:
         n = max(len(r) for r in rows)
@@ -425,48 +415,47 @@ class Predictor:
 
     @torch.inference_mode()
     def tag(self, texts: Sequence[str], max_length: int = 256) -> list[list[dict]]:
-        """Per word (the tokenizer's basic words): [{"word", "label", "score"}], label of the word's first piece."""
+        """Per word (the tokenizer's basic words): [{"word", "start", "end", "label", "score"}]: the word as written
+        in the text (original case and accents), its character span, and the label of its first piece. Words past
+        `max_length` pieces get label None."""
         if self.task != "tag":
             raise BertkitError(f"{self.name} is a {self.task} model, not a token classifier")
-        words_list = [self.tokenizer.basic_tokenize(t) for t in texts]
-        rows, firsts = self._word_rows(words_list, max_length)
+        tok = self.tokenizer
+        encoded = [self._words(t) for t in texts]
+        rows = [[tok.cls_token_id, *ids[: max_length - 2], tok.sep_token_id] for ids, _, _ in encoded]
         probs = torch.softmax(self.model(**self._pad(rows)).logits.float(), -1)   # (batch, seq, labels)
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
         out = []
-        for b, (words, first) in enumerate(zip(words_list, firsts)):
+        for b, (text, (ids, offsets, firsts)) in enumerate(zip(texts, encoded)):
             tags = []
-            for w, f in zip(words, first):
-                if f is None:
-                    tags.append({"word": w, "label": None, "score": None})
-                    continue
-                j = int(probs[b, f].argmax())
-                tags.append({"word": w, "label": labels[j], "score": round(float(probs[b, f, j]), 6)})
+            for k, f in enumerate(firsts):
+                last = (firsts[k + 1] if k + 1 < len(firsts) else len(ids)) - 1
+                start, end = offsets[f][0], offsets[last][1]
+                item = {"word": text[start:end], "start": start, "end": end, "label": None, "score": None}
+                if f < max_length - 2:
+                    j = int(probs[b, f + 1].argmax())                             # +1: [CLS]
+                    item.update(label=labels[j], score=round(float(probs[b, f + 1, j]), 6))
+                tags.append(item)
             out.append(tags)
         return out
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], contexts: Sequence[str], max_length: int = 384,
-               max_answer_words: int = 30) -> list[dict]:
-        """The best context span (in the tokenizer's basic words): {"answer", "score", "start_word", "end_word"}."""
+               max_answer_pieces: int = 64) -> list[dict]:
+        """The best context span: {"answer", "score", "start", "end"}: the answer as written in the context and its
+        character span (context[start:end]); spans start and end on word boundaries. Contexts longer than one
+        window are cut (use `bertkit.tasks` QA with doc_stride for long documents)."""
         if self.task != "answer":
             raise BertkitError(f"{self.name} is a {self.task} model, not a question-answering model")
         tok = self.tokenizer
         rows, spans = [], []
         for q, c in zip(questions, contexts):
-            q_ids = tok.convert_tokens_to_ids(tok.tokenize(q))[: max_length // 3]
-            c_words = tok.basic_tokenize(c)
-            ids = [tok.cls_token_id] + q_ids + [tok.sep_token_id]
-            seg = len(ids)
-            word_of = []                  # token index -> context word index
-            for wi, w in enumerate(c_words):
-                pieces = tok.convert_tokens_to_ids(tok.tokenize(w)) or [tok.unk_token_id]
-                if len(ids) + len(pieces) >= max_length - 1:
-                    break
-                ids.extend(pieces)
-                word_of.extend([wi] * len(pieces))
-            ids.append(tok.sep_token_id)
-            rows.append((ids, seg))
-            spans.append((c_words, word_of, seg))
+            q_ids = self._words(q)[0][: max_length // 3]
+            c_ids, c_off, firsts = self._words(c)
+            seg = len(q_ids) + 2
+            n = min(len(c_ids), max_length - 1 - seg)
+            rows.append(([tok.cls_token_id, *q_ids, tok.sep_token_id, *c_ids[:n], tok.sep_token_id], seg))
+            spans.append((c_off[:n], [f for f in firsts if f < n], seg))
         batch = self._pad([r for r, _ in rows])
         tt = torch.zeros_like(batch["input_ids"])
         for b, (r, seg) in enumerate(rows):
@@ -474,21 +463,23 @@ class Predictor:
         batch["token_type_ids"] = tt
         out = self.model(**batch)
         res = []
-        for b, (c_words, word_of, seg) in enumerate(spans):
-            n = len(word_of)
-            if n == 0:
-                res.append({"answer": "", "score": 0.0, "start_word": None, "end_word": None})
+        for b, ((offsets, firsts, seg), c) in enumerate(zip(spans, contexts)):
+            n = len(offsets)
+            if not firsts:
+                res.append({"answer": "", "score": 0.0, "start": None, "end": None})
                 continue
-            s = torch.log_softmax(out.start_logits[b].float(), -1)[seg: seg + n]
-            e = torch.log_softmax(out.end_logits[b].float(), -1)[seg: seg + n]
-            scores = s[:, None] + e[None, :]                                   # (n, n): start x end
-            valid = torch.ones(n, n, dtype=torch.bool).triu() & ~torch.ones(n, n, dtype=torch.bool).triu(max_answer_words * 3)
+            # a span starts at a word's first piece and ends at a word's last piece
+            lasts = [f - 1 for f in firsts[1:]] + [n - 1]
+            s = torch.log_softmax(out.start_logits[b].float(), -1)[seg: seg + n][firsts]
+            e = torch.log_softmax(out.end_logits[b].float(), -1)[seg: seg + n][lasts]
+            scores = s[:, None] + e[None, :]                                   # (words, words): start x end
+            first_t, last_t = torch.tensor(firsts), torch.tensor(lasts)
+            valid = (last_t[None, :] >= first_t[:, None]) & (last_t[None, :] - first_t[:, None] < max_answer_pieces)
             scores = scores.masked_fill(~valid, -math.inf)
-            flat = int(scores.argmax())
-            i, j = divmod(flat, n)
-            ws, we = word_of[i], word_of[j]
-            res.append({"answer": " ".join(c_words[ws: we + 1]), "score": round(math.exp(float(scores[i, j])), 6),
-                        "start_word": ws, "end_word": we})
+            i, j = divmod(int(scores.argmax()), len(firsts))
+            start, end = offsets[firsts[i]][0], offsets[lasts[j]][1]
+            res.append({"answer": c[start:end], "score": round(math.exp(float(scores[i, j])), 6),
+                        "start": start, "end": end})
         return res
 
     # ---------------------------------------------------------------------------------------------- attention
