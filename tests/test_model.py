@@ -88,7 +88,8 @@ def test_attention_maps_match_transformers(minilm, bbc_batch, hf_reference):
     for ours, theirs in zip(out.attentions, hf_reference.attentions):
         assert ours.shape == theirs.shape == (16, 12, bbc_batch["input_ids"].shape[1],
                                               bbc_batch["input_ids"].shape[1])
-        assert (ours - theirs).abs().max().item() <= 1e-6
+        # float tolerance: our CPU inference GEMMs (prepacked oneDNN) sum in another order than MKL's
+        assert (ours - theirs).abs().max().item() <= 1e-5
     real = bbc_batch["attention_mask"].bool()
     assert (out.hidden_states[-1] - hf_reference.last_hidden_state)[real].abs().max() <= 1e-5
 
