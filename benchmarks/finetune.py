@@ -202,6 +202,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max-length", type=int)
     p.add_argument("--max-train-examples", type=int)
+    p.add_argument("--bucket-batches", type=int, default=50,
+                   help="ours: length-bucketing window in batches (1: random batches, like the reference)")
     p.add_argument("--model", help="model directory (default: MiniLM-L6)")
     p.add_argument("--random-init", action="store_true", help="ours only: the model's architecture, fresh weights")
     p.add_argument("--feature-based", action="store_true",
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
                          test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
                          epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
                          max_train_examples=args.max_train_examples, save_model=False, quiet=True,
-                         random_init=args.random_init)
+                         random_init=args.random_init, bucket_batches=args.bucket_batches)
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)
@@ -256,7 +258,8 @@ def main(argv=None) -> int:
                   f"{rec['examples_per_s']:.1f} ex/s", file=sys.stderr, flush=True)
 
     result = {"benchmark": "finetune", "task": args.task, "random_init": args.random_init, "kind": kind, "model": model_dir.name,
-              "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs, "max_length": cfg.max_length,
+              "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
+              "bucket_batches": args.bucket_batches, "max_length": cfg.max_length,
               "seeds": seeds, "data": data.counts, "threads": torch.get_num_threads()}
     if ours:
         result["ours"] = _summary(ours)

@@ -248,3 +248,48 @@ def test_inference_weight_cache_is_exact_and_invalidated():
     changed = infer(m)
     expected = infer(copy.deepcopy(m))
     assert torch.equal(changed, expected) and not torch.equal(changed, first)
+
+
+def test_fast_dropout_mask_statistics_and_seeding():
+    """The CPU dropout mask (16 random bits per element): keep rate 1 - p (p rounded to 1/65536), exact scale,
+    reproducible under torch.manual_seed, fresh on every draw."""
+    from bertkit.model import dropout, dropout_keep_mask
+    torch.manual_seed(0)
+    keep, scale = dropout_keep_mask((1000, 1000), 0.1, torch.device("cpu"))
+    assert keep.dtype == torch.bool and keep.shape == (1000, 1000)
+    assert abs(keep.float().mean().item() - (1 - 6554 / 65536)) < 2e-3
+    assert scale == 65536 / (65536 - 6554)
+    again, _ = dropout_keep_mask((1000, 1000), 0.1, torch.device("cpu"))
+    assert not torch.equal(keep, again)
+    torch.manual_seed(0)
+    assert torch.equal(keep, dropout_keep_mask((1000, 1000), 0.1, torch.device("cpu"))[0])
+    # rows of the mask are independent of each other (no structure from the 4-per-draw packing)
+    packed = keep.reshape(-1, 4).T.float()                     # the 4 masks that share one 64-bit draw
+    assert torch.corrcoef(packed).triu(1).abs().max().item() < 0.01
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = dropout(x, 0.1, True)
+    assert abs(y.mean().item() - 1.0) < 3e-3 and torch.unique(y).tolist() == [0.0, pytest.approx(scale)]
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())                      # d/dx = mask * scale
+    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
+
+
+def test_training_attention_dropout_is_the_textbook_function():
+    """CPU training with attention dropout takes the explicit path: softmax(q k^T * scale + mask), a dropout mask
+    from dropout_keep_mask, times v; checked against that computation with the same random draw."""
+    from bertkit.model import dropout_keep_mask
+    m = _tiny().train()
+    att = m.encoder.layer[0].attention.self
+    att.dropout.p = 0.1
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 64, generator=g, requires_grad=True) for _ in range(3))
+    mask = (torch.arange(7)[None] < torch.tensor([7, 4, 2])[:, None])[:, None, None, :]
+    torch.manual_seed(5)
+    out = att._attend(q, k, v, mask)
+    torch.manual_seed(5)
+    scores = (q @ k.transpose(-1, -2) / 8.0).masked_fill(~mask, float("-inf"))
+    keep, scale = dropout_keep_mask((3, 2, 7, 7), 0.1, q.device)
+    expected = (torch.softmax(scores, -1) * keep * scale) @ v
+    assert (out - expected).abs().max() < 1e-5
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

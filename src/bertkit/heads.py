@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.config import BertConfig
-from bertkit.model import BertModel, BertPreTrainedModel, activation
+from bertkit.model import BertModel, BertPreTrainedModel, Dropout, activation
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
@@ -194,7 +194,7 @@ class BertForMaskedLM(_HeadModel):
 
 def _classifier_dropout(config: BertConfig) -> nn.Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
+    return Dropout(p)
 
 
 class BertForSequenceClassification(_HeadModel):

@@ -77,6 +77,8 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)   # prepacked oneDNN inference G
 # the explicit CPU bf16 inference attention (see BertSelfAttention._attend) materialises (rows, heads, len, len)
 # scores; above this length the flash kernel's tiling wins and memory would grow quadratically
 MANUAL_ATTENTION_MAX_LEN = 256
+# CPU training with attention dropout uses the explicit attention with the fast dropout mask (see _attend)
+EXPLICIT_TRAIN_ATTENTION = True
 
 
 def activation(name: str):
@@ -201,10 +203,18 @@ def _inference_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
     return weight.dtype
 
 
+# Bumped by every BertPreTrainedModel.train()/.eval() call: cached weights never outlive a switch between training
+# and inference. (The version counter alone is not enough: fused optimizers such as AdamW(fused=True) update
+# parameters in place without bumping it.)
+_GENERATION = [0]
+
+
 class _WeightCache:
     """A derived copy of some parameters (cast, concatenated and/or prepacked) reused across inference calls until a
-    parameter changes (its version counter or storage moves). Autocast would otherwise recast every weight on every
-    forward; values are bit-identical to the uncached path."""
+    parameter changes (its version counter or storage moves) or any model switches between train and eval mode.
+    Autocast would otherwise recast every weight on every forward; values are bit-identical to the uncached path.
+    Parameters edited in place while in eval mode by code that does not bump version counters (a fused optimizer
+    step) are not seen: call model.eval() again after such edits."""
 
     def __init__(self):
         self.key = None
@@ -218,7 +228,7 @@ class _WeightCache:
         return {"key": None, "value": ()}
 
     def get(self, params: tuple[Tensor | None, ...], tag, make) -> tuple[Tensor | None, ...]:
-        key = (tag, *((p._version, p.data_ptr(), p.device) for p in params if p is not None))
+        key = (tag, _GENERATION[0], *((p._version, p.data_ptr(), p.device) for p in params if p is not None))
         if key != self.key:
             self.value, self.key = make(), key
         return self.value
@@ -251,8 +261,14 @@ def _onednn_ok(dtype: torch.dtype) -> bool:
         return False
 
 
+def _tracing() -> bool:
+    """Inside torch.jit / ONNX export tracing or torch.compile: graphs want the plain aten ops (the compiler does
+    its own weight packing; ONNX has no oneDNN ops)."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+
+
 def _packed(x: Tensor, dtype: torch.dtype) -> bool:
-    return PACKED_LINEAR and x.device.type == "cpu" and _onednn_ok(dtype)
+    return PACKED_LINEAR and x.device.type == "cpu" and not _tracing() and _onednn_ok(dtype)
 
 
 def _linear_packed(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> Tensor:
@@ -263,6 +279,41 @@ def _linear_packed(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> T
 def _pack(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
     return (torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None),
             None if bias is None else bias.detach().to(dtype))
+
+
+# ---------------------------------------------------------------------------------------------- CPU dropout
+def dropout_keep_mask(shape: tuple[int, ...], p: float, device: torch.device) -> tuple[Tensor, float]:
+    """A dropout keep-mask drawn from 16 random bits per element, and the matching 1 / P(keep) scale.
+
+    PyTorch's CPU dropout draws one Bernoulli sample per element through its scalar Mersenne Twister: ~10 ns an
+    element, which made attention dropout (a (batch, heads, seq, seq) tensor per layer) the largest cost of CPU
+    training at 256+ tokens (263 ms of a 510 ms attention forward+backward per MiniLM layer at 32 x 256, bf16).
+    Here one 64-bit draw (`torch.randint` over the full int64 range, same generator, so seeding and checkpointed
+    RNG state work as before) yields four 16-bit uniforms: 46 ms for the same mask. The drop probability is p
+    rounded to a multiple of 1/65536 (0.1 -> 0.1000061), and the scale uses that exact probability, so the
+    output's expectation is exactly the input's."""
+    n = math.prod(shape)
+    drop = round(p * 65536)
+    bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (-(-n // 4),), dtype=torch.int64, device=device)
+    keep = bits.view(torch.int16)[:n].view(shape) >= drop - 32768                 # P(keep) = 1 - drop / 65536
+    return keep, 65536.0 / (65536 - drop)
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """F.dropout, with the fast mask of `dropout_keep_mask` on CPU."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, True)
+    keep, scale = dropout_keep_mask(tuple(x.shape), p, x.device)
+    return x.masked_fill(~keep, 0.0) * scale
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout with the fast CPU mask (see `dropout_keep_mask`); same semantics, no parameters."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
 
 
 class Linear(nn.Linear):
@@ -297,7 +348,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor) -> Tensor:
         # input_ids: (batch, seq) or packed (tokens,); position_ids broadcastable to it
@@ -319,7 +370,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.dropout = Dropout(config.attention_probs_dropout_prob)
         self._fused = _WeightCache()
 
     def qkv(self, x: Tensor) -> Tensor:
@@ -361,18 +412,27 @@ class BertSelfAttention(nn.Module):
         return qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """softmax(q k^T / sqrt(head_dim) + mask) v, (rows, heads, len, head_dim). SDPA, except for CPU bf16
-        inference where the explicit form with an fp32 softmax is faster on short rows (PyTorch's CPU flash
-        kernel has a high fixed cost per (row, head) block: 11.3 vs 5.2 ms per BERT-base layer on 64 BBC
-        sentences). Its scores are bf16 products accumulated in fp32 and rounded once to bf16 (as transformers'
-        eager attention and Megatron's fused softmax under bf16); the softmax itself runs in fp32."""
-        if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and not torch.is_grad_enabled() and not self.training
-                and q.shape[-2] <= MANUAL_ATTENTION_MAX_LEN):
+        """softmax(q k^T / sqrt(head_dim) + mask) v, (rows, heads, len, head_dim), with attention dropout in
+        training. SDPA, except on CPU in two cases where the explicit form is faster:
+          * bf16 inference on rows of up to MANUAL_ATTENTION_MAX_LEN: PyTorch's CPU flash kernel has a high fixed
+            cost per (row, head) block (11.3 vs 5.2 ms per BERT-base layer on 64 BBC sentences);
+          * training with attention dropout: the CPU flash kernel has no dropout, so SDPA falls back to its math
+            kernel, in fp32 and with PyTorch's slow Bernoulli sampling; here the matmuls stay in the autocast
+            dtype and the mask comes from `dropout_keep_mask` (MiniLM layer, 32 x 256, fwd+bwd: ~250 vs 658 ms).
+        The explicit scores are the matmul's output (bf16 under autocast, as transformers' eager attention and
+        Megatron's fused softmax); the softmax itself always runs in fp32."""
+        train_dropout = EXPLICIT_TRAIN_ATTENTION and self.training and self.dropout.p > 0 and torch.is_grad_enabled()
+        if q.device.type == "cpu" and not _tracing() and (train_dropout or (
+                q.dtype == torch.bfloat16 and not self.training and not torch.is_grad_enabled()
+                and q.shape[-2] <= MANUAL_ATTENTION_MAX_LEN)):
             scores = torch.matmul(q * self.scale, k.transpose(-1, -2))          # (rows, heads, len, len)
             if mask is not None:
-                scores = scores.masked_fill_(~mask, float("-inf"))
+                scores = scores.masked_fill(~mask, float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            return torch.matmul(probs, v)
+            if not train_dropout:
+                return torch.matmul(probs, v)
+            keep, scale = dropout_keep_mask(tuple(probs.shape), self.dropout.p, probs.device)
+            return torch.matmul(probs.masked_fill(~keep, 0.0), v) * scale      # scale the small side
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                               dropout_p=self.dropout.p if self.training else 0.0)
 
@@ -394,7 +454,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, ctx: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(ctx)) + residual)
@@ -427,7 +487,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)
@@ -486,6 +546,10 @@ class BertPreTrainedModel(nn.Module):
             raise ConfigError(f"expected a BertConfig, got {type(config).__name__}")
         self.config = config
         self.loading_info: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": [], "ignored_keys": []}
+
+    def train(self, mode: bool = True):
+        _GENERATION[0] += 1          # invalidates every cached inference weight (see _WeightCache)
+        return super().train(mode)
 
     def init_weights(self, module: nn.Module | None = None) -> None:
         """HF BERT init: normal(0, initializer_range) for linear/embedding weights, zero biases, unit LayerNorm."""

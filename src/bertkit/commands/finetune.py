@@ -47,6 +47,8 @@ def register(sub) -> None:
     p.add_argument("--patience", type=int, default=0, help="early stopping: evaluations without improvement")
     p.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
+    p.add_argument("--bucket-batches", type=int, default=50,
+                   help="length-bucketing window in batches (1: plain random batches)")
     p.add_argument("--attn", dest="attn_implementation", choices=("auto", "eager", "sdpa", "unpadded"))
     p.add_argument("--label-all-pieces", action="store_true", help="tag: label every piece, not only the first")
     p.add_argument("--scheme", choices=("IOB1", "IOB2", "BIOES"), help="tag: convert tags before training")
@@ -88,7 +90,7 @@ def _finetune(args) -> int:
         out=args.out, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
         weight_decay=args.weight_decay, dropout=args.dropout, max_length=args.max_length, bf16=not args.fp32,
         seeds=args.seeds, grid=args.grid, eval_every=args.eval_every, patience=args.patience,
-        max_train_examples=args.max_train_examples, attn_implementation=args.attn_implementation,
+        max_train_examples=args.max_train_examples, bucket_batches=args.bucket_batches, attn_implementation=args.attn_implementation,
         label_all_pieces=args.label_all_pieces, scheme=args.scheme, doc_stride=args.doc_stride,
         max_query_length=args.max_query_length, max_answer_length=args.max_answer_length, n_best=args.n_best,
         save_model=not args.no_save, quiet=args.quiet)
