@@ -119,6 +119,7 @@ class Predictor:
                          tokenizer.mask_token_id, tokenizer.unk_token_id}
         itos = tokenizer.ids_to_tokens
         self._is_cont = torch.tensor([t.startswith("##") for t in itos], dtype=torch.bool)
+        self._is_cont_list = self._is_cont.tolist()
         # pieces that can fill a word-start slot: not a continuation, not special, not "[unused..]"
         self._word_start = ~self._is_cont & torch.tensor([not (t.startswith("[") and t.endswith("]")) for t in itos])
         self._cont_ok = self._is_cont.clone()
@@ -402,8 +403,7 @@ class Predictor:
         """WordPiece ids of `text` (no special tokens), each piece's (start, end) in `text`, and the index of every
         word's first piece (a word = a basic-tokenizer word: a piece that is not a `##` continuation starts one)."""
         ids, offsets = self.tokenizer._pieces_batch([text], offsets=True)[0]
-        cont = self.__dict__.setdefault("_is_cont_list", self._is_cont.tolist())
-        firsts = [i for i, t in enumerate(ids) if not cont[t]]
+        firsts = [i for i, t in enumerate(ids) if not self._is_cont_list[t]]
         return ids, offsets, firsts
 
     def _pad(self, rows: list[list[int]]) -> dict:
