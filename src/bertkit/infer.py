@@ -399,12 +399,15 @@ class Predictor:
                         "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}})
         return out
 
-    def _words(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int]]:
-        """WordPiece ids of `text` (no special tokens), each piece's (start, end) in `text`, and the index of every
+    def _words(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]], list[int]]]:
+        """Per text: WordPiece ids (no special tokens), each piece's (start, end) in the text, and the index of every
         word's first piece (a word = a basic-tokenizer word: a piece that is not a `##` continuation starts one)."""
-        ids, offsets = self.tokenizer._pieces_batch([text], offsets=True)[0]
-        firsts = [i for i, t in enumerate(ids) if not self._is_cont_list[t]]
-        return ids, offsets, firsts
+        pieces = self.tokenizer.encode_pieces(texts)
+        out = []
+        for i in range(len(pieces)):
+            ids, offsets = pieces.text(i)
+            out.append((ids, offsets, [j for j, t in enumerate(ids) if not self._is_cont_list[t]]))
+        return out
 
     def _pad(self, rows: list[list[int]]) -> dict:
         n = max(len(r) for r in rows)
@@ -421,7 +424,7 @@ class Predictor:
         if self.task != "tag":
             raise BertkitError(f"{self.name} is a {self.task} model, not a token classifier")
         tok = self.tokenizer
-        encoded = [self._words(t) for t in texts]
+        encoded = self._words(texts)
         rows = [[tok.cls_token_id, *ids[: max_length - 2], tok.sep_token_id] for ids, _, _ in encoded]
         probs = torch.softmax(self.model(**self._pad(rows)).logits.float(), -1)   # (batch, seq, labels)
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
@@ -449,9 +452,8 @@ class Predictor:
             raise BertkitError(f"{self.name} is a {self.task} model, not a question-answering model")
         tok = self.tokenizer
         rows, spans = [], []
-        for q, c in zip(questions, contexts):
-            q_ids = self._words(q)[0][: max_length // 3]
-            c_ids, c_off, firsts = self._words(c)
+        for (q_ids, _, _), (c_ids, c_off, firsts) in zip(self._words(questions), self._words(contexts)):
+            q_ids = q_ids[: max_length // 3]
             seg = len(q_ids) + 2
             n = min(len(c_ids), max_length - 1 - seg)
             rows.append(([tok.cls_token_id, *q_ids, tok.sep_token_id, *c_ids[:n], tok.sep_token_id], seg))

@@ -151,7 +151,7 @@ class Layout:
 
     @classmethod
     def build(cls, backend: str, attention_mask: Tensor | None, batch: int, seq: int,
-              device: torch.device | None = None, n_buckets: int | None = None) -> "Layout":
+              device: torch.device | None = None) -> "Layout":
         if backend != "unpadded":
             if attention_mask is None:
                 return cls(backend, batch, seq)
@@ -171,7 +171,7 @@ class Layout:
         # attention buckets: rows by decreasing length, equal counts; one host sync for the bucket shapes
         order = torch.argsort(lengths, descending=True, stable=True)   # (batch,)
         sorted_len = lengths[order].tolist()
-        k = max(1, min(n_buckets or length_buckets(batch), batch))
+        k = min(length_buckets(batch), batch)
         bounds = [round(i * batch / k) for i in range(k + 1)]
         buckets, base_sorted, offset = [], [], 0
         for lo, hi in zip(bounds[:-1], bounds[1:]):
@@ -288,6 +288,18 @@ def _pack(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> tuple[Tens
             None if bias is None else bias.detach().to(dtype))
 
 
+def _inference_linear(x: Tensor, cache: "_WeightCache", params: tuple[Tensor | None, ...], weight_and_bias,
+                      dtype: torch.dtype, act: str | None = None) -> Tensor:
+    """act(x W^T + b) in inference, W and b = weight_and_bias() (built from `params`, e.g. concatenated), kept in
+    `cache` as prepacked oneDNN weights on CPU or as `dtype` copies elsewhere (see _WeightCache)."""
+    if _packed(x, dtype) and (act is None or act in _ONEDNN_ACT):
+        w, b = cache.get(params, ("packed", dtype), lambda: _pack(*weight_and_bias(), dtype))
+        return _linear_packed(x.to(dtype), w, b, act)
+    w, b = cache.get(params, dtype, lambda: tuple(None if t is None else t.to(dtype) for t in weight_and_bias()))
+    y = F.linear(x.to(dtype), w, b)
+    return y if act is None else activation(act)(y)
+
+
 # ---------------------------------------------------------------------------------------------- CPU dropout
 def dropout_keep_mask(shape: tuple[int, ...], p: float, device: torch.device) -> tuple[Tensor, float]:
     """A dropout keep-mask drawn from 16 random bits per element, and the matching 1 / P(keep) scale.
@@ -333,18 +345,10 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor, act: str | None = None) -> Tensor:
         dtype = _inference_dtype(x, self.weight)
-        if dtype is None:
-            y = F.linear(x, self.weight, self.bias)
-        elif _packed(x, dtype) and (act is None or act in _ONEDNN_ACT):
-            w, b = self._cast.get((self.weight, self.bias), ("packed", dtype),
-                                  lambda: _pack(self.weight, self.bias, dtype))
-            return _linear_packed(x.to(dtype), w, b, act)
-        elif dtype == self.weight.dtype:
-            y = F.linear(x, self.weight, self.bias)
-        else:
-            w, b = self._cast.get((self.weight, self.bias), dtype,
-                                  lambda: (self.weight.to(dtype), None if self.bias is None else self.bias.to(dtype)))
-            y = F.linear(x.to(dtype), w, b)
+        if dtype is not None:
+            return _inference_linear(x, self._cast, (self.weight, self.bias), lambda: (self.weight, self.bias),
+                                     dtype, act)
+        y = F.linear(x, self.weight, self.bias)
         return y if act is None else activation(act)(y)
 
 
@@ -385,16 +389,14 @@ class BertSelfAttention(nn.Module):
         autocast, cast) weight is built once and reused until a parameter changes."""
         params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias,
                   self.value.bias)
+
+        def fused():                                    # (3 * hidden, hidden) weight, (3 * hidden,) bias
+            return torch.cat(params[:3]), torch.cat(params[3:])
+
         dtype = _inference_dtype(x, self.query.weight)
         if dtype is None:
-            return F.linear(x, torch.cat(params[:3]), torch.cat(params[3:]))   # (3 * hidden, hidden) weight
-        if _packed(x, dtype):
-            w, b = self._fused.get(params, ("packed", dtype),
-                                   lambda: _pack(torch.cat(params[:3]), torch.cat(params[3:]), dtype))
-            return _linear_packed(x.to(dtype), w, b, None)
-        w, b = self._fused.get(params, dtype, lambda: (torch.cat(params[:3]).to(dtype),
-                                                       torch.cat(params[3:]).to(dtype)))
-        return F.linear(x.to(dtype), w, b)
+            return F.linear(x, *fused())
+        return _inference_linear(x, self._fused, params, fused, dtype)
 
     def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
         qkv = self.qkv(x)                                   # (batch, seq, 3 * hidden) or (tokens, 3 * hidden)
