@@ -428,13 +428,17 @@ class BertSelfAttention(nn.Module):
             buckets: 7.1 ms flash vs 5.2 ms explicit); without a mask flash is the faster one and is used;
           * training with attention dropout: the CPU flash kernel has no dropout, so SDPA falls back to its math
             kernel, in fp32 and with PyTorch's slow Bernoulli sampling; here the matmuls stay in the autocast
-            dtype and the mask comes from `dropout_keep_mask` (MiniLM layer, 32 x 256, fwd+bwd: ~250 vs 658 ms).
+            dtype and the mask comes from `dropout_keep_mask` (MiniLM layer, 32 x 256, fwd+bwd: ~250 vs 658 ms);
+          * training without dropout up to MANUAL_ATTENTION_MAX_LEN: the flash kernel's backward is slow on short
+            rows (`mini` pre-training step, 64 x 128, bf16: 9.4-11.4k vs 8.5-8.8k tokens/s with flash).
         The explicit scores are the matmul's output (bf16 under autocast, as transformers' eager attention and
         Megatron's fused softmax); the softmax itself always runs in fp32."""
-        train_dropout = EXPLICIT_TRAIN_ATTENTION and self.training and self.dropout.p > 0 and torch.is_grad_enabled()
-        if q.device.type == "cpu" and not _tracing() and (train_dropout or (
-                q.dtype == torch.bfloat16 and not self.training and not torch.is_grad_enabled()
-                and mask is not None and q.shape[-2] <= MANUAL_ATTENTION_MAX_LEN)):
+        short = q.shape[-2] <= MANUAL_ATTENTION_MAX_LEN
+        training = EXPLICIT_TRAIN_ATTENTION and self.training and torch.is_grad_enabled()
+        train_dropout = training and self.dropout.p > 0
+        infer_masked = (q.dtype == torch.bfloat16 and not self.training and not torch.is_grad_enabled()
+                        and mask is not None and short)
+        if q.device.type == "cpu" and not _tracing() and (train_dropout or (training and short) or infer_masked):
             scores = torch.matmul(q * self.scale, k.transpose(-1, -2))          # (rows, heads, len, len)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
