@@ -41,15 +41,17 @@ long fixed-shape runs (`benchmarks/inference.py --cases compile` re-measures inf
 
 CPU inference fast paths (no grad; numerically the same maths, rounding as noted): linear layers run through
 oneDNN with weights prepacked once and GELU fused into the FFN GEMM (`PACKED_LINEAR`); in bf16, attention on padded
-rows of up to 256 tokens is computed explicitly with an fp32 softmax instead of PyTorch's CPU flash kernel, which
-has a large fixed cost per masked block (see `BertSelfAttention._attend`). On MiniLM-L6 and 64 BBC sentences the bf16
+rows of up to 256 tokens is computed explicitly (softmax computed in fp32 inside the kernel) instead of PyTorch's CPU
+flash kernel, which has a large fixed cost per masked block (see `BertSelfAttention._attend`). On MiniLM-L6 and 64 BBC sentences the bf16
 result's mean abs error against fp32 is 0.0016, as transformers' bf16 sdpa path's (0.0015).
 
 CPU training fast paths: dropout masks come from 16 random bits per element (`dropout_keep_mask`: one int64 draw
 gives four masks; PyTorch's per-element Bernoulli sampling was the largest single cost of CPU training at 256+
-tokens), and attention with dropout is computed explicitly in the autocast dtype (PyTorch's CPU SDPA has no
-dropout in its flash kernel and falls back to an fp32 math kernel). MiniLM-L6 classification step, 32 x 256,
-bf16: 8.3 vs 4.7 examples/s for transformers.
+tokens); attention is computed explicitly in the autocast dtype with dropout, and without dropout up to 256
+tokens (PyTorch's CPU SDPA has no dropout in its flash kernel and falls back to an fp32 math kernel; its flash
+backward is slow on short rows); under bf16 autocast the residual stream stays in bf16 (`BF16_TRAIN_ACTIVATIONS`)
+instead of being cast at every linear layer. MiniLM-L6 classification step, bf16: 32 x 256 8.3 vs 4.7 examples/s
+for transformers; 16 x 128 22-23 vs 14-16.
 
 Other differences from the textbook code, all exact: the three Q/K/V projections run as one matmul on the
 concatenated weight (parameters stay separate so the checkpoint names are HF's); in inference (no grad) the
