@@ -277,8 +277,9 @@ def main(argv=None) -> int:
         m = ref_task.main_metric
         for split in ("dev", "test"):
             if split in result["ours"] and m in result["ours"][split]:
-                result[f"{split}_{m}_diff_points"] = 100 * (result["ours"][split][m]["mean"]
-                                                            - result["reference"][split][m]["mean"])
+                scale = 1.0 if m in ("exact", "f1") and kind == "qa" else 100.0   # SQuAD EM/F1 are already in %
+                result[f"{split}_{m}_diff_points"] = scale * (result["ours"][split][m]["mean"]
+                                                              - result["reference"][split][m]["mean"])
     result["runs"] = {"ours": [_strip(r) for r in ours], "reference": [_strip(r) for r in ref]}
     out = Path(args.out) / f"{args.task}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
