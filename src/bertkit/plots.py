@@ -110,7 +110,9 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
         for name, points in sorted(group.items()):
             xs, ys = zip(*points)
             style = "-" if len(xs) > 12 else "o-"
-            ax.plot(xs, ys, style, label=name, linewidth=1.4, markersize=4)
+            held_out = name.startswith("eval")   # drawn on top: dense per-step training series would hide it
+            ax.plot(xs, ys, style, label=name, linewidth=2.0 if held_out else 0.8, markersize=4,
+                    zorder=3 if held_out else 2, alpha=1.0 if held_out else 0.45)
         ax.set_xlabel("step")
         ax.set_ylabel(kind)
         if kind == "loss":
