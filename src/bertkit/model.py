@@ -42,7 +42,8 @@ long fixed-shape runs (`benchmarks/inference.py --cases compile` re-measures inf
 CPU inference fast paths (no grad; numerically the same maths, rounding as noted): linear layers run through
 oneDNN with weights prepacked once and GELU fused into the FFN GEMM (`PACKED_LINEAR`); in bf16, attention on padded
 rows of up to 256 tokens is computed explicitly (softmax computed in fp32 inside the kernel) instead of PyTorch's CPU
-flash kernel, which has a large fixed cost per masked block (see `BertSelfAttention._attend`). On MiniLM-L6 and 64 BBC sentences the bf16
+flash kernel, which has a large fixed cost per masked block (see `BertSelfAttention._attend`). On MiniLM-L6 and 64
+BBC sentences the bf16
 result's mean abs error against fp32 is 0.0016, as transformers' bf16 sdpa path's (0.0015).
 
 CPU training fast paths: dropout masks come from 16 random bits per element (`dropout_keep_mask`: one int64 draw
@@ -320,8 +321,8 @@ def dropout_keep_mask(shape: tuple[int, ...], p: float, device: torch.device) ->
 
 
 def dropout_drop_mask(shape: tuple[int, ...], p: float, device: torch.device) -> tuple[Tensor, float]:
-    """The complement of `dropout_keep_mask` from the same random draw (True = dropped), one pass cheaper for
-    `masked_fill`."""
+    """The complement of `dropout_keep_mask` from the same random draw (True = dropped): what `torch.where`
+    needs, without the extra pass of inverting a keep mask."""
     n = math.prod(shape)
     drop = round(p * 65536)
     bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (-(-n // 4),), dtype=torch.int64, device=device)
@@ -439,7 +440,7 @@ class BertSelfAttention(nn.Module):
             buckets: 7.1 ms flash vs 5.2 ms explicit); without a mask flash is the faster one and is used;
           * training with attention dropout: the CPU flash kernel has no dropout, so SDPA falls back to its math
             kernel, in fp32 and with PyTorch's slow Bernoulli sampling; here the matmuls stay in the autocast
-            dtype and the mask comes from `dropout_keep_mask` (MiniLM layer, 32 x 256, fwd+bwd: ~250 vs 658 ms);
+            dtype and the mask comes from `dropout_drop_mask` (MiniLM layer, 32 x 256, fwd+bwd: ~250 vs 658 ms);
           * training without dropout up to MANUAL_ATTENTION_MAX_LEN: the flash kernel's backward is slow on short
             rows (`mini` pre-training step, 64 x 128, bf16: 9.4-11.4k vs 8.5-8.8k tokens/s with flash).
         The explicit scores are the matmul's output (bf16 under autocast, as transformers' eager attention and
