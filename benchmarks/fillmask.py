@@ -40,6 +40,7 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     import torch
     from bertkit import BertForMaskedLM, Tokenizer, datasets
     from bertkit.pretraining import ShardReader, prepare
+    from bertkit.tasks.batching import autocast
     d = datasets.minilm_dir()
     train, _, _ = datasets.split_by_seed(datasets.bbc_articles(), seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     for step in range(steps):
         b = next(batches)
         b.pop("next_sentence_label", None)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(None, "cpu"):           # bf16 where the CPU has it natively, else fp32
             loss = model(**b).loss
         loss.backward()
         opt.step()

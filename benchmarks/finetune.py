@@ -5,7 +5,8 @@
 Both sides start from the real MiniLM-L6 checkpoint (`datasets.minilm_dir()`), train on the same token ids (our
 features; the bert-base-uncased WordPiece output is identical in both libraries) with AdamW (lr, weight decay 0.01
 off biases / LayerNorm, betas 0.9/0.999, eps 1e-6), linear warmup over 10% then linear decay, gradient clipping
-at 1.0, dropout 0.1, bf16 autocast, evaluate dev after every epoch and score test at the best dev epoch.
+at 1.0, dropout 0.1, --precision (auto: bf16 autocast where the CPU has native bf16, AMX / AVX-512 BF16, else fp32;
+the same on both sides), evaluate dev after every epoch and score test at the best dev epoch.
 
   * ours: `bertkit.tasks.runner.finetune` (bertkit.train loop, the encoder's "auto" attention, i.e. unpadded
     for ragged batches, length-bucketed batches padded to their own longest sequence);
@@ -212,7 +213,11 @@ def main(argv=None) -> int:
     p.add_argument("--side", choices=("both", "ours", "reference"), default="both")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--out", default="runs/bench-finetune")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="both sides; auto: bf16 autocast where the CPU has native bf16, else fp32")
     args = p.parse_args(argv)
+    from bertkit.hardware import resolve_precision
+    bf16 = resolve_precision(args.precision, "cpu") == "bf16"
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -224,7 +229,7 @@ def main(argv=None) -> int:
                          test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
                          epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
                          max_train_examples=args.max_train_examples, save_model=False, quiet=True,
-                         random_init=args.random_init, bucket_batches=args.bucket_batches)
+                         random_init=args.random_init, bucket_batches=args.bucket_batches, bf16=bf16)
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)
@@ -261,7 +266,8 @@ def main(argv=None) -> int:
     result = {"benchmark": "finetune", "task": args.task, "random_init": args.random_init, "kind": kind, "model": model_dir.name,
               "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
               "bucket_batches": args.bucket_batches, "max_length": cfg.max_length,
-              "seeds": seeds, "data": data.counts, "threads": torch.get_num_threads()}
+              "seeds": seeds, "data": data.counts, "threads": torch.get_num_threads(),
+              "precision": "bf16" if bf16 else "fp32"}
     if ours:
         result["ours"] = _summary(ours)
     if ref:

@@ -20,7 +20,8 @@ Cases
   compile      (opt-in) torch.compile of our model vs eager ours, fixed 32 x 128 bf16
 
 Every figure is tokens/s of *real* (non-padding) tokens; "ratio" = ours / reference; "mfu" = model FLOP/s (the
-useful FLOPs of the real tokens, as in nanoGPT's estimate_mfu) over the measured bf16 matmul peak.
+useful FLOPs of the real tokens, as in nanoGPT's estimate_mfu) over the measured bf16 matmul peak (the fp32 peak
+where the CPU has no native bf16: there --precision auto runs the bf16 cases in fp32, see --precision).
 The reference is transformers' BertModel / BertForPreTraining with attn_implementation="sdpa" (its fastest CPU path).
 """
 
@@ -69,9 +70,9 @@ def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, float]:
     return {n: statistics.median(v) for n, v in times.items()}
 
 
-def measure_peak(n: int = 4096, repeats: int = 5) -> dict[str, float]:
+def measure_peak(n: int = 4096, repeats: int = 5, bf16: bool = True) -> dict[str, float]:
     out = {}
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in ((torch.bfloat16, torch.float32) if bf16 else (torch.float32,)):
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         a @ b
         best = min(_time(lambda: a @ b) for _ in range(repeats))
@@ -117,6 +118,9 @@ def load_pair(hf_cls, ours_cls, shape: str, dtype=None, **kw):
 
 def autocast(policy: str):
     return torch.autocast("cpu", dtype=torch.bfloat16) if policy == "autocast" else nullcontext()
+
+
+AUTOCAST = "autocast"   # the policy of the compile / fill cases: "fp32" where bf16 is emulated (see main)
 
 
 def bbc_sentences(limit: int) -> list[str]:
@@ -230,6 +234,8 @@ def train_case(repeats: int, peak: float, policies: list[str], batch: int = 32, 
         model.train()
         if policy == "master":
             opt, ctx = MasterBf16(model, fused), nullcontext
+        elif policy == "fp32":
+            opt, ctx = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None), nullcontext
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
             ctx = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
@@ -260,7 +266,8 @@ def train_case(repeats: int, peak: float, policies: list[str], batch: int = 32, 
     tokens = batch * seq
 
     def line(label, ours_key, ref_key):
-        emit({"case": label, "shape": shape, "batch": batch, "seq": seq, "masked": n_masked, "dtype": "bf16",
+        emit({"case": label, "shape": shape, "batch": batch, "seq": seq, "masked": n_masked,
+              "dtype": "fp32" if ours_key.endswith("fp32") else "bf16",
               "ours_policy": ours_key.split("_", 1)[1], "ref_policy": ref_key.split("_", 1)[1], "fused_adamw": fused,
               "ours_tok_s": round(tokens / secs[ours_key], 1), "ref_tok_s": round(tokens / secs[ref_key], 1),
               "ratio": round(secs[ref_key] / secs[ours_key], 3),
@@ -283,17 +290,17 @@ def compile_case(repeats: int, peak: float) -> None:
     compiled = torch.compile(ours, dynamic=False)
     ids = torch.randint(1000, 30000, (32, 128))
     t0 = time.perf_counter()
-    with torch.inference_mode(), autocast("autocast"):
+    with torch.inference_mode(), autocast(AUTOCAST):
         compiled(ids)
     compile_s = time.perf_counter() - t0
 
     def run(m):
         def f():
-            with torch.inference_mode(), autocast("autocast"):
+            with torch.inference_mode(), autocast(AUTOCAST):
                 m(ids)
         return f
     secs = interleaved({"compiled": run(compiled), "eager": run(ours)}, repeats)
-    emit({"case": "compile", "shape": "base", "dtype": "bf16", "compile_s": round(compile_s, 1),
+    emit({"case": "compile", "shape": "base", "dtype": "bf16" if AUTOCAST == "autocast" else "fp32", "compile_s": round(compile_s, 1),
           "compiled_tok_s": round(4096 / secs["compiled"], 1), "eager_tok_s": round(4096 / secs["eager"], 1),
           "ratio": round(secs["eager"] / secs["compiled"], 3), "repeats": repeats})
 
@@ -311,7 +318,7 @@ def fill_case(repeats: int, shape: str) -> None:
         def run(backend):
             def f():
                 model.config.attn_implementation = backend
-                with torch.inference_mode(), autocast("autocast"):
+                with torch.inference_mode(), autocast(AUTOCAST):
                     model(ids, None, mask)
             return f
         secs = interleaved({"sdpa": run("sdpa"), "unpadded": run("unpadded")}, repeats)
@@ -334,18 +341,32 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="peak,fixed_fp32,fixed_bf16,bbc,train")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--bf16-policy", default="autocast", choices=["autocast", "weights"])
+    ap.add_argument("--bf16-policy", default="autocast", choices=["autocast", "weights", "fp32"])
     ap.add_argument("--bbc-batches", type=int, default=3, help="batches of 64 sentences per timed repeat")
     ap.add_argument("--train-policies", default="autocast,master",
                     help="bf16 policies for the train case, each run for both models alike")
     ap.add_argument("--shape", default="base", help="model shape for fixed/bbc cases")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="auto: the bf16 cases where the CPU has native bf16 (AMX / AVX-512 BF16); elsewhere bf16 "
+                         "is emulated (~100x slower than fp32, both sides alike), so the bbc / train / fill / "
+                         "compile cases run in fp32 and fixed_bf16 is skipped")
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
+    global AUTOCAST
+    from bertkit.hardware import resolve_precision
+    bf16 = resolve_precision(args.precision, "cpu") == "bf16"
+    if not bf16:
+        AUTOCAST = "fp32"
+        args.bf16_policy = "fp32"
+        args.train_policies = "fp32"
+        if "fixed_bf16" in cases:
+            cases.remove("fixed_bf16")
+            emit({"case": "fixed_bf16", "skipped": "no native bf16 on this CPU (precision fp32)"})
     torch.manual_seed(0)
-    peaks = measure_peak()
-    peak = peaks["bfloat16"]
+    peaks = measure_peak(bf16=bf16)
+    peak = peaks["bfloat16" if bf16 else "float32"]
     if "peak" in cases:
-        emit({"case": "peak", "bf16_matmul_gflops": round(peaks["bfloat16"] / 1e9, 1),
+        emit({"case": "peak", "bf16_matmul_gflops": round(peaks["bfloat16"] / 1e9, 1) if bf16 else None,
               "fp32_matmul_gflops": round(peaks["float32"] / 1e9, 1), "machine": platform.processor() or
               platform.machine(), "cpus": os.cpu_count()})
     fixed = [{"input_ids": torch.randint(1000, 30000, (32, 128), generator=torch.Generator().manual_seed(1)),

@@ -9,7 +9,9 @@ same shards through the same ShardReader, so data loading is in both measurement
 
 speed     end-to-end training tokens/s (non-padding tokens / wall time, data loading, forward, backward, clipping
           and the optimizer step included; our loop's logging and metrics too) at the `small` and `base` shapes,
-          seq 128, bf16 autocast. The reference at its best: attn_implementation="sdpa", bf16 autocast, fused AdamW
+          seq 128, --precision (auto: bf16 autocast where the CPU has native bf16, AMX / AVX-512 BF16, else fp32:
+          emulated bf16 is ~100x slower on both sides). The reference at its best: attn_implementation="sdpa", the
+          same precision, fused AdamW
           (CPU fused kernel), grad clipping 1.0, the same param groups. Ours and the reference alternate in the same
           process (--repeats rounds of --steps timed steps each, after a warm-up round); medians reported; one JSON
           line per shape with ratio = ours / reference tokens/s.
@@ -91,7 +93,7 @@ def hf_optimizer(model, lr: float, fused: bool = True):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, **kw)
 
 
-def hf_steps(model, opt, sched, it, n: int, bf16: bool = True) -> tuple[int, float, list[float]]:
+def hf_steps(model, opt, sched, it, n: int, bf16: bool) -> tuple[int, float, list[float]]:
     """n plain training steps; (non-padding tokens, wall seconds, losses)."""
     tokens, losses = 0, []
     t0 = time.perf_counter()
@@ -116,7 +118,7 @@ def endless(reader):
 
 
 # ---------------------------------------------------------------------------------------------- speed
-def speed(shape: str, batch: int, steps: int, repeats: int) -> dict:
+def speed(shape: str, batch: int, steps: int, repeats: int, precision: str) -> dict:
     from bertkit.config import BertConfig
     from bertkit.heads import BertForPreTraining
     from bertkit.pretraining import ShardReader
@@ -134,29 +136,29 @@ def speed(shape: str, batch: int, steps: int, repeats: int) -> dict:
         for r in range(repeats + 1):  # round 0 warms both up (allocations, first fused-kernel calls)
             n = 2 if r == 0 else steps + 1
             res = train(ours, our_reader, TrainConfig(max_steps=n, lr=1e-4, warmup=0, schedule="constant",
-                                                      precision="bf16", progress=False, plot=False,
+                                                      precision=precision, progress=False, plot=False,
                                                       tensorboard=False, save_final=False, peak_flops=1.0),
                         Path(tmp) / f"r{r}")
             h = res.history
             if r:  # wall time from the end of the first step to the end of the last (one step of warm-up)
                 ours_tps.append(sum(x["tokens"] for x in h[1:]) / (h[-1]["elapsed_s"] - h[0]["elapsed_s"]))
-            tok, sec, _ = hf_steps(ref, ref_opt, None, ref_it, 2 if r == 0 else steps)
+            tok, sec, _ = hf_steps(ref, ref_opt, None, ref_it, 2 if r == 0 else steps, precision == "bf16")
             if r:
                 ref_tps.append(tok / sec)
     o, f = statistics.median(ours_tps), statistics.median(ref_tps)
-    return {"benchmark": "pretrain_speed", "shape": shape, "seq": 128, "batch": batch, "dtype": "bf16",
+    return {"benchmark": "pretrain_speed", "shape": shape, "seq": 128, "batch": batch, "dtype": precision,
             "steps_per_round": steps, "rounds": repeats, "threads": torch.get_num_threads(),
             "ours_tokens_per_s": round(o, 1), "reference_tokens_per_s": round(f, 1), "ratio": round(o / f, 3),
-            "reference": "transformers.BertForPreTraining sdpa + bf16 autocast + fused AdamW, plain loop",
+            "reference": f"transformers.BertForPreTraining sdpa + {precision} + fused AdamW, plain loop",
             "ours_rounds": [round(x, 1) for x in ours_tps], "reference_rounds": [round(x, 1) for x in ref_tps]}
 
 
 # ---------------------------------------------------------------------------------------------- faithful
-def heldout_mlm_loss(model, batches) -> float:
+def heldout_mlm_loss(model, batches, bf16: bool) -> float:
     """Mean MLM cross-entropy over every masked token of the held-out batches (full logits: model-agnostic)."""
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         for b in batches:
             kw = {k: b[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
             out = model(**kw)
@@ -169,7 +171,7 @@ def heldout_mlm_loss(model, batches) -> float:
     return total / count
 
 
-def faithful(shape: str, batch: int, steps: int, every: int, lr: float) -> dict:
+def faithful(shape: str, batch: int, steps: int, every: int, lr: float, precision: str) -> dict:
     from bertkit.config import BertConfig
     from bertkit.heads import BertForPreTraining
     from bertkit.pretraining import ShardReader
@@ -182,7 +184,8 @@ def faithful(shape: str, batch: int, steps: int, every: int, lr: float) -> dict:
     ours = BertForPreTraining(BertConfig.preset(shape, vocab_size=vocab))
     ref = hf_model(ours)
     ref.train()
-    curve_ours, curve_ref = {0: heldout_mlm_loss(ours, held)}, {0: heldout_mlm_loss(ref, held)}
+    bf16 = precision == "bf16"
+    curve_ours, curve_ref = {0: heldout_mlm_loss(ours, held, bf16)}, {0: heldout_mlm_loss(ref, held, bf16)}
     t_ours = time.perf_counter()
     # one run, evaluated through eval_fn at every `every` steps
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,8 +193,8 @@ def faithful(shape: str, batch: int, steps: int, every: int, lr: float) -> dict:
         reader = ShardReader(train_dir, batch, seed=0)
 
         def eval_fn(model):
-            return {"heldout_mlm_loss": heldout_mlm_loss(model, held)}
-        res = train(ours, reader, TrainConfig(max_steps=steps, lr=lr, warmup=warmup, precision="bf16",
+            return {"heldout_mlm_loss": heldout_mlm_loss(model, held, bf16)}
+        res = train(ours, reader, TrainConfig(max_steps=steps, lr=lr, warmup=warmup, precision=precision,
                                               progress=False, plot=False, tensorboard=False, eval_every_steps=every,
                                               save_final=False), tmp, eval_fn=eval_fn)
         for rec in res.eval_history:
@@ -207,12 +210,12 @@ def faithful(shape: str, batch: int, steps: int, every: int, lr: float) -> dict:
         opt, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (steps - s) / (steps - warmup)))
     it = endless(ShardReader(train_dir, batch, seed=0))
     for upto in range(every, steps + 1, every):
-        hf_steps(ref, opt, sched, it, every)
-        curve_ref[upto] = heldout_mlm_loss(ref, held)
+        hf_steps(ref, opt, sched, it, every, bf16)
+        curve_ref[upto] = heldout_mlm_loss(ref, held, bf16)
     t_ref = time.perf_counter() - t_ref
     gaps = {s: (curve_ours[s] - curve_ref[s]) / curve_ref[s] for s in curve_ref if s in curve_ours}
     return {"benchmark": "pretrain_faithful", "shape": shape, "batch": batch, "steps": steps, "lr": lr,
-            "dtype": "bf16", "heldout_mlm_loss_ours": {s: round(v, 4) for s, v in curve_ours.items()},
+            "dtype": precision, "heldout_mlm_loss_ours": {s: round(v, 4) for s, v in curve_ours.items()},
             "heldout_mlm_loss_reference": {s: round(v, 4) for s, v in curve_ref.items()},
             "final_rel_gap": round(gaps[steps], 4), "max_abs_rel_gap": round(max(abs(g) for g in gaps.values()), 4),
             "wall_s_ours": round(t_ours, 1), "wall_s_reference": round(t_ref, 1)}
@@ -227,14 +230,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--every", type=int, default=50, help="faithful: evaluate every N steps")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="both sides; auto: bf16 where the CPU has native bf16, else fp32")
     args = ap.parse_args()
+    from bertkit.hardware import resolve_precision
+    precision = resolve_precision(args.precision, "cpu")
     if args.mode == "speed":
         for shape in args.shapes:
             b = args.batch or (16 if shape in ("base", "large") else 32)
-            print(json.dumps(speed(shape, b, args.steps or 3, args.repeats)), flush=True)
+            print(json.dumps(speed(shape, b, args.steps or 3, args.repeats, precision)), flush=True)
     else:
         print(json.dumps(faithful("mini" if args.shapes == ["small", "base"] else args.shapes[0], args.batch or 32,
-                                  args.steps or 200, args.every, args.lr)), flush=True)
+                                  args.steps or 200, args.every, args.lr, precision)), flush=True)
 
 
 if __name__ == "__main__":

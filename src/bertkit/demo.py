@@ -4,7 +4,7 @@
     vocab      a WordPiece vocabulary trained on the train corpus           (bertkit.vocab.train_vocab)
     shards     pre-training shards: train (dynamic masks) + held-out (static masks, for a stable accuracy)
                                                                             (bertkit.pretraining.prepare)
-    pretrain   a `mini` BERT (4 layers, 256 hidden) with the MLM objective for a wall-clock budget, bf16 on CPU
+    pretrain   a `mini` BERT (4 layers, 256 hidden) with the MLM objective for a wall-clock budget (bf16 where native)
                                                                             (bertkit.train.train)
     fillmask   fill-mask examples (one mask, whole words, several masks decoded jointly) and the joint-vs-
                independent exact match on held-out sentences                (bertkit.infer)
@@ -143,7 +143,8 @@ def _heldout_accuracy(model, shard_dir: Path, rows: int, batch_size: int = 64) -
     was_training = model.training
     model.eval()
     seen = 0
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+    from bertkit.tasks.batching import autocast
+    with torch.inference_mode(), autocast(None, "cpu"):
         for batch in reader:
             batch.pop("next_sentence_label", None)
             out = model(**batch)
@@ -167,6 +168,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     import torch
     from bertkit import BertConfig, BertForMaskedLM, Tokenizer
     from bertkit.pretraining import ShardReader
+    from bertkit.hardware import resolve_precision
     from bertkit.train import TrainConfig, pretraining_step, seed_everything, train
     seed_everything(cfg.seed)
     tok = Tokenizer.from_pretrained(vocab)
@@ -174,9 +176,11 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     model = BertForMaskedLM(mcfg)
     batches = ShardReader(shards / "train", batch_size=cfg.batch_size, seed=cfg.seed, vocab_hash=tok.vocab_hash)
     n_params = sum(p.numel() for p in model.parameters())
+    precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
     _say(f"pre-training {cfg.preset} ({n_params / 1e6:.1f}M parameters) for {cfg.pretrain_budget_s:.0f} s on "
-         f"{batches.num_examples} rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, bf16, {torch.get_num_threads()} threads")
-    tcfg = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, precision="bf16",
+         f"{batches.num_examples} rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, "
+         f"{torch.get_num_threads()} threads")
+    tcfg = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, precision=precision,
                        save_final=False, keep_last=1, log_every_steps=5, progress=cfg.progress,
                        eval_every_steps=cfg.eval_every_steps, plot=True, tensorboard=False, seed=cfg.seed)
     run_dir = out / "run"
@@ -190,7 +194,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     final = {k: final[k] for k in ("heldout_mlm_acc", "heldout_mlm_loss", "heldout_masked_tokens")}
     train_acc = [h.get("mlm_acc") for h in result.history if h.get("mlm_acc") is not None]
     return {"steps": result.steps, "tokens": result.tokens, "seconds": result.elapsed_s,
-            "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params,
+            "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params, "precision": precision,
             "final_train_loss": float(sum(result.losses[-20:]) / max(len(result.losses[-20:]), 1)),
             "final_train_mlm_acc": train_acc[-1] if train_acc else None, **final,
             "model_dir": str(out / "model"), "run_dir": str(run_dir), "stop_reason": result.stop_reason}
@@ -323,7 +327,8 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
     if p:
         L += ["## Pre-training (`mini`: 4 layers, 256 hidden, 4 heads; MLM only)", "",
               f"- {p['steps']} optimizer steps in {p['seconds']:.0f} s, {p['tokens'] / 1e6:.2f} M tokens "
-              f"({p['tokens_per_s']:.0f} tokens/s), {p['params'] / 1e6:.1f} M parameters, bf16 autocast",
+              f"({p['tokens_per_s']:.0f} tokens/s), {p['params'] / 1e6:.1f} M parameters, "
+              f"{'bf16 autocast' if p.get('precision', 'bf16') == 'bf16' else 'fp32 (no native bf16 on this CPU)'}",
               f"- final training loss {p['final_train_loss']:.3f}, training MLM accuracy {_fmt(p['final_train_mlm_acc'])}",
               f"- **held-out MLM accuracy {p['heldout_mlm_acc']:.3f}** (loss {p['heldout_mlm_loss']:.3f}) on "
               f"{p['heldout_masked_tokens']} masked tokens of unseen BBC articles",

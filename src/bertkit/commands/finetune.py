@@ -26,7 +26,7 @@ def register(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa)",
                        description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
                                    "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
-                                   "3 epochs, 10%% warmup, dropout 0.1, bf16 autocast.")
+                                   "3 epochs, 10%% warmup, dropout 0.1, bf16 autocast where native.")
     p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa"))
     p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
     p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--grid", action="store_true", help="search lr {5e-5,3e-5,2e-5} x batch {16,32} on dev first")
     p.add_argument("--eval-every", type=int, default=0, help="steps between dev evaluations (0: every epoch)")
     p.add_argument("--patience", type=int, default=0, help="early stopping: evaluations without improvement")
-    p.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
+    _precision_args(p, "train")
     p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
     p.add_argument("--bucket-batches", type=int, default=50,
                    help="length-bucketing window in batches (1: plain random batches)")
@@ -65,7 +65,7 @@ def register(sub) -> None:
     e.add_argument("--data", required=True)
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
     e.add_argument("--batch-size", type=int, default=128)
-    e.add_argument("--fp32", action="store_true")
+    _precision_args(e, "run")
     e.set_defaults(func=_evaluate)
 
     r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
@@ -73,7 +73,7 @@ def register(sub) -> None:
     r.add_argument("--data", required=True, help="input file (labels optional)")
     r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
     r.add_argument("--batch-size", type=int, default=128)
-    r.add_argument("--fp32", action="store_true")
+    _precision_args(r, "run")
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
@@ -83,12 +83,26 @@ def register(sub) -> None:
     d.set_defaults(func=_task_data)
 
 
+def _precision_args(p, verb: str) -> None:
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help=f"{verb} in bf16 autocast or fp32; auto (default): bf16 where the device has native bf16 "
+                        "(CUDA, AMX / AVX-512 BF16 CPUs), else fp32")
+    p.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
+
+
+def _bf16(args) -> bool | None:
+    """--precision / --fp32 -> the task code's bf16 flag (None: auto)."""
+    if args.fp32:
+        return False
+    return {"auto": None, "bf16": True, "fp32": False}[args.precision]
+
+
 def _finetune(args) -> int:
     from bertkit.tasks.runner import FinetuneConfig, finetune
     cfg = FinetuneConfig(
         task=args.task, model=args.model, vocab=args.vocab, train=args.train, dev=args.dev, test=args.test,
         out=args.out, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
-        weight_decay=args.weight_decay, dropout=args.dropout, max_length=args.max_length, bf16=not args.fp32,
+        weight_decay=args.weight_decay, dropout=args.dropout, max_length=args.max_length, bf16=_bf16(args),
         seeds=args.seeds, grid=args.grid, eval_every=args.eval_every, patience=args.patience,
         max_train_examples=args.max_train_examples, bucket_batches=args.bucket_batches, attn_implementation=args.attn_implementation,
         label_all_pieces=args.label_all_pieces, scheme=args.scheme, doc_stride=args.doc_stride,
@@ -114,7 +128,7 @@ def _brief(summary: dict) -> dict:
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
-    report = evaluate(args.model, args.data, args.out, args.batch_size, bf16=not args.fp32)
+    report = evaluate(args.model, args.data, args.out, args.batch_size, bf16=_bf16(args))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
     return 0
@@ -122,7 +136,7 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict
-    path = predict(args.model, args.data, args.out, args.batch_size, bf16=not args.fp32)
+    path = predict(args.model, args.data, args.out, args.batch_size, bf16=_bf16(args))
     print(path)
     return 0
 

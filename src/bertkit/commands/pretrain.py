@@ -49,7 +49,9 @@ def register(subparsers) -> None:
     o.add_argument("--schedule", choices=("linear", "cosine", "constant"), default="linear")
     o.add_argument("--min-lr-ratio", type=float, default=0.0)
     o.add_argument("--clip", dest="max_grad_norm", type=float, default=1.0, help="gradient norm clip (0: none)")
-    o.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    o.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="auto (default): bf16 autocast where the device has native bf16 (CUDA, AMX / AVX-512 BF16 "
+                        "CPUs), else fp32")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")

@@ -110,9 +110,11 @@ def iterate_batches(features: list[dict], batch_size: int, seed: int, epoch: int
         yield collate([features[i] for i in batch], pad_token_id)
 
 
-def autocast(bf16: bool, device: str | torch.device = "cpu"):
-    """bf16 autocast on the model's device (CPU AMX / CUDA tensor cores), or a no-op."""
-    if not bf16:
+def autocast(bf16: bool | None, device: str | torch.device = "cpu"):
+    """bf16 autocast on the model's device (CPU AMX / CUDA tensor cores), or a no-op. None: bf16 where the device
+    has native bf16 (`bertkit.hardware.use_bf16`), else fp32."""
+    from bertkit.hardware import use_bf16
+    if not use_bf16(bf16, device):
         return contextlib.nullcontext()
     dev = torch.device(device).type
     return torch.autocast(device_type=dev, dtype=torch.bfloat16)
@@ -122,7 +124,7 @@ _MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 
 
 @torch.no_grad()
-def predict_batches(model, features: list[dict], batch_size: int = 64, bf16: bool = True, pad_token_id: int = 0,
+def predict_batches(model, features: list[dict], batch_size: int = 64, bf16: bool | None = None, pad_token_id: int = 0,
                     model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
     """Run `model` in eval mode over `features` sorted by length; yields (original indices, model output)."""
     was_training = model.training

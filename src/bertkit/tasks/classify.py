@@ -100,7 +100,7 @@ class SequenceTask:
         return feats
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool = True) -> np.ndarray:
+    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool | None = None) -> np.ndarray:
         out = np.zeros((len(feats), self.num_labels), dtype=np.float32)
         for idx, o in predict_batches(model, feats, batch_size, bf16):
             out[idx] = o.logits.float().cpu().numpy()

@@ -122,7 +122,7 @@ class QATask:
         return feats
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool = True) -> list[tuple]:
+    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool | None = None) -> list[tuple]:
         out: list = [None] * len(feats)
         for idx, o in predict_batches(model, feats, batch_size, bf16):
             s, e = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()

@@ -15,7 +15,7 @@ make fine-tuning unstable, so:
     and saved, and `patience` evaluations without improvement stop the run early.
 
 Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
-model, the batches and the dev evaluation. Throughput comes from bf16 autocast, the encoder's unpadded attention
+model, the batches and the dev evaluation. Throughput comes from bf16 autocast (where native), the encoder's unpadded attention
 ("auto" picks it for ragged batches) and length-bucketed batches padded only to their own longest sequence
 (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose config.json carries
 `id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold),
@@ -29,12 +29,13 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from bertkit.errors import ConfigError
+from bertkit.hardware import use_bf16
 from bertkit.tasks.batching import BucketBatchSampler, collate
 
 __all__ = ["FinetuneConfig", "finetune", "evaluate", "predict", "load_task", "make_task", "TASK_KINDS",
@@ -63,7 +64,8 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     dropout: float = 0.1                   # hidden + attention dropout of the encoder (and the head)
     max_length: int | None = None          # pieces per example; None: 384 for qa, 128 otherwise
-    bf16: bool = True                      # autocast; master weights and optimizer state stay fp32
+    bf16: bool | None = None               # autocast (master weights and optimizer state stay fp32); None: where
+                                           # the device has native bf16 (bertkit.hardware), else fp32
     seeds: tuple[int, ...] = (1,)
     grid: bool = False
     eval_every: int = 0                    # optimizer steps between dev evaluations; 0 = once per epoch
@@ -164,7 +166,8 @@ def load_task(model_dir: str | Path):
 
 # ---------------------------------------------------------------------------------------------- evaluation
 
-def _evaluate_task(task, model, examples, feats, batch_size: int, bf16: bool, tune_null: bool = False) -> tuple[dict, object]:
+def _evaluate_task(task, model, examples, feats, batch_size: int, bf16: bool | None,
+                   tune_null: bool = False) -> tuple[dict, object]:
     """Metrics of `model` on (examples, feats); returns (report, raw predictions for writing)."""
     if task.kind == "qa":
         decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, bf16))
@@ -329,8 +332,9 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, lr: float
             raise _EarlyStop
         return _numeric(report)
 
+    precision = {None: "auto", True: "bf16", False: "fp32"}[cfg.bf16]
     tcfg = T.TrainConfig(max_steps=total_steps, lr=lr, warmup=cfg.warmup, weight_decay=cfg.weight_decay,
-                         schedule="linear", precision="bf16" if cfg.bf16 else "fp32", seed=seed,
+                         schedule="linear", precision=precision, seed=seed,
                          eval_every_steps=eval_every, save_final=False, log_every_steps=cfg.log_every,
                          progress=False, tensorboard=False, plot=False, overwrite=True)
     t0 = time.perf_counter()
@@ -354,6 +358,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
     Returns the summary also written to OUT/summary.json."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    # auto precision resolved once, so the summary records what ran
+    cfg = replace(cfg, bf16=use_bf16(cfg.bf16, "cuda" if torch.cuda.is_available() else "cpu"))
     tok = _tokenizer(cfg)
     task = make_task(cfg.task, cfg)
     data = _prepare(cfg, task, tok)
@@ -412,7 +418,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
-             bf16: bool = True) -> dict:
+             bf16: bool | None = None) -> dict:
     """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir)."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path)
@@ -427,7 +433,7 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
 
 
 def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch_size: int = 128,
-            bf16: bool = True) -> Path:
+            bf16: bool | None = None) -> Path:
     """Predictions of a fine-tuned model for an unlabelled (or labelled) file."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path, require_label=False)

@@ -125,7 +125,7 @@ class TokenTask:
         return tag_id
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool = True) -> list[np.ndarray]:
+    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool | None = None) -> list[np.ndarray]:
         """Per feature: (n_words_in_window, num_labels) logits at the words' first pieces."""
         out: list[np.ndarray] = [None] * len(feats)  # type: ignore[list-item]
         for idx, o in predict_batches(model, feats, batch_size, bf16):

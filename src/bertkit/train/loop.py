@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from bertkit.errors import BertkitError, CheckpointError, ConfigError
+from bertkit.hardware import PRECISIONS, resolve_precision
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 
 __all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverged", "train", "default_step",
@@ -66,7 +67,8 @@ class TrainConfig:
     warmup: float = 0.01                  # < 1: fraction of the total steps; >= 1: steps
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
     # -- precision & placement
-    precision: str = "bf16"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32"
+    precision: str = "auto"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32" | "auto":
+                                          # bf16 where the device has native bf16 (bertkit.hardware), else fp32
     device: str | None = None             # None: cuda:<LOCAL_RANK> when CUDA is available, else cpu
     fsdp: bool = False                    # shard parameters/gradients/optimizer state across ranks (big models)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise-reproducible on CPU)
@@ -85,7 +87,7 @@ class TrainConfig:
     tensorboard: bool = True              # when the tensorboard package is installed
     plot: bool = True                     # curves.png next to the checkpoints
     flops_per_token: float | None = None  # None: estimated from a BERT config (6N + attention), for FLOP/s and MFU
-    peak_flops: float | None = None       # None: table for known GPUs, measured bf16 matmul rate on CPU
+    peak_flops: float | None = None       # None: table for known GPUs, measured matmul rate on CPU (training dtype)
     # -- failure
     max_bad_steps: int = 5                # consecutive NaN/inf steps before stopping
 
@@ -105,8 +107,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.optimizer={self.optimizer!r} is not one of {OPTIMIZERS}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"TrainConfig.schedule={self.schedule!r} is not one of {SCHEDULES}")
-        if self.precision not in ("bf16", "fp32"):
-            raise ConfigError(f"TrainConfig.precision={self.precision!r} is not 'bf16' or 'fp32'")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"TrainConfig.precision={self.precision!r} is not one of {PRECISIONS}")
         if self.warmup < 0:
             raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
         if self.weight_decay < 0:
@@ -266,24 +268,26 @@ _GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, 
 _measured_peak: dict[str, float] = {}
 
 
-def peak_flops(device: torch.device) -> float:
-    """The machine's bf16 peak FLOP/s: $BERTKIT_PEAK_FLOPS, else a table for known GPUs (dense, no sparsity), else
-    on CPU the best measured rate of a 2048^3 bf16 matmul. A measurement on a busy machine reads low, so the best
-    rate ever seen on this CPU / thread count is kept in ~/.cache/bertkit/peak_flops.json and only ever raised."""
+def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The machine's peak FLOP/s in `dtype` (the training precision): $BERTKIT_PEAK_FLOPS, else a table for known
+    GPUs (bf16 dense, no sparsity; half of it for fp32's TF32), else on CPU the best measured rate of a 2048^3 matmul
+    in `dtype` (1024^3 where bf16 is emulated: it runs ~1 GFLOP/s there). A measurement on a busy machine reads low,
+    so the best rate ever seen on this CPU / thread count / dtype is kept in ~/.cache/bertkit/peak_flops.json and
+    only ever raised."""
     env = os.environ.get("BERTKIT_PEAK_FLOPS")
     if env:
         return float(env)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, value in _GPU_BF16_PEAK.items():
-            if key in name:
-                return value
-        return 312e12
-    key = f"{_cpu_name()}|threads={torch.get_num_threads()}"
+        peak = next((v for k, v in _GPU_BF16_PEAK.items() if k in name), 312e12)
+        return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
+    from bertkit.hardware import native_bf16
+    dname = str(dtype).removeprefix("torch.")
+    key = f"{_cpu_name()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
     if key not in _measured_peak:
-        n = 2048
-        a = torch.randn(n, n, dtype=torch.bfloat16)
-        b = torch.randn(n, n, dtype=torch.bfloat16)
+        n = 2048 if dtype != torch.bfloat16 or native_bf16(device) else 256
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
         a @ b
         best = 0.0
         for _ in range(3):
@@ -652,7 +656,8 @@ class _Trainer:
         self.phase_steps = 0
         self.last_ckpt: Path | None = None
         self.bad_run: list[int] = []
-        self.autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
+        self.precision = resolve_precision(cfg.precision, self.d.device)
+        self.autocast_dtype = torch.bfloat16 if self.precision == "bf16" else None
         self.peak = None
         self.flops_per_token = cfg.flops_per_token
 
@@ -1049,7 +1054,7 @@ class _Trainer:
         fps = self.flops_per_token * rec["tokens"] / max(dt, 1e-9)
         rec["flops_per_s"] = fps
         if self.peak is None:
-            self.peak = self.cfg.peak_flops or peak_flops(self.d.device)
+            self.peak = self.cfg.peak_flops or peak_flops(self.d.device, self.autocast_dtype or torch.float32)
         rec["mfu"] = fps / (self.peak * self.d.world)
 
     @property

@@ -65,7 +65,7 @@ class PretrainConfig:
     schedule: str = "linear"
     min_lr_ratio: float = 0.0
     max_grad_norm: float | None = 1.0
-    precision: str = "bf16"
+    precision: str = "auto"                     # auto: bf16 where native (bertkit.hardware), else fp32
     seed: int = 0
     device: str | None = None
     fsdp: bool = False

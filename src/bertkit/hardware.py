@@ -1,0 +1,113 @@
+"""What this machine computes fast: whether bf16 is native, and so which precision "auto" means.
+
+bf16 autocast is bertkit's speed path where the hardware multiplies in bf16: CUDA GPUs that support it, and CPUs
+with AMX (`amx_bf16`) or AVX-512 BF16 (`avx512_bf16`), where a bf16 matmul runs ~2-6x the fp32 rate. Elsewhere
+PyTorch emulates bf16 matmuls: on an AVX2-only CPU (e.g. AMD Zen 3) a 1024^3 bf16 matmul measured ~1 GFLOP/s
+against ~120 GFLOP/s in fp32, so bf16 there would make training and inference ~100x slower. Every bertkit entry point
+whose precision defaults to "auto" (training, fine-tuning, evaluation, the demo, the benchmarks) resolves it here.
+
+    native_bf16(device)          True where bf16 matmuls are hardware-accelerated on `device`
+    resolve_precision(p, device) "auto" -> "bf16" or "fp32"; "bf16" on a machine without native bf16 warns once
+    use_bf16(flag, device)       the same for the bool | None flags of the task code (None = auto)
+
+`BERTKIT_PRECISION=bf16|fp32` overrides what "auto" picks (e.g. to compare both on one machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from bertkit.errors import ConfigError
+
+__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "PRECISIONS"]
+
+PRECISIONS = ("auto", "bf16", "fp32")
+_CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags from /proc/cpuinfo (Linux); empty where there is none to read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _device(device) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, torch.device):
+        return device
+    return torch.device(device)
+
+
+@functools.cache
+def _native_bf16(device_type: str, index: int | None) -> bool:
+    if device_type == "cuda":
+        try:
+            return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        except (RuntimeError, AssertionError):
+            return False
+    if device_type == "cpu":
+        flags = cpu_flags()
+        if flags:
+            return any(f in flags for f in _CPU_BF16_FLAGS)
+        # no /proc/cpuinfo (macOS, Windows): Apple silicon and others emulate bf16 GEMMs in PyTorch's CPU build
+        return False
+    return device_type in ("xpu", "hpu")
+
+
+def native_bf16(device=None) -> bool:
+    """Whether bf16 matmuls are hardware-accelerated on `device` (default: the CPU)."""
+    d = _device(device)
+    return _native_bf16(d.type, d.index)
+
+
+_warned: set[str] = set()
+
+
+def resolve_precision(precision: str, device=None) -> str:
+    """"auto" -> "bf16" where bf16 is native on `device`, else "fp32" ($BERTKIT_PRECISION overrides "auto").
+    An explicit "bf16" is kept, with a one-time warning where it is emulated (and so very slow)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r} is not one of {PRECISIONS}")
+    d = _device(device)
+    if precision == "auto":
+        env = os.environ.get("BERTKIT_PRECISION", "").strip().lower()
+        if env in ("bf16", "fp32"):
+            return env
+        if env and env != "auto":
+            raise ConfigError(f"$BERTKIT_PRECISION={env!r} is not one of {PRECISIONS}")
+        return "bf16" if native_bf16(d) else "fp32"
+    if precision == "bf16" and not native_bf16(d) and d.type not in _warned:
+        _warned.add(d.type)
+        what = platform.processor() or platform.machine() or d.type
+        warnings.warn(f"bf16 was asked for, but {d.type} ({what}) has no native bf16 matmuls (no AMX / AVX-512 BF16 "
+                      "on CPU): PyTorch emulates them, often 10-100x slower than fp32. precision 'auto' picks fp32 "
+                      "here.", RuntimeWarning, stacklevel=2)
+    return precision
+
+
+def use_bf16(flag: bool | None, device=None) -> bool:
+    """The task code's `bf16` flags: None = auto (native bf16 on `device`), True / False as given."""
+    if flag is None:
+        return resolve_precision("auto", device) == "bf16"
+    if flag:
+        resolve_precision("bf16", device)      # the warning, where it applies
+    return bool(flag)
+
+
+if __name__ == "__main__":  # python -m bertkit.hardware: what "auto" picks here
+    print(f"cpu native bf16: {native_bf16('cpu')} (flags: {sorted(f for f in cpu_flags() if 'bf16' in f or 'amx' in f)})"
+          f"; auto precision: {resolve_precision('auto')}", file=sys.stdout)
