@@ -115,13 +115,20 @@ def test_joint_fill_scores_are_pseudo_likelihoods_and_beat_independent(predictor
     for p, t in zip(positions, tok.convert_tokens_to_ids(results[0].tokens)):
         best[p] = t
     assert math.log(results[0].score) == pytest.approx(predictor.pseudo_log_likelihood([best], positions)[0], abs=1e-4)
+    # each mask is a word: no "##" piece, no special token (the default words=True)
+    assert not any(t.startswith("##") or t.startswith("[") for r in results for t in r.tokens)
     indep = list(ids)
-    for p, t in zip(positions, predictor.independent_fill(ids, positions)):
+    for p, t in zip(positions, predictor.independent_fill(ids, positions, words=True)):
         indep[p] = t
     assert math.log(results[0].score) >= predictor.pseudo_log_likelihood([indep], positions)[0] - 1e-5
+    free = predictor.joint_fill(ids, positions, top_k=1, beam_size=6, words=False)[0]
+    free_indep = list(ids)
+    for p, t in zip(positions, predictor.independent_fill(ids, positions)):
+        free_indep[p] = t
+    assert math.log(free.score) >= predictor.pseudo_log_likelihood([free_indep], positions)[0] - 1e-5
     # with a beam as wide as the vocabulary the search finds the brute-force PLL optimum of 2 masks often enough:
     # at least it must be within the top few of all |V|^2 fills
-    cand = [i for i in range(len(tok.vocab)) if i not in predictor._special]
+    cand = [i for i in range(len(tok.vocab)) if bool(predictor._word_start[i])]
     rows = []
     for a, b in itertools.product(cand, cand):
         r = list(ids)

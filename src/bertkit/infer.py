@@ -283,12 +283,18 @@ class Predictor:
             beams = [(beams[f // V][0] + [f % V], v) for v, f in zip(vals.tolist(), flat.tolist()) if v > -math.inf]
         return beams
 
-    def independent_fill(self, ids: list[int], positions: list[int]) -> list[int]:
-        """Baseline: the argmax of each mask from one forward pass with every mask still masked."""
+    def independent_fill(self, ids: list[int], positions: list[int], words: bool = False) -> list[int]:
+        """Baseline: the argmax of each mask from one forward pass with every mask still masked (transformers'
+        fill-mask pipeline per mask). words=True: only pieces that start a word (no "##" pieces)."""
         self._require_mlm()
         lp = self._log_probs([ids], positions)[0]                          # (masks, vocab)
-        lp = lp.masked_fill(torch.tensor([t in self._special for t in range(lp.shape[-1])]), -math.inf)
-        return [int(row.argmax()) for row in lp]
+        return [int(row.argmax()) for row in lp.masked_fill(~self._allowed(words), -math.inf)]
+
+    def _allowed(self, words: bool) -> torch.Tensor:
+        """(vocab,) bool: the pieces a mask may take: word starts only (words=True), else anything not special."""
+        if words:
+            return self._word_start
+        return torch.tensor([t not in self._special for t in range(self._n_vocab)])
 
     def pseudo_log_likelihood(self, rows: list[list[int]], positions: list[int]) -> list[float]:
         """sum_i log p(row[i] | row with only position i masked), for each row (same mask positions)."""
@@ -306,13 +312,17 @@ class Predictor:
             out.append(sum(float(lp[b * k + j, j, row[p]]) for j, p in enumerate(positions)))
         return out
 
-    def joint_fill(self, ids: list[int], positions: list[int], top_k: int = 5, beam_size: int = 8) -> list[FillResult]:
-        """Beam search over the masks (most confident unfilled mask first), re-ranked by pseudo-log-likelihood."""
+    def joint_fill(self, ids: list[int], positions: list[int], top_k: int = 5, beam_size: int = 8,
+                   words: bool = True) -> list[FillResult]:
+        """Beam search over the masks (most confident unfilled mask first), re-ranked by pseudo-log-likelihood.
+
+        words=True (the default, as for one mask): every [MASK] stands for one word, so it takes only pieces that
+        start a word (a "##" piece would glue onto the word before it)."""
         self._require_mlm()
-        special = torch.tensor([t in self._special for t in range(self._n_vocab)])
+        blocked = ~self._allowed(words)
         beams: list[tuple[list[int], float]] = [(list(ids), 0.0)]
         for _ in range(len(positions)):
-            lp = self._log_probs([b for b, _ in beams], positions).masked_fill(special, -math.inf)  # (beams, masks, V)
+            lp = self._log_probs([b for b, _ in beams], positions).masked_fill(blocked, -math.inf)  # (beams, masks, V)
             candidates: dict[tuple, float] = {}
             for bi, (row, score) in enumerate(beams):
                 open_j = [j for j, p in enumerate(positions) if row[p] == self.tokenizer.mask_token_id]
@@ -330,7 +340,7 @@ class Predictor:
         rows = [b for b, _ in beams]
         # the independent per-mask argmax joins the re-ranking, so the joint answer never scores below it
         indep = list(ids)
-        for p, t in zip(positions, self.independent_fill(ids, positions)):
+        for p, t in zip(positions, self.independent_fill(ids, positions, words=words)):
             indep[p] = t
         if indep not in rows:
             rows.append(indep)
@@ -572,12 +582,15 @@ def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], n_masks: S
     if progress:
         from tqdm import tqdm
         it = tqdm(cases, desc=f"fill-mask eval ({span})", unit="sent")
-    stats = {"joint": [0, 0], "independent": [0, 0]}   # exact matches, correct masks
+    # exact matches, correct masks; "independent_words": the per-mask argmax with joint's word-start constraint, so
+    # what joint decoding adds shows apart from what the constraint adds
+    stats = {"joint": [0, 0], "independent": [0, 0], "independent_words": [0, 0]}
     examples = []
     for ids, positions, truth in it:
         joint = tok.convert_tokens_to_ids(predictor.joint_fill(ids, positions, top_k=1, beam_size=beam_size)[0].tokens)
         indep = predictor.independent_fill(ids, positions)
-        for name, pred in (("joint", joint), ("independent", indep)):
+        indep_w = predictor.independent_fill(ids, positions, words=True)
+        for name, pred in (("joint", joint), ("independent", indep), ("independent_words", indep_w)):
             stats[name][0] += int(pred == truth)
             stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))
         if len(examples) < 8 and joint != indep:
@@ -590,4 +603,6 @@ def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], n_masks: S
             "joint_per_mask": stats["joint"][1] / n_masks_total,
             "independent_per_mask": stats["independent"][1] / n_masks_total,
             "joint_exact_count": stats["joint"][0], "independent_exact_count": stats["independent"][0],
-            "examples": examples}
+            "independent_words_exact": stats["independent_words"][0] / n,
+            "independent_words_per_mask": stats["independent_words"][1] / n_masks_total,
+            "independent_words_exact_count": stats["independent_words"][0], "examples": examples}
