@@ -59,6 +59,20 @@ def test_batcher_groups_concurrent_requests():
     one.close()
 
 
+def test_batcher_lone_request_does_not_wait():
+    """Sparse traffic: a request that comes long after the one before it runs at once, not after max_wait_ms."""
+    b = Batcher(lambda items: [len(items)] * len(items), max_batch=8, max_wait_ms=400)
+    for _ in range(2):
+        t0 = time.monotonic()
+        assert b.submit({}).result(timeout=5) == 1
+        assert time.monotonic() - t0 < 0.2
+        time.sleep(0.45)                     # longer than max_wait: the next one is sparse traffic too
+    # a burst still batches: the first goes alone at once, the rest wait for each other
+    futs = [b.submit({}) for _ in range(6)]
+    assert sum(f.result(timeout=5) > 1 for f in futs) >= 4
+    b.close()
+
+
 def test_batcher_isolates_per_item_errors():
     b = Batcher(lambda items: [ValueError("bad") if x["v"] < 0 else x["v"] for x in items], max_batch=4, max_wait_ms=20)
     good, bad = b.submit({"v": 1}), b.submit({"v": -1})
