@@ -200,3 +200,37 @@ def test_fsdp_two_processes_give_the_losses_of_one(data, tmp_path):
     b = BertForPreTraining.from_pretrained(two / "model").state_dict()
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
+def test_unigram_bias_starts_mlm_at_the_unigram_loss(data):
+    """A fresh MLM output bias is log p(token) over the shards' non-special tokens: exp sums to 1, specials get the
+    add-one floor, the most frequent token the largest bias, and the first batch's MLM loss drops from ~log V."""
+    import numpy as np
+
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForMaskedLM
+    from bertkit.pretraining.shards import ShardReader
+    from bertkit.train.pretrain import unigram_bias_init
+
+    reader = ShardReader(data / "shards", 16, vocab_size=600)
+    counts = reader.token_counts()
+    lengths = sum(int(np.asarray(sh.meta[:, 0]).sum()) for sh in reader._shards)
+    assert counts.sum() == lengths
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=600)).eval()
+    batch = next(iter(reader))
+    batch = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "labels")}
+    with torch.no_grad():
+        before = float(model(**batch).loss)
+    assert unigram_bias_init(model, str(data / "shards"), 600)
+    bias = model.cls.predictions.bias.detach().double()
+    assert abs(float(bias.exp().sum()) - 1.0) < 1e-4
+    special = torch.from_numpy(reader.tables.never_mask)
+    assert float(bias[special].max()) == pytest.approx(float(bias.min()))
+    plain = counts.copy()
+    plain[reader.tables.never_mask] = 0
+    assert int(bias.argmax()) == int(plain.argmax())
+    with torch.no_grad():
+        after = float(model(**batch).loss)
+    assert before == pytest.approx(np.log(600), abs=0.3)
+    assert after < before - 0.5

@@ -170,10 +170,12 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     from bertkit.pretraining import ShardReader
     from bertkit.hardware import resolve_precision
     from bertkit.train import TrainConfig, pretraining_step, seed_everything, train
+    from bertkit.train.pretrain import unigram_bias_init
     seed_everything(cfg.seed)
     tok = Tokenizer.from_pretrained(vocab)
     mcfg = BertConfig.preset(cfg.preset, vocab_size=tok.vocab_size, max_position_embeddings=max(512, cfg.seq_len))
     model = BertForMaskedLM(mcfg)
+    unigram_bias_init(model, str(shards / "train"), tok.vocab_size)   # start at the unigram loss, not log(V)
     batches = ShardReader(shards / "train", batch_size=cfg.batch_size, seed=cfg.seed, vocab_hash=tok.vocab_hash)
     n_params = sum(p.numel() for p in model.parameters())
     precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
@@ -181,7 +183,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
          f"{batches.num_examples} rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, "
          f"{torch.get_num_threads()} threads")
     tcfg = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, precision=precision,
-                       save_final=False, keep_last=1, log_every_steps=5, progress=cfg.progress,
+                       save_final=False, keep_last=1, log_every_steps=5, progress=cfg.progress, overwrite=True,
                        eval_every_steps=cfg.eval_every_steps, plot=True, tensorboard=False, seed=cfg.seed)
     run_dir = out / "run"
     result = train(model, batches, tcfg, run_dir, step_fn=pretraining_step,

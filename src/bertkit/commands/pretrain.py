@@ -31,6 +31,8 @@ def register(subparsers) -> None:
     m.add_argument("--config", default=None, help="config.json (with --init: fields overriding the checkpoint's)")
     m.add_argument("--init", default=None, help="model directory to continue pre-training from")
     m.add_argument("--dropout", type=float, default=None, help="hidden + attention dropout override")
+    m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
+                   help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
     p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
                    help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
     p.add_argument("--electra-weight", type=float, default=50.0, help="discriminator loss weight (paper: 50)")

@@ -315,6 +315,16 @@ class ShardReader:
                                 f"{key}={getattr(self, key)!r}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
+    def token_counts(self, chunk: int = 4096) -> np.ndarray:
+        """(V,) int64: how often each id occurs in the rows of every shard (padding excluded, all ranks' rows)."""
+        counts = np.zeros(self.tables.vocab_size, dtype=np.int64)
+        for sh in self._shards:
+            for a in range(0, len(sh.meta), chunk):
+                tokens = np.asarray(sh.tokens[a:a + chunk], dtype=np.int64)               # (rows, S)
+                inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh.meta[a:a + chunk, 0])[:, None]
+                counts += np.bincount(tokens[inside], minlength=len(counts))[:len(counts)]
+        return counts
+
     # ------------------------------------------------------------------------------------------------- batches
 
     def gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
