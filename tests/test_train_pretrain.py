@@ -222,7 +222,7 @@ def test_unigram_bias_starts_mlm_at_the_unigram_loss(data):
     batch = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "labels")}
     with torch.no_grad():
         before = float(model(**batch).loss)
-    assert unigram_bias_init(model, str(data / "shards"), 600)
+    assert unigram_bias_init(model, reader)
     bias = model.cls.predictions.bias.detach().double()
     assert abs(float(bias.exp().sum()) - 1.0) < 1e-4
     special = torch.from_numpy(reader.tables.never_mask)

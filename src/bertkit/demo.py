@@ -175,8 +175,8 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     tok = Tokenizer.from_pretrained(vocab)
     mcfg = BertConfig.preset(cfg.preset, vocab_size=tok.vocab_size, max_position_embeddings=max(512, cfg.seq_len))
     model = BertForMaskedLM(mcfg)
-    unigram_bias_init(model, str(shards / "train"), tok.vocab_size)   # start at the unigram loss, not log(V)
     batches = ShardReader(shards / "train", batch_size=cfg.batch_size, seed=cfg.seed, vocab_hash=tok.vocab_hash)
+    unigram_bias_init(model, batches)                   # start at the unigram loss, not log(vocab)
     n_params = sum(p.numel() for p in model.parameters())
     precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
     _say(f"pre-training {cfg.preset} ({n_params / 1e6:.1f}M parameters) for {cfg.pretrain_budget_s:.0f} s on "

@@ -123,6 +123,7 @@ class Predictor:
         # pieces that can fill a word-start slot: not a continuation, not special, not "[unused..]"
         self._word_start = ~self._is_cont & torch.tensor([not (t.startswith("[") and t.endswith("]")) for t in itos])
         self._cont_ok = self._is_cont.clone()
+        self._not_special = torch.tensor([t not in self._special for t in range(len(itos))])
         # the vocab can be padded past the tokenizer (multiple of 8): never predict the padding rows
         self._n_vocab = len(itos)
 
@@ -287,14 +288,15 @@ class Predictor:
         """Baseline: the argmax of each mask from one forward pass with every mask still masked (transformers'
         fill-mask pipeline per mask). words=True: only pieces that start a word (no "##" pieces)."""
         self._require_mlm()
-        lp = self._log_probs([ids], positions)[0]                          # (masks, vocab)
+        return self._argmax_per_mask(self._log_probs([ids], positions)[0], words)
+
+    def _argmax_per_mask(self, lp: torch.Tensor, words: bool) -> list[int]:
+        """(masks, vocab) log-probs -> each mask's best allowed piece."""
         return [int(row.argmax()) for row in lp.masked_fill(~self._allowed(words), -math.inf)]
 
     def _allowed(self, words: bool) -> torch.Tensor:
         """(vocab,) bool: the pieces a mask may take: word starts only (words=True), else anything not special."""
-        if words:
-            return self._word_start
-        return torch.tensor([t not in self._special for t in range(self._n_vocab)])
+        return self._word_start if words else self._not_special
 
     def pseudo_log_likelihood(self, rows: list[list[int]], positions: list[int]) -> list[float]:
         """sum_i log p(row[i] | row with only position i masked), for each row (same mask positions)."""
@@ -588,8 +590,9 @@ def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], n_masks: S
     examples = []
     for ids, positions, truth in it:
         joint = tok.convert_tokens_to_ids(predictor.joint_fill(ids, positions, top_k=1, beam_size=beam_size)[0].tokens)
-        indep = predictor.independent_fill(ids, positions)
-        indep_w = predictor.independent_fill(ids, positions, words=True)
+        lp = predictor._log_probs([ids], positions)[0]                    # one forward for both baselines
+        indep = predictor._argmax_per_mask(lp, words=False)
+        indep_w = predictor._argmax_per_mask(lp, words=True)
         for name, pred in (("joint", joint), ("independent", indep), ("independent_words", indep_w)):
             stats[name][0] += int(pred == truth)
             stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))

@@ -185,21 +185,20 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
     return cls(config), config
 
 
-def unigram_bias_init(model, shards: str, vocab_size: int) -> bool:
+def unigram_bias_init(model, shards) -> bool:
     """Set the MLM output bias to log p(token), p the add-one smoothed unigram distribution of the shards'
     non-special tokens (specials are never targets). The softmax then starts at the unigram distribution, the
     first thing a from-scratch model learns anyway (it took ~300 steps of the demo's 5-minute `mini` run; with this
-    start the same run ends at held-out MLM loss 6.51 instead of 6.65). Returns whether it was set."""
+    start the same run ends at held-out MLM loss 6.51 instead of 6.65). `shards`: the training ShardReader (its
+    counts cover every shard, whatever its rank). Returns whether it was set."""
     import numpy as np
     import torch
 
-    from bertkit.pretraining.shards import ShardReader
     head = getattr(getattr(model, "cls", None), "predictions", None)
     if head is None:                                                  # ELECTRA: its generator keeps zeros
         return False
-    reader = ShardReader(shards, 1, vocab_size=vocab_size)
-    counts = reader.token_counts().astype(np.float64)
-    counts[reader.tables.never_mask] = 0.0
+    counts = shards.token_counts().astype(np.float64)
+    counts[shards.tables.never_mask] = 0.0
     p = (counts + 1.0) / (counts + 1.0).sum()                         # add-one: unseen tokens stay possible
     with torch.no_grad():
         head.bias.copy_(torch.from_numpy(np.log(p)).to(head.bias.dtype))
@@ -267,12 +266,6 @@ def pretrain(pc: PretrainConfig):
             raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's "
                               f"max_position_embeddings={config.max_position_embeddings}")
 
-    # a head bias that came from a checkpoint is kept; every rank sets it alike (the weights must start equal)
-    fresh_head = not pc.init or "cls.predictions.bias" in (getattr(model, "loading_info", None) or {}).get(
-        "missing_keys", ())
-    if pc.unigram_bias and fresh_head:
-        unigram_bias_init(model, pc.shards, config.vocab_size)
-
     def reader(path: str, **kw):
         r = ShardReader(path, pc.batch_size, seed=pc.seed, vocab_size=config.vocab_size, verify=pc.verify, **kw)
         if objective in ("mlm", "electra") and r.task != "none":
@@ -280,6 +273,11 @@ def pretrain(pc: PretrainConfig):
         return r
 
     data = reader(pc.shards, rank=rank, world_size=world)
+    # a head bias that came from a checkpoint is kept; every rank sets it alike (the weights must start equal)
+    fresh_head = not pc.init or "cls.predictions.bias" in (getattr(model, "loading_info", None) or {}).get(
+        "missing_keys", ())
+    if pc.unigram_bias and fresh_head:
+        unigram_bias_init(model, data.source if isinstance(data, _DropKeys) else data)
     batches = data
     if pc.phase2_shards:
         batches = [Phase(data, pc.phase1_fraction, "phase1"),
