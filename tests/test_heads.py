@@ -158,3 +158,51 @@ def test_mlm_with_no_masked_token_is_zero_not_nan():
     out = m(ids, labels=torch.full_like(ids, -100))
     assert out.loss.item() == 0.0 and out.logits.shape == (0, 50)
     out.loss.backward()
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "unpadded"])
+def test_classification_first_token_only_same_logits_and_gradients(tmp_path, backend):
+    """The [CLS]-only last layer gives the full forward's logits, loss and every parameter gradient (dropout 0),
+    on a padded batch, in each attention backend; and transformers' gradients too."""
+    hf = _save_hf(transformers.BertForSequenceClassification, tmp_path, num_labels=3, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
+    ids, types, mask = _batch(3)
+    labels = torch.tensor([0, 2, 1, 2])
+    runs = {}
+    for first in (True, False):
+        m = BertForSequenceClassification.from_pretrained(tmp_path, attn_implementation=backend).train()
+        m.first_token_only = first
+        out = m(ids, types, mask, labels=labels)
+        out.loss.backward()
+        runs[first] = (out, {n: p.grad for n, p in m.named_parameters()})
+    hf.train()
+    r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+    r.loss.backward()
+    hf_grads = {n: p.grad for n, p in hf.named_parameters()}
+    (fo, fg), (lo, lg) = runs[True], runs[False]
+    _close(fo.logits, lo.logits)
+    _close(fo.logits, r.logits)
+    _close(fo.loss, lo.loss)
+    assert fg.keys() == lg.keys()
+    for name, g in fg.items():
+        _close(g, lg[name], tol=1e-5)
+        _close(g, hf_grads[name], tol=1e-5)
+    # the last layer's query projection only sees [CLS]: its gradient is not all zeros
+    assert fg["bert.encoder.layer.1.attention.self.query.weight"].abs().sum() > 0
+
+
+def test_first_token_only_last_hidden_state_is_cls_row():
+    cfg = BertConfig(vocab_size=V, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                     max_position_embeddings=32)
+    from bertkit.model import BertModel
+    torch.manual_seed(0)
+    m = BertModel(cfg).eval()
+    ids, types, mask = _batch(4)
+    with torch.no_grad():
+        full = m(ids, types, mask)
+        first = m(ids, types, mask, first_token_only=True)
+        hid = m(ids, types, mask, first_token_only=True, output_hidden_states=True)   # ignored: full output
+    assert first.last_hidden_state.shape == (B, 1, 48)
+    _close(first.last_hidden_state, full.last_hidden_state[:, :1])
+    _close(first.pooler_output, full.pooler_output)
+    assert hid.last_hidden_state.shape == (B, S, 48)

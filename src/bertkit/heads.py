@@ -198,7 +198,11 @@ def _classifier_dropout(config: BertConfig) -> nn.Dropout:
 
 
 class BertForSequenceClassification(_HeadModel):
+    """The pooled [CLS] is all the head reads, so the last encoder layer runs for [CLS] only
+    (`first_token_only`, see BertModel.forward): same logits and gradients, ~1/L * 5/6 fewer matmul FLOPs for an
+    L-layer encoder (MiniLM-L6: 14%). Set `first_token_only = False` to run the full last layer."""
     _head_prefixes = ("classifier.", "bert.pooler.")
+    first_token_only = True
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -222,7 +226,7 @@ class BertForSequenceClassification(_HeadModel):
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False) -> SequenceClassifierOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
+                        output_hidden_states=output_hidden_states, first_token_only=self.first_token_only)
         logits = self.classifier(self.dropout(out.pooler_output))                    # (batch, num_labels)
         loss = None
         if labels is not None:

@@ -58,7 +58,9 @@ Other differences from the textbook code, all exact: the three Q/K/V projections
 concatenated weight (parameters stay separate so the checkpoint names are HF's); in inference (no grad) the
 concatenated and autocast-cast weights are cached until a parameter changes (autocast would recast every weight on
 every forward; the cache costs one bf16 copy of the encoder's matrices); token_type_ids=None adds the type-0 row by
-broadcast instead of an embedding lookup.
+broadcast instead of an embedding lookup; `first_token_only=True` (what sequence classification uses) runs the last
+layer for position 0 only: keys and values over all tokens, one query row per sequence, so the attention output,
+its LayerNorm and the FFN run on (batch, 1, hidden), the same values as the full layer's [CLS] row.
 """
 
 from __future__ import annotations
@@ -194,12 +196,29 @@ class Layout:
         return cls(backend, batch, seq, indices=indices, grid_index=grid_index, grid_size=offset,
                    buckets=tuple(buckets), cu_seqlens=cu)
 
+    def key_mask(self) -> Tensor | None:
+        """The (batch, 1, 1, seq) bool key mask of the padded grid (True = real token), None when nothing is padded."""
+        if self.backend != "unpadded":
+            return self.mask
+        if self.indices.numel() == self.batch * self.seq:
+            return None
+        m = torch.zeros(self.batch * self.seq, dtype=torch.bool, device=self.indices.device)
+        return m.index_fill(0, self.indices, True).view(self.batch, 1, 1, self.seq)
+
+    def first_rows(self, x: Tensor) -> Tensor:
+        """Each sequence's position 0 of the layer input: (batch, ..., hidden) or packed (tokens, hidden) ->
+        (batch, hidden). For the packed layout this is each row's first real token (`cu_seqlens`), which is
+        position 0 when the attention mask's first column is all ones (checked by the caller)."""
+        if self.backend != "unpadded":
+            return x[:, 0]
+        return x.index_select(0, self.cu_seqlens[:-1].long())
+
     def pad(self, x: Tensor) -> Tensor:
         """(tokens, hidden) -> (batch, seq, hidden) with zeros at padded positions (identity when padded)."""
         if self.backend != "unpadded":
             return x
         out = x.new_zeros(self.batch * self.seq, x.shape[-1])
-        out = out.index_copy(0, self.indices, x)
+        out.index_copy_(0, self.indices, x)                   # in place: no copy of the zeros
         return out.view(self.batch, self.seq, x.shape[-1])
 
 
@@ -427,6 +446,25 @@ class BertSelfAttention(nn.Module):
             ctx = self._attend(q, k, v, layout.mask)
         return ctx.transpose(1, 2).reshape(b, s, -1), probs                     # (batch, seq, hidden)
 
+    def forward_first(self, x: Tensor, layout: Layout) -> tuple[Tensor, Tensor]:
+        """Attention output for each sequence's first position only, against all keys: returns the context
+        (batch, 1, hidden) and that position's input (batch, 1, hidden), the residual. Keys and values still
+        cover every token (one (.., 2 * hidden) matmul); the query is one row per sequence."""
+        w = torch.cat((self.key.weight, self.value.weight))            # (2 * hidden, hidden)
+        kv = F.linear(x, w, torch.cat((self.key.bias, self.value.bias)))  # (batch, seq, 2h) or (tokens, 2h)
+        first = layout.first_rows(x)                                    # (batch, hidden)
+        kv = layout.pad(kv)                                             # (batch, seq, 2 * hidden)
+        b, s, _ = kv.shape
+        k, v = kv.view(b, s, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q = self.query(first).view(b, self.num_heads, 1, self.head_dim)                 # (batch, heads, 1, d)
+        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))                      # (batch, heads, 1, seq)
+        mask = layout.key_mask()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = self.dropout(torch.softmax(scores, dim=-1))
+        ctx = torch.matmul(probs, v)                                                    # (batch, heads, 1, d)
+        return ctx.reshape(b, 1, -1), first[:, None]
+
     def _split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(rows, len, 3 * hidden) -> q, k, v each (rows, heads, len, head_dim) (views, no copy)."""
         b, s, _ = qkv.shape
@@ -468,7 +506,7 @@ class BertSelfAttention(nn.Module):
     def _attend_buckets(self, qkv: Tensor, layout: Layout) -> Tensor:
         """Unpadded attention: packed (tokens, 3 * hidden) -> per-bucket (rows, length) grids -> (tokens, hidden)."""
         grid = qkv.new_zeros(layout.grid_size, qkv.shape[-1])                 # zeros: padded v must not be NaN
-        grid = grid.index_copy(0, layout.grid_index, qkv)
+        grid.index_copy_(0, layout.grid_index, qkv)        # in place: no copy of the zeros
         out = []
         for bk in layout.buckets:
             q, k, v = self._split(grid[bk.offset:bk.offset + bk.rows * bk.length].view(bk.rows, bk.length, -1))
@@ -533,6 +571,14 @@ class BertLayer(nn.Module):
         a, probs = self.attention(x, layout, output_attentions)
         return self.output(self.intermediate(a), a), probs
 
+    def forward_first(self, x: Tensor, layout: Layout) -> Tensor:
+        """The layer's output at each sequence's first position ([CLS]) only: (batch, 1, hidden). The same maths
+        as `forward(...)[0][:, :1]`: position 0 depends on every key and value but on no other query, and the
+        attention output, LayerNorms and FFN are per position. Skips ~5/6 of the layer's matmuls."""
+        ctx, residual = self.attention.self.forward_first(x, layout)
+        a = self.attention.output(ctx, residual)
+        return self.output(self.intermediate(a), a)
+
 
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
@@ -540,10 +586,15 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+                output_hidden_states: bool = False, first_only: bool = False
+                ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        """first_only: the last layer runs for position 0 only and x comes back (batch, 1, hidden); not together
+        with output_attentions / output_hidden_states."""
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for layer in self.layer:
+        for i, layer in enumerate(self.layer):
+            if first_only and i == len(self.layer) - 1:
+                return layer.forward_first(x, layout), None, None
             x, probs = layer(x, layout, output_attentions)
             if hidden is not None:
                 hidden.append(x)
@@ -672,11 +723,19 @@ class BertModel(BertPreTrainedModel):
         return "unpadded" if fill < UNPAD_MIN_FILL else "sdpa"
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> BertModelOutput:
+                output_attentions: bool = False, output_hidden_states: bool = False,
+                first_token_only: bool = False) -> BertModelOutput:
+        """first_token_only: compute the last layer at position 0 ([CLS]) only, for callers that read nothing but
+        the pooler (sequence classification): `last_hidden_state` is then (batch, 1, hidden), the same values as
+        the full forward's `[:, :1]`, and the pooler is unchanged. Ignored when attention maps or hidden states are
+        requested, and for a packed batch whose attention mask does not start with a real token in every row."""
         _check_inputs(self.config, input_ids, token_type_ids, attention_mask)
         b, s = input_ids.shape
         backend = self.choose_backend(attention_mask, output_attentions)
         layout = Layout.build(backend, attention_mask, b, s, input_ids.device)
+        first_only = first_token_only and not (output_attentions or output_hidden_states)
+        if first_only and backend == "unpadded" and attention_mask is not None:
+            first_only = bool(attention_mask[:, 0].all())     # packed rows must start at position 0
         if backend == "unpadded":
             idx = layout.indices                                         # (tokens,)
             ids = input_ids.reshape(-1).index_select(0, idx)
@@ -692,8 +751,9 @@ class BertModel(BertPreTrainedModel):
             # ~15% of a MiniLM training step at 128 tokens. One cast here keeps the stream in bf16; LayerNorm
             # still computes in fp32 internally with fp32 parameters, matmuls accumulate in fp32 (as before).
             x = x.to(torch.get_autocast_dtype("cpu"))
-        x, hidden, attentions = self.encoder(x, layout, output_attentions, output_hidden_states)
-        x = layout.pad(x)                                                # (batch, seq, hidden)
+        x, hidden, attentions = self.encoder(x, layout, output_attentions, output_hidden_states, first_only)
+        if not first_only:
+            x = layout.pad(x)                                            # (batch, seq, hidden)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BertModelOutput(
             last_hidden_state=x, pooler_output=pooled,
