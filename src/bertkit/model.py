@@ -413,21 +413,30 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = Dropout(config.attention_probs_dropout_prob)
+        # inference copies of the fused weights: Q/K/V (every layer) and Q, K/V apart (the [CLS]-only last layer)
         self._fused = _WeightCache()
+        self._fused_kv = _WeightCache()
+        self._fused_q = _WeightCache()
 
-    def qkv(self, x: Tensor) -> Tensor:
-        """One matmul for Q, K and V: (..., hidden) -> (..., 3 * hidden). In inference the concatenated (and, under
-        autocast, cast) weight is built once and reused until a parameter changes."""
-        params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias,
-                  self.value.bias)
+    def _project(self, x: Tensor, mods: tuple[nn.Linear, ...], cache: _WeightCache) -> Tensor:
+        """x through the given projections as one matmul on their concatenated weight: (..., hidden) ->
+        (..., len(mods) * hidden). In inference the concatenated (and, under autocast, cast) weight is built once
+        and reused until a parameter changes."""
+        params = tuple(m.weight for m in mods) + tuple(m.bias for m in mods)
 
-        def fused():                                    # (3 * hidden, hidden) weight, (3 * hidden,) bias
-            return torch.cat(params[:3]), torch.cat(params[3:])
+        def fused():                                    # (n * hidden, hidden) weight, (n * hidden,) bias
+            if len(mods) == 1:
+                return params
+            return torch.cat(params[:len(mods)]), torch.cat(params[len(mods):])
 
-        dtype = _inference_dtype(x, self.query.weight)
+        dtype = _inference_dtype(x, mods[0].weight)
         if dtype is None:
             return F.linear(x, *fused())
-        return _inference_linear(x, self._fused, params, fused, dtype)
+        return _inference_linear(x, cache, params, fused, dtype)
+
+    def qkv(self, x: Tensor) -> Tensor:
+        """One matmul for Q, K and V: (..., hidden) -> (..., 3 * hidden)."""
+        return self._project(x, (self.query, self.key, self.value), self._fused)
 
     def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
         qkv = self.qkv(x)                                   # (batch, seq, 3 * hidden) or (tokens, 3 * hidden)
@@ -450,13 +459,13 @@ class BertSelfAttention(nn.Module):
         """Attention output for each sequence's first position only, against all keys: returns the context
         (batch, 1, hidden) and that position's input (batch, 1, hidden), the residual. Keys and values still
         cover every token (one (.., 2 * hidden) matmul); the query is one row per sequence."""
-        w = torch.cat((self.key.weight, self.value.weight))            # (2 * hidden, hidden)
-        kv = F.linear(x, w, torch.cat((self.key.bias, self.value.bias)))  # (batch, seq, 2h) or (tokens, 2h)
+        kv = self._project(x, (self.key, self.value), self._fused_kv)   # (batch, seq, 2h) or (tokens, 2h)
         first = layout.first_rows(x)                                    # (batch, hidden)
         kv = layout.pad(kv)                                             # (batch, seq, 2 * hidden)
         b, s, _ = kv.shape
         k, v = kv.view(b, s, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q = self.query(first).view(b, self.num_heads, 1, self.head_dim)                 # (batch, heads, 1, d)
+        q = self._project(first, (self.query,), self._fused_q)                          # (batch, hidden)
+        q = q.view(b, self.num_heads, 1, self.head_dim)                                 # (batch, heads, 1, d)
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))                      # (batch, heads, 1, seq)
         mask = layout.key_mask()
         if mask is not None:
