@@ -323,3 +323,17 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     assert rc == 0, err
     assert _losses(run) == ref                                                   # bitwise: the same floats
     assert not any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
+
+
+def test_peak_flops_probe_leaves_the_global_rng_alone(tmp_path, monkeypatch):
+    """The CPU matmul probe (first logged step of a run) must not draw from the global RNG: otherwise dropout, and
+    so a run's losses, would depend on whether an earlier run in the process had already measured the peak."""
+    from bertkit.train import loop
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("BERTKIT_PEAK_FLOPS", raising=False)
+    monkeypatch.setattr(loop, "_measured_peak", {})
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    assert loop.peak_flops(torch.device("cpu"), torch.float32) > 0
+    assert torch.equal(torch.rand(4), expected)

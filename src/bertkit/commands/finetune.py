@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
     p.add_argument("--bucket-batches", type=int, default=50,
                    help="length-bucketing window in batches (1: plain random batches)")
+    p.add_argument("--full-embedding-table", dest="compact_embeddings", action="store_false",
+                   help="train the whole word-embedding table (default: only the rows the training data uses; "
+                        "the same maths, rows no example contains only decay)")
     p.add_argument("--attn", dest="attn_implementation", choices=("auto", "eager", "sdpa", "unpadded"))
     p.add_argument("--label-all-pieces", action="store_true", help="tag: label every piece, not only the first")
     p.add_argument("--scheme", choices=("IOB1", "IOB2", "BIOES"), help="tag: convert tags before training")
@@ -105,7 +108,7 @@ def _finetune(args) -> int:
         weight_decay=args.weight_decay, dropout=args.dropout, max_length=args.max_length, bf16=_bf16(args),
         seeds=args.seeds, grid=args.grid, eval_every=args.eval_every, patience=args.patience,
         max_train_examples=args.max_train_examples, bucket_batches=args.bucket_batches, attn_implementation=args.attn_implementation,
-        label_all_pieces=args.label_all_pieces, scheme=args.scheme, doc_stride=args.doc_stride,
+        compact_embeddings=args.compact_embeddings, label_all_pieces=args.label_all_pieces, scheme=args.scheme, doc_stride=args.doc_stride,
         max_query_length=args.max_query_length, max_answer_length=args.max_answer_length, n_best=args.n_best,
         save_model=not args.no_save, quiet=args.quiet)
     summary = finetune(cfg)

@@ -77,6 +77,9 @@ class FinetuneConfig:
     # padding costs little either way (see bertkit.model), so this mainly trades randomness for a little speed.
     bucket_batches: int = 50
     attn_implementation: str | None = None # None: the checkpoint's setting ("auto")
+    # train only the word-embedding rows the training data uses (bertkit.train.compact): the same maths as the
+    # full table (rows no example contains only decay), without its dense (vocab, hidden) gradient every step
+    compact_embeddings: bool = True
     # token classification
     label_all_pieces: bool = False
     scheme: str | None = None              # convert tags to IOB1/IOB2/BIOES before training; None = as in the file
@@ -292,6 +295,19 @@ class _Batches:
             yield collate([self.feats[i] for i in idx], self.pad_id)
 
 
+def _compact(cfg: FinetuneConfig, model, data: _Data, tok) -> bool:
+    """Swap in the compact word-embedding table (one process only: DDP would broadcast its buffers every step)."""
+    import os
+    if not cfg.compact_embeddings or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return False
+    from bertkit.train.compact import compact_word_embeddings, used_token_ids
+    try:
+        compact_word_embeddings(model, used_token_ids(data.train_feats, (tok.pad_token_id,)))
+    except ConfigError:
+        return False                        # no separate input table (or a tied one): train the full table
+    return True
+
+
 class _EarlyStop(Exception):
     """Raised from the dev evaluation to end the shared training loop early (patience exhausted)."""
 
@@ -304,6 +320,7 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, lr: float
 
     T.seed_everything(seed)
     model = _build_model(cfg, task, seed)
+    compacted = _compact(cfg, model, data, tok)
     batches = _Batches(data.train_feats, batch_size, seed, tok.pad_token_id, cfg.bucket_batches)
     total_steps = max(1, math.ceil(len(batches) * cfg.epochs))
     eval_every = cfg.eval_every or len(batches)
@@ -345,6 +362,9 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, lr: float
         stopped_early = True
     train_s = time.perf_counter() - t0 - state["eval_s"]
     model.load_state_dict(state["best_state"])
+    if compacted:
+        from bertkit.train.compact import restore_word_embeddings
+        restore_word_embeddings(model)
     if getattr(task, "version_2", False) and state.get("best_null") is not None:
         task.null_threshold = state["best_null"]
     return {"model": model, "dev": state["best_report"], "best_step": state["best_step"],

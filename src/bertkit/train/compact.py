@@ -1,0 +1,146 @@
+"""A compact word-embedding table for fine-tuning: train only the rows the training data uses, exactly.
+
+Fine-tuning touches a small part of the vocabulary (a few thousand of bert-base's 30,522 pieces), yet a plain
+`nn.Embedding` makes every step pay for the whole (vocab, hidden) table: a dense gradient of it is allocated and
+zero-filled, summed into the clipping norm and walked by AdamW. A row no training example contains gets a zero
+gradient at every step, so AdamW (decoupled decay, zero moments: the update m / (sqrt(v) + eps) is 0) only
+multiplies it by (1 - lr * weight_decay) each step. `compact_word_embeddings(model, used_ids)` therefore swaps the
+model's `bert.embeddings.word_embeddings` for a `CompactEmbedding` whose one trainable parameter holds the used
+rows plus one *sentinel* row of ones that no id maps to. The sentinel gets the same zero gradient as every unused
+row, so after any number of steps it holds the product of the decay factors the optimizer applied (skipped steps,
+lr schedule and resume included); an unused row's value is its initial value times the sentinel. The maths is the
+full table's (the same loss, gradients of the used rows, gradient norm and AdamW update); the unused rows differ from
+a full-table run only by float rounding of the decay product (relative ~1e-7).
+
+The swap is invisible from outside: `state_dict()` gives `...word_embeddings.weight` as the full (vocab, hidden)
+table (used rows, decayed unused rows), `load_state_dict()` takes one (the checkpoints of `bertkit.train` and the
+fine-tuning runner's best-state copies keep their HF names), and a batch holding an id outside the used set is
+embedded from the full table (evaluation on dev/test text). `release()` puts a plain `nn.Embedding` with the
+current table back. Valid for AdamW (not LAMB, whose trust ratio is per tensor) and only when the table is not
+also an output layer (tied MLM decoders give every row a gradient): `compact_word_embeddings` checks both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertkit.errors import ConfigError
+
+__all__ = ["CompactEmbedding", "compact_word_embeddings", "used_token_ids"]
+
+
+class CompactEmbedding(nn.Module):
+    """Stands in for an `nn.Embedding(vocab, hidden, padding_idx)` whose rows outside `used` get no gradient."""
+
+    def __init__(self, embedding: nn.Embedding, used: Tensor):
+        super().__init__()
+        full = embedding.weight.detach()
+        vocab, hidden = full.shape
+        used = torch.unique(used.to(torch.long).cpu())
+        if used.numel() and (used.min() < 0 or used.max() >= vocab):
+            raise ConfigError(f"compact embedding: token ids must lie in [0, {vocab}), got {used.min()}..{used.max()}")
+        self.num_embeddings, self.embedding_dim = vocab, hidden
+        index = torch.full((vocab,), -1, dtype=torch.long)
+        index[used] = torch.arange(used.numel())
+        self.register_buffer("index", index.to(full.device), persistent=False)          # (vocab,) id -> row or -1
+        self.register_buffer("used", used.to(full.device), persistent=False)            # (rows,)
+        self.register_buffer("full", full, persistent=False)        # (vocab, hidden) at the start (shares storage)
+        rows = torch.cat([full[self.used], torch.ones(1, hidden, dtype=full.dtype, device=full.device)])
+        self.rows = nn.Parameter(rows)                            # (rows + 1, hidden): the last is the sentinel
+        pad = embedding.padding_idx
+        self.padding_idx = pad
+        self._row_padding_idx = int(index[pad]) if pad is not None and index[pad] >= 0 else None
+        self._table_cache: tuple | None = None
+
+    @property
+    def weight(self) -> Tensor:
+        """The full (vocab, hidden) table as it stands (a new tensor; differentiable through the used rows)."""
+        key = (self.rows._version, self.rows.data_ptr(), torch.is_grad_enabled())
+        if self._table_cache is not None and self._table_cache[0] == key:
+            return self._table_cache[1]
+        table = (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
+        if not torch.is_grad_enabled():
+            self._table_cache = (key, table)
+        return table
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        idx = self.index[input_ids]
+        if idx.numel() == 0 or bool(idx.min() >= 0):             # every id is a trained row: the compact table
+            return F.embedding(idx, self.rows, padding_idx=self._row_padding_idx)
+        return F.embedding(input_ids, self.weight, padding_idx=self.padding_idx)
+
+    # -- state_dict as a plain embedding: `<prefix>weight` is the full table
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        with torch.no_grad():
+            table = (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
+        destination[prefix + "weight"] = table
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "weight"
+        if key not in state_dict:
+            missing_keys.append(key)
+            return
+        w = state_dict[key]
+        if tuple(w.shape) != tuple(self.full.shape):
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)}, the model "
+                              f"has {tuple(self.full.shape)}")
+            return
+        with torch.no_grad():
+            self.full.copy_(w)
+            self.rows[:-1].copy_(self.full[self.used])
+            self.rows[-1].fill_(1.0)
+        self._table_cache = None
+        if strict:
+            for k in state_dict:
+                if k.startswith(prefix) and k != key and "." not in k[len(prefix):]:
+                    unexpected_keys.append(k)
+
+    def release(self) -> nn.Embedding:
+        """A plain nn.Embedding holding the current full table (trainable), on this module's device."""
+        with torch.no_grad():
+            table = (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
+        return nn.Embedding.from_pretrained(table, freeze=False, padding_idx=self.padding_idx)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, trained rows={self.used.numel()}"
+
+
+def used_token_ids(features, extra: tuple[int, ...] = ()) -> Tensor:
+    """The sorted distinct ids in the `input_ids` of a list of feature dicts (plus `extra`, e.g. the pad id)."""
+    seen = set(extra)
+    for f in features:
+        seen.update(f["input_ids"])
+    return torch.tensor(sorted(seen), dtype=torch.long)
+
+
+def _owner(model: nn.Module) -> tuple[nn.Module, str]:
+    emb = getattr(getattr(getattr(model, "bert", model), "embeddings", None), "word_embeddings", None)
+    if not isinstance(emb, nn.Embedding):
+        raise ConfigError(f"{type(model).__name__}: no bert.embeddings.word_embeddings nn.Embedding to compact")
+    return getattr(model, "bert", model).embeddings, "word_embeddings"
+
+
+def compact_word_embeddings(model: nn.Module, used_ids: Tensor, optimizer: str = "adamw") -> CompactEmbedding:
+    """Swap the model's word-embedding table for a CompactEmbedding over `used_ids` (in place); returns it.
+    `restore_word_embeddings(model)` puts a plain nn.Embedding with the trained table back."""
+    if optimizer != "adamw":
+        raise ConfigError(f"a compact embedding table is exact for AdamW only, not {optimizer!r}")
+    owner, name = _owner(model)
+    emb = getattr(owner, name)
+    for m in model.modules():                                   # a tied output layer gives every row a gradient
+        if m.__dict__.get("_word_embeddings") is emb:
+            raise ConfigError(f"{type(model).__name__}: the word embeddings are tied to an output layer; every row "
+                              "is trained, so a compact table would change the maths")
+    compact = CompactEmbedding(emb, used_ids)
+    setattr(owner, name, compact)
+    return compact
+
+
+def restore_word_embeddings(model: nn.Module) -> None:
+    """Undo `compact_word_embeddings`: a plain nn.Embedding with the trained table (no-op if not compacted)."""
+    owner = getattr(model, "bert", model).embeddings
+    if isinstance(owner.word_embeddings, CompactEmbedding):
+        owner.word_embeddings = owner.word_embeddings.release()
