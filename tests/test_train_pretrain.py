@@ -57,8 +57,11 @@ def test_pretrain_mlm_nsp_writes_model_metrics_plot(data, tmp_path):
     from bertkit.heads import BertForPreTraining
     out = tmp_path / "run"
     rc = cli(["pretrain", str(data / "shards"), "--out", str(out), *TINY, "--steps", "4", "--eval-shards",
-              str(data / "heldout"), "--eval-every", "2", "--eval-batches", "2", "--save-every", "2"])
+              str(data / "heldout"), "--eval-every", "2", "--eval-batches", "2", "--save-every", "2",
+              "--adam-beta2", "0.98"])
     assert rc == 0
+    state = json.loads((out / "checkpoints" / "step-00000004" / "state.json").read_text())
+    assert state["config"]["betas"] == [0.9, 0.98]
     train_recs, eval_recs = _records(out), _records(out, "eval")
     assert [r["step"] for r in train_recs] == [1, 2, 3, 4] and [r["step"] for r in eval_recs] == [2, 4]
     assert {"mlm_acc", "nsp_acc", "mlm_loss", "nsp_loss", "tokens_per_s", "flops_per_s", "mfu"} <= set(train_recs[0])

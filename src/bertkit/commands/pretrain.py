@@ -47,6 +47,8 @@ def register(subparsers) -> None:
     o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
     o.add_argument("--lr", type=float, default=1e-4)
     o.add_argument("--weight-decay", type=float, default=0.01)
+    o.add_argument("--adam-beta2", dest="beta2", type=float, default=0.999,
+                   help="AdamW's second-moment decay (BERT 0.999; RoBERTa's 0.98 tolerates higher learning rates)")
     o.add_argument("--warmup", type=float, default=0.01, help="< 1: fraction of steps; >= 1: steps (default 0.01)")
     o.add_argument("--schedule", choices=("linear", "cosine", "constant"), default="linear")
     o.add_argument("--min-lr-ratio", type=float, default=0.0)

@@ -111,6 +111,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.precision={self.precision!r} is not one of {PRECISIONS}")
         if self.warmup < 0:
             raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
+        if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.weight_decay < 0:
             raise ConfigError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:

@@ -63,6 +63,7 @@ class PretrainConfig:
     optimizer: str = "adamw"
     lr: float = 1e-4
     weight_decay: float = 0.01
+    beta2: float = 0.999                        # AdamW's second moment (RoBERTa: 0.98, stabler at high lr)
     warmup: float = 0.01
     schedule: str = "linear"
     min_lr_ratio: float = 0.0
@@ -287,7 +288,7 @@ def pretrain(pc: PretrainConfig):
         eval_fn = pretraining_eval(reader(pc.eval_shards, shuffle=False), max_batches=pc.eval_batches)
     cfg = TrainConfig(
         max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
-        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, max_grad_norm=pc.max_grad_norm,
+        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2), max_grad_norm=pc.max_grad_norm,
         schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio, precision=pc.precision,
         device=pc.device, fsdp=pc.fsdp, deterministic=pc.deterministic, seed=pc.seed,
         save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
