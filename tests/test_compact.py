@@ -42,11 +42,20 @@ def _batches(n, used, seed=0, batch=8):
     return out
 
 
-def _train(model, batches, tmp_path, steps, name):
+def _train(model, batches, tmp_path, steps, name, eval_fn=None):
     from bertkit.train import TrainConfig, train
     cfg = TrainConfig(max_steps=steps, lr=3e-3, warmup=0.2, weight_decay=0.01, max_grad_norm=1.0, precision="fp32",
-                      seed=5, progress=False, tensorboard=False, plot=False, save_final=False, overwrite=True)
-    return train(model, batches, cfg, tmp_path / name)
+                      seed=5, progress=False, tensorboard=False, plot=False, save_final=False, overwrite=True,
+                      eval_every_steps=6 if eval_fn else None)
+    return train(model, batches, cfg, tmp_path / name, eval_fn=eval_fn)
+
+
+def _logit_probe(batch, store):
+    """An eval_fn that records the logits of a batch holding ids training never sees (a dev set's)."""
+    def fn(model):
+        store.append(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.clone())
+        return {}
+    return fn
 
 
 def test_forward_state_dict_and_unseen_ids():
@@ -61,7 +70,11 @@ def test_forward_state_dict_and_unseen_ids():
     emb = compact_word_embeddings(model, torch.tensor([0, 2, 3, 17, 33]))
     assert isinstance(model.bert.embeddings.word_embeddings, CompactEmbedding) and emb.rows.shape == (6, 32)
     # the first row's ids are all trained rows, the second's are not (250, 399): both equal the plain model
-    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, ref, rtol=0, atol=0)
+    with torch.no_grad():                                   # (inference GEMM kernels: equal to rounding)
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(model(input_ids=ids[:1], attention_mask=mask[:1]).logits, ref[:1], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ConfigError, match=r"ids \[250, 399\] are not among the 5 trained rows"):
+        model(input_ids=ids, attention_mask=mask)          # with grad: an untrained row would move the sentinel
     sd = model.state_dict()
     assert list(sd) == list(plain) and all(torch.equal(sd[k], plain[k]) for k in plain)
     assert [n for n, _ in model.named_parameters()].count("bert.embeddings.word_embeddings.rows") == 1
@@ -92,11 +105,18 @@ def test_training_matches_the_full_table(tmp_path):
     compact = BertForSequenceClassification(_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     compact.load_state_dict(full.state_dict())
     w0 = full.state_dict()["bert.embeddings.word_embeddings.weight"].clone()
-    r_full = _train(full, batches, tmp_path, 24, "full")
+    dev = _batches(1, list(range(1, 400)), seed=9)[0]                  # mostly ids outside `used`
+    seen_full, seen_comp = [], []
+    r_full = _train(full, batches, tmp_path, 24, "full", _logit_probe(dev, seen_full))
     compact_word_embeddings(compact, torch.tensor(used))
-    r_comp = _train(compact, batches, tmp_path, 24, "compact")
+    r_comp = _train(compact, batches, tmp_path, 24, "compact", _logit_probe(dev, seen_comp))
     restore_word_embeddings(compact)
     assert r_full.losses == pytest.approx(r_comp.losses, rel=1e-5)
+    # the evaluations during training (steps 6, 12, 18, 24, fused AdamW in between) see the current weights
+    assert len(seen_full) == len(seen_comp) == 4
+    for a, b in zip(seen_full, seen_comp):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(seen_full[0], seen_full[-1], atol=1e-4)
     a, b = full.state_dict(), compact.state_dict()
     assert list(a) == list(b)
     for k in a:

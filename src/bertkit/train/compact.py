@@ -17,7 +17,9 @@ table (used rows, decayed unused rows), `load_state_dict()` takes one (the check
 fine-tuning runner's best-state copies keep their HF names), and a batch holding an id outside the used set is
 embedded from the full table (evaluation on dev/test text). `release()` puts a plain `nn.Embedding` with the
 current table back. Valid for AdamW (not LAMB, whose trust ratio is per tensor) and only when the table is not
-also an output layer (tied MLM decoders give every row a gradient): `compact_word_embeddings` checks both.
+also an output layer (tied MLM decoders give every row a gradient): `compact_word_embeddings` checks both. The
+decay tracking is exact for fp32 parameters (the fine-tuning runner's; bf16 autocast keeps them fp32): with bf16
+weights the sentinel would round each step's factor on its own.
 """
 
 from __future__ import annotations
@@ -52,24 +54,28 @@ class CompactEmbedding(nn.Module):
         pad = embedding.padding_idx
         self.padding_idx = pad
         self._row_padding_idx = int(index[pad]) if pad is not None and index[pad] >= 0 else None
-        self._table_cache: tuple | None = None
+        self.rows.requires_grad_(embedding.weight.requires_grad)             # a frozen table stays frozen
 
     @property
     def weight(self) -> Tensor:
-        """The full (vocab, hidden) table as it stands (a new tensor; differentiable through the used rows)."""
-        key = (self.rows._version, self.rows.data_ptr(), torch.is_grad_enabled())
-        if self._table_cache is not None and self._table_cache[0] == key:
-            return self._table_cache[1]
-        table = (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
-        if not torch.is_grad_enabled():
-            self._table_cache = (key, table)
-        return table
+        """The full (vocab, hidden) table as it stands (a new tensor each call; differentiable through the rows)."""
+        return (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
 
     def forward(self, input_ids: Tensor) -> Tensor:
         idx = self.index[input_ids]
-        if idx.numel() == 0 or bool(idx.min() >= 0):             # every id is a trained row: the compact table
+        known = idx >= 0
+        if bool(known.all()):                                     # every id is a trained row: the compact table
             return F.embedding(idx, self.rows, padding_idx=self._row_padding_idx)
-        return F.embedding(input_ids, self.weight, padding_idx=self.padding_idx)
+        if torch.is_grad_enabled() and self.rows.requires_grad:
+            # an untrained row would feed the sentinel a gradient, and it would stop tracking the decay
+            bad = torch.unique(input_ids[~known])[:5].tolist()
+            raise ConfigError(f"compact embedding: ids {bad} are not among the {self.used.numel()} trained rows; a "
+                              "training batch may only hold ids given to compact_word_embeddings (evaluate under "
+                              "torch.no_grad)")
+        # no grad (dev / test text): trained rows from the table, the others decayed by the sentinel's factor
+        trained = F.embedding(idx.clamp(min=0), self.rows)
+        other = F.embedding(input_ids, self.full) * self.rows[-1]
+        return torch.where(known.unsqueeze(-1), trained, other)
 
     # -- state_dict as a plain embedding: `<prefix>weight` is the full table
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -92,7 +98,6 @@ class CompactEmbedding(nn.Module):
             self.full.copy_(w)
             self.rows[:-1].copy_(self.full[self.used])
             self.rows[-1].fill_(1.0)
-        self._table_cache = None
         if strict:
             for k in state_dict:
                 if k.startswith(prefix) and k != key and "." not in k[len(prefix):]:
