@@ -4,6 +4,8 @@
                   atomic checkpoints + exact resume, metrics JSONL / TensorBoard / curves.png, FLOP/s
     pretrain.py   pretrain(): `bertkit pretrain` as a library call: shards -> model (preset / config / checkpoint,
                   MLM+NSP, MLM+SOP, MLM, ELECTRA) -> train() -> an HF-format model directory
+    compact.py    compact_word_embeddings(): fine-tuning trains only the word-embedding rows its data uses
+                  (exact for AdamW; the fine-tuning runner's default)
     ../optim.py   AdamW / LAMB param groups, warmup + linear / cosine schedules
 
 Public API (stable; the fine-tuning tasks code against it)
