@@ -14,12 +14,12 @@ a full-table run only by float rounding of the decay product (relative ~1e-7).
 
 The swap is invisible from outside: `state_dict()` gives `...word_embeddings.weight` as the full (vocab, hidden)
 table (used rows, decayed unused rows), `load_state_dict()` takes one (the checkpoints of `bertkit.train` and the
-fine-tuning runner's best-state copies keep their HF names), and a batch holding an id outside the used set is
-embedded from the full table (evaluation on dev/test text). `release()` puts a plain `nn.Embedding` with the
-current table back. Valid for AdamW (not LAMB, whose trust ratio is per tensor) and only when the table is not
-also an output layer (tied MLM decoders give every row a gradient): `compact_word_embeddings` checks both. The
-decay tracking is exact for fp32 parameters (the fine-tuning runner's; bf16 autocast keeps them fp32): with bf16
-weights the sentinel would round each step's factor on its own.
+fine-tuning runner's best-state copies keep their HF names), and under no_grad a batch may hold ids outside the
+used set (dev / test text: such a row is its initial value times the sentinel). `release()` returns a plain
+`nn.Embedding` with the current table. Valid for AdamW (not LAMB, whose trust ratio is per tensor) and only when
+the table is not also an output layer (tied MLM decoders give every row a gradient): `compact_word_embeddings`
+checks both. The decay tracking is exact for fp32 parameters (the fine-tuning runner's; bf16 autocast keeps them
+fp32): with bf16 weights the sentinel would round each step's factor on its own.
 """
 
 from __future__ import annotations
@@ -80,8 +80,7 @@ class CompactEmbedding(nn.Module):
     # -- state_dict as a plain embedding: `<prefix>weight` is the full table
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         with torch.no_grad():
-            table = (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
-        destination[prefix + "weight"] = table
+            destination[prefix + "weight"] = self.weight
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -106,7 +105,7 @@ class CompactEmbedding(nn.Module):
     def release(self) -> nn.Embedding:
         """A plain nn.Embedding holding the current full table (trainable), on this module's device."""
         with torch.no_grad():
-            table = (self.full * self.rows[-1]).index_copy(0, self.used, self.rows[:-1])
+            table = self.weight
         return nn.Embedding.from_pretrained(table, freeze=False, padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:
