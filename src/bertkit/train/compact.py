@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
 
-__all__ = ["CompactEmbedding", "compact_word_embeddings", "used_token_ids"]
+__all__ = ["CompactEmbedding", "compact_word_embeddings", "restore_word_embeddings", "used_token_ids"]
 
 
 class CompactEmbedding(nn.Module):
@@ -120,11 +120,9 @@ def used_token_ids(features, extra: tuple[int, ...] = ()) -> Tensor:
     return torch.tensor(sorted(seen), dtype=torch.long)
 
 
-def _owner(model: nn.Module) -> tuple[nn.Module, str]:
-    emb = getattr(getattr(getattr(model, "bert", model), "embeddings", None), "word_embeddings", None)
-    if not isinstance(emb, nn.Embedding):
-        raise ConfigError(f"{type(model).__name__}: no bert.embeddings.word_embeddings nn.Embedding to compact")
-    return getattr(model, "bert", model).embeddings, "word_embeddings"
+def _embeddings(model: nn.Module) -> nn.Module | None:
+    """The module holding `word_embeddings` (BertEmbeddings of a head model or of a bare encoder)."""
+    return getattr(getattr(model, "bert", model), "embeddings", None)
 
 
 def compact_word_embeddings(model: nn.Module, used_ids: Tensor, optimizer: str = "adamw") -> CompactEmbedding:
@@ -132,19 +130,20 @@ def compact_word_embeddings(model: nn.Module, used_ids: Tensor, optimizer: str =
     `restore_word_embeddings(model)` puts a plain nn.Embedding with the trained table back."""
     if optimizer != "adamw":
         raise ConfigError(f"a compact embedding table is exact for AdamW only, not {optimizer!r}")
-    owner, name = _owner(model)
-    emb = getattr(owner, name)
+    owner = _embeddings(model)
+    emb = getattr(owner, "word_embeddings", None)
+    if not isinstance(emb, nn.Embedding):
+        raise ConfigError(f"{type(model).__name__}: no bert.embeddings.word_embeddings nn.Embedding to compact")
     for m in model.modules():                                   # a tied output layer gives every row a gradient
         if m.__dict__.get("_word_embeddings") is emb:
             raise ConfigError(f"{type(model).__name__}: the word embeddings are tied to an output layer; every row "
                               "is trained, so a compact table would change the maths")
-    compact = CompactEmbedding(emb, used_ids)
-    setattr(owner, name, compact)
-    return compact
+    owner.word_embeddings = CompactEmbedding(emb, used_ids)
+    return owner.word_embeddings
 
 
 def restore_word_embeddings(model: nn.Module) -> None:
     """Undo `compact_word_embeddings`: a plain nn.Embedding with the trained table (no-op if not compacted)."""
-    owner = getattr(model, "bert", model).embeddings
-    if isinstance(owner.word_embeddings, CompactEmbedding):
+    owner = _embeddings(model)
+    if isinstance(getattr(owner, "word_embeddings", None), CompactEmbedding):
         owner.word_embeddings = owner.word_embeddings.release()
