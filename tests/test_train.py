@@ -109,6 +109,14 @@ def test_lr_schedule_warmup_then_decay():
     c = [lr_factor(s, total, warm, "cosine", min_ratio=0.1) for s in range(total + 1)]
     assert c[55] == pytest.approx(0.55) and c[100] == pytest.approx(0.1)
     assert lr_factor(50, total, warm, "constant") == 1.0
+    # warmup-stable-decay: the peak held until the last 20% of the steps, then linear to min_ratio
+    w = [lr_factor(s, total, warm, "wsd", decay_fraction=0.2) for s in range(total + 1)]
+    assert w[:10] == f[:10] and all(v == 1.0 for v in w[10:81]) and w[90] == pytest.approx(0.5) and w[100] == 0.0
+    assert lr_factor(90, total, warm, "wsd", min_ratio=0.1, decay_fraction=0.2) == pytest.approx(0.55)
+    with pytest.raises(ConfigError, match="decay_fraction"):
+        lr_factor(50, total, warm, "wsd", decay_fraction=0.0)
+    with pytest.raises(ConfigError, match="decay_fraction"):
+        TrainConfig(max_steps=10, decay_fraction=1.5).validate()
 
 
 def test_lamb_trust_ratio_and_descent():

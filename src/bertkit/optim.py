@@ -9,7 +9,8 @@
   either norm is 0), so every layer moves by a similar relative amount; what makes batch 32k work for BERT.
 * `lr_factor(step, total, warmup, schedule, min_ratio)`: the multiplier of the peak lr at a given optimizer step:
   linear warmup from 0 over `warmup` steps, then linear (BERT) or cosine decay to `min_ratio` at `total`, or
-  constant. A pure function of (step, total): the schedule has no state of its own beyond those two numbers, which
+  constant, or "wsd" (warmup-stable-decay: the peak lr held until the last `decay_fraction` of the steps, then a
+  linear decay; a short run's lr stays high through the MLM loss plateau instead of decaying across it). A pure function of (step, total): the schedule has no state of its own beyond those two numbers, which
   the trainer checkpoints, so a resumed run continues on exactly the same curve.
 """
 
@@ -26,7 +27,7 @@ from bertkit.errors import ConfigError
 
 __all__ = ["param_groups", "build_optimizer", "Lamb", "lr_factor", "warmup_steps", "SCHEDULES", "OPTIMIZERS"]
 
-SCHEDULES = ("linear", "cosine", "constant")
+SCHEDULES = ("linear", "cosine", "constant", "wsd")
 OPTIMIZERS = ("adamw", "lamb")
 
 
@@ -135,11 +136,13 @@ def warmup_steps(warmup: float, total: int) -> int:
     return int(round(warmup * total)) if warmup < 1 else int(warmup)
 
 
-def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_ratio: float = 0.0) -> float:
+def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_ratio: float = 0.0,
+              decay_fraction: float = 0.2) -> float:
     """Multiplier of the peak lr for the update made at optimizer step `step` (0-based) of `total`.
 
     Warmup: (step + 1) / warmup, so the first update already moves (BERT's TF code starts at 0 and wastes one step).
-    Decay over the remaining steps to `min_ratio` at step == total.
+    Decay over the remaining steps to `min_ratio` at step == total ("wsd": over the last `decay_fraction` of
+    `total` only, the peak held before that).
     """
     if schedule not in SCHEDULES:
         raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {SCHEDULES}")
@@ -147,9 +150,14 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    span = max(1, total - warmup)
-    progress = min(1.0, max(0.0, (step - warmup) / span))
-    if schedule == "linear":
+    start = warmup
+    if schedule == "wsd":
+        if not 0 < decay_fraction <= 1:
+            raise ConfigError(f"decay_fraction must be in (0, 1], got {decay_fraction}")
+        start = max(warmup, total - int(round(decay_fraction * total)))
+    span = max(1, total - start)
+    progress = min(1.0, max(0.0, (step - start) / span))
+    if schedule in ("linear", "wsd"):
         shape = 1.0 - progress
     else:
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))

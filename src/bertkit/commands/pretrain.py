@@ -50,7 +50,10 @@ def register(subparsers) -> None:
     o.add_argument("--adam-beta2", dest="beta2", type=float, default=0.999,
                    help="AdamW's second-moment decay (BERT 0.999; RoBERTa's 0.98 tolerates higher learning rates)")
     o.add_argument("--warmup", type=float, default=0.01, help="< 1: fraction of steps; >= 1: steps (default 0.01)")
-    o.add_argument("--schedule", choices=("linear", "cosine", "constant"), default="linear")
+    o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"), default="linear",
+                   help="after warmup: linear decay (BERT), cosine, constant, or wsd (peak held, linear decay over "
+                        "the last --decay-fraction of the steps; for short budgets)")
+    o.add_argument("--decay-fraction", type=float, default=0.2, help="wsd: share of the steps that decay (0.2)")
     o.add_argument("--min-lr-ratio", type=float, default=0.0)
     o.add_argument("--clip", dest="max_grad_norm", type=float, default=1.0, help="gradient norm clip (0: none)")
     o.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",

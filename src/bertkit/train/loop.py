@@ -63,9 +63,10 @@ class TrainConfig:
     eps: float = 1e-6                     # BERT's epsilon; PyTorch's default 1e-8 differs
     max_grad_norm: float | None = 1.0     # clip the global gradient norm; None: no clipping
     # -- schedule
-    schedule: str = "linear"              # linear (BERT) | cosine | constant, after warmup
+    schedule: str = "linear"              # linear (BERT) | cosine | constant | wsd, after warmup
     warmup: float = 0.01                  # < 1: fraction of the total steps; >= 1: steps
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
+    decay_fraction: float = 0.2           # wsd: the linear decay spans this last fraction of the steps
     # -- precision & placement
     precision: str = "auto"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32" | "auto":
                                           # bf16 where the device has native bf16 (bertkit.hardware), else fp32
@@ -111,6 +112,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.precision={self.precision!r} is not one of {PRECISIONS}")
         if self.warmup < 0:
             raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
+        if not (isinstance(self.decay_fraction, (int, float)) and 0 < self.decay_fraction <= 1):
+            raise ConfigError(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
         if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
             raise ConfigError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.weight_decay < 0:
@@ -792,7 +795,7 @@ class _Trainer:
     def lr_at(self, step: int) -> float:
         cfg = self.cfg
         return cfg.lr * lr_factor(step, self.total, warmup_steps(cfg.warmup, self.total), cfg.schedule,
-                                  cfg.min_lr_ratio)
+                                  cfg.min_lr_ratio, cfg.decay_fraction)
 
     def _update_budget(self, step_time: float) -> None:
         """Budget mode: phase by elapsed share of the budget; total = done + remaining time / time per step."""

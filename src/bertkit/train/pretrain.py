@@ -65,8 +65,9 @@ class PretrainConfig:
     weight_decay: float = 0.01
     beta2: float = 0.999                        # AdamW's second moment (RoBERTa: 0.98, stabler at high lr)
     warmup: float = 0.01
-    schedule: str = "linear"
+    schedule: str = "linear"                    # linear | cosine | constant | wsd (see bertkit.optim)
     min_lr_ratio: float = 0.0
+    decay_fraction: float = 0.2                 # wsd: the decay spans this last fraction of the steps
     max_grad_norm: float | None = 1.0
     precision: str = "auto"                     # auto: bf16 where native (bertkit.hardware), else fp32
     seed: int = 0
@@ -289,7 +290,8 @@ def pretrain(pc: PretrainConfig):
     cfg = TrainConfig(
         max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
         optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2), max_grad_norm=pc.max_grad_norm,
-        schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio, precision=pc.precision,
+        schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio, decay_fraction=pc.decay_fraction,
+        precision=pc.precision,
         device=pc.device, fsdp=pc.fsdp, deterministic=pc.deterministic, seed=pc.seed,
         save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
         resume=pc.resume, overwrite=pc.overwrite, eval_every_steps=pc.eval_every_steps,
