@@ -206,3 +206,59 @@ def test_first_token_only_last_hidden_state_is_cls_row():
     _close(first.last_hidden_state, full.last_hidden_state[:, :1])
     _close(first.pooler_output, full.pooler_output)
     assert hid.last_hidden_state.shape == (B, S, 48)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "unpadded"])
+@pytest.mark.parametrize("kind", ["pretraining", "mlm"])
+def test_mlm_last_layer_subset_same_loss_and_gradients(tmp_path, backend, kind):
+    """With labels the last layer runs its output projection and FFN for the masked rows (+ [CLS]) only: the loss,
+    the masked rows' logits, the NSP logits and every parameter gradient equal transformers' full forward (dropout
+    0), in each attention backend."""
+    hf_cls = transformers.BertForPreTraining if kind == "pretraining" else transformers.BertForMaskedLM
+    ours_cls = BertForPreTraining if kind == "pretraining" else BertForMaskedLM
+    hf = _save_hf(hf_cls, tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids, types, mask = _batch(5)
+    g = torch.Generator().manual_seed(1)
+    labels = torch.where((torch.rand(B, S, generator=g) < 0.3) & mask.bool(), ids, torch.full_like(ids, -100))
+    labels[0, 0] = -100   # a row whose [CLS] is not masked, as in real data
+    kw = {"next_sentence_label": torch.tensor([0, 1, 1, 0])} if kind == "pretraining" else {}
+    m = ours_cls.from_pretrained(tmp_path, attn_implementation=backend).train()
+    out = m(ids, types, mask, labels=labels, **kw)
+    out.loss.backward()
+    hf.train()
+    r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **kw)
+    r.loss.backward()
+    pos = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+    assert torch.equal(out.masked_positions, pos)
+    hf_logits = (r.prediction_logits if kind == "pretraining" else r.logits).reshape(B * S, -1)[pos]
+    logits = out.prediction_logits if kind == "pretraining" else out.logits
+    _close(logits, hf_logits, tol=2e-5)
+    _close(out.loss, r.loss)
+    if kind == "pretraining":
+        _close(out.seq_relationship_logits, r.seq_relationship_logits)
+    hf_grads = dict(hf.named_parameters())
+    for name, p in m.named_parameters():
+        _close(p.grad, hf_grads[name].grad, tol=2e-5)
+
+
+def test_output_rows_selects_the_full_forwards_rows():
+    cfg = BertConfig(vocab_size=V, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                     max_position_embeddings=32)
+    from bertkit.model import BertModel
+    torch.manual_seed(0)
+    ids, types, mask = _batch(6)
+    rows = torch.tensor([1, 5, S + 2, 2 * S + 9, 3 * S + 3])            # real tokens of rows 0, 1, 2, 3
+    for backend in ("sdpa", "unpadded"):
+        m = BertModel(cfg.replace(attn_implementation=backend)).eval()
+        with torch.no_grad():
+            full = m(ids, types, mask)
+            sub = m(ids, types, mask, output_rows=rows)
+            hid = m(ids, types, mask, output_rows=rows, output_hidden_states=True)   # full layer, rows selected
+            none = m(ids, types, mask, output_rows=rows[:0])
+        want = full.last_hidden_state.reshape(B * S, -1)[rows]
+        assert sub.last_hidden_state.shape == (5, 48)
+        _close(sub.last_hidden_state, want)
+        _close(sub.pooler_output, full.pooler_output)
+        _close(hid.last_hidden_state, want)
+        assert none.last_hidden_state.shape == (0, 48)
+        _close(none.pooler_output, full.pooler_output)

@@ -60,7 +60,9 @@ concatenated and autocast-cast weights are cached until a parameter changes (aut
 every forward; the cache costs one bf16 copy of the encoder's matrices); token_type_ids=None adds the type-0 row by
 broadcast instead of an embedding lookup; `first_token_only=True` (what sequence classification uses) runs the last
 layer for position 0 only: keys and values over all tokens, one query row per sequence, so the attention output,
-its LayerNorm and the FFN run on (batch, 1, hidden), the same values as the full layer's [CLS] row.
+its LayerNorm and the FFN run on (batch, 1, hidden), the same values as the full layer's [CLS] row;
+`output_rows=` (what MLM uses: the masked positions) runs the last layer's output projection, LayerNorms and FFN
+for those rows and the [CLS] rows only (MosaicBERT's subset of the final layer).
 """
 
 from __future__ import annotations
@@ -212,6 +214,15 @@ class Layout:
         if self.backend != "unpadded":
             return x[:, 0]
         return x.index_select(0, self.cu_seqlens[:-1].long())
+
+    def rows_of(self, flat: Tensor) -> Tensor:
+        """Flat (batch * seq) positions of real tokens -> their row index in the layer's (rows, hidden) view: the
+        same for the padded layout, the packed index for "unpadded"."""
+        if self.backend != "unpadded":
+            return flat
+        inv = torch.full((self.batch * self.seq,), -1, dtype=torch.long, device=self.indices.device)
+        inv[self.indices] = torch.arange(self.indices.numel(), device=self.indices.device)
+        return inv.index_select(0, flat)
 
     def pad(self, x: Tensor) -> Tensor:
         """(tokens, hidden) -> (batch, seq, hidden) with zeros at padded positions (identity when padded)."""
@@ -589,21 +600,37 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(a), a)
 
 
+    def forward_rows(self, x: Tensor, layout: Layout, rows: Tensor) -> Tensor:
+        """The layer's output at the given rows only: `rows` (n,) index the layer's (rows, hidden) view (flat
+        batch * seq positions, or packed token indices for "unpadded"); returns (n, hidden), the same values as
+        `forward(...)[0].reshape(-1, hidden)[rows]`. Attention runs in full (every row is a key and value, and
+        queries are cheap next to the dense work); the attention output projection, both LayerNorms and the FFN,
+        3/4 of the layer's matmul FLOPs, run on the n rows only (MosaicBERT's last-layer subset for MLM)."""
+        ctx, _ = self.attention.self(x, layout)                 # (batch, seq, hidden) or (tokens, hidden)
+        h = x.shape[-1]
+        ctx = ctx.reshape(-1, h).index_select(0, rows)          # (n, hidden)
+        a = self.attention.output(ctx, x.reshape(-1, h).index_select(0, rows))
+        return self.output(self.intermediate(a), a)
+
+
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(self, x: Tensor, layout: Layout, output_attentions: bool = False,
-                output_hidden_states: bool = False, first_only: bool = False
+                output_hidden_states: bool = False, first_only: bool = False, rows: Tensor | None = None
                 ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
-        """first_only: the last layer runs for position 0 only and x comes back (batch, 1, hidden); not together
-        with output_attentions / output_hidden_states."""
+        """first_only: the last layer runs for position 0 only and x comes back (batch, 1, hidden); rows: the last
+        layer's output is computed for these rows only (see BertLayer.forward_rows) and comes back (n, hidden).
+        Neither together with output_attentions / output_hidden_states."""
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for i, layer in enumerate(self.layer):
             if first_only and i == len(self.layer) - 1:
                 return layer.forward_first(x, layout), None, None
+            if rows is not None and i == len(self.layer) - 1:
+                return layer.forward_rows(x, layout, rows), None, None
             x, probs = layer(x, layout, output_attentions)
             if hidden is not None:
                 hidden.append(x)
@@ -733,18 +760,31 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                first_token_only: bool = False) -> BertModelOutput:
+                first_token_only: bool = False, output_rows: Tensor | None = None) -> BertModelOutput:
         """first_token_only: compute the last layer at position 0 ([CLS]) only, for callers that read nothing but
         the pooler (sequence classification): `last_hidden_state` is then (batch, 1, hidden), the same values as
-        the full forward's `[:, :1]`, and the pooler is unchanged. Ignored when attention maps or hidden states are
-        requested, and for a packed batch whose attention mask does not start with a real token in every row."""
+        the full forward's `[:, :1]`, and the pooler is unchanged.
+        output_rows: (n,) flat (batch * seq) positions of real tokens, for callers that read the last layer at
+        those positions only (MLM at its masked tokens): `last_hidden_state` is then (n, hidden), the same values
+        as the full forward's `.reshape(-1, hidden)[output_rows]`, and the last layer's output projection and FFN
+        run on those rows (plus [CLS] for the pooler) only.
+        Both are ignored (the full last layer runs; output_rows still selects the returned rows) when attention
+        maps or hidden states are requested, and for a packed batch whose attention mask does not start with a
+        real token in every row."""
         _check_inputs(self.config, input_ids, token_type_ids, attention_mask)
         b, s = input_ids.shape
         backend = self.choose_backend(attention_mask, output_attentions)
         layout = Layout.build(backend, attention_mask, b, s, input_ids.device)
-        first_only = first_token_only and not (output_attentions or output_hidden_states)
-        if first_only and backend == "unpadded" and attention_mask is not None:
-            first_only = bool(attention_mask[:, 0].all())     # packed rows must start at position 0
+        subset = (first_token_only or output_rows is not None) and not (output_attentions or output_hidden_states)
+        if subset and backend == "unpadded" and attention_mask is not None:
+            subset = bool(attention_mask[:, 0].all())         # packed rows must start at position 0
+        first_only = subset and first_token_only and output_rows is None
+        rows = None
+        if subset and output_rows is not None:
+            rows = layout.rows_of(output_rows.reshape(-1))                                   # (n,)
+            if self.pooler is not None:                      # the [CLS] rows too: the pooler reads them
+                cls_rows = torch.arange(b, device=input_ids.device) * s
+                rows = torch.cat([rows, layout.rows_of(cls_rows)])
         if backend == "unpadded":
             idx = layout.indices                                         # (tokens,)
             ids = input_ids.reshape(-1).index_select(0, idx)
@@ -760,10 +800,16 @@ class BertModel(BertPreTrainedModel):
             # ~15% of a MiniLM training step at 128 tokens. One cast here keeps the stream in bf16; LayerNorm
             # still computes in fp32 internally with fp32 parameters, matmuls accumulate in fp32 (as before).
             x = x.to(torch.get_autocast_dtype("cpu"))
-        x, hidden, attentions = self.encoder(x, layout, output_attentions, output_hidden_states, first_only)
+        x, hidden, attentions = self.encoder(x, layout, output_attentions, output_hidden_states, first_only, rows)
+        if rows is not None:
+            n = output_rows.numel()
+            pooled = self.pooler(x[n:, None]) if self.pooler is not None else None   # (batch, hidden)
+            return BertModelOutput(last_hidden_state=x[:n], pooler_output=pooled)    # (n, hidden)
         if not first_only:
             x = layout.pad(x)                                            # (batch, seq, hidden)
         pooled = self.pooler(x) if self.pooler is not None else None
+        if output_rows is not None:                                      # the full layer ran: select the rows
+            x = x.reshape(-1, x.shape[-1]).index_select(0, output_rows.reshape(-1))
         return BertModelOutput(
             last_hidden_state=x, pooler_output=pooled,
             hidden_states=tuple(layout.pad(h) for h in hidden) if hidden is not None else None,
