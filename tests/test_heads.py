@@ -262,3 +262,20 @@ def test_output_rows_selects_the_full_forwards_rows():
         _close(hid.last_hidden_state, want)
         assert none.last_hidden_state.shape == (0, 48)
         _close(none.pooler_output, full.pooler_output)
+
+
+def test_mlm_labels_on_padding_fall_back_to_the_full_last_layer():
+    """A label on a padded position (not a row of the packed batch) gives the loss it gave before the masked-rows
+    path: the full last layer runs and that position's (zero) output is read."""
+    torch.manual_seed(0)
+    m = BertForMaskedLM(BertConfig(vocab_size=V, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=96, max_position_embeddings=32, attn_implementation="unpadded",
+                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    ids, types, mask = _batch(7)
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 9] = 5, 6                      # mask[1, 9] == 0: a padded position
+    losses = {}
+    for subset in (True, False):
+        m.masked_rows_only = subset
+        losses[subset] = m(ids, types, mask, labels=labels).loss
+    _close(losses[True], losses[False])

@@ -14,8 +14,10 @@ transform and the vocabulary projection, so the (tokens x vocab) matmul shrinks 
 work, and the logits returned are (n_masked, vocab) in row-major order of the masked positions
 (`output.masked_positions` gives their flat (batch * seq) indices). Without labels the logits are (batch, seq, vocab).
 The loss is the mean cross-entropy over masked tokens, exactly what the full projection would give. The encoder's
-last layer, too, runs its output projection and FFN for the masked positions (and [CLS]) only
-(`BertModel.forward(output_rows=...)`).
+last layer, too, runs its output projection and FFN for the masked positions only (and [CLS], for the NSP/SOP head
+of BertForPreTraining) (`BertModel.forward(output_rows=...)`). The values and gradients are the full layer's; with
+dropout the last layer draws masks for fewer rows, so the random stream (not its distribution) differs from a full
+last layer's.
 """
 
 from __future__ import annotations

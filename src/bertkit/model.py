@@ -111,7 +111,7 @@ def activation(name: str):
 
 @dataclass
 class BertModelOutput:
-    last_hidden_state: Tensor                  # (batch, seq, hidden)
+    last_hidden_state: Tensor                  # (batch, seq, hidden); (n, hidden) with output_rows
     pooler_output: Tensor | None = None        # (batch, hidden)
     hidden_states: tuple[Tensor, ...] | None = None  # embeddings + each layer, each (batch, seq, hidden)
     attentions: tuple[Tensor, ...] | None = None     # each layer (batch, heads, seq, seq)
@@ -782,6 +782,11 @@ class BertModel(BertPreTrainedModel):
         rows = None
         if subset and output_rows is not None:
             rows = layout.rows_of(output_rows.reshape(-1))                                   # (n,)
+            if backend == "unpadded" and rows.numel() and int(rows.min()) < 0:
+                # a requested position is padding (e.g. an MLM label there): not in the packed rows, so the full
+                # layer runs and the padded output (zeros there) is selected, as without output_rows
+                rows, first_only = None, False
+        if rows is not None:
             if self.pooler is not None:                      # the [CLS] rows too: the pooler reads them
                 cls_rows = torch.arange(b, device=input_ids.device) * s
                 rows = torch.cat([rows, layout.rows_of(cls_rows)])

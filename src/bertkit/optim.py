@@ -9,9 +9,10 @@
   either norm is 0), so every layer moves by a similar relative amount; what makes batch 32k work for BERT.
 * `lr_factor(step, total, warmup, schedule, min_ratio)`: the multiplier of the peak lr at a given optimizer step:
   linear warmup from 0 over `warmup` steps, then linear (BERT) or cosine decay to `min_ratio` at `total`, or
-  constant, or "wsd" (warmup-stable-decay: the peak lr held until the last `decay_fraction` of the steps, then a
-  linear decay; a short run's lr stays high through the MLM loss plateau instead of decaying across it). A pure function of (step, total): the schedule has no state of its own beyond those two numbers, which
-  the trainer checkpoints, so a resumed run continues on exactly the same curve.
+  constant, or "wsd" (warmup-stable-decay: the peak lr held until the last `decay_fraction` of the steps,
+  then a linear decay; a short run's lr stays high through the MLM loss plateau instead of decaying across it).
+  A pure function of (step, total): the schedule has no state of its own beyond those two numbers, which the
+  trainer checkpoints, so a resumed run continues on exactly the same curve.
 """
 
 from __future__ import annotations

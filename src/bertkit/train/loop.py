@@ -398,11 +398,16 @@ def _wrap(model: nn.Module, cfg: TrainConfig, d: _Dist) -> nn.Module:
         # FSDP2 (per-parameter sharding, DTensor): works on CPU (gloo) as well as CUDA (nccl). Each encoder layer
         # is its own unit (all-gathered just before it runs, freed after), the rest (embeddings, heads) the root.
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
         mesh = init_device_mesh(d.device.type, (d.world,))
         for m in model.modules():
             if type(m).__name__.endswith("Layer"):
                 fully_shard(m, mesh=mesh)
+                # the last layer may run through these methods instead of forward ([CLS]-only / masked rows):
+                # they must all-gather the layer's shards too
+                for name in ("forward_first", "forward_rows"):
+                    if hasattr(m, name):
+                        register_fsdp_forward_method(m, name)
         fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
