@@ -158,6 +158,10 @@ def test_mlm_with_no_masked_token_is_zero_not_nan():
     out = m(ids, labels=torch.full_like(ids, -100))
     assert out.loss.item() == 0.0 and out.logits.shape == (0, 50)
     out.loss.backward()
+    mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3])           # a packed ("unpadded") batch, nothing masked
+    m.config.attn_implementation = "unpadded"
+    out = m(ids, attention_mask=mask, labels=torch.full_like(ids, -100))
+    assert out.loss.item() == 0.0 and out.logits.shape == (0, 50)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "unpadded"])

@@ -172,12 +172,10 @@ class BertForPreTraining(_HeadModel):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> PreTrainingOutput:
-        positions = _masked_positions(labels)
+        rows = _masked_positions(labels) if self.masked_rows_only else None
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states,
-                        output_rows=positions if self.masked_rows_only else None)
-        logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels,
-                                                 positions if self.masked_rows_only else None)
+                        output_hidden_states=output_hidden_states, output_rows=rows)
+        logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)                     # (batch, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -205,12 +203,10 @@ class BertForMaskedLM(_HeadModel):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False) -> MaskedLMOutput:
-        positions = _masked_positions(labels)
+        rows = _masked_positions(labels) if self.masked_rows_only else None
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states,
-                        output_rows=positions if self.masked_rows_only else None)
-        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels,
-                                             positions if self.masked_rows_only else None)
+                        output_hidden_states=output_hidden_states, output_rows=rows)
+        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows)
         return MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
                               hidden_states=out.hidden_states, attentions=out.attentions)
 

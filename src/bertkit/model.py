@@ -599,7 +599,6 @@ class BertLayer(nn.Module):
         a = self.attention.output(ctx, residual)
         return self.output(self.intermediate(a), a)
 
-
     def forward_rows(self, x: Tensor, layout: Layout, rows: Tensor) -> Tensor:
         """The layer's output at the given rows only: `rows` (n,) index the layer's (rows, hidden) view (flat
         batch * seq positions, or packed token indices for "unpadded"); returns (n, hidden), the same values as
@@ -781,15 +780,14 @@ class BertModel(BertPreTrainedModel):
         first_only = subset and first_token_only and output_rows is None
         rows = None
         if subset and output_rows is not None:
-            rows = layout.rows_of(output_rows.reshape(-1))                                   # (n,)
+            flat = output_rows.reshape(-1)                                                   # (n,)
+            if self.pooler is not None:                      # the [CLS] rows too: the pooler reads them
+                flat = torch.cat([flat, torch.arange(b, device=input_ids.device) * s])
+            rows = layout.rows_of(flat)
             if backend == "unpadded" and rows.numel() and int(rows.min()) < 0:
                 # a requested position is padding (e.g. an MLM label there): not in the packed rows, so the full
                 # layer runs and the padded output (zeros there) is selected, as without output_rows
-                rows, first_only = None, False
-        if rows is not None:
-            if self.pooler is not None:                      # the [CLS] rows too: the pooler reads them
-                cls_rows = torch.arange(b, device=input_ids.device) * s
-                rows = torch.cat([rows, layout.rows_of(cls_rows)])
+                rows = None
         if backend == "unpadded":
             idx = layout.indices                                         # (tokens,)
             ids = input_ids.reshape(-1).index_select(0, idx)
