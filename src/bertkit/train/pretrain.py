@@ -289,10 +289,10 @@ def pretrain(pc: PretrainConfig):
         eval_fn = pretraining_eval(reader(pc.eval_shards, shuffle=False), max_batches=pc.eval_batches)
     cfg = TrainConfig(
         max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
-        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2), max_grad_norm=pc.max_grad_norm,
-        schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio, decay_fraction=pc.decay_fraction,
-        precision=pc.precision,
-        device=pc.device, fsdp=pc.fsdp, deterministic=pc.deterministic, seed=pc.seed,
+        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2),
+        max_grad_norm=pc.max_grad_norm, schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio,
+        decay_fraction=pc.decay_fraction, precision=pc.precision, device=pc.device, fsdp=pc.fsdp,
+        deterministic=pc.deterministic, seed=pc.seed,
         save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
         resume=pc.resume, overwrite=pc.overwrite, eval_every_steps=pc.eval_every_steps,
         log_every_steps=pc.log_every_steps, progress=pc.progress)
