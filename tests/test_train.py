@@ -115,8 +115,12 @@ def test_lr_schedule_warmup_then_decay():
     assert lr_factor(90, total, warm, "wsd", min_ratio=0.1, decay_fraction=0.2) == pytest.approx(0.55)
     with pytest.raises(ConfigError, match="decay_fraction"):
         lr_factor(50, total, warm, "wsd", decay_fraction=0.0)
-    with pytest.raises(ConfigError, match="decay_fraction"):
-        TrainConfig(max_steps=10, decay_fraction=1.5).validate()
+    with pytest.raises(ConfigError, match="decay_fraction must be in"):
+        TrainConfig(max_steps=10, schedule="wsd", decay_fraction=1.5).validate()
+    with pytest.raises(ConfigError, match="applies to schedule='wsd' only, not 'linear'"):
+        TrainConfig(max_steps=10, decay_fraction=0.1).validate()   # it would change nothing: refused, not ignored
+    TrainConfig(max_steps=10, schedule="wsd").validate()           # None: the default 0.2
+    assert lr_factor(90, total, warm, "wsd", decay_fraction=None) == w[90]
 
 
 def test_lamb_trust_ratio_and_descent():

@@ -114,7 +114,7 @@ def _fails(argv, capsys, match: str, out: Path | None = None):
         assert not (out / "metrics.jsonl").exists()   # no training step ran
 
 
-def test_bad_inputs_fail_before_training(data, tmp_path, capsys):
+def test_bad_inputs_fail_before_training(data, tmp_path, capsys, monkeypatch):
     import shutil
     out = tmp_path / "out"
     base = [*TINY, "--steps", "2", "--out", str(out)]
@@ -158,6 +158,11 @@ def test_bad_inputs_fail_before_training(data, tmp_path, capsys):
     _fails(["pretrain", str(data / "shards"), *TINY, "--out", str(out)], capsys, "--steps", out)
     _fails(["pretrain", str(data / "shards"), *TINY, "--steps", "2", "--global-batch", "12", "--out", str(out)],
            capsys, "not a multiple", out)
+    # a training setting that is refused: before the model is even built
+    import bertkit.train.pretrain as P
+    monkeypatch.setattr(P, "build_model", lambda *a, **k: pytest.fail("the model was built"))
+    _fails(["pretrain", str(data / "shards"), *TINY, "--steps", "2", "--decay-fraction", "0.1", "--out", str(out)],
+           capsys, "applies to schedule='wsd' only", out)
 
 
 def test_two_processes_give_the_losses_of_one(data, tmp_path):

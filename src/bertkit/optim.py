@@ -137,13 +137,16 @@ def warmup_steps(warmup: float, total: int) -> int:
     return int(round(warmup * total)) if warmup < 1 else int(warmup)
 
 
+DEFAULT_DECAY_FRACTION = 0.2   # wsd: the linear decay spans the last 20% of the steps
+
+
 def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_ratio: float = 0.0,
-              decay_fraction: float = 0.2) -> float:
+              decay_fraction: float | None = None) -> float:
     """Multiplier of the peak lr for the update made at optimizer step `step` (0-based) of `total`.
 
     Warmup: (step + 1) / warmup, so the first update already moves (BERT's TF code starts at 0 and wastes one step).
     Decay over the remaining steps to `min_ratio` at step == total ("wsd": over the last `decay_fraction` of
-    `total` only, the peak held before that).
+    `total` only, the peak held before that; None: DEFAULT_DECAY_FRACTION).
     """
     if schedule not in SCHEDULES:
         raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {SCHEDULES}")
@@ -153,6 +156,8 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_
         return 1.0
     start = warmup
     if schedule == "wsd":
+        if decay_fraction is None:
+            decay_fraction = DEFAULT_DECAY_FRACTION
         if not 0 < decay_fraction <= 1:
             raise ConfigError(f"decay_fraction must be in (0, 1], got {decay_fraction}")
         start = max(warmup, total - int(round(decay_fraction * total)))

@@ -53,7 +53,8 @@ def register(subparsers) -> None:
     o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"), default="linear",
                    help="after warmup: linear decay (BERT), cosine, constant, or wsd (peak held, linear decay over "
                         "the last --decay-fraction of the steps; for short budgets)")
-    o.add_argument("--decay-fraction", type=float, default=0.2, help="wsd: share of the steps that decay (0.2)")
+    o.add_argument("--decay-fraction", type=float, default=None,
+                   help="wsd only: share of the steps that decay (default 0.2)")
     o.add_argument("--min-lr-ratio", type=float, default=0.0)
     o.add_argument("--clip", dest="max_grad_norm", type=float, default=1.0, help="gradient norm clip (0: none)")
     o.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",

@@ -66,7 +66,8 @@ class TrainConfig:
     schedule: str = "linear"              # linear (BERT) | cosine | constant | wsd, after warmup
     warmup: float = 0.01                  # < 1: fraction of the total steps; >= 1: steps
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
-    decay_fraction: float = 0.2           # wsd: the linear decay spans this last fraction of the steps
+    decay_fraction: float | None = None   # wsd: the linear decay spans this last fraction of the steps (None:
+                                          # 0.2); an error with the other schedules, which it would not change
     # -- precision & placement
     precision: str = "auto"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32" | "auto":
                                           # bf16 where the device has native bf16 (bertkit.hardware), else fp32
@@ -112,8 +113,12 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.precision={self.precision!r} is not one of {PRECISIONS}")
         if self.warmup < 0:
             raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
-        if not (isinstance(self.decay_fraction, (int, float)) and 0 < self.decay_fraction <= 1):
-            raise ConfigError(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
+        if self.decay_fraction is not None:
+            if self.schedule != "wsd":
+                raise ConfigError(f"TrainConfig.decay_fraction={self.decay_fraction!r} applies to schedule='wsd' "
+                                  f"only, not {self.schedule!r}: drop it (--decay-fraction) or use the wsd schedule")
+            if not (isinstance(self.decay_fraction, (int, float)) and 0 < self.decay_fraction <= 1):
+                raise ConfigError(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
         if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
             raise ConfigError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.weight_decay < 0:

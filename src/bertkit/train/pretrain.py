@@ -67,7 +67,7 @@ class PretrainConfig:
     warmup: float = 0.01
     schedule: str = "linear"                    # linear | cosine | constant | wsd (see bertkit.optim)
     min_lr_ratio: float = 0.0
-    decay_fraction: float = 0.2                 # wsd: the decay spans this last fraction of the steps
+    decay_fraction: float | None = None         # wsd: the decay spans this last fraction of the steps (None: 0.2)
     max_grad_norm: float | None = 1.0
     precision: str = "auto"                     # auto: bf16 where native (bertkit.hardware), else fp32
     seed: int = 0
@@ -261,6 +261,16 @@ def pretrain(pc: PretrainConfig):
     if global_batch % per_step:
         raise ConfigError(f"global batch {global_batch} is not a multiple of batch_size {pc.batch_size} x "
                           f"{world} processes")
+    cfg = TrainConfig(
+        max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
+        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2),
+        max_grad_norm=pc.max_grad_norm, schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio,
+        decay_fraction=pc.decay_fraction, precision=pc.precision, device=pc.device, fsdp=pc.fsdp,
+        deterministic=pc.deterministic, seed=pc.seed,
+        save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
+        resume=pc.resume, overwrite=pc.overwrite, eval_every_steps=pc.eval_every_steps,
+        log_every_steps=pc.log_every_steps, progress=pc.progress)
+    cfg.validate()  # bad settings fail here, before the model is built
     seed_everything(pc.seed)
     model, config = build_model(pc, manifests["shards"], objective)
     for name, m in manifests.items():
@@ -287,16 +297,6 @@ def pretrain(pc: PretrainConfig):
     eval_fn = None
     if pc.eval_shards:
         eval_fn = pretraining_eval(reader(pc.eval_shards, shuffle=False), max_batches=pc.eval_batches)
-    cfg = TrainConfig(
-        max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
-        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2),
-        max_grad_norm=pc.max_grad_norm, schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio,
-        decay_fraction=pc.decay_fraction, precision=pc.precision, device=pc.device, fsdp=pc.fsdp,
-        deterministic=pc.deterministic, seed=pc.seed,
-        save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
-        resume=pc.resume, overwrite=pc.overwrite, eval_every_steps=pc.eval_every_steps,
-        log_every_steps=pc.log_every_steps, progress=pc.progress)
-    cfg.validate()
     if rank == 0:
         (out / "pretrain_config.json").write_text(json.dumps(dataclasses.asdict(pc), indent=1, default=str))
         log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
