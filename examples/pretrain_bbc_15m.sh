@@ -13,7 +13,8 @@
 #   head learns to attend to the previous / next token; the recipe is tuned to get there early:
 # - token masking at 40% (not whole words, not 15%): more predictions per step, and a masked piece's neighbours are
 #   its best evidence. 15-minute runs: whole-word 30% ended at held-out MLM accuracy 0.153 (still on the plateau),
-#   token 30% 0.165, token 40% 0.29 (the head formed at ~1,500-2,000 steps);
+#   token 30% 0.165, token 40% 0.29 / 0.27 / 0.25 (seeds 0 / 1 / 2, the last on another split; the head formed at
+#   ~1,500-2,500 steps);
 # - a 1,000-step warmup (with 200-400 steps, whole-word runs stayed on the plateau for up to 6,000 steps), then
 #   the peak lr held until the last 10% of the budget (--schedule wsd);
 # - seq 64 and batch 16: many small updates from the ~3,000-3,500 steps 15 minutes give on 2 cores;
