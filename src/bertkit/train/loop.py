@@ -67,7 +67,7 @@ class TrainConfig:
     warmup: float = 0.01                  # < 1: fraction of the total steps; >= 1: steps
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
     decay_fraction: float | None = None   # wsd: the linear decay spans this last fraction of the steps (None:
-                                          # 0.2); an error with the other schedules, which it would not change
+                                          # optim.DEFAULT_DECAY_FRACTION); an error with the other schedules
     # -- precision & placement
     precision: str = "auto"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32" | "auto":
                                           # bf16 where the device has native bf16 (bertkit.hardware), else fp32

@@ -67,7 +67,7 @@ class PretrainConfig:
     warmup: float = 0.01
     schedule: str = "linear"                    # linear | cosine | constant | wsd (see bertkit.optim)
     min_lr_ratio: float = 0.0
-    decay_fraction: float | None = None         # wsd: the decay spans this last fraction of the steps (None: 0.2)
+    decay_fraction: float | None = None         # wsd only: the decay's share of the steps (TrainConfig's meaning)
     max_grad_norm: float | None = 1.0
     precision: str = "auto"                     # auto: bf16 where native (bertkit.hardware), else fp32
     seed: int = 0
