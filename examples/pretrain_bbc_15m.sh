@@ -17,6 +17,8 @@
 #   ~1,500-2,500 steps);
 # - a 1,000-step warmup (with 200-400 steps, whole-word runs stayed on the plateau for up to 6,000 steps), then
 #   the peak lr held until the last 10% of the budget (--schedule wsd);
+# - sentence-pair rows (--task nsp): MLM on packed rows (--task none) stayed on the plateau through 2,400 steps where
+#   the same seed on NSP-format rows left it at ~1,600-1,700 (with or without the NSP loss);
 # - seq 64 and batch 16: many small updates from the ~3,000-3,500 steps 15 minutes give on 2 cores;
 # - no dropout (it is a few epochs over 1M tokens: nothing to regularise yet).
 set -euo pipefail
