@@ -35,3 +35,26 @@ def test_report_reads_an_older_demo(tmp_path):
     assert "whole-word 15%, dynamic" in text
     assert "(`mini`, MLM only, from scratch)" in text
     assert "NSP accuracy" not in text and "warmup" not in text
+
+
+def test_report_shows_the_heldout_curve(tmp_path):
+    results = {"pretrain": {**PRETRAIN, "heldout_curve": [{"step": 250, "mlm_acc": 0.078, "nsp_acc": 0.5},
+                                                          {"step": 500, "mlm_acc": 0.101, "nsp_acc": 0.49}]}}
+    text = write_report(DemoConfig(out=str(tmp_path)), tmp_path, results).read_text()
+    assert "held-out MLM accuracy by step: 250: 0.078, 500: 0.101" in text
+
+
+def test_pretrain_refuses_an_older_demos_shards(tmp_path):
+    """Shards an older demo built (MLM-only rows of 128 tokens) are named, with the fix, before any training."""
+    import json
+
+    import pytest
+
+    from bertkit.demo import stage_pretrain
+    from bertkit.errors import BertkitError
+    train = tmp_path / "shards" / "train"
+    train.mkdir(parents=True)
+    (train / "manifest.json").write_text(json.dumps({"format": "bertkit-pretraining-shards", "version": 1,
+                                                     "task": "none", "seq_len": 128}))
+    with pytest.raises(BertkitError, match=r"task 'none' rows of 128 tokens.*--force"):
+        stage_pretrain(DemoConfig(out=str(tmp_path)), tmp_path / "pretrain", tmp_path / "vocab", tmp_path / "shards")

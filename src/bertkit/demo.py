@@ -60,8 +60,9 @@ class DemoConfig:
     # pre-training: BERT's MLM + NSP on 64-token rows with the from-scratch recipe of examples/pretrain_bbc_15m.sh
     # (README "From scratch on a small budget"): a from-scratch MLM predicts `the , to` for every mask until a
     # layer-0 head learns to look at the neighbouring tokens; token masks at 40%, a 1,000-step warmup then the peak
-    # lr held (wsd), small batches and no dropout bring that within the budget. MLM alone on packed rows ("none")
-    # stayed there longer: the same seed, 2,400 steps on the plateau vs out of it at ~1,700 with NSP.
+    # lr held (wsd), small batches and no dropout bring that within the budget. Sentence-pair rows matter, the NSP
+    # loss does not: one seed left the plateau at ~1,600-1,700 steps on NSP-format rows with or without the NSP
+    # loss, and was still on it at 2,400 steps on packed rows (task "none").
     preset: str = "mini"
     seq_len: int = 64
     task: str = "nsp"                     # nsp | sop | none (MLM only)
@@ -146,47 +147,59 @@ def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
     return res
 
 
-def _masked_tokens(shard_dir: Path, rows: int, batch_size: int) -> int:
-    """How many masked tokens the held-out evaluation scores (its first `rows` rows, fixed order)."""
+def _masked_tokens(shard_dir: Path, batches: int, batch_size: int) -> int:
+    """How many masked tokens the held-out evaluation scores: its first `batches` full batches, fixed order (the
+    reader `bertkit.train.pretrain` evaluates with)."""
     from bertkit.pretraining import ShardReader
-    reader = ShardReader(shard_dir, batch_size=batch_size, shuffle=False, drop_last=False)
-    total = seen = 0
-    for batch in reader:
-        total += int((batch["labels"] != -100).sum())
-        seen += batch["labels"].shape[0]
-        if seen >= rows:
+    reader = ShardReader(shard_dir, batch_size=batch_size, shuffle=False)
+    total = 0
+    for i, batch in enumerate(reader):
+        if i >= batches:
             break
+        total += int((batch["labels"] != -100).sum())
     return total
 
 
 def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
     """`bertkit pretrain` (bertkit.train.pretrain) from scratch for the budget: out/model, metrics.jsonl,
     curves.png, with the held-out shards scored every eval_every_steps."""
+    import shutil
     import torch
+    from bertkit import BertForMaskedLM, BertForPreTraining
     from bertkit.hardware import resolve_precision
+    from bertkit.pretraining.shards import read_manifest
     from bertkit.train.pretrain import PretrainConfig, pretrain
+    built = read_manifest(shards / "train")
+    if (built["task"], int(built["seq_len"])) != (cfg.task, cfg.seq_len):
+        raise BertkitError(f"{shards / 'train'} holds task {built['task']!r} rows of {built['seq_len']} tokens (an "
+                           f"older demo's), this demo pre-trains on task {cfg.task!r} rows of {cfg.seq_len}: "
+                           f"re-run with --force (or --only shards,pretrain,fillmask,attention --force)")
+    shutil.rmtree(out / "run", ignore_errors=True)   # an older demo's run directory
     precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
+    eval_batches = -(-cfg.eval_rows // cfg.batch_size)
     pc = PretrainConfig(shards=str(shards / "train"), out=str(out), eval_shards=str(shards / "heldout"),
-                        eval_batches=-(-cfg.eval_rows // cfg.batch_size), preset=cfg.preset, dropout=cfg.dropout,
+                        eval_batches=eval_batches, preset=cfg.preset, dropout=cfg.dropout,
                         batch_size=cfg.batch_size, budget=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup,
                         schedule=cfg.schedule, decay_fraction=cfg.decay_fraction, precision=precision,
                         seed=cfg.seed, keep_last=1, overwrite=True, eval_every_steps=cfg.eval_every_steps,
                         log_every_steps=5, progress=cfg.progress, vocab=str(vocab / "vocab.txt"))
-    _say(f"pre-training {cfg.preset} from scratch ({'MLM + ' + cfg.task.upper() if cfg.task != 'none' else 'MLM'}) "
-         f"for {cfg.pretrain_budget_s:.0f} s on rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, "
-         f"{torch.get_num_threads()} threads")
+    objective = "MLM + " + cfg.task.upper() if cfg.task != "none" else "MLM"
+    _say(f"pre-training {cfg.preset} from scratch ({objective}) for {cfg.pretrain_budget_s:.0f} s on rows of "
+         f"{cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, {torch.get_num_threads()} threads")
     result = pretrain(pc)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)   # optimizer state for --resume: not needed here
     final = dict(result.eval_history[-1]) if result.eval_history else {}
-    from bertkit import BertForPreTraining
-    n_params = BertForPreTraining.from_pretrained(out / "model").num_parameters()
+    cls = BertForPreTraining if cfg.task != "none" else BertForMaskedLM
+    n_params = cls.from_pretrained(out / "model").num_parameters()
     train_acc = [h.get("mlm_acc") for h in result.history if h.get("mlm_acc") is not None]
     return {"steps": result.steps, "tokens": result.tokens, "seconds": result.elapsed_s,
             "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params, "precision": precision,
             "final_train_loss": float(sum(result.losses[-20:]) / max(len(result.losses[-20:]), 1)),
             "final_train_mlm_acc": train_acc[-1] if train_acc else None,
-            "heldout_mlm_acc": final.get("mlm_acc"), "heldout_mlm_loss": final.get("mlm_loss"),
+            # MLM only: the loss is the MLM loss
+            "heldout_mlm_acc": final.get("mlm_acc"), "heldout_mlm_loss": final.get("mlm_loss", final.get("loss")),
             "heldout_nsp_acc": final.get("nsp_acc"),
-            "heldout_masked_tokens": _masked_tokens(shards / "heldout", cfg.eval_rows, cfg.batch_size),
+            "heldout_masked_tokens": _masked_tokens(shards / "heldout", eval_batches, cfg.batch_size),
             "heldout_curve": [{"step": h.get("step"), "mlm_acc": h.get("mlm_acc"), "nsp_acc": h.get("nsp_acc")}
                               for h in result.eval_history],
             "model_dir": str(out / "model"), "stop_reason": result.stop_reason,
@@ -315,15 +328,13 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
               f"Example: `{' '.join(v['example'])}`", ""]
     s = results.get("shards") or {}
     if s:
-        def masks(d: dict) -> str:           # older done.json files lack these fields: whole-word 15% then
-            mode = d.get("masking", "wwm")
-            return f"{ {'wwm': 'whole-word'}.get(mode, mode)} {d.get('mask_prob', 0.15):.0%}"
-        rows = f"rows ({s['train'].get('seq_len', 128)} tokens)"
-        L += ["## Pre-training data", "", f"| split | {rows} | tokens | masking |",
-              "|---|---:|---:|---|",
-              f"| train | {s['train']['examples']} | {s['train']['tokens']} | {masks(s['train'])}, dynamic (redrawn per "
-              f"epoch) |",
-              f"| held-out | {s['heldout']['examples']} | {s['heldout']['tokens']} | {masks(s['heldout'])}, static |", ""]
+        def row(split: str, how: str) -> str:
+            d = s[split]                     # older done.json files lack masking / mask_prob (whole-word 15%)
+            mode = {"wwm": "whole-word"}.get(d.get("masking", "wwm"), d.get("masking"))
+            return f"| {split} | {d['examples']} | {d['tokens']} | {mode} {d.get('mask_prob', 0.15):.0%}, {how} |"
+        L += ["## Pre-training data", "", f"| split | rows ({s['train'].get('seq_len', 128)} tokens) | tokens | "
+              "masking |", "|---|---:|---:|---|", row("train", "dynamic (redrawn per epoch)"),
+              row("heldout", "static"), ""]
     p = results.get("pretrain") or {}
     if p:
         r = p.get("recipe") or {}
@@ -337,11 +348,16 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
         L += [f"- {p['steps']} optimizer steps in {p['seconds']:.0f} s, {p['tokens'] / 1e6:.2f} M tokens "
               f"({p['tokens_per_s']:.0f} tokens/s), {p['params'] / 1e6:.1f} M parameters, "
               f"{'bf16 autocast' if p.get('precision', 'bf16') == 'bf16' else 'fp32 (no native bf16 on this CPU)'}",
-              f"- final training loss {p['final_train_loss']:.3f}, training MLM accuracy {_fmt(p['final_train_mlm_acc'])}",
-              f"- **held-out MLM accuracy {p['heldout_mlm_acc']:.3f}** (loss {p['heldout_mlm_loss']:.3f}) on "
-              f"{p['heldout_masked_tokens']} masked tokens of unseen BBC articles"
-              + (f"; held-out NSP accuracy {p['heldout_nsp_acc']:.3f}" if p.get("heldout_nsp_acc") is not None else ""),
-              "", "![pre-training curves](pretrain/curves.png)", ""]
+              f"- final training loss {p['final_train_loss']:.3f}, "
+              f"training MLM accuracy {_fmt(p['final_train_mlm_acc'])}",
+              f"- **held-out MLM accuracy {p['heldout_mlm_acc']:.3f}** (loss {_fmt(p.get('heldout_mlm_loss'))}) on "
+              f"{int(p['heldout_masked_tokens'])} masked tokens of unseen BBC articles"
+              + (f"; held-out {r.get('task', 'nsp').upper()} accuracy {p['heldout_nsp_acc']:.3f}"
+                 if p.get("heldout_nsp_acc") is not None else "")]
+        if p.get("heldout_curve"):
+            L.append("- held-out MLM accuracy by step: " + ", ".join(
+                f"{h['step']}: {h['mlm_acc']:.3f}" for h in p["heldout_curve"] if h.get("mlm_acc") is not None))
+        L += ["", "![pre-training curves](pretrain/curves.png)", ""]
     f = results.get("fillmask") or {}
     if f:
         L += ["## Fill-mask (our pre-trained `mini`)", ""]
