@@ -19,7 +19,8 @@ def test_report_names_the_recipe(tmp_path):
     }
     text = write_report(DemoConfig(out=str(tmp_path)), tmp_path, results).read_text()
     assert "| split | rows (64 tokens) |" in text
-    assert "token 40%, dynamic" in text and "whole-word 15%, static" in text
+    assert "| train | 17227 | 1061287 | token 40%, dynamic" in text
+    assert "| held-out | 2373 | 147036 | whole-word 15%, static |" in text
     assert "(`mini`, MLM + NSP, from scratch)" in text
     assert "warmup 1000 steps, schedule wsd (decay over the last 10%), dropout 0" in text
     assert "held-out NSP accuracy 0.513" in text

@@ -331,7 +331,8 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
         def row(split: str, how: str) -> str:
             d = s[split]                     # older done.json files lack masking / mask_prob (whole-word 15%)
             mode = {"wwm": "whole-word"}.get(d.get("masking", "wwm"), d.get("masking"))
-            return f"| {split} | {d['examples']} | {d['tokens']} | {mode} {d.get('mask_prob', 0.15):.0%}, {how} |"
+            name = {"heldout": "held-out"}.get(split, split)
+            return f"| {name} | {d['examples']} | {d['tokens']} | {mode} {d.get('mask_prob', 0.15):.0%}, {how} |"
         L += ["## Pre-training data", "", f"| split | rows ({s['train'].get('seq_len', 128)} tokens) | tokens | "
               "masking |", "|---|---:|---:|---|", row("train", "dynamic (redrawn per epoch)"),
               row("heldout", "static"), ""]
