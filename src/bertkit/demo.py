@@ -147,17 +147,8 @@ def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
     return res
 
 
-def _masked_tokens(shard_dir: Path, batches: int, batch_size: int) -> int:
-    """How many masked tokens the held-out evaluation scores: its first `batches` full batches, fixed order (the
-    reader `bertkit.train.pretrain` evaluates with)."""
-    from bertkit.pretraining import ShardReader
-    reader = ShardReader(shard_dir, batch_size=batch_size, shuffle=False)
-    total = 0
-    for i, batch in enumerate(reader):
-        if i >= batches:
-            break
-        total += int((batch["labels"] != -100).sum())
-    return total
+def _objective(task: str) -> str:
+    return "MLM only" if task == "none" else f"MLM + {task.upper()}"
 
 
 def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
@@ -165,7 +156,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     curves.png, with the held-out shards scored every eval_every_steps."""
     import shutil
     import torch
-    from bertkit import BertForMaskedLM, BertForPreTraining
+    from bertkit import BertConfig, BertForMaskedLM, BertForPreTraining
     from bertkit.hardware import resolve_precision
     from bertkit.pretraining.shards import read_manifest
     from bertkit.train.pretrain import PretrainConfig, pretrain
@@ -183,14 +174,14 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
                         schedule=cfg.schedule, decay_fraction=cfg.decay_fraction, precision=precision,
                         seed=cfg.seed, keep_last=1, overwrite=True, eval_every_steps=cfg.eval_every_steps,
                         log_every_steps=5, progress=cfg.progress, vocab=str(vocab / "vocab.txt"))
-    objective = "MLM + " + cfg.task.upper() if cfg.task != "none" else "MLM"
-    _say(f"pre-training {cfg.preset} from scratch ({objective}) for {cfg.pretrain_budget_s:.0f} s on rows of "
-         f"{cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, {torch.get_num_threads()} threads")
+    _say(f"pre-training {cfg.preset} from scratch ({_objective(cfg.task)}) for {cfg.pretrain_budget_s:.0f} s on "
+         f"rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, {torch.get_num_threads()} threads")
     result = pretrain(pc)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)   # optimizer state for --resume: not needed here
     final = dict(result.eval_history[-1]) if result.eval_history else {}
     cls = BertForPreTraining if cfg.task != "none" else BertForMaskedLM
-    n_params = cls.from_pretrained(out / "model").num_parameters()
+    with torch.device("meta"):                      # the trained class's size, without reading its weights back
+        n_params = cls(BertConfig.from_json(out / "model" / "config.json")).num_parameters()
     train_acc = [h.get("mlm_acc") for h in result.history if h.get("mlm_acc") is not None]
     return {"steps": result.steps, "tokens": result.tokens, "seconds": result.elapsed_s,
             "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params, "precision": precision,
@@ -199,7 +190,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
             # MLM only: the loss is the MLM loss
             "heldout_mlm_acc": final.get("mlm_acc"), "heldout_mlm_loss": final.get("mlm_loss", final.get("loss")),
             "heldout_nsp_acc": final.get("nsp_acc"),
-            "heldout_masked_tokens": _masked_tokens(shards / "heldout", eval_batches, cfg.batch_size),
+            "heldout_masked_tokens": final.get("masked_tokens"),
             "heldout_curve": [{"step": h.get("step"), "mlm_acc": h.get("mlm_acc"), "nsp_acc": h.get("nsp_acc")}
                               for h in result.eval_history],
             "model_dir": str(out / "model"), "stop_reason": result.stop_reason,
@@ -339,8 +330,7 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
     p = results.get("pretrain") or {}
     if p:
         r = p.get("recipe") or {}
-        objective = "MLM + " + r["task"].upper() if r.get("task", "none") != "none" else "MLM only"
-        L += [f"## Pre-training (`{r.get('preset', 'mini')}`, {objective}, from scratch)", ""]
+        L += [f"## Pre-training (`{r.get('preset', 'mini')}`, {_objective(r.get('task', 'none'))}, from scratch)", ""]
         if r:
             decay = f" (decay over the last {r['decay_fraction']:.0%})" if r["schedule"] == "wsd" else ""
             unit = "steps" if r["warmup"] >= 1 else "of the steps"

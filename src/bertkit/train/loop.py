@@ -212,19 +212,21 @@ def pretraining_step(model: nn.Module, batch: dict, token_weight: float = 1.0) -
 def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None,
                      step_fn: Callable = pretraining_step) -> Callable[[nn.Module], dict]:
     """An eval_fn over held-out pre-training batches: MLM loss (mean over every masked token) and accuracy, NSP/SOP
-    loss and accuracy, ELECTRA's replaced-token accuracy. The same batches each time (`set_epoch(0)` first when
-    the source has it, so dynamic masks repeat too)."""
+    loss and accuracy, ELECTRA's replaced-token accuracy, and `masked_tokens`, how many masked tokens were scored.
+    The same batches each time (`set_epoch(0)` first when the source has it, so dynamic masks repeat too)."""
     def evaluate(model: nn.Module) -> dict:
         if hasattr(batches, "set_epoch"):
             batches.set_epoch(0)
         device = next(model.parameters()).device
         pairs: dict[str, list[float]] = {}
+        masked_tokens = 0
         for i, batch in enumerate(batches):
             if max_batches is not None and i >= max_batches:
                 break
             batch = _to_device(batch, device)
             out = step_fn(model, batch)
             n_masked = float((batch["labels"] != IGNORE_INDEX).sum()) if "labels" in batch else 1.0
+            masked_tokens += int(n_masked) if "labels" in batch else 0
             for name, value in out.metrics.items():
                 s, c = value if isinstance(value, tuple) else (value, 1)
                 s, c = float(s), float(c)
@@ -236,7 +238,7 @@ def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None,
             acc = pairs.setdefault("loss", [0.0, 0.0])
             acc[0] += float(out.loss)
             acc[1] += 1
-        return {name: s / c for name, (s, c) in pairs.items() if c > 0}
+        return {**{name: s / c for name, (s, c) in pairs.items() if c > 0}, "masked_tokens": masked_tokens}
     return evaluate
 
 
