@@ -236,6 +236,8 @@ def main(argv=None) -> int:
                         "own N(0, 0.02) draw")
     p.add_argument("--model", help="model directory (default: MiniLM-L6)")
     p.add_argument("--random-init", action="store_true", help="ours only: the model's architecture, fresh weights")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="hidden + attention dropout while fine-tuning, both sides (the paper: 0.1)")
     p.add_argument("--feature-based", action="store_true",
                    help="frozen encoder + linear probe on chosen layers instead of fine-tuning (classify tasks)")
     p.add_argument("--side", choices=("both", "ours", "reference"), default="both")
@@ -257,7 +259,8 @@ def main(argv=None) -> int:
                          test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
                          epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
                          max_train_examples=args.max_train_examples, save_model=False, quiet=True,
-                         random_init=args.random_init, bucket_batches=args.bucket_batches, bf16=bf16)
+                         random_init=args.random_init, bucket_batches=args.bucket_batches, bf16=bf16,
+                         dropout=args.dropout)
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)
@@ -292,7 +295,7 @@ def main(argv=None) -> int:
                   f"{rec['examples_per_s']:.1f} ex/s", file=sys.stderr, flush=True)
 
     result = {"benchmark": "finetune", "task": args.task, "random_init": args.random_init, "kind": kind, "model": model_dir.name,
-              "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
+              "lr": args.lr, "dropout": args.dropout, "batch_size": args.batch_size, "epochs": args.epochs,
               "bucket_batches": args.bucket_batches, "reference_order": args.order, "reference_init": args.init, "max_length": cfg.max_length,
               "seeds": seeds, "data": data.counts, "threads": torch.get_num_threads(),
               "precision": "bf16" if bf16 else "fp32"}
