@@ -26,7 +26,7 @@ def register(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa)",
                        description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
                                    "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
-                                   "3 epochs, 10%% warmup, dropout 0.1, bf16 autocast where native.")
+                                   "3 epochs, 10% warmup, dropout 0.1, bf16 autocast where native.")
     p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa"))
     p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
     p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
