@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from bertkit.config import BertConfig  # noqa: E402
 from bertkit.heads import BertForPreTraining  # noqa: E402
 from bertkit.model import BertModel  # noqa: E402
+from bertkit import runtime  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -158,7 +159,7 @@ def infer_case(name: str, shape: str, batches: list[dict], dtype_policy: str, re
     weights_dtype = torch.bfloat16 if dtype_policy == "weights" else None
     ref, ours = load_pair(transformers.BertModel, BertModel, shape, dtype=weights_dtype)
     ref.eval()
-    ours.eval()
+    ours = runtime.freeze(ours)           # what bertkit's inference entry points run: this machine's plan
     ctx = autocast(dtype_policy) if dtype_policy != "fp32" else nullcontext()
     # the reference at its best: a batch without padding goes in without a mask (its SDPA then runs unmasked)
     batches = [{k: v for k, v in b.items() if not (k == "attention_mask" and bool(v.all()))} for b in batches]
@@ -185,7 +186,7 @@ def infer_case(name: str, shape: str, batches: list[dict], dtype_policy: str, re
     emit({"case": name, "shape": shape, "dtype": "fp32" if dtype_policy == "fp32" else "bf16",
           "bf16_policy": None if dtype_policy == "fp32" else dtype_policy,
           "batches": len(batches), "real_tokens": tokens, "padded_tokens": padded,
-          "backend": ours.choose_backend(batches[0].get("attention_mask"), False),
+          "backend": ours.plan(batches[0]["input_ids"], batches[0].get("attention_mask")).layout.kind,
           "ours_tok_s": round(tokens / secs["ours"], 1), "ref_tok_s": round(tokens / secs["ref"], 1),
           "ratio": round(secs["ref"] / secs["ours"], 3),
           "ours_mfu": round(flops / secs["ours"] / peak, 4), "ref_mfu": round(flops / secs["ref"] / peak, 4),
@@ -256,7 +257,7 @@ def train_case(repeats: int, peak: float, policies: list[str], batch: int = 32, 
     steps = {}
     for policy in policies:
         ref, ours = load_pair(transformers.BertForPreTraining, BertForPreTraining, shape)
-        steps[f"ours_{policy}"] = make_step(ours, policy, False)
+        steps[f"ours_{policy}"] = make_step(runtime.apply(ours), policy, False)
         steps[f"ref_{policy}"] = make_step(ref, policy, True)
     secs = interleaved(steps, repeats)
     cfg = ours.config

@@ -127,7 +127,7 @@ def test_backends_agree_including_gradients(backend):
 def test_unpadded_length_buckets_agree_with_eager():
     """Batches of >= 32 rows are split into attention buckets by length (model.length_buckets): same function, in
     fp32 with gradients, and in bf16 inference (explicit attention with an fp32 softmax, prepacked GEMMs)."""
-    from bertkit.model import Layout, length_buckets
+    from bertkit.padding import Layout, length_buckets
     g = torch.Generator().manual_seed(3)
     b, s = 70, 40
     lengths = torch.randint(1, s + 1, (b,), generator=g)
@@ -172,12 +172,18 @@ def test_unpadded_handles_holes_and_left_padding():
 def test_auto_rule():
     m = _tiny()
     ones = torch.ones(4, 10, dtype=torch.long)
-    assert m.choose_backend(None, False) == "sdpa"
-    assert m.choose_backend(ones, False) == "sdpa"
+    ids = torch.ones(4, 10, dtype=torch.long)
+
+    def chosen(mask, maps=False):
+        plan = m.plan(ids, mask, maps)
+        return plan.layout.kind, plan.masked
+
+    assert chosen(None) == ("padded", "sdpa")
+    assert chosen(ones) == ("padded", "sdpa")
     half = ones.clone()
     half[:, 5:] = 0
-    assert m.choose_backend(half, False) == "unpadded"
-    assert m.choose_backend(half, True) == "eager"
+    assert chosen(half) == ("unpadded", "sdpa")
+    assert chosen(half, True) == ("padded", "eager")
 
 
 def test_bf16_close_to_fp32():
@@ -224,36 +230,15 @@ def test_parameter_names_are_hf_keys():
     assert len(keys) == 5 + 16 * 2 + 2
 
 
-def test_inference_weight_cache_is_exact_and_invalidated():
-    """Cached fused/cast/prepacked weights give bit-identical results to a fresh copy (no cache yet), follow in-place
-    parameter updates, and agree with the training-mode (grad) path to bf16 tolerance."""
-    import copy
-    ids, types, mask = _ragged()
-    m = _tiny()
-
-    def infer(model):
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            return model(ids, types, mask).last_hidden_state
-
-    first = infer(m)
-    again = infer(m)                                            # served from the cache
-    fresh = infer(copy.deepcopy(m))                             # builds its own cache
-    with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        grad_path = m(ids, types, mask).last_hidden_state.detach()  # grad mode never caches
-    assert torch.equal(first, again) and torch.equal(first, fresh)
-    assert (first - grad_path).abs().max() < 0.05
-    with torch.no_grad():
-        m.encoder.layer[0].attention.self.key.weight.mul_(2.0)
-        m.encoder.layer[1].output.dense.weight.add_(0.01)
-    changed = infer(m)
-    expected = infer(copy.deepcopy(m))
-    assert torch.equal(changed, expected) and not torch.equal(changed, first)
-
-
 def test_fast_dropout_mask_statistics_and_seeding():
     """The CPU dropout mask (16 random bits per element): keep rate 1 - p (p rounded to 1/65536), exact scale,
     reproducible under torch.manual_seed, fresh on every draw."""
-    from bertkit.model import dropout, dropout_keep_mask
+    from bertkit.attention import dropout, dropout_drop_mask
+
+    def dropout_keep_mask(shape, p, device):
+        drop, scale = dropout_drop_mask(shape, p, device)
+        return ~drop, scale
+
     torch.manual_seed(0)
     keep, scale = dropout_keep_mask((1000, 1000), 0.1, torch.device("cpu"))
     assert keep.dtype == torch.bool and keep.shape == (1000, 1000)
@@ -267,29 +252,28 @@ def test_fast_dropout_mask_statistics_and_seeding():
     packed = keep.reshape(-1, 4).T.float()                     # the 4 masks that share one 64-bit draw
     assert torch.corrcoef(packed).triu(1).abs().max().item() < 0.01
     x = torch.ones(1000, 1000, requires_grad=True)
-    y = dropout(x, 0.1, True)
+    y = dropout(x, 0.1, True, fast=True)
     assert abs(y.mean().item() - 1.0) < 3e-3 and torch.unique(y).tolist() == [0.0, pytest.approx(scale)]
     y.sum().backward()
     assert torch.equal(x.grad, y.detach())                      # d/dx = mask * scale
-    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
+    assert dropout(x, 0.1, False, fast=True) is x and dropout(x, 0.0, True, fast=True) is x
 
 
 def test_training_attention_dropout_is_the_textbook_function():
-    """CPU training with attention dropout takes the explicit path: softmax(q k^T * scale + mask), a dropout mask
-    from dropout_keep_mask, times v; checked against that computation with the same random draw."""
-    from bertkit.model import dropout_keep_mask
-    m = _tiny().train()
-    att = m.encoder.layer[0].attention.self
-    att.dropout.p = 0.1
+    """The explicit attention function with the 16-bit dropout mask: softmax(q k^T * scale + mask), a dropout mask
+    from dropout_drop_mask, times v; checked against that computation with the same random draw."""
+    from types import SimpleNamespace
+
+    from bertkit.attention import dropout_drop_mask, explicit_attention
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, 7, 64, generator=g, requires_grad=True) for _ in range(3))
     mask = (torch.arange(7)[None] < torch.tensor([7, 4, 2])[:, None])[:, None, None, :]
     torch.manual_seed(5)
-    out = att._attend(q, k, v, mask)
+    out, _ = explicit_attention(q, k, v, mask, 1 / 8.0, 0.1, SimpleNamespace(fast_dropout=True))
     torch.manual_seed(5)
     scores = (q @ k.transpose(-1, -2) / 8.0).masked_fill(~mask, float("-inf"))
-    keep, scale = dropout_keep_mask((3, 2, 7, 7), 0.1, q.device)
-    expected = (torch.softmax(scores, -1) * keep * scale) @ v
+    drop, scale = dropout_drop_mask((3, 2, 7, 7), 0.1, q.device)
+    expected = (torch.softmax(scores, -1) * ~drop * scale) @ v
     assert (out - expected).abs().max() < 1e-5
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -58,6 +58,7 @@ class _Wrapped(torch.nn.Module):
         super().__init__()
         self.model = model
         self.task = task
+        self.training = False       # the exporter restores this mode afterwards; a frozen model cannot train
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)

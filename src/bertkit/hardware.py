@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import sys
 import warnings
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 
 from bertkit.errors import ConfigError
 
-__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "PRECISIONS"]
+__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "cpu_model", "PRECISIONS"]
 
 PRECISIONS = ("auto", "bf16", "fp32")
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -42,6 +41,18 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def _device(device) -> torch.device:
@@ -108,6 +119,16 @@ def use_bf16(flag: bool | None, device=None) -> bool:
     return bool(flag)
 
 
-if __name__ == "__main__":  # python -m bertkit.hardware: what "auto" picks here
-    print(f"cpu native bf16: {native_bf16('cpu')} (flags: {sorted(f for f in cpu_flags() if 'bf16' in f or 'amx' in f)})"
-          f"; auto precision: {resolve_precision('auto')}", file=sys.stdout)
+def main() -> None:
+    """python -m bertkit.hardware: what "auto" precision picks here, and the fast paths this CPU measured."""
+    from bertkit import runtime
+    flags = sorted(f for f in cpu_flags() if "bf16" in f or "amx" in f or f in ("avx2", "avx512f", "avx512_vnni"))
+    print(f"cpu: {cpu_model()}; torch {torch.__version__}; {torch.get_num_threads()} threads; flags: {flags}")
+    print(f"native bf16: {native_bf16('cpu')}; auto precision: {resolve_precision('auto')}")
+    print("fast paths (each on only where it measured faster than plain PyTorch here):")
+    for line in runtime.describe(runtime.plan("cpu")):
+        print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.config import BertConfig
-from bertkit.model import BertModel, BertPreTrainedModel, Dropout, activation
+from bertkit.model import BertModel, BertPreTrainedModel, activation
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
@@ -213,7 +213,7 @@ class BertForMaskedLM(_HeadModel):
 
 def _classifier_dropout(config: BertConfig) -> nn.Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return Dropout(p)
+    return nn.Dropout(p)
 
 
 class BertForSequenceClassification(_HeadModel):

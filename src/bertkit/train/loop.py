@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bertkit import runtime
 from bertkit.errors import BertkitError, CheckpointError, ConfigError
-from bertkit.hardware import PRECISIONS, resolve_precision
+from bertkit.hardware import PRECISIONS, cpu_model, resolve_precision
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 
 __all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverged", "train", "default_step",
@@ -295,7 +296,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> flo
         return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
     from bertkit.hardware import native_bf16
     dname = str(dtype).removeprefix("torch.")
-    key = f"{_cpu_name()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
+    key = f"{cpu_model()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
     if key not in _measured_peak:
         n = 2048 if dtype != torch.bfloat16 or native_bf16(device) else 256
         g = torch.Generator().manual_seed(0)    # its own generator: the global RNG (dropout) stays untouched, so
@@ -320,17 +321,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> flo
             pass
         _measured_peak[key] = best
     return _measured_peak[key]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "cpu"
 
 
 # ---------------------------------------------------------------------------------------------- distributed
@@ -659,7 +649,7 @@ class _Trainer:
         self._check_out_dir()
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.raw = model.to(self.d.device)
+        self.raw = runtime.apply(model.to(self.d.device))     # this machine's measured fast paths
         self.model = _wrap(self.raw, cfg, self.d)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                          betas=tuple(cfg.betas), eps=cfg.eps)

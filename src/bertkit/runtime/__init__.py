@@ -1,0 +1,120 @@
+"""Execution choices applied to a model from outside it, each used only where it measured faster here.
+
+    runtime.plan(device)       what this machine gets: a `RuntimePlan` (probed once per CPU model and torch version)
+    runtime.apply(model)       training and inference: attention functions, 16-bit dropout masks, bf16 residual
+    runtime.freeze(model)      inference only: `apply`, then frozen linear layers (fused Q/K/V and FFN activation,
+                               weights cast once, prepacked oneDNN GEMMs where they won); the model can no longer train
+    runtime.describe(plan)     the plan and why, one line per choice (`python -m bertkit.hardware` prints it)
+
+`force="all"` switches every path on (tests use it to cover paths a machine would not pick), `force="none"` gives
+plain PyTorch; `$BERTKIT_FAST_PATHS=all|none|measure` does the same from outside.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from bertkit.attention import ExecutionOptions, dropout
+from bertkit.errors import ConfigError
+from bertkit.hardware import native_bf16
+from bertkit.model import BertModel
+from bertkit.runtime.linear import FrozenLinear, freeze_linears
+
+__all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "plan"]
+
+FORCES = ("measure", "all", "none")
+# probe name -> the ExecutionOptions field it decides
+_OPTION_PROBES = {"explicit_train_attention": "explicit_train_attention",
+                  "explicit_train_short": "explicit_train_short",
+                  "explicit_masked_inference": "explicit_masked_inference",
+                  "fast_dropout": "fast_dropout"}
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    options: ExecutionOptions                       # what BertModel.execution gets
+    packed_dtypes: frozenset = frozenset()          # frozen linears through prepacked oneDNN GEMMs in these dtypes
+    reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
+
+
+class FastDropout(nn.Dropout):
+    """nn.Dropout with masks from 16 random bits per element on CPU (see attention.dropout_drop_mask)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training, fast=x.device.type == "cpu")
+
+
+def _won(probe: dict) -> bool:
+    from bertkit.runtime.probe import MARGIN
+    return probe.get("fast") is not None and probe["fast"] < MARGIN * probe["plain"]
+
+
+def _why(probe: dict) -> str:
+    if probe.get("fast") is None:
+        return probe.get("why", "not measured")
+    return f"{probe['fast'] * 1e3:.2f} ms vs plain {probe['plain'] * 1e3:.2f} ms"
+
+
+def _measured_plan(bf16: bool) -> RuntimePlan:
+    from bertkit.datasets import cache_dir
+    from bertkit.runtime.probe import cached_measurements
+    probes = cached_measurements(cache_dir(), bf16)
+    chosen = {opt: _won(probes[name]) for name, opt in _OPTION_PROBES.items()}
+    chosen["bf16_residual"] = bf16            # CPU autocast: one cast of the stream instead of one per matmul
+    packed = frozenset(d for d, name in ((torch.float32, "packed_linear_fp32"), (torch.bfloat16, "packed_linear_bf16"))
+                       if _won(probes[name]))
+    reasons = {name: _why(probe) for name, probe in probes.items()}
+    reasons["bf16_residual"] = "on with native bf16" if bf16 else "no native bf16: training runs fp32 here"
+    return RuntimePlan(ExecutionOptions(**chosen), packed, reasons)
+
+
+def plan(device="cpu", force: str | None = None) -> RuntimePlan:
+    """The fast paths for `device`: measured on this CPU (cached), every one ("all") or none ("none")."""
+    force = force or os.environ.get("BERTKIT_FAST_PATHS", "").strip().lower() or "measure"
+    if force not in FORCES:
+        raise ConfigError(f"$BERTKIT_FAST_PATHS / force={force!r} is not one of {FORCES}")
+    if torch.device(device).type != "cpu" or force == "none":
+        why = "plain PyTorch kernels" + (" (forced)" if force == "none" else f" on {torch.device(device).type}")
+        return RuntimePlan(ExecutionOptions(), frozenset(), {"all": why})
+    if force == "all":
+        on = {opt: True for opt in _OPTION_PROBES.values()}
+        return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
+                           {"all": "every fast path (forced)"})
+    return _measured_plan(native_bf16("cpu"))
+
+
+def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
+    """Give every encoder in `model` the plan's execution options, and fast dropout modules where they won."""
+    runtime = runtime or plan(next(model.parameters()).device)
+    for m in model.modules():
+        if isinstance(m, BertModel):
+            m.execution = runtime.options
+    if runtime.options.fast_dropout:
+        for module in list(model.modules()):
+            for name, child in list(module.named_children()):
+                if type(child) is nn.Dropout:
+                    setattr(module, name, FastDropout(child.p).train(child.training))
+    return model
+
+
+def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
+    """`apply`, then inference-only linear layers (see runtime.linear). In place; returns the model in eval mode."""
+    runtime = runtime or plan(next(model.parameters()).device)
+    apply(model, runtime)
+    freeze_linears(model.eval(), runtime.packed_dtypes)
+    return model
+
+
+def describe(runtime: RuntimePlan) -> list[str]:
+    """One line per choice: on/off and the measurement behind it."""
+    o = runtime.options
+    state = {"packed_linear_fp32": torch.float32 in runtime.packed_dtypes,
+             "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes,
+             "bf16_residual": o.bf16_residual, **{n: getattr(o, f) for n, f in _OPTION_PROBES.items()}}
+    if "all" in runtime.reasons:
+        return [f"{name}: {'on' if on else 'off'} ({runtime.reasons['all']})" for name, on in state.items()]
+    return [f"{name}: {'on' if on else 'off'} ({runtime.reasons.get(name, '')})" for name, on in state.items()]

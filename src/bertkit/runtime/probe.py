@@ -1,0 +1,133 @@
+"""Short measurements that decide which fast paths this machine gets, cached per CPU model, torch version and thread
+count.
+
+Each probe times a fast path against the plain PyTorch op it would replace, at shapes typical of BERT-base and
+MiniLM, alternating the two; the fast path is used only where it wins by `MARGIN`. Results live in
+$BERTKIT_CACHE/runtime/ as JSON; delete the file to measure again.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bertkit.attention import dropout_drop_mask, explicit_attention, sdpa_attention
+from bertkit.hardware import cpu_model
+
+__all__ = ["MARGIN", "measure", "cached_measurements"]
+
+MARGIN = 0.95           # a fast path must take under 95% of the plain path's time
+
+
+def _time(fns: dict, repeats: int = 5) -> dict[str, float]:
+    """Median seconds per call of each fn, calls alternating (one warm-up each)."""
+    times = {k: [] for k in fns}
+    for k, fn in fns.items():
+        fn()
+    for i in range(repeats):
+        for k in (list(fns) if i % 2 == 0 else list(reversed(fns))):
+            t0 = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _probe_packed_linear(dtype: torch.dtype) -> dict:
+    from bertkit.runtime.linear import onednn_linear_ok, pack, packed_linear
+    if not onednn_linear_ok(dtype):
+        return {"fast": None, "plain": None, "why": f"oneDNN linear unavailable for {dtype}"}
+    g = torch.Generator().manual_seed(0)
+    cases = [((1024, 384), (1536, 384)), ((512, 768), (3072, 768))]        # MiniLM FFN-in, base FFN-in
+    fast = plain = 0.0
+    with torch.no_grad():
+        for xs, ws in cases:
+            x, w = torch.randn(*xs, generator=g).to(dtype), torch.randn(*ws, generator=g).to(dtype)
+            b = torch.zeros(ws[0], dtype=dtype)
+            pw = pack(w, dtype)
+            t = _time({"fast": lambda: packed_linear(x, pw, b, None), "plain": lambda: F.linear(x, w, b)})
+            fast, plain = fast + t["fast"], plain + t["plain"]
+    return {"fast": fast, "plain": plain}
+
+
+def _probe_dropout() -> dict:
+    x = torch.randn(4, 12, 128, 128)
+    t = _time({"fast": lambda: torch.where(dropout_drop_mask(tuple(x.shape), 0.1, x.device)[0], 0.0, x * 1.1),
+               "plain": lambda: F.dropout(x, 0.1, True)})
+    return {"fast": t["fast"], "plain": t["plain"]}
+
+
+def _probe_train_attention(dtype: torch.dtype, dropout_p: float) -> dict:
+    """Forward + backward of one MiniLM-shaped attention block (8 x 12 heads x 128 x 32), with a padding mask."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 12, 128, 32, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    mask = (torch.arange(128)[None] < torch.randint(32, 129, (8,), generator=g)[:, None])[:, None, None, :]
+
+    class _Plan:
+        fast_dropout = True
+
+    def run(fn):
+        ctx, _ = fn(q, k, v, mask, 32 ** -0.5, dropout_p, _Plan)
+        ctx.sum().backward()
+
+    t = _time({"fast": lambda: run(explicit_attention), "plain": lambda: run(sdpa_attention)}, repeats=3)
+    return {"fast": t["fast"], "plain": t["plain"]}
+
+
+def _probe_masked_inference_attention() -> dict:
+    """bf16 inference attention on masked short rows (64 x 12 heads x 96 x 64)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(64, 12, 96, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    mask = (torch.arange(96)[None] < torch.randint(16, 97, (64,), generator=g)[:, None])[:, None, None, :]
+    with torch.no_grad():
+        t = _time({"fast": lambda: explicit_attention(q, k, v, mask, 0.125, 0.0, None),
+                   "plain": lambda: sdpa_attention(q, k, v, mask, 0.125, 0.0, None)})
+    return {"fast": t["fast"], "plain": t["plain"]}
+
+
+def measure(bf16_native: bool) -> dict[str, dict]:
+    """Every probe on this machine: {name: {"fast": s, "plain": s} or a "why" where it cannot run}."""
+    train_dtype = torch.bfloat16 if bf16_native else torch.float32
+    out = {
+        "packed_linear_fp32": _probe_packed_linear(torch.float32),
+        "fast_dropout": _probe_dropout(),
+        "explicit_train_attention": _probe_train_attention(train_dtype, 0.1),
+        "explicit_train_short": _probe_train_attention(train_dtype, 0.0),
+    }
+    if bf16_native:
+        out["packed_linear_bf16"] = _probe_packed_linear(torch.bfloat16)
+        out["explicit_masked_inference"] = _probe_masked_inference_attention()
+    else:
+        why = "no native bf16 on this CPU: bf16 is not used here"
+        out["packed_linear_bf16"] = out["explicit_masked_inference"] = {"fast": None, "plain": None, "why": why}
+    return out
+
+
+def _cache_file(root: Path) -> Path:
+    key = f"{cpu_model()}-torch{torch.__version__}-threads{torch.get_num_threads()}"
+    name = "".join(c if c.isalnum() else "-" for c in key)
+    return root / "runtime" / f"{name}.json"
+
+
+def cached_measurements(root: Path, bf16_native: bool) -> dict[str, dict]:
+    """`measure` once per CPU model, torch version and thread count; later calls read the file."""
+    path = _cache_file(root)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("torch") == torch.__version__ and data.get("cpu") == cpu_model():
+            return data["probes"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    probes = measure(bf16_native)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"cpu": cpu_model(), "torch": torch.__version__, "probes": probes}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass                                            # an unwritable cache only costs a probe next time
+    return probes

@@ -1,0 +1,115 @@
+"""bertkit.runtime: fast paths applied from outside the model, chosen by measurement, never stale."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bertkit import runtime
+from bertkit.config import BertConfig
+from bertkit.errors import ConfigError
+from bertkit.heads import BertForSequenceClassification
+from bertkit.model import BertModel
+
+
+def _tiny(cls=BertModel, **kw):
+    torch.manual_seed(0)
+    return cls(BertConfig.preset("tiny", vocab_size=99, max_position_embeddings=64, **kw))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 99, (5, 17), generator=g)
+    mask = (torch.arange(17)[None] < torch.tensor([17, 3, 9, 1, 12])[:, None]).long()
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("force", ["all", "none"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_frozen_model_equals_plain(force, autocast):
+    ids, mask = _batch()
+    plain = _tiny(BertForSequenceClassification, num_labels=3).eval()
+    frozen = runtime.freeze(copy.deepcopy(plain), runtime.plan(force=force))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        a, b = plain(ids, None, mask).logits, frozen(ids, None, mask).logits
+        again = frozen(ids, None, mask).logits                          # derived weights reused
+    assert torch.equal(b, again)
+    assert (a.float() - b.float()).abs().max() <= (1e-5 if not autocast else 3e-2)
+    assert not any(p.requires_grad for p in frozen.parameters())
+
+
+def test_frozen_model_cannot_go_stale():
+    """A frozen model refuses training, and new weights through load_state_dict replace every derived copy."""
+    ids, mask = _batch()
+    frozen = runtime.freeze(_tiny().eval(), runtime.plan(force="all"))
+    with torch.no_grad():
+        before = frozen(ids, None, mask).last_hidden_state
+    with pytest.raises(ConfigError, match="frozen for inference"):
+        frozen.train()
+    other = _tiny()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    other.eval()
+    state = runtime.freeze(copy.deepcopy(other), runtime.plan(force="none")).state_dict()
+    frozen.load_state_dict(state)
+    with torch.no_grad():
+        after = frozen(ids, None, mask).last_hidden_state
+        expected = other(ids, None, mask).last_hidden_state
+    assert not torch.allclose(before, after)
+    assert (after - expected).abs().max() <= 1e-5
+
+
+def test_training_model_never_sees_stale_weights():
+    """A trained (not frozen) model has no derived weights: evaluation between fused AdamW steps, which update
+    parameters without bumping their version counters, always matches a fresh copy."""
+    ids, mask = _batch()
+    model = runtime.apply(_tiny(), runtime.plan(force="all"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for _ in range(3):
+        model.train()
+        model(ids, None, mask).last_hidden_state.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            ours = model(ids, None, mask).last_hidden_state
+            fresh = copy.deepcopy(model)(ids, None, mask).last_hidden_state
+        assert torch.equal(ours, fresh)
+
+
+def test_apply_swaps_dropout_only_where_chosen():
+    model = _tiny()
+    runtime.apply(model, runtime.plan(force="none"))
+    assert not any(isinstance(m, runtime.FastDropout) for m in model.modules())
+    runtime.apply(model, runtime.plan(force="all"))
+    drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and all(isinstance(m, runtime.FastDropout) and m.training for m in drops)
+    assert model.execution.fast_dropout
+
+
+def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
+    """The probe runs once per CPU model and torch version; describe() gives each choice with its figures."""
+    from bertkit.runtime import probe
+    monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("BERTKIT_FAST_PATHS", raising=False)
+    calls = []
+    fake = {"fast": 1.0, "plain": 2.0}
+    slow = {"fast": 2.0, "plain": 1.0}
+    na = {"fast": None, "plain": None, "why": "n/a"}
+    monkeypatch.setattr(probe, "measure", lambda bf16: calls.append(bf16) or {
+        "packed_linear_fp32": slow, "packed_linear_bf16": na, "fast_dropout": fake,
+        "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": na})
+    first = runtime.plan()
+    second = runtime.plan()
+    assert len(calls) == 1 and first == second
+    assert first.options.fast_dropout and first.options.explicit_train_attention
+    assert not first.options.explicit_train_short and not first.packed_dtypes
+    lines = runtime.describe(first)
+    assert any(line.startswith("fast_dropout: on (1000.00 ms vs plain 2000.00 ms)") for line in lines)
+    assert any(line.startswith("packed_linear_fp32: off") for line in lines)
+    with pytest.raises(ConfigError, match="BERTKIT_FAST_PATHS"):
+        monkeypatch.setenv("BERTKIT_FAST_PATHS", "fastest")
+        runtime.plan()
