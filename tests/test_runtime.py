@@ -38,6 +38,7 @@ def test_frozen_model_equals_plain(force, autocast):
     assert torch.equal(b, again)
     assert (a.float() - b.float()).abs().max() <= (1e-5 if not autocast else 3e-2)
     assert not any(p.requires_grad for p in frozen.parameters())
+    assert set(frozen.state_dict()) == set(plain.state_dict())         # the checkpoint's names, nothing fused
 
 
 def test_frozen_model_cannot_go_stale():

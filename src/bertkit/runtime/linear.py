@@ -62,10 +62,11 @@ class FrozenLinear(nn.Module):
     inference_only = True
 
     def __init__(self, weight: Tensor, bias: Tensor | None, act: str | None = None,
-                 packed: frozenset[torch.dtype] = frozenset()):
+                 packed: frozenset[torch.dtype] = frozenset(), persistent: bool = True):
         super().__init__()
-        self.register_buffer("weight", weight.detach())
-        self.register_buffer("bias", None if bias is None else bias.detach())
+        # a fused projection's weight is not saved: the checkpoint holds its parts under their own names
+        self.register_buffer("weight", weight.detach(), persistent=persistent)
+        self.register_buffer("bias", None if bias is None else bias.detach(), persistent=persistent)
         self.act = act
         self.packed = packed if act is None or act in _ONEDNN_ACT else frozenset()   # dtypes run prepacked
         self._derived: dict = {}                      # compute dtype -> (weight, bias, packed?)
@@ -131,9 +132,9 @@ def _freeze_attention(m: BertSelfAttention, packed: frozenset[torch.dtype]) -> N
     b = torch.cat([m.query.bias, m.key.bias, m.value.bias]).detach()
     for name, part in (("query", slice(0, h)), ("key", slice(h, 2 * h)), ("value", slice(2 * h, 3 * h))):
         setattr(m, name, FrozenLinear(w[part], b[part]))
-    m.qkv = FrozenLinear(w, b, packed=packed)
-    m.kv = FrozenLinear(w[h:], b[h:], packed=packed)
-    m.q = FrozenLinear(w[:h], b[:h], packed=packed)
+    m.qkv = FrozenLinear(w, b, packed=packed, persistent=False)
+    m.kv = FrozenLinear(w[h:], b[h:], packed=packed, persistent=False)
+    m.q = FrozenLinear(w[:h], b[:h], packed=packed, persistent=False)
 
 
 def freeze_linears(model: nn.Module, packed: frozenset[torch.dtype]) -> None:
