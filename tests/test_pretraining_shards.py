@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bertkit.errors import ConfigError, DataError
-from bertkit.pretraining import ShardReader, prepare, read_manifest
+from bertkit.pretraining import ReaderOptions, ShardReader, prepare, read_manifest
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +158,17 @@ def test_ranks_split_the_data(dynamic_dir):
     # and the epoch order differs between epochs
     assert not np.array_equal(ranks[0].indices(0), ranks[0].indices(1))
 
+
+
+def test_reader_options_and_keywords_agree(dynamic_dir):
+    opts = ReaderOptions(seed=3, world_size=3)
+    by_options = ShardReader(dynamic_dir, 8, opts, rank=1)
+    by_keywords = ShardReader(dynamic_dir, batch_size=8, seed=3, rank=1, world_size=3)
+    assert np.array_equal(by_options.indices(0), by_keywords.indices(0)) and opts.rank == 0
+    with pytest.raises(ConfigError, match="unknown option sed"):
+        ShardReader(dynamic_dir, 8, sed=3)
+    with pytest.raises(DataError, match="rank=3 / world_size=3"):
+        ShardReader(dynamic_dir, 8, opts, rank=3)
 
 def test_exact_resume(dynamic_dir):
     reader = ShardReader(dynamic_dir, batch_size=64, seed=9, infinite=True)

@@ -17,8 +17,8 @@ from bertkit.pretraining.build import PrepareSummary, prepare
 from bertkit.pretraining.corpus import CorpusStats, Document, iter_documents, split_sentences
 from bertkit.pretraining.examples import Example, ExampleBuilder, ExampleConfig, TokenizedDocument
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
-from bertkit.pretraining.shards import ShardReader, read_manifest
+from bertkit.pretraining.shards import ReaderOptions, ShardReader, read_manifest
 
-__all__ = ["prepare", "PrepareSummary", "ShardReader", "read_manifest", "iter_documents", "split_sentences",
-           "Document", "CorpusStats", "ExampleConfig", "ExampleBuilder", "Example", "TokenizedDocument",
-           "MaskingConfig", "VocabTables", "mask_batch", "example_keys"]
+__all__ = ["prepare", "PrepareSummary", "ShardReader", "ReaderOptions", "read_manifest", "iter_documents",
+           "split_sentences", "Document", "CorpusStats", "ExampleConfig", "ExampleBuilder", "Example",
+           "TokenizedDocument", "MaskingConfig", "VocabTables", "mask_batch", "example_keys"]
