@@ -41,7 +41,7 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     steps of MLM on the BBC *train* articles with the encoder frozen. Written as an HF-format directory."""
     import torch
     from bertkit import BertForMaskedLM, Tokenizer, datasets
-    from bertkit.pretraining import ShardReader, prepare
+    from bertkit.pretraining import PrepareConfig, ShardReader, prepare
     from bertkit.tasks.batching import autocast
     d = datasets.minilm_dir()
     train, _, _ = datasets.split_by_seed(datasets.bbc_articles(), seed=seed)
@@ -50,8 +50,8 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     with open(corpus, "w", encoding="utf-8") as f:
         for a in train:
             f.write("\n".join([a.title, *a.paragraphs]) + "\n\n")
-    prepare(str(corpus), str(d / "vocab.txt"), out_dir / "shards", seq_len=128, task="none", masking="wwm",
-            dynamic=True, overwrite=True, seed=seed)
+    prepare(PrepareConfig(str(corpus), str(d / "vocab.txt"), out_dir / "shards", seq_len=128, task="none",
+                          masking="wwm", dynamic=True, overwrite=True, seed=seed))
     torch.manual_seed(seed)
     model = BertForMaskedLM.from_pretrained(str(d))
     for p in model.bert.parameters():

@@ -60,10 +60,10 @@ def _child(args) -> None:
     """One measured run in this (fresh) process; prints a JSON line."""
     files = json.loads(args.files)
     if args.mode == "prepare":
-        from bertkit.pretraining import prepare
+        from bertkit.pretraining import PrepareConfig, prepare
         with tempfile.TemporaryDirectory() as out:
-            s = prepare(files, args.vocab, out, seq_len=128, task="nsp", masking="wwm", workers=args.workers,
-                        seed=1)
+            s = prepare(PrepareConfig(files, args.vocab, out, seq_len=128, task="nsp", masking="wwm",
+                                      workers=args.workers, seed=1))
         res = {"seconds": s.seconds, "mb_per_s": s.mb_per_s, "bytes": s.corpus.bytes, "examples": s.build.examples}
     else:   # in-memory reference: the whole corpus as lists of WordPiece strings, like all_documents
         from bertkit.pretraining.build import load_tokenizer

@@ -133,14 +133,14 @@ def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
 
 
 def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
-    from bertkit.pretraining import prepare
+    from bertkit.pretraining import PrepareConfig, prepare
     res = {}
     for split, dynamic in (("train", True), ("heldout", False)):
         src = data / ("bbc_train.txt" if split == "train" else "bbc_test.txt")
         masks = dict(masking=cfg.masking, mask_prob=cfg.mask_prob) if dynamic else dict(masking="wwm", mask_prob=0.15)
-        s = prepare(str(src), str(vocab / "vocab.txt"), out / split, seq_len=cfg.seq_len, task=cfg.task, **masks,
-                    dynamic=dynamic, seed=cfg.seed + (0 if dynamic else 1), overwrite=True,
-                    progress=cfg.progress)
+        s = prepare(PrepareConfig(str(src), str(vocab / "vocab.txt"), out / split, seq_len=cfg.seq_len, task=cfg.task,
+                                  **masks, dynamic=dynamic, seed=cfg.seed + (0 if dynamic else 1), overwrite=True,
+                                  progress=cfg.progress))
         m = json.loads((out / split / "manifest.json").read_text())
         res[split] = {"examples": m["counts"]["examples"], "tokens": m["counts"]["tokens"], "seconds": s.seconds,
                       "seq_len": cfg.seq_len, "task": cfg.task, **masks}
