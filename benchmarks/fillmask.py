@@ -85,7 +85,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.adapt_minilm:
         args.model = str(adapt_minilm(Path("runs/fillmask-minilm-mlm"), args.adapt_minilm, args.seed))
-    from bertkit.infer import Predictor, multi_mask_eval
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    from bertkit.infer import Predictor
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"{args.model}: no model (run `make demo` first, or pass --model DIR with an MLM head)")
     import torch
@@ -95,7 +96,8 @@ def main() -> None:
     res = {}
     for span in ("contiguous", "scattered"):
         t0 = time.perf_counter()
-        r = multi_mask_eval(p, sents, span=span, limit=args.sentences, beam_size=args.beam_size, seed=args.seed)
+        r = multi_mask_eval(p, sents, MultiMaskOptions(span=span, limit=args.sentences, beam_size=args.beam_size,
+                                                       seed=args.seed))
         r["seconds"] = round(time.perf_counter() - t0, 1)
         res[span] = r
     summary = {"benchmark": "fillmask", "model": args.model, "beam_size": args.beam_size}

@@ -200,7 +200,8 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
 
 
 def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> dict:
-    from bertkit.infer import Predictor, multi_mask_eval
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    from bertkit.infer import Predictor
     from bertkit.pretraining import split_sentences
     p = Predictor.load(model_dir)
     examples = []
@@ -211,8 +212,8 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
     sents = []
     for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines():
         sents.extend(s for s in split_sentences(para) if 8 <= len(s.split()) <= 40)
-    evals = {span: multi_mask_eval(p, sents, span=span, limit=cfg.fill_eval_sentences, seed=cfg.seed,
-                                   progress=cfg.progress)
+    evals = {span: multi_mask_eval(p, sents, MultiMaskOptions(span=span, limit=cfg.fill_eval_sentences,
+                                                              seed=cfg.seed, progress=cfg.progress))
              for span in ("contiguous", "scattered")}
     return {"examples": examples, "multi_mask": evals}
 
