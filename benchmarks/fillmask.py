@@ -41,7 +41,7 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     steps of MLM on the BBC *train* articles with the encoder frozen. Written as an HF-format directory."""
     import torch
     from bertkit import BertForMaskedLM, Tokenizer, datasets
-    from bertkit.pretraining import ShardReader, prepare
+    from bertkit.pretraining import PrepareConfig, ShardReader, prepare
     from bertkit.tasks.batching import autocast
     d = datasets.minilm_dir()
     train, _, _ = datasets.split_by_seed(datasets.bbc_articles(), seed=seed)
@@ -50,8 +50,8 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     with open(corpus, "w", encoding="utf-8") as f:
         for a in train:
             f.write("\n".join([a.title, *a.paragraphs]) + "\n\n")
-    prepare(str(corpus), str(d / "vocab.txt"), out_dir / "shards", seq_len=128, task="none", masking="wwm",
-            dynamic=True, overwrite=True, seed=seed)
+    prepare(PrepareConfig(str(corpus), str(d / "vocab.txt"), out_dir / "shards", seq_len=128, task="none",
+                          masking="wwm", dynamic=True, overwrite=True, seed=seed))
     torch.manual_seed(seed)
     model = BertForMaskedLM.from_pretrained(str(d))
     for p in model.bert.parameters():
@@ -85,7 +85,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.adapt_minilm:
         args.model = str(adapt_minilm(Path("runs/fillmask-minilm-mlm"), args.adapt_minilm, args.seed))
-    from bertkit.infer import Predictor, multi_mask_eval
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    from bertkit.infer import Predictor
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"{args.model}: no model (run `make demo` first, or pass --model DIR with an MLM head)")
     import torch
@@ -95,7 +96,8 @@ def main() -> None:
     res = {}
     for span in ("contiguous", "scattered"):
         t0 = time.perf_counter()
-        r = multi_mask_eval(p, sents, span=span, limit=args.sentences, beam_size=args.beam_size, seed=args.seed)
+        r = multi_mask_eval(p, sents, MultiMaskOptions(span=span, limit=args.sentences, beam_size=args.beam_size,
+                                                       seed=args.seed))
         r["seconds"] = round(time.perf_counter() - t0, 1)
         res[span] = r
     summary = {"benchmark": "fillmask", "model": args.model, "beam_size": args.beam_size}

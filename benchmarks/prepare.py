@@ -7,8 +7,8 @@ repeated 10 times (40 files). Settings: bert-base-uncased vocab, seq_len 128, ta
 
 * Throughput: `prepare()` on the 50 MB corpus with workers=1 and workers=2, alternating (--repeats each, medians),
   each run in a fresh subprocess so imports and page cache are the same for both. (On 5 MB, fixed costs that
-  every worker pays, such as warming the tokenizer's word cache, are a quarter of the CPU.) MB/s = raw text bytes / wall time
-  of prepare() (spawning workers included).
+  every worker pays, such as warming the tokenizer's word cache, weigh too much: docs/performance.md.) MB/s = raw
+  text bytes / wall time of prepare() (spawning workers included).
   Also CPU seconds per MB (user + system of the run's processes, imports included): on a shared machine the wall
   clock of 2 workers only improves when a second core is idle, but equal CPU per MB shows the split adds no work.
 * Memory: peak RSS of a fresh process (workers=1) building the 5 MB and the 50 MB corpus (the largest of the
@@ -60,10 +60,10 @@ def _child(args) -> None:
     """One measured run in this (fresh) process; prints a JSON line."""
     files = json.loads(args.files)
     if args.mode == "prepare":
-        from bertkit.pretraining import prepare
+        from bertkit.pretraining import PrepareConfig, prepare
         with tempfile.TemporaryDirectory() as out:
-            s = prepare(files, args.vocab, out, seq_len=128, task="nsp", masking="wwm", workers=args.workers,
-                        seed=1)
+            s = prepare(PrepareConfig(files, args.vocab, out, seq_len=128, task="nsp", masking="wwm",
+                                      workers=args.workers, seed=1))
         res = {"seconds": s.seconds, "mb_per_s": s.mb_per_s, "bytes": s.corpus.bytes, "examples": s.build.examples}
     else:   # in-memory reference: the whole corpus as lists of WordPiece strings, like all_documents
         from bertkit.pretraining.build import load_tokenizer

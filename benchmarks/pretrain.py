@@ -42,7 +42,7 @@ CACHE = Path(tempfile.gettempdir()) / "bertkit-bench-pretrain"
 def bbc_shards(kind: str) -> tuple[Path, Path]:
     """(train shards, held-out shards) for vocab `kind` ("bert" | "bbc"), built once and cached."""
     from bertkit.datasets import bbc_articles, minilm_dir, split_by_seed
-    from bertkit.pretraining import prepare
+    from bertkit.pretraining import PrepareConfig, prepare
     root = CACHE / kind
     train_dir, held_dir = root / "shards128", root / "heldout128"
     if (train_dir / "manifest.json").exists() and (held_dir / "manifest.json").exists():
@@ -57,10 +57,10 @@ def bbc_shards(kind: str) -> tuple[Path, Path]:
         from bertkit.vocab import train_vocab
         train_vocab([str(root / "train.txt")], vocab_size=8000).save(root / "vocab")
         vocab = str(root / "vocab")
-    prepare(str(root / "train.txt"), vocab, str(train_dir), seq_len=128, task="nsp", dynamic=True,
-            corpus_format="prose", overwrite=True)
-    prepare(str(root / "heldout.txt"), vocab, str(held_dir), seq_len=128, task="nsp", corpus_format="prose",
-            overwrite=True)
+    prepare(PrepareConfig(str(root / "train.txt"), vocab, str(train_dir), seq_len=128, task="nsp", dynamic=True,
+                          corpus_format="prose", overwrite=True))
+    prepare(PrepareConfig(str(root / "heldout.txt"), vocab, str(held_dir), seq_len=128, task="nsp",
+                          corpus_format="prose", overwrite=True))
     return train_dir, held_dir
 
 

@@ -139,6 +139,23 @@ def test_joint_fill_scores_are_pseudo_likelihoods_and_beat_independent(predictor
     assert math.log(wide.score) >= pll[min(4, len(pll) - 1)] - 1e-5
 
 
+
+def test_multi_mask_eval_counts_both_decoders(predictor):
+    import bertkit.infer
+    from bertkit.errors import ConfigError
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    assert bertkit.infer.multi_mask_eval is multi_mask_eval                      # still importable from its old home
+    sents = ["the man is eating a piece of bread .", "a dog is eating the bread of paris .", "too short ."]
+    for span in ("contiguous", "scattered"):
+        r = multi_mask_eval(predictor, sents, MultiMaskOptions(span=span, n_masks=(2,), beam_size=2))
+        assert r["span"] == span and r["sentences"] == 2 and r["masks"] == 4
+        assert 0 <= r["joint_exact_count"] <= 2 and 0.0 <= r["independent_per_mask"] <= 1.0
+        assert r == multi_mask_eval(predictor, sents, MultiMaskOptions(span=span, n_masks=(2,), beam_size=2))
+    with pytest.raises(ConfigError, match="span"):
+        MultiMaskOptions(span="adjacent")
+    with pytest.raises(BertkitError, match="no sentence"):
+        multi_mask_eval(predictor, ["too short ."])
+
 def test_fill_mask_errors(predictor):
     with pytest.raises(BertkitError, match=r"no \[MASK\]"):
         predictor.fill_mask("no mask here")

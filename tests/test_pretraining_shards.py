@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bertkit.errors import ConfigError, DataError
-from bertkit.pretraining import ShardReader, prepare, read_manifest
+from bertkit.pretraining import PrepareConfig, ReaderOptions, ShardReader, prepare, read_manifest
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +42,16 @@ def tok(vocab):
 @pytest.fixture(scope="module")
 def static_dir(small_corpus, vocab, tmp_path_factory):
     out = tmp_path_factory.mktemp("static")
-    summary = prepare(small_corpus, vocab, out, seq_len=64, task="nsp", masking="wwm", examples_per_shard=500)
+    summary = prepare(PrepareConfig(small_corpus, vocab, out, seq_len=64, task="nsp", masking="wwm",
+                                    examples_per_shard=500))
     return out, summary
 
 
 @pytest.fixture(scope="module")
 def dynamic_dir(small_corpus, vocab, tmp_path_factory):
     out = tmp_path_factory.mktemp("dynamic")
-    prepare(small_corpus, vocab, out, seq_len=64, task="sop", masking="token", dynamic=True, examples_per_shard=700)
+    prepare(PrepareConfig(small_corpus, vocab, out, seq_len=64, task="sop", masking="token", dynamic=True,
+                          examples_per_shard=700))
     return out
 
 
@@ -159,6 +161,17 @@ def test_ranks_split_the_data(dynamic_dir):
     assert not np.array_equal(ranks[0].indices(0), ranks[0].indices(1))
 
 
+
+def test_reader_options_and_keywords_agree(dynamic_dir):
+    opts = ReaderOptions(seed=3, world_size=3)
+    by_options = ShardReader(dynamic_dir, 8, opts, rank=1)
+    by_keywords = ShardReader(dynamic_dir, batch_size=8, seed=3, rank=1, world_size=3)
+    assert np.array_equal(by_options.indices(0), by_keywords.indices(0)) and opts.rank == 0
+    with pytest.raises(ConfigError, match="unknown option sed"):
+        ShardReader(dynamic_dir, 8, sed=3)
+    with pytest.raises(DataError, match="rank=3 / world_size=3"):
+        ShardReader(dynamic_dir, 8, opts, rank=3)
+
 def test_exact_resume(dynamic_dir):
     reader = ShardReader(dynamic_dir, batch_size=64, seed=9, infinite=True)
     per_epoch = len(reader)
@@ -196,7 +209,7 @@ def test_vocab_checks(static_dir, tok):
 
 
 def test_damaged_shards_are_refused(small_corpus, vocab, tmp_path):
-    prepare(small_corpus, vocab, tmp_path, seq_len=64, task="nsp", examples_per_shard=400)
+    prepare(PrepareConfig(small_corpus, vocab, tmp_path, seq_len=64, task="nsp", examples_per_shard=400))
     m = read_manifest(tmp_path)
     shard = m["shards"][1]
     tok_file = tmp_path / shard["files"]["tokens"]["file"]
@@ -215,9 +228,9 @@ def test_damaged_shards_are_refused(small_corpus, vocab, tmp_path):
     (tmp_path / "manifest.json").unlink()
     with pytest.raises(DataError, match="did not finish"):
         ShardReader(tmp_path, batch_size=4)
-    prepare(small_corpus, vocab, tmp_path / "x", seq_len=64)
+    prepare(PrepareConfig(small_corpus, vocab, tmp_path / "x", seq_len=64))
     with pytest.raises(DataError, match="overwrite"):
-        prepare(small_corpus, vocab, tmp_path / "x", seq_len=64)
+        prepare(PrepareConfig(small_corpus, vocab, tmp_path / "x", seq_len=64))
 
 
 def test_killed_build_is_refused(vocab, bbc_articles, tmp_path):
@@ -239,7 +252,7 @@ def test_killed_build_is_refused(vocab, bbc_articles, tmp_path):
     with pytest.raises(DataError, match="did not finish"):
         ShardReader(out, batch_size=4)
     # a rebuild into the same directory clears the leftovers and works
-    prepare(_head(corpus, 60_000), vocab, out, seq_len=64)
+    prepare(PrepareConfig(_head(corpus, 60_000), vocab, out, seq_len=64))
     assert ShardReader(out, batch_size=4).num_examples > 0
 
 
@@ -250,9 +263,11 @@ def _head(path, n_bytes):
 
 
 def test_parallel_build_merges_and_is_deterministic(small_corpus, vocab, tmp_path):
-    one = prepare(small_corpus, vocab, tmp_path / "w1", seq_len=64, task="none", masking="ngram")
-    two = prepare(small_corpus, vocab, tmp_path / "w2", seq_len=64, task="none", masking="ngram", workers=2)
-    again = prepare(small_corpus, vocab, tmp_path / "w2b", seq_len=64, task="none", masking="ngram", workers=2)
+    one = prepare(PrepareConfig(small_corpus, vocab, tmp_path / "w1", seq_len=64, task="none", masking="ngram"))
+    two = prepare(PrepareConfig(small_corpus, vocab, tmp_path / "w2", seq_len=64, task="none", masking="ngram",
+                                workers=2))
+    again = prepare(PrepareConfig(small_corpus, vocab, tmp_path / "w2b", seq_len=64, task="none", masking="ngram",
+                                  workers=2))
     m1, m2, m2b = (read_manifest(tmp_path / d) for d in ("w1", "w2", "w2b"))
     assert two.workers == 2 and {e["name"][:3] for e in m2["shards"]} == {"w00", "w01"}
     assert m2["counts"]["documents"] == m1["counts"]["documents"] == one.corpus.documents
@@ -281,7 +296,7 @@ def test_bad_input_end_to_end(vocab, tmp_path):
     (corpus / "mixed.txt").write_bytes(b"The first doc has words. It has two sentences.\n" + b"bad \xc3\x28 utf-8.\n"
                                        + b"y" * 1_100_000 + b"\nA literal [SEP] and [MASK] in text.\n\n"
                                        + b"Second document. Yes it is. Quite short.\n")
-    s = prepare(corpus / "*", vocab, tmp_path / "out", seq_len=32)
+    s = prepare(PrepareConfig(corpus / "*", vocab, tmp_path / "out", seq_len=32))
     assert s.corpus.skipped() == {"empty_files": 1, "binary_files": 1, "invalid_utf8_lines": 1, "binary_lines": 0,
                                   "long_lines": 1}
     assert "empty_files=1" in s.format() and "long_lines=1" in s.format()
@@ -291,20 +306,23 @@ def test_bad_input_end_to_end(vocab, tmp_path):
         ids = b["input_ids"][0]
         assert (ids == 102).sum() == 2           # the literal [SEP] became [UNK]
     with pytest.raises(DataError, match="no examples"):
-        prepare(corpus / "empty.txt", vocab, tmp_path / "out2")
+        prepare(PrepareConfig(corpus / "empty.txt", vocab, tmp_path / "out2"))
 
 
 def test_config_errors(small_corpus, vocab, tmp_path):
     with pytest.raises(ConfigError, match="dupe_factor"):
-        prepare(small_corpus, vocab, tmp_path / "a", dynamic=True, dupe_factor=3, task="none")
+        prepare(PrepareConfig(small_corpus, vocab, tmp_path / "a", dynamic=True, dupe_factor=3, task="none"))
     # nsp copies re-draw their sentence pairs, so dynamic masking + dupe_factor is allowed there
-    one = prepare(small_corpus, vocab, tmp_path / "d1", dynamic=True, dupe_factor=1, task="nsp")
-    three = prepare(small_corpus, vocab, tmp_path / "d3", dynamic=True, dupe_factor=3, task="nsp")
+    one = prepare(PrepareConfig(small_corpus, vocab, tmp_path / "d1", dynamic=True, dupe_factor=1, task="nsp"))
+    three = prepare(PrepareConfig(small_corpus, vocab, tmp_path / "d3", dynamic=True, dupe_factor=3, task="nsp"))
     assert three.build.examples > 2 * one.build.examples
     with pytest.raises(ConfigError, match="task"):
-        prepare(small_corpus, vocab, tmp_path / "b", task="mlm")
+        prepare(PrepareConfig(small_corpus, vocab, tmp_path / "b", task="mlm"))
     with pytest.raises(ConfigError, match="masking mode"):
-        prepare(small_corpus, vocab, tmp_path / "c", masking="span")
+        prepare(PrepareConfig(small_corpus, vocab, tmp_path / "c", masking="span"))
+    with pytest.raises(ConfigError, match="workers=0"):
+        PrepareConfig(small_corpus, vocab, tmp_path / "e", workers=0)          # checked before anything is written
+    assert not (tmp_path / "e").exists()
 
 
 def test_cli(small_corpus, vocab, tmp_path, capsys):

@@ -30,22 +30,22 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, bbc_articles):
     """Shards from 40 BBC articles (NSP, seq 64, dynamic masks), held-out shards from 10 others, vocab of 600."""
-    from bertkit.pretraining import prepare
+    from bertkit.pretraining import PrepareConfig, prepare
     from bertkit.vocab import train_vocab
     root = tmp_path_factory.mktemp("pretrain_data")
     for name, arts in (("train", bbc_articles[:40]), ("heldout", bbc_articles[1000:1010])):
         (root / f"{name}.txt").write_text("".join("\n".join([a.title, *a.paragraphs]) + "\n\n" for a in arts))
     tok = train_vocab([str(root / "train.txt")], vocab_size=600)
     tok.save(root / "vocab")
-    prepare(str(root / "train.txt"), str(root / "vocab"), str(root / "shards"), seq_len=64, task="nsp",
-            dynamic=True, corpus_format="prose")
-    prepare(str(root / "heldout.txt"), str(root / "vocab"), str(root / "heldout"), seq_len=64, task="nsp",
-            corpus_format="prose")
+    prepare(PrepareConfig(str(root / "train.txt"), str(root / "vocab"), str(root / "shards"), seq_len=64, task="nsp",
+                          dynamic=True, corpus_format="prose"))
+    prepare(PrepareConfig(str(root / "heldout.txt"), str(root / "vocab"), str(root / "heldout"), seq_len=64,
+                          task="nsp", corpus_format="prose"))
     # the same text under another vocab, for the mismatch check
     other = train_vocab([str(root / "heldout.txt")], vocab_size=400)
     other.save(root / "vocab_other")
-    prepare(str(root / "heldout.txt"), str(root / "vocab_other"), str(root / "shards_other"), seq_len=64,
-            task="nsp", corpus_format="prose")
+    prepare(PrepareConfig(str(root / "heldout.txt"), str(root / "vocab_other"), str(root / "shards_other"),
+                          seq_len=64, task="nsp", corpus_format="prose"))
     return root
 
 

@@ -170,7 +170,8 @@ def test_incremental_merges_equal_brute_force(seed):
         for c in w:
             chars[c] += n
     for size, min_freq in ((40, 2), (400, 1)):
-        got = V.learn_wordpieces(dict(words), chars, size, tuple(SPECIALS), min_freq)
+        config = V.VocabTrainingConfig(vocab_size=size, special_tokens=tuple(SPECIALS), min_frequency=min_freq)
+        got = V.learn_wordpieces(dict(words), chars, config)
         assert got == brute_force(words, size, min_freq), (seed, size)
 
 
@@ -231,6 +232,16 @@ def test_bad_input_raises_bertkit_errors_naming_the_culprit(tmp_path, corpus):
     with pytest.raises(TypeError, match="paths or glob patterns"):
         V.train_vocab([corpus, 3], vocab_size=100)
 
+
+
+def test_train_vocab_keywords_are_config_fields(corpus):
+    with pytest.raises(ConfigError, match="unknown option vocabsize"):
+        V.train_vocab(corpus, vocabsize=100)
+    with pytest.raises(ConfigError, match="config must be a VocabTrainingConfig"):
+        V.train_vocab(corpus, 100)
+    base = V.VocabTrainingConfig(vocab_size=180, lowercase=False)
+    overridden = V.train_vocab(corpus, base, vocab_size=200)
+    assert overridden.vocab == V.train_vocab(corpus, vocab_size=200, lowercase=False).vocab
 
 def test_invalid_utf8_follows_the_replace_policy(tmp_path):
     path = tmp_path / "latin1.txt"

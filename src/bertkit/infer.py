@@ -42,6 +42,7 @@ import torch
 
 from bertkit import runtime
 from bertkit.errors import BertkitError, CheckpointError, DataError
+from bertkit.fillmask_eval import multi_mask_eval  # re-exported: it was defined here
 
 __all__ = ["Predictor", "cosine_search", "multi_mask_eval", "read_lines", "MASK"]
 
@@ -534,80 +535,3 @@ def read_lines(path: str | Path) -> list[str]:
     if not lines:
         raise DataError(f"{path}: no non-empty lines")
     return lines
-
-
-def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], n_masks: Sequence[int] = (2, 3),
-                    span: str = "contiguous", limit: int = 200, beam_size: int = 8, seed: int = 0,
-                    max_length: int = 128, progress: bool = False) -> dict:
-    """Mask 2-3 whole words in held-out sentences and compare joint decoding with independent per-mask argmax.
-
-    Only words the vocabulary holds as one piece are masked (alphabetic, so one [MASK] = one word). `span`:
-    "contiguous" masks k adjacent words (the case where the masks depend on each other most: "prime minister"),
-    "scattered" masks k words anywhere in the sentence. Exact match = every mask of the sentence right.
-    Returns counts and rates for both decoders, plus a few examples.
-    """
-    import random
-    rng = random.Random(seed)
-    tok = predictor.tokenizer
-    cases = []
-    for s in sentences:
-        words = tok.basic_tokenize(s)
-        pieces = [tok.tokenize(w) for w in words]
-        if sum(len(p) for p in pieces) + 2 > max_length or len(words) < 6:
-            continue
-        ok = [len(p) == 1 and words[i].isalpha() and p[0] in tok.vocab for i, p in enumerate(pieces)]
-        k = rng.choice(list(n_masks))
-        if span == "contiguous":
-            starts = [i for i in range(len(words) - k + 1) if all(ok[i:i + k])]
-            if not starts:
-                continue
-            st = rng.choice(starts)
-            chosen = list(range(st, st + k))
-        else:
-            cand = [i for i, o in enumerate(ok) if o]
-            if len(cand) < k:
-                continue
-            chosen = sorted(rng.sample(cand, k))
-        ids, positions, truth = [tok.cls_token_id], [], []
-        for i, p in enumerate(pieces):
-            if i in chosen:
-                positions.append(len(ids))
-                truth.append(tok.vocab[p[0]])
-                ids.append(tok.mask_token_id)
-            else:
-                ids.extend(tok.convert_tokens_to_ids(p))
-        ids.append(tok.sep_token_id)
-        cases.append((ids, positions, truth))
-        if len(cases) >= limit:
-            break
-    if not cases:
-        raise DataError("no sentence had enough one-piece words to mask")
-    it = cases
-    if progress:
-        from tqdm import tqdm
-        it = tqdm(cases, desc=f"fill-mask eval ({span})", unit="sent")
-    # exact matches, correct masks; "independent_words": the per-mask argmax with joint's word-start constraint, so
-    # what joint decoding adds shows apart from what the constraint adds
-    stats = {"joint": [0, 0], "independent": [0, 0], "independent_words": [0, 0]}
-    examples = []
-    for ids, positions, truth in it:
-        joint = tok.convert_tokens_to_ids(predictor.joint_fill(ids, positions, top_k=1, beam_size=beam_size)[0].tokens)
-        lp = predictor._log_probs([ids], positions)[0]                    # one forward for both baselines
-        indep = predictor._argmax_per_mask(lp, words=False)
-        indep_w = predictor._argmax_per_mask(lp, words=True)
-        for name, pred in (("joint", joint), ("independent", indep), ("independent_words", indep_w)):
-            stats[name][0] += int(pred == truth)
-            stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))
-        if len(examples) < 8 and joint != indep:
-            examples.append({"masked": " ".join(tok.convert_ids_to_tokens(ids[1:-1])).replace(" ##", ""),
-                             "truth": tok.convert_ids_to_tokens(truth), "joint": tok.convert_ids_to_tokens(joint),
-                             "independent": tok.convert_ids_to_tokens(indep)})
-    n, n_masks_total = len(cases), sum(len(c[1]) for c in cases)
-    return {"span": span, "sentences": n, "masks": n_masks_total, "beam_size": beam_size,
-            "joint_exact": stats["joint"][0] / n, "independent_exact": stats["independent"][0] / n,
-            "joint_per_mask": stats["joint"][1] / n_masks_total,
-            "independent_per_mask": stats["independent"][1] / n_masks_total,
-            "joint_exact_count": stats["joint"][0], "independent_exact_count": stats["independent"][0],
-            "independent_words_exact": stats["independent_words"][0] / n,
-            "independent_words_per_mask": stats["independent_words"][1] / n_masks_total,
-            "independent_words_exact_count": stats["independent_words"][0], "examples": examples}

@@ -32,9 +32,9 @@ The pipeline has three passes, and only the first one reads the corpus:
    Efficiency: pair counts and, for each pair, the list of words containing it are built once. A merge touches only
    the words that contain the merged pair: their old pairs are subtracted and their new pairs added. A max-heap of
    (count, pair) is updated lazily: pairs whose count dropped are re-queued with their true count when they surface;
-   pairs that grow (only those next to the new piece) are pushed after each merge. A 30k vocabulary on the 5 MB BBC
-   corpus trains in seconds on one core (see benchmarks/vocab.py). Memory of this pass is O(symbols of the distinct
-   words kept), so it too is bounded by `max_distinct_words`, not by the corpus size.
+   pairs that grow (only those next to the new piece) are pushed after each merge (its speed, measured:
+   docs/performance.md). Memory of this pass is O(symbols of the distinct words kept), so it too is bounded by
+   `max_distinct_words`, not by the corpus size.
 
 Vocabulary layout (the order of vocab.txt): the special tokens in `special_tokens` order (default
 `[PAD] [UNK] [CLS] [SEP] [MASK]`, ids 0-4; the Tokenizer finds them by name, not by id), then every single character
@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from bertkit.errors import ConfigError, DataError
+from bertkit.options import with_options
 from bertkit.tokenizer import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, Tokenizer
 
 __all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
@@ -87,8 +88,7 @@ class VocabTrainingConfig:
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS
     limit_alphabet: int | None = None  # None keeps every character seen: full coverage, no [UNK] on the corpus
     max_word_chars: int = MAX_INPUT_CHARS_PER_WORD  # BERT encodes longer words as [UNK]: they do not train
-    # Word-table cap; beyond it the rarest words are pruned. Memory is about 0.1 KB a word while counting and
-    # ~1 KB a word while merging on real text (more on random strings), so ~1 GB at the cap, whatever the corpus size.
+    # word-table cap (the rarest words are pruned beyond it): memory bounded at any corpus size; docs/performance.md
     max_distinct_words: int = 1_000_000
 
     def validate(self) -> None:
@@ -274,79 +274,79 @@ def _merge_word(syms: tuple[int, ...], a: int, b: int, new: int) -> tuple[int, .
     return tuple(out)
 
 
-def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], vocab_size: int,
-                     special_tokens: tuple[str, ...] = SPECIAL_TOKENS, min_frequency: int = 2,
-                     limit_alphabet: int | None = None, max_word_chars: int = MAX_INPUT_CHARS_PER_WORD,
-                     progress: bool = False, stats: dict | None = None) -> list[str]:
-    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (module docstring)."""
-    # alphabet: every character (or the `limit_alphabet` most frequent), sorted by code point for stable ids
+def _alphabet(char_counts: dict[str, int], limit_alphabet: int | None) -> list[str]:
+    """Every character (or the `limit_alphabet` most frequent), sorted by code point for stable ids."""
     chars = sorted(char_counts)
     if limit_alphabet is not None and len(chars) > limit_alphabet:
         chars = sorted(sorted(char_counts, key=lambda c: (-char_counts[c], c))[:limit_alphabet])
-    tokens: list[str] = list(special_tokens)
+    return chars
+
+
+def _base_vocabulary(chars: list[str], config: VocabTrainingConfig) -> list[str]:
+    """The special tokens, then every character, then its ## form; ConfigError if vocab_size has no room for them."""
+    tokens: list[str] = list(config.special_tokens)
     for piece in [*chars, *(_PREFIX + c for c in chars)]:
         if piece not in tokens:  # a special token could be a single char / ##char in principle
             tokens.append(piece)
-    token_id = {t: i for i, t in enumerate(tokens)}
-    base_size = len(tokens)
-    if vocab_size < base_size:
+    if config.vocab_size < len(tokens):
         raise ConfigError(
-            f"vocab_size={vocab_size} is smaller than the {len(special_tokens)} special tokens + {len(chars)} "
-            f"characters x 2 (with their ## forms) = {base_size}; use vocab_size >= {base_size}"
-            + ("" if limit_alphabet else " or set limit_alphabet"))
+            f"vocab_size={config.vocab_size} is smaller than the {len(config.special_tokens)} special tokens + "
+            f"{len(chars)} characters x 2 (with their ## forms) = {len(tokens)}; use vocab_size >= {len(tokens)}"
+            + ("" if config.limit_alphabet else " or set limit_alphabet"))
+    return tokens
 
-    # each distinct trainable word as a tuple of piece ids: first char, then ##chars
+
+def _trainable_words(word_counts: dict[str, int], token_id: dict[str, int], chars: list[str],
+                     config: VocabTrainingConfig) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Each distinct word that takes part in merges as piece ids (first char, then ##chars), and its count."""
     alphabet = set(chars)
     words: list[tuple[int, ...]] = []
     freqs: list[int] = []
     for w, n in word_counts.items():
-        if len(w) < 2 or len(w) > max_word_chars or (limit_alphabet is not None and not alphabet.issuperset(w)):
+        if (len(w) < 2 or len(w) > config.max_word_chars
+                or (config.limit_alphabet is not None and not alphabet.issuperset(w))):
             continue  # single chars have no pairs; over-long words encode as [UNK]
         words.append((token_id[w[0]], *(token_id[_PREFIX + c] for c in w[1:])))
         freqs.append(n)
+    return words, freqs
 
-    # pair -> count (summed over words, weighted by word frequency); pair -> indices of words that contain it.
-    # The word lists are append-only (8 bytes an entry; a word listed twice, or no longer holding the pair, is
-    # skipped when visited), which keeps memory at O(total symbols) instead of a set per pair.
-    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for wi, syms in enumerate(words):
-        f = freqs[wi]
-        for p in zip(syms, syms[1:]):
-            pair_counts[p] += f
-            where[p].append(wi)
-    heap = [(-c, a, b) for (a, b), c in pair_counts.items()]
-    heapq.heapify(heap)
 
-    budget = vocab_size - len(tokens)
-    bar = None
-    if progress and budget > 0:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=budget, desc="merges", unit="piece", dynamic_ncols=True)
-    n_merges = 0
-    stop_reason = "vocab_size reached"
-    while len(tokens) < vocab_size:
-        if not heap:
-            stop_reason = "no pairs left"
-            break
-        negc, a, b = heapq.heappop(heap)
-        count = pair_counts.get((a, b), 0)
-        if count != -negc:  # stale entry: re-queue with the true (lower) count
-            if count > 0:
+class _PairMerges:
+    """The words as piece-id tuples with the counts of their adjacent pairs, updated merge by merge.
+
+    pair -> count (summed over words, weighted by word frequency); pair -> indices of words that contain it. The word
+    lists are append-only (8 bytes an entry; a word listed twice, or no longer holding the pair, is skipped when
+    visited), which keeps memory at O(total symbols) instead of a set per pair. The heap of (-count, a, b) is lazy:
+    an entry whose count dropped is re-queued with its true count when it surfaces."""
+
+    def __init__(self, words: list[tuple[int, ...]], freqs: list[int]):
+        self.words, self.freqs = words, freqs
+        pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+        where: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for wi, syms in enumerate(words):
+            f = freqs[wi]
+            for p in zip(syms, syms[1:]):
+                pair_counts[p] += f
+                where[p].append(wi)
+        self.pair_counts, self.where = pair_counts, where
+        self.heap = [(-c, a, b) for (a, b), c in pair_counts.items()]
+        heapq.heapify(self.heap)
+
+    def pop_best(self) -> tuple[tuple[int, int], int] | None:
+        """The most frequent pair and its count (ties: the lower piece ids), or None when no pair is left."""
+        heap, pair_counts = self.heap, self.pair_counts
+        while heap:
+            negc, a, b = heapq.heappop(heap)
+            count = pair_counts.get((a, b), 0)
+            if count == -negc:
+                return (a, b), count
+            if count > 0:  # stale entry: re-queue with the true (lower) count
                 heapq.heappush(heap, (-count, a, b))
-            continue
-        if count < min_frequency:
-            stop_reason = f"best pair count {count} < min_frequency {min_frequency}"
-            break
-        new_piece = tokens[a] + tokens[b][len(_PREFIX):]
-        new = token_id.get(new_piece)
-        if new is None:  # the same string could arise from two different pairs; it is one piece
-            new = len(tokens)
-            tokens.append(new_piece)
-            token_id[new_piece] = new
-            if bar is not None:
-                bar.update(1)
-        n_merges += 1
+        return None
+
+    def merge(self, a: int, b: int, new: int) -> None:
+        """Replace (a, b) by `new` in the words that hold it: only their pairs change."""
+        words, freqs, pair_counts, where = self.words, self.freqs, self.pair_counts, self.where
         grown: set[tuple[int, int]] = set()   # pairs next to the new piece: counts can only have grown
         shrunk: set[tuple[int, int]] = set()  # pairs that lost occurrences: counts may have reached zero
         for wi in where.pop((a, b)):
@@ -369,9 +369,54 @@ def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], v
                 del pair_counts[p]
                 where.pop(p, None)
         for p in grown:  # queue the true counts of the pairs that grew
-            heapq.heappush(heap, (-pair_counts[p], p[0], p[1]))
+            heapq.heappush(self.heap, (-pair_counts[p], p[0], p[1]))
+
+
+def _merge_until_full(pairs: _PairMerges, tokens: list[str], token_id: dict[str, int], config: VocabTrainingConfig,
+                      progress: bool) -> tuple[int, str]:
+    """Merge the best pair into a new piece (appended to `tokens` and `token_id`) until vocab_size, min_frequency or
+    no pair left stops it; returns the number of merges and why it stopped."""
+    budget = config.vocab_size - len(tokens)
+    bar = None
+    if progress and budget > 0:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=budget, desc="merges", unit="piece", dynamic_ncols=True)
+    n_merges = 0
+    stop_reason = "vocab_size reached"
+    while len(tokens) < config.vocab_size:
+        best = pairs.pop_best()
+        if best is None:
+            stop_reason = "no pairs left"
+            break
+        (a, b), count = best
+        if count < config.min_frequency:
+            stop_reason = f"best pair count {count} < min_frequency {config.min_frequency}"
+            break
+        new_piece = tokens[a] + tokens[b][len(_PREFIX):]
+        new = token_id.get(new_piece)
+        if new is None:  # the same string could arise from two different pairs; it is one piece
+            new = len(tokens)
+            tokens.append(new_piece)
+            token_id[new_piece] = new
+            if bar is not None:
+                bar.update(1)
+        n_merges += 1
+        pairs.merge(a, b, new)
     if bar is not None:
         bar.close()
+    return n_merges, stop_reason
+
+
+def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], config: VocabTrainingConfig,
+                     progress: bool = False, stats: dict | None = None) -> list[str]:
+    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (module docstring).
+    Uses config's vocab_size, special_tokens, min_frequency, limit_alphabet and max_word_chars."""
+    chars = _alphabet(char_counts, config.limit_alphabet)
+    tokens = _base_vocabulary(chars, config)
+    base_size = len(tokens)
+    token_id = {t: i for i, t in enumerate(tokens)}
+    words, freqs = _trainable_words(word_counts, token_id, chars, config)
+    n_merges, stop_reason = _merge_until_full(_PairMerges(words, freqs), tokens, token_id, config, progress)
     if stats is not None:
         stats.update(alphabet=len(chars), base_size=base_size, merges=n_merges, trained_words=len(words),
                      vocab_size=len(tokens), stop_reason=stop_reason)
@@ -414,23 +459,20 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
         raise DataError(f"{names}: the corpus has no words (empty or whitespace/control characters only)")
 
     t1 = time.perf_counter()
-    tokens = learn_wordpieces(counts, char_counts, config.vocab_size, tuple(config.special_tokens),
-                              config.min_frequency, config.limit_alphabet, config.max_word_chars,
-                              progress=progress, stats=stats)
+    tokens = learn_wordpieces(counts, char_counts, config, progress=progress, stats=stats)
     stats["merge_seconds"] = round(time.perf_counter() - t1, 3)
     return VocabTrainingResult(tokens=tokens, lowercase=config.lowercase, stats=stats)
 
 
-def train_vocab(files, vocab_size: int = 30_522, lowercase: bool = True, min_frequency: int = 2,
-                special_tokens: tuple[str, ...] = SPECIAL_TOKENS, limit_alphabet: int | None = None,
-                max_word_chars: int = MAX_INPUT_CHARS_PER_WORD, max_distinct_words: int = 1_000_000, progress: bool = False):
+def train_vocab(files, config: VocabTrainingConfig | None = None, *, progress: bool = False, **options):
     """Learn a WordPiece vocabulary from text files (paths or globs; .gz read transparently) and return a bertkit
-    `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring."""
-    config = VocabTrainingConfig(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
-                                 special_tokens=tuple(special_tokens), limit_alphabet=limit_alphabet,
-                                 max_word_chars=max_word_chars, max_distinct_words=max_distinct_words)
+    `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring.
+
+    Settings: a VocabTrainingConfig, or its fields as keywords (`train_vocab(files, vocab_size=8000,
+    lowercase=False)`), which replace those of `config`; an unknown keyword is a ConfigError naming it."""
+    config = with_options(VocabTrainingConfig, config, options, "train_vocab")
     result = learn_vocab(files, config, progress=progress)
-    return tokenizer_from_tokens(result.tokens, lowercase=lowercase)
+    return tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
 
 
 def tokenizer_from_tokens(tokens: list[str], lowercase: bool = True):

@@ -46,14 +46,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertkit.pretraining import prepare
+    from bertkit.pretraining import PrepareConfig, prepare
 
-    summary = prepare(args.corpus, args.vocab, args.out, seq_len=args.seq_len, task=args.task,
-                      masking=args.masking, dynamic=args.dynamic, mask_prob=args.mask_prob,
-                      max_predictions=args.max_predictions, dupe_factor=args.dupe_factor,
-                      short_seq_prob=args.short_seq_prob, workers=args.workers, seed=args.seed,
-                      corpus_format=args.corpus_format, examples_per_shard=args.examples_per_shard,
-                      max_line_bytes=args.max_line_bytes, max_document_lines=args.max_document_lines,
-                      overwrite=args.overwrite, progress=not args.no_progress and sys.stderr.isatty())
+    summary = prepare(PrepareConfig(
+        args.corpus, args.vocab, args.out, seq_len=args.seq_len, task=args.task, masking=args.masking,
+        dynamic=args.dynamic, mask_prob=args.mask_prob, max_predictions=args.max_predictions,
+        dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, workers=args.workers, seed=args.seed,
+        corpus_format=args.corpus_format, examples_per_shard=args.examples_per_shard,
+        max_line_bytes=args.max_line_bytes, max_document_lines=args.max_document_lines, overwrite=args.overwrite,
+        progress=not args.no_progress and sys.stderr.isatty()))
     print(json.dumps(summary.as_dict()) if args.json else summary.format())
     return 0

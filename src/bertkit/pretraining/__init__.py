@@ -6,19 +6,19 @@
     shards.py    .npy shards + manifest.json (crash-safe), ShardReader: memory-mapped, shuffled, ranked batches
     build.py     prepare(): the pipeline, parallel over processes
 
-    from bertkit.pretraining import prepare, ShardReader
-    prepare("corpus/*.txt.gz", "vocab.txt", "shards/", seq_len=128, task="nsp", masking="wwm")
+    from bertkit.pretraining import PrepareConfig, ShardReader, prepare
+    prepare(PrepareConfig("corpus/*.txt.gz", "vocab.txt", "shards/", seq_len=128, task="nsp", masking="wwm"))
     for batch in ShardReader("shards/", batch_size=32, seed=0): ...
 """
 
 from __future__ import annotations
 
-from bertkit.pretraining.build import PrepareSummary, prepare
+from bertkit.pretraining.build import PrepareConfig, PrepareSummary, prepare
 from bertkit.pretraining.corpus import CorpusStats, Document, iter_documents, split_sentences
 from bertkit.pretraining.examples import Example, ExampleBuilder, ExampleConfig, TokenizedDocument
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
-from bertkit.pretraining.shards import ShardReader, read_manifest
+from bertkit.pretraining.shards import ReaderOptions, ShardReader, read_manifest
 
-__all__ = ["prepare", "PrepareSummary", "ShardReader", "read_manifest", "iter_documents", "split_sentences",
-           "Document", "CorpusStats", "ExampleConfig", "ExampleBuilder", "Example", "TokenizedDocument",
-           "MaskingConfig", "VocabTables", "mask_batch", "example_keys"]
+__all__ = ["prepare", "PrepareConfig", "PrepareSummary", "ShardReader", "ReaderOptions", "read_manifest",
+           "iter_documents", "split_sentences", "Document", "CorpusStats", "ExampleConfig", "ExampleBuilder", "Example",
+           "TokenizedDocument", "MaskingConfig", "VocabTables", "mask_batch", "example_keys"]

@@ -1,6 +1,6 @@
 """The whole pipeline: corpus files -> documents -> WordPiece ids -> examples -> (static) masks -> shards.
 
-    prepare(corpus, vocab, out, seq_len=128, task="nsp", masking="token", dynamic=False, workers=1, ...)
+    prepare(PrepareConfig(corpus, vocab, out, seq_len=128, task="nsp", masking="token", dynamic=False, workers=1))
 
 Parallel building: with `workers > 1` each process takes a share of the input and writes its own shards
 (`w00-00000`, `w01-00000`, ...); the parent merges their shard lists and counts into one manifest.json once every
@@ -30,11 +30,63 @@ from bertkit.pretraining.examples import BuildStats, ExampleBuilder, ExampleConf
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
 from bertkit.pretraining.shards import FORMAT_VERSION, MANIFEST, ShardWriter, remove_partial, write_manifest
 
-__all__ = ["prepare", "PrepareSummary", "load_tokenizer"]
+__all__ = ["prepare", "PrepareConfig", "PrepareSummary", "load_tokenizer"]
 
 _MASK_BATCH = 512           # examples masked and written together
 _TOKENIZE_BATCH = 1024      # sentences tokenised together (documents are buffered until they hold this many)
 _STATIC_SEED_SALT = 0x5EED_57A7_1C   # static masks draw from other keys than the reader's dynamic masks
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """What `prepare` builds: the corpus, the vocabulary, the output directory and how examples are cut and masked.
+    Checked when constructed, so a bad value fails before any file is read."""
+    corpus: str | Path | list                # text files, directories or globs (.gz ok)
+    vocab: str | Path                        # vocab.txt or a model directory holding one
+    out: str | Path                          # the shard directory
+    seq_len: int = 128
+    task: str = "nsp"                        # nsp | sop | none (packed text, MLM only)
+    masking: str = "token"                   # token | wwm | ngram
+    dynamic: bool = False                    # masks drawn at batch time, fresh every epoch (RoBERTa)
+    mask_prob: float = 0.15                  # BERT's share of tokens to predict
+    max_predictions: int | None = None       # None: ceil(mask_prob * seq_len), 20 at 128 like BERT
+    dupe_factor: int = 1                     # static masking: copies with different masks (BERT used 10)
+    short_seq_prob: float = 0.1              # BERT's share of shorter targets (ignored for task none)
+    workers: int = 1                         # processes, each writing its own shards
+    seed: int = 12345                        # google-research's create_pretraining_data default
+    corpus_format: str = "auto"              # auto | lines (a sentence per line) | prose (split into sentences)
+    examples_per_shard: int = 65536          # rows a worker buffers before writing a shard: bounds its memory
+    max_line_bytes: int = 256 * 1024         # longer lines are skipped (read in bounded chunks): not prose
+    max_document_lines: int = 10_000         # longer documents are cut: bounds memory on files without blank lines
+    overwrite: bool = False                  # replace shards already in `out`
+    progress: bool = False
+
+    def __post_init__(self):
+        self.example_config()                # ExampleConfig and MaskingConfig check their own fields
+        self.masking_config()
+        if self.dynamic and self.dupe_factor != 1 and self.task == "none":
+            # nsp / sop copies differ in their sentence pairs and target lengths, so they still add data
+            raise ConfigError(f"dupe_factor={self.dupe_factor} with dynamic masking and task 'none': masks are "
+                              "redrawn every epoch and packed rows are identical, so copies add nothing; use "
+                              "dupe_factor=1")
+        if self.workers < 1:
+            raise ConfigError(f"workers={self.workers} must be >= 1")
+        if self.examples_per_shard < 1:
+            raise ConfigError(f"examples_per_shard={self.examples_per_shard} must be >= 1")
+        if self.max_line_bytes < 1 or self.max_document_lines < 1:
+            raise ConfigError(f"max_line_bytes={self.max_line_bytes} and max_document_lines="
+                              f"{self.max_document_lines} must be >= 1")
+
+    def example_config(self) -> ExampleConfig:
+        return ExampleConfig(seq_len=self.seq_len, task=self.task, dupe_factor=self.dupe_factor,
+                             short_seq_prob=0.0 if self.task == "none" else self.short_seq_prob)
+
+    def masking_config(self) -> MaskingConfig:
+        """The masking settings with max_predictions resolved for seq_len (as the manifest records them)."""
+        mcfg = MaskingConfig(mode=self.masking, mask_prob=self.mask_prob, max_predictions=self.max_predictions,
+                             dynamic=self.dynamic)
+        mcfg.max_predictions = mcfg.resolved_max_predictions(self.seq_len)
+        return mcfg
 
 
 @dataclass
@@ -197,8 +249,8 @@ def _worker(job: _Job, progress=None) -> dict:
 
 
 def _tokenize_documents(tok, docs, reserved) -> list[TokenizedDocument]:
-    """WordPiece ids of every sentence of `docs`, in one batched tokenizer call (its vectorised path is several times
-    faster than a call per sentence)."""
+    """WordPiece ids of every sentence of `docs`, in one batched tokenizer call (its vectorised path is faster than a
+    call per sentence: docs/performance.md)."""
     sentences = [s for d in docs for s in d.sentences]
     if not sentences:
         return []
@@ -236,68 +288,40 @@ def _split_files(files: list[Path], workers: int) -> list[list[str]]:
     return [sorted(s) for s in shares]
 
 
-def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", masking: str = "token",
-            dynamic: bool = False, mask_prob: float = 0.15, max_predictions: int | None = None,
-            dupe_factor: int = 1, short_seq_prob: float = 0.1, workers: int = 1, seed: int = 12345,
-            corpus_format: str = "auto", examples_per_shard: int = 65536, max_line_bytes: int = 256 * 1024,
-            max_document_lines: int = 10_000, overwrite: bool = False, progress: bool = False) -> PrepareSummary:
-    """Build pre-training shards in `out` from `corpus` (paths / dirs / globs). Returns the summary."""
-    ecfg = ExampleConfig(seq_len=seq_len, task=task, short_seq_prob=0.0 if task == "none" else short_seq_prob,
-                         dupe_factor=dupe_factor)
-    mcfg = MaskingConfig(mode=masking, mask_prob=mask_prob, max_predictions=max_predictions, dynamic=dynamic)
-    mcfg.max_predictions = mcfg.resolved_max_predictions(seq_len)
-    if dynamic and dupe_factor != 1 and task == "none":
-        # nsp / sop copies differ in their sentence pairs and target lengths, so they still add data
-        raise ConfigError(f"dupe_factor={dupe_factor} with dynamic masking and task 'none': masks are redrawn every "
-                          "epoch and packed rows are identical, so copies add nothing; use dupe_factor=1")
-    if workers < 1:
-        raise ConfigError(f"workers={workers} must be >= 1")
-    if examples_per_shard < 1:
-        raise ConfigError(f"examples_per_shard={examples_per_shard} must be >= 1")
-    if max_line_bytes < 1 or max_document_lines < 1:
-        raise ConfigError(f"max_line_bytes={max_line_bytes} and max_document_lines={max_document_lines} must be >= 1")
-    files = expand_corpus(corpus)
-    tok = load_tokenizer(vocab)
-    if seq_len > 65535:
-        raise ConfigError(f"seq_len={seq_len} is too long")
-    out = Path(out)
-    _prepare_out_dir(out, overwrite)
+def prepare(cfg: PrepareConfig) -> PrepareSummary:
+    """Build pre-training shards in `cfg.out` from `cfg.corpus` (paths / dirs / globs). Returns the summary."""
+    ecfg, mcfg = cfg.example_config(), cfg.masking_config()
+    files = expand_corpus(cfg.corpus)
+    tok = load_tokenizer(cfg.vocab)
+    out = Path(cfg.out)
+    _prepare_out_dir(out, cfg.overwrite)
     vocab_copy = out / "vocab.txt"
     vocab_copy.write_text("\n".join(tok.ids_to_tokens) + "\n", encoding="utf-8")
 
-    by_files = len(files) >= workers
-    shares = _split_files(files, workers) if by_files else [[str(f) for f in files]] * workers
-    jobs = [_Job(rank=w, workers=workers, files=shares[w], select_modulo=not by_files, vocab=str(vocab),
-                 out=str(out), corpus_format=corpus_format, examples=ecfg, masking=mcfg, seed=seed,
-                 examples_per_shard=examples_per_shard, max_line_bytes=max_line_bytes,
-                 max_document_lines=max_document_lines)
-            for w in range(workers) if shares[w]]
+    by_files = len(files) >= cfg.workers
+    shares = _split_files(files, cfg.workers) if by_files else [[str(f) for f in files]] * cfg.workers
+    jobs = [_Job(rank=w, workers=cfg.workers, files=shares[w], select_modulo=not by_files, vocab=str(cfg.vocab),
+                 out=str(out), corpus_format=cfg.corpus_format, examples=ecfg, masking=mcfg, seed=cfg.seed,
+                 examples_per_shard=cfg.examples_per_shard, max_line_bytes=cfg.max_line_bytes,
+                 max_document_lines=cfg.max_document_lines)
+            for w in range(cfg.workers) if shares[w]]
     total_bytes = sum(f.stat().st_size for f in files)
     t0 = time.perf_counter()
-    results = _run(jobs, total_bytes * (1 if by_files else len(jobs)), progress)
+    results = _run(jobs, total_bytes * (1 if by_files else len(jobs)), cfg.progress)
     seconds = time.perf_counter() - t0
 
-    cstats, bstats, mstats, shards = CorpusStats(), BuildStats(), MaskStats(), []
-    for r in results:
-        cstats.merge(CorpusStats(**r["corpus"]))
-        bstats.merge(BuildStats(**r["build"]))
-        mstats.merge(MaskStats(**r["masks"]))
-        shards.extend(r["shards"])
-    if not by_files:     # every worker read the whole stream; count the input once
-        for name in ("files", "bytes", "empty_files", "binary_files", "invalid_utf8_lines", "binary_lines",
-                     "long_lines", "split_documents"):
-            setattr(cstats, name, getattr(cstats, name) // len(jobs))
+    cstats, bstats, mstats, shards = _merge_results(results, counted_once=by_files)
     if bstats.examples == 0:
         raise DataError(f"corpus {[str(f) for f in files][:3]}... produced no examples "
                         f"({cstats.documents} documents; skipped: {cstats.skipped()})")
-    summary = PrepareSummary(str(out), seconds, cstats, bstats, mstats, len(shards), len(jobs), dynamic)
+    summary = PrepareSummary(str(out), seconds, cstats, bstats, mstats, len(shards), len(jobs), cfg.dynamic)
     write_manifest(out, {
         "format": "bertkit-pretraining-shards", "version": FORMAT_VERSION,
         "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "lowercase": tok.lowercase,
-        "seq_len": seq_len, "task": task, "short_seq_prob": ecfg.short_seq_prob, "dupe_factor": dupe_factor,
-        "buffer_docs": ecfg.buffer_docs, "buffer_tokens": ecfg.buffer_tokens,
-        "masking": mcfg.to_dict(), "static_masks": not dynamic, "seed": seed, "workers": len(jobs),
-        "corpus": [str(f) for f in files][:1000], "corpus_format": corpus_format,
+        "seq_len": cfg.seq_len, "task": cfg.task, "short_seq_prob": ecfg.short_seq_prob,
+        "dupe_factor": cfg.dupe_factor, "buffer_docs": ecfg.buffer_docs, "buffer_tokens": ecfg.buffer_tokens,
+        "masking": mcfg.to_dict(), "static_masks": not cfg.dynamic, "seed": cfg.seed, "workers": len(jobs),
+        "corpus": [str(f) for f in files][:1000], "corpus_format": cfg.corpus_format,
         "counts": {"examples": bstats.examples, "documents": cstats.documents, "sentences": cstats.sentences,
                    "tokens": bstats.tokens, "padding": bstats.padding, "label_0": bstats.is_next,
                    "label_1": bstats.not_next, "masked": mstats.chosen, "maskable": mstats.candidates,
@@ -306,6 +330,22 @@ def prepare(corpus, vocab, out, *, seq_len: int = 128, task: str = "nsp", maskin
         "shards": sorted(shards, key=lambda e: e["name"]),
     })
     return summary
+
+
+def _merge_results(results: list[dict], counted_once: bool) -> tuple[CorpusStats, BuildStats, MaskStats, list]:
+    """The workers' counts summed and their shard lists joined. `counted_once` False: every worker read the whole
+    stream, so the input counts are divided back to one reading."""
+    cstats, bstats, mstats, shards = CorpusStats(), BuildStats(), MaskStats(), []
+    for r in results:
+        cstats.merge(CorpusStats(**r["corpus"]))
+        bstats.merge(BuildStats(**r["build"]))
+        mstats.merge(MaskStats(**r["masks"]))
+        shards.extend(r["shards"])
+    if not counted_once:
+        for name in ("files", "bytes", "empty_files", "binary_files", "invalid_utf8_lines", "binary_lines",
+                     "long_lines", "split_documents"):
+            setattr(cstats, name, getattr(cstats, name) // len(results))
+    return cstats, bstats, mstats, shards
 
 
 def _prepare_out_dir(out: Path, overwrite: bool) -> None:
@@ -326,9 +366,8 @@ def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
         if len(jobs) == 1:
             counter = _BarCounter(bar)
             return [_worker(jobs[0], counter)]
-        # fork starts a worker in milliseconds with numpy and the tokenizer already imported (spawn costs ~0.5 CPU s
-        # per worker, a third of the work on a 5 MB corpus); but a parent that imported torch has thread pools that
-        # fork does not copy safely, so then spawn.
+        # fork starts a worker with numpy and the tokenizer already imported (spawn re-imports them in every worker,
+        # docs/performance.md); but a parent that imported torch has thread pools that fork does not copy safely.
         ctx = mp.get_context("fork" if sys.platform == "linux" and "torch" not in sys.modules else "spawn")
         shared = ctx.Array("q", len(jobs), lock=False)
         with ProcessPoolExecutor(len(jobs), mp_context=ctx, initializer=_init_worker, initargs=(shared,)) as pool:

@@ -38,9 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import DataError
+from bertkit.options import with_options
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, _mix, example_keys, mask_batch
 
-__all__ = ["ShardWriter", "ShardReader", "read_manifest", "write_manifest", "MANIFEST", "FORMAT_VERSION"]
+__all__ = ["ShardWriter", "ShardReader", "ReaderOptions", "read_manifest", "write_manifest", "MANIFEST",
+           "FORMAT_VERSION"]
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -231,45 +233,69 @@ def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Sha
     return _Shard(tokens, meta, arrays.get("mask_pos"), arrays.get("mask_ids"))
 
 
+def _check_vocab(shard_dir: Path, m: dict, vocab_hash: str | None, vocab_size: int | None) -> None:
+    """DataError unless the shards' vocab is the model's (same hash) and fits its embedding table."""
+    if vocab_hash is not None and vocab_hash != m["vocab_hash"]:
+        raise DataError(f"{shard_dir}: shards were built with vocab {m['vocab_hash'][:12]}… (size {m['vocab_size']}),"
+                        f" but the model's tokenizer has vocab {vocab_hash[:12]}…: token ids would mean other "
+                        "tokens; rebuild the shards with this vocab (bertkit prepare --vocab ...)")
+    if vocab_size is not None and vocab_size < m["vocab_size"]:     # a model vocab padded to a multiple of 8 is fine
+        raise DataError(f"{shard_dir}: shards were built with a vocab of {m['vocab_size']} tokens, the model has "
+                        f"vocab_size={vocab_size}: ids would fall outside its embedding table")
+
+
+@dataclass
+class ReaderOptions:
+    """How a ShardReader walks its shards; every field can also be given to ShardReader as a keyword."""
+    seed: int = 0
+    rank: int = 0                    # this process's share: every world_size-th example of the epoch's order
+    world_size: int = 1
+    shuffle: bool = True
+    drop_last: bool = True           # every batch full (and every rank the same number of batches)
+    infinite: bool = False           # iterating goes on past the epoch's end
+    vocab_hash: str | None = None    # the model tokenizer's: the shards must have been built with the same vocab
+    vocab_size: int | None = None    # the model's embedding rows: at least the shards' vocab size
+    verify: str = "size"             # "size": file sizes against the manifest; "full": also sha256 (reads it all)
+
+    def __post_init__(self):
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise DataError(f"rank={self.rank} / world_size={self.world_size}: need 0 <= rank < world_size")
+        if self.verify not in ("size", "full"):
+            raise DataError(f"verify={self.verify!r} must be 'size' or 'full'")
+
+
 class ShardReader:
     """Batches from a shard directory; see the module docstring. Iterating runs the rest of the current epoch and
-    then moves to the next one (`infinite=True`: keeps going)."""
+    then moves to the next one (`infinite=True`: keeps going).
 
-    def __init__(self, shard_dir: str | Path, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, drop_last: bool = True, infinite: bool = False, vocab_hash: str | None = None,
-                 vocab_size: int | None = None, verify: str = "size"):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise DataError(f"rank={rank} / world_size={world_size}: need 0 <= rank < world_size")
+        ShardReader("shards/", 32, seed=1)                    # keywords: the fields of ReaderOptions
+        ShardReader("shards/", 32, ReaderOptions(seed=1, rank=r, world_size=w), shuffle=False)
+    """
+
+    def __init__(self, shard_dir: str | Path, batch_size: int, options: ReaderOptions | None = None, **overrides):
+        opts = with_options(ReaderOptions, options, overrides, "ShardReader")
         if batch_size < 1:
             raise DataError(f"batch_size={batch_size} must be >= 1")
-        if verify not in ("size", "full"):
-            raise DataError(f"verify={verify!r} must be 'size' or 'full'")
         self.dir = Path(shard_dir)
         self.manifest = read_manifest(self.dir)
         m = self.manifest
-        if vocab_hash is not None and vocab_hash != m["vocab_hash"]:
-            raise DataError(f"{self.dir}: shards were built with vocab {m['vocab_hash'][:12]}… (size {m['vocab_size']}),"
-                            f" but the model's tokenizer has vocab {vocab_hash[:12]}…: token ids would mean other "
-                            "tokens; rebuild the shards with this vocab (bertkit prepare --vocab ...)")
-        if vocab_size is not None and vocab_size < m["vocab_size"]:     # a model vocab padded to a multiple of 8 is fine
-            raise DataError(f"{self.dir}: shards were built with a vocab of {m['vocab_size']} tokens, the model has "
-                            f"vocab_size={vocab_size}: ids would fall outside its embedding table")
+        _check_vocab(self.dir, m, opts.vocab_hash, opts.vocab_size)
         self.seq_len, self.task = int(m["seq_len"]), m["task"]
         self.masking = MaskingConfig(**m["masking"])
         self.tables = VocabTables.from_vocab_file(self.dir / "vocab.txt")
         if self.tables.vocab_size != m["vocab_size"]:
             raise DataError(f"{self.dir / 'vocab.txt'} has {self.tables.vocab_size} tokens, manifest says {m['vocab_size']}")
-        self._shards = [_open_shard(self.dir, e, verify, self.seq_len) for e in m["shards"]]
+        self._shards = [_open_shard(self.dir, e, opts.verify, self.seq_len) for e in m["shards"]]
         counts = np.array([e["examples"] for e in m["shards"]], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_examples = int(self._starts[-1])
         if self.num_examples == 0:
             raise DataError(f"{self.dir}: the shards hold no examples")
-        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
-        self.shuffle, self.drop_last, self.infinite = shuffle, drop_last, infinite
-        self.per_rank = self.num_examples // world_size
-        if self.per_rank == 0 or (drop_last and self.per_rank < batch_size):
-            raise DataError(f"{self.dir}: {self.num_examples} examples are too few for world_size={world_size} "
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, opts.seed, opts.rank, opts.world_size
+        self.shuffle, self.drop_last, self.infinite = opts.shuffle, opts.drop_last, opts.infinite
+        self.per_rank = self.num_examples // self.world_size
+        if self.per_rank == 0 or (self.drop_last and self.per_rank < batch_size):
+            raise DataError(f"{self.dir}: {self.num_examples} examples are too few for world_size={self.world_size} "
                             f"x batch_size={batch_size}")
         self.epoch, self.position = 0, 0
 

@@ -1,0 +1,134 @@
+"""Several masks, decoded jointly vs each mask's independent argmax, scored on held-out sentences.
+
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    p = Predictor.load("runs/demo/pretrain/model")
+    multi_mask_eval(p, sentences, MultiMaskOptions(span="scattered", limit=60))
+
+Used by `bertkit demo` (its fill-mask stage) and `benchmarks/fillmask.py`. The decoders are the Predictor's
+(`joint_fill`, and the per-mask argmax of one forward pass); this module picks the words to mask and counts.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from bertkit.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from bertkit.infer import Predictor
+
+__all__ = ["MultiMaskOptions", "multi_mask_eval", "SPANS"]
+
+SPANS = ("contiguous", "scattered")
+
+
+@dataclass(frozen=True)
+class MultiMaskOptions:
+    n_masks: tuple[int, ...] = (2, 3)   # words masked in a sentence: one of these, drawn per sentence
+    # contiguous: k adjacent words, where the masks depend on each other most ("prime minister");
+    # scattered: k words anywhere in the sentence
+    span: str = "contiguous"
+    limit: int = 200                    # sentences scored at most
+    beam_size: int = 8
+    seed: int = 0
+    max_length: int = 128               # longer sentences (in pieces, with [CLS] and [SEP]) are passed over
+    progress: bool = False
+
+    def __post_init__(self):
+        if self.span not in SPANS:
+            raise ConfigError(f"span={self.span!r} is not one of {SPANS}")
+        if not self.n_masks or min(self.n_masks) < 1:
+            raise ConfigError(f"n_masks={self.n_masks!r} must hold mask counts >= 1")
+
+
+def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], options: MultiMaskOptions | None = None) -> dict:
+    """Mask 2-3 whole words in held-out sentences and compare joint decoding with independent per-mask argmax.
+
+    Only words the vocabulary holds as one piece are masked (alphabetic, so one [MASK] = one word). Exact match =
+    every mask of the sentence right. Returns counts and rates for both decoders, plus a few examples.
+    """
+    opts = options or MultiMaskOptions()
+    cases = _mask_cases(predictor.tokenizer, sentences, opts)
+    if not cases:
+        raise DataError("no sentence had enough one-piece words to mask")
+    stats, examples = _decode_cases(predictor, cases, opts)
+    n, n_masks_total = len(cases), sum(len(c[1]) for c in cases)
+    return {"span": opts.span, "sentences": n, "masks": n_masks_total, "beam_size": opts.beam_size,
+            "joint_exact": stats["joint"][0] / n, "independent_exact": stats["independent"][0] / n,
+            "joint_per_mask": stats["joint"][1] / n_masks_total,
+            "independent_per_mask": stats["independent"][1] / n_masks_total,
+            "joint_exact_count": stats["joint"][0], "independent_exact_count": stats["independent"][0],
+            "independent_words_exact": stats["independent_words"][0] / n,
+            "independent_words_per_mask": stats["independent_words"][1] / n_masks_total,
+            "independent_words_exact_count": stats["independent_words"][0], "examples": examples}
+
+
+def _mask_cases(tok, sentences: Sequence[str], opts: MultiMaskOptions) -> list[tuple[list[int], list[int], list[int]]]:
+    """Up to `opts.limit` (ids with [MASK]s, mask positions, the masked words' ids), one per usable sentence."""
+    rng = random.Random(opts.seed)
+    cases = []
+    for s in sentences:
+        words = tok.basic_tokenize(s)
+        pieces = [tok.tokenize(w) for w in words]
+        if sum(len(p) for p in pieces) + 2 > opts.max_length or len(words) < 6:
+            continue
+        ok = [len(p) == 1 and words[i].isalpha() and p[0] in tok.vocab for i, p in enumerate(pieces)]
+        chosen = _choose_words(ok, rng.choice(list(opts.n_masks)), opts.span, rng)
+        if chosen is None:
+            continue
+        ids, positions, truth = [tok.cls_token_id], [], []
+        for i, p in enumerate(pieces):
+            if i in chosen:
+                positions.append(len(ids))
+                truth.append(tok.vocab[p[0]])
+                ids.append(tok.mask_token_id)
+            else:
+                ids.extend(tok.convert_tokens_to_ids(p))
+        ids.append(tok.sep_token_id)
+        cases.append((ids, positions, truth))
+        if len(cases) >= opts.limit:
+            break
+    return cases
+
+
+def _choose_words(ok: list[bool], k: int, span: str, rng: random.Random) -> list[int] | None:
+    """Indices of k maskable words (`ok`): adjacent ones for span "contiguous", else any; None if there are none."""
+    if span == "contiguous":
+        starts = [i for i in range(len(ok) - k + 1) if all(ok[i:i + k])]
+        if not starts:
+            return None
+        st = rng.choice(starts)
+        return list(range(st, st + k))
+    cand = [i for i, o in enumerate(ok) if o]
+    if len(cand) < k:
+        return None
+    return sorted(rng.sample(cand, k))
+
+
+def _decode_cases(predictor: "Predictor", cases, opts: MultiMaskOptions) -> tuple[dict, list[dict]]:
+    """Per decoder [exact matches, correct masks], and up to 8 sentences where joint and independent differ."""
+    tok = predictor.tokenizer
+    it = cases
+    if opts.progress:
+        from tqdm import tqdm
+        it = tqdm(cases, desc=f"fill-mask eval ({opts.span})", unit="sent")
+    # "independent_words": the per-mask argmax with joint's word-start constraint, so what joint decoding adds
+    # shows apart from what the constraint adds
+    stats = {"joint": [0, 0], "independent": [0, 0], "independent_words": [0, 0]}
+    examples = []
+    for ids, positions, truth in it:
+        joint = tok.convert_tokens_to_ids(
+            predictor.joint_fill(ids, positions, top_k=1, beam_size=opts.beam_size)[0].tokens)
+        lp = predictor._log_probs([ids], positions)[0]                    # one forward for both baselines
+        indep = predictor._argmax_per_mask(lp, words=False)
+        indep_w = predictor._argmax_per_mask(lp, words=True)
+        for name, pred in (("joint", joint), ("independent", indep), ("independent_words", indep_w)):
+            stats[name][0] += int(pred == truth)
+            stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))
+        if len(examples) < 8 and joint != indep:
+            examples.append({"masked": " ".join(tok.convert_ids_to_tokens(ids[1:-1])).replace(" ##", ""),
+                             "truth": tok.convert_ids_to_tokens(truth), "joint": tok.convert_ids_to_tokens(joint),
+                             "independent": tok.convert_ids_to_tokens(indep)})
+    return stats, examples
