@@ -159,6 +159,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     from bertkit import BertConfig, BertForMaskedLM, BertForPreTraining
     from bertkit.hardware import resolve_precision
     from bertkit.pretraining.shards import read_manifest
+    from bertkit.train.loop import TrainConfig
     from bertkit.train.pretrain import PretrainConfig, pretrain
     built = read_manifest(shards / "train")
     if (built["task"], int(built["seq_len"])) != (cfg.task, cfg.seq_len):
@@ -168,12 +169,13 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     shutil.rmtree(out / "run", ignore_errors=True)   # an older demo's run directory
     precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
     eval_batches = -(-cfg.eval_rows // cfg.batch_size)
+    train = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, schedule=cfg.schedule,
+                        decay_fraction=cfg.decay_fraction, precision=precision, seed=cfg.seed, keep_last=1,
+                        overwrite=True, eval_every_steps=cfg.eval_every_steps, log_every_steps=5,
+                        progress=cfg.progress)
     pc = PretrainConfig(shards=str(shards / "train"), out=str(out), eval_shards=str(shards / "heldout"),
                         eval_batches=eval_batches, preset=cfg.preset, dropout=cfg.dropout,
-                        batch_size=cfg.batch_size, budget=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup,
-                        schedule=cfg.schedule, decay_fraction=cfg.decay_fraction, precision=precision,
-                        seed=cfg.seed, keep_last=1, overwrite=True, eval_every_steps=cfg.eval_every_steps,
-                        log_every_steps=5, progress=cfg.progress, vocab=str(vocab / "vocab.txt"))
+                        batch_size=cfg.batch_size, vocab=str(vocab / "vocab.txt"), train=train)
     _say(f"pre-training {cfg.preset} from scratch ({_objective(cfg.task)}) for {cfg.pretrain_budget_s:.0f} s on "
          f"rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, {torch.get_num_threads()} threads")
     result = pretrain(pc)

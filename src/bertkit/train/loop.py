@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -93,6 +93,14 @@ class TrainConfig:
     peak_flops: float | None = None       # None: table for known GPUs, measured matmul rate on CPU (training dtype)
     # -- failure
     max_bad_steps: int = 5                # consecutive NaN/inf steps before stopping
+
+    @classmethod
+    def split(cls, values: dict, base: "TrainConfig | None" = None) -> tuple["TrainConfig", dict]:
+        """(`base` or the defaults with the entries of `values` named like a field, the other entries): how the
+        commands route their flags, so a new training setting is a field here plus a flag of the same dest."""
+        names = {f.name for f in fields(cls)}
+        ours = {k: v for k, v in values.items() if k in names}
+        return replace(base or cls(), **ours), {k: v for k, v in values.items() if k not in names}
 
     def validate(self) -> None:
         if self.max_steps is None and self.epochs is None and self.budget_s is None:
