@@ -71,6 +71,9 @@ weights and optimizer state, every rank its own RNG + data position, and --resum
 the network itself; set NCCL_SOCKET_IFNAME if the nodes have several interfaces.
 """
 
+import sys
+import types
+
 from bertkit.train.loop import (TrainConfig, TrainResult, StepOutput, Phase, TrainingDiverged, train, default_step,
                                 pretraining_step, pretraining_eval, seed_everything, distributed_context,
                                 latest_checkpoint, load_model_weights, save_model_weights, estimate_flops_per_token,
@@ -87,3 +90,14 @@ def __getattr__(name):
         from bertkit.train import pretrain as _p
         return getattr(_p, name)
     raise AttributeError(f"module 'bertkit.train' has no attribute {name!r}")
+
+
+class _CallablePackage(types.ModuleType):
+    """`bertkit.train(model, batches, cfg, out)` is train(): the package and the function share that name, so the
+    package answers the call rather than hiding (or being hidden by) the function."""
+
+    def __call__(self, *args, **kwargs):
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
