@@ -42,7 +42,8 @@ import torch
 from bertkit import datasets
 from bertkit.tasks import data as task_data
 from bertkit.tasks.batching import BucketBatchSampler, collate
-from bertkit.tasks.runner import FinetuneConfig, _build_model, _evaluate_task, _prepare, finetune, make_task
+from bertkit.tasks.runner import (FinetuneConfig, _build_model, _evaluate_task, _prepare, finetune, finetune_recipe,
+                                  make_task)
 
 # benchmark name -> (data set builder name, task kind, default max_length, file extension)
 TASKS = {
@@ -97,13 +98,13 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.training.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.training.lr, betas=(0.9, 0.999), eps=1e-6,
                             fused=True)
     feats = data.train_feats
     per_epoch = -(-len(feats) // cfg.batch_size)
-    total = max(1, math.ceil(per_epoch * cfg.epochs))
-    sched = tf.get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
+    total = max(1, math.ceil(per_epoch * cfg.training.epochs))
+    sched = tf.get_linear_schedule_with_warmup(opt, int(cfg.training.warmup * total), total)
     label_keys = [k for k in ("labels", "start_positions", "end_positions") if k in feats[0]]
     g = torch.Generator().manual_seed(seed)
     # order "same": exactly our batches (our sampler, same seed, reshuffled per epoch), so the two sides differ only
@@ -255,12 +256,12 @@ def main(argv=None) -> int:
     files = _files(data_name)
     model_dir = Path(args.model) if args.model else datasets.minilm_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
+    training = finetune_recipe(lr=args.lr, epochs=args.epochs, precision="bf16" if bf16 else "fp32")
     cfg = FinetuneConfig(task=kind, model=str(model_dir), train=files["train"], dev=files["dev"],
-                         test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
-                         epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
+                         test=files.get("test"), out=args.out, training=training, batch_size=args.batch_size,
+                         max_length=args.max_length or max_len, seeds=(seeds[0],),
                          max_train_examples=args.max_train_examples, save_model=False, quiet=True,
-                         random_init=args.random_init, bucket_batches=args.bucket_batches, bf16=bf16,
-                         dropout=args.dropout)
+                         random_init=args.random_init, bucket_batches=args.bucket_batches, dropout=args.dropout)
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)

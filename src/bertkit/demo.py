@@ -241,25 +241,18 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
     return res
 
 
-def _tasks_api():
-    try:
-        from bertkit.tasks import FinetuneConfig, evaluate, finetune
-    except ImportError:
-        from bertkit.tasks.runner import FinetuneConfig, evaluate, finetune
-    return FinetuneConfig, finetune, evaluate
-
-
 def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
     from bertkit import datasets, plots
     from bertkit.infer import Predictor
     from bertkit.tasks.data import build
-    FinetuneConfig, finetune, _ = _tasks_api()
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     stats = build("sentiment", out / "data", seed=cfg.seed)
     files = stats["files"]
     fcfg = FinetuneConfig(task="classify", model=str(datasets.minilm_dir()), train=files["train"], dev=files["dev"],
-                          test=files["test"], out=str(out / "model"), epochs=cfg.sentiment_epochs,
-                          lr=cfg.sentiment_lr, batch_size=32, max_train_examples=cfg.sentiment_train_examples,
-                          seeds=(cfg.seed + 1,), quiet=not cfg.progress)
+                          test=files["test"], out=str(out / "model"),
+                          training=finetune_recipe(epochs=cfg.sentiment_epochs, lr=cfg.sentiment_lr), batch_size=32,
+                          max_train_examples=cfg.sentiment_train_examples, seeds=(cfg.seed + 1,),
+                          quiet=not cfg.progress)
     summary = finetune(fcfg)
     # our own pass over the test split through the inference API: the confusion matrix and a cross-check
     import csv
