@@ -18,9 +18,9 @@ make fine-tuning unstable, so:
 warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is what only fine-tuning has.
 
 Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
-model, the batches and the dev evaluation. Throughput comes from bf16 autocast (where native), the encoder's unpadded attention
-("auto" picks it for ragged batches) and length-bucketed batches padded only to their own longest sequence
-(`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose config.json carries
+model, the batches and the dev evaluation. Throughput comes from bf16 autocast (where native), the encoder's
+unpadded attention ("auto" picks it for ragged batches) and length-bucketed batches padded only to their own
+longest sequence (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose config.json carries
 `id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold),
 so `evaluate` / `predict` need only the directory.
 """
@@ -63,13 +63,10 @@ class FinetuneConfig:
     train: str                             # the training file
     dev: str
     out: str
-    # the loop's settings (lr, epochs, warmup, weight decay, precision, dev evaluation interval, ...); not `train`,
-    # which names the training file
-    training: TrainConfig = field(default_factory=finetune_recipe)
+    training: TrainConfig = field(default_factory=finetune_recipe)  # the loop's settings (`train` is the file)
     test: str | None = None
     vocab: str | None = None               # vocab.txt for a preset model (a directory brings its own)
-    random_init: bool = False              # a directory's architecture with fresh weights (the "no pre-training"
-                                           # baseline that shows what pre-training is worth)
+    random_init: bool = False              # fresh weights: the baseline that shows what pre-training is worth
     batch_size: int = 32
     dropout: float = 0.1                   # hidden + attention dropout of the encoder (and the head)
     max_length: int | None = None          # pieces per example; None: 384 for qa, 128 otherwise
@@ -78,14 +75,9 @@ class FinetuneConfig:
     patience: int = 0                      # stop after this many evaluations without improvement; 0 = never
     max_train_examples: int | None = None  # keep the first N training examples (quick runs); counted in the result
     eval_batch_size: int = 128
-    # length bucketing of training batches: windows of this many batches are sorted by length before being cut
-    # into batches (less padding); 1 = plain random batches (transformers' default). With the unpadded encoder
-    # padding costs little either way (see bertkit.model), so this mainly trades randomness for a little speed.
-    bucket_batches: int = 50
+    bucket_batches: int = 50               # batches per length-sorted window (less padding); 1: plain random
     attn_implementation: str | None = None # None: the checkpoint's setting ("auto")
-    # train only the word-embedding rows the training data uses (bertkit.train.compact): the same maths as the
-    # full table (rows no example contains only decay), without its dense (vocab, hidden) gradient every step
-    compact_embeddings: bool = True
+    compact_embeddings: bool = True        # train only the used embedding rows: same maths (bertkit.train.compact)
     # token classification
     label_all_pieces: bool = False
     scheme: str | None = None              # convert tags to IOB1/IOB2/BIOES before training; None = as in the file

@@ -85,16 +85,14 @@ def wrap(model: nn.Module, fsdp: bool, d: Dist) -> nn.Module:
     if d.world == 1:
         return model
     if fsdp:
-        # FSDP2 (per-parameter sharding, DTensor): works on CPU (gloo) as well as CUDA (nccl). Each encoder layer
-        # is its own unit (all-gathered just before it runs, freed after), the rest (embeddings, heads) the root.
+        # FSDP2 runs on gloo and nccl; one unit per encoder layer, so only one layer is gathered at a time
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
         mesh = init_device_mesh(d.device.type, (d.world,))
         for m in model.modules():
             if type(m).__name__.endswith("Layer"):
                 fully_shard(m, mesh=mesh)
-                # the last layer may run through these methods instead of forward ([CLS]-only / masked rows):
-                # they must all-gather the layer's shards too
+                # the last layer may run these instead of forward ([CLS]-only / masked rows): they gather too
                 for name in ("forward_first", "forward_rows"):
                     if hasattr(m, name):
                         register_fsdp_forward_method(m, name)

@@ -67,11 +67,9 @@ class TrainConfig:
     schedule: str = "linear"              # linear (BERT) | cosine | constant | wsd, after warmup
     warmup: float = 0.01                  # < 1: fraction of the total steps; >= 1: steps
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
-    decay_fraction: float | None = None   # wsd: the linear decay spans this last fraction of the steps (None:
-                                          # optim.DEFAULT_DECAY_FRACTION); an error with the other schedules
+    decay_fraction: float | None = None   # wsd only: the decay's last fraction of the steps (None: optim's default)
     # -- precision & placement
-    precision: str = "auto"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32" | "auto":
-                                          # bf16 where the device has native bf16 (bertkit.hardware), else fp32
+    precision: str = "auto"               # bf16 autocast (fp32 weights) | fp32 | auto: bf16 where native (hardware)
     device: str | None = None             # None: cuda:<LOCAL_RANK> when CUDA is available, else cpu
     fsdp: bool = False                    # shard parameters/gradients/optimizer state across ranks (big models)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise-reproducible on CPU)
@@ -138,11 +136,11 @@ class TrainConfig:
 
 @dataclass
 class StepOutput:
-    """What a step function returns for one micro-batch: the loss to backpropagate and summable metrics."""
+    """What a step function returns for one micro-batch: the loss to backpropagate and summable metrics, each a
+    (sum, count) pair such as "mlm_acc": (correct predictions, masked tokens), reported as sum / count over the
+    global batch; a plain value v means (v, 1), i.e. averaged over micro-batches."""
     loss: Tensor
-    # name -> (sum, count): e.g. "mlm_acc": (correct predictions, masked tokens); reported as sum / count over
-    # the whole global batch. A plain tensor value means (value, 1), i.e. averaged over micro-batches.
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # name -> (sum, count), or a value meaning (value, 1)
 
 
 @dataclass

@@ -168,9 +168,8 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
 def unigram_bias_init(model, shards) -> bool:
     """Set the MLM output bias to log p(token), p the add-one smoothed unigram distribution of the shards'
     non-special tokens (specials are never targets). The softmax then starts at the unigram distribution, the
-    first thing a from-scratch model learns anyway (it took ~300 steps of the demo's 5-minute `mini` run; with this
-    start the same run ends at held-out MLM loss 6.51 instead of 6.65). `shards`: the training ShardReader (its
-    counts cover every shard, whatever its rank). Returns whether it was set."""
+    first thing a from-scratch model learns anyway (docs/performance.md, "Training", has what it saves). `shards`:
+    the training ShardReader (its counts cover every shard, whatever its rank). Returns whether it was set."""
     import numpy as np
     import torch
 
@@ -218,7 +217,8 @@ class _DropKeys:
 def pretrain(pc: PretrainConfig):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
     from bertkit.pretraining.shards import ShardReader
-    from bertkit.train.loop import Phase, distributed_context, pretraining_eval, pretraining_step, seed_everything, train
+    from bertkit.train.loop import (Phase, distributed_context, pretraining_eval, pretraining_step, seed_everything,
+                                    train)
 
     out = Path(pc.out)
     t = pc.train
