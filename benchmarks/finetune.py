@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from bertkit import datasets
+from bertkit.precision import autocast
 from bertkit.tasks import data as task_data
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.tasks.runner import (FinetuneConfig, _build_model, _evaluate_task, _prepare, finetune, finetune_recipe,
@@ -127,7 +128,7 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
                 break
             batch = collate([feats[i] for i in idx], 0, multiple_of=1)  # pad to the longest, as HF's collator
             inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", *label_keys)}
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            with autocast(cfg.training.precision, "cpu"):
                 loss = model(**inputs).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -138,9 +139,9 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
             examples += len(idx)
         train_s += time.perf_counter() - t0
         epoch += 1
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            report, _ = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16,
-                                       tune_null=True)
+        with autocast(cfg.training.precision, "cpu"):
+            report, _ = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
+                                       cfg.training.precision, tune_null=True)
         history.append({"step": step, task.main_metric: report[task.main_metric]})
         if report[task.main_metric] > best["value"]:
             best = {"value": report[task.main_metric], "dev": report, "step": step,
@@ -153,7 +154,8 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     rec = {"seed": seed, "dev": best["dev"], "best_step": best["step"], "history": history, "train_s": train_s,
            "train_examples": examples, "examples_per_s": examples / train_s}
     if data.test is not None:
-        rec["test"], _ = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size, cfg.bf16)
+        rec["test"], _ = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
+                                        cfg.training.precision)
     return rec
 
 
@@ -200,7 +202,7 @@ def feature_based(cfg: FinetuneConfig, task, data, tok, seeds: list[int]) -> dic
                                   ("sum_last4", (-1, -2, -3, -4), "sum"), ("embeddings", (0,), "concat")):
         t0 = time.perf_counter()
         X = {k: extract_features(enc, tok, [e.text for e in v], layers=layers, combine=combine, pooling="mean",
-                                 max_length=cfg.max_length, bf16=cfg.bf16)
+                                 max_length=cfg.max_length, bf16=cfg.training.precision == "bf16")
              for k, v in (("train", data.train), ("dev", data.dev), ("test", data.test))}
         extract_s = time.perf_counter() - t0
         runs = []
@@ -247,8 +249,8 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="both sides; auto: bf16 autocast where the CPU has native bf16, else fp32")
     args = p.parse_args(argv)
-    from bertkit.hardware import resolve_precision
-    bf16 = resolve_precision(args.precision, "cpu") == "bf16"
+    from bertkit.precision import resolve
+    bf16 = resolve(args.precision, "cpu") == "bf16"
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -157,7 +157,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     import shutil
     import torch
     from bertkit import BertConfig, BertForMaskedLM, BertForPreTraining
-    from bertkit.hardware import resolve_precision
+    from bertkit.precision import resolve
     from bertkit.pretraining.shards import read_manifest
     from bertkit.train.loop import TrainConfig
     from bertkit.train.pretrain import PretrainConfig, pretrain
@@ -167,7 +167,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
                            f"older demo's), this demo pre-trains on task {cfg.task!r} rows of {cfg.seq_len}: "
                            f"re-run with --force (or --only shards,pretrain,fillmask,attention --force)")
     shutil.rmtree(out / "run", ignore_errors=True)   # an older demo's run directory
-    precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
+    precision = resolve("auto", "cpu")               # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
     eval_batches = -(-cfg.eval_rows // cfg.batch_size)
     train = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, schedule=cfg.schedule,
                         decay_fraction=cfg.decay_fraction, precision=precision, seed=cfg.seed, keep_last=1,

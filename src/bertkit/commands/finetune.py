@@ -94,12 +94,8 @@ def _precision_args(p, verb: str) -> None:
     p.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
 
 
-def _bf16(args) -> bool | None:
-    """--precision / --fp32 -> the task code's bf16 flag (None: auto)."""
-    return {"auto": None, "bf16": True, "fp32": False}[_precision(args)]
-
-
 def _precision(args) -> str:
+    """--precision, or fp32 for --fp32."""
     return "fp32" if args.fp32 else args.precision
 
 
@@ -131,7 +127,7 @@ def _brief(summary: dict) -> dict:
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
-    report = evaluate(args.model, args.data, args.out, args.batch_size, bf16=_bf16(args))
+    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
     return 0
@@ -139,7 +135,7 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict
-    path = predict(args.model, args.data, args.out, args.batch_size, bf16=_bf16(args))
+    path = predict(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     print(path)
     return 0
 

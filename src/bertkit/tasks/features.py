@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from bertkit.errors import ConfigError
-from bertkit.tasks.batching import autocast, collate
+from bertkit.precision import autocast
+from bertkit.tasks.batching import collate
 
 __all__ = ["extract_features", "ProbeConfig", "Probe", "train_probe"]
 

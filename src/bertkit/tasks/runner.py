@@ -20,9 +20,9 @@ warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is 
 Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
 model, the batches and the dev evaluation. Throughput comes from bf16 autocast (where native), the encoder's
 unpadded attention ("auto" picks it for ragged batches) and length-bucketed batches padded only to their own
-longest sequence (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose config.json carries
-`id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold),
-so `evaluate` / `predict` need only the directory.
+longest sequence (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose
+config.json carries `id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned
+SQuAD 2.0 null threshold), so `evaluate` / `predict` need only the directory.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from bertkit.errors import ConfigError
-from bertkit.hardware import resolve_precision
+from bertkit.precision import resolve
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.train.loop import TrainConfig, seed_everything, train
 
@@ -106,12 +106,6 @@ class FinetuneConfig:
         if not 0 <= self.training.warmup < 1:
             raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.training.warmup!r}")
 
-    @property
-    def bf16(self) -> bool | None:
-        """The task code's autocast flag for training.precision (None: auto)."""
-        return {"auto": None, "bf16": True, "fp32": False}[self.training.precision]
-
-
 # ---------------------------------------------------------------------------------------------------- tasks
 
 def make_task(kind: str, cfg: FinetuneConfig | None = None, settings: dict | None = None):
@@ -173,15 +167,15 @@ def load_task(model_dir: str | Path):
 
 # ---------------------------------------------------------------------------------------------- evaluation
 
-def _evaluate_task(task, model, examples, feats, batch_size: int, bf16: bool | None,
+def _evaluate_task(task, model, examples, feats, batch_size: int, precision: str,
                    tune_null: bool = False) -> tuple[dict, object]:
     """Metrics of `model` on (examples, feats); returns (report, raw predictions for writing)."""
     if task.kind == "qa":
-        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, bf16))
+        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, precision))
         if tune_null and task.version_2:
             task.tune_threshold(examples, decoded)
         return task.score_decoded(examples, decoded), decoded
-    logits = task.logits(model, feats, batch_size, bf16)
+    logits = task.logits(model, feats, batch_size, precision)
     return task.score(examples, feats, logits), logits
 
 
@@ -330,7 +324,7 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: 
         t0 = time.perf_counter()
         state["evals"] += 1
         step = min(state["evals"] * eval_every, total_steps)
-        report, _ = _evaluate_task(task, m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16,
+        report, _ = _evaluate_task(task, m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision,
                                    tune_null=True)
         value = report[metric]
         state["history"].append({"step": step, metric: value})
@@ -374,7 +368,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # auto precision resolved once, so the summary records what ran
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = replace(cfg, training=replace(cfg.training, precision=resolve_precision(cfg.training.precision, device)))
+    cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
     tok = _tokenizer(cfg)
     task = make_task(cfg.task, cfg)
     data = _prepare(cfg, task, tok)
@@ -401,13 +395,14 @@ def finetune(cfg: FinetuneConfig) -> dict:
                        f"[seed {seed}] " if len(cfg.seeds) > 1 else "")
         model = r.pop("model")
         # the dev report at the best state was computed during training; recompute dev outputs for the files
-        dev_report, dev_raw = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16)
+        dev_report, dev_raw = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
+                                             cfg.training.precision)
         files = _write_outputs(task, run_dir, "dev", data.dev, data.dev_feats, dev_raw, dev_report)
         rec = {"seed": seed, "dev": dev_report, **{k: r[k] for k in ("best_step", "steps", "stopped_early",
                "history", "train_s", "train_examples", "examples_per_s")}}
         if data.test is not None:
             test_report, test_raw = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
-                                                   cfg.bf16)
+                                                   cfg.training.precision)
             files += _write_outputs(task, run_dir, "test", data.test, data.test_feats, test_raw, test_report)
             rec["test"] = test_report
         if cfg.save_model:
@@ -434,12 +429,12 @@ def finetune(cfg: FinetuneConfig) -> dict:
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
-             bf16: bool | None = None) -> dict:
+             precision: str = "auto") -> dict:
     """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir)."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path)
     feats = task.features(tok, examples)
-    report, raw = _evaluate_task(task, model, examples, feats, batch_size, bf16)
+    report, raw = _evaluate_task(task, model, examples, feats, batch_size, precision)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -449,7 +444,7 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
 
 
 def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch_size: int = 128,
-            bf16: bool | None = None) -> Path:
+            precision: str = "auto") -> Path:
     """Predictions of a fine-tuned model for an unlabelled (or labelled) file."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path, require_label=False)
@@ -457,9 +452,9 @@ def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if task.kind == "qa":
-        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, bf16))
+        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, precision))
         return task.write_predictions(out_path, examples, decoded)
-    logits = task.logits(model, feats, batch_size, bf16)
+    logits = task.logits(model, feats, batch_size, precision)
     if task.kind == "tag":
         return task.write_predictions(out_path, examples, logits, feats)
     return task.write_predictions(out_path, examples, logits)

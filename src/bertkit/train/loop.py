@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from bertkit.errors import BertkitError, ConfigError
-from bertkit.hardware import PRECISIONS, resolve_precision
+from bertkit.precision import PRECISIONS, autocast, resolve
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
                                          save_model_weights)
@@ -294,7 +294,8 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     start_step, last_save = state.step, state.elapsed
     run.model.train()
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
-    flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, run.autocast, run.d.world)
+    dtype = torch.bfloat16 if run.precision == "bf16" else torch.float32
+    flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
     losses: list[float] = []
     history: list[dict] = []
     evals: list[dict] = []
@@ -347,7 +348,7 @@ class _Run:
     stream: Stream
     step_fn: Callable
     weighted: bool                        # step_fn takes `token_weight` (see _token_weights)
-    autocast: torch.dtype | None          # bf16, or None for fp32
+    precision: str                        # "bf16" | "fp32": cfg.precision resolved on this device
     state: RunState
 
     @property
@@ -371,8 +372,8 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
                                 betas=tuple(cfg.betas), eps=cfg.eps)
     stream = Stream(batches)
     state = RunState(total=_initial_total(cfg, stream))
-    dtype = torch.bfloat16 if resolve_precision(cfg.precision, d.device) == "bf16" else None
-    return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, dtype, state), checkpoints
+    precision = resolve(cfg.precision, d.device)
+    return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state), checkpoints
 
 
 def _initial_total(cfg: TrainConfig, stream: Stream) -> int:
@@ -495,7 +496,7 @@ def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
         tokens += _tokens_in(batch)
         batch = _to_device(batch, d.device)
         with grad_sync(run.model, d, last=i == cfg.grad_accum - 1):
-            with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=run.autocast is not None):
+            with autocast(run.precision, d.device):
                 if run.weighted:
                     out = run.step_fn(run.model, batch, token_weight=weights[i])
                 else:
@@ -574,8 +575,7 @@ def _evaluate(run: _Run, eval_fn) -> tuple[dict[str, float], bool]:
     in what it returns ends the run; the ranks stop together when any of them asks."""
     run.model.eval()
     try:
-        with torch.no_grad(), torch.autocast(run.d.device.type, dtype=torch.bfloat16,
-                                             enabled=run.autocast is not None):
+        with torch.no_grad(), autocast(run.precision, run.d.device):
             res = dict(eval_fn(run.raw) or {})
     finally:
         run.model.train()

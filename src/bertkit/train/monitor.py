@@ -124,10 +124,10 @@ def _postfix(rec: dict, tok_s: float) -> dict:
 class FlopMeter:
     """Adds flops_per_s and mfu to step records; the FLOPs per token and the peak are found on first use."""
 
-    def __init__(self, flops_per_token: float | None, peak: float | None, device: torch.device,
-                 dtype: torch.dtype | None, world: int):
+    def __init__(self, flops_per_token: float | None, peak: float | None, device: torch.device, dtype: torch.dtype,
+                 world: int):
         self.flops_per_token, self.peak = flops_per_token, peak
-        self.device, self.dtype, self.world = device, dtype or torch.float32, world
+        self.device, self.dtype, self.world = device, dtype, world
 
     def add(self, rec: dict, dt: float, model: nn.Module, seq_len: int | None) -> None:
         if self.flops_per_token is None:
