@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from bertkit.errors import BertkitError, ConfigError
-from bertkit.precision import PRECISIONS, autocast, resolve
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
+from bertkit.precision import PRECISIONS, autocast, resolve
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
                                          save_model_weights)
 from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
