@@ -42,7 +42,7 @@ def adapt_minilm(out_dir: Path, steps: int, seed: int = 0) -> Path:
     import torch
     from bertkit import BertForMaskedLM, Tokenizer, datasets
     from bertkit.pretraining import PrepareConfig, ShardReader, prepare
-    from bertkit.tasks.batching import autocast
+    from bertkit.precision import autocast
     d = datasets.minilm_dir()
     train, _, _ = datasets.split_by_seed(datasets.bbc_articles(), seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)

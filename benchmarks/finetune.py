@@ -40,9 +40,11 @@ import numpy as np
 import torch
 
 from bertkit import datasets
+from bertkit.precision import autocast
 from bertkit.tasks import data as task_data
 from bertkit.tasks.batching import BucketBatchSampler, collate
-from bertkit.tasks.runner import FinetuneConfig, _build_model, _evaluate_task, _prepare, finetune, make_task
+from bertkit.tasks.runner import (FinetuneConfig, _build_model, _evaluate_task, _prepare, finetune, finetune_recipe,
+                                  make_task)
 
 # benchmark name -> (data set builder name, task kind, default max_length, file extension)
 TASKS = {
@@ -97,13 +99,13 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.training.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.training.lr, betas=(0.9, 0.999), eps=1e-6,
                             fused=True)
     feats = data.train_feats
     per_epoch = -(-len(feats) // cfg.batch_size)
-    total = max(1, math.ceil(per_epoch * cfg.epochs))
-    sched = tf.get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
+    total = max(1, math.ceil(per_epoch * cfg.training.epochs))
+    sched = tf.get_linear_schedule_with_warmup(opt, int(cfg.training.warmup * total), total)
     label_keys = [k for k in ("labels", "start_positions", "end_positions") if k in feats[0]]
     g = torch.Generator().manual_seed(seed)
     # order "same": exactly our batches (our sampler, same seed, reshuffled per epoch), so the two sides differ only
@@ -126,7 +128,7 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
                 break
             batch = collate([feats[i] for i in idx], 0, multiple_of=1)  # pad to the longest, as HF's collator
             inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", *label_keys)}
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            with autocast(cfg.training.precision, "cpu"):
                 loss = model(**inputs).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -137,9 +139,9 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
             examples += len(idx)
         train_s += time.perf_counter() - t0
         epoch += 1
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            report, _ = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16,
-                                       tune_null=True)
+        with autocast(cfg.training.precision, "cpu"):
+            report, _ = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
+                                       cfg.training.precision, tune_null=True)
         history.append({"step": step, task.main_metric: report[task.main_metric]})
         if report[task.main_metric] > best["value"]:
             best = {"value": report[task.main_metric], "dev": report, "step": step,
@@ -152,7 +154,8 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     rec = {"seed": seed, "dev": best["dev"], "best_step": best["step"], "history": history, "train_s": train_s,
            "train_examples": examples, "examples_per_s": examples / train_s}
     if data.test is not None:
-        rec["test"], _ = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size, cfg.bf16)
+        rec["test"], _ = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
+                                        cfg.training.precision)
     return rec
 
 
@@ -199,7 +202,7 @@ def feature_based(cfg: FinetuneConfig, task, data, tok, seeds: list[int]) -> dic
                                   ("sum_last4", (-1, -2, -3, -4), "sum"), ("embeddings", (0,), "concat")):
         t0 = time.perf_counter()
         X = {k: extract_features(enc, tok, [e.text for e in v], layers=layers, combine=combine, pooling="mean",
-                                 max_length=cfg.max_length, bf16=cfg.bf16)
+                                 max_length=cfg.max_length, bf16=cfg.training.precision == "bf16")
              for k, v in (("train", data.train), ("dev", data.dev), ("test", data.test))}
         extract_s = time.perf_counter() - t0
         runs = []
@@ -246,8 +249,8 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="both sides; auto: bf16 autocast where the CPU has native bf16, else fp32")
     args = p.parse_args(argv)
-    from bertkit.hardware import resolve_precision
-    bf16 = resolve_precision(args.precision, "cpu") == "bf16"
+    from bertkit.precision import resolve
+    bf16 = resolve(args.precision, "cpu") == "bf16"
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -255,12 +258,12 @@ def main(argv=None) -> int:
     files = _files(data_name)
     model_dir = Path(args.model) if args.model else datasets.minilm_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
+    training = finetune_recipe(lr=args.lr, epochs=args.epochs, precision="bf16" if bf16 else "fp32")
     cfg = FinetuneConfig(task=kind, model=str(model_dir), train=files["train"], dev=files["dev"],
-                         test=files.get("test"), out=args.out, lr=args.lr, batch_size=args.batch_size,
-                         epochs=args.epochs, max_length=args.max_length or max_len, seeds=(seeds[0],),
+                         test=files.get("test"), out=args.out, training=training, batch_size=args.batch_size,
+                         max_length=args.max_length or max_len, seeds=(seeds[0],),
                          max_train_examples=args.max_train_examples, save_model=False, quiet=True,
-                         random_init=args.random_init, bucket_batches=args.bucket_batches, bf16=bf16,
-                         dropout=args.dropout)
+                         random_init=args.random_init, bucket_batches=args.bucket_batches, dropout=args.dropout)
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)

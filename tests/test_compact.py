@@ -146,7 +146,7 @@ def test_finetune_runner_same_result_with_and_without(tmp_path):
     from bertkit.config import BertConfig
     from bertkit.model import BertModel
     from bertkit.tasks.readers import write_table
-    from bertkit.tasks.runner import FinetuneConfig, finetune
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     from bertkit.tokenizer import Tokenizer
 
     words = [f"w{i}" for i in range(200)]
@@ -169,7 +169,8 @@ def test_finetune_runner_same_result_with_and_without(tmp_path):
     out = {}
     for flag in (True, False):
         cfg = FinetuneConfig(task="classify", model=str(d), train=train, dev=dev, out=str(tmp_path / f"r{flag}"),
-                             lr=1e-3, batch_size=16, epochs=2, bf16=False, quiet=True, compact_embeddings=flag)
+                             batch_size=16, quiet=True, compact_embeddings=flag,
+                             training=finetune_recipe(lr=1e-3, epochs=2, precision="fp32"))
         out[flag] = finetune(cfg)
     assert out[True]["dev"]["accuracy"]["mean"] == out[False]["dev"]["accuracy"]["mean"]
     a = load_file(tmp_path / "rTrue" / "model.safetensors")

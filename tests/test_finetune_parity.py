@@ -4,16 +4,15 @@ per-step losses. (With dropout the runs differ only in their masks; `benchmarks/
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from bertkit.heads import BertForSequenceClassification, BertForTokenClassification
 from bertkit.optim import lr_factor, param_groups, warmup_steps
 
+from bertkit.train.loop import TrainConfig, train
+
 transformers = pytest.importorskip("transformers")
-T = importlib.import_module("bertkit.train")
 
 V, STEPS, WARMUP = 97, 24, 0.25
 
@@ -55,9 +54,9 @@ def test_finetune_steps_match_transformers(tmp_path, kind):
     ours = our_cls.from_pretrained(tmp_path / "ckpt")
     batches = _batches(kind, n=4) * (STEPS // 4)   # a few batches seen repeatedly: the loss must come down
 
-    tcfg = T.TrainConfig(max_steps=STEPS, lr=1e-3, warmup=WARMUP, weight_decay=0.01, precision="fp32", seed=0,
-                         save_final=False, progress=False, tensorboard=False, plot=False)
-    ours_losses = T.train(ours, _List(batches), tcfg, tmp_path / "run").losses
+    tcfg = TrainConfig(max_steps=STEPS, lr=1e-3, warmup=WARMUP, weight_decay=0.01, precision="fp32", seed=0,
+                       save_final=False, progress=False, tensorboard=False, plot=False)
+    ours_losses = train(ours, _List(batches), tcfg, tmp_path / "run").losses
 
     opt = torch.optim.AdamW(param_groups(ref, 0.01), lr=1e-3, betas=(0.9, 0.999), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, STEPS, warmup_steps(WARMUP, STEPS)))

@@ -67,9 +67,11 @@ def _write_csv(path, rows):
 
 
 def _cfg(tiny_dir, tmp_path, task, train, dev, **kw):
-    from bertkit.tasks.runner import FinetuneConfig
-    base = dict(task=task, model=str(tiny_dir), train=train, dev=dev, out=str(tmp_path / "run"), lr=2e-3,
-                batch_size=16, epochs=3, warmup=0.1, bf16=False, quiet=True)
+    from bertkit.tasks.runner import FinetuneConfig, finetune_recipe
+    training = dict(lr=2e-3, epochs=3, warmup=0.1, precision="fp32")
+    training.update({k: kw.pop(k) for k in ("lr", "epochs", "eval_every_steps") if k in kw})
+    base = dict(task=task, model=str(tiny_dir), train=train, dev=dev, out=str(tmp_path / "run"), batch_size=16,
+                quiet=True, training=finetune_recipe(**training))
     base.update(kw)
     return FinetuneConfig(**base)
 
@@ -349,7 +351,7 @@ def test_early_stopping_keeps_best(tiny_dir, tmp_path):
     train = _write_csv(tmp_path / "train.csv", _sentiment_rows(128, 0))
     dev = _write_csv(tmp_path / "dev.csv", _sentiment_rows(32, 1))
     # an lr too small to change the dev accuracy: the second evaluation does not improve, patience 1 stops the run
-    finetune(_cfg(tiny_dir, tmp_path, "classify", train, dev, lr=1e-12, eval_every=2, patience=1, epochs=3))
+    finetune(_cfg(tiny_dir, tmp_path, "classify", train, dev, lr=1e-12, eval_every_steps=2, patience=1, epochs=3))
     rec = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert rec["stopped_early"] and len(rec["history"]) == 2 and rec["best_step"] == 2
     assert rec["steps"] == 24 and rec["train_examples"] == 4 * 16

@@ -12,12 +12,13 @@ import pytest
 def test_minilm_sentiment_slice(minilm_dir, rotten_tomatoes, tmp_path):
     from bertkit.tasks import data
     from bertkit.tasks.readers import read_table, write_table
-    from bertkit.tasks.runner import FinetuneConfig, evaluate, finetune
+    from bertkit.tasks.runner import FinetuneConfig, evaluate, finetune, finetune_recipe
     files = data.build("sentiment", tmp_path / "data")["files"]
     dev = [{"text": e.text, "label": e.label} for e in read_table(files["dev"])[:300]]
     dev_file = str(write_table(tmp_path / "dev300.csv", dev))
     s = finetune(FinetuneConfig(task="classify", model=str(minilm_dir), train=files["train"], dev=dev_file,
-                                out=str(tmp_path / "run"), max_train_examples=1200, epochs=1, batch_size=16,
+                                out=str(tmp_path / "run"), max_train_examples=1200, batch_size=16,
+                                training=finetune_recipe(epochs=1),
                                 max_length=64, quiet=True))
     assert s["dev"]["accuracy"]["mean"] >= 0.68, s["dev"]
     assert evaluate(tmp_path / "run", dev_file)["accuracy"] == pytest.approx(s["dev"]["accuracy"]["mean"], abs=0.01)

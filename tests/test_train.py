@@ -256,26 +256,20 @@ CHILD = textwrap.dedent("""
     import os, signal, sys, time, torch
     sys.path.insert(0, {tests!r})
     from test_train import TinyMLM, Batches, _cfg
-    import bertkit.train.loop as loop
+    import bertkit.train.checkpointing as checkpointing
     from bertkit.train import train, pretraining_step
     out, resume, kill_in_save = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     if kill_in_save:
-        real = loop.save_model_weights
+        real = checkpointing.save_model_weights
         def dying_save(state, path):
-            if loop_state["step"] == kill_in_save:
+            if path.parent.name == f".tmp-step-{{kill_in_save:08d}}":
                 with open(path, "wb") as f:       # half a weights file, then the process dies
                     f.write(b"\\0" * 100)
                 os.kill(os.getpid(), signal.SIGKILL)
             real(state, path)
-        loop_state = {{}}
-        loop.save_model_weights = dying_save
-        orig_save = loop._Trainer.save
-        def save(self):
-            loop_state["step"] = self.step
-            return orig_save(self)
-        loop._Trainer.save = save
+        checkpointing.save_model_weights = dying_save
     def slow_step(model, batch):   # slow enough that the parent's SIGKILL lands mid-run
         time.sleep(0.03)
         return pretraining_step(model, batch)
@@ -340,12 +334,12 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
 def test_peak_flops_probe_leaves_the_global_rng_alone(tmp_path, monkeypatch):
     """The CPU matmul probe (first logged step of a run) must not draw from the global RNG: otherwise dropout, and
     so a run's losses, would depend on whether an earlier run in the process had already measured the peak."""
-    from bertkit.train import loop
+    from bertkit.train import monitor
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("BERTKIT_PEAK_FLOPS", raising=False)
-    monkeypatch.setattr(loop, "_measured_peak", {})
+    monkeypatch.setattr(monitor, "_measured_peak", {})
     torch.manual_seed(0)
     expected = torch.rand(4)
     torch.manual_seed(0)
-    assert loop.peak_flops(torch.device("cpu"), torch.float32) > 0
+    assert monitor.peak_flops(torch.device("cpu"), torch.float32) > 0
     assert torch.equal(torch.rand(4), expected)

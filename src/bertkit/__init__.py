@@ -34,7 +34,7 @@ _LAZY = {
     "Predictor": "bertkit.infer",
     "cosine_search": "bertkit.infer",
     "TrainConfig": "bertkit.train",
-    "train": "bertkit.train",
+    "train": "bertkit.train",          # the package itself, callable as its train() (bertkit/train/__init__.py)
 }
 
 __all__ = ["BertkitError", "CheckpointError", "ConfigError", "DataError", "DatasetUnavailable", "VocabError",
@@ -45,7 +45,9 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'bertkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = importlib.import_module(module)
+    if name != "train":
+        value = getattr(value, name)
     globals()[name] = value
     return value
 

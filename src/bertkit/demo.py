@@ -156,8 +156,9 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     import shutil
     import torch
     from bertkit import BertConfig, BertForMaskedLM, BertForPreTraining
-    from bertkit.hardware import resolve_precision
+    from bertkit.precision import resolve
     from bertkit.pretraining.shards import read_manifest
+    from bertkit.train.loop import TrainConfig
     from bertkit.train.pretrain import PretrainConfig, pretrain
     built = read_manifest(shards / "train")
     if (built["task"], int(built["seq_len"])) != (cfg.task, cfg.seq_len):
@@ -165,14 +166,15 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
                            f"older demo's), this demo pre-trains on task {cfg.task!r} rows of {cfg.seq_len}: "
                            f"re-run with --force (or --only shards,pretrain,fillmask,attention --force)")
     shutil.rmtree(out / "run", ignore_errors=True)   # an older demo's run directory
-    precision = resolve_precision("auto", "cpu")     # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
+    precision = resolve("auto", "cpu")               # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
     eval_batches = -(-cfg.eval_rows // cfg.batch_size)
+    train = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, schedule=cfg.schedule,
+                        decay_fraction=cfg.decay_fraction, precision=precision, seed=cfg.seed, keep_last=1,
+                        overwrite=True, eval_every_steps=cfg.eval_every_steps, log_every_steps=5,
+                        progress=cfg.progress)
     pc = PretrainConfig(shards=str(shards / "train"), out=str(out), eval_shards=str(shards / "heldout"),
                         eval_batches=eval_batches, preset=cfg.preset, dropout=cfg.dropout,
-                        batch_size=cfg.batch_size, budget=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup,
-                        schedule=cfg.schedule, decay_fraction=cfg.decay_fraction, precision=precision,
-                        seed=cfg.seed, keep_last=1, overwrite=True, eval_every_steps=cfg.eval_every_steps,
-                        log_every_steps=5, progress=cfg.progress, vocab=str(vocab / "vocab.txt"))
+                        batch_size=cfg.batch_size, vocab=str(vocab / "vocab.txt"), train=train)
     _say(f"pre-training {cfg.preset} from scratch ({_objective(cfg.task)}) for {cfg.pretrain_budget_s:.0f} s on "
          f"rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, {torch.get_num_threads()} threads")
     result = pretrain(pc)
@@ -239,25 +241,18 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
     return res
 
 
-def _tasks_api():
-    try:
-        from bertkit.tasks import FinetuneConfig, evaluate, finetune
-    except ImportError:
-        from bertkit.tasks.runner import FinetuneConfig, evaluate, finetune
-    return FinetuneConfig, finetune, evaluate
-
-
 def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
     from bertkit import datasets, plots
     from bertkit.infer import Predictor
     from bertkit.tasks.data import build
-    FinetuneConfig, finetune, _ = _tasks_api()
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     stats = build("sentiment", out / "data", seed=cfg.seed)
     files = stats["files"]
     fcfg = FinetuneConfig(task="classify", model=str(datasets.minilm_dir()), train=files["train"], dev=files["dev"],
-                          test=files["test"], out=str(out / "model"), epochs=cfg.sentiment_epochs,
-                          lr=cfg.sentiment_lr, batch_size=32, max_train_examples=cfg.sentiment_train_examples,
-                          seeds=(cfg.seed + 1,), quiet=not cfg.progress)
+                          test=files["test"], out=str(out / "model"),
+                          training=finetune_recipe(epochs=cfg.sentiment_epochs, lr=cfg.sentiment_lr), batch_size=32,
+                          max_train_examples=cfg.sentiment_train_examples, seeds=(cfg.seed + 1,),
+                          quiet=not cfg.progress)
     summary = finetune(fcfg)
     # our own pass over the test split through the inference API: the confusion matrix and a cross-check
     import csv

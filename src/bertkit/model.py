@@ -292,6 +292,10 @@ class BertPreTrainedModel(nn.Module):
         from bertkit.checkpoint import save_pretrained
         save_pretrained(self, path, tokenizer=tokenizer)
 
+    def shard_units(self) -> list[nn.Module]:
+        """What FSDP shards one by one, each gathered just before it runs: the encoder layers."""
+        return [m for m in self.modules() if isinstance(m, BertLayer)]
+
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:

@@ -43,7 +43,8 @@ def register(sub) -> None:
     p.add_argument("--max-length", type=int, help="max pieces per example (default 128; qa 384)")
     p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
     p.add_argument("--grid", action="store_true", help="search lr {5e-5,3e-5,2e-5} x batch {16,32} on dev first")
-    p.add_argument("--eval-every", type=int, default=0, help="steps between dev evaluations (0: every epoch)")
+    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None,
+                   help="steps between dev evaluations (default: every epoch)")
     p.add_argument("--patience", type=int, default=0, help="early stopping: evaluations without improvement")
     _precision_args(p, "train")
     p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
@@ -93,24 +94,19 @@ def _precision_args(p, verb: str) -> None:
     p.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
 
 
-def _bf16(args) -> bool | None:
-    """--precision / --fp32 -> the task code's bf16 flag (None: auto)."""
-    if args.fp32:
-        return False
-    return {"auto": None, "bf16": True, "fp32": False}[args.precision]
+def _precision(args) -> str:
+    """--precision, or fp32 for --fp32."""
+    return "fp32" if args.fp32 else args.precision
 
 
 def _finetune(args) -> int:
-    from bertkit.tasks.runner import FinetuneConfig, finetune
-    cfg = FinetuneConfig(
-        task=args.task, model=args.model, vocab=args.vocab, train=args.train, dev=args.dev, test=args.test,
-        out=args.out, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
-        weight_decay=args.weight_decay, dropout=args.dropout, max_length=args.max_length, bf16=_bf16(args),
-        seeds=args.seeds, grid=args.grid, eval_every=args.eval_every, patience=args.patience,
-        max_train_examples=args.max_train_examples, bucket_batches=args.bucket_batches, attn_implementation=args.attn_implementation,
-        compact_embeddings=args.compact_embeddings, label_all_pieces=args.label_all_pieces, scheme=args.scheme, doc_stride=args.doc_stride,
-        max_query_length=args.max_query_length, max_answer_length=args.max_answer_length, n_best=args.n_best,
-        save_model=not args.no_save, quiet=args.quiet)
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    from bertkit.train.loop import TrainConfig
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save")}
+    values["precision"] = _precision(args)
+    # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
+    training, rest = TrainConfig.split(values, base=finetune_recipe())
+    cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
     summary = finetune(cfg)
     print(json.dumps(_brief(summary)))
     return 0
@@ -131,7 +127,7 @@ def _brief(summary: dict) -> dict:
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
-    report = evaluate(args.model, args.data, args.out, args.batch_size, bf16=_bf16(args))
+    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
     return 0
@@ -139,7 +135,7 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict
-    path = predict(args.model, args.data, args.out, args.batch_size, bf16=_bf16(args))
+    path = predict(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     print(path)
     return 0
 

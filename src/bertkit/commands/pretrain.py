@@ -79,13 +79,17 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from bertkit.train.loop import TrainConfig, parse_duration
     from bertkit.train.pretrain import PretrainConfig, pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    fields = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    if fields.get("max_grad_norm") == 0:
-        fields["max_grad_norm"] = None
-    result = pretrain(PretrainConfig(**fields))
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    # the flags that are not a TrainConfig field as they are typed; every other flag's dest names its field
+    budget, beta2 = values.pop("budget"), values.pop("beta2")
+    values.update(budget_s=parse_duration(budget) if budget is not None else None, betas=(0.9, beta2),
+                  max_grad_norm=values["max_grad_norm"] or None)
+    train_cfg, rest = TrainConfig.split(values)
+    result = pretrain(PretrainConfig(**rest, train=train_cfg))
     last = result.eval_history[-1] if result.eval_history else {}
     summary = {"steps": result.steps, "tokens": result.tokens, "elapsed_s": round(result.elapsed_s, 1),
                "stop": result.stop_reason, "skipped_steps": result.skipped_steps,

@@ -8,7 +8,7 @@ Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one)
     (little padding) yet stay random from epoch to epoch (the window is random, and so is the batch order).
   * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly).
   * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference) and hands
-    back per-batch outputs with the original indices, under bf16 autocast when asked.
+    back per-batch outputs with the original indices, under the precision asked for (`bertkit.precision`).
 
 Features are plain dicts of python lists / ints (`input_ids`, `token_type_ids`, optional `labels`,
 `start_positions`, ...); `collate` turns a list of them into a dict of tensors. Per-token labels (features flagged
@@ -17,13 +17,14 @@ Features are plain dicts of python lists / ints (`input_ids`, `token_type_ids`, 
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["BucketBatchSampler", "collate", "autocast", "predict_batches", "iterate_batches"]
+from bertkit.precision import autocast
+
+__all__ = ["BucketBatchSampler", "collate", "predict_batches", "iterate_batches"]
 
 
 
@@ -110,23 +111,14 @@ def iterate_batches(features: list[dict], batch_size: int, seed: int, epoch: int
         yield collate([features[i] for i in batch], pad_token_id)
 
 
-def autocast(bf16: bool | None, device: str | torch.device = "cpu"):
-    """bf16 autocast on the model's device (CPU AMX / CUDA tensor cores), or a no-op. None: bf16 where the device
-    has native bf16 (`bertkit.hardware.use_bf16`), else fp32."""
-    from bertkit.hardware import use_bf16
-    if not use_bf16(bf16, device):
-        return contextlib.nullcontext()
-    dev = torch.device(device).type
-    return torch.autocast(device_type=dev, dtype=torch.bfloat16)
-
-
 _MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 
 
 @torch.no_grad()
-def predict_batches(model, features: list[dict], batch_size: int = 64, bf16: bool | None = None, pad_token_id: int = 0,
-                    model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
-    """Run `model` in eval mode over `features` sorted by length; yields (original indices, model output)."""
+def predict_batches(model, features: list[dict], batch_size: int = 64, precision: str | bool | None = "auto",
+                    pad_token_id: int = 0, model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
+    """Run `model` in eval mode over `features` sorted by length, under `precision` ("auto" | "bf16" | "fp32", or
+    a bf16 flag); yields (original indices, model output)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -136,7 +128,7 @@ def predict_batches(model, features: list[dict], batch_size: int = 64, bf16: boo
             idx = order[s:s + batch_size]
             batch = collate([features[i] for i in idx], pad_token_id)
             inputs = {k: batch[k].to(device) for k in _MODEL_KEYS}
-            with autocast(bf16, device):
+            with autocast(precision, device):
                 out = model(**inputs, **(model_kwargs or {}))
             yield idx, out
     finally:

@@ -100,9 +100,10 @@ class SequenceTask:
         return feats
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool | None = None) -> np.ndarray:
+    def logits(self, model, feats: list[dict], batch_size: int = 64,
+               precision: str | bool | None = "auto") -> np.ndarray:
         out = np.zeros((len(feats), self.num_labels), dtype=np.float32)
-        for idx, o in predict_batches(model, feats, batch_size, bf16):
+        for idx, o in predict_batches(model, feats, batch_size, precision):
             out[idx] = o.logits.float().cpu().numpy()
         return out
 

@@ -20,7 +20,6 @@ once, any number of cheap classifiers on top).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +27,8 @@ import torch
 from torch import nn
 
 from bertkit.errors import ConfigError
-from bertkit.tasks.batching import autocast, collate
+from bertkit.precision import autocast
+from bertkit.tasks.batching import collate
 
 __all__ = ["extract_features", "ProbeConfig", "Probe", "train_probe"]
 
@@ -146,11 +146,11 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
     the state with the best dev accuracy is kept. Returns (probe, {"dev_accuracy", "best_step", "history"})."""
     import tempfile
 
-    T = importlib.import_module("bertkit.train")  # not `from bertkit import train`: that name is the function
     from bertkit.tasks.metrics import accuracy
+    from bertkit.train.loop import TrainConfig, seed_everything, train
 
     cfg = cfg or ProbeConfig()
-    T.seed_everything(cfg.seed)
+    seed_everything(cfg.seed)
     probe = Probe(np.asarray(X_train).shape[1], num_labels, cfg)
     batches = _FeatureBatches(X_train, y_train, cfg.batch_size, cfg.seed)
     Xd = torch.from_numpy(np.asarray(X_dev, dtype=np.float32))
@@ -165,12 +165,12 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
                         state={k: v.clone() for k, v in m.state_dict().items()})
         return {"accuracy": acc}
 
-    tcfg = T.TrainConfig(max_steps=max(1, int(len(batches) * cfg.epochs)), lr=cfg.lr, warmup=0.1,
-                         weight_decay=cfg.weight_decay, precision="fp32", seed=cfg.seed, eval_every_steps=len(batches),
-                         save_final=False, progress=False, tensorboard=False, plot=False, log_every_steps=50,
-                         overwrite=True)
+    tcfg = TrainConfig(max_steps=max(1, int(len(batches) * cfg.epochs)), lr=cfg.lr, warmup=0.1,
+                       weight_decay=cfg.weight_decay, precision="fp32", seed=cfg.seed, eval_every_steps=len(batches),
+                       save_final=False, progress=False, tensorboard=False, plot=False, log_every_steps=50,
+                       overwrite=True)
     with tempfile.TemporaryDirectory() as tmp:
-        T.train(probe, batches, tcfg, out_dir or tmp, eval_fn=on_eval)
+        train(probe, batches, tcfg, out_dir or tmp, eval_fn=on_eval)
     probe.load_state_dict(best["state"])
     probe.eval()
     return probe, {"dev_accuracy": best["acc"], "best_step": best["step"], "history": best["history"]}

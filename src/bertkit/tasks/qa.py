@@ -122,9 +122,10 @@ class QATask:
         return feats
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool | None = None) -> list[tuple]:
+    def logits(self, model, feats: list[dict], batch_size: int = 64,
+               precision: str | bool | None = "auto") -> list[tuple]:
         out: list = [None] * len(feats)
-        for idx, o in predict_batches(model, feats, batch_size, bf16):
+        for idx, o in predict_batches(model, feats, batch_size, precision):
             s, e = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
             for row, i in enumerate(idx):
                 n = len(feats[i]["input_ids"])

@@ -1,7 +1,7 @@
 """Fine-tuning, evaluation and prediction: the library behind `bertkit finetune / evaluate / predict`.
 
     result = finetune(FinetuneConfig(task="classify", model=minilm_dir, train="train.csv", dev="dev.csv",
-                                     out="runs/sst"))
+                                     out="runs/sst", training=finetune_recipe(lr=3e-5)))
     report = evaluate("runs/sst", "test.csv");  predict("runs/sst", "new.csv", "preds.jsonl")
 
 Recipe (the paper's section 3.5 / appendix A.3): a pre-trained encoder plus one new output layer, all parameters
@@ -11,20 +11,22 @@ make fine-tuning unstable, so:
   * `seeds=(1, 2, 3)` trains one model per seed and reports each metric as mean +- std (sample std, n - 1);
   * `grid=True` tries every (lr, batch size) of the paper's grid on the first seed, keeps the best on dev, then runs
     the seeds with it;
-  * the dev set is scored after every epoch (or every `eval_every` steps); the best state on the dev metric is kept
-    and saved, and `patience` evaluations without improvement stop the run early.
+  * the dev set is scored after every epoch (or every `training.eval_every_steps` steps); the best state on the dev
+    metric is kept and saved, and `patience` evaluations without improvement stop the run early.
+
+`FinetuneConfig.training` is the shared loop's TrainConfig (`finetune_recipe()`: the paper's recipe; lr, epochs,
+warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is what only fine-tuning has.
 
 Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
-model, the batches and the dev evaluation. Throughput comes from bf16 autocast (where native), the encoder's unpadded attention
-("auto" picks it for ragged batches) and length-bucketed batches padded only to their own longest sequence
-(`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose config.json carries
-`id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold),
-so `evaluate` / `predict` need only the directory.
+model, the batches and the dev evaluation. Throughput comes from bf16 autocast (where native), the encoder's
+unpadded attention ("auto" picks it for ragged batches) and length-bucketed batches padded only to their own
+longest sequence (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose
+config.json carries `id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned
+SQuAD 2.0 null threshold), so `evaluate` / `predict` need only the directory.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import statistics
@@ -35,51 +37,47 @@ from pathlib import Path
 import torch
 
 from bertkit.errors import ConfigError
-from bertkit.hardware import use_bf16
+from bertkit.precision import resolve
 from bertkit.tasks.batching import BucketBatchSampler, collate
+from bertkit.train.loop import TrainConfig, seed_everything, train
 
-__all__ = ["FinetuneConfig", "finetune", "evaluate", "predict", "load_task", "make_task", "TASK_KINDS",
-           "PAPER_GRID"]
+__all__ = ["FinetuneConfig", "finetune", "finetune_recipe", "evaluate", "predict", "load_task", "make_task",
+           "TASK_KINDS", "PAPER_GRID"]
 
 TASK_KINDS = ("classify", "pair", "regress", "multilabel", "tag", "qa")
 PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32)}   # appendix A.3 (epochs kept as configured)
 DEFAULT_MAX_LENGTH = {"qa": 384}                                    # others: 128
 
 
+def finetune_recipe(**changes) -> TrainConfig:
+    """The paper's fine-tuning recipe as the loop's settings: lr 5e-5, 3 epochs, warmup over the first 10% of the
+    steps then linear decay, AdamW with weight decay 0.01; `changes` override it, e.g. finetune_recipe(lr=3e-5).
+    eval_every_steps None scores the dev set once per epoch."""
+    return TrainConfig(**{"lr": 5e-5, "epochs": 3.0, "warmup": 0.1, "log_every_steps": 50, **changes})
+
+
 @dataclass
 class FinetuneConfig:
     task: str                              # classify | pair | regress | multilabel | tag | qa
     model: str                             # HF-format directory, or a preset name (random init; needs vocab)
-    train: str
+    train: str                             # the training file
     dev: str
     out: str
+    training: TrainConfig = field(default_factory=finetune_recipe)  # the loop's settings (`train` is the file)
     test: str | None = None
     vocab: str | None = None               # vocab.txt for a preset model (a directory brings its own)
-    random_init: bool = False              # a directory's architecture with fresh weights (the "no pre-training"
-                                           # baseline that shows what pre-training is worth)
-    lr: float = 5e-5                       # the paper's grid is {5e-5, 3e-5, 2e-5}; the top end suits small models
+    random_init: bool = False              # fresh weights: the baseline that shows what pre-training is worth
     batch_size: int = 32
-    epochs: float = 3.0
-    warmup: float = 0.1                    # fraction of the optimizer steps
-    weight_decay: float = 0.01
     dropout: float = 0.1                   # hidden + attention dropout of the encoder (and the head)
     max_length: int | None = None          # pieces per example; None: 384 for qa, 128 otherwise
-    bf16: bool | None = None               # autocast (master weights and optimizer state stay fp32); None: where
-                                           # the device has native bf16 (bertkit.hardware), else fp32
     seeds: tuple[int, ...] = (1,)
-    grid: bool = False
-    eval_every: int = 0                    # optimizer steps between dev evaluations; 0 = once per epoch
+    grid: bool = False                     # the paper's grid is lr {5e-5, 3e-5, 2e-5} x batch {16, 32}
     patience: int = 0                      # stop after this many evaluations without improvement; 0 = never
     max_train_examples: int | None = None  # keep the first N training examples (quick runs); counted in the result
     eval_batch_size: int = 128
-    # length bucketing of training batches: windows of this many batches are sorted by length before being cut
-    # into batches (less padding); 1 = plain random batches (transformers' default). With the unpadded encoder
-    # padding costs little either way (see bertkit.model), so this mainly trades randomness for a little speed.
-    bucket_batches: int = 50
+    bucket_batches: int = 50               # batches per length-sorted window (less padding); 1: plain random
     attn_implementation: str | None = None # None: the checkpoint's setting ("auto")
-    # train only the word-embedding rows the training data uses (bertkit.train.compact): the same maths as the
-    # full table (rows no example contains only decay), without its dense (vocab, hidden) gradient every step
-    compact_embeddings: bool = True
+    compact_embeddings: bool = True        # train only the used embedding rows: same maths (bertkit.train.compact)
     # token classification
     label_all_pieces: bool = False
     scheme: str | None = None              # convert tags to IOB1/IOB2/BIOES before training; None = as in the file
@@ -90,7 +88,6 @@ class FinetuneConfig:
     n_best: int = 20
     multilabel_sep: str = "|"
     save_model: bool = True
-    log_every: int = 50
     quiet: bool = False
 
     def __post_init__(self):
@@ -101,12 +98,13 @@ class FinetuneConfig:
         self.seeds = tuple(int(s) for s in self.seeds)
         if not self.seeds:
             raise ConfigError("seeds: give at least one seed")
-        for name in ("lr", "batch_size", "epochs", "max_length", "bucket_batches"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 <= self.warmup < 1:
-            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
-
+        values = {"lr": self.training.lr, "batch_size": self.batch_size, "epochs": self.training.epochs,
+                  "max_length": self.max_length, "bucket_batches": self.bucket_batches}
+        for name, value in values.items():
+            if value is None or value <= 0:
+                raise ConfigError(f"{name} must be > 0, got {value!r}")
+        if not 0 <= self.training.warmup < 1:
+            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.training.warmup!r}")
 
 # ---------------------------------------------------------------------------------------------------- tasks
 
@@ -169,15 +167,15 @@ def load_task(model_dir: str | Path):
 
 # ---------------------------------------------------------------------------------------------- evaluation
 
-def _evaluate_task(task, model, examples, feats, batch_size: int, bf16: bool | None,
+def _evaluate_task(task, model, examples, feats, batch_size: int, precision: str,
                    tune_null: bool = False) -> tuple[dict, object]:
     """Metrics of `model` on (examples, feats); returns (report, raw predictions for writing)."""
     if task.kind == "qa":
-        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, bf16))
+        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, precision))
         if tune_null and task.version_2:
             task.tune_threshold(examples, decoded)
         return task.score_decoded(examples, decoded), decoded
-    logits = task.logits(model, feats, batch_size, bf16)
+    logits = task.logits(model, feats, batch_size, precision)
     return task.score(examples, feats, logits), logits
 
 
@@ -308,32 +306,25 @@ def _compact(cfg: FinetuneConfig, model, data: _Data, tok) -> bool:
     return True
 
 
-class _EarlyStop(Exception):
-    """Raised from the dev evaluation to end the shared training loop early (patience exhausted)."""
-
-
-def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, lr: float, batch_size: int,
-               run_dir: Path, log_prefix: str = "") -> dict:
-    """Fine-tune one model with `bertkit.train`; returns the best dev report, the model at its best dev state,
-    and timing figures (train time excludes dev evaluations)."""
-    T = importlib.import_module("bertkit.train")  # not `from bertkit import train`: that name is the function
-
-    T.seed_everything(seed)
+def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: Path, log_prefix: str = "") -> dict:
+    """Fine-tune one model with the shared loop (cfg.training, cfg.batch_size); returns the best dev report, the
+    model at its best dev state, and timing figures (train time excludes dev evaluations)."""
+    seed_everything(seed)
     model = _build_model(cfg, task, seed)
     compacted = _compact(cfg, model, data, tok)
-    batches = _Batches(data.train_feats, batch_size, seed, tok.pad_token_id, cfg.bucket_batches)
-    total_steps = max(1, math.ceil(len(batches) * cfg.epochs))
-    eval_every = cfg.eval_every or len(batches)
+    batches = _Batches(data.train_feats, cfg.batch_size, seed, tok.pad_token_id, cfg.bucket_batches)
+    total_steps = max(1, math.ceil(len(batches) * cfg.training.epochs))
+    eval_every = cfg.training.eval_every_steps or len(batches)
     metric = task.main_metric
     state = {"best": -math.inf, "best_state": None, "best_report": None, "best_step": 0, "bad": 0,
-             "history": [], "eval_s": 0.0, "evals": 0}
+             "history": [], "eval_s": 0.0, "evals": 0, "stopped": False}
 
     def on_eval(m) -> dict:
         """Dev evaluation (called by the loop every `eval_every` steps and at the end); keeps the best state."""
         t0 = time.perf_counter()
         state["evals"] += 1
         step = min(state["evals"] * eval_every, total_steps)
-        report, _ = _evaluate_task(task, m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16,
+        report, _ = _evaluate_task(task, m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision,
                                    tune_null=True)
         value = report[metric]
         state["history"].append({"step": step, metric: value})
@@ -345,21 +336,13 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, lr: float
         else:
             state["bad"] += 1
         state["eval_s"] += time.perf_counter() - t0
-        if cfg.patience and state["bad"] >= cfg.patience:
-            raise _EarlyStop
-        return _numeric(report)
+        state["stopped"] = bool(cfg.patience and state["bad"] >= cfg.patience)
+        return {**_numeric(report), "stop": state["stopped"]}   # patience exhausted: the loop ends the run
 
-    precision = {None: "auto", True: "bf16", False: "fp32"}[cfg.bf16]
-    tcfg = T.TrainConfig(max_steps=total_steps, lr=lr, warmup=cfg.warmup, weight_decay=cfg.weight_decay,
-                         schedule="linear", precision=precision, seed=seed,
-                         eval_every_steps=eval_every, save_final=False, log_every_steps=cfg.log_every,
-                         progress=False, tensorboard=False, plot=False, overwrite=True)
+    tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, save_final=False,
+                   progress=False, tensorboard=False, plot=False, overwrite=True)
     t0 = time.perf_counter()
-    stopped_early = False
-    try:
-        T.train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval)
-    except _EarlyStop:
-        stopped_early = True
+    train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval)
     train_s = time.perf_counter() - t0 - state["eval_s"]
     model.load_state_dict(state["best_state"])
     if compacted:
@@ -368,9 +351,14 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, lr: float
     if getattr(task, "version_2", False) and state.get("best_null") is not None:
         task.null_threshold = state["best_null"]
     return {"model": model, "dev": state["best_report"], "best_step": state["best_step"],
-            "history": state["history"], "stopped_early": stopped_early, "train_s": train_s,
+            "history": state["history"], "stopped_early": state["stopped"], "train_s": train_s,
             "train_examples": batches.examples,
             "examples_per_s": batches.examples / train_s if train_s > 0 else 0.0, "steps": total_steps}
+
+
+def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
+    """`cfg` with another learning rate and batch size (a grid point, or the grid's best)."""
+    return replace(cfg, batch_size=batch_size, training=replace(cfg.training, lr=lr))
 
 
 def finetune(cfg: FinetuneConfig) -> dict:
@@ -379,19 +367,20 @@ def finetune(cfg: FinetuneConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     # auto precision resolved once, so the summary records what ran
-    cfg = replace(cfg, bf16=use_bf16(cfg.bf16, "cuda" if torch.cuda.is_available() else "cpu"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
     tok = _tokenizer(cfg)
     task = make_task(cfg.task, cfg)
     data = _prepare(cfg, task, tok)
     _log(cfg, f"finetune {cfg.task}: {json.dumps(data.counts)}")
 
-    lr, bs = cfg.lr, cfg.batch_size
+    lr, bs = cfg.training.lr, cfg.batch_size
     grid_results = []
     if cfg.grid:
         for g_lr in PAPER_GRID["lr"]:
             for g_bs in PAPER_GRID["batch_size"]:
-                r = _train_one(cfg, task, tok, data, cfg.seeds[0], g_lr, g_bs, out / f"grid-lr{g_lr}-bs{g_bs}",
-                               f"[grid lr={g_lr} bs={g_bs}] ")
+                r = _train_one(_with(cfg, g_lr, g_bs), task, tok, data, cfg.seeds[0],
+                               out / f"grid-lr{g_lr}-bs{g_bs}", f"[grid lr={g_lr} bs={g_bs}] ")
                 grid_results.append({"lr": g_lr, "batch_size": g_bs, task.main_metric: r["dev"][task.main_metric]})
                 del r
         best = max(grid_results, key=lambda g: g[task.main_metric])
@@ -402,16 +391,18 @@ def finetune(cfg: FinetuneConfig) -> dict:
     for seed in cfg.seeds:
         run_dir = out if len(cfg.seeds) == 1 else out / f"seed-{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        r = _train_one(cfg, task, tok, data, seed, lr, bs, run_dir, f"[seed {seed}] " if len(cfg.seeds) > 1 else "")
+        r = _train_one(_with(cfg, lr, bs), task, tok, data, seed, run_dir,
+                       f"[seed {seed}] " if len(cfg.seeds) > 1 else "")
         model = r.pop("model")
         # the dev report at the best state was computed during training; recompute dev outputs for the files
-        dev_report, dev_raw = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.bf16)
+        dev_report, dev_raw = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
+                                             cfg.training.precision)
         files = _write_outputs(task, run_dir, "dev", data.dev, data.dev_feats, dev_raw, dev_report)
         rec = {"seed": seed, "dev": dev_report, **{k: r[k] for k in ("best_step", "steps", "stopped_early",
                "history", "train_s", "train_examples", "examples_per_s")}}
         if data.test is not None:
             test_report, test_raw = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
-                                                   cfg.bf16)
+                                                   cfg.training.precision)
             files += _write_outputs(task, run_dir, "test", data.test, data.test_feats, test_raw, test_report)
             rec["test"] = test_report
         if cfg.save_model:
@@ -423,7 +414,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         runs.append(rec)
         del model
 
-    summary = {"task": cfg.task, "model": cfg.model, "lr": lr, "batch_size": bs, "epochs": cfg.epochs,
+    summary = {"task": cfg.task, "model": cfg.model, "lr": lr, "batch_size": bs, "epochs": cfg.training.epochs,
                "seeds": list(cfg.seeds), "data": data.counts, "grid": grid_results,
                "examples_per_s": _mean_std([r["examples_per_s"] for r in runs])}
     for split in ("dev", "test"):
@@ -438,12 +429,12 @@ def finetune(cfg: FinetuneConfig) -> dict:
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
-             bf16: bool | None = None) -> dict:
+             precision: str = "auto") -> dict:
     """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir)."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path)
     feats = task.features(tok, examples)
-    report, raw = _evaluate_task(task, model, examples, feats, batch_size, bf16)
+    report, raw = _evaluate_task(task, model, examples, feats, batch_size, precision)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -453,7 +444,7 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
 
 
 def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch_size: int = 128,
-            bf16: bool | None = None) -> Path:
+            precision: str = "auto") -> Path:
     """Predictions of a fine-tuned model for an unlabelled (or labelled) file."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path, require_label=False)
@@ -461,9 +452,9 @@ def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if task.kind == "qa":
-        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, bf16))
+        decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, precision))
         return task.write_predictions(out_path, examples, decoded)
-    logits = task.logits(model, feats, batch_size, bf16)
+    logits = task.logits(model, feats, batch_size, precision)
     if task.kind == "tag":
         return task.write_predictions(out_path, examples, logits, feats)
     return task.write_predictions(out_path, examples, logits)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.precision import autocast
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
@@ -125,10 +126,11 @@ class TokenTask:
         return tag_id
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64, bf16: bool | None = None) -> list[np.ndarray]:
+    def logits(self, model, feats: list[dict], batch_size: int = 64,
+               precision: str | bool | None = "auto") -> list[np.ndarray]:
         """Per feature: (n_words_in_window, num_labels) logits at the words' first pieces."""
         out: list[np.ndarray] = [None] * len(feats)  # type: ignore[list-item]
-        for idx, o in predict_batches(model, feats, batch_size, bf16):
+        for idx, o in predict_batches(model, feats, batch_size, precision):
             lg = o.logits.float().cpu().numpy()                               # (batch, seq, labels)
             for row, i in enumerate(idx):
                 out[i] = lg[row, feats[i]["first_pieces"]]
@@ -187,7 +189,7 @@ def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf1
     if not words:
         return []
     model.eval()
-    with torch.no_grad(), (torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else _null()):
+    with torch.no_grad(), autocast(bf16, next(model.parameters()).device):
         logits = model(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"],
                        attention_mask=enc["attention_mask"]).logits[0].float()
     tags = [labels.name(int(logits[w[0]].argmax())) for w in words]
@@ -196,8 +198,3 @@ def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf1
         s, e = offsets[words[a][0]][0], offsets[words[b][-1]][1]
         out.append({"type": typ, "start": s, "end": e, "text": text[s:e]})
     return out
-
-
-def _null():
-    import contextlib
-    return contextlib.nullcontext()

@@ -1,12 +1,16 @@
 """The one training loop: pre-training and fine-tuning, one process or many, crash-safe.
 
-    loop.py       train(): accumulation, bf16 autocast, clipping, schedule, DDP/FSDP, NaN skipping,
-                  atomic checkpoints + exact resume, metrics JSONL / TensorBoard / curves.png, FLOP/s
-    pretrain.py   pretrain(): `bertkit pretrain` as a library call: shards -> model (preset / config / checkpoint,
-                  MLM+NSP, MLM+SOP, MLM, ELECTRA) -> train() -> an HF-format model directory
-    compact.py    compact_word_embeddings(): fine-tuning trains only the word-embedding rows its data uses
-                  (exact for AdamW; the fine-tuning runner's default)
-    ../optim.py   AdamW / LAMB param groups, warmup + linear / cosine schedules
+    loop.py           train(), read top to bottom: accumulation, bf16 autocast, clipping, schedule, budget,
+                      phases, NaN skipping, evaluation; TrainConfig and the step functions
+    checkpointing.py  atomic checkpoints (temp directory, fsync, rename) and exact resume
+    distributed.py    the process group, DDP / FSDP wrapping, full state dicts
+    stream.py         the data across epochs and phases, with a resumable position
+    monitor.py        metrics JSONL / TensorBoard / progress bar / curves.png, FLOP/s and MFU
+    pretrain.py       pretrain(): `bertkit pretrain` as a library call: shards -> model (preset / config / checkpoint,
+                      MLM+NSP, MLM+SOP, MLM, ELECTRA) -> train() -> an HF-format model directory
+    compact.py        compact_word_embeddings(): fine-tuning trains only the word-embedding rows its data uses
+                      (exact for AdamW; the fine-tuning runner's default)
+    ../optim.py       AdamW / LAMB param groups, warmup + linear / cosine schedules
 
 Public API (stable; the fine-tuning tasks code against it)
 ---------------------------------------------------------
@@ -29,7 +33,8 @@ Public API (stable; the fine-tuning tasks code against it)
   phases follow each other over the run (BERT: seq 128 for 0.9 of the steps, then seq 512 for 0.1) under one
   learning-rate schedule.
 * `eval_fn(model) -> dict[str, float]`: held-out evaluation, called every `cfg.eval_every_steps` steps and at the
-  end with the unwrapped model in eval mode, under no_grad and the training autocast. Called on every rank.
+  end with the unwrapped model in eval mode, under no_grad and the training autocast. Called on every rank. A true
+  `"stop"` entry in the dict (not logged) ends the run there (early stopping; `result.stop_reason == "early_stop"`).
 * `out_dir` gets:
       metrics.jsonl                one JSON object per logged step ({"split": "train", "step", "loss", "lr", ...})
                                    and per evaluation ({"split": "eval", "step", ...})
@@ -66,6 +71,9 @@ weights and optimizer state, every rank its own RNG + data position, and --resum
 the network itself; set NCCL_SOCKET_IFNAME if the nodes have several interfaces.
 """
 
+import sys
+import types
+
 from bertkit.train.loop import (TrainConfig, TrainResult, StepOutput, Phase, TrainingDiverged, train, default_step,
                                 pretraining_step, pretraining_eval, seed_everything, distributed_context,
                                 latest_checkpoint, load_model_weights, save_model_weights, estimate_flops_per_token,
@@ -82,3 +90,14 @@ def __getattr__(name):
         from bertkit.train import pretrain as _p
         return getattr(_p, name)
     raise AttributeError(f"module 'bertkit.train' has no attribute {name!r}")
+
+
+class _CallablePackage(types.ModuleType):
+    """`bertkit.train(model, batches, cfg, out)` is train(): the package and the function share that name, so the
+    package answers the call rather than hiding (or being hidden by) the function."""
+
+    def __call__(self, *args, **kwargs):
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

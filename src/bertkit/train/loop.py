@@ -1,46 +1,47 @@
-"""The training loop itself; the public API is described in bertkit/train/__init__.py.
+"""The training loop; the public API is described in bertkit/train/__init__.py.
 
 One optimizer step = `grad_accum` micro-batches: forward under autocast, `(loss / grad_accum).backward()`
 (gradient all-reduce only on the last micro-batch, `no_sync` before), one small all-reduce of the step's sums
-(loss, metric sums and counts, tokens, wall time), then clip, `optimizer.step()`, the lr for the next step.
-Every decision that must agree across ranks (skip, save on a timer, stop on the budget) is taken from those
-all-reduced numbers, so ranks never diverge.
+(loss, metric sums and counts, tokens), then clip, `optimizer.step()`, the lr for the next step. Every decision
+that must agree across ranks (skip, save on a timer, stop on the budget or at an evaluation's request) is taken
+from all-reduced or broadcast numbers, so ranks never diverge.
+
+`train()` below reads top to bottom: set up, start fresh or resume, then step / log / evaluate / checkpoint until
+the run's length is reached. Checkpoints live in checkpointing.py, the process group and model wrapping in
+distributed.py, the data position in stream.py, metrics and FLOP/s in monitor.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import inspect
-import json
-import logging
 import math
 import os
 import random
-import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bertkit import runtime
-from bertkit.errors import BertkitError, CheckpointError, ConfigError
-from bertkit.hardware import PRECISIONS, cpu_model, resolve_precision
+from bertkit.errors import BertkitError, ConfigError
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
+from bertkit.precision import PRECISIONS, autocast, resolve
+from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
+                                         save_model_weights)
+from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
+from bertkit.train.monitor import FlopMeter, RunLog, estimate_flops_per_token, peak_flops
+from bertkit.train.stream import Phase, Stream
 
 __all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverged", "train", "default_step",
            "pretraining_step", "seed_everything", "latest_checkpoint", "load_model_weights", "save_model_weights",
            "estimate_flops_per_token", "peak_flops", "parse_duration", "pretraining_eval",
            "distributed_context"]
 
-log = logging.getLogger("bertkit.train")
-
 IGNORE_INDEX = -100
-CHECKPOINT_DIR = "checkpoints"
 
 
 class TrainingDiverged(BertkitError):
@@ -67,11 +68,9 @@ class TrainConfig:
     schedule: str = "linear"              # linear (BERT) | cosine | constant | wsd, after warmup
     warmup: float = 0.01                  # < 1: fraction of the total steps; >= 1: steps
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
-    decay_fraction: float | None = None   # wsd: the linear decay spans this last fraction of the steps (None:
-                                          # optim.DEFAULT_DECAY_FRACTION); an error with the other schedules
+    decay_fraction: float | None = None   # wsd only: the decay's last fraction of the steps (None: optim's default)
     # -- precision & placement
-    precision: str = "auto"               # "bf16" autocast (weights and optimizer stay fp32) | "fp32" | "auto":
-                                          # bf16 where the device has native bf16 (bertkit.hardware), else fp32
+    precision: str = "auto"               # bf16 autocast (fp32 weights) | fp32 | auto: bf16 where native (hardware)
     device: str | None = None             # None: cuda:<LOCAL_RANK> when CUDA is available, else cpu
     fsdp: bool = False                    # shard parameters/gradients/optimizer state across ranks (big models)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise-reproducible on CPU)
@@ -93,6 +92,14 @@ class TrainConfig:
     peak_flops: float | None = None       # None: table for known GPUs, measured matmul rate on CPU (training dtype)
     # -- failure
     max_bad_steps: int = 5                # consecutive NaN/inf steps before stopping
+
+    @classmethod
+    def split(cls, values: dict, base: "TrainConfig | None" = None) -> tuple["TrainConfig", dict]:
+        """(`base` or the defaults with the entries of `values` named like a field, the other entries): how the
+        commands route their flags, so a new training setting is a field here plus a flag of the same dest."""
+        names = {f.name for f in fields(cls)}
+        ours = {k: v for k, v in values.items() if k in names}
+        return replace(base or cls(), **ours), {k: v for k, v in values.items() if k not in names}
 
     def validate(self) -> None:
         if self.max_steps is None and self.epochs is None and self.budget_s is None:
@@ -130,19 +137,11 @@ class TrainConfig:
 
 @dataclass
 class StepOutput:
-    """What a step function returns for one micro-batch: the loss to backpropagate and summable metrics."""
+    """What a step function returns for one micro-batch: the loss to backpropagate and summable metrics, each a
+    (sum, count) pair such as "mlm_acc": (correct predictions, masked tokens), reported as sum / count over the
+    global batch; a plain value v means (v, 1), i.e. averaged over micro-batches."""
     loss: Tensor
-    # name -> (sum, count): e.g. "mlm_acc": (correct predictions, masked tokens); reported as sum / count over
-    # the whole global batch. A plain tensor value means (value, 1), i.e. averaged over micro-batches.
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Phase:
-    """One stretch of a run with its own data (e.g. another sequence length)."""
-    batches: Iterable[dict]
-    fraction: float                       # share of the total optimizer steps (of the budget in budget mode)
-    name: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)  # name -> (sum, count), or a value meaning (value, 1)
 
 
 @dataclass
@@ -156,7 +155,7 @@ class TrainResult:
     history: list[dict]                   # the train records of this session (as in metrics.jsonl)
     eval_history: list[dict]              # the eval records of this session
     skipped_steps: int                    # NaN/inf steps skipped, whole run
-    stop_reason: str                      # "max_steps" | "epochs" | "budget" | "data"
+    stop_reason: str                      # "max_steps" | "epochs" | "budget" | "early_stop" (eval_fn asked)
     checkpoint: Path | None               # the last checkpoint written
 
 
@@ -267,259 +266,6 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
-def estimate_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
-    """Training FLOPs per token of a BERT-like model: 6 x non-embedding parameters + 12 x layers x hidden x seq
-    (the attention score and value matmuls, forward + backward), as nanoGPT's estimate_mfu. None when unknown."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "num_hidden_layers"):
-        return None
-    n = sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
-    return 6.0 * n + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
-
-
-_GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
-_measured_peak: dict[str, float] = {}
-
-
-def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
-    """The machine's peak FLOP/s in `dtype` (the training precision): $BERTKIT_PEAK_FLOPS, else a table for known
-    GPUs (bf16 dense, no sparsity; half of it for fp32's TF32), else on CPU the best measured rate of a 2048^3 matmul
-    in `dtype` (1024^3 where bf16 is emulated: it runs ~1 GFLOP/s there). A measurement on a busy machine reads low,
-    so the best rate ever seen on this CPU / thread count / dtype is kept in ~/.cache/bertkit/peak_flops.json and
-    only ever raised."""
-    env = os.environ.get("BERTKIT_PEAK_FLOPS")
-    if env:
-        return float(env)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in _GPU_BF16_PEAK.items() if k in name), 312e12)
-        return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
-    from bertkit.hardware import native_bf16
-    dname = str(dtype).removeprefix("torch.")
-    key = f"{cpu_model()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
-    if key not in _measured_peak:
-        n = 2048 if dtype != torch.bfloat16 or native_bf16(device) else 256
-        g = torch.Generator().manual_seed(0)    # its own generator: the global RNG (dropout) stays untouched, so
-        a = torch.randn(n, n, dtype=dtype, generator=g)     # a run does not depend on whether this ran before
-        b = torch.randn(n, n, dtype=dtype, generator=g)
-        a @ b
-        best = 0.0
-        for _ in range(3):
-            t0 = time.perf_counter()
-            a @ b
-            best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertkit" / "peak_flops.json"
-        try:
-            known = json.loads(cache.read_text()) if cache.exists() else {}
-            best = max(best, float(known.get(key, 0.0)))
-            known[key] = best
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(known))
-            os.replace(tmp, cache)
-        except (OSError, ValueError):
-            pass
-        _measured_peak[key] = best
-    return _measured_peak[key]
-
-
-# ---------------------------------------------------------------------------------------------- distributed
-@dataclass
-class _Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-    we_initialised: bool = False
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def setup(cls, device_name: str | None = None) -> "_Dist":
-        import torch.distributed as dist
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if device_name is not None:
-            device = torch.device(device_name)
-        elif torch.cuda.is_available():
-            device = torch.device("cuda", local_rank)
-        else:
-            device = torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        ours = False
-        if world > 1 and not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-            ours = True
-        if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size(), local_rank, device, ours)
-        return cls(0, 1, 0, device, False)
-
-    def all_reduce_sum(self, t: Tensor) -> Tensor:
-        if self.world > 1:
-            import torch.distributed as dist
-            # gloo reduces CPU tensors; nccl needs them on the GPU
-            if self.device.type == "cuda":
-                t = t.to(self.device)
-            dist.all_reduce(t)
-            t = t.cpu()
-        return t
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-            dist.barrier()
-
-    def broadcast_object(self, obj):
-        if self.world == 1:
-            return obj
-        import torch.distributed as dist
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-
-def distributed_context(device: str | None = None) -> tuple[int, int]:
-    """(rank, world_size); under torchrun this joins the process group (what train() would do), so data readers
-    can be built for this rank before training starts."""
-    d = _Dist.setup(device)
-    return d.rank, d.world
-
-
-def _wrap(model: nn.Module, cfg: TrainConfig, d: _Dist) -> nn.Module:
-    if d.world == 1:
-        return model
-    if cfg.fsdp:
-        # FSDP2 (per-parameter sharding, DTensor): works on CPU (gloo) as well as CUDA (nccl). Each encoder layer
-        # is its own unit (all-gathered just before it runs, freed after), the rest (embeddings, heads) the root.
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-        mesh = init_device_mesh(d.device.type, (d.world,))
-        for m in model.modules():
-            if type(m).__name__.endswith("Layer"):
-                fully_shard(m, mesh=mesh)
-                # the last layer may run through these methods instead of forward ([CLS]-only / masked rows):
-                # they must all-gather the layer's shards too
-                for name in ("forward_first", "forward_rows"):
-                    if hasattr(m, name):
-                        register_fsdp_forward_method(m, name)
-        fully_shard(model, mesh=mesh)
-        return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)
-
-
-# ---------------------------------------------------------------------------------------------- data stream
-class _Stream:
-    """Micro-batches from `batches` (or a list of Phases) across epochs, with a resumable position."""
-
-    def __init__(self, batches, sized_len: int | None = None):
-        if isinstance(batches, (list, tuple)) and batches and all(isinstance(p, Phase) for p in batches):
-            self.phases = list(batches)
-        else:
-            self.phases = [Phase(batches, 1.0)]
-        total = sum(p.fraction for p in self.phases)
-        if any(p.fraction <= 0 for p in self.phases) or abs(total - 1.0) > 1e-6:
-            raise ConfigError(f"phase fractions must be > 0 and sum to 1, got {[p.fraction for p in self.phases]}")
-        self.phase = 0
-        self.epoch = 0
-        self.position = 0        # micro-batches consumed in the current epoch of the current phase
-        self._it: Iterator | None = None
-        self._pending_skip = 0
-
-    @property
-    def source(self):
-        return self.phases[self.phase].batches
-
-    def boundaries(self, total: float) -> list[float]:
-        """Cumulative ends of the phases in units of `total` (steps, or seconds in budget mode)."""
-        out, acc = [], 0.0
-        for p in self.phases:
-            acc += p.fraction
-            out.append(acc * total)
-        return out
-
-    def set_phase(self, k: int) -> None:
-        if k > self.phase:  # phases only move forward
-            self.phase, self.epoch, self.position, self._it = k, 0, 0, None
-
-    def _new_epoch_iter(self) -> None:
-        src = self.source
-        if hasattr(src, "set_epoch"):
-            src.set_epoch(self.epoch)
-        self._it = iter(src)
-        skip, self._pending_skip = self._pending_skip, 0
-        for _ in range(skip):  # resume without a data state: replay the consumed part of this epoch
-            next(self._it)
-
-    def next(self) -> tuple[dict, bool]:
-        """(batch, wrapped): wrapped says an epoch ended before this batch."""
-        wrapped = False
-        if self._it is None:
-            self._new_epoch_iter()
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            if self.position == 0:
-                raise ConfigError("the training data yielded no batch") from None
-            self.epoch += 1
-            self.position = 0
-            wrapped = True
-            self._new_epoch_iter()
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                raise ConfigError("the training data yielded no batch in a new epoch") from None
-        self.position += 1
-        return batch, wrapped
-
-    def state_dict(self) -> dict:
-        state = {"phase": self.phase, "epoch": self.epoch, "position": self.position}
-        src = self.source
-        if hasattr(src, "state_dict"):
-            state["source"] = _to_plain(src.state_dict())
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.phase, self.epoch, self.position = int(state["phase"]), int(state["epoch"]), int(state["position"])
-        self._it = None
-        src = self.source
-        if "source" in state and hasattr(src, "load_state_dict"):
-            src.load_state_dict(_from_plain(state["source"]))
-            if hasattr(src, "set_epoch"):
-                pass  # the source's own state carries its epoch
-            self._it = iter(src)
-        else:
-            self._pending_skip = self.position
-
-
-def _to_plain(obj):
-    """numpy scalars/arrays -> python numbers / tensors, so torch.load(weights_only=True) reads the state back."""
-    if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_plain(v) for v in obj)
-    if isinstance(obj, np.ndarray):
-        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj)), "dtype": str(obj.dtype)}
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
-def _from_plain(obj):
-    if isinstance(obj, dict):
-        if "__ndarray__" in obj:
-            return obj["__ndarray__"].numpy().astype(obj["dtype"])
-        return {k: _from_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_from_plain(v) for v in obj)
-    return obj
 
 
 def _tokens_in(batch: dict) -> int:
@@ -536,584 +282,305 @@ def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
-def save_model_weights(state: dict[str, Tensor], path: Path) -> None:
-    """A state dict to safetensors; tensors that share storage (tied embeddings) are stored once, their other
-    names listed in the metadata and restored by `load_model_weights`."""
-    from safetensors.torch import save_file
-    seen: dict[tuple, str] = {}
-    unique: dict[str, Tensor] = {}
-    aliases: dict[str, str] = {}
-    for name, t in state.items():
-        t = t.detach()
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-        if t.numel() and key in seen:
-            aliases[name] = seen[key]
-            continue
-        seen[key] = name
-        unique[name] = t.contiguous().cpu()
-    save_file(unique, str(path), metadata={"format": "pt", "bertkit_aliases": json.dumps(aliases)})
-
-
-def load_model_weights(path: Path) -> dict[str, Tensor]:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-    try:
-        sd = load_file(str(path))
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint weights {path}: {type(e).__name__}: {e}") from None
-    for alias, name in json.loads(meta.get("bertkit_aliases", "{}")).items():
-        sd[alias] = sd[name]
-    return sd
-
-
-def _rng_state() -> dict:
-    version, internal, gauss = random.getstate()
-    np_state = np.random.get_state()
-    state = {
-        "python": [version, list(internal), gauss],
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]),
-                  float(np_state[4])],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint directory under out_dir/checkpoints (temp directories are ignored)."""
-    root = Path(out_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
-    return done[-1] if done else None
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _sharded(cfg: TrainConfig) -> bool:
-    import torch.distributed as dist
-    return cfg.fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _full_state(model: nn.Module, optimizer, cfg: TrainConfig) -> tuple[dict, dict]:
-    """(model state, optimizer state) gathered in full (FSDP) and keyed like the unwrapped model."""
-    if _sharded(cfg):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-        msd, osd = get_state_dict(model, optimizer,
-                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return msd, osd
-    return _unwrap(model).state_dict(keep_vars=False), optimizer.state_dict()
-
-
 # ---------------------------------------------------------------------------------------------- the loop
-class _Trainer:
-    def __init__(self, model: nn.Module, batches, cfg: TrainConfig, out_dir, eval_fn, step_fn):
-        cfg.validate()
-        self.cfg = cfg
-        self.out = Path(out_dir)
-        self.eval_fn = eval_fn
-        self.step_fn = step_fn or default_step
-        # step functions that take `token_weight` get the global-batch token weighting (see _token_weights)
-        self._weighted = "token_weight" in inspect.signature(self.step_fn).parameters
-        self.d = _Dist.setup(cfg.device)
-        self._check_out_dir()
-        if cfg.deterministic:
-            torch.use_deterministic_algorithms(True)
-        self.raw = runtime.apply(model.to(self.d.device))     # this machine's measured fast paths
-        self.model = _wrap(self.raw, cfg, self.d)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                         betas=tuple(cfg.betas), eps=cfg.eps)
-        self.stream = _Stream(batches)
-        # run state (checkpointed)
-        self.step = 0
-        self.tokens = 0
-        self.elapsed = 0.0
-        self.skipped = 0
-        self.total = self._initial_total(batches)
-        self.phase_time = 0.0          # budget mode: time and steps spent in the current phase
-        self.phase_steps = 0
-        self.last_ckpt: Path | None = None
-        self.bad_run: list[int] = []
-        self.precision = resolve_precision(cfg.precision, self.d.device)
-        self.autocast_dtype = torch.bfloat16 if self.precision == "bf16" else None
-        self.peak = None
-        self.flops_per_token = cfg.flops_per_token
-
-    # -- setup helpers
-    def _check_out_dir(self) -> None:
-        try:
-            (self.out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
-            probe = self.out / f".write-test-{os.getpid()}-{self.d.rank}"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as e:
-            raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
-
-    def _initial_total(self, batches) -> int:
-        cfg = self.cfg
-        if cfg.max_steps is not None and cfg.budget_s is None:
-            return cfg.max_steps
-        if cfg.epochs is not None and cfg.budget_s is None:
-            src = self.stream.source
-            try:
-                n = len(src)
-            except TypeError:
-                raise ConfigError("TrainConfig.epochs needs batches with a len(); give max_steps instead") from None
-            return max(1, math.ceil(cfg.epochs * n / cfg.grad_accum))
-        # budget mode: provisional, re-estimated from measured step times after the first steps
-        return cfg.max_steps or 1000
-
-    # -- checkpointing
-    def save(self) -> Path:
-        name = f"step-{self.step:08d}"
-        root = self.out / CHECKPOINT_DIR
-        final = root / name
-        if final.exists():
-            self.last_ckpt = final
-            return final
-        tmp = root / f".tmp-{name}"
-        msd, osd = _full_state(self.model, self.optimizer, self.cfg)
-        if self.d.main:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-        self.d.barrier()
-        rank_file = tmp / f"rank-{self.d.rank:05d}.pt"
-        torch.save({"rng": _rng_state(), "data": self.stream.state_dict()}, rank_file)
-        _fsync_file(rank_file)
-        if self.d.main:
-            save_model_weights(msd, tmp / "model.safetensors")
-            torch.save(osd, tmp / "optimizer.pt")
-            config = getattr(self.raw, "config", None)
-            if config is not None and hasattr(config, "to_json"):
-                config.to_json(tmp / "config.json")
-            state = {"step": self.step, "total": self.total, "tokens": self.tokens, "elapsed": self.elapsed,
-                     "skipped": self.skipped, "world_size": self.d.world, "phase_time": self.phase_time,
-                     "phase_steps": self.phase_steps, "config": _jsonable(dataclasses.asdict(self.cfg))}
-            (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            for f in tmp.iterdir():
-                _fsync_file(f)
-        self.d.barrier()
-        if self.d.main:
-            os.replace(tmp, final)
-            _fsync_dir(root)
-            done = sorted(p for p in root.glob("step-*") if p.is_dir())
-            for old in done[:-self.cfg.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.d.barrier()
-        self.last_ckpt = final
-        return final
-
-    def resume(self) -> None:
-        cfg = self.cfg
-        if self.d.main:
-            for stale in (self.out / CHECKPOINT_DIR).glob(".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)  # an interrupted write
-        self.d.barrier()
-        path = latest_checkpoint(self.out) if cfg.resume is True else Path(cfg.resume)
-        if path is None:
-            log.info("resume: no checkpoint in %s, starting from scratch", self.out)
-            return
-        if not (path / "state.json").is_file():
-            raise CheckpointError(f"{path} is not a complete bertkit training checkpoint (no state.json)")
-        state = json.loads((path / "state.json").read_text())
-        if state["world_size"] != self.d.world:
-            raise CheckpointError(f"{path} was written by {state['world_size']} processes, this run has "
-                                  f"{self.d.world}: resume with the same number of processes")
-        sd = load_model_weights(path / "model.safetensors")
-        try:
-            osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-            rank_state = torch.load(path / f"rank-{self.d.rank:05d}.pt", map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
-        if _sharded(cfg):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-            set_state_dict(self.model, self.optimizer, model_state_dict=sd, optim_state_dict=osd,
-                           options=StateDictOptions(full_state_dict=True))
-        else:
-            try:
-                self.raw.load_state_dict(sd, strict=True)
-            except RuntimeError as e:
-                raise CheckpointError(f"{path}: the weights do not fit the model: {e}") from None
-            self.optimizer.load_state_dict(osd)
-        self.step, self.total, self.tokens = state["step"], state["total"], state["tokens"]
-        self.elapsed, self.skipped = state["elapsed"], state["skipped"]
-        self.phase_time, self.phase_steps = state.get("phase_time", 0.0), state.get("phase_steps", 0)
-        if cfg.max_steps is not None and cfg.budget_s is None:
-            self.total = cfg.max_steps  # a resumed run may be asked to go further
-        self.stream.load_state_dict(rank_state["data"])
-        _set_rng_state(rank_state["rng"])
-        self.last_ckpt = path
-        if self.d.main:
-            self._truncate_metrics(self.step)
-        log.info("resumed from %s at step %d", path, self.step)
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines after `step` (written after the checkpoint by the interrupted session)."""
-        path = self.out / "metrics.jsonl"
-        if not path.exists():
-            return
-        keep = []
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the crash
-            if rec.get("step", 0) <= step:
-                keep.append(line)
-        path.write_text("".join(l + "\n" for l in keep))
-
-    # -- schedule
-    def lr_at(self, step: int) -> float:
-        cfg = self.cfg
-        return cfg.lr * lr_factor(step, self.total, warmup_steps(cfg.warmup, self.total), cfg.schedule,
-                                  cfg.min_lr_ratio, cfg.decay_fraction)
-
-    def _update_budget(self, step_time: float) -> None:
-        """Budget mode: phase by elapsed share of the budget; total = done + remaining time / time per step."""
-        cfg = self.cfg
-        bounds = self.stream.boundaries(cfg.budget_s)
-        phase = next((k for k, b in enumerate(bounds) if self.elapsed < b), len(bounds) - 1)
-        if phase != self.stream.phase:
-            self.stream.set_phase(phase)
-            self.phase_time, self.phase_steps = 0.0, 0
-            return
-        self.phase_time += step_time
-        self.phase_steps += 1
-        if self.phase_steps >= 2:  # the first step of a phase pays warm-up costs: estimate from the rest
-            per_step = self.phase_time / self.phase_steps
-            remaining = max(0.0, cfg.budget_s - self.elapsed)
-            est = self.step + int(remaining / per_step)
-            if cfg.max_steps is not None:
-                est = min(est, cfg.max_steps)
-            self.total = max(self.step + 1, est)
-
-    def _phase_by_steps(self) -> None:
-        if len(self.stream.phases) > 1 and self.cfg.budget_s is None:
-            bounds = self.stream.boundaries(self.total)
-            phase = next((k for k, b in enumerate(bounds) if self.step < round(b)), len(bounds) - 1)
-            self.stream.set_phase(phase)
-
-    # -- one optimizer step
-    def _micro_batches(self):
-        for i in range(self.cfg.grad_accum):
-            batch, _ = self.stream.next()
-            yield i, batch
-
-    def _token_weights(self, micro: list[dict]) -> list[float]:
-        """Per micro-batch: labelled tokens / mean labelled tokens per micro-batch over the global batch.
-
-        A token-level loss (MLM) is a mean over the micro-batch's labelled tokens; averaging those means over
-        micro-batches and ranks would weight a token by 1 / (its micro-batch's count). Scaling each micro-batch's
-        token loss by this weight makes the step's loss the mean over every labelled token of the global batch,
-        so the maths does not depend on how the global batch is cut (accumulation x processes)."""
-        if not self._weighted:
-            return [1.0] * len(micro)
-        counts = [float((b["labels"] != IGNORE_INDEX).sum()) if isinstance(b.get("labels"), Tensor)
-                  and b["labels"].dim() > 1 else 1.0 for b in micro]
-        total = float(self.d.all_reduce_sum(torch.tensor(sum(counts), dtype=torch.float64)))
-        mean = total / (len(micro) * self.d.world)
-        return [c / mean if mean > 0 else 1.0 for c in counts]
-
-    def train_step(self) -> dict:
-        cfg, d = self.cfg, self.d
-        lr = self.lr_at(self.step)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        metric_sums: dict[str, list] = {}
-        tokens = 0
-        micro = [b for _, b in self._micro_batches()]
-        weights = self._token_weights(micro)
-        for i, batch in enumerate(micro):
-            tokens += _tokens_in(batch)
-            batch = _to_device(batch, d.device)
-            last = i == cfg.grad_accum - 1
-            sync = contextlib.nullcontext()
-            if d.world > 1 and hasattr(self.model, "set_requires_gradient_sync"):    # FSDP2
-                self.model.set_requires_gradient_sync(last)
-            elif d.world > 1 and not last and hasattr(self.model, "no_sync"):        # DDP
-                sync = self.model.no_sync()
-            with sync:
-                with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=self.autocast_dtype is not None):
-                    if self._weighted:
-                        out = self.step_fn(self.model, batch, token_weight=weights[i])
-                    else:
-                        out = self.step_fn(self.model, batch)
-                (out.loss / cfg.grad_accum).backward()
-            loss_sum += out.loss.detach().double().cpu()
-            for name, value in out.metrics.items():
-                s, c = value if isinstance(value, tuple) else (value, 1)
-                acc = metric_sums.setdefault(name, [0.0, 0.0])
-                acc[0] = acc[0] + (s.detach().double().cpu() if isinstance(s, Tensor) else float(s))
-                acc[1] = acc[1] + (c.detach().double().cpu() if isinstance(c, Tensor) else float(c))
-        names = sorted(metric_sums)
-        step_time = time.perf_counter() - t0
-        # one all-reduce for everything ranks must agree on
-        vec = [loss_sum, torch.tensor(float(cfg.grad_accum), dtype=torch.float64)]
-        for n in names:
-            vec += [torch.as_tensor(metric_sums[n][0], dtype=torch.float64),
-                    torch.as_tensor(metric_sums[n][1], dtype=torch.float64)]
-        vec += [torch.tensor(float(tokens), dtype=torch.float64), torch.tensor(step_time, dtype=torch.float64)]
-        red = d.all_reduce_sum(torch.stack([v.reshape(()) for v in vec])).tolist()
-        loss = red[0] / red[1]
-        metrics = {n: red[2 + 2 * k] / max(red[3 + 2 * k], 1e-12) for k, n in enumerate(names)}
-        global_tokens = int(red[-2])
-        # clip (global norm over all ranks' synchronised grads), then step unless something is not finite
-        finite = math.isfinite(loss)
-        grad_norm = float("nan")
-        if finite:
-            if cfg.max_grad_norm is not None:
-                # FSDP2: the gradients are DTensor shards; clip_grad_norm_ reduces the norm across ranks
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-                finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-            self.bad_run = []
-        else:
-            self.skipped += 1
-            self.bad_run.append(self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens += global_tokens
-        return {"loss": loss if finite else float("nan"), "lr": lr, "grad_norm": grad_norm, **metrics,
-                "tokens": global_tokens, "finite": finite}
-
-    # -- evaluation, logging
-    def evaluate(self) -> dict:
-        if self.eval_fn is None:
-            return {}
-        self.model.eval()
-        try:
-            with torch.no_grad(), torch.autocast(self.d.device.type, dtype=torch.bfloat16,
-                                                 enabled=self.autocast_dtype is not None):
-                res = self.eval_fn(self.raw)
-        finally:
-            self.model.train()
-        return {k: float(v) for k, v in (res or {}).items()}
-
-    def _check_fresh(self) -> None:
-        """Without resume, an out_dir holding an earlier run is an error unless cfg.overwrite clears it."""
-        old = latest_checkpoint(self.out)
-        metrics = self.out / "metrics.jsonl"
-        had_metrics = metrics.exists()
-        self.d.barrier()  # every rank has looked before rank 0 creates metrics.jsonl
-        if old is None and not had_metrics:
-            return
-        if not self.cfg.overwrite:
-            raise ConfigError(f"{self.out} already holds a training run ({old or metrics}): resume it, or "
-                              "choose a new output directory, or overwrite it")
-        self.d.barrier()
-        if self.d.main:
-            shutil.rmtree(self.out / CHECKPOINT_DIR, ignore_errors=True)
-            (self.out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
-            metrics.unlink(missing_ok=True)
-        self.d.barrier()
-
-    def run(self) -> TrainResult:
-        cfg, d = self.cfg, self.d
-        if not cfg.resume or latest_checkpoint(self.out) is None:
-            seed_everything(cfg.seed + d.rank)  # dropout, sampling: reproducible, a different stream per rank
-        if cfg.resume:
-            self.resume()
-        else:
-            self._check_fresh()
-        start_step = self.step
-        self.model.train()
-        metrics_path = self.out / "metrics.jsonl"
-        mfile = open(metrics_path, "a") if d.main else None
-        tb = self._tensorboard() if d.main else None
-        bar = None
-        if d.main and cfg.progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=self.total, initial=self.step, desc="train", dynamic_ncols=True, mininterval=0.5)
-        losses: list[float] = []
-        history: list[dict] = []
-        evals: list[dict] = []
-        last_save_elapsed = self.elapsed
-        stop_reason = "max_steps"
-        window_tokens, window_time = 0, 0.0
-        session_t0, prior_elapsed = time.perf_counter(), self.elapsed
-        try:
-            while True:
-                if self.step >= self.total:
-                    stop_reason = "budget" if cfg.budget_s is not None else (
-                        "epochs" if cfg.max_steps is None else "max_steps")
-                    break
-                if cfg.budget_s is not None and self.elapsed >= cfg.budget_s:
-                    stop_reason = "budget"
-                    break
-                self._phase_by_steps()
-                t0 = time.perf_counter()
-                rec = self.train_step()
-                dt = time.perf_counter() - t0
-                # wall time of the run, evaluations and checkpoints included (a budget is wall-clock)
-                wall = prior_elapsed + time.perf_counter() - session_t0
-                if d.world > 1 and (cfg.budget_s is not None or cfg.save_every_minutes):
-                    wall = d.broadcast_object(wall)  # one clock for every rank's decisions
-                step_wall, self.elapsed = wall - self.elapsed, wall
-                if cfg.budget_s is not None:
-                    self._update_budget(step_wall)
-                finite = rec.pop("finite")
-                losses.append(rec["loss"])
-                if not finite and len(self.bad_run) >= cfg.max_bad_steps:
-                    raise TrainingDiverged(
-                        f"loss or gradient norm was NaN/inf at {len(self.bad_run)} consecutive steps "
-                        f"({self.bad_run[0]}..{self.bad_run[-1]}); stopped. Weights are from before step "
-                        f"{self.bad_run[0]}; last good checkpoint: {self.last_ckpt or 'none'}. "
-                        f"Try a lower lr, more warmup, or fp32.")
-                window_tokens += rec["tokens"]
-                window_time += dt
-                rec.update(step=self.step, split="train", tokens_per_s=rec["tokens"] / max(dt, 1e-9),
-                           elapsed_s=round(self.elapsed, 3), skipped=self.skipped)
-                self._add_flops(rec, dt)
-                history.append(rec)
-                if d.main:
-                    if self.step % cfg.log_every_steps == 0 or self.step == self.total:
-                        mfile.write(json.dumps(_jsonable(rec)) + "\n")
-                        mfile.flush()
-                        if tb is not None:
-                            for k, v in rec.items():
-                                if isinstance(v, (int, float)) and k != "step":
-                                    tb.add_scalar(f"train/{k}", v, self.step)
-                    if bar is not None:
-                        bar.total = self.total
-                        bar.update(1)
-                        bar.set_postfix(self._postfix(rec, window_tokens / max(window_time, 1e-9)), refresh=False)
-                        if window_time > 5:
-                            window_tokens, window_time = 0, 0.0
-                done = self.step >= self.total or (cfg.budget_s is not None and self.elapsed >= cfg.budget_s)
-                if cfg.eval_every_steps and self.step % cfg.eval_every_steps == 0 and not done:
-                    evals.append(self._eval_and_log(mfile, tb))
-                want_save = bool(cfg.save_every_steps and self.step % cfg.save_every_steps == 0)
-                if cfg.save_every_minutes and self.elapsed - last_save_elapsed >= cfg.save_every_minutes * 60:
-                    want_save = True
-                if want_save and not done:
-                    self.save()
-                    last_save_elapsed = self.elapsed
-            if self.eval_fn is not None:
-                evals.append(self._eval_and_log(mfile, tb))
-            if cfg.save_final and self.step > start_step:
-                self.save()
-        finally:
-            if bar is not None:
-                bar.close()
-            if mfile is not None:
-                mfile.close()
-            if tb is not None:
-                tb.close()
-            if d.main and cfg.plot:
-                self._plot()
-        return TrainResult(steps=self.step, total_steps=self.total, tokens=self.tokens, elapsed_s=self.elapsed,
-                           losses=losses, start_step=start_step, history=history, eval_history=evals,
-                           skipped_steps=self.skipped, stop_reason=stop_reason, checkpoint=self.last_ckpt)
-
-    def _eval_and_log(self, mfile, tb) -> dict:
-        res = self.evaluate()
-        rec = {"split": "eval", "step": self.step, **res}
-        if self.d.main and res:
-            mfile.write(json.dumps(_jsonable(rec)) + "\n")
-            mfile.flush()
-            if tb is not None:
-                for k, v in res.items():
-                    tb.add_scalar(f"eval/{k}", v, self.step)
-            log.info("eval at step %d: %s", self.step, " ".join(f"{k}={v:.4g}" for k, v in res.items()))
-            if self.cfg.plot:
-                self._plot()
-        return rec
-
-    def _add_flops(self, rec: dict, dt: float) -> None:
-        if self.flops_per_token is None:
-            self.flops_per_token = estimate_flops_per_token(self.raw, self._seq_len or 128) or 0.0
-        if not self.flops_per_token:
-            return
-        fps = self.flops_per_token * rec["tokens"] / max(dt, 1e-9)
-        rec["flops_per_s"] = fps
-        if self.peak is None:
-            self.peak = self.cfg.peak_flops or peak_flops(self.d.device, self.autocast_dtype or torch.float32)
-        rec["mfu"] = fps / (self.peak * self.d.world)
-
-    @property
-    def _seq_len(self) -> int | None:
-        src = self.stream.source
-        return getattr(src, "seq_len", None)
-
-    @staticmethod
-    def _postfix(rec: dict, tok_s: float) -> dict:
-        out = {"loss": f"{rec['loss']:.3f}"}
-        for k in ("mlm_acc", "nsp_acc", "rtd_acc"):
-            if k in rec:
-                out[k] = f"{rec[k]:.3f}"
-        out["lr"] = f"{rec['lr']:.2e}"
-        out["tok/s"] = f"{tok_s:,.0f}"
-        if "mfu" in rec:
-            out["mfu"] = f"{100 * rec['mfu']:.1f}%"
-        return out
-
-    def _tensorboard(self):
-        if not self.cfg.tensorboard:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except Exception:  # tensorboard not installed
-            return None
-        return SummaryWriter(str(self.out / "tb"))
-
-    def _plot(self) -> None:
-        try:
-            from bertkit.plots import plot_run
-            plot_run(self.out, self.out / "curves.png")
-        except Exception as e:  # matplotlib missing or no records yet: the run itself is fine
-            log.info("no curves.png: %s", e)
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)
-
-
 def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainConfig, out_dir: str | os.PathLike,
           eval_fn: Callable[[nn.Module], dict] | None = None,
           step_fn: Callable[[nn.Module, dict], StepOutput] | None = None) -> TrainResult:
-    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. See the module
+    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. See the package
     docstring for the contract; raises ConfigError / CheckpointError before the first step for bad settings."""
-    return _Trainer(model, batches, cfg, out_dir, eval_fn, step_fn).run()
+    out = Path(out_dir)
+    run, checkpoints = _setup(model, batches, cfg, out, step_fn)
+    state = run.state
+    _start(run, checkpoints, out)
+    start_step, last_save = state.step, state.elapsed
+    run.model.train()
+    log = RunLog(out, cfg, run.d.main, state.total, state.step)
+    dtype = torch.bfloat16 if run.precision == "bf16" else torch.float32
+    flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
+    losses: list[float] = []
+    history: list[dict] = []
+    evals: list[dict] = []
+    session_t0, prior_elapsed = time.perf_counter(), state.elapsed
+    try:
+        while (stop_reason := _stop_reason(cfg, state)) is None:
+            _phase_by_steps(run)
+            t0 = time.perf_counter()
+            rec = _train_step(run)
+            dt = time.perf_counter() - t0
+            _tick(run, prior_elapsed + time.perf_counter() - session_t0)
+            finite = rec.pop("finite")
+            losses.append(rec["loss"])
+            if not finite and len(state.bad_run) >= cfg.max_bad_steps:
+                raise _diverged(state)
+            rec.update(step=state.step, split="train", tokens_per_s=rec["tokens"] / max(dt, 1e-9),
+                       elapsed_s=round(state.elapsed, 3), skipped=state.skipped)
+            flops.add(rec, dt, run.raw, getattr(run.stream.source, "seq_len", None))
+            history.append(rec)
+            log.train(rec, dt, state.total)
+            if _stop_reason(cfg, state) is not None:
+                continue                                   # the final evaluation and checkpoint follow the loop
+            if cfg.eval_every_steps and state.step % cfg.eval_every_steps == 0:
+                eval_rec, stop = _eval_and_log(run, eval_fn, log)
+                evals.append(eval_rec)
+                if stop:
+                    stop_reason = "early_stop"
+                    break
+            if _save_due(cfg, state, last_save):
+                checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+                last_save = state.elapsed
+        if eval_fn is not None and stop_reason != "early_stop":
+            evals.append(_eval_and_log(run, eval_fn, log)[0])
+        if cfg.save_final and state.step > start_step:
+            checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+    finally:
+        log.close()
+    return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
+                       losses=losses, start_step=start_step, history=history, eval_history=evals,
+                       skipped_steps=state.skipped, stop_reason=stop_reason, checkpoint=state.last_checkpoint)
+
+
+@dataclass
+class _Run:
+    """What the steps of the loop work on."""
+    cfg: TrainConfig
+    d: Dist
+    model: nn.Module                      # as trained: the model itself, or its DDP / FSDP wrapping
+    optimizer: torch.optim.Optimizer
+    stream: Stream
+    step_fn: Callable
+    weighted: bool                        # step_fn takes `token_weight` (see _token_weights)
+    precision: str                        # "bf16" | "fp32": cfg.precision resolved on this device
+    state: RunState
+
+    @property
+    def raw(self) -> nn.Module:
+        return unwrap(self.model)
+
+
+def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, Checkpoints]:
+    """Check the settings and the output directory, join the process group, place and wrap the model."""
+    cfg.validate()
+    step_fn = step_fn or default_step
+    # step functions that take `token_weight` get the global-batch token weighting (see _token_weights)
+    weighted = "token_weight" in inspect.signature(step_fn).parameters
+    d = Dist.setup(cfg.device)
+    checkpoints = Checkpoints(out, cfg, d)
+    checkpoints.check_writable()
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    model = wrap(runtime.apply(model.to(d.device)), cfg.fsdp, d)      # this machine's measured fast paths
+    optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                betas=tuple(cfg.betas), eps=cfg.eps)
+    stream = Stream(batches)
+    state = RunState(total=_initial_total(cfg, stream))
+    precision = resolve(cfg.precision, d.device)
+    return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state), checkpoints
+
+
+def _initial_total(cfg: TrainConfig, stream: Stream) -> int:
+    if cfg.max_steps is not None and cfg.budget_s is None:
+        return cfg.max_steps
+    if cfg.epochs is not None and cfg.budget_s is None:
+        try:
+            n = len(stream.source)
+        except TypeError:
+            raise ConfigError("TrainConfig.epochs needs batches with a len(); give max_steps instead") from None
+        return max(1, math.ceil(cfg.epochs * n / cfg.grad_accum))
+    # budget mode: provisional, re-estimated from measured step times after the first steps
+    return cfg.max_steps or 1000
+
+
+def _start(run: _Run, checkpoints: Checkpoints, out: Path) -> None:
+    """Resume from a checkpoint (cfg.resume), or seed the RNGs and check that out holds no earlier run."""
+    cfg, d = run.cfg, run.d
+    if not cfg.resume or latest_checkpoint(out) is None:
+        seed_everything(cfg.seed + d.rank)  # dropout, sampling: reproducible, a different stream per rank
+    if cfg.resume:
+        checkpoints.resume(run.state, run.model, run.optimizer, run.stream)
+    else:
+        checkpoints.check_fresh()
+
+
+def _stop_reason(cfg: TrainConfig, state: RunState) -> str | None:
+    """Why the run is over, or None while it goes on."""
+    if state.step >= state.total:
+        return "budget" if cfg.budget_s is not None else ("epochs" if cfg.max_steps is None else "max_steps")
+    if cfg.budget_s is not None and state.elapsed >= cfg.budget_s:
+        return "budget"
+    return None
+
+
+def _save_due(cfg: TrainConfig, state: RunState, last_save_elapsed: float) -> bool:
+    if cfg.save_every_steps and state.step % cfg.save_every_steps == 0:
+        return True
+    return bool(cfg.save_every_minutes and state.elapsed - last_save_elapsed >= cfg.save_every_minutes * 60)
+
+
+def _diverged(state: RunState) -> TrainingDiverged:
+    bad = state.bad_run
+    return TrainingDiverged(
+        f"loss or gradient norm was NaN/inf at {len(bad)} consecutive steps ({bad[0]}..{bad[-1]}); stopped. "
+        f"Weights are from before step {bad[0]}; last good checkpoint: {state.last_checkpoint or 'none'}. "
+        f"Try a lower lr, more warmup, or fp32.")
+
+
+# ---------------------------------------------------------------------------------------------- schedule & budget
+def _lr_at(cfg: TrainConfig, step: int, total: int) -> float:
+    return cfg.lr * lr_factor(step, total, warmup_steps(cfg.warmup, total), cfg.schedule, cfg.min_lr_ratio,
+                              cfg.decay_fraction)
+
+
+def _phase_by_steps(run: _Run) -> None:
+    """Step mode: the phase whose share of the total steps holds the current step."""
+    stream, state = run.stream, run.state
+    if len(stream.phases) > 1 and run.cfg.budget_s is None:
+        bounds = stream.boundaries(state.total)
+        stream.set_phase(next((k for k, b in enumerate(bounds) if state.step < round(b)), len(bounds) - 1))
+
+
+def _tick(run: _Run, wall: float) -> None:
+    """state.elapsed = the run's wall time so far (evaluations and checkpoints included: a budget is wall-clock);
+    in budget mode the phase and the schedule's total follow it."""
+    cfg, d, state = run.cfg, run.d, run.state
+    if d.world > 1 and (cfg.budget_s is not None or cfg.save_every_minutes):
+        wall = d.broadcast_object(wall)  # one clock for every rank's decisions
+    step_wall, state.elapsed = wall - state.elapsed, wall
+    if cfg.budget_s is not None:
+        _update_budget(run, step_wall)
+
+
+def _update_budget(run: _Run, step_time: float) -> None:
+    """Budget mode: phase by elapsed share of the budget; total = done + remaining time / time per step."""
+    cfg, stream, state = run.cfg, run.stream, run.state
+    bounds = stream.boundaries(cfg.budget_s)
+    phase = next((k for k, b in enumerate(bounds) if state.elapsed < b), len(bounds) - 1)
+    if phase != stream.phase:
+        stream.set_phase(phase)
+        state.phase_time, state.phase_steps = 0.0, 0
+        return
+    state.phase_time += step_time
+    state.phase_steps += 1
+    if state.phase_steps >= 2:  # the first step of a phase pays warm-up costs: estimate from the rest
+        per_step = state.phase_time / state.phase_steps
+        remaining = max(0.0, cfg.budget_s - state.elapsed)
+        est = state.step + int(remaining / per_step)
+        if cfg.max_steps is not None:
+            est = min(est, cfg.max_steps)
+        state.total = max(state.step + 1, est)
+
+
+# ---------------------------------------------------------------------------------------------- one optimizer step
+def _train_step(run: _Run) -> dict:
+    """One optimizer step over cfg.grad_accum micro-batches; its record, the same on every rank."""
+    state = run.state
+    lr = _lr_at(run.cfg, state.step, state.total)
+    for g in run.optimizer.param_groups:
+        g["lr"] = lr
+    loss_sum, metric_sums, tokens = _forward_backward(run)
+    loss, metrics, global_tokens = _all_reduce(run.d, loss_sum, metric_sums, tokens, run.cfg.grad_accum)
+    finite, grad_norm = _clip_and_step(run, loss)
+    state.step += 1
+    state.tokens += global_tokens
+    return {"loss": loss if finite else float("nan"), "lr": lr, "grad_norm": grad_norm, **metrics,
+            "tokens": global_tokens, "finite": finite}
+
+
+def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
+    """Forward and backward of this rank's micro-batches: (summed loss, metric name -> [sum, count], tokens)."""
+    cfg, d = run.cfg, run.d
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    metric_sums: dict[str, list] = {}
+    tokens = 0
+    micro = [run.stream.next() for _ in range(cfg.grad_accum)]
+    weights = _token_weights(run, micro)
+    for i, batch in enumerate(micro):
+        tokens += _tokens_in(batch)
+        batch = _to_device(batch, d.device)
+        with grad_sync(run.model, d, last=i == cfg.grad_accum - 1):
+            with autocast(run.precision, d.device):
+                if run.weighted:
+                    out = run.step_fn(run.model, batch, token_weight=weights[i])
+                else:
+                    out = run.step_fn(run.model, batch)
+            (out.loss / cfg.grad_accum).backward()
+        loss_sum += out.loss.detach().double().cpu()
+        for name, value in out.metrics.items():
+            s, c = value if isinstance(value, tuple) else (value, 1)
+            acc = metric_sums.setdefault(name, [0.0, 0.0])
+            acc[0] = acc[0] + (s.detach().double().cpu() if isinstance(s, Tensor) else float(s))
+            acc[1] = acc[1] + (c.detach().double().cpu() if isinstance(c, Tensor) else float(c))
+    return loss_sum, metric_sums, tokens
+
+
+def _token_weights(run: _Run, micro: list[dict]) -> list[float]:
+    """Per micro-batch: labelled tokens / mean labelled tokens per micro-batch over the global batch.
+
+    A token-level loss (MLM) is a mean over the micro-batch's labelled tokens; averaging those means over
+    micro-batches and ranks would weight a token by 1 / (its micro-batch's count). Scaling each micro-batch's
+    token loss by this weight makes the step's loss the mean over every labelled token of the global batch,
+    so the maths does not depend on how the global batch is cut (accumulation x processes)."""
+    if not run.weighted:
+        return [1.0] * len(micro)
+    counts = [float((b["labels"] != IGNORE_INDEX).sum()) if isinstance(b.get("labels"), Tensor)
+              and b["labels"].dim() > 1 else 1.0 for b in micro]
+    total = float(run.d.all_reduce_sum(torch.tensor(sum(counts), dtype=torch.float64)))
+    mean = total / (len(micro) * run.d.world)
+    return [c / mean if mean > 0 else 1.0 for c in counts]
+
+
+def _all_reduce(d: Dist, loss_sum: Tensor, metric_sums: dict[str, list], tokens: int,
+                grad_accum: int) -> tuple[float, dict[str, float], int]:
+    """One all-reduce for everything ranks must agree on: (mean loss, metrics, tokens) of the global batch."""
+    names = sorted(metric_sums)
+    vec = [loss_sum, torch.tensor(float(grad_accum), dtype=torch.float64)]
+    for n in names:
+        vec += [torch.as_tensor(metric_sums[n][0], dtype=torch.float64),
+                torch.as_tensor(metric_sums[n][1], dtype=torch.float64)]
+    vec.append(torch.tensor(float(tokens), dtype=torch.float64))
+    red = d.all_reduce_sum(torch.stack([v.reshape(()) for v in vec])).tolist()
+    metrics = {n: red[2 + 2 * k] / max(red[3 + 2 * k], 1e-12) for k, n in enumerate(names)}
+    return red[0] / red[1], metrics, int(red[-1])
+
+
+def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
+    """Clip the gradients, then step unless the loss or the gradient norm is not finite: (finite, grad norm)."""
+    cfg, state = run.cfg, run.state
+    finite = math.isfinite(loss)
+    grad_norm = float("nan")
+    if finite and cfg.max_grad_norm is not None:
+        # FSDP2: the gradients are DTensor shards; clip_grad_norm_ reduces the norm across ranks
+        gn = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
+        grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        finite = math.isfinite(grad_norm)
+    if finite:
+        run.optimizer.step()
+        state.bad_run = []
+    else:
+        state.skipped += 1
+        state.bad_run.append(state.step)
+    run.optimizer.zero_grad(set_to_none=True)
+    return finite, grad_norm
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def _eval_and_log(run: _Run, eval_fn, log: RunLog) -> tuple[dict, bool]:
+    """Evaluate (when there is an eval_fn) and log: (the eval record, whether eval_fn asked to stop)."""
+    metrics, stop = _evaluate(run, eval_fn) if eval_fn is not None else ({}, False)
+    rec = {"split": "eval", "step": run.state.step, **metrics}
+    log.eval(rec, metrics)
+    return rec, stop
+
+
+def _evaluate(run: _Run, eval_fn) -> tuple[dict[str, float], bool]:
+    """eval_fn on the unwrapped model in eval mode, under no_grad and the training autocast. A true "stop" entry
+    in what it returns ends the run; the ranks stop together when any of them asks."""
+    run.model.eval()
+    try:
+        with torch.no_grad(), autocast(run.precision, run.d.device):
+            res = dict(eval_fn(run.raw) or {})
+    finally:
+        run.model.train()
+    stop = bool(res.pop("stop", False))
+    if run.d.world > 1:
+        stop = float(run.d.all_reduce_sum(torch.tensor(float(stop), dtype=torch.float64))) > 0
+    return {k: float(v) for k, v in res.items()}, stop

@@ -1,8 +1,11 @@
 """`bertkit pretrain` as a library call: shard directories -> a model -> train() -> an HF-format model directory.
 
-    from bertkit.train import PretrainConfig, pretrain
+    from bertkit.train import PretrainConfig, TrainConfig, pretrain
     pretrain(PretrainConfig(shards="shards128/", phase2_shards="shards512/", preset="base", out="run/",
-                            global_batch=256, max_steps=1_000_000, lr=1e-4))
+                            global_batch=256, train=TrainConfig(max_steps=1_000_000, lr=1e-4)))
+
+`train` holds every training-loop setting (length, optimiser, schedule, precision, checkpoints, logging; see
+TrainConfig); the rest of PretrainConfig is what only pre-training has: shards, the model, the objective, batching.
 
 The model comes from a preset (vocab_size taken from the shards), a config.json, or an existing checkpoint
 directory (continued pre-training; `config` then overrides fields of the checkpoint's config, and a shape that
@@ -24,10 +27,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import CheckpointError, ConfigError, DataError
+from bertkit.train.loop import TrainConfig
 
 __all__ = ["PretrainConfig", "pretrain", "unigram_bias_init", "OBJECTIVES"]
 
@@ -40,6 +44,7 @@ OBJECTIVES = ("auto", "mlm", "electra")
 class PretrainConfig:
     shards: str                                 # shard directory (phase 1)
     out: str
+    train: TrainConfig = field(default_factory=TrainConfig)  # the loop's settings: length, lr, checkpoints, ...
     phase2_shards: str | None = None            # e.g. seq 512 shards for the last part of the run
     phase1_fraction: float = 0.9                # BERT: 90% of the steps at seq 128
     eval_shards: str | None = None              # held-out shards for periodic evaluation
@@ -55,34 +60,7 @@ class PretrainConfig:
     electra_weight: float = 50.0
     # batch
     batch_size: int = 32                        # per process per micro-batch
-    global_batch: int | None = None             # None: batch_size x processes (no accumulation)
-    # length & schedule (TrainConfig's meaning)
-    max_steps: int | None = None
-    epochs: float | None = None
-    budget: str | float | None = None           # "10m", "2h", seconds
-    optimizer: str = "adamw"
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    beta2: float = 0.999                        # AdamW's second moment (RoBERTa: 0.98, stabler at high lr)
-    warmup: float = 0.01
-    schedule: str = "linear"                    # linear | cosine | constant | wsd (see bertkit.optim)
-    min_lr_ratio: float = 0.0
-    decay_fraction: float | None = None         # wsd only: the decay's share of the steps (TrainConfig's meaning)
-    max_grad_norm: float | None = 1.0
-    precision: str = "auto"                     # auto: bf16 where native (bertkit.hardware), else fp32
-    seed: int = 0
-    device: str | None = None
-    fsdp: bool = False
-    deterministic: bool = False
-    # checkpoints & logging
-    save_every_steps: int | None = None
-    save_every_minutes: float | None = None
-    keep_last: int = 3
-    resume: bool = False
-    overwrite: bool = False
-    eval_every_steps: int | None = None
-    log_every_steps: int = 1
-    progress: bool = True
+    global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
     verify: str = "size"                        # shard file check: "size" or "full" (sha256)
     vocab: str | None = None                    # tokenizer to save with the model (default: the shards' vocab.txt)
 
@@ -190,9 +168,8 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
 def unigram_bias_init(model, shards) -> bool:
     """Set the MLM output bias to log p(token), p the add-one smoothed unigram distribution of the shards'
     non-special tokens (specials are never targets). The softmax then starts at the unigram distribution, the
-    first thing a from-scratch model learns anyway (it took ~300 steps of the demo's 5-minute `mini` run; with this
-    start the same run ends at held-out MLM loss 6.51 instead of 6.65). `shards`: the training ShardReader (its
-    counts cover every shard, whatever its rank). Returns whether it was set."""
+    first thing a from-scratch model learns anyway (docs/performance.md, "Training", has what it saves). `shards`:
+    the training ShardReader (its counts cover every shard, whatever its rank). Returns whether it was set."""
     import numpy as np
     import torch
 
@@ -240,12 +217,12 @@ class _DropKeys:
 def pretrain(pc: PretrainConfig):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
     from bertkit.pretraining.shards import ShardReader
-    from bertkit.train.loop import (Phase, TrainConfig, distributed_context, parse_duration, pretraining_eval,
-                                    pretraining_step, seed_everything, train)
+    from bertkit.train.loop import (Phase, distributed_context, pretraining_eval, pretraining_step, seed_everything,
+                                    train)
 
     out = Path(pc.out)
-    budget_s = parse_duration(pc.budget) if pc.budget is not None else None
-    if pc.budget is None and pc.max_steps is None and pc.epochs is None:
+    t = pc.train
+    if t.budget_s is None and t.max_steps is None and t.epochs is None:
         raise ConfigError("give the run's length: --steps N, --epochs E or --budget 10m")
     if not 0 < pc.phase1_fraction < 1 and pc.phase2_shards:
         raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
@@ -255,23 +232,15 @@ def pretrain(pc: PretrainConfig):
     manifests = _manifests(pc)
     task = manifests["shards"]["task"]
     objective = _objective(pc, task)
-    rank, world = distributed_context(pc.device)
+    rank, world = distributed_context(t.device)
     per_step = pc.batch_size * world
-    global_batch = pc.global_batch or per_step
+    global_batch = pc.global_batch or per_step * t.grad_accum
     if global_batch % per_step:
         raise ConfigError(f"global batch {global_batch} is not a multiple of batch_size {pc.batch_size} x "
                           f"{world} processes")
-    cfg = TrainConfig(
-        max_steps=pc.max_steps, epochs=pc.epochs, budget_s=budget_s, grad_accum=global_batch // per_step,
-        optimizer=pc.optimizer, lr=pc.lr, weight_decay=pc.weight_decay, betas=(0.9, pc.beta2),
-        max_grad_norm=pc.max_grad_norm, schedule=pc.schedule, warmup=pc.warmup, min_lr_ratio=pc.min_lr_ratio,
-        decay_fraction=pc.decay_fraction, precision=pc.precision, device=pc.device, fsdp=pc.fsdp,
-        deterministic=pc.deterministic, seed=pc.seed,
-        save_every_steps=pc.save_every_steps, save_every_minutes=pc.save_every_minutes, keep_last=pc.keep_last,
-        resume=pc.resume, overwrite=pc.overwrite, eval_every_steps=pc.eval_every_steps,
-        log_every_steps=pc.log_every_steps, progress=pc.progress)
+    cfg = dataclasses.replace(t, grad_accum=global_batch // per_step)
     cfg.validate()  # bad settings fail here, before the model is built
-    seed_everything(pc.seed)
+    seed_everything(cfg.seed)
     model, config = build_model(pc, manifests["shards"], objective)
     for name, m in manifests.items():
         if int(m["seq_len"]) > config.max_position_embeddings:
@@ -279,7 +248,7 @@ def pretrain(pc: PretrainConfig):
                               f"max_position_embeddings={config.max_position_embeddings}")
 
     def reader(path: str, **kw):
-        r = ShardReader(path, pc.batch_size, seed=pc.seed, vocab_size=config.vocab_size, verify=pc.verify, **kw)
+        r = ShardReader(path, pc.batch_size, seed=cfg.seed, vocab_size=config.vocab_size, verify=pc.verify, **kw)
         if objective in ("mlm", "electra") and r.task != "none":
             return _DropKeys(r, ("next_sentence_label",))
         return r
@@ -312,7 +281,7 @@ def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
     """out/model: the trained weights as an HF-format directory with the tokenizer (FSDP: from the checkpoint)."""
     from bertkit.tokenizer import Tokenizer
     from bertkit.train.loop import load_model_weights
-    if pc.fsdp and result.checkpoint is not None:   # the trained model is sharded: rebuild it whole on rank 0
+    if pc.train.fsdp and result.checkpoint is not None:   # the trained model is sharded: rebuild it whole on rank 0
         model = type(model)(model.config)
         model.load_state_dict(load_model_weights(result.checkpoint / "model.safetensors"))
     vocab = pc.vocab or str(Path(pc.shards) / "vocab.txt")

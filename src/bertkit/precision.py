@@ -1,0 +1,39 @@
+"""One precision setting, "auto" | "bf16" | "fp32", from the command line to every forward pass, and the one
+autocast that applies it: the training loop, the fine-tuning evaluation and the task predictions use it.
+
+"auto" is bf16 where the device multiplies in bf16 natively, else fp32 (bertkit.hardware decides; bf16 keeps the
+weights and optimizer state in fp32). The task code's bf16 flags are accepted too: True = "bf16", False = "fp32",
+None = "auto".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bertkit.errors import ConfigError
+from bertkit.hardware import PRECISIONS, resolve_precision
+
+__all__ = ["PRECISIONS", "as_precision", "resolve", "autocast"]
+
+
+def as_precision(value: str | bool | None) -> str:
+    """A precision name from a name or a bf16 flag."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "bf16" if value else "fp32"
+    if value not in PRECISIONS:
+        raise ConfigError(f"precision {value!r} is not one of {PRECISIONS}")
+    return value
+
+
+def resolve(value: str | bool | None, device="cpu") -> str:
+    """"bf16" or "fp32": what `value` means on `device` (an explicit bf16 where it is emulated warns once)."""
+    return resolve_precision(as_precision(value), device)
+
+
+def autocast(value: str | bool | None, device="cpu") -> torch.autocast:
+    """bf16 autocast on `device` when `value` resolves to bf16; otherwise autocast off, so fp32 means fp32 even
+    inside an enclosing autocast."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=resolve(value, device) == "bf16")

@@ -1,0 +1,292 @@
+"""Crash-safe checkpoints and exact resume.
+
+    out/checkpoints/step-00001000/   model.safetensors (+ config.json when the model has a BertConfig),
+                                     optimizer.pt, state.json, rank-00000.pt (RNG + data position per rank)
+
+A checkpoint is written under `.tmp-step-...`, every file fsynced, then renamed: a directory named `step-*` with a
+state.json is complete, whatever killed the process. Resume restores the model, the optimizer, the run's counters,
+every RNG (python, numpy, torch, CUDA) and the data position, so the losses continue as if the run had never
+stopped; metric lines the interrupted session wrote after the checkpoint are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bertkit.errors import CheckpointError, ConfigError
+from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
+from bertkit.train.monitor import jsonable
+
+__all__ = ["CHECKPOINT_DIR", "RunState", "Checkpoints", "latest_checkpoint", "save_model_weights",
+           "load_model_weights", "to_plain", "from_plain"]
+
+log = logging.getLogger("bertkit.train")
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass
+class RunState:
+    """Where a run stands; the counters are saved in state.json and restored by resume."""
+    step: int = 0                         # optimizer steps done
+    total: int = 0                        # the schedule's total (re-estimated in budget mode)
+    tokens: int = 0                       # non-padding tokens trained on, all ranks
+    elapsed: float = 0.0                  # wall time of the run, all sessions
+    skipped: int = 0                      # NaN/inf steps skipped
+    phase_time: float = 0.0               # budget mode: time and steps spent in the current phase
+    phase_steps: int = 0
+    last_checkpoint: Path | None = None   # not saved: where this state was last written or read
+    bad_run: list[int] = field(default_factory=list)  # not saved: the current run of non-finite steps
+
+
+# ---------------------------------------------------------------------------------------------- weights
+def save_model_weights(state: dict[str, Tensor], path: Path) -> None:
+    """A state dict to safetensors; tensors that share storage (tied embeddings) are stored once, their other
+    names listed in the metadata and restored by `load_model_weights`."""
+    from safetensors.torch import save_file
+    seen: dict[tuple, str] = {}
+    unique: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, t in state.items():
+        t = t.detach()
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        unique[name] = t.contiguous().cpu()
+    save_file(unique, str(path), metadata={"format": "pt", "bertkit_aliases": json.dumps(aliases)})
+
+
+def load_model_weights(path: Path) -> dict[str, Tensor]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    try:
+        sd = load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint weights {path}: {type(e).__name__}: {e}") from None
+    for alias, name in json.loads(meta.get("bertkit_aliases", "{}")).items():
+        sd[alias] = sd[name]
+    return sd
+
+
+# ---------------------------------------------------------------------------------------------- RNG and data state
+def _rng_state() -> dict:
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]),
+                  float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def to_plain(obj):
+    """numpy scalars/arrays -> python numbers / tensors, so torch.load(weights_only=True) reads the state back."""
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_plain(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj)), "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def from_plain(obj):
+    if isinstance(obj, dict):
+        if "__ndarray__" in obj:
+            return obj["__ndarray__"].numpy().astype(obj["dtype"])
+        return {k: from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(from_plain(v) for v in obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------- files
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory under out_dir/checkpoints (temp directories are ignored)."""
+    root = Path(out_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
+    return done[-1] if done else None
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines after `step` (written after the checkpoint by the interrupted session)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the crash
+        if rec.get("step", 0) <= step:
+            keep.append(line)
+    path.write_text("".join(l + "\n" for l in keep))
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+class Checkpoints:
+    """The checkpoints of one run directory, as every rank sees them (the ranks meet at barriers)."""
+
+    def __init__(self, out: Path, cfg, d: Dist):
+        self.out, self.cfg, self.d = out, cfg, d
+        self.root = out / CHECKPOINT_DIR
+
+    def check_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.out / f".write-test-{os.getpid()}-{self.d.rank}"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
+
+    def check_fresh(self) -> None:
+        """Without resume, an out_dir holding an earlier run is an error unless cfg.overwrite clears it."""
+        old = latest_checkpoint(self.out)
+        metrics = self.out / "metrics.jsonl"
+        had_metrics = metrics.exists()
+        self.d.barrier()  # every rank has looked before rank 0 creates metrics.jsonl
+        if old is None and not had_metrics:
+            return
+        if not self.cfg.overwrite:
+            raise ConfigError(f"{self.out} already holds a training run ({old or metrics}): resume it, or "
+                              "choose a new output directory, or overwrite it")
+        self.d.barrier()
+        if self.d.main:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+            metrics.unlink(missing_ok=True)
+        self.d.barrier()
+
+    def save(self, state: RunState, model, optimizer, data_state: dict) -> Path:
+        """Write step-<state.step> atomically (temp directory, fsync, rename) and keep the newest cfg.keep_last."""
+        final = self.root / f"step-{state.step:08d}"
+        if not final.exists():
+            tmp = self.root / f".tmp-{final.name}"
+            msd, osd = full_state(model, optimizer, self.cfg.fsdp)
+            if self.d.main:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+            self.d.barrier()
+            rank_file = tmp / f"rank-{self.d.rank:05d}.pt"
+            torch.save({"rng": _rng_state(), "data": data_state}, rank_file)
+            _fsync_file(rank_file)
+            if self.d.main:
+                self._write_shared(tmp, state, unwrap(model), msd, osd)
+            self.d.barrier()
+            if self.d.main:
+                os.replace(tmp, final)
+                _fsync_dir(self.root)
+                done = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+                for old in done[:-self.cfg.keep_last]:
+                    shutil.rmtree(old, ignore_errors=True)
+            self.d.barrier()
+        state.last_checkpoint = final
+        return final
+
+    def _write_shared(self, tmp: Path, state: RunState, raw, msd: dict, osd: dict) -> None:
+        """Rank 0's part: weights, optimizer, config.json and state.json, each fsynced."""
+        save_model_weights(msd, tmp / "model.safetensors")
+        torch.save(osd, tmp / "optimizer.pt")
+        config = getattr(raw, "config", None)
+        if config is not None and hasattr(config, "to_json"):
+            config.to_json(tmp / "config.json")
+        saved = {"step": state.step, "total": state.total, "tokens": state.tokens, "elapsed": state.elapsed,
+                 "skipped": state.skipped, "world_size": self.d.world, "phase_time": state.phase_time,
+                 "phase_steps": state.phase_steps, "config": jsonable(dataclasses.asdict(self.cfg))}
+        (tmp / "state.json").write_text(json.dumps(saved, indent=1))
+        for f in tmp.iterdir():
+            _fsync_file(f)
+
+    def resume(self, state: RunState, model, optimizer, stream) -> None:
+        """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one) into `state`, the
+        model, the optimizer, the data `stream` and the RNGs; nothing to resume from leaves them as they are."""
+        if self.d.main:
+            for stale in self.root.glob(".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)  # an interrupted write
+        self.d.barrier()
+        path = latest_checkpoint(self.out) if self.cfg.resume is True else Path(self.cfg.resume)
+        if path is None:
+            log.info("resume: no checkpoint in %s, starting from scratch", self.out)
+            return
+        saved, rank_state = self._read(path, model, optimizer)
+        state.step, state.total, state.tokens = saved["step"], saved["total"], saved["tokens"]
+        state.elapsed, state.skipped = saved["elapsed"], saved["skipped"]
+        state.phase_time, state.phase_steps = saved.get("phase_time", 0.0), saved.get("phase_steps", 0)
+        if self.cfg.max_steps is not None and self.cfg.budget_s is None:
+            state.total = self.cfg.max_steps  # a resumed run may be asked to go further
+        stream.load_state_dict(rank_state["data"])
+        _set_rng_state(rank_state["rng"])
+        state.last_checkpoint = path
+        if self.d.main:
+            truncate_metrics(self.out / "metrics.jsonl", state.step)
+        log.info("resumed from %s at step %d", path, state.step)
+
+    def _read(self, path: Path, model, optimizer) -> tuple[dict, dict]:
+        """Load the weights and optimizer state of `path`; returns (state.json, this rank's RNG + data state)."""
+        if not (path / "state.json").is_file():
+            raise CheckpointError(f"{path} is not a complete bertkit training checkpoint (no state.json)")
+        saved = json.loads((path / "state.json").read_text())
+        if saved["world_size"] != self.d.world:
+            raise CheckpointError(f"{path} was written by {saved['world_size']} processes, this run has "
+                                  f"{self.d.world}: resume with the same number of processes")
+        sd = load_model_weights(path / "model.safetensors")
+        try:
+            osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+            rank_state = torch.load(path / f"rank-{self.d.rank:05d}.pt", map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+        load_full_state(model, optimizer, self.cfg.fsdp, sd, osd, str(path))
+        return saved, rank_state

@@ -1,0 +1,149 @@
+"""One process or many: joining the process group, wrapping the model in DDP / FSDP, and the full (unsharded)
+state a checkpoint stores. With one process every function here is a no-op or the identity."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from bertkit.errors import CheckpointError
+
+__all__ = ["Dist", "distributed_context", "wrap", "unwrap", "grad_sync", "full_state", "load_full_state"]
+
+
+@dataclass
+class Dist:
+    """This process's place in the run: rank, world size, device, and the few collectives the loop needs."""
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    we_initialised: bool = False
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def setup(cls, device_name: str | None = None) -> "Dist":
+        import torch.distributed as dist
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device_name is not None:
+            device = torch.device(device_name)
+        elif torch.cuda.is_available():
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        ours = False
+        if world > 1 and not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            ours = True
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size(), local_rank, device, ours)
+        return cls(0, 1, 0, device, False)
+
+    def all_reduce_sum(self, t: Tensor) -> Tensor:
+        if self.world > 1:
+            import torch.distributed as dist
+            # gloo reduces CPU tensors; nccl needs them on the GPU
+            if self.device.type == "cuda":
+                t = t.to(self.device)
+            dist.all_reduce(t)
+            t = t.cpu()
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.barrier()
+
+    def broadcast_object(self, obj):
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def distributed_context(device: str | None = None) -> tuple[int, int]:
+    """(rank, world_size); under torchrun this joins the process group (what train() would do), so data readers
+    can be built for this rank before training starts."""
+    d = Dist.setup(device)
+    return d.rank, d.world
+
+
+def wrap(model: nn.Module, fsdp: bool, d: Dist) -> nn.Module:
+    """The model as the ranks train it: itself (one process), DDP, or FSDP2 (sharded in place)."""
+    if d.world == 1:
+        return model
+    if fsdp:
+        # FSDP2 runs on gloo and nccl; one unit per encoder layer, so only one layer is gathered at a time
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh(d.device.type, (d.world,))
+        for unit in _shard_units(model):
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+
+def _shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules the model (and any model inside it) declares for one-by-one sharding: `shard_units()`."""
+    units: dict[int, nn.Module] = {}
+    for m in model.modules():
+        for unit in (m.shard_units() if hasattr(m, "shard_units") else ()):
+            units.setdefault(id(unit), unit)
+    return list(units.values())
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside a DDP wrapper (FSDP2 shards the model itself, so it is its own)."""
+    return getattr(model, "module", model)
+
+
+def grad_sync(model: nn.Module, d: Dist, last: bool):
+    """A context for one micro-batch's backward: gradients are all-reduced on the last micro-batch of a step only."""
+    if d.world > 1 and hasattr(model, "set_requires_gradient_sync"):    # FSDP2
+        model.set_requires_gradient_sync(last)
+    elif d.world > 1 and not last and hasattr(model, "no_sync"):        # DDP
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _sharded(fsdp: bool) -> bool:
+    import torch.distributed as dist
+    return fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def full_state(model: nn.Module, optimizer, fsdp: bool) -> tuple[dict, dict]:
+    """(model state, optimizer state) gathered in full (FSDP) and keyed like the unwrapped model."""
+    if _sharded(fsdp):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return unwrap(model).state_dict(keep_vars=False), optimizer.state_dict()
+
+
+def load_full_state(model: nn.Module, optimizer, fsdp: bool, model_state: dict, optim_state: dict,
+                    source: str) -> None:
+    """The inverse of `full_state`: full states into the (possibly sharded) model and optimizer; a CheckpointError
+    naming `source` when the weights do not fit the model."""
+    if _sharded(fsdp):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                       options=StateDictOptions(full_state_dict=True))
+        return
+    try:
+        unwrap(model).load_state_dict(model_state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{source}: the weights do not fit the model: {e}") from None
+    optimizer.load_state_dict(optim_state)

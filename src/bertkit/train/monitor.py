@@ -1,0 +1,209 @@
+"""What a run reports as it goes: metrics.jsonl, TensorBoard, the progress bar, curves.png, and the FLOP/s and
+model-FLOP utilisation (MFU) of each step."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertkit.hardware import cpu_model
+
+__all__ = ["RunLog", "FlopMeter", "estimate_flops_per_token", "peak_flops", "jsonable"]
+
+log = logging.getLogger("bertkit.train")
+
+
+def jsonable(obj):
+    """`obj` as plain JSON: non-finite floats -> null, tuples -> lists, anything else unknown -> str."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+# ---------------------------------------------------------------------------------------------- logging
+class RunLog:
+    """metrics.jsonl lines, TensorBoard scalars and the tqdm bar; only rank 0 writes (`main`), the others no-op."""
+
+    def __init__(self, out: Path, cfg, main: bool, total: int, step: int):
+        self.out, self.cfg, self.main = out, cfg, main
+        self.file = open(out / "metrics.jsonl", "a") if main else None
+        self.tb = self._tensorboard() if main else None
+        self.bar = None
+        if main and cfg.progress:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, initial=step, desc="train", dynamic_ncols=True, mininterval=0.5)
+        self.window_tokens, self.window_time = 0, 0.0   # recent tokens/s for the bar
+
+    def train(self, rec: dict, dt: float, total: int) -> None:
+        """One optimizer step's record (written every cfg.log_every_steps steps and at the last)."""
+        self.window_tokens += rec["tokens"]
+        self.window_time += dt
+        if not self.main:
+            return
+        step = rec["step"]
+        if step % self.cfg.log_every_steps == 0 or step == total:
+            self._write(rec)
+            if self.tb is not None:
+                for k, v in rec.items():
+                    if isinstance(v, (int, float)) and k != "step":
+                        self.tb.add_scalar(f"train/{k}", v, step)
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.update(1)
+            self.bar.set_postfix(_postfix(rec, self.window_tokens / max(self.window_time, 1e-9)), refresh=False)
+            if self.window_time > 5:
+                self.window_tokens, self.window_time = 0, 0.0
+
+    def eval(self, rec: dict, metrics: dict) -> None:
+        """An evaluation's record ({"split": "eval", "step", **metrics}); curves.png is redrawn."""
+        if not (self.main and metrics):
+            return
+        self._write(rec)
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(f"eval/{k}", v, rec["step"])
+        log.info("eval at step %d: %s", rec["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if self.cfg.plot:
+            self.plot()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.main and self.cfg.plot:
+            self.plot()
+
+    def plot(self) -> None:
+        try:
+            from bertkit.plots import plot_run
+            plot_run(self.out, self.out / "curves.png")
+        except Exception as e:  # matplotlib missing or no records yet: the run itself is fine
+            log.info("no curves.png: %s", e)
+
+    def _write(self, rec: dict) -> None:
+        self.file.write(json.dumps(jsonable(rec)) + "\n")
+        self.file.flush()
+
+    def _tensorboard(self):
+        if not self.cfg.tensorboard:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # tensorboard not installed
+            return None
+        return SummaryWriter(str(self.out / "tb"))
+
+
+def _postfix(rec: dict, tok_s: float) -> dict:
+    out = {"loss": f"{rec['loss']:.3f}"}
+    for k in ("mlm_acc", "nsp_acc", "rtd_acc"):
+        if k in rec:
+            out[k] = f"{rec[k]:.3f}"
+    out["lr"] = f"{rec['lr']:.2e}"
+    out["tok/s"] = f"{tok_s:,.0f}"
+    if "mfu" in rec:
+        out["mfu"] = f"{100 * rec['mfu']:.1f}%"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- FLOP/s
+class FlopMeter:
+    """Adds flops_per_s and mfu to step records; the FLOPs per token and the peak are found on first use."""
+
+    def __init__(self, flops_per_token: float | None, peak: float | None, device: torch.device, dtype: torch.dtype,
+                 world: int):
+        self.flops_per_token, self.peak = flops_per_token, peak
+        self.device, self.dtype, self.world = device, dtype, world
+
+    def add(self, rec: dict, dt: float, model: nn.Module, seq_len: int | None) -> None:
+        if self.flops_per_token is None:
+            self.flops_per_token = estimate_flops_per_token(model, seq_len or 128) or 0.0
+        if not self.flops_per_token:
+            return
+        fps = self.flops_per_token * rec["tokens"] / max(dt, 1e-9)
+        rec["flops_per_s"] = fps
+        if self.peak is None:
+            self.peak = peak_flops(self.device, self.dtype)
+        rec["mfu"] = fps / (self.peak * self.world)
+
+
+def estimate_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
+    """Training FLOPs per token of a BERT-like model: 6 x non-embedding parameters + 12 x layers x hidden x seq
+    (the attention score and value matmuls, forward + backward), as nanoGPT's estimate_mfu. None when unknown."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        return None
+    n = sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
+    return 6.0 * n + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+
+
+_GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
+_measured_peak: dict[str, float] = {}
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The machine's peak FLOP/s in `dtype` (the training precision): $BERTKIT_PEAK_FLOPS, else a table for known
+    GPUs (bf16 dense, no sparsity; half of it for fp32's TF32), else on CPU the best measured rate of a 2048^3 matmul
+    in `dtype` (256^3 where bf16 is emulated, which is very slow). A measurement on a busy machine reads low, so the
+    best rate ever seen on this CPU / thread count / dtype is kept in ~/.cache/bertkit/peak_flops.json and only
+    ever raised."""
+    env = os.environ.get("BERTKIT_PEAK_FLOPS")
+    if env:
+        return float(env)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in _GPU_BF16_PEAK.items() if k in name), 312e12)
+        return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
+    from bertkit.hardware import native_bf16
+    dname = str(dtype).removeprefix("torch.")
+    key = f"{cpu_model()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
+    if key not in _measured_peak:
+        n = 2048 if dtype != torch.bfloat16 or native_bf16(device) else 256
+        _measured_peak[key] = _remember_peak(key, _matmul_rate(n, dtype))
+    return _measured_peak[key]
+
+
+def _matmul_rate(n: int, dtype: torch.dtype) -> float:
+    """The best of three n^3 matmuls, in FLOP/s."""
+    g = torch.Generator().manual_seed(0)    # its own generator: the global RNG (dropout) stays untouched, so
+    a = torch.randn(n, n, dtype=dtype, generator=g)     # a run does not depend on whether this ran before
+    b = torch.randn(n, n, dtype=dtype, generator=g)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        a @ b
+        best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def _remember_peak(key: str, rate: float) -> float:
+    """max(rate, the best rate cached for `key`), cached again."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertkit" / "peak_flops.json"
+    try:
+        known = json.loads(cache.read_text()) if cache.exists() else {}
+        rate = max(rate, float(known.get(key, 0.0)))
+        known[key] = rate
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, cache)
+    except (OSError, ValueError):
+        pass
+    return rate
