@@ -342,7 +342,7 @@ def test_cli_tokenize(tmp_path, minilm_dir, bert_vocab_file):
 
 def test_embedded_unicode_tables_match_their_definition():
     """_PUNCT_UNICODE_8 (the fast path's regex class) is derived data: it must equal _is_punct over all code points."""
-    from bertkit import tokenizer as T
+    from bertkit.tokenizer import normalize as T
     listed = set()
     for r in T._PUNCT_UNICODE_8.split():
         a, _, b = r.partition("-")
