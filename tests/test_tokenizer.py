@@ -228,6 +228,13 @@ def test_parallel_encoder_equals_serial(tok, bbc_lines):
     assert (flat.ids == serial_flat.ids).all() and (flat.bounds == serial_flat.bounds).all()
 
 
+def test_unknown_option_is_a_type_error_naming_it(tok):
+    for call in (lambda: tok("a", max_lenght=3), lambda: tok.encode_batch_parallel(["a"], max_lenght=3)):
+        with pytest.raises(TypeError, match="max_lenght") as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------------- bad input
 
 def write(tmp_path, name, data: bytes):

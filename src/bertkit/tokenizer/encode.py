@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -22,6 +23,31 @@ from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, _PieceTable, decode_pieces
 
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """The keyword options of Tokenizer.__call__ (see there for their semantics)."""
+    max_length: int | None = None
+    padding: bool | str = False
+    truncation: bool | str | None = None
+    pad_to_multiple_of: int | None = None
+    return_offsets: bool = False
+    return_tensors: str | None = None
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> "EncodeOptions":
+        if not kwargs:
+            return _DEFAULT_OPTIONS
+        for name in kwargs:
+            if name not in _OPTION_NAMES:
+                raise TypeError(f"Tokenizer got an unexpected keyword argument {name!r} "
+                                f"(options: {', '.join(_OPTION_NAMES)})")
+        return cls(**kwargs)
+
+
+_OPTION_NAMES = tuple(f.name for f in fields(EncodeOptions))
+_DEFAULT_OPTIONS = EncodeOptions()
 
 
 class Tokenizer:
@@ -132,12 +158,10 @@ class Tokenizer:
         """Ids of [CLS] text [SEP] (pair [SEP]), truncated to max_length when given."""
         return self(text, pair, max_length=max_length, truncation=truncation)["input_ids"]
 
-    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None,
-                 max_length: int | None = None, padding: bool | str = False, truncation: bool | str | None = None,
-                 pad_to_multiple_of: int | None = None, return_offsets: bool = False,
-                 return_tensors: str | None = None) -> dict:
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, **options) -> dict:
         """Model inputs for one text (or pair) or a batch: dict(input_ids, token_type_ids, attention_mask[,
-        offsets]). Semantics follow transformers' BertTokenizerFast:
+        offsets]). The keyword options are EncodeOptions' fields (max_length, padding, truncation,
+        pad_to_multiple_of, return_offsets, return_tensors). Semantics follow transformers' BertTokenizerFast:
 
         truncation: None -> "longest_first" when max_length is given and padding is off, else none;
           True = "longest_first"; or "only_first" / "only_second". max_length counts the special tokens. A
@@ -151,6 +175,7 @@ class Tokenizer:
         return_tensors="pt" returns torch tensors (batch, seq) (offsets (batch, seq, 2)); needs equal lengths.
         A single str returns flat lists (but tensors always have a batch dimension).
         """
+        opts = EncodeOptions.from_kwargs(options)
         single = isinstance(texts, str)
         if single:
             if pairs is not None:
@@ -165,15 +190,14 @@ class Tokenizer:
                 if len(pairs) != len(texts):
                     raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
         with _gc_paused():
-            first = self._pieces_batch(texts, return_offsets)
-            second = self._pieces_batch(pairs, return_offsets) if pairs is not None else None
-            return self._assemble(first, second, max_length=max_length, padding=padding, truncation=truncation,
-                              pad_to_multiple_of=pad_to_multiple_of, return_offsets=return_offsets,
-                              return_tensors=return_tensors, single=single)
+            first = self._pieces_batch(texts, opts.return_offsets)
+            second = self._pieces_batch(pairs, opts.return_offsets) if pairs is not None else None
+            return self._assemble(first, second, opts, single)
 
-    def _assemble(self, first, second, max_length=None, padding=False, truncation=None, pad_to_multiple_of=None,
-                  return_offsets=False, return_tensors=None, single=False) -> dict:
+    def _assemble(self, first, second, opts: EncodeOptions, single: bool) -> dict:
         """Truncate, add [CLS] / [SEP], token types, mask, pad: pieces -> model inputs."""
+        max_length, padding, truncation = opts.max_length, opts.padding, opts.truncation
+        pad_to_multiple_of, return_offsets = opts.pad_to_multiple_of, opts.return_offsets
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 0):
             raise BertkitError(f"max_length must be a non-negative int, got {max_length!r}")
@@ -210,8 +234,8 @@ class Tokenizer:
         result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
         if return_offsets:
             result["offsets"] = out_offsets
-        if return_tensors is not None:
-            return _to_tensors(result, return_tensors)
+        if opts.return_tensors is not None:
+            return _to_tensors(result, opts.return_tensors)
         if single:
             result = {k: v[0] for k, v in result.items()}
         return result
@@ -268,13 +292,14 @@ class Tokenizer:
         `processes` worker processes (default: all cores); truncation, special tokens and padding then run here.
         Results are identical to the serial call. (The Python lists are built here, which bounds the speed-up;
         `encode_pieces` returns numpy arrays and scales further.)"""
+        opts = EncodeOptions.from_kwargs(kwargs)
         texts = self._check_batch(texts, "texts")
         if pairs is not None:
             pairs = self._check_batch(pairs, "pairs")
         processes = processes or os.cpu_count() or 1
         if processes <= 1 or len(texts) <= chunk_size:
             return self(texts, pairs, **kwargs)
-        offsets = bool(kwargs.get("return_offsets"))
+        offsets = bool(opts.return_offsets)
         chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
         if pairs is not None:
             chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
@@ -285,7 +310,7 @@ class Tokenizer:
                 pieces.extend(f.lists(offsets))
             first = pieces[:len(texts)]
             second = pieces[len(texts):] if pairs is not None else None
-            return self._assemble(first, second, **kwargs)
+            return self._assemble(first, second, opts, single=False)
 
     def encode_pieces(self, texts: Sequence[str], processes: int = 1, chunk_size: int = 2000) -> PieceArrays:
         """WordPiece pieces of every text as flat numpy arrays (no [CLS] / [SEP], no truncation), for corpora: with
