@@ -10,7 +10,8 @@ BertTokenizerFast (the test oracle). The pipeline, a module per stage:
     normalize.py    cleaning, whitespace, accent stripping, lowercasing; the Unicode 8.0 character classes
     pretokenize.py  special tokens, whitespace / punctuation / CJK split, offsets
     wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
-    encode.py       Tokenizer: truncation, [CLS] / [SEP], token types, attention mask, padding, tensors, batches
+    encode.py       Tokenizer: truncation, [CLS] / [SEP], token types, attention mask, padding, tensors, batches;
+                    Tokenizer.build_inputs builds model inputs from piece ids for callers that make their own pieces
     formats.py      vocab.txt, HF model directories, text files
 
 Offsets are (start, end) character positions into the ORIGINAL text for every token, (0, 0) for [CLS] / [SEP] /
@@ -26,9 +27,9 @@ Invalid input policy:
     [PAD]/[UNK]/[CLS]/[SEP]/[MASK]) raises VocabError naming the file and line.
 """
 
-from bertkit.tokenizer.encode import TRUNCATION_STRATEGIES, Tokenizer
+from bertkit.tokenizer.encode import TRUNCATION_STRATEGIES, EncodeOptions, Tokenizer
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, load_vocab, read_text_file
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD, PieceArrays
 
-__all__ = ["Tokenizer", "PieceArrays", "SPECIAL_TOKENS", "MAX_INPUT_CHARS_PER_WORD", "TRUNCATION_STRATEGIES",
-           "load_vocab", "read_text_file"]
+__all__ = ["Tokenizer", "EncodeOptions", "PieceArrays", "SPECIAL_TOKENS", "MAX_INPUT_CHARS_PER_WORD",
+           "TRUNCATION_STRATEGIES", "load_vocab", "read_text_file"]

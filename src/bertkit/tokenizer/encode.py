@@ -194,6 +194,18 @@ class Tokenizer:
             second = self._pieces_batch(pairs, opts.return_offsets) if pairs is not None else None
             return self._assemble(first, second, opts, single)
 
+    def build_inputs(self, first: Sequence[list[int]], second: Sequence[list[int]] | None = None, **options) -> dict:
+        """Model inputs from piece ids (per text, without [CLS] / [SEP]: from tokenize + convert_tokens_to_ids,
+        encode_pieces, or a caller's own pieces, e.g. with [MASK] ids spliced in): what __call__ does after WordPiece,
+        with the same options except return_offsets. A batch: lists per row, or tensors with return_tensors."""
+        opts = EncodeOptions.from_kwargs(options)
+        if opts.return_offsets:
+            raise BertkitError("build_inputs has no character offsets: use the tokenizer call for return_offsets")
+        if second is not None and len(second) != len(first):
+            raise BertkitError(f"second has {len(second)} entries, first has {len(first)}")
+        pairs = None if second is None else [(list(b), None) for b in second]
+        return self._assemble([(list(a), None) for a in first], pairs, opts, single=False)
+
     def _assemble(self, first, second, opts: EncodeOptions, single: bool) -> dict:
         """Truncate, add [CLS] / [SEP], token types, mask, pad: pieces -> model inputs."""
         max_length, padding, truncation = opts.max_length, opts.padding, opts.truncation
