@@ -78,8 +78,7 @@ class Tokenizer:
         self.mask_token_id = vocab["[MASK]"]
         self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
-        # the length truncation=True / padding="max_length" use when max_length is not given (tokenizer_config.json's
-        # model_max_length, e.g. 512); None: those then do nothing, as in BertTokenizerFast
+        # used by truncation=True / padding="max_length" without max_length; None: they then do nothing (as HF does)
         self.model_max_length = model_max_length
         self._pretok = PreTokenizer(self.lowercase, self.strip_accents, SPECIAL_TOKENS)
         self._wordpiece = WordPiece(vocab, self.unk_token_id, SPECIAL_TOKENS).pieces

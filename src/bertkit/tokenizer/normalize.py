@@ -15,13 +15,11 @@ import unicodedata
 
 import numpy as np
 
-# The Unicode White_Space property (Rust's char::is_whitespace; google-research uses only Zs, keeping U+2028/U+2029).
-# Its controls (U+000B, U+000C, U+0085) are removed by cleaning before whitespace matters.
+# Unicode White_Space (Rust's char::is_whitespace); google-research uses Zs only, so keeps U+2028 / U+2029 as chars
 _WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
                         "\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 _ASCII_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-# The CJK Unified Ideographs blocks BERT isolates (not all of CJK: Hangul, kana etc. are ordinary letters).
-# Extension E starts at 0x2B920 as in the Rust tokenizer (google-research: 0x2B820), to match BertTokenizerFast.
+# CJK Unified Ideographs blocks (not Hangul or kana); Extension E from 0x2B920 as in Rust (google-research: 0x2B820)
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
                (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
@@ -47,8 +45,7 @@ def _assigned_in_unicode_8(cp: int) -> bool:
     return i >= 0 and cp <= ends[i]
 
 
-# General_Category values that changed since Unicode 8.0 for characters assigned by then (the Rust tokenizer sees
-# the 8.0 value). Source: the Unicode Character Database change history (DerivedGeneralCategory across versions).
+# Categories changed since Unicode 8.0 (Rust sees the 8.0 value); source: UCD DerivedGeneralCategory history
 _CATEGORY_IN_UNICODE_8 = {
     0x166D: "Po",   # CANADIAN SYLLABICS CHI SIGN: Po -> So in Unicode 12.0
     0x111C9: "Po",  # SHARADA SANDHI MARK: Po -> Mn in Unicode 11.0
@@ -58,9 +55,7 @@ _CATEGORY_IN_UNICODE_8 = {
     0xA9BD: "Mc",   # JAVANESE CONSONANT SIGN KERET: Mc -> Mn in Unicode 12.0
 }
 
-# Lowercase pairs added after Unicode 14.0 (Python 3.11's database). The Rust tokenizer lowercases with Rust's std,
-# whose tables are newer (Unicode 17.0), so these capitals are lowercased there even though its category tables
-# (8.0) call them unassigned.
+# Lowercase pairs Python 3.11 (Unicode 14.0) lacks; Rust's std (17.0) lowercases them despite its 8.0 categories
 _NEW_LOWERCASE = {0x1C89: 0x1C8A, 0xA7CB: 0x0264, 0xA7CC: 0xA7CD, 0xA7CE: 0xA7CF, 0xA7D2: 0xA7D3, 0xA7D4: 0xA7D5,
                   0xA7DA: 0xA7DB, 0xA7DC: 0x019B,
                   **{cp: cp + 0x20 for cp in range(0x10D50, 0x10D66)},   # Garay (16.0)
@@ -102,6 +97,7 @@ def _is_cjk(c: str) -> bool:
 
 
 def _is_punct(c: str) -> bool:
+    """ASCII punctuation (every printable non-alphanumeric) or General_Category P* as Unicode 8.0 has it."""
     return c in _ASCII_PUNCT or _category(c)[0] == "P"
 
 
@@ -144,8 +140,7 @@ class _Normalizer:
         self.lowercase, self.strip_accents = lowercase, strip_accents
         self.norm = _LazyMap(self._normalize_char)
         self.width = _LazyMap(lambda c: chr(len(self.norm[ord(c)])))
-        # "m" when the char's NFD holds a combining mark with a nonzero combining class, "" when cleaning removes
-        # it, else "o": two adjacent "m" may need canonical reordering (see _normalize_reordered)
+        # "m": NFD holds a nonzero-class mark, "" removed, else "o"; "mm" may need reordering (_normalize_reordered)
         self.marks = _LazyMap(lambda c: "" if _is_removed(c) else "m" if any(_ccc(x) for x in _nfd(c)) else "o")
 
     def _normalize_char(self, c: str) -> str:
@@ -226,9 +221,7 @@ class _Normalizer:
         return "".join(chars), align
 
 
-# Code points assigned as of Unicode 8.0 (DerivedAge "Present_In=8.0"), as hex ranges, generated with perl (whose
-# Unicode database carries the Age property):
-#   perl -e 'for $cp (0..0x10FFFF) { ... chr($cp) =~ /\p{In=8.0}/ ... }'   (ranges of matching code points)
+# Code points assigned in Unicode 8.0 (DerivedAge), as hex ranges; generated with perl's \p{In=8.0} over 0..0x10FFFF
 _ASSIGNED_IN_UNICODE_8 = (
     "0-377 37A-37F 384-38A 38C 38E-3A1 3A3-52F 531-556 559-55F 561-587 589-58A 58D-58F 591-5C7 5D0-5EA 5F0-5F4 "
     "600-61C 61E-70D 70F-74A 74D-7B1 7C0-7FA 800-82D 830-83E 840-85B 85E 8A0-8B4 8E3-983 985-98C 98F-990 993-9A8 "
@@ -289,9 +282,7 @@ _ASSIGNED_IN_UNICODE_8 = (
     "E0100-E01EF EFFFE-10FFFF "
 )
 
-# Non-ASCII punctuation as the Rust tokenizer sees it (General_Category P* in Unicode 8.0, with
-# _CATEGORY_IN_UNICODE_8), as hex ranges: the character class of the fast path's Unicode regex. Derived from the
-# functions above (computing it at import would cost seconds); test_tokenizer checks it still equals them.
+# _is_punct's non-ASCII chars (hex ranges) for the fast regex; precomputed, deriving it is slow (docs/performance.md)
 _PUNCT_UNICODE_8 = (
     "A1 A7 AB B6-B7 BB BF 37E 387 55A-55F 589-58A 5BE 5C0 5C3 5C6 5F3-5F4 609-60A 60C-60D 61B 61E-61F 66A-66D 6D4 "
     "700-70D 7F7-7F9 830-83E 85E 964-965 970 AF0 DF4 E4F E5A-E5B F04-F12 F14 F3A-F3D F85 FD0-FD4 FD9-FDA 104A-104F "

@@ -15,8 +15,7 @@ from typing import Iterable, Sequence
 from bertkit.tokenizer.normalize import (_CJK_RANGES, _PUNCT_UNICODE_8, _WHITESPACE, _is_cjk, _is_punct, _LazyMap,
                                         _Normalizer)
 
-# In ASCII text without control characters every char is whitespace, a letter or digit, or punctuation. Each match
-# carries the whitespace before its word, so matches tile the text and word ends are running sums of match lengths.
+# Each match is a word with the whitespace before it, so word ends are running sums of match lengths
 _ASCII_TOKEN_RE = re.compile(r"[ \t\n\r]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
 # ASCII chars that cleaning removes (C0 controls other than tab / LF / CR, and DEL): such text takes the general path.
 _ASCII_REMOVED_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -36,8 +35,7 @@ def _unicode_token_re() -> re.Pattern:
     return _UNICODE_TOKEN_RE
 
 
-# General path: normalised text maps char by char to its class ("a" word char, " " space, "." isolated); this finds
-# the words in the class string.
+# General path: words in the string of char classes ("a" word char, " " space, "." isolated)
 _CLASS_WORD_RE = re.compile(r"a+|\.")
 
 
@@ -49,8 +47,7 @@ def _class_of(c: str) -> str:
 
 def tokens_with_space(text: str, pattern: re.Pattern) -> list[str]:
     """The fast path's matches of pattern in text: each word with the whitespace before it."""
-    # no trailing whitespace: then every whitespace run is followed by a word, and the regex never fails a match (a
-    # failing scan from each position of a long whitespace tail would be quadratic)
+    # no trailing whitespace, so the regex never fails a match (failing from each position of a long tail: quadratic)
     return pattern.findall(text.rstrip(" \t\n\r"))
 
 
