@@ -228,6 +228,29 @@ def test_parallel_encoder_equals_serial(tok, bbc_lines):
     assert (flat.ids == serial_flat.ids).all() and (flat.bounds == serial_flat.bounds).all()
 
 
+def test_build_inputs_from_pieces_equals_call(tok, bbc_lines):
+    """Model inputs built from piece ids are what the call builds from the texts, with the same options."""
+    texts, pairs = bbc_lines[:200], bbc_lines[200:400]
+    firsts = [tok.convert_tokens_to_ids(tok.tokenize(t)) for t in texts]
+    seconds = [tok.convert_tokens_to_ids(tok.tokenize(t)) for t in pairs]
+    assert tok.build_inputs(firsts) == tok(texts)
+    kw = dict(max_length=40, truncation="longest_first", padding="max_length")
+    assert tok.build_inputs(firsts, seconds, **kw) == tok(texts, pairs, **kw)
+    got = tok.build_inputs(firsts[:3], seconds[:3], padding=True, return_tensors="pt")
+    want = tok(texts[:3], pairs[:3], padding=True, return_tensors="pt")
+    assert all((got[k] == want[k]).all() for k in want) and got.keys() == want.keys()
+    with pytest.raises(BertkitError):
+        tok.build_inputs(firsts, return_offsets=True)
+
+
+def test_unknown_option_is_a_type_error_naming_it(tok):
+    for call in (lambda: tok("a", max_lenght=3), lambda: tok.build_inputs([[5]], paddding=True),
+                 lambda: tok.encode_batch_parallel(["a"], max_lenght=3)):
+        with pytest.raises(TypeError, match="max_lenght|paddding") as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------------- bad input
 
 def write(tmp_path, name, data: bytes):
@@ -342,7 +365,7 @@ def test_cli_tokenize(tmp_path, minilm_dir, bert_vocab_file):
 
 def test_embedded_unicode_tables_match_their_definition():
     """_PUNCT_UNICODE_8 (the fast path's regex class) is derived data: it must equal _is_punct over all code points."""
-    from bertkit import tokenizer as T
+    from bertkit.tokenizer import normalize as T
     listed = set()
     for r in T._PUNCT_UNICODE_8.split():
         a, _, b = r.partition("-")

@@ -78,16 +78,15 @@ def _mask_cases(tok, sentences: Sequence[str], opts: MultiMaskOptions) -> list[t
         chosen = _choose_words(ok, rng.choice(list(opts.n_masks)), opts.span, rng)
         if chosen is None:
             continue
-        ids, positions, truth = [tok.cls_token_id], [], []
+        body, positions, truth = [], [], []
         for i, p in enumerate(pieces):
             if i in chosen:
-                positions.append(len(ids))
+                positions.append(len(body) + 1)                     # +1: [CLS]
                 truth.append(tok.vocab[p[0]])
-                ids.append(tok.mask_token_id)
+                body.append(tok.mask_token_id)
             else:
-                ids.extend(tok.convert_tokens_to_ids(p))
-        ids.append(tok.sep_token_id)
-        cases.append((ids, positions, truth))
+                body.extend(tok.convert_tokens_to_ids(p))
+        cases.append((tok.build_inputs([body])["input_ids"][0], positions, truth))
         if len(cases) >= opts.limit:
             break
     return cases

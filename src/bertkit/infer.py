@@ -161,7 +161,7 @@ class Predictor:
     def _batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256) -> dict:
         """[CLS] a [SEP] (b [SEP]) per text, truncated longest-first to max_length, padded to the longest row."""
         tok = self.tokenizer
-        rows, types = [], []
+        firsts, seconds = [], []
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise BertkitError(f"text {i} must be a string, got {type(t).__name__}")
@@ -173,18 +173,9 @@ class Predictor:
                     b.pop()
                 else:
                     a.pop()
-            row = [tok.cls_token_id] + a + [tok.sep_token_id]
-            tt = [0] * len(row)
-            if b is not None:
-                row += b + [tok.sep_token_id]
-                tt += [1] * (len(b) + 1)
-            rows.append(row)
-            types.append(tt)
-        batch = self._pad(rows)
-        n = batch["input_ids"].shape[1]
-        batch["token_type_ids"] = torch.tensor([t + [0] * (n - len(t)) for t in types], dtype=torch.long,
-                                               device=self.device)
-        return batch
+            firsts.append(a)
+            seconds.append(b)
+        return self._pad(firsts, seconds if pairs is not None else None)
 
     def _masked_ids(self, text: str, max_length: int) -> list[int]:
         """[CLS] text [SEP] with each literal "[MASK]" kept as the mask id (the text around it is tokenised)."""
@@ -192,13 +183,13 @@ class Predictor:
         parts = text.split(MASK)
         if len(parts) < 2:
             raise BertkitError(f"no {MASK} in the text {text[:80]!r}")
-        ids = [tok.cls_token_id]
+        pieces = []
         for i, part in enumerate(parts):
             if i:
-                ids.append(tok.mask_token_id)
+                pieces.append(tok.mask_token_id)
             if part.strip():
-                ids.extend(tok.convert_tokens_to_ids(tok.tokenize(part)))
-        ids.append(tok.sep_token_id)
+                pieces.extend(tok.convert_tokens_to_ids(tok.tokenize(part)))
+        ids = tok.build_inputs([pieces])["input_ids"][0]
         if len(ids) > max_length:
             raise BertkitError(f"text is {len(ids)} tokens; the limit is {max_length}")
         return ids
@@ -424,12 +415,11 @@ class Predictor:
             out.append((ids, offsets, [j for j, t in enumerate(ids) if not self._is_cont_list[t]]))
         return out
 
-    def _pad(self, rows: list[list[int]]) -> dict:
-        n = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows], dtype=torch.long, device=self.device)
-        att = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows], dtype=torch.long, device=self.device)
-        return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": att}
+    def _pad(self, firsts: list[list[int]], seconds: list[list[int]] | None = None) -> dict:
+        """Model inputs on the device for piece ids already cut to fit: [CLS] a [SEP] (b [SEP]), padded to the
+        longest row."""
+        batch = self.tokenizer.build_inputs(firsts, seconds, padding=True, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items()}
 
     @torch.inference_mode()
     def tag(self, texts: Sequence[str], max_length: int = 256) -> list[list[dict]]:
@@ -438,10 +428,9 @@ class Predictor:
         `max_length` pieces get label None."""
         if self.task != "tag":
             raise BertkitError(f"{self.name} is a {self.task} model, not a token classifier")
-        tok = self.tokenizer
         encoded = self._words(texts)
-        rows = [[tok.cls_token_id, *ids[: max_length - 2], tok.sep_token_id] for ids, _, _ in encoded]
-        probs = torch.softmax(self.model(**self._pad(rows)).logits.float(), -1)   # (batch, seq, labels)
+        batch = self._pad([ids[: max_length - 2] for ids, _, _ in encoded])
+        probs = torch.softmax(self.model(**batch).logits.float(), -1)            # (batch, seq, labels)
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
         out = []
         for b, (text, (ids, offsets, firsts)) in enumerate(zip(texts, encoded)):
@@ -465,20 +454,15 @@ class Predictor:
         window are cut (use `bertkit.tasks` QA with doc_stride for long documents)."""
         if self.task != "answer":
             raise BertkitError(f"{self.name} is a {self.task} model, not a question-answering model")
-        tok = self.tokenizer
-        rows, spans = [], []
+        qs, cs, spans = [], [], []
         for (q_ids, _, _), (c_ids, c_off, firsts) in zip(self._words(questions), self._words(contexts)):
             q_ids = q_ids[: max_length // 3]
             seg = len(q_ids) + 2
             n = min(len(c_ids), max_length - 1 - seg)
-            rows.append(([tok.cls_token_id, *q_ids, tok.sep_token_id, *c_ids[:n], tok.sep_token_id], seg))
+            qs.append(q_ids)
+            cs.append(c_ids[:n])
             spans.append((c_off[:n], [f for f in firsts if f < n], seg))
-        batch = self._pad([r for r, _ in rows])
-        tt = torch.zeros_like(batch["input_ids"])
-        for b, (r, seg) in enumerate(rows):
-            tt[b, seg: len(r)] = 1
-        batch["token_type_ids"] = tt
-        out = self.model(**batch)
+        out = self.model(**self._pad(qs, cs))
         res = []
         for b, ((offsets, firsts, seg), c) in enumerate(zip(spans, contexts)):
             n = len(offsets)

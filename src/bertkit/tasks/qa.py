@@ -105,9 +105,9 @@ class QATask:
             self.stats["multi_window_examples"] += len(starts) > 1
             for ws in starts:
                 we = min(ws + window, len(ids))
-                f_ids = [tok.cls_token_id] + q + [tok.sep_token_id] + ids[ws:we] + [tok.sep_token_id]
+                row = tok.build_inputs([q], [ids[ws:we]])
                 off = len(q) + 2                                   # position of context piece ws in the feature
-                f = {"input_ids": f_ids, "token_type_ids": [0] * off + [1] * (we - ws + 1), "example": ei,
+                f = {"input_ids": row["input_ids"][0], "token_type_ids": row["token_type_ids"][0], "example": ei,
                      "ctx_start": ws, "ctx_end": we, "offset": off, "ctx_offsets": offs}  # offs shared
                 if with_labels:
                     if a_start is not None and ws <= a_start and a_end < we:

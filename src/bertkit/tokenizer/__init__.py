@@ -1,0 +1,35 @@
+"""BERT's WordPiece tokenizer: exact, fast, and impossible to crash. Results are identical to transformers'
+BertTokenizerFast (the test oracle). The pipeline, a module per stage:
+
+    text ─> special tokens split out ─> clean ─> [NFD + strip Mn] ─> [lowercase] ─> split on whitespace and
+            ("[MASK]" etc., verbatim,     (drop NUL,   (uncased)          (uncased)      punctuation, CJK ideographs
+             case-sensitive, never split)  U+FFFD,                                        isolated
+                                           controls)                                         │
+    ids, offsets <─ [CLS] A [SEP] (B [SEP]) <─ truncation / padding <─ WordPiece (greedy longest match, "##") <─┘
+
+    normalize.py    cleaning, whitespace, accent stripping, lowercasing; the Unicode 8.0 character classes
+    pretokenize.py  special tokens, whitespace / punctuation / CJK split, offsets
+    wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
+    encode.py       Tokenizer: truncation, [CLS] / [SEP], token types, attention mask, padding, tensors, batches;
+                    Tokenizer.build_inputs builds model inputs from piece ids for callers that make their own pieces
+    formats.py      vocab.txt, HF model directories, text files
+
+Offsets are (start, end) character positions into the ORIGINAL text for every token, (0, 0) for [CLS] / [SEP] /
+[PAD]. A normalised character inherits the position of the original character it came from (an accent stripped from
+"é" leaves "e" covering the original "é"). The one exception, the Rust tokenizer's: when NFD reorders combining marks
+across characters, positions follow the sequence, not the characters (_Normalizer._normalize_reordered).
+
+Invalid input policy:
+  * non-str text raises TypeError naming the type given; any str (any length, any code points, lone surrogates
+    included) is accepted and never crashes.
+  * text files are decoded as UTF-8 with errors="replace"; each invalid byte becomes U+FFFD, which cleaning drops.
+  * a missing, empty or malformed vocab (invalid UTF-8, blank line, duplicate entry, missing
+    [PAD]/[UNK]/[CLS]/[SEP]/[MASK]) raises VocabError naming the file and line.
+"""
+
+from bertkit.tokenizer.encode import TRUNCATION_STRATEGIES, EncodeOptions, Tokenizer
+from bertkit.tokenizer.formats import SPECIAL_TOKENS, load_vocab, read_text_file
+from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD, PieceArrays
+
+__all__ = ["Tokenizer", "EncodeOptions", "PieceArrays", "SPECIAL_TOKENS", "MAX_INPUT_CHARS_PER_WORD",
+           "TRUNCATION_STRATEGIES", "load_vocab", "read_text_file"]

@@ -1,0 +1,471 @@
+"""Model inputs, the last stage, and the Tokenizer that runs the whole pipeline.
+
+normalize -> pretokenize -> wordpiece give each text's pieces with offsets; here they are truncated (longest first,
+or one side of a pair), wrapped in [CLS] a [SEP] (b [SEP]) with token types and an attention mask, padded, and made
+tensors. Large batches can be split into pieces by worker processes. Semantics follow BertTokenizerFast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from bertkit.errors import BertkitError, VocabError
+from bertkit.tokenizer.formats import (SPECIAL_TOKENS, check_vocab_dict, load_vocab, read_model_dir, vocab_hash,
+                                       write_model_dir)
+from bertkit.tokenizer.pretokenize import PreTokenizer
+from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, _PieceTable, decode_pieces
+
+TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """The keyword options of Tokenizer.__call__ (see there for their semantics)."""
+    max_length: int | None = None
+    padding: bool | str = False
+    truncation: bool | str | None = None
+    pad_to_multiple_of: int | None = None
+    return_offsets: bool = False
+    return_tensors: str | None = None
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> "EncodeOptions":
+        if not kwargs:
+            return _DEFAULT_OPTIONS
+        for name in kwargs:
+            if name not in _OPTION_NAMES:
+                raise TypeError(f"Tokenizer got an unexpected keyword argument {name!r} "
+                                f"(options: {', '.join(_OPTION_NAMES)})")
+        return cls(**kwargs)
+
+
+_OPTION_NAMES = tuple(f.name for f in fields(EncodeOptions))
+_DEFAULT_OPTIONS = EncodeOptions()
+
+
+class Tokenizer:
+    """WordPiece tokenizer with BERT semantics: the stages of the bertkit.tokenizer package, and the model inputs."""
+
+    def __init__(self, vocab: str | os.PathLike | dict[str, int], lowercase: bool = True,
+                 strip_accents: bool | None = None, model_max_length: int | None = None):
+        if isinstance(vocab, (str, os.PathLike)):
+            self.vocab_file: str | None = str(vocab)
+            vocab = load_vocab(vocab)
+        elif isinstance(vocab, dict):
+            self.vocab_file = None
+            vocab = check_vocab_dict(vocab)
+        else:
+            raise TypeError(f"vocab must be a path or a dict[str, int], got {type(vocab).__name__}")
+        self.vocab: dict[str, int] = vocab
+        self.ids_to_tokens: list[str] = [""] * len(vocab)
+        for t, i in vocab.items():
+            self.ids_to_tokens[i] = t
+        self.lowercase = bool(lowercase)
+        # None follows lowercase, as in BERT / BertTokenizerFast
+        self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        self.vocab_size = len(vocab)
+        self.pad_token_id = vocab["[PAD]"]
+        self.unk_token_id = vocab["[UNK]"]
+        self.cls_token_id = vocab["[CLS]"]
+        self.sep_token_id = vocab["[SEP]"]
+        self.mask_token_id = vocab["[MASK]"]
+        self.vocab_hash = vocab_hash(self.ids_to_tokens)
+        self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
+        # used by truncation=True / padding="max_length" without max_length; None: they then do nothing (as HF does)
+        self.model_max_length = model_max_length
+        self._pretok = PreTokenizer(self.lowercase, self.strip_accents, SPECIAL_TOKENS)
+        self._wordpiece = WordPiece(vocab, self.unk_token_id, SPECIAL_TOKENS).pieces
+        self._pieces = _PieceTable(self._wordpiece, self.vocab)
+        self._encoder = PieceEncoder(self._pretok, self._wordpiece, self._pieces)
+        # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
+        self._small_batch_chars = 2048
+
+    # ------------------------------------------------------------------ loading / saving
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **overrides) -> "Tokenizer":
+        """Load a vocab.txt, or an HF-format model dir (vocab.txt + tokenizer_config.json's do_lower_case)."""
+        path = Path(path)
+        if path.is_dir():
+            vocab_file, kwargs = read_model_dir(path)
+            kwargs.update(overrides)
+            return cls(vocab_file, **kwargs)
+        return cls(path, **overrides)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write vocab.txt and tokenizer_config.json (HF-compatible) into directory; returns the directory."""
+        return write_model_dir(Path(directory), self.ids_to_tokens, self.lowercase, self.strip_accents,
+                               self.model_max_length)
+
+    def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
+        return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
+                "vocab_file": self.vocab_file, "model_max_length": self.model_max_length}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"],
+                      model_max_length=state["model_max_length"])
+        self.vocab_file = state["vocab_file"]
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase})"
+
+    # ------------------------------------------------------------------ words and pieces
+
+    @staticmethod
+    def _check_text(text, what: str = "text") -> str:
+        if not isinstance(text, str):
+            raise TypeError(f"{what} must be str, got {type(text).__name__}: {_short_repr(text)}")
+        return text
+
+    def basic_tokenize(self, text: str) -> list[str]:
+        """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split.
+
+        Special tokens ("[MASK]", ...) appearing verbatim in text stay whole words.
+        """
+        self._check_text(text)
+        return self._pretok.basic_tokenize(text)
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece pieces of text (continuation pieces start with "##"), without [CLS] / [SEP]."""
+        self._check_text(text)
+        itt = self.ids_to_tokens
+        return [itt[i] for i in self._pieces_batch([text], offsets=False)[0][0]]
+
+    def _pieces_batch(self, texts: Sequence[str], offsets: bool) -> list[tuple[list[int], list | None]]:
+        if sum(map(len, texts)) < self._small_batch_chars:  # numpy's per-call overhead would dominate
+            out = []
+            for t in texts:
+                ids, starts, ends = self._encoder.general(t)
+                out.append((ids, list(zip(starts, ends)) if offsets else None))
+            return out
+        return self._encoder.flat(texts).lists(offsets)
+
+    # ------------------------------------------------------------------ model inputs
+
+    def encode(self, text: str, pair: str | None = None, max_length: int | None = None,
+               truncation: bool | str | None = None) -> list[int]:
+        """Ids of [CLS] text [SEP] (pair [SEP]), truncated to max_length when given."""
+        return self(text, pair, max_length=max_length, truncation=truncation)["input_ids"]
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, **options) -> dict:
+        """Model inputs for one text (or pair) or a batch: dict(input_ids, token_type_ids, attention_mask[,
+        offsets]). The keyword options are EncodeOptions' fields (max_length, padding, truncation,
+        pad_to_multiple_of, return_offsets, return_tensors). Semantics follow transformers' BertTokenizerFast:
+
+        truncation: None -> "longest_first" when max_length is given and padding is off, else none;
+          True = "longest_first"; or "only_first" / "only_second". max_length counts the special tokens. A
+          strategy that cannot reach max_length (the sequence it may cut is too short) raises BertkitError (a
+          ValueError); a max_length below the number of special tokens leaves the inputs untruncated, as
+          BertTokenizerFast does.
+        padding: False; True / "longest" (to the longest in the batch); "max_length" (to max_length, default
+          model_max_length);
+          pad_to_multiple_of rounds the padded length up.
+        offsets: (start, end) character positions into the original text, (0, 0) for special and pad tokens.
+        return_tensors="pt" returns torch tensors (batch, seq) (offsets (batch, seq, 2)); needs equal lengths.
+        A single str returns flat lists (but tensors always have a batch dimension).
+        """
+        opts = EncodeOptions.from_kwargs(options)
+        single = isinstance(texts, str)
+        if single:
+            if pairs is not None:
+                self._check_text(pairs, "pair")
+                # BertTokenizerFast treats an empty pair string in an unbatched call as no pair
+                pairs = [pairs] if pairs else None
+            texts = [texts]
+        else:
+            texts = self._check_batch(texts, "texts")
+            if pairs is not None:
+                pairs = self._check_batch(pairs, "pairs")
+                if len(pairs) != len(texts):
+                    raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        with _gc_paused():
+            first = self._pieces_batch(texts, opts.return_offsets)
+            second = self._pieces_batch(pairs, opts.return_offsets) if pairs is not None else None
+            return self._assemble(first, second, opts, single)
+
+    def build_inputs(self, first: Sequence[list[int]], second: Sequence[list[int]] | None = None, **options) -> dict:
+        """Model inputs from piece ids (per text, without [CLS] / [SEP]: from tokenize + convert_tokens_to_ids,
+        encode_pieces, or a caller's own pieces, e.g. with [MASK] ids spliced in): what __call__ does after WordPiece,
+        with the same options except return_offsets. A batch: lists per row, or tensors with return_tensors."""
+        opts = EncodeOptions.from_kwargs(options)
+        if opts.return_offsets:
+            raise BertkitError("build_inputs has no character offsets: use the tokenizer call for return_offsets")
+        if second is not None and len(second) != len(first):
+            raise BertkitError(f"second has {len(second)} entries, first has {len(first)}")
+        pairs = None if second is None else [(list(b), None) for b in second]
+        return self._assemble([(list(a), None) for a in first], pairs, opts, single=False)
+
+    def _assemble(self, first, second, opts: EncodeOptions, single: bool) -> dict:
+        """Truncate, add [CLS] / [SEP], token types, mask, pad: pieces -> model inputs."""
+        max_length, padding, truncation = opts.max_length, opts.padding, opts.truncation
+        pad_to_multiple_of, return_offsets = opts.pad_to_multiple_of, opts.return_offsets
+        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
+                                       or max_length < 0):
+            raise BertkitError(f"max_length must be a non-negative int, got {max_length!r}")
+        if max_length is None and self.model_max_length is not None and (
+                truncation not in (None, False, "do_not_truncate") or padding == "max_length"):
+            max_length = self.model_max_length
+        strategy = _truncation_strategy(truncation, max_length, padding)
+        if (strategy is not None and padding not in (False, None, "do_not_pad") and pad_to_multiple_of
+                and max_length is not None and max_length % pad_to_multiple_of):
+            raise BertkitError(f"max_length={max_length} (truncation with padding) must be a multiple of "
+                               f"pad_to_multiple_of={pad_to_multiple_of}")
+        cls, sep = self.cls_token_id, self.sep_token_id
+        out_ids, out_types, out_offsets = [], [], []
+        for i, (a_ids, a_off) in enumerate(first):
+            b_ids, b_off = second[i] if second is not None else (None, None)
+            if strategy is not None:
+                na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy)
+                a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
+                if b_ids is not None:
+                    b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
+            if b_ids is None:
+                out_ids.append([cls, *a_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2))
+                if return_offsets:
+                    out_offsets.append([(0, 0), *a_off, (0, 0)])
+            else:
+                out_ids.append([cls, *a_ids, sep, *b_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1))
+                if return_offsets:
+                    out_offsets.append([(0, 0), *a_off, (0, 0), *b_off, (0, 0)])
+        out_mask = [[1] * len(x) for x in out_ids]
+        self._pad(out_ids, out_types, out_mask, out_offsets if return_offsets else None, padding, max_length,
+                  pad_to_multiple_of)
+        result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
+        if return_offsets:
+            result["offsets"] = out_offsets
+        if opts.return_tensors is not None:
+            return _to_tensors(result, opts.return_tensors)
+        if single:
+            result = {k: v[0] for k, v in result.items()}
+        return result
+
+    def _check_batch(self, texts, what: str) -> list[str]:
+        if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
+            raise TypeError(f"{what} must be a str or a list of str, got {type(texts).__name__}: "
+                            f"{_short_repr(texts)}")
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"{what}[{i}] must be str, got {type(t).__name__}: {_short_repr(t)}")
+        return texts
+
+    def _pad(self, ids, types, mask, offsets, padding, max_length, multiple) -> None:
+        if padding is False or padding is None or padding == "do_not_pad" or not ids:
+            return
+        if padding is True or padding == "longest":
+            target = max(len(x) for x in ids)
+        elif padding == "max_length":
+            if max_length is None:
+                return  # no length to pad to (BertTokenizerFast: "Default to no padding")
+            target = max_length
+        else:
+            raise BertkitError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
+        if multiple is not None:
+            if not isinstance(multiple, int) or multiple <= 0:
+                raise BertkitError(f"pad_to_multiple_of must be a positive int, got {multiple!r}")
+            target = -(-target // multiple) * multiple
+        pad = self.pad_token_id
+        for i in range(len(ids)):
+            n = target - len(ids[i])
+            if n > 0:
+                ids[i].extend([pad] * n)
+                types[i].extend([0] * n)
+                mask[i].extend([0] * n)
+                if offsets is not None:
+                    offsets[i].extend([(0, 0)] * n)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text of ids as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces, "##" continuations
+        glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," -> ",", " 's" ->
+        "'s", ...). Lowercasing / accent stripping is not undone."""
+        tokens = []
+        for i in _as_id_list(ids):
+            i = int(i)
+            if not (skip_special_tokens and i in self._special_ids):
+                tokens.append(self._id_to_token(i))
+        return decode_pieces(tokens)
+
+    def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                              processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:
+        """Like `self(texts, pairs, **kwargs)` for a large batch: chunks of texts are split into pieces by
+        `processes` worker processes (default: all cores); truncation, special tokens and padding then run here.
+        Results are identical to the serial call. (The Python lists are built here, which bounds the speed-up;
+        `encode_pieces` returns numpy arrays and scales further.)"""
+        opts = EncodeOptions.from_kwargs(kwargs)
+        texts = self._check_batch(texts, "texts")
+        if pairs is not None:
+            pairs = self._check_batch(pairs, "pairs")
+        processes = processes or os.cpu_count() or 1
+        if processes <= 1 or len(texts) <= chunk_size:
+            return self(texts, pairs, **kwargs)
+        offsets = bool(opts.return_offsets)
+        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
+        if pairs is not None:
+            chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
+        flats = self._map_chunks(chunks, processes)
+        with _gc_paused():
+            pieces = []
+            for f in flats:
+                pieces.extend(f.lists(offsets))
+            first = pieces[:len(texts)]
+            second = pieces[len(texts):] if pairs is not None else None
+            return self._assemble(first, second, opts, single=False)
+
+    def encode_pieces(self, texts: Sequence[str], processes: int = 1, chunk_size: int = 2000) -> PieceArrays:
+        """WordPiece pieces of every text as flat numpy arrays (no [CLS] / [SEP], no truncation), for corpora: with
+        processes > 1, chunks are encoded by worker processes and only concatenated here, so it scales with cores."""
+        texts = self._check_batch(texts, "texts")
+        if processes <= 1 or len(texts) <= chunk_size:
+            with _gc_paused():
+                return self._encoder.flat(texts)
+        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
+        return PieceArrays.concatenate(self._map_chunks(chunks, processes))
+
+    def _map_chunks(self, chunks: list[list[str]], processes: int) -> list[PieceArrays]:
+        import multiprocessing as mp
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        with mp.get_context(method).Pool(min(processes, len(chunks)), initializer=_worker_init,
+                                         initargs=(self,)) as pool:
+            return pool.map(_worker_encode, chunks, chunksize=1)
+
+    # ------------------------------------------------------------------ ids <-> tokens
+
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> int | list[int]:
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, self.unk_token_id)
+        return [self.vocab.get(t, self.unk_token_id) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
+        if isinstance(ids, (int, np.integer)):
+            return self._id_to_token(int(ids))
+        return [self._id_to_token(int(i)) for i in _as_id_list(ids)]
+
+    def _id_to_token(self, i: int) -> str:
+        if not 0 <= i < self.vocab_size:
+            raise IndexError(f"token id {i} is outside the vocab (size {self.vocab_size})")
+        return self.ids_to_tokens[i]
+
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic GC: encoding a batch allocates millions of small lists / tuples / ints (none cyclic), and
+    each allocation burst would otherwise trigger collections that walk every live object again and again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _short_repr(x, limit: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+def _truncation_strategy(truncation, max_length, padding) -> str | None:
+    """None (no truncation) or one of TRUNCATION_STRATEGIES, from the user's `truncation` argument. Unset, it
+    means longest_first when max_length is given without padding (BertTokenizerFast's rule)."""
+    if truncation is None:
+        unpadded = padding is False or padding is None or padding == "do_not_pad"
+        return "longest_first" if max_length is not None and unpadded else None
+    if truncation is False or truncation == "do_not_truncate":
+        return None
+    if max_length is None:
+        return None  # nothing to truncate to (BertTokenizerFast would use the model's max length)
+    if truncation is True:
+        return "longest_first"
+    if truncation in TRUNCATION_STRATEGIES:
+        return truncation
+    raise BertkitError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
+
+
+def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str) -> tuple[int, int]:
+    """Lengths (first, second) after truncating so that, with [CLS]/[SEP], the input fits max_length.
+
+    longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
+    to the same length and one token is left over it goes to the longer (to the second on a tie).
+    """
+    budget = max_length - (2 if nb is None else 3)
+    nb0 = nb or 0
+    if budget < 0:
+        return na, nb0  # BertTokenizerFast leaves the inputs untruncated when max_length < the special tokens
+    if budget == 0:
+        return 0, 0
+    excess = na + nb0 - budget
+    if excess <= 0:
+        return na, nb0
+    if strategy == "longest_first":
+        if nb is None:
+            return budget, 0
+        short, long_ = min(na, nb), max(na, nb)
+        half = budget // 2
+        if short > half:
+            short, long_ = half, budget - half
+        else:
+            long_ = budget - short
+        return (long_, short) if na > nb else (short, long_)
+    if strategy == "only_first":
+        if na <= excess:
+            raise BertkitError(f"truncation='only_first' cannot fit max_length={max_length}: the first sequence "
+                             f"has {na} tokens but {excess} must go")
+        return na - excess, nb0
+    # only_second
+    if nb is None:
+        raise BertkitError("truncation='only_second' needs a pair, but no second sequence was given")
+    if nb <= excess:
+        raise BertkitError(f"truncation='only_second' cannot fit max_length={max_length}: the second sequence "
+                         f"has {nb} tokens but {excess} must go")
+    return na, nb - excess
+
+
+def _to_tensors(result: dict, kind: str) -> dict:
+    if kind not in ("pt", "np"):
+        raise BertkitError(f"return_tensors must be 'pt' or 'np', got {kind!r}")
+    lengths = {len(x) for x in result["input_ids"]}
+    if len(lengths) > 1:
+        raise BertkitError("cannot make tensors from sequences of different lengths "
+                         f"({min(lengths)}..{max(lengths)}): pass padding=True or padding='max_length'")
+    out = {}
+    for k, v in result.items():
+        arr = np.asarray(v, dtype=np.int64)
+        if k == "offsets":
+            arr = arr.reshape(len(v), -1, 2)
+        out[k] = arr
+    if kind == "pt":
+        import torch
+        out = {k: torch.from_numpy(v) for k, v in out.items()}
+    return out
+
+
+_WORKER_TOKENIZER: "Tokenizer | None" = None
+
+
+def _worker_init(tok: "Tokenizer") -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tok
+
+
+def _worker_encode(texts: list[str]) -> PieceArrays:
+    gc.disable()
+    return _WORKER_TOKENIZER._encoder.flat(texts)
+
+
+def _as_id_list(ids) -> list[int]:
+    if hasattr(ids, "tolist"):  # torch / numpy
+        ids = ids.tolist()
+    return list(ids)
