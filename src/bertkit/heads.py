@@ -33,9 +33,9 @@ from bertkit.model import BertModel, BertPreTrainedModel, activation
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
-           "TokenClassifierOutput", "QuestionAnsweringOutput"]
+           "TokenClassifierOutput", "QuestionAnsweringOutput", "IGNORE_INDEX"]
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100          # the label of a position no loss reads (transformers' convention); defined only here
 
 
 @dataclass

@@ -28,12 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.config import BertConfig
-from bertkit.heads import BertForMaskedLM
+from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
 from bertkit.model import BertModel, activation
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
 
-IGNORE_INDEX = -100
 
 
 @dataclass

@@ -382,6 +382,8 @@ class ShardReader:
         """The batch dict (torch tensors) for global example `indices` in `epoch`."""
         import torch
 
+        from bertkit.heads import IGNORE_INDEX      # with torch: reading shards for a model
+
         tokens, meta, pos, ids = self.gather(indices)
         length, a_len, label = meta[:, 0], meta[:, 1], meta[:, 2]
         cols = np.arange(self.seq_len)[None, :]
@@ -395,7 +397,7 @@ class ShardReader:
             r, c = np.nonzero(pos)
             inputs[r, pos[r, c]] = ids[r, c]
             chosen[r, pos[r, c]] = True
-        labels = np.where(chosen, tokens, -100)
+        labels = np.where(chosen, tokens, IGNORE_INDEX)
         out = {"input_ids": torch.from_numpy(inputs),
                "token_type_ids": torch.from_numpy(types.astype(np.int64)),
                "attention_mask": torch.from_numpy(attention.astype(np.int64)),

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
+from bertkit.heads import IGNORE_INDEX
 from bertkit.precision import autocast
 
 __all__ = ["BucketBatchSampler", "collate", "predict_batches", "iterate_batches"]
@@ -87,7 +88,7 @@ def collate(features: list[dict], pad_token_id: int = 0, multiple_of: int = 8) -
     if "labels" in first:
         lab = first["labels"]
         if isinstance(lab, list) and first.get("token_labels", False):     # per-token: pad with -100
-            t = torch.full((b, seq), -100, dtype=torch.long)
+            t = torch.full((b, seq), IGNORE_INDEX, dtype=torch.long)
             for i, f in enumerate(features):
                 t[i, :len(f["labels"])] = torch.as_tensor(f["labels"])
             out["labels"] = t

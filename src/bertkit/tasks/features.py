@@ -27,29 +27,44 @@ import torch
 from torch import nn
 
 from bertkit.errors import ConfigError
+from bertkit.options import with_options
 from bertkit.precision import autocast
 from bertkit.tasks.batching import collate
 
-__all__ = ["extract_features", "ProbeConfig", "Probe", "train_probe"]
+__all__ = ["extract_features", "FeatureOptions", "ProbeConfig", "Probe", "train_probe"]
+
+
+@dataclass(frozen=True)
+class FeatureOptions:
+    layers: tuple[int, ...] = (-1, -2, -3, -4)     # the paper's best feature-based choice: the top four layers
+    combine: str = "concat"                        # concat | sum | mean over the layers
+    pooling: str = "mean"                          # cls | mean | tokens (one array per text)
+    max_length: int = 128
+    batch_size: int = 64
+    bf16: bool = False
+
+    def __post_init__(self):
+        if self.combine not in ("concat", "sum", "mean"):
+            raise ConfigError(f"combine={self.combine!r}: use concat, sum or mean")
+        if self.pooling not in ("cls", "mean", "tokens"):
+            raise ConfigError(f"pooling={self.pooling!r}: use cls, mean or tokens")
 
 
 @torch.no_grad()
-def extract_features(model, tok, texts: list[str], pairs: list[str] | None = None, *,
-                     layers: tuple[int, ...] = (-1, -2, -3, -4), combine: str = "concat", pooling: str = "mean",
-                     max_length: int = 128, batch_size: int = 64, bf16: bool = False):
-    """Frozen-encoder features for `texts` (see module docstring). `model` is a BertModel or any bertkit model with
-    a `.bert` encoder. Returns a (n, dim) float32 array, or a list of (n_pieces, dim) arrays for pooling="tokens"."""
-    if combine not in ("concat", "sum", "mean"):
-        raise ConfigError(f"combine={combine!r}: use concat, sum or mean")
-    if pooling not in ("cls", "mean", "tokens"):
-        raise ConfigError(f"pooling={pooling!r}: use cls, mean or tokens")
+def extract_features(model, tok, texts: list[str], pairs: list[str] | None = None,
+                     options: FeatureOptions | None = None, **overrides):
+    """Frozen-encoder features for `texts` (see module docstring); keywords override fields of `FeatureOptions`.
+    `model` is a BertModel or any bertkit model with a `.bert` encoder. Returns a (n, dim) float32 array, or a list
+    of (n_pieces, dim) arrays for pooling="tokens"."""
+    opts = with_options(FeatureOptions, options, overrides, "extract_features")
+    layers, combine, pooling, batch_size = opts.layers, opts.combine, opts.pooling, opts.batch_size
     encoder = getattr(model, "bert", model)
     n_hidden = encoder.config.num_hidden_layers + 1
     for li in layers:
         if not -n_hidden <= li < n_hidden:
             raise ConfigError(f"layer {li} does not exist: the model has hidden states 0..{n_hidden - 1} "
                               f"(0 = embeddings) or -1..-{n_hidden}")
-    enc = tok(texts, pairs, max_length=max_length, truncation=True)
+    enc = tok(texts, pairs, max_length=opts.max_length, truncation=True)
     feats = [{"input_ids": list(enc["input_ids"][i]), "token_type_ids": list(enc["token_type_ids"][i])}
              for i in range(len(texts))]
     was_training = encoder.training
@@ -61,7 +76,7 @@ def extract_features(model, tok, texts: list[str], pairs: list[str] | None = Non
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], tok.pad_token_id).items()}
-            with autocast(bf16, device):
+            with autocast(opts.bf16, device):
                 o = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                             attention_mask=batch["attention_mask"], output_hidden_states=True)
             hs = [o.hidden_states[li].float() for li in layers]                  # each (batch, seq, hidden)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.heads import IGNORE_INDEX
 from bertkit.precision import autocast
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
@@ -30,7 +31,6 @@ from bertkit.tasks.readers import LabelMap, Sentence, read_conll
 
 __all__ = ["TokenTask", "word_pieces", "tag_text"]
 
-IGNORE = -100
 
 
 def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[list[int]], int]:
@@ -95,7 +95,7 @@ class TokenTask:
             w = 0
             first = True
             while w < len(s.words):
-                ids, labels, firsts = [tok.cls_token_id], [IGNORE], []
+                ids, labels, firsts = [tok.cls_token_id], [IGNORE_INDEX], []
                 start = w
                 while w < len(s.words) and (len(ids) - 1 + len(pieces[w]) <= budget or w == start):
                     p = pieces[w][:budget]  # a single word longer than the window keeps its first pieces
@@ -104,11 +104,11 @@ class TokenTask:
                     ids.extend(p)
                     if tag_ids is not None:
                         labels.append(tag_ids[w])
-                        labels.extend([self._continuation(tag_ids[w]) if self.label_all_pieces else IGNORE]
+                        labels.extend([self._continuation(tag_ids[w]) if self.label_all_pieces else IGNORE_INDEX]
                                       * (len(p) - 1))
                     w += 1
                 ids.append(tok.sep_token_id)
-                labels.append(IGNORE)
+                labels.append(IGNORE_INDEX)
                 if not first:
                     self.stats["windows_split"] += 1
                 first = False

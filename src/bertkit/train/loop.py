@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from bertkit import runtime
 from bertkit.errors import BertkitError, ConfigError
+from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 from bertkit.precision import PRECISIONS, autocast, resolve
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
@@ -41,7 +42,6 @@ __all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverge
            "estimate_flops_per_token", "peak_flops", "parse_duration", "pretraining_eval",
            "distributed_context"]
 
-IGNORE_INDEX = -100
 
 
 class TrainingDiverged(BertkitError):
