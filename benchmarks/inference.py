@@ -186,11 +186,16 @@ def infer_case(name: str, shape: str, batches: list[dict], dtype_policy: str, re
     emit({"case": name, "shape": shape, "dtype": "fp32" if dtype_policy == "fp32" else "bf16",
           "bf16_policy": None if dtype_policy == "fp32" else dtype_policy,
           "batches": len(batches), "real_tokens": tokens, "padded_tokens": padded,
-          "backend": ours.plan(batches[0]["input_ids"], batches[0].get("attention_mask")).layout.kind,
+          "backend": _backend(ours.plan(batches[0]["input_ids"], batches[0].get("attention_mask"))),
           "ours_tok_s": round(tokens / secs["ours"], 1), "ref_tok_s": round(tokens / secs["ref"], 1),
           "ratio": round(secs["ref"] / secs["ours"], 3),
           "ours_mfu": round(flops / secs["ours"] / peak, 4), "ref_mfu": round(flops / secs["ref"] / peak, 4),
           "max_abs_diff_real_tokens": diff, "repeats": repeats})
+
+
+def _backend(plan) -> str:
+    """The name earlier results used: "unpadded", else the padded batch's attention function."""
+    return "unpadded" if plan.layout.unpadded else plan.masked
 
 
 class MasterBf16:

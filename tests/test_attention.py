@@ -94,8 +94,8 @@ def test_plan_choices():
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[1, 4:] = 0
 
-    def build(options, training, dtype=torch.float32, p=0.1, tracing=False, impl="sdpa", maps=False):
-        mode = Mode(cpu, dtype, training, tracing, dtype != torch.float32)
+    def build(options, training, dtype=torch.float32, p=0.1, tracing=False, impl="sdpa", maps=False, grad=None):
+        mode = Mode(cpu, dtype, training, tracing, dtype != torch.float32, training if grad is None else grad)
         return ExecutionPlan.build(options, impl, mask, (2, 8), mode, maps, p)
 
     plain = ExecutionOptions()
@@ -110,5 +110,7 @@ def test_plan_choices():
     assert build(ALL_ON, True, dtype=torch.bfloat16).residual_dtype == torch.bfloat16
     assert build(plain, True, dtype=torch.bfloat16).residual_dtype is None
     assert build(ALL_ON, False).dropout_p == 0.0 and build(ALL_ON, True).dropout_p == 0.1
+    no_grad_train = build(ALL_ON, True, grad=False)          # train() under no_grad: dropout still applies
+    assert no_grad_train.dropout_p == 0.1 and no_grad_train.masked == "sdpa"
     assert build(plain, False, maps=True).masked == "eager"
     assert build(plain, False, impl="auto").layout.kind == "unpadded"   # 75% real tokens

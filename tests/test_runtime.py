@@ -114,3 +114,67 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="BERTKIT_FAST_PATHS"):
         monkeypatch.setenv("BERTKIT_FAST_PATHS", "fastest")
         runtime.plan()
+
+
+def test_frozen_fused_weights_follow_their_parts():
+    """The fused Q/K/V weight derives from the three checkpoint tensors: after `.to()`, a pickle round trip or a
+    load with assign=True, new weights reach the output."""
+    import pickle
+    ids, mask = _batch()
+    other = _tiny().eval()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    for how in ("to", "pickle", "assign"):
+        frozen = runtime.freeze(_tiny().eval(), runtime.plan(force="all"))
+        with torch.no_grad():
+            frozen(ids, None, mask)                                      # derived copies built
+        if how == "to":
+            frozen = frozen.to(torch.float64).to(torch.float32)
+        elif how == "pickle":
+            frozen = pickle.loads(pickle.dumps(frozen))
+        state = {k: v.clone() for k, v in other.state_dict().items()}
+        frozen.load_state_dict(state, assign=how == "assign")
+        with torch.no_grad():
+            diff = (frozen(ids, None, mask).last_hidden_state - other(ids, None, mask).last_hidden_state).abs().max()
+        assert diff <= 1e-5, (how, diff)
+
+
+def test_replaced_projection_is_the_one_that_runs():
+    """Swapping attention.self.query (LoRA, quantisation) changes the output: the fused projection looks it up."""
+    ids, mask = _batch()
+    model = _tiny().eval()
+    with torch.no_grad():
+        before = model(ids, None, mask).last_hidden_state
+        att = model.encoder.layer[0].attention.self
+        zero = torch.nn.Linear(att.query.in_features, att.query.out_features)
+        torch.nn.init.zeros_(zero.weight), torch.nn.init.zeros_(zero.bias)
+        att.query = zero
+        after = model(ids, None, mask).last_hidden_state
+    assert (before - after).abs().max() > 1e-3
+
+
+def test_probe_leaves_the_global_rng_alone(monkeypatch, tmp_path):
+    from bertkit.runtime import probe
+    def draws(bf16):
+        torch.rand(100)                                          # a probe draws random inputs
+        return {name: {"fast": None, "plain": None, "why": "x"} for name in probe.PROBES}
+
+    monkeypatch.setattr(probe, "_measure", draws)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    probe.measure(False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_bad_cache_files_are_measured_again(tmp_path, monkeypatch):
+    from bertkit.runtime import probe
+    fresh = {name: {"fast": 1.0, "plain": 2.0} for name in probe.PROBES}
+    monkeypatch.setattr(probe, "measure", lambda bf16: fresh)
+    path = probe._cache_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    for bad in ('{"schema": 1, "probes": {}}', '{"probes": []}', "{not json", '{"schema": %d, "cpu": "x"}' % probe.SCHEMA):
+        path.write_text(bad)
+        assert probe.cached_measurements(tmp_path, False) == fresh
+    assert probe.cached_measurements(None, False) == fresh              # no cache directory at all

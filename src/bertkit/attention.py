@@ -115,16 +115,21 @@ class Mode:
     """What torch says about this forward, read once."""
     device: torch.device
     dtype: torch.dtype          # the matmul dtype: autocast's when it is on, else the weights'
-    training: bool              # module in training mode and gradients on
+    training: bool              # module in training mode: dropout applies
     tracing: bool               # torch.jit / ONNX export / torch.compile: plain aten ops only
     autocast: bool
+    grad: bool = True           # gradients on: with `training`, a training step (backward-friendly kernels)
+
+    @property
+    def step(self) -> bool:
+        return self.training and self.grad
 
     @classmethod
     def current(cls, device: torch.device, weight_dtype: torch.dtype, training: bool) -> "Mode":
         autocast = torch.is_autocast_enabled(device.type)
         tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
         return cls(device, torch.get_autocast_dtype(device.type) if autocast else weight_dtype,
-                   training and torch.is_grad_enabled(), tracing, autocast)
+                   training, tracing, autocast, torch.is_grad_enabled())
 
 
 @dataclass
@@ -145,14 +150,14 @@ class ExecutionPlan:
               shape: tuple[int, int], mode: Mode, output_attentions: bool, dropout_p: float) -> "ExecutionPlan":
         kind, kernel = _layout_and_kernel(options, implementation, attention_mask, output_attentions)
         cpu = mode.device.type == "cpu" and not mode.tracing
+        dropout_p = dropout_p if mode.training else 0.0
         masked, unmasked = (kernel, kernel) if kernel == "eager" else _kernels(options, mode, shape[1], dropout_p)
         layout = Layout.build(kind, attention_mask, *shape, device=mode.device,
                               drop_full_mask=cpu and kind == "padded" and kernel != "eager")
         residual = None
-        if options.bf16_residual and cpu and mode.training and mode.autocast:
+        if options.bf16_residual and cpu and mode.step and mode.autocast:
             residual = mode.dtype        # CPU autocast keeps LayerNorm outputs fp32: one cast instead of many
-        return cls(layout, masked, unmasked, dropout_p if mode.training else 0.0,
-                   options.fast_dropout and cpu, residual, check_values=cpu)
+        return cls(layout, masked, unmasked, dropout_p, options.fast_dropout and cpu, residual, check_values=cpu)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
                ) -> tuple[Tensor, Tensor | None]:
@@ -178,10 +183,10 @@ def _kernels(options: ExecutionOptions, mode: Mode, seq: int, dropout_p: float) 
     if mode.device.type != "cpu" or mode.tracing:
         return "sdpa", "sdpa"
     short = seq <= options.explicit_max_len
-    if mode.training and dropout_p > 0 and options.explicit_train_attention:
+    if mode.step and dropout_p > 0 and options.explicit_train_attention:
         return "explicit", "explicit"
-    if mode.training and dropout_p == 0 and short and options.explicit_train_short:
+    if mode.step and dropout_p == 0 and short and options.explicit_train_short:
         return "explicit", "explicit"
-    if not mode.training and short and mode.dtype == torch.bfloat16 and options.explicit_masked_inference:
+    if not mode.training and not mode.grad and short and mode.dtype == torch.bfloat16 and options.explicit_masked_inference:
         return "explicit", "sdpa"
     return "sdpa", "sdpa"

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode
+from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.padding import Layout, Rows, starts_full
@@ -74,17 +74,22 @@ class BertModelOutput:
 
 
 class Projection(nn.Module):
-    """Linears that read the same input, run as one matmul on their concatenated weights:
-    (..., in) -> (..., sum of outs). Holds references only: the Linears keep their checkpoint names."""
+    """Sibling linear layers that read the same input, as one matmul on their concatenated weights:
+    (..., in) -> (..., sum of outs). Looks the layers up on `owner` at every call, so a replaced layer (LoRA, a
+    quantized one) is the one that runs; layers without a plain weight run one by one."""
 
-    def __init__(self, *linears: nn.Linear):
+    def __init__(self, owner: nn.Module, names: tuple[str, ...]):
         super().__init__()
-        self.__dict__["linears"] = linears              # not submodules: registered once, where they live
+        self.__dict__["owner"] = owner                  # not a submodule: the layers are registered where they live
+        self.names = names
 
     def forward(self, x: Tensor) -> Tensor:
-        if len(self.linears) == 1:
-            return self.linears[0](x)
-        return F.linear(x, torch.cat([m.weight for m in self.linears]), torch.cat([m.bias for m in self.linears]))
+        mods = [getattr(self.owner, n) for n in self.names]
+        if len(mods) == 1:
+            return mods[0](x)
+        if not all(type(m) is nn.Linear for m in mods):
+            return torch.cat([m(x) for m in mods], dim=-1)
+        return F.linear(x, torch.cat([m.weight for m in mods]), torch.cat([m.bias for m in mods]))
 
 
 class BertEmbeddings(nn.Module):
@@ -116,9 +121,9 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.qkv = Projection(self.query, self.key, self.value)        # every layer
-        self.kv = Projection(self.key, self.value)                     # the [CLS]-only last layer
-        self.q = Projection(self.query)
+        self.qkv = Projection(self, ("query", "key", "value"))        # every layer
+        self.kv = Projection(self, ("key", "value"))                   # the [CLS]-only last layer
+        self.q = Projection(self, ("query",))
 
     def forward(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None = None) -> tuple[Tensor, Tensor | None]:
         """x (batch, seq, hidden) or packed (tokens, hidden) -> the attention context, same shape, and the
@@ -154,7 +159,7 @@ class BertSelfAttention(nn.Module):
         mask = layout.key_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        probs = F.dropout(torch.softmax(scores, dim=-1), plan.dropout_p, plan.dropout_p > 0)
+        probs = dropout(torch.softmax(scores, dim=-1), plan.dropout_p, plan.dropout_p > 0, plan.fast_dropout)
         return torch.matmul(probs, v).reshape(b, 1, -1)                                 # (batch, 1, hidden)
 
 

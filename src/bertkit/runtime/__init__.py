@@ -12,6 +12,7 @@ plain PyTorch; `$BERTKIT_FAST_PATHS=all|none|measure` does the same from outside
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from torch import nn
 from bertkit.attention import ExecutionOptions, dropout
 from bertkit.errors import ConfigError
 from bertkit.hardware import native_bf16
-from bertkit.model import BertModel
+from bertkit.model import BertModel, BertPreTrainedModel
 from bertkit.runtime.linear import FrozenLinear, freeze_linears
 
 __all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "plan"]
@@ -59,10 +60,16 @@ def _why(probe: dict) -> str:
     return f"{probe['fast'] * 1e3:.2f} ms vs plain {probe['plain'] * 1e3:.2f} ms"
 
 
-def _measured_plan(bf16: bool) -> RuntimePlan:
-    from bertkit.datasets import cache_dir
+@functools.cache
+def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
+    """Once per process and thread count (the probes run under the current thread count)."""
     from bertkit.runtime.probe import cached_measurements
-    probes = cached_measurements(cache_dir(), bf16)
+    try:
+        from bertkit.datasets import cache_dir
+        root = cache_dir()
+    except OSError:
+        root = None                                  # no cache directory: measure, keep the result in memory
+    probes = cached_measurements(root, bf16)
     chosen = {opt: _won(probes[name]) for name, opt in _OPTION_PROBES.items()}
     chosen["bf16_residual"] = bf16            # CPU autocast: one cast of the stream instead of one per matmul
     packed = frozenset(d for d, name in ((torch.float32, "packed_linear_fp32"), (torch.bfloat16, "packed_linear_bf16"))
@@ -84,20 +91,24 @@ def plan(device="cpu", force: str | None = None) -> RuntimePlan:
         on = {opt: True for opt in _OPTION_PROBES.values()}
         return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
                            {"all": "every fast path (forced)"})
-    return _measured_plan(native_bf16("cpu"))
+    return _measured_plan(native_bf16("cpu"), torch.get_num_threads())
 
 
 def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
-    """Give every encoder in `model` the plan's execution options, and fast dropout modules where they won."""
+    """Give every bertkit model in `model` the plan's execution options, and fast dropout modules where they won
+    (inside bertkit models only: other modules keep their own dropout)."""
     runtime = runtime or plan(next(model.parameters()).device)
-    for m in model.modules():
+    berts = [m for m in model.modules() if isinstance(m, BertPreTrainedModel)]
+    for m in berts:
         if isinstance(m, BertModel):
             m.execution = runtime.options
-    if runtime.options.fast_dropout:
-        for module in list(model.modules()):
+    for bert in berts:
+        for module in list(bert.modules()):
             for name, child in list(module.named_children()):
-                if type(child) is nn.Dropout:
+                if runtime.options.fast_dropout and type(child) is nn.Dropout:
                     setattr(module, name, FastDropout(child.p).train(child.training))
+                elif not runtime.options.fast_dropout and type(child) is FastDropout:
+                    setattr(module, name, nn.Dropout(child.p).train(child.training))
     return model
 
 
@@ -105,8 +116,8 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     """`apply`, then inference-only linear layers (see runtime.linear). In place; returns the model in eval mode."""
     runtime = runtime or plan(next(model.parameters()).device)
     apply(model, runtime)
-    freeze_linears(model.eval(), runtime.packed_dtypes)
-    return model
+    freeze_linears(model, runtime.packed_dtypes)
+    return model.eval()
 
 
 def describe(runtime: RuntimePlan) -> list[str]:

@@ -1,9 +1,10 @@
 """Inference linear layers for a frozen model: weights laid out once, never stale.
 
 `freeze_linears(model, packed_dtypes)` swaps every nn.Linear of the encoder and heads for a `FrozenLinear` holding the
-same values as buffers (the checkpoint names stay), fuses Q/K/V into one weight whose rows the three projections
-view, and fuses the FFN activation into its matmul. A frozen model has no trainable parameters, so no optimizer can change it,
-`train()` refuses, and `load_state_dict` rebuilds the derived copies: cached weights cannot go stale.
+same values as buffers (the checkpoint names stay), runs Q/K/V as one fused matmul, and fuses the FFN activation
+into its matmul. A frozen model has no trainable parameters, so no optimizer can change it, and `train()` refuses.
+Every derived copy (the fused Q/K/V weight, cast and prepacked copies) is keyed on the identity and in-place version
+of the weights it came from, so a load, a `.to()` or an in-place copy rebuilds it: derived weights cannot go stale.
 
 Derived copies, built on first use per compute dtype: a cast copy under autocast (instead of a cast per call), and
 for a dtype in `packed` on CPU the weight reordered once into oneDNN's blocked layout (what torch.compile's CPU freezing does)
@@ -57,19 +58,48 @@ def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
 
 
+def _stamp(tensors) -> tuple:
+    """What derived copies of `tensors` depend on: which tensor each is and its in-place version."""
+    return tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+
+
+class _Derived:
+    """Cast / prepacked copies of some weights, rebuilt whenever the weights' stamp changes (a load, `.to()`, an
+    in-place copy): derived data never outlives what it was derived from."""
+
+    def __init__(self):
+        self.copies: dict = {}                       # (compute dtype, device type) -> (stamp, weight, bias, packed)
+
+    def get(self, x: Tensor, weight: Tensor, bias: Tensor | None, packed_dtypes: frozenset, stamp: tuple):
+        auto = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if auto else weight.dtype
+        key = (dtype, x.device.type)
+        hit = self.copies.get(key)
+        if hit is None or hit[0] != stamp:
+            b = None if bias is None else bias.to(dtype)
+            if dtype in packed_dtypes and x.device.type == "cpu" and onednn_linear_ok(dtype):
+                hit = (stamp, pack(weight, dtype), b, True)
+            else:
+                hit = (stamp, weight.to(dtype), b, False)
+            self.copies[key] = hit
+        return hit[1:]
+
+    def __getstate__(self):
+        return {"copies": {}}                        # derived data (opaque oneDNN tensors cannot be copied)
+
+
 class FrozenLinear(nn.Module):
-    """act(x W^T + b) for inference, W and b as buffers (`weight` may be a view of a fused weight)."""
+    """act(x W^T + b) for inference, W and b as buffers under the checkpoint's names."""
     inference_only = True
 
     def __init__(self, weight: Tensor, bias: Tensor | None, act: str | None = None,
-                 packed: frozenset[torch.dtype] = frozenset(), persistent: bool = True):
+                 packed: frozenset[torch.dtype] = frozenset()):
         super().__init__()
-        # a fused projection's weight is not saved: the checkpoint holds its parts under their own names
-        self.register_buffer("weight", weight.detach(), persistent=persistent)
-        self.register_buffer("bias", None if bias is None else bias.detach(), persistent=persistent)
+        self.register_buffer("weight", weight.detach().clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.act = act
         self.packed = packed if act is None or act in _ONEDNN_ACT else frozenset()   # dtypes run prepacked
-        self._derived: dict = {}                      # compute dtype -> (weight, bias, packed?)
+        self._derived = _Derived()
 
     @property
     def in_features(self) -> int:
@@ -84,40 +114,45 @@ class FrozenLinear(nn.Module):
             raise ConfigError("this model is frozen for inference (bertkit.runtime.freeze): load it again to train")
         return super().train(False)
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        self._derived = {}                            # new values: every derived copy is rebuilt from them
-        super()._load_from_state_dict(*args, **kwargs)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_derived"] = {}                        # derived data (opaque oneDNN tensors cannot be copied)
-        return state
-
-    def _apply(self, fn, recurse=True):
-        self._derived = {}                            # .to() / .float(): derive again from the moved buffers
-        return super()._apply(fn, recurse)
-
-    def _weights(self, x: Tensor) -> tuple[Tensor, Tensor | None, bool]:
-        auto = torch.is_autocast_enabled(x.device.type)
-        dtype = torch.get_autocast_dtype(x.device.type) if auto else self.weight.dtype
-        key = (dtype, x.device.type)
-        if key not in self._derived:
-            b = None if self.bias is None else self.bias.to(dtype)
-            if dtype in self.packed and x.device.type == "cpu" and onednn_linear_ok(dtype):
-                self._derived[key] = (pack(self.weight, dtype), b, True)
-            else:
-                self._derived[key] = (self.weight.to(dtype), b, False)
-        return self._derived[key]
+    def weights(self) -> tuple[Tensor, Tensor | None]:
+        return self.weight, self.bias
 
     def forward(self, x: Tensor) -> Tensor:
+        weight, bias = self.weights()
         if _tracing():                                # graphs want plain aten ops (ONNX has no oneDNN ones)
-            y = F.linear(x, self.weight, self.bias)
+            y = F.linear(x, weight, bias)
             return y if self.act is None else activation(self.act)(y)
-        w, b, packed = self._weights(x)
+        w, b, packed = self._derived.get(x, weight, bias, self.packed, _stamp((weight, bias)))
         if packed:
             return packed_linear(x.to(w.dtype), w, b, self.act)
         y = F.linear(x.to(w.dtype), w, b)
         return y if self.act is None else activation(self.act)(y)
+
+
+class FrozenFused(FrozenLinear):
+    """Sibling FrozenLinears of `owner` (Q, K, V) as one matmul; the fused weight is derived from theirs, so a load
+    or `.to()` of the parts reaches it. Saves nothing of its own."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...], packed: frozenset[torch.dtype]):
+        nn.Module.__init__(self)
+        self.__dict__["owner"] = owner                # the parts are registered where they live
+        self.names = names
+        self.act = None
+        self.packed = packed
+        self._derived = _Derived()
+        self._fused: tuple = (None, None, None)       # (stamp of the parts, weight, bias)
+
+    def weights(self) -> tuple[Tensor, Tensor | None]:
+        parts = [getattr(self.owner, n) for n in self.names]
+        stamp = _stamp([t for p in parts for t in (p.weight, p.bias)])
+        if self._fused[0] != stamp:
+            self._fused = (stamp, torch.cat([p.weight for p in parts]), torch.cat([p.bias for p in parts]))
+        return self._fused[1], self._fused[2]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_fused"] = (None, None, None)
+        return state
 
 
 def _frozen(linear: nn.Linear, packed: frozenset[torch.dtype], act: str | None = None) -> FrozenLinear:
@@ -125,16 +160,12 @@ def _frozen(linear: nn.Linear, packed: frozenset[torch.dtype], act: str | None =
 
 
 def _freeze_attention(m: BertSelfAttention, packed: frozenset[torch.dtype]) -> None:
-    """Q, K, V as views of one (3 * hidden, hidden) weight: the fused projections and the three checkpoint names
-    share it."""
-    h = m.query.out_features
-    w = torch.cat([m.query.weight, m.key.weight, m.value.weight]).detach()
-    b = torch.cat([m.query.bias, m.key.bias, m.value.bias]).detach()
-    for name, part in (("query", slice(0, h)), ("key", slice(h, 2 * h)), ("value", slice(2 * h, 3 * h))):
-        setattr(m, name, FrozenLinear(w[part], b[part]))
-    m.qkv = FrozenLinear(w, b, packed=packed, persistent=False)
-    m.kv = FrozenLinear(w[h:], b[h:], packed=packed, persistent=False)
-    m.q = FrozenLinear(w[:h], b[:h], packed=packed, persistent=False)
+    """Q, K and V frozen under their own names; the fused projections derive from them."""
+    for name in ("query", "key", "value"):
+        setattr(m, name, _frozen(getattr(m, name), frozenset()))
+    m.qkv = FrozenFused(m, ("query", "key", "value"), packed)
+    m.kv = FrozenFused(m, ("key", "value"), packed)
+    m.q = FrozenFused(m, ("query",), packed)
 
 
 def freeze_linears(model: nn.Module, packed: frozenset[torch.dtype]) -> None:

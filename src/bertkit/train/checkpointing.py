@@ -48,6 +48,7 @@ class RunState:
     phase_steps: int = 0
     last_checkpoint: Path | None = None   # not saved: where this state was last written or read
     bad_run: list[int] = field(default_factory=list)  # not saved: the current run of non-finite steps
+    execution: dict | None = None         # the execution options the run trains with (a resume keeps them)
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -245,7 +246,8 @@ class Checkpoints:
             config.to_json(tmp / "config.json")
         saved = {"step": state.step, "total": state.total, "tokens": state.tokens, "elapsed": state.elapsed,
                  "skipped": state.skipped, "world_size": self.d.world, "phase_time": state.phase_time,
-                 "phase_steps": state.phase_steps, "config": jsonable(dataclasses.asdict(self.cfg))}
+                 "phase_steps": state.phase_steps, "execution": state.execution,
+                 "config": jsonable(dataclasses.asdict(self.cfg))}
         (tmp / "state.json").write_text(json.dumps(saved, indent=1))
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -265,6 +267,7 @@ class Checkpoints:
         state.step, state.total, state.tokens = saved["step"], saved["total"], saved["tokens"]
         state.elapsed, state.skipped = saved["elapsed"], saved["skipped"]
         state.phase_time, state.phase_steps = saved.get("phase_time", 0.0), saved.get("phase_steps", 0)
+        state.execution = saved.get("execution") or state.execution
         if self.cfg.max_steps is not None and self.cfg.budget_s is None:
             state.total = self.cfg.max_steps  # a resumed run may be asked to go further
         stream.load_state_dict(rank_state["data"])

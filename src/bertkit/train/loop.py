@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from bertkit import runtime
+from bertkit.attention import ExecutionOptions
 from bertkit.errors import BertkitError, ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
@@ -368,11 +369,12 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
     checkpoints.check_writable()
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
-    model = wrap(runtime.apply(model.to(d.device)), cfg.fsdp, d)      # this machine's measured fast paths
+    fast = d.broadcast_object(runtime.plan(d.device))     # this machine's measured fast paths, rank 0's for all
+    model = wrap(runtime.apply(model.to(d.device), fast), cfg.fsdp, d)
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 betas=tuple(cfg.betas), eps=cfg.eps)
     stream = Stream(batches)
-    state = RunState(total=_initial_total(cfg, stream))
+    state = RunState(total=_initial_total(cfg, stream), execution=asdict(fast.options))
     precision = resolve(cfg.precision, d.device)
     return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state), checkpoints
 
@@ -397,6 +399,8 @@ def _start(run: _Run, checkpoints: Checkpoints, out: Path) -> None:
         seed_everything(cfg.seed + d.rank)  # dropout, sampling: reproducible, a different stream per rank
     if cfg.resume:
         checkpoints.resume(run.state, run.model, run.optimizer, run.stream)
+        # the options the run started with: a resumed run draws the same dropout stream on any machine
+        runtime.apply(run.raw, runtime.RuntimePlan(ExecutionOptions(**run.state.execution)))
     else:
         checkpoints.check_fresh()
 
