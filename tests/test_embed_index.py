@@ -100,3 +100,11 @@ def test_model_hash_follows_weights_and_config():
     with torch.no_grad():
         enc.bert.encoder.layer[0].output.dense.bias[0] += 1e-3
     assert model_hash(enc) != h
+
+
+def test_in_memory_search_equals_brute_force():
+    from bertkit.embed.index import search_vectors
+    corpus, queries = _unit(300, 16, 11), _unit(20, 16, 12)
+    scores, rows = search_vectors(queries, corpus, k=7, corpus_block=33, query_block=6)
+    ref_scores, ref_rows = _brute(corpus, queries, 7)
+    assert np.array_equal(rows, ref_rows) and np.allclose(scores, ref_scores, atol=1e-6)

@@ -36,7 +36,7 @@ from torch import nn
 from bertkit.errors import ConfigError, DataError
 
 __all__ = ["EmbeddingIndex", "IndexWriter", "IndexMismatch", "SearchResult", "write_index", "model_hash",
-           "DTYPES"]
+           "search_vectors", "DTYPES"]
 
 FORMAT = "bertkit-embedding-index"
 VERSION = 1
@@ -206,22 +206,7 @@ class EmbeddingIndex:
         if q.ndim == 1:
             q = q[None]
         self.check(model_hash, q.shape[1])
-        if k <= 0 or corpus_block <= 0 or query_block <= 0:
-            raise ConfigError(f"k, corpus_block and query_block must be positive, got {k}, {corpus_block}, "
-                              f"{query_block}")
-        k = min(k, len(self))
-        scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
-        rows = np.full((q.shape[0], k), -1, dtype=np.int64)
-        for start in range(0, len(self), corpus_block):
-            end = min(start + corpus_block, len(self))
-            block = self._block(start, end)                                              # (block, dim) float32
-            for qs in range(0, q.shape[0], query_block):
-                s = q[qs:qs + query_block] @ block.T                                     # (queries, block)
-                scores[qs:qs + query_block], rows[qs:qs + query_block] = _merge_top_k(
-                    scores[qs:qs + query_block], rows[qs:qs + query_block], s, start, k)
-            self._release(start, end)
-        order = np.lexsort((rows, -scores), axis=1)                                      # best first, ties by row
-        scores, rows = np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
+        scores, rows = _blocked_top_k(q, len(self), self._block, k, (corpus_block, query_block), self._release)
         return SearchResult(scores, rows, [[str(self.ids[r]) for r in row] for row in rows])
 
     def _block(self, start: int, end: int) -> np.ndarray:
@@ -239,6 +224,39 @@ class EmbeddingIndex:
         hi = self._offset + end * self._row_bytes
         if hi > lo:
             self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _blocked_top_k(q: np.ndarray, n: int, block_fn, k: int, blocks: tuple[int, int], release=None):
+    """Exact top k of q @ corpus.T, reading the corpus through block_fn(start, end) -> (rows, dim) float32:
+    (queries, dim) -> scores, rows, each (queries, min(k, n)), best first (ties: lower row first)."""
+    corpus_block, query_block = blocks
+    if k <= 0 or corpus_block <= 0 or query_block <= 0:
+        raise ConfigError(f"k, corpus_block and query_block must be positive, got {k}, {corpus_block}, "
+                          f"{query_block}")
+    k = min(k, n)
+    scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
+    rows = np.full((q.shape[0], k), -1, dtype=np.int64)
+    for start in range(0, n, corpus_block):
+        end = min(start + corpus_block, n)
+        block = block_fn(start, end)                                                     # (block, dim) float32
+        for qs in range(0, q.shape[0], query_block):
+            s = q[qs:qs + query_block] @ block.T                                         # (queries, block)
+            scores[qs:qs + query_block], rows[qs:qs + query_block] = _merge_top_k(
+                scores[qs:qs + query_block], rows[qs:qs + query_block], s, start, k)
+        if release is not None:
+            release(start, end)
+    order = np.lexsort((rows, -scores), axis=1)
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
+
+
+def search_vectors(queries: np.ndarray, corpus: np.ndarray, k: int = 10, corpus_block: int = 32768,
+                   query_block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """The same exact blocked top k over an in-memory (n, dim) corpus: scores, rows, each (queries, k)."""
+    q = np.asarray(queries, dtype=np.float32)
+    if q.ndim != 2 or corpus.ndim != 2 or q.shape[1] != corpus.shape[1]:
+        raise IndexMismatch(f"queries {q.shape} and corpus {corpus.shape} must be (n, dim) with the same dim")
+    return _blocked_top_k(q, corpus.shape[0], lambda s, e: np.asarray(corpus[s:e], dtype=np.float32), k,
+                          (corpus_block, query_block))
 
 
 def _merge_top_k(best_s: np.ndarray, best_r: np.ndarray, s: np.ndarray, start: int, k: int):
