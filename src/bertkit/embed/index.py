@@ -13,7 +13,7 @@
 A directory is written under a temporary name and renamed into place when complete, so a reader never sees half
 an index. Search scores by dot product (cosine for normalised vectors), exact: the corpus is read in blocks of
 `corpus_block` rows, each block's scores (queries x block) are reduced to their top k and merged into a running
-top k, so memory holds one block's scores, never the full query x corpus matrix; pages of a finished block are
+top k, so memory holds one block's scores (query_block x corpus_block), never the full query x corpus matrix; pages of a finished block are
 dropped from this process's resident set (the file stays in the page cache). A query from a model whose hash or
 dimension differs from the index's raises `IndexMismatch` naming both.
 """
@@ -200,7 +200,7 @@ class EmbeddingIndex:
                                 f"({self.manifest['model_hash']})")
 
     def search(self, queries: np.ndarray, k: int = 10, model_hash: str | None = None, corpus_block: int = 32768,
-               query_block: int = 1024) -> SearchResult:
+               query_block: int = 256) -> SearchResult:
         """Exact top-k rows by dot product for each query row (see the module docstring)."""
         q = np.asarray(queries, dtype=np.float32)
         if q.ndim == 1:
@@ -228,45 +228,38 @@ class EmbeddingIndex:
 
 def _blocked_top_k(q: np.ndarray, n: int, block_fn, k: int, blocks: tuple[int, int], release=None):
     """Exact top k of q @ corpus.T, reading the corpus through block_fn(start, end) -> (rows, dim) float32:
-    (queries, dim) -> scores, rows, each (queries, min(k, n)), best first (ties: lower row first)."""
+    (queries, dim) -> scores, rows, each (queries, min(k, n)), best first (equal scores: lower row first)."""
     corpus_block, query_block = blocks
     if k <= 0 or corpus_block <= 0 or query_block <= 0:
         raise ConfigError(f"k, corpus_block and query_block must be positive, got {k}, {corpus_block}, "
                           f"{query_block}")
     k = min(k, n)
-    scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
-    rows = np.full((q.shape[0], k), -1, dtype=np.int64)
+    queries = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32))
+    scores = torch.full((q.shape[0], k), float("-inf"))
+    rows = torch.full((q.shape[0], k), -1, dtype=torch.long)
     for start in range(0, n, corpus_block):
         end = min(start + corpus_block, n)
         block = block_fn(start, end)                                                     # (block, dim) float32
+        block = torch.from_numpy(block if block.flags.writeable else block.copy())        # a read-only map: copy
         for qs in range(0, q.shape[0], query_block):
-            s = q[qs:qs + query_block] @ block.T                                         # (queries, block)
-            scores[qs:qs + query_block], rows[qs:qs + query_block] = _merge_top_k(
-                scores[qs:qs + query_block], rows[qs:qs + query_block], s, start, k)
+            part = slice(qs, qs + query_block)
+            top = (queries[part] @ block.T).topk(min(k, end - start), dim=1)             # (queries, <= k)
+            merged_s = torch.cat([scores[part], top.values], dim=1)                      # (queries, <= 2k)
+            merged_r = torch.cat([rows[part], top.indices + start], dim=1)
+            best = merged_s.topk(k, dim=1)
+            scores[part], rows[part] = best.values, merged_r.gather(1, best.indices)
         if release is not None:
             release(start, end)
+    scores, rows = scores.numpy(), rows.numpy()
     order = np.lexsort((rows, -scores), axis=1)
     return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
 
 
 def search_vectors(queries: np.ndarray, corpus: np.ndarray, k: int = 10, corpus_block: int = 32768,
-                   query_block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+                   query_block: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """The same exact blocked top k over an in-memory (n, dim) corpus: scores, rows, each (queries, k)."""
     q = np.asarray(queries, dtype=np.float32)
     if q.ndim != 2 or corpus.ndim != 2 or q.shape[1] != corpus.shape[1]:
         raise IndexMismatch(f"queries {q.shape} and corpus {corpus.shape} must be (n, dim) with the same dim")
     return _blocked_top_k(q, corpus.shape[0], lambda s, e: np.asarray(corpus[s:e], dtype=np.float32), k,
                           (corpus_block, query_block))
-
-
-def _merge_top_k(best_s: np.ndarray, best_r: np.ndarray, s: np.ndarray, start: int, k: int):
-    """Running top k: the current (queries, k) best and a block's (queries, block) scores -> the new best k."""
-    if s.shape[1] > k:
-        part = np.argpartition(-s, k - 1, axis=1)[:, :k]                                  # (queries, k)
-        s, cols = np.take_along_axis(s, part, 1), part
-    else:
-        cols = np.broadcast_to(np.arange(s.shape[1]), s.shape)
-    all_s = np.concatenate([best_s, s], axis=1)                                           # (queries, k + m)
-    all_r = np.concatenate([best_r, cols + start], axis=1)
-    keep = np.argpartition(-all_s, k - 1, axis=1)[:, :k]
-    return np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
