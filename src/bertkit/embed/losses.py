@@ -73,13 +73,16 @@ class MultipleNegativesRankingLoss(nn.Module):
             raise ConfigError(f"scale={scale} exceeds max_scale={max_scale}")
         self.symmetric = symmetric
         self.max_scale = max_scale
+        self.learnable = learnable_scale
+        self.fixed_scale = float(scale)                  # exact: a float32 log round trip would shift it
         # a learnable temperature trains in log space (as CLIP's logit scale): positive and scale-free steps
-        self.log_scale = nn.Parameter(torch.tensor(math.log(scale)), requires_grad=learnable_scale)
+        self.log_scale = nn.Parameter(torch.tensor(math.log(scale))) if learnable_scale else None
 
     @property
-    def scale(self) -> Tensor:
-        s = self.log_scale.exp()
-        return s.clamp(max=self.max_scale) if self.log_scale.requires_grad else s
+    def scale(self) -> Tensor | float:
+        if self.log_scale is None:
+            return self.fixed_scale
+        return self.log_scale.exp().clamp(max=self.max_scale)
 
     def logits(self, embeddings: Sequence[Tensor], keys: Sequence[Tensor] | None = None) -> Tensor:
         """The (B, B * (1 + n)) scaled cosine scores, -inf at masked false negatives."""

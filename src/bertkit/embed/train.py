@@ -215,7 +215,7 @@ def embed_step(mini_batch_size: int | None = None):
         else:
             loss = loss_fn([model(**f) for f in features], **extra)
         metrics = {}
-        if isinstance(loss_fn, MultipleNegativesRankingLoss) and loss_fn.log_scale.requires_grad:
+        if isinstance(loss_fn, MultipleNegativesRankingLoss) and loss_fn.learnable:
             metrics["scale"] = loss_fn.scale.detach()
         return StepOutput(loss=loss, metrics=metrics)
     return step
