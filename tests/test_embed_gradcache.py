@@ -121,3 +121,25 @@ def test_outer_gradient_scale_reaches_every_mini_batch():
     _, full = _cached(enc, loss_fn, cols, keys, 4, seed=0)
     _, quarter = _cached(enc, loss_fn, cols, keys, 4, seed=0, scale=0.25)
     _assert_same({k: v * 0.25 for k, v in full.items()}, quarter)
+
+
+def test_replay_runs_under_the_callers_autocast():
+    enc, loss_fn = _encoder(0.1), MultipleNegativesRankingLoss()
+    cols, keys = _batch()
+    seen = []
+    enc.register_forward_pre_hook(lambda m, a: seen.append(torch.get_autocast_dtype("cpu")
+                                                           if torch.is_autocast_enabled("cpu") else None))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_loss, ref = _uncached_same_masks(enc, loss_fn, cols, keys, 4, seed=3)
+        _zero(enc)
+        torch.manual_seed(3)
+        seen.clear()
+        loss = cached_loss(enc, cols, loss_fn, 4, keys=keys)
+    loss.backward()                                            # outside autocast, as the training loop does
+    assert seen == [torch.bfloat16] * 18                       # 3 columns x 3 mini-batches, both passes
+    got = _grads(enc)
+    assert abs(float(loss.detach()) - ref_loss) <= TOL
+    # the one-graph reference sums a shared weight's bf16 gradient over mini-batches before the fp32 cast (the
+    # autocast weight cache); the replay adds each mini-batch in fp32: equal to bf16 precision, not bitwise
+    for k, v in got.items():
+        assert float((v - ref[k]).abs().max()) <= 1e-2 * float(ref[k].abs().max()) + TOL, k
