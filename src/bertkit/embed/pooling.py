@@ -1,0 +1,201 @@
+"""Token states -> one vector per text: pooling, an optional Dense projection, optional L2 normalisation.
+
+    Pooling("mean")(hidden, mask)                 (batch, seq, hidden) + (batch, seq) -> (batch, hidden)
+    SentenceEncoder(bert, Pooling("mean"), normalize=True)(input_ids, token_type_ids, attention_mask)
+                                                  -> (batch, dim)
+
+Pooling modes (the maths of sentence-transformers' `Pooling`, so its checkpoints give the same vectors):
+
+    cls            the first attended token ([CLS] with right padding)
+    max            element-wise max over attended tokens
+    mean           sum over attended tokens / their count
+    mean_sqrt_len  sum over attended tokens / sqrt(count)
+    weighted_mean  position-weighted mean, weight 1, 2, 3, ... from the first attended token
+    last_token     the last attended token
+
+Several modes concatenate in the order given, (batch, len(modes) * hidden).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertkit.errors import ConfigError
+
+__all__ = ["MODES", "Pooling", "Dense", "Normalize", "SentenceEncoder", "ACTIVATIONS"]
+
+MODES = ("cls", "max", "mean", "mean_sqrt_len", "weighted_mean", "last_token")
+# sentence-transformers' spellings (and short forms) of the same modes
+_ALIASES = {"mean_tokens": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len", "weightedmean": "weighted_mean",
+            "lasttoken": "last_token", "last": "last_token", "max_tokens": "max", "cls_token": "cls",
+            "mean-sqrt-len": "mean_sqrt_len", "weighted-mean": "weighted_mean", "last-token": "last_token"}
+
+ACTIVATIONS = {"identity": nn.Identity, "tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
+
+
+def _canonical(mode: str) -> str:
+    name = _ALIASES.get(mode, mode)
+    if name not in MODES:
+        raise ConfigError(f"pooling mode {mode!r} is not one of {', '.join(MODES)}")
+    return name
+
+
+def _first_attended(mask: Tensor) -> Tensor:
+    """(batch, seq) mask -> (batch,) index of the first 1 (0 for an all-zero row)."""
+    return mask.to(torch.int32).argmax(dim=1)
+
+
+def _last_attended(mask: Tensor) -> Tensor:
+    """(batch, seq) mask -> (batch,) index of the last 1 (seq - 1 for an all-zero row)."""
+    seq = mask.shape[1]
+    found, from_end = mask.to(torch.int32).flip(1).max(dim=1)
+    return torch.where(found == 0, seq - 1, seq - 1 - from_end)
+
+
+def _gather_rows(hidden: Tensor, index: Tensor) -> Tensor:
+    """(batch, seq, hidden), (batch,) -> (batch, hidden): one position per row."""
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
+
+
+class Pooling(nn.Module):
+    """(batch, seq, hidden) token states and a (batch, seq) attention mask -> (batch, len(modes) * hidden)."""
+
+    def __init__(self, mode: str | Sequence[str] = "mean", hidden_size: int | None = None):
+        super().__init__()
+        modes = [mode] if isinstance(mode, str) else list(mode)
+        if not modes:
+            raise ConfigError("Pooling needs at least one mode")
+        self.modes = tuple(dict.fromkeys(_canonical(m) for m in modes))     # concatenated in the order given
+        self.hidden_size = hidden_size
+
+    @property
+    def mode(self) -> str:
+        return "+".join(self.modes)
+
+    def output_dim(self, hidden_size: int | None = None) -> int:
+        hidden = hidden_size or self.hidden_size
+        if hidden is None:
+            raise ConfigError("Pooling.output_dim needs the hidden size")
+        return hidden * len(self.modes)
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}"
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        # half-precision sums lose digits over long sequences: accumulate in fp32, return the input dtype
+        acc = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
+        m = attention_mask.unsqueeze(-1).to(acc)                                    # (batch, seq, 1)
+        out = []
+        for mode in self.modes:
+            if mode == "cls":
+                out.append(_gather_rows(hidden, _first_attended(attention_mask)))
+            elif mode == "last_token":
+                out.append(_gather_rows(hidden, _last_attended(attention_mask)))
+            elif mode == "max":
+                out.append(hidden.masked_fill(m == 0, float("-inf")).amax(dim=1))
+            elif mode in ("mean", "mean_sqrt_len"):
+                total = (hidden.to(acc) * m).sum(dim=1)                              # (batch, hidden)
+                count = m.sum(dim=1).clamp(min=1e-9)                                 # (batch, 1)
+                out.append((total / (count if mode == "mean" else count.sqrt())).to(hidden.dtype))
+            else:                                                                    # weighted_mean
+                out.append(self._weighted_mean(hidden, attention_mask, m, acc))
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+    @staticmethod
+    def _weighted_mean(hidden: Tensor, attention_mask: Tensor, m: Tensor, acc: torch.dtype) -> Tensor:
+        seq = hidden.shape[1]
+        pos = torch.arange(1, seq + 1, device=hidden.device, dtype=acc).view(1, seq, 1)   # (1, seq, 1)
+        # weights count from the first attended token, so left padding does not shift them
+        w = (pos - _first_attended(attention_mask).view(-1, 1, 1).to(acc)) * m            # (batch, seq, 1)
+        total = (hidden.to(acc) * w).sum(dim=1)                                            # (batch, hidden)
+        return (total / w.sum(dim=1).clamp(min=1e-9)).to(hidden.dtype)
+
+
+class Dense(nn.Module):
+    """activation(x W^T + b): (batch, in_features) -> (batch, out_features). Parameter names `linear.*`, the
+    sentence-transformers Dense's, so its weights files load as they are."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str = "tanh"):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"Dense activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        self.in_features, self.out_features, self.bias = in_features, out_features, bias
+        self.activation_name = activation
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = ACTIVATIONS[activation]()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(self.linear(x))
+
+
+class Normalize(nn.Module):
+    """Unit L2 norm per row: cosine similarity becomes a dot product."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.normalize(x, p=2, dim=-1)
+
+
+class SentenceEncoder(nn.Module):
+    """BertModel -> Pooling -> Dense layers (optional) -> Normalize (optional): tokenized text to (batch, dim)."""
+
+    def __init__(self, bert: nn.Module, pooling: Pooling, normalize: bool = False,
+                 dense: Dense | Sequence[Dense] | None = None, max_seq_length: int = 256,
+                 do_lower_case: bool = False):
+        super().__init__()
+        self.bert = bert
+        if getattr(bert, "pooler", None) is not None:      # unused here: no gradient, so DDP must not wait for one
+            bert.pooler.requires_grad_(False)
+        self.pooling = pooling
+        if pooling.hidden_size is None:
+            pooling.hidden_size = bert.config.hidden_size
+        layers = [] if dense is None else [dense] if isinstance(dense, Dense) else list(dense)
+        self.dense = nn.ModuleList(layers)
+        self.normalize = normalize
+        limit = bert.config.max_position_embeddings
+        if not 0 < max_seq_length <= limit:
+            raise ConfigError(f"max_seq_length={max_seq_length} must be in 1..{limit} (max_position_embeddings)")
+        self.max_seq_length = max_seq_length
+        self.do_lower_case = do_lower_case          # lowercase texts before the tokenizer (the format's flag)
+
+    @property
+    def dim(self) -> int:
+        return self.dense[-1].out_features if len(self.dense) else self.pooling.output_dim()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state   # (batch, seq, hidden)
+        x = self.pooling(hidden, attention_mask)                                          # (batch, pooled)
+        for layer in self.dense:
+            x = layer(x)                                                                  # (batch, out)
+        return F.normalize(x, p=2, dim=-1) if self.normalize else x
+
+    def tokenize(self, tokenizer, texts: Sequence[str]) -> dict[str, Tensor]:
+        """Model inputs for `texts`: truncated to max_seq_length, padded to the longest, (batch, seq) tensors."""
+        texts = [t.lower() for t in texts] if self.do_lower_case else list(texts)
+        return tokenizer(texts, max_length=self.max_seq_length, truncation=True, padding=True,
+                         return_tensors="pt")
+
+    @torch.inference_mode()
+    def encode(self, tokenizer, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """(n, dim) float32 vectors; texts of similar length share a batch (less padding)."""
+        texts = list(texts)
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        try:
+            for start in range(0, len(texts), batch_size):
+                idx = order[start:start + batch_size]
+                batch = {k: v.to(device) for k, v in self.tokenize(tokenizer, [texts[i] for i in idx]).items()}
+                out[idx] = self(**batch).float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        return out

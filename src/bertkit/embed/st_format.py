@@ -1,0 +1,238 @@
+"""sentence-transformers model directories, both directions.
+
+A directory as sentence-transformers writes it (any version from 2.x on):
+
+    modules.json                       the module list: Transformer, Pooling, Dense..., Normalize
+    config.json, model.safetensors     the BERT encoder in HF format (the Transformer module lives in the root)
+    vocab.txt, tokenizer_config.json   the tokenizer (a tokenizer.json with a WordPiece model also reads)
+    sentence_bert_config.json          max_seq_length, do_lower_case
+    1_Pooling/config.json              pooling_mode_* flags (or the newer `pooling_mode`, a name or a list)
+    2_Dense/config.json + model.safetensors (or pytorch_model.bin)    in/out features, bias, activation
+    2_Normalize/ or 3_Normalize/       no weights
+    config_sentence_transformers.json  versions, similarity function
+
+A plain HF directory (no modules.json) loads as sentence-transformers loads it: mean pooling, no normalisation.
+Writing uses the flag format every sentence-transformers version reads. Module types bertkit cannot run
+(a custom module, a Dense with a residual, a Dense after Normalize) raise CheckpointError naming the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from bertkit.checkpoint import CONFIG_NAME, load_state_dict_file
+from bertkit.errors import CheckpointError
+from bertkit.model import BertModel
+from bertkit.tokenizer import Tokenizer
+
+from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
+
+__all__ = ["load_sentence_encoder", "save_sentence_encoder", "is_sentence_transformers_dir", "POOLING_FLAGS"]
+
+# the legacy flag of each pooling mode, in sentence-transformers' concatenation order
+POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
+                 "mean": "pooling_mode_mean_tokens", "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
+                 "weighted_mean": "pooling_mode_weightedmean_tokens", "last_token": "pooling_mode_lasttoken"}
+# torch class paths written in a Dense config <-> our activation names
+_ACTIVATION_PATHS = {"identity": "torch.nn.modules.linear.Identity", "tanh": "torch.nn.modules.activation.Tanh",
+                     "relu": "torch.nn.modules.activation.ReLU", "gelu": "torch.nn.modules.activation.GELU",
+                     "sigmoid": "torch.nn.modules.activation.Sigmoid"}
+# our mode names -> sentence-transformers' (for its list form of pooling_mode)
+_ST_MODE_NAMES = {"mean_sqrt_len": "mean_sqrt_len_tokens", "weighted_mean": "weightedmean",
+                  "last_token": "lasttoken"}
+_MODULE_TYPES = {"sentence_transformers.models.Transformer": "transformer",
+                 "sentence_transformers.models.Pooling": "pooling",
+                 "sentence_transformers.models.Dense": "dense",
+                 "sentence_transformers.models.Normalize": "normalize"}
+_DEFAULT_MAX_SEQ = 512
+
+
+def is_sentence_transformers_dir(path) -> bool:
+    return (Path(path) / "modules.json").is_file()
+
+
+def _read_json(path: Path) -> dict | list:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _kind(module_type: str) -> str | None:
+    """'transformer' | 'pooling' | 'dense' | 'normalize' for any spelling of the class path, else None."""
+    if module_type in _MODULE_TYPES:
+        return _MODULE_TYPES[module_type]
+    if module_type.startswith("sentence_transformers."):
+        last = module_type.rsplit(".", 1)[-1].lower()
+        return last if last in ("transformer", "pooling", "dense", "normalize") else None
+    return None
+
+
+def _module_list(directory: Path) -> list[tuple[str, Path]]:
+    """(kind, directory) per entry of modules.json, checked for an order SentenceEncoder can run."""
+    spec = _read_json(directory / "modules.json")
+    if not isinstance(spec, list) or not all(isinstance(m, dict) and "type" in m for m in spec):
+        raise CheckpointError(f"{directory / 'modules.json'}: expected a list of {{type, path}} objects")
+    out = []
+    for m in sorted(spec, key=lambda m: int(m.get("idx", 0))):
+        kind = _kind(str(m["type"]))
+        if kind is None:
+            raise CheckpointError(f"{directory / 'modules.json'}: module {m.get('name', '?')} has type "
+                                  f"{m['type']!r}; bertkit runs Transformer, Pooling, Dense and Normalize only")
+        out.append((kind, directory / str(m.get("path", ""))))
+    kinds = [k for k, _ in out]
+    pattern_ok = (kinds[:2] == ["transformer", "pooling"] and all(k == "dense" for k in kinds[2:-1])
+                  and (len(kinds) == 2 or kinds[-1] in ("dense", "normalize")))
+    if not pattern_ok:
+        raise CheckpointError(f"{directory / 'modules.json'}: modules {kinds}; bertkit runs Transformer, "
+                              f"Pooling, then any Dense layers, then an optional Normalize")
+    return out
+
+
+def _pooling_from(path: Path, hidden: int) -> Pooling:
+    cfg = _read_json(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else {}
+    dim = cfg.get("word_embedding_dimension", cfg.get("embedding_dimension", hidden))
+    if dim != hidden:
+        raise CheckpointError(f"{path / CONFIG_NAME}: pooling dimension {dim} differs from the encoder's "
+                              f"hidden size {hidden}")
+    if "pooling_mode" in cfg and isinstance(cfg["pooling_mode"], (str, list)):
+        modes = cfg["pooling_mode"]
+    else:
+        modes = [mode for mode, flag in POOLING_FLAGS.items() if cfg.get(flag)] or ["mean"]
+    return Pooling(modes, hidden_size=hidden)
+
+
+def _dense_from(path: Path) -> Dense:
+    cfg = _read_json(path / CONFIG_NAME)
+    if cfg.get("use_residual"):
+        raise CheckpointError(f"{path / CONFIG_NAME}: a Dense with use_residual is not supported")
+    act_path = cfg.get("activation_function", _ACTIVATION_PATHS["tanh"])
+    names = {p.rsplit(".", 1)[-1]: n for n, p in _ACTIVATION_PATHS.items()}
+    act = names.get(str(act_path).rsplit(".", 1)[-1])
+    if act is None:
+        raise CheckpointError(f"{path / CONFIG_NAME}: activation {act_path!r} is not one of "
+                              f"{', '.join(_ACTIVATION_PATHS.values())}")
+    try:
+        dense = Dense(int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), act)
+    except KeyError as e:
+        raise CheckpointError(f"{path / CONFIG_NAME}: missing {e.args[0]!r}") from None
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        weights = path / "pytorch_model.bin"
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin for the Dense layer")
+    sd = load_state_dict_file(weights)
+    try:
+        dense.load_state_dict(sd)
+    except RuntimeError as e:
+        raise CheckpointError(f"{weights}: does not fit Dense({dense.in_features}, {dense.out_features}): "
+                              f"{str(e).splitlines()[0]}") from None
+    return dense
+
+
+def _tokenizer_from(path: Path) -> Tokenizer:
+    """vocab.txt + tokenizer_config.json, or (sentence-transformers 6 saves only this) a WordPiece tokenizer.json."""
+    if (path / "vocab.txt").is_file():
+        return Tokenizer.from_pretrained(path)
+    tj = path / "tokenizer.json"
+    if not tj.is_file():
+        raise CheckpointError(f"{path}: no vocab.txt or tokenizer.json")
+    spec = _read_json(tj)
+    model, norm = spec.get("model") or {}, spec.get("normalizer") or {}
+    if model.get("type") != "WordPiece" or norm.get("type") != "BertNormalizer":
+        raise CheckpointError(f"{tj}: a {model.get('type')} model with a {norm.get('type')} normalizer; "
+                              f"bertkit reads BERT WordPiece tokenizers only")
+    tcfg = path / "tokenizer_config.json"
+    mml = _read_json(tcfg).get("model_max_length") if tcfg.is_file() else None
+    return Tokenizer(dict(model["vocab"]), lowercase=bool(norm.get("lowercase", True)),
+                     strip_accents=norm.get("strip_accents"),
+                     model_max_length=mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None)
+
+
+def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple[int, bool]:
+    """(max_seq_length, do_lower_case): sentence_bert_config.json, else the tokenizer's model_max_length."""
+    cfg_path = path / "sentence_bert_config.json"
+    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    length = cfg.get("max_seq_length") or tokenizer.model_max_length or _DEFAULT_MAX_SEQ
+    return min(int(length), max_positions), bool(cfg.get("do_lower_case", False))
+
+
+def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None) -> tuple[SentenceEncoder, Tokenizer]:
+    """A sentence-transformers (or plain HF BERT) directory -> (SentenceEncoder in eval mode, Tokenizer)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CheckpointError(f"model directory not found: {directory}")
+    modules = _module_list(directory) if is_sentence_transformers_dir(directory) else [("transformer", directory)]
+    tdir = modules[0][1]
+    bert = BertModel.from_pretrained(tdir)
+    tokenizer = _tokenizer_from(tdir)
+    max_len, lower = _seq_settings(tdir, tokenizer, bert.config.max_position_embeddings)
+    hidden = bert.config.hidden_size
+    pooling = _pooling_from(modules[1][1], hidden) if len(modules) > 1 else Pooling("mean", hidden)
+    dense = [_dense_from(p) for kind, p in modules if kind == "dense"]
+    normalize = modules[-1][0] == "normalize"
+    encoder = SentenceEncoder(bert, pooling, normalize=normalize, dense=dense, max_seq_length=max_len,
+                              do_lower_case=lower)
+    if dense and dense[0].in_features != pooling.output_dim():
+        raise CheckpointError(f"{directory}: the first Dense takes {dense[0].in_features} features but pooling "
+                              f"gives {pooling.output_dim()}")
+    if device is not None or dtype is not None:
+        encoder.to(device=device, dtype=dtype)
+    return encoder.eval(), tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_sentence_encoder(encoder: SentenceEncoder, tokenizer: Tokenizer, path) -> Path:
+    """Write `encoder` + `tokenizer` as a sentence-transformers directory (which `SentenceTransformer(path)` and
+    `load_sentence_encoder(path)` both read). Returns the directory."""
+    from safetensors.torch import save_file
+    from bertkit import __version__
+
+    directory = Path(path)
+    encoder.bert.save_pretrained(directory, tokenizer=tokenizer)
+    _write_json(directory / "sentence_bert_config.json",
+                {"max_seq_length": encoder.max_seq_length, "do_lower_case": encoder.do_lower_case})
+    modules = [("0", "", "Transformer")]
+    pool_dir = directory / "1_Pooling"
+    pool_dir.mkdir(exist_ok=True)
+    modes = encoder.pooling.modes
+    pool_cfg = {"word_embedding_dimension": encoder.bert.config.hidden_size,
+                **{flag: mode in modes for mode, flag in POOLING_FLAGS.items()}, "include_prompt": True}
+    if list(modes) != [m for m in POOLING_FLAGS if m in modes]:
+        # flags concatenate in their fixed order; the newer list form (read first) keeps another order
+        pool_cfg["pooling_mode"] = [_ST_MODE_NAMES.get(m, m) for m in modes]
+    _write_json(pool_dir / CONFIG_NAME, pool_cfg)
+    modules.append(("1", "1_Pooling", "Pooling"))
+    for layer in encoder.dense:
+        idx = str(len(modules))
+        sub = directory / f"{idx}_Dense"
+        sub.mkdir(exist_ok=True)
+        _write_json(sub / CONFIG_NAME, {"in_features": layer.in_features, "out_features": layer.out_features,
+                                        "bias": layer.bias,
+                                        "activation_function": _ACTIVATION_PATHS[layer.activation_name]})
+        sd = {k: v.detach().to("cpu").contiguous() for k, v in layer.state_dict().items()}
+        save_file(sd, str(sub / "model.safetensors"), metadata={"format": "pt"})
+        modules.append((idx, f"{idx}_Dense", "Dense"))
+    if encoder.normalize:
+        idx = str(len(modules))
+        (directory / f"{idx}_Normalize").mkdir(exist_ok=True)
+        modules.append((idx, f"{idx}_Normalize", "Normalize"))
+    _write_json(directory / "config_sentence_transformers.json",
+                {"__version__": {"bertkit": __version__, "pytorch": torch.__version__},
+                 "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+    _write_json(directory / "modules.json",
+                [{"idx": int(i), "name": i, "path": p, "type": f"sentence_transformers.models.{t}"}
+                 for i, p, t in modules])
+    return directory
