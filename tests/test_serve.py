@@ -254,6 +254,21 @@ def test_timeout_gives_504_and_drops_the_queued_request(server):
     assert health["batches"]["echo"]["expired"] == 1
 
 
+def test_a_client_that_hangs_up_has_its_queued_request_dropped(server):
+    import socket
+    calls = []
+    port = server(_echo_endpoints(calls, delay=0.5), max_batch=1)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_request, port, "POST", "/echo", {"text": "first"})
+        time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b'POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n{"text": "gone"}')
+            time.sleep(0.1)
+        assert first.result()[0] == 200
+    time.sleep(0.7)
+    assert calls == [["first"]] and _request(port, "GET", "/health")[1]["batches"]["echo"]["expired"] == 1
+
+
 def test_concurrent_requests_share_forwards(server):
     calls = []
     port = server(_echo_endpoints(calls, delay=0.02), max_batch=16, max_wait_ms=20)

@@ -139,6 +139,28 @@ class Runtime:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def _result(self, fut, request: Request):
+        """The batcher's answer; on timeout (504) or when the client hangs up, the still-queued job is cancelled so
+        the batcher drops it unrun."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_s
+        answer = asyncio.wrap_future(fut)
+        gone = asyncio.ensure_future(request.receive())   # the body is read: the next message is the disconnect
+        left = False
+        try:
+            while not answer.done() and not left and loop.time() < deadline:
+                await asyncio.wait({answer} if gone.done() else {answer, gone}, timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                left = not answer.done() and _hung_up(gone)
+        finally:
+            gone.cancel()
+        if answer.done():
+            return answer.result()
+        fut.cancel()
+        if left:
+            raise ClientDisconnect()
+        raise RequestError(504, f"no answer within {self.config.timeout_s:g} s")
+
     async def call(self, route: _Route, request: Request) -> Response:
         ep = route.endpoint
         try:
@@ -147,12 +169,7 @@ class Runtime:
                 ep.check(item)
             weight = ep.weight(item) if ep.weight is not None else 1
             fut = self.batchers[ep.name].submit(item, weight, timeout=self.config.timeout_s)
-            try:
-                result = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.timeout_s)
-            except TimeoutError:
-                fut.cancel()          # still queued: the batcher drops it unrun
-                raise RequestError(504, f"no answer within {self.config.timeout_s:g} s") from None
-            return json_response(200, result)
+            return json_response(200, await self._result(fut, request))
         except RequestError as e:
             # the rest of an oversized body is never read: close rather than parse it as the next request
             return json_response(e.status, {"error": e.message}, {"Connection": "close"} if e.status == 413 else None)
@@ -160,6 +177,11 @@ class Runtime:
             return Response(status_code=400)
         except ValueError as e:       # BertkitError is a ValueError: a user mistake found by the model code
             return json_response(422, {"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
+
+
+def _hung_up(receiving: asyncio.Future) -> bool:
+    return (receiving.done() and not receiving.cancelled() and receiving.exception() is None
+            and receiving.result().get("type") == "http.disconnect")
 
 
 class _BatchRoute(APIRoute):
