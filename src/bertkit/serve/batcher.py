@@ -3,8 +3,8 @@
 The worker takes the first queued request, then keeps taking requests until the batch holds `max_batch` texts or
 `max_wait_ms` have passed since the first one arrived, runs the model once on the padded batch and hands each request
 its own result. Under load the batch fills before the wait runs out, so the wait costs nothing; a request that comes
-more than `max_wait_ms` after the one before it (sparse traffic) does not wait at all. `max_batch=1` turns batching
-off. A request carries a deadline: one whose client has given up (504) is dropped before the model runs, never
+while no other is in flight (sparse traffic, or one client at a time) does not wait at all. `max_batch=1` turns
+batching off. A request carries a deadline: one whose client has given up (504) is dropped before the model runs, never
 computed for nobody.
 """
 
@@ -26,7 +26,7 @@ class _Job:
     item: Any
     future: Future
     weight: int          # texts in the request: a batch holds at most max_batch texts
-    gap: float           # seconds since the request before it
+    busy: bool           # other requests were in flight when it came: company is likely, worth waiting for
     deadline: float      # time.monotonic() after which nobody waits for the answer
 
 
@@ -44,7 +44,7 @@ class Batcher:
         self.on_batch = on_batch
         self.queue: queue.Queue[_Job] = queue.Queue()
         self._carry: _Job | None = None     # taken from the queue but did not fit the batch before
-        self._last_submit = -math.inf
+        self._in_flight = 0
         self._lock = threading.Lock()
         self.batches = 0        # counters, for /health, /metrics and the tests
         self.items = 0
@@ -56,11 +56,16 @@ class Batcher:
     def submit(self, item: Any, weight: int = 1, timeout: float | None = None) -> Future:
         fut: Future = Future()
         with self._lock:
-            now = time.monotonic()
-            gap, self._last_submit = now - self._last_submit, now
-        deadline = now + timeout if timeout is not None else math.inf
-        self.queue.put(_Job(item, fut, max(1, int(weight)), gap, deadline))
+            busy = self._in_flight > 0
+            self._in_flight += 1
+        fut.add_done_callback(self._finished)
+        deadline = time.monotonic() + timeout if timeout is not None else math.inf
+        self.queue.put(_Job(item, fut, max(1, int(weight)), busy, deadline))
         return fut
+
+    def _finished(self, _fut: Future) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     @property
     def depth(self) -> int:
@@ -83,9 +88,9 @@ class Batcher:
         except queue.Empty:
             return []
         batch, weight = [first], first.weight
-        # sparse traffic (the request before this one came more than max_wait earlier): waiting for company would
-        # only add latency, so take what is already queued and go; under load the gaps are short and it waits
-        deadline = time.monotonic() + (self.max_wait if first.gap <= self.max_wait else 0.0)
+        # nothing else was in flight when it came (sparse traffic, one client at a time): waiting for company would
+        # only add latency, so take what is already queued and go
+        deadline = time.monotonic() + (self.max_wait if first.busy else 0.0)
         while weight < self.max_batch:
             try:
                 job = self._next(deadline - time.monotonic())
