@@ -175,6 +175,15 @@ def test_rerank_and_predict(models):
         ref = pred.classify(["the cat sat ."])[0]["scores"]
         assert status == 200 and {p["label"]: p["score"] for p in preds} == pytest.approx(ref, abs=1e-5)
         assert preds[0]["score"] >= preds[1]["score"]
+        # concurrent requests share forwards and still get their own answers; a too-long one fails alone
+        bodies = [{"query": q, "texts": texts} for q in ("the cat", "a dog", "who sat ?", "mat .")]
+        bodies.append({"query": " ".join(["the cat"] * 200), "texts": texts})
+        with ThreadPoolExecutor(5) as pool:
+            got = list(pool.map(lambda b: _request(srv.port, "POST", "/rerank", b), bodies))
+        assert got[-1][0] == 422 and "truncate" in got[-1][1]["error"]
+        for b, (status, res) in zip(bodies[:-1], got):
+            assert status == 200 and all(abs(r["score"] - _pair_prob(pred, b["query"], texts[r["index"]])) < 1e-5
+                                         for r in res)
         status, batch = _request(srv.port, "POST", "/predict", {"inputs": [["the cat", "a dog"], "mat"]})
         assert status == 200 and len(batch) == 2 and all(len(b) == 2 for b in batch)
         assert {p["label"]: p["score"] for p in batch[0]} == pytest.approx(

@@ -118,23 +118,36 @@ def _logits(predictor, texts: list[str], pairs: list[str] | None, max_length: in
     return predictor.model(**predictor._batch(texts, pairs, max_length)).logits.float().cpu().numpy()
 
 
-def _class_logits(predictor, rows: list[list[str]], truncate: bool, max_length: int) -> np.ndarray | RequestError:
+def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray:
     """(n, labels) logits of single texts ([a]) or pairs ([a, b]); rows of both kinds run as two forwards."""
-    if not truncate:
-        counts = _token_counts(predictor, [t for row in rows for t in row])
-        k, joined = 0, []
-        for row in rows:
-            joined.append(sum(counts[k: k + len(row)]) - (len(row) - 1))   # a pair shares one [CLS]
-            k += len(row)
-        err = _too_long(joined, max_length)
-        if err is not None:
-            return err
     out = np.zeros((len(rows), predictor.model.config.num_labels), dtype=np.float32)
     for n in (1, 2):
         idx = [i for i, row in enumerate(rows) if len(row) == n]
         if idx:
             pairs = [rows[i][1] for i in idx] if n == 2 else None
             out[idx] = _logits(predictor, [rows[i][0] for i in idx], pairs, max_length)
+    return out
+
+
+def _rows_too_long(predictor, rows: list[list[str]], max_length: int) -> RequestError | None:
+    counts = _token_counts(predictor, [t for row in rows for t in row])
+    k, joined = 0, []
+    for row in rows:
+        joined.append(sum(counts[k: k + len(row)]) - (len(row) - 1))   # a pair shares one [CLS]
+        k += len(row)
+    return _too_long(joined, max_length)
+
+
+def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_length: int) -> list:
+    """Per request (rows, truncate): its (rows, labels) logits, all requests in one forward (two with pairs), or
+    the RequestError of a request with a row too long to serve untruncated."""
+    out: list = [None if truncate else _rows_too_long(predictor, rows, max_length) for rows, truncate in requests]
+    ok = [i for i, err in enumerate(out) if err is None]
+    logits = _row_logits(predictor, [row for i in ok for row in requests[i][0]], max_length) if ok else None
+    start = 0
+    for i in ok:
+        out[i] = logits[start: start + len(requests[i][0])]
+        start += len(requests[i][0])
     return out
 
 
@@ -153,10 +166,7 @@ def _labels(predictor, n: int) -> list[str]:
 
 
 def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    def one(r: S.PredictRequest):
-        logits = _class_logits(predictor, r.inputs.items, r.truncate, config.max_length)
-        if isinstance(logits, Exception):
-            return logits
+    def shape(r: S.PredictRequest, logits: np.ndarray):
         scores = _scores(predictor, logits, r.raw_scores)
         if not np.isfinite(scores).all():
             return RequestError(503, NON_FINITE)
@@ -164,7 +174,11 @@ def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
         preds = [sorted(({"label": labels[j], "score": round(float(s), 6)} for j, s in enumerate(row)),
                         key=lambda p: -p["score"]) for row in scores]
         return preds if r.inputs.batch else preds[0]
-    return lambda reqs: [one(r) for r in reqs]
+
+    def run(reqs: list) -> list:
+        logits = _class_logits(predictor, [(r.inputs.items, r.truncate) for r in reqs], config.max_length)
+        return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, logits)]
+    return run
 
 
 def _relevance(logits: np.ndarray, raw: bool) -> np.ndarray:
@@ -174,21 +188,18 @@ def _relevance(logits: np.ndarray, raw: bool) -> np.ndarray:
 
 
 def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
+    def shape(r: S.RerankRequest, logits: np.ndarray):
+        scores = _relevance(logits, r.raw_scores)
+        if not np.isfinite(scores).all():
+            return RequestError(503, NON_FINITE)
+        ranks = [{"index": i, "score": round(float(s), 6), **({"text": r.texts[i]} if r.return_text else {})}
+                 for i, s in enumerate(scores)]
+        return sorted(ranks, key=lambda x: -x["score"])
+
     def run(reqs: list) -> list:
-        out = []
-        for r in reqs:
-            logits = _class_logits(predictor, [[r.query, t] for t in r.texts], r.truncate, config.max_length)
-            if isinstance(logits, Exception):
-                out.append(logits)
-                continue
-            scores = _relevance(logits, r.raw_scores)
-            if not np.isfinite(scores).all():
-                out.append(RequestError(503, NON_FINITE))
-                continue
-            ranks = [{"index": i, "score": round(float(s), 6), **({"text": r.texts[i]} if r.return_text else {})}
-                     for i, s in enumerate(scores)]
-            out.append(sorted(ranks, key=lambda x: -x["score"]))
-        return out
+        logits = _class_logits(predictor, [([[r.query, t] for t in r.texts], r.truncate) for r in reqs],
+                               config.max_length)
+        return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, logits)]
     return run
 
 
