@@ -239,6 +239,19 @@ def test_slow_and_idle_clients_are_closed(server):
         assert time.monotonic() - t0 < 2.0
 
 
+def test_connection_cap(server):
+    import socket
+    port = server(_echo_endpoints([]), max_connections=3)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    try:
+        assert _request(port, "POST", "/echo", {"text": "a"})[0] == 503
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert _request(port, "POST", "/echo", {"text": "a"})[0] == 200
+
+
 def test_timeout_gives_504_and_drops_the_queued_request(server):
     calls = []
     port = server(_echo_endpoints(calls, delay=1.0), timeout_s=0.3, max_batch=1)

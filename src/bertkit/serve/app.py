@@ -173,8 +173,8 @@ class Runtime:
         except RequestError as e:
             # the rest of an oversized body is never read: close rather than parse it as the next request
             return json_response(e.status, {"error": e.message}, {"Connection": "close"} if e.status == 413 else None)
-        except ClientDisconnect:
-            return Response(status_code=400)
+        except ClientDisconnect:      # nobody to answer; 499 ("client closed request") is what the metrics see
+            return Response(status_code=499)
         except ValueError as e:       # BertkitError is a ValueError: a user mistake found by the model code
             return json_response(422, {"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
 
@@ -204,7 +204,7 @@ def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
                                                               annotation=Annotated[ep.request, Body()])])
     stub.bertkit_handler = partial(runtime.call, route)
     app.router.add_api_route(f"/{ep.name}", stub, methods=["POST"], name=ep.name, summary=ep.summary,
-                      response_model=ep.response, responses=_ERRORS, route_class_override=_BatchRoute)
+                             response_model=ep.response, responses=_ERRORS, route_class_override=_BatchRoute)
 
 
 # ------------------------------------------------------------------------------------------------------- app
