@@ -1,5 +1,6 @@
-"""Serving: the dynamic batcher batches, the HTTP layer answers every client mistake with a 4xx and a message
-(never a 500), timeouts give 504, and a real model serves fill-mask / embed through one padded forward."""
+"""Serving: the dynamic batcher batches and drops expired work, the HTTP layer (FastAPI on a real uvicorn, 127.0.0.1,
+ephemeral port) answers every client mistake with a 4xx and a one-line message (never a 500), timeouts give 504, and
+tiny real models serve bertkit's, text-embeddings-inference's and OpenAI's routes with the library's numbers."""
 
 from __future__ import annotations
 
@@ -9,43 +10,58 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
-from bertkit.serve import Batcher, Endpoint, Field, ServeConfig, close_server, make_server
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from pydantic import Field  # noqa: E402
+
+from bertkit.serve import Batcher, Endpoint, ServeConfig, ServerThread, make_app  # noqa: E402
+from bertkit.serve import schemas as S  # noqa: E402
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", ".", "who", "?"]
+
+
+class EchoRequest(S.Request):
+    text: S.Text
+    n: int = Field(1, ge=1, le=10)
 
 
 def _echo_endpoints(calls: list, delay: float = 0.0):
     def run(items):
-        calls.append(len(items))
+        calls.append([it.text for it in items])
         time.sleep(delay)
-        return [{"upper": it["text"].upper(), "n": it["n"]} for it in items]
-    return {"echo": Endpoint("echo", [Field("text", "string"), Field("n", "integer", required=False, default=1,
-                                                                     minimum=1, maximum=10)], run)}
+        return [{"upper": it.text.upper(), "n": it.n} for it in items]
+    return {"echo": Endpoint("echo", EchoRequest, run)}
 
 
 @pytest.fixture()
 def server():
     started = []
 
-    def start(endpoints, **cfg):
-        srv = make_server(endpoints, ServeConfig(port=0, **cfg))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        started.append(srv)
-        return srv.server_address[1]
+    def start(endpoints, app_kw=None, **cfg):
+        srv = ServerThread(make_app(endpoints, ServeConfig(port=0, **cfg), **(app_kw or {})), ServeConfig(port=0, **cfg))
+        started.append(srv.start())
+        return srv.port
     yield start
     for srv in started:
-        close_server(srv)
+        srv.stop()
 
 
-def _request(port, method, path, body=None, headers=None, raw: bytes | None = None):
+def _request(port, method, path, body=None, headers=None, raw: bytes | None = None, full=False):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     conn.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
     resp = conn.getresponse()
-    payload = json.loads(resp.read() or b"null")
+    text = resp.read()
     conn.close()
-    return resp.status, payload
+    payload = json.loads(text or b"null") if "json" in resp.getheader("content-type", "") else text.decode()
+    return (resp.status, payload, resp) if full else (resp.status, payload)
 
+
+# ------------------------------------------------------------------------------------------------------ batcher
 
 def test_batcher_groups_concurrent_requests():
     sizes = []
@@ -59,78 +75,212 @@ def test_batcher_groups_concurrent_requests():
     one.close()
 
 
+def test_batcher_counts_texts_not_requests():
+    sizes = []
+    b = Batcher(lambda items: (sizes.append(sum(items)), items)[1], max_batch=8, max_wait_ms=100)
+    futs = [b.submit(w, weight=w) for w in (5, 5, 3, 20, 1)]
+    assert [f.result(timeout=5) for f in futs] == [5, 5, 3, 20, 1]
+    assert max(sizes) == 20 and all(s <= 8 for s in sizes if s != 20), sizes    # an oversized request goes alone
+    b.close()
+
+
 def test_batcher_lone_request_does_not_wait():
-    """Sparse traffic: a request that comes long after the one before it runs at once, not after max_wait_ms."""
+    """Sparse traffic, or one client at a time: a request that comes while no other is in flight runs at once, not
+    after max_wait_ms, even right after the one before it."""
     b = Batcher(lambda items: [len(items)] * len(items), max_batch=8, max_wait_ms=400)
-    for _ in range(2):
+    for pause in (0.0, 0.0, 0.45):
         t0 = time.monotonic()
         assert b.submit({}).result(timeout=5) == 1
         assert time.monotonic() - t0 < 0.2
-        time.sleep(0.45)                     # longer than max_wait: the next one is sparse traffic too
+        time.sleep(pause)
     # a burst still batches: the first goes alone at once, the rest wait for each other
     futs = [b.submit({}) for _ in range(6)]
     assert sum(f.result(timeout=5) > 1 for f in futs) >= 4
     b.close()
 
 
-def test_batcher_isolates_per_item_errors():
+def test_batcher_isolates_per_item_errors_and_drops_expired():
     b = Batcher(lambda items: [ValueError("bad") if x["v"] < 0 else x["v"] for x in items], max_batch=4, max_wait_ms=20)
     good, bad = b.submit({"v": 1}), b.submit({"v": -1})
     assert good.result(timeout=5) == 1
     with pytest.raises(ValueError, match="bad"):
         bad.result(timeout=5)
     b.close()
+    ran = []
+    slow = Batcher(lambda items: (ran.extend(items), time.sleep(0.3), items)[2], max_batch=1)
+    first, late = slow.submit("first", timeout=5), slow.submit("late", timeout=0.1)
+    assert first.result(timeout=5) == "first"
+    time.sleep(0.2)
+    assert ran == ["first"] and late.cancelled() and slow.expired == 1
+    slow.close()
 
+
+# ------------------------------------------------------------------------------------------------- HTTP layer
 
 def test_health_openapi_and_ok(server):
-    calls = []
-    port = server(_echo_endpoints(calls))
+    port = server(_echo_endpoints([]))
     status, health = _request(port, "GET", "/health")
     assert status == 200 and health["status"] == "ok" and health["endpoints"] == ["echo"]
     status, spec = _request(port, "GET", "/openapi.json")
     assert status == 200 and spec["openapi"].startswith("3.")
-    schema = spec["paths"]["/echo"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    ref = spec["paths"]["/echo"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert schema["required"] == ["text"] and schema["properties"]["n"]["maximum"] == 10
+    assert schema["additionalProperties"] is False
     assert _request(port, "POST", "/echo", {"text": "hi", "n": 3}) == (200, {"upper": "HI", "n": 3})
+    # curl -d sends a form content type: the body is still read as JSON
+    assert _request(port, "POST", "/echo", raw=b'{"text": "x"}',
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})[0] == 200
 
 
 @pytest.mark.parametrize("raw, status, words", [
     (b"{not json", 400, "malformed JSON"),
     (b"\xff\xfe", 400, "malformed JSON"),
+    (b"", 400, "empty body"),
     (b"[1, 2]", 400, "JSON object"),
     (b'{"text": 5}', 400, "must be a string"),
-    (b'{"text": "a", "n": "3"}', 400, "must be a integer"),
-    (b'{"text": "a", "n": true}', 400, "must be a integer"),
+    (b'{"text": "a", "n": "3"}', 400, "must be an integer"),
+    (b'{"text": "a", "n": true}', 400, "must be an integer"),
     (b'{"text": "a", "n": 11}', 422, "outside"),
+    (b'{"text": "a", "n": 1.5}', 400, "must be an integer"),
     (b'{"text": "   "}', 422, "empty"),
     (b'{}', 400, "missing required field"),
     (b'{"text": "a", "extra": 1}', 400, "unknown field"),
     (b'{"text": "' + b"x" * 300 + b'"}', 413, "characters"),
+    (b'{"text": "a", "n": 10000000000}', 400, "beyond the limit"),             # huge number
+    (b'{"text": "a", "n": 1' + b"0" * 5000 + b"}", 400, "beyond the limit"),
+    (b'{"text": "a", "x": 1e999}', 400, "too large"),
+    (b'{"text": "a", "n": NaN}', 400, "NaN is not JSON"),
+    (b'{"text": "a", "x": ' + b"[" * 33 + b"]" * 33 + b"}", 400, "nested 34 deep"),   # deep nesting
+    (b"[" * 100_000, 400, "nested"),
 ])
 def test_client_mistakes_get_4xx_with_message(server, raw, status, words):
-    port = server(_echo_endpoints([]), max_text_chars=200)
+    port = server(_echo_endpoints([]), max_text_chars=200, max_body_bytes=200_000)
     got, payload = _request(port, "POST", "/echo", raw=raw)
-    assert got == status and words in payload["error"]
+    assert got == status and words in payload["error"] and "\n" not in payload["error"], payload
 
 
-def test_oversized_body_unknown_path_and_missing_length(server):
+def test_oversized_body_unknown_path_and_other_methods(server):
     port = server(_echo_endpoints([]), max_body_bytes=1000)
     got, payload = _request(port, "POST", "/echo", raw=json.dumps({"text": "x" * 5000}).encode())
     assert got == 413 and "exceeds" in payload["error"]
-    assert _request(port, "POST", "/nope", {"text": "a"})[0] == 404
+    got, payload = _request(port, "POST", "/nope", {"text": "a"})
+    assert got == 404 and "/echo" in payload["error"]
     assert _request(port, "GET", "/nope")[0] == 404
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.putrequest("POST", "/echo")
-    conn.endheaders()
-    resp = conn.getresponse()
-    assert resp.status == 411 and "Content-Length" in json.loads(resp.read())["error"]
-    conn.close()
+    for method in ("PUT", "DELETE", "PATCH"):
+        got, payload, resp = _request(port, method, "/echo", {"text": "a"}, full=True)
+        assert got == 405 and "not allowed" in payload["error"] and resp.getheader("allow") == "POST"
+    got, payload = _request(port, "POST", "/health")
+    assert got == 405 and "GET" in payload["error"]
 
 
-def test_timeout_gives_504(server):
-    port = server(_echo_endpoints([], delay=1.0), timeout_s=0.2)
-    got, payload = _request(port, "POST", "/echo", {"text": "slow"})
-    assert got == 504 and "no answer" in payload["error"]
+def _raw_exchange(port: int, data: bytes, wait: float = 1.0) -> bytes:
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except TimeoutError:
+            pass
+    return got
+
+
+def test_chunked_bodies_are_capped_and_never_smuggle(server):
+    calls = []
+    port = server(_echo_endpoints(calls), max_body_bytes=2000)
+    inner = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = b'{"text": "hi"}' + inner                      # a second request hidden in the chunk data
+    req = (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+           + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+    got = _raw_exchange(port, req)
+    assert got.count(b"HTTP/1.1 ") == 1 and got.startswith(b"HTTP/1.1 400") and b'"status":"ok"' not in got
+    # Content-Length and Transfer-Encoding together (the classic desync): refused, and the connection closes before
+    # the bytes after it are read as a request
+    both = (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"e\r\n" + b'{"text": "hi"}' + b"\r\n0\r\n\r\n" + inner)
+    got = _raw_exchange(port, both)
+    assert got.count(b"HTTP/1.1 ") == 1 and got.startswith(b"HTTP/1.1 400") and b'"status":"ok"' not in got
+    # a chunked body over the cap: 413 while streaming, and the connection closes
+    big = b"".join(b"400\r\n" + b"x" * 1024 + b"\r\n" for _ in range(8))
+    got = _raw_exchange(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + big)
+    assert got.startswith(b"HTTP/1.1 413") and b"connection: close" in got.lower()
+    # a well-formed chunked body works
+    ok = b'{"text": "chunked"}'
+    got = _raw_exchange(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close"
+                              b"\r\n\r\n" + f"{len(ok):x}\r\n".encode() + ok + b"\r\n0\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 200") and b"CHUNKED" in got
+
+
+def test_slow_and_idle_clients_are_closed(server):
+    import socket
+    port = server(_echo_endpoints([]), read_timeout_s=0.6, keep_alive_s=1)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:     # trickles its headers
+        t0 = time.monotonic()
+        closed = None
+        for piece in b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 13\r\n\r\n{}":
+            try:
+                s.sendall(bytes([piece]))
+            except OSError:
+                closed = time.monotonic() - t0
+                break
+            time.sleep(0.1)
+        if closed is None:
+            closed = time.monotonic() - t0 if s.recv(100) == b"" else None
+        assert closed is not None and closed < 3.0
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:     # connects, never sends
+        t0 = time.monotonic()
+        assert s.recv(100) == b"" and time.monotonic() - t0 < 2.0
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:     # a body that never completes
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        t0 = time.monotonic()
+        s.recv(1000)
+        assert time.monotonic() - t0 < 2.0
+
+
+def test_connection_cap(server):
+    import socket
+    port = server(_echo_endpoints([]), max_connections=3)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    try:
+        assert _request(port, "POST", "/echo", {"text": "a"})[0] == 503
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert _request(port, "POST", "/echo", {"text": "a"})[0] == 200
+
+
+def test_timeout_gives_504_and_drops_the_queued_request(server):
+    calls = []
+    port = server(_echo_endpoints(calls, delay=1.0), timeout_s=0.3, max_batch=1)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_request, port, "POST", "/echo", {"text": "first"})
+        time.sleep(0.05)
+        second = pool.submit(_request, port, "POST", "/echo", {"text": "second"})
+        for fut in (first, second):
+            got, payload = fut.result()
+            assert got == 504 and "no answer" in payload["error"]
+    time.sleep(1.2)                      # the worker finishes "first", then must skip "second"
+    assert calls == [["first"]]
+    health = _request(port, "GET", "/health")[1]
+    assert health["batches"]["echo"]["expired"] == 1
+
+
+def test_a_client_that_hangs_up_has_its_queued_request_dropped(server):
+    import socket
+    calls = []
+    port = server(_echo_endpoints(calls, delay=0.5), max_batch=1)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_request, port, "POST", "/echo", {"text": "first"})
+        time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b'POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n{"text": "gone"}')
+            time.sleep(0.1)
+        assert first.result()[0] == 200
+    time.sleep(0.7)
+    assert calls == [["first"]] and _request(port, "GET", "/health")[1]["batches"]["echo"]["expired"] == 1
 
 
 def test_concurrent_requests_share_forwards(server):
@@ -139,62 +289,31 @@ def test_concurrent_requests_share_forwards(server):
     with ThreadPoolExecutor(16) as pool:
         res = list(pool.map(lambda i: _request(port, "POST", "/echo", {"text": f"t{i}"}), range(48)))
     assert all(s == 200 and p["upper"] == f"T{i}" for i, (s, p) in enumerate(res))
-    assert sum(calls) == 48 and len(calls) < 48 and max(calls) > 1
+    sizes = [len(c) for c in calls]
+    assert sum(sizes) == 48 and len(sizes) < 48 and max(sizes) > 1
 
 
-def test_real_model_endpoints(server, tmp_path):
-    import torch
-    from bertkit import BertConfig, BertForMaskedLM, Tokenizer
-    from bertkit.infer import Predictor
-    from bertkit.serve import model_endpoints
-    torch.manual_seed(0)
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on",
-                                         "mat", "a", "dog", "."])}
-    BertForMaskedLM(BertConfig.preset("tiny", vocab_size=len(vocab))).save_pretrained(tmp_path, tokenizer=Tokenizer(vocab))
-    pred = Predictor.load(tmp_path)
-    cfg = ServeConfig(port=0)
-    port = server(model_endpoints(pred, cfg), max_batch=8, max_wait_ms=10)
-    assert sorted(_request(port, "GET", "/health")[1]["endpoints"]) == ["embed", "fill-mask"]
-    status, res = _request(port, "POST", "/fill-mask", {"text": "the cat [MASK] on the mat .", "top_k": 3})
-    assert status == 200 and res["masks"] == 1 and len(res["candidates"]) == 3, res
-    assert res == pred.fill_mask("the cat [MASK] on the mat .", top_k=3)
-    status, res = _request(port, "POST", "/fill-mask", {"text": "no mask at all"})
-    assert status == 422 and "[MASK]" in res["error"]
-    texts = ["the cat sat .", "a dog sat on the mat ."] * 4
-    with ThreadPoolExecutor(8) as pool:
-        out = list(pool.map(lambda t: _request(port, "POST", "/embed", {"text": t}), texts))
-    ref = pred.embed(texts)
-    for (status, r), v in zip(out, ref):
-        assert status == 200 and max(abs(a - b) for a, b in zip(r["embedding"], v.tolist())) < 1e-4
-    assert _request(port, "POST", "/embed", {"text": "the", "pooling": "max"})[0] == 422
-    assert _request(port, "POST", "/classify", {"text": "the"})[0] == 404
+@pytest.mark.parametrize("prometheus", [None, False])
+def test_metrics_move(server, prometheus):
+    parser = pytest.importorskip("prometheus_client.parser")
+    port = server(_echo_endpoints([]), app_kw={"prometheus": prometheus})
 
-
-@pytest.mark.parametrize("cls_name, endpoint, body, check", [
-    ("BertForSequenceClassification", "classify", {"text": "the cat sat .", "pair": "a dog ."},
-     lambda r: r["label"] in ("neg", "pos") and abs(sum(r["scores"].values()) - 1) < 1e-4),
-    ("BertForTokenClassification", "tag", {"text": "The  Cat sat on thé mat"},      # original case, accents, spans
-     lambda r: [w["word"] for w in r] == ["The", "Cat", "sat", "on", "thé", "mat"]
-     and [(w["start"], w["end"]) for w in r] == [(0, 3), (5, 8), (9, 12), (13, 15), (16, 19), (20, 23)]
-     and all(w["label"] in ("neg", "pos") for w in r)),
-    ("BertForQuestionAnswering", "answer", {"question": "who sat ?", "context": "The Cat sat on the Mat ."},
-     lambda r: r["answer"] and r["answer"] == "The Cat sat on the Mat ."[r["start"]:r["end"]]
-     and r["answer"] == r["answer"].strip()),
-])
-def test_task_heads_get_their_endpoint(server, tmp_path, cls_name, endpoint, body, check):
-    import torch
-    import bertkit
-    from bertkit import BertConfig, Tokenizer
-    from bertkit.infer import Predictor
-    from bertkit.serve import model_endpoints
-    torch.manual_seed(0)
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on",
-                                         "mat", "a", "dog", ".", "who", "?"])}
-    cfg = BertConfig.preset("tiny", vocab_size=len(vocab), id2label={0: "neg", 1: "pos"})
-    getattr(bertkit, cls_name)(cfg).save_pretrained(tmp_path, tokenizer=Tokenizer(vocab))
-    pred = Predictor.load(tmp_path)
-    port = server(model_endpoints(pred, ServeConfig(port=0)))
-    eps = _request(port, "GET", "/health")[1]["endpoints"]
-    assert sorted(eps) == sorted(["embed", endpoint])
-    status, res = _request(port, "POST", f"/{endpoint}", body)
-    assert status == 200 and check(res), res
+    def scrape():
+        status, text = _request(port, "GET", "/metrics")
+        assert status == 200
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in parser.text_string_to_metric_families(text) for s in fam.samples}
+    before = scrape()
+    for body in ({"text": "a"}, {"text": "b"}, {"text": 5}):
+        _request(port, "POST", "/echo", body)
+    _request(port, "PUT", "/echo", {"text": "a"})
+    _request(port, "GET", "/no/such/path")
+    after = scrape()
+    ok = ("bertkit_requests_total", (("method", "POST"), ("route", "/echo"), ("status", "200")))
+    assert before.get(ok, 0) == 0 and after[ok] == 2
+    assert after[("bertkit_requests_total", (("method", "POST"), ("route", "/echo"), ("status", "400")))] == 1
+    assert after[("bertkit_requests_total", (("method", "PUT"), ("route", "/echo"), ("status", "405")))] == 1
+    assert after[("bertkit_requests_total", (("method", "GET"), ("route", "other"), ("status", "404")))] == 1
+    assert after[("bertkit_request_duration_seconds_count", (("route", "/echo"),))] >= 4
+    assert after[("bertkit_batch_size_count", (("endpoint", "echo"),))] >= 1
+    assert after[("bertkit_queue_depth", (("endpoint", "echo"),))] == 0

@@ -1,0 +1,313 @@
+"""The ASGI app: routes, request validation, errors as JSON, metrics. Served by uvicorn (bertkit.serve.server).
+
+Each POST route is an `Endpoint`: a pydantic request type (its schema goes to /openapi.json), a batch function, and
+optional per-request limits. A request's path through the app: the body is read while counting (413 past
+max_body_bytes), parsed within the nesting / number / string limits (400 / 413), validated (400 for a wrong type,
+missing or unknown field; 422 for a value out of range), checked against the endpoint's limits (422), queued on the
+endpoint's batcher and awaited for at most timeout_s (504, and the queued work is dropped). Every error is
+`{"error": "one line"}`; a response never carries NaN or Inf (503 instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Annotated, Any, Callable
+
+from fastapi import Body, FastAPI
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from bertkit.serve import schemas as S
+from bertkit.serve.batcher import Batcher
+from bertkit.serve.limits import RequestError, ServeConfig, parse_json
+from bertkit.serve.metrics import CONTENT_TYPE, Metrics
+
+__all__ = ["Endpoint", "make_app", "json_response"]
+
+NON_FINITE = "the response would contain non-finite numbers (NaN or Inf): the model's output is not usable"
+_ERRORS = {"4XX": {"model": S.ErrorBody, "description": "a client mistake (400 bad JSON or field, 413 too large, "
+                                                       "422 out of range or over a limit)"},
+           "5XX": {"model": S.ErrorBody, "description": "503 non-finite model output, 504 timeout"}}
+
+
+@dataclass
+class Endpoint:
+    """One POST route. run(list of validated requests) -> list of JSON-able results, same order and length; an
+    entry that is an exception fails only its own request (RequestError: its status; ValueError: 422)."""
+    name: str                                          # the path without its leading "/"
+    request: Any                                       # a pydantic model, or an annotated union of them
+    run: Callable[[list], list]
+    response: Any = None                               # the 200 body's type, for /openapi.json
+    summary: str = ""
+    weight: Callable[[Any], int] | None = None         # texts in a request (a batch holds max_batch texts)
+    check: Callable[[Any], None] | None = None         # limits checked before queueing (raises RequestError)
+
+
+def json_response(status: int, payload: Any, headers: dict | None = None) -> Response:
+    try:
+        body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:   # the last guard: a non-finite float must not reach a client as NaN
+        status, body = 503, json.dumps({"error": NON_FINITE})
+    return Response(body.encode("utf-8"), status_code=status, media_type="application/json", headers=headers)
+
+
+# ------------------------------------------------------------------------------------------------- validation
+
+_EXPECTED = {"string_type": "a string", "int_type": "an integer", "bool_type": "a boolean", "float_type": "a number",
+             "list_type": "a list", "dict_type": "a JSON object", "model_type": "a JSON object",
+             "model_attributes_type": "a JSON object"}
+_RANGE = ("greater_than_equal", "less_than_equal", "greater_than", "less_than")
+
+
+def _json_type(value: Any) -> str:
+    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "a list",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _describe(err: dict, skip: int) -> RequestError:
+    """One pydantic error -> RequestError: 400 for the request's shape, 422 for a value out of range."""
+    loc = err["loc"][skip:]
+    field, kind, value = ".".join(str(p) for p in loc), err["type"], err.get("input")
+    if not loc and kind in _EXPECTED:
+        return RequestError(400, f"request body must be a JSON object, got {_json_type(value)}")
+    if kind == "missing":
+        return RequestError(400, f"missing required field {field!r}")
+    if kind == "extra_forbidden":
+        return RequestError(400, f"unknown field {field!r} (see /openapi.json for this endpoint's fields)")
+    if kind in _EXPECTED:
+        return RequestError(400, f"field {field!r} must be {_EXPECTED[kind]}, got {_json_type(value)}")
+    if kind.endswith("_type"):
+        return RequestError(400, f"field {field!r} has the wrong type: {err['msg']}")
+    if kind in _RANGE:
+        return RequestError(422, f"field {field!r} = {value!r} is outside the allowed range: {err['msg'].lower()}")
+    if kind == "value_error":
+        return RequestError(422, f"field {field!r} {err['ctx']['error']}")
+    return RequestError(422, f"field {field!r}: {err['msg']}")
+
+
+@dataclass
+class _Route:
+    endpoint: Endpoint
+    adapter: TypeAdapter
+    skip: int             # leading loc entries that name a union member, not a field
+
+    def validate(self, data: Any) -> Any:
+        try:
+            return self.adapter.validate_python(data)
+        except ValidationError as e:
+            raise _describe(e.errors(include_url=False)[0], self.skip) from None
+
+
+# --------------------------------------------------------------------------------------------------- runtime
+
+class Runtime:
+    """The batchers and metrics of one app, and the request path through them."""
+
+    def __init__(self, endpoints: dict[str, Endpoint], config: ServeConfig, prometheus: bool | None = None):
+        self.config = config
+        self.endpoints = dict(endpoints)
+        self.batchers: dict[str, Batcher] = {}
+        self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()}, prometheus)
+        for name, ep in self.endpoints.items():
+            self.batchers[name] = Batcher(ep.run, config.max_batch, config.max_wait_ms, name=f"batch-{name}",
+                                          on_batch=partial(self.metrics.batch, name))
+
+    def close(self) -> None:
+        for b in self.batchers.values():
+            b.close()
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise RequestError(413, f"body of {declared} bytes exceeds the limit of {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():    # counted as it streams: a chunked body has no length up front
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _result(self, fut, request: Request):
+        """The batcher's answer; on timeout (504) or when the client hangs up, the still-queued job is cancelled so
+        the batcher drops it unrun."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_s
+        answer = asyncio.wrap_future(fut)
+        gone = asyncio.ensure_future(request.receive())   # the body is read: the next message is the disconnect
+        left = False
+        try:
+            while not answer.done() and not left and loop.time() < deadline:
+                await asyncio.wait({answer} if gone.done() else {answer, gone}, timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                left = not answer.done() and _hung_up(gone)
+        finally:
+            gone.cancel()
+        if answer.done():
+            return answer.result()
+        fut.cancel()
+        if left:
+            raise ClientDisconnect()
+        raise RequestError(504, f"no answer within {self.config.timeout_s:g} s")
+
+    async def call(self, route: _Route, request: Request) -> Response:
+        ep = route.endpoint
+        try:
+            item = route.validate(parse_json(await self.read_body(request), self.config))
+            if ep.check is not None:
+                ep.check(item)
+            weight = ep.weight(item) if ep.weight is not None else 1
+            fut = self.batchers[ep.name].submit(item, weight, timeout=self.config.timeout_s)
+            return json_response(200, await self._result(fut, request))
+        except RequestError as e:
+            # the rest of an oversized body is never read: close rather than parse it as the next request
+            return json_response(e.status, {"error": e.message}, {"Connection": "close"} if e.status == 413 else None)
+        except ClientDisconnect:      # nobody to answer; 499 ("client closed request") is what the metrics see
+            return Response(status_code=499)
+        except ValueError as e:       # BertkitError is a ValueError: a user mistake found by the model code
+            return json_response(422, {"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
+
+
+def _hung_up(receiving: asyncio.Future) -> bool:
+    return (receiving.done() and not receiving.cancelled() and receiving.exception() is None
+            and receiving.result().get("type") == "http.disconnect")
+
+
+class _BatchRoute(APIRoute):
+    """A route whose handler is ours (body read and parsed within limits), while FastAPI still derives the OpenAPI
+    schema from the stub endpoint's signature."""
+
+    def get_route_handler(self):
+        handler = getattr(self.endpoint, "bertkit_handler", None)
+        return handler if handler is not None else super().get_route_handler()
+
+
+def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
+    is_union = not (isinstance(ep.request, type) and issubclass(ep.request, BaseModel))
+    route = _Route(ep, TypeAdapter(ep.request), 1 if is_union else 0)
+
+    async def stub(body):  # only its signature is used (OpenAPI); requests go to bertkit_handler
+        raise NotImplementedError
+
+    stub.__signature__ = inspect.Signature([inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                              annotation=Annotated[ep.request, Body()])])
+    stub.bertkit_handler = partial(runtime.call, route)
+    app.router.add_api_route(f"/{ep.name}", stub, methods=["POST"], name=ep.name, summary=ep.summary,
+                             response_model=ep.response, responses=_ERRORS, route_class_override=_BatchRoute)
+
+
+# ------------------------------------------------------------------------------------------------------- app
+
+class _MetricsMiddleware:
+    """Counts every response by route (known paths only, so hostile paths cannot grow the label set)."""
+
+    def __init__(self, app, metrics: Metrics, paths: set[str]):
+        self.app, self.metrics, self.paths = app, metrics, paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [500]
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            method = scope["method"] if scope["method"] in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD") else "other"
+            route = scope["path"] if scope["path"] in self.paths else "other"
+            self.metrics.request(route, method, status[0], time.perf_counter() - t0)
+
+
+class _FramingGuard:
+    """A request with both Content-Length and Transfer-Encoding is how bodies get smuggled past a proxy that reads
+    the other header: refuse it and close the connection (RFC 9112 6.3), so nothing after it on the socket is read."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            names = {k for k, _ in scope["headers"]}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                body = json.dumps({"error": "both Content-Length and Transfer-Encoding: send one"}).encode()
+                await send({"type": "http.response.start", "status": 400, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")]})
+                return await send({"type": "http.response.body", "body": body})
+        return await self.app(scope, receive, send)
+
+
+def _http_error(runtime: Runtime, absent: dict[str, str]):
+    async def handler(request: Request, exc: HTTPException) -> Response:
+        path = request.url.path
+        if exc.status_code == 404:
+            served = ", ".join("/" + n for n in sorted(runtime.endpoints))
+            message = absent.get(path.strip("/")) or f"no such path {path[:100]!r}; this server has POST {served}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {path}; use {exc.headers.get('Allow', 'POST')}"
+        else:
+            message = str(exc.detail)
+        return json_response(exc.status_code, {"error": message}, exc.headers)
+    return handler
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return json_response(500, {"error": f"internal error: {type(exc).__name__}: {str(exc)[:200]}"})
+
+
+def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, model_name: str = "model",
+             info: dict | None = None, absent: dict[str, str] | None = None, prometheus: bool | None = None) -> FastAPI:
+    """The ASGI app over `endpoints`. info: the body of GET /info; absent: route -> why this model lacks it (404);
+    prometheus: see `Metrics`. The batchers live as long as the app's lifespan (or until app.state.runtime.close())."""
+    config = (config or ServeConfig()).validate()
+    runtime = Runtime(endpoints, config, prometheus)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        runtime.close()
+
+    import bertkit
+    app = FastAPI(title=f"bertkit: {model_name}", version=bertkit.__version__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
+    app.state.runtime = runtime
+    for ep in runtime.endpoints.values():
+        _add_post(app, runtime, ep)
+
+    @app.get("/health", response_model=S.Health, summary="liveness, model, endpoints and batching counters")
+    async def health() -> Response:
+        return json_response(200, {"status": "ok", "model": model_name, "endpoints": sorted(runtime.endpoints),
+                                   "max_batch": config.max_batch,
+                                   "batches": {n: {"batches": b.batches, "requests": b.items, "expired": b.expired}
+                                               for n, b in runtime.batchers.items()}})
+
+    if info is not None:
+        @app.get("/info", response_model=S.Info, summary="the model and the server's limits (TEI's /info)")
+        async def get_info() -> Response:
+            return json_response(200, info)
+
+    @app.get("/metrics", summary="Prometheus metrics (text exposition format)",
+             responses={200: {"content": {CONTENT_TYPE: {}}, "description": "metrics"}})
+    async def metrics() -> Response:
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_exception_handler(HTTPException, _http_error(runtime, absent or {}))
+    app.add_exception_handler(Exception, _internal_error)
+    paths = {r.path for r in app.routes if hasattr(r, "path")}
+    app.add_middleware(_FramingGuard)
+    app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics, paths=paths)
+    return app

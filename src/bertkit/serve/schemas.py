@@ -1,0 +1,249 @@
+"""Request and response bodies as pydantic models: they validate requests and give /openapi.json its schemas.
+
+Requests are strict (no "3" for 3, no true for 1) and closed (an unknown field is an error, so a typo is not silently
+ignored). `inputs` / `input` fields take a string or a list of strings, as text-embeddings-inference and OpenAI do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("is empty")
+    return value
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+Text = Annotated[str, AfterValidator(_not_blank)]
+Texts = Annotated[list[Text], BeforeValidator(_as_list, json_schema_input_type=Union[str, list[str]]),
+                  Field(min_length=1, description="a text or a list of texts")]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Response(BaseModel):
+    pass
+
+
+class ErrorBody(Response):
+    error: str = Field(description="what was wrong, in one line")
+
+
+# --------------------------------------------------------------------------------------------- bertkit's own routes
+
+class EmbedRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"text": "A man is eating food."}})
+    text: Text = Field(description="input text")
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+
+
+class EmbedResult(Response):
+    embedding: list[float]
+
+
+class FillMaskRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"text": "Paris is the [MASK] of France."}})
+    text: str = Field(description="text with one or more [MASK] (at most the server's max_masks)")
+    top_k: int = Field(5, ge=1, description="candidates to return (at most the server's max_top_k)")
+    beam_size: int = Field(8, ge=1, description="beam width of the decoding (at most the server's max_beam_size)")
+
+
+class WordCandidate(Response):
+    word: str
+    score: float
+    pieces: list[str]
+    sequence: str
+
+
+class JointCandidate(Response):
+    tokens: list[str]
+    score: float
+    log_pll: float
+    sequence: str
+
+
+class FillMaskResult(Response):
+    masks: int
+    candidates: Union[list[WordCandidate], list[JointCandidate]]
+
+
+class ClassifyRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"text": "a gripping, funny film"}})
+    text: Text = Field(description="input text")
+    pair: Text | None = Field(None, description="second text (pair tasks)")
+
+
+class ClassifyResult(Response):
+    label: str | None = None
+    score: float | None = None
+    scores: dict[str, float] | None = None
+    value: float | None = Field(None, description="regression models only")
+
+
+class TagRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"text": "Tony Blair visited Paris."}})
+    text: Text = Field(description="input text")
+
+
+class TaggedWord(Response):
+    word: str
+    start: int
+    end: int
+    label: str | None
+    score: float | None
+
+
+class AnswerRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"question": "Who visited Paris?",
+                                                             "context": "Tony Blair visited Paris."}})
+    question: Text
+    context: Text
+
+
+class AnswerResult(Response):
+    answer: str
+    score: float
+    start: int | None
+    end: int | None
+
+
+class Health(Response):
+    status: str
+    model: str
+    endpoints: list[str]
+    max_batch: int
+    batches: dict[str, dict[str, int]]
+
+
+# ------------------------------------------------------------------------------- text-embeddings-inference routes
+
+class TeiEmbedRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"inputs": ["A man is eating food."]}})
+    inputs: Texts
+    normalize: bool = True
+    truncate: bool = Field(False, description="cut inputs past the maximum input length instead of refusing them")
+
+
+def _embed_shape(body: Any) -> str:
+    return "tei" if isinstance(body, dict) and "inputs" in body else "text"
+
+
+AnyEmbedRequest = Annotated[Union[Annotated[EmbedRequest, Tag("text")], Annotated[TeiEmbedRequest, Tag("tei")]],
+                            Discriminator(_embed_shape)]
+AnyEmbedResult = Union[EmbedResult, list[list[float]]]
+
+
+class PredictInputs(BaseModel):
+    model_config = ConfigDict(strict=True)
+    batch: bool
+    items: list[Annotated[list[Text], Field(min_length=1, max_length=2)]] = Field(min_length=1)
+
+
+def _predict_inputs(value: Any) -> Any:
+    """TEI's shapes: "text", ["text", "pair"], or a list of "text" / ["text"] / ["text", "pair"]."""
+    if isinstance(value, str):
+        return {"batch": False, "items": [[value]]}
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return {"batch": False, "items": [value]}
+    if isinstance(value, list):
+        return {"batch": True, "items": [[v] if isinstance(v, str) else v for v in value]}
+    return value
+
+
+class PredictRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"inputs": "a gripping, funny film"}})
+    inputs: Annotated[PredictInputs, BeforeValidator(
+        _predict_inputs, json_schema_input_type=Union[str, list[Union[str, list[str]]]])] = Field(
+        description='a text, a ["text", "pair"], or a list of those')
+    raw_scores: bool = False
+    truncate: bool = False
+
+
+class Prediction(Response):
+    label: str
+    score: float
+
+
+PredictResult = Union[list[Prediction], list[list[Prediction]]]
+
+
+class RerankRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"query": "What is Paris?",
+                                                             "texts": ["Paris is a city.", "Bread is food."]}})
+    query: Text
+    texts: list[Text] = Field(min_length=1)
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool = False
+
+
+class Rank(Response):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TokenizeRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"inputs": "A man is eating food."}})
+    inputs: Texts
+    add_special_tokens: bool = True
+
+
+class SimpleToken(Response):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class Info(Response):
+    model_id: str
+    model_type: str
+    task: str
+    dims: int
+    max_input_length: int
+    max_client_batch_size: int
+    max_batch_requests: int
+    max_concurrent_requests: int
+    labels: list[str] | None = None
+    version: str
+
+
+# --------------------------------------------------------------------------------------------------------- OpenAI
+
+class OpenAIEmbedRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"input": "A man is eating food.", "model": "bertkit"}})
+    input: Texts
+    model: str = Field(description="any name: the server has one model and answers with its id")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="must equal the model's width when given")
+    user: str | None = None
+
+
+class OpenAIEmbedding(Response):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str] = Field(description="floats, or base64 of little-endian float32")
+
+
+class Usage(Response):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbedResponse(Response):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: Usage

@@ -1,0 +1,328 @@
+"""Serving tiny real models (saved to a tmp dir): bertkit's routes, text-embeddings-inference's and OpenAI's return
+the library's numbers (the `openai` client against `bertkit embed`), hostile requests get a 4xx, a non-finite model
+output a 503, bad start-up options one line and exit 2; and a bounded mixed load (slow) sees no 5xx."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+from bertkit.serve import ServeConfig, ServerThread, absent_routes, make_app, model_endpoints, model_info  # noqa: E402
+from test_serve import VOCAB, _request  # noqa: E402
+
+TEXTS = ["the cat sat .", "a dog sat on the mat .", "the mat", "who sat on the cat ?"]
+
+
+def _save(path, cls_name: str, **cfg):
+    import torch
+    import bertkit
+    from bertkit import BertConfig, Tokenizer
+    torch.manual_seed(0)
+    vocab = {t: i for i, t in enumerate(VOCAB)}
+    getattr(bertkit, cls_name)(BertConfig.preset("tiny", vocab_size=len(vocab), **cfg)).save_pretrained(
+        path, tokenizer=Tokenizer(vocab))
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-models")
+    two = {"id2label": {0: "neg", 1: "pos"}}
+    return {"mlm": _save(root / "mlm", "BertForMaskedLM"),
+            "cls": _save(root / "cls", "BertForSequenceClassification", **two),
+            "cross": _save(root / "cross", "BertForSequenceClassification", id2label={0: "relevant"}),
+            "tag": _save(root / "tag", "BertForTokenClassification", **two),
+            "answer": _save(root / "answer", "BertForQuestionAnswering")}
+
+
+def _serve(predictor, **cfg):
+    config = ServeConfig(port=0, **cfg)
+    app = make_app(model_endpoints(predictor, config), config, model_name=predictor.name,
+                   info=model_info(predictor, config), absent=absent_routes(predictor))
+    return ServerThread(app, config).start()
+
+
+@pytest.fixture(scope="module")
+def mlm(models):
+    from bertkit.infer import Predictor
+    pred = Predictor.load(models["mlm"])
+    srv = _serve(pred, max_batch=8, max_wait_ms=10, max_masks=3)
+    yield pred, srv
+    srv.stop()
+
+
+def test_real_model_endpoints(mlm):
+    pred, srv = mlm
+    port = srv.port
+    assert _request(port, "GET", "/health")[1]["endpoints"] == ["embed", "fill-mask", "tokenize", "v1/embeddings"]
+    status, res = _request(port, "POST", "/fill-mask", {"text": "the cat [MASK] on the mat .", "top_k": 3})
+    assert status == 200 and res["masks"] == 1 and len(res["candidates"]) == 3, res
+    assert res == pred.fill_mask("the cat [MASK] on the mat .", top_k=3)
+    status, res = _request(port, "POST", "/fill-mask", {"text": "no mask at all"})
+    assert status == 422 and "[MASK]" in res["error"]
+    texts = TEXTS * 2
+    with ThreadPoolExecutor(8) as pool:
+        out = list(pool.map(lambda t: _request(port, "POST", "/embed", {"text": t}), texts))
+    for (status, r), v in zip(out, pred.embed(texts)):
+        assert status == 200 and max(abs(a - b) for a, b in zip(r["embedding"], v.tolist())) < 1e-5
+    assert _request(port, "POST", "/embed", {"text": "the", "pooling": "max"})[0] == 422
+    status, res = _request(port, "POST", "/classify", {"text": "the"})
+    assert status == 404 and "sequence-classification" in res["error"]
+    status, res = _request(port, "POST", "/rerank", {"query": "the", "texts": ["a"]})
+    assert status == 404 and "cross-encoder" in res["error"]
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"text": "[MASK] [MASK] [MASK] [MASK] sat"}, "[MASK]s = 4 is over"),
+    ({"text": "the [MASK]", "top_k": 51}, "top_k = 51 is over"),
+    ({"text": "the [MASK]", "beam_size": 17}, "beam_size = 17 is over"),
+    ({"text": "the [MASK]", "top_k": 0}, "outside"),
+    ({"text": "the [MASK]", "top_k": 5_000_000_000}, "beyond the limit"),
+])
+def test_fill_mask_work_is_bounded(mlm, body, words):
+    status, res = _request(mlm[1].port, "POST", "/fill-mask", body)
+    assert status in (400, 422) and words in res["error"], res
+
+
+def test_openai_client_equals_bertkit_embed(mlm, models, tmp_path):
+    openai = pytest.importorskip("openai")
+    from bertkit.cli import main
+    pred, srv = mlm
+    assert main(["embed", str(models["mlm"]), *TEXTS, "--out", str(tmp_path / "ref.npy")]) == 0
+    ref = np.load(tmp_path / "ref.npy")
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    for fmt in ({}, {"encoding_format": "float"}):      # unless told, the client asks for base64 and decodes it
+        res = client.embeddings.create(model="anything", input=TEXTS, **fmt)
+        got = np.array([d.embedding for d in sorted(res.data, key=lambda d: d.index)])
+        assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-5
+        assert res.model == pred.name and res.object == "list"
+        assert res.usage.prompt_tokens == sum(len(pred.tokenizer.encode(t)) for t in TEXTS)
+    one = client.embeddings.create(model="m", input=TEXTS[0])
+    assert len(one.data) == 1 and np.abs(np.array(one.data[0].embedding) - ref[0]).max() < 1e-5
+    with pytest.raises(openai.BadRequestError):       # 400: input must be a string or a list of strings
+        client.embeddings.create(model="m", input=[[1, 2, 3]])
+
+
+def test_tei_embed_equals_bertkit_embed(mlm):
+    httpx = pytest.importorskip("httpx")
+    pred, srv = mlm
+    resp = httpx.post(f"{srv.url}/embed", json={"inputs": TEXTS}, timeout=30)     # as a TEI client sends it
+    got = resp.json()
+    assert resp.status_code == 200 and isinstance(got, list) and np.abs(np.array(got) - pred.embed(TEXTS)).max() < 1e-5
+    status, got = _request(srv.port, "POST", "/embed", {"inputs": TEXTS[1], "normalize": False})
+    raw = pred.embed([TEXTS[1]], normalize=False)
+    assert status == 200 and len(got) == 1 and np.abs(np.array(got) - raw).max() < 1e-5
+    long = " ".join(["the cat sat"] * 100)                         # 302 tokens; max_length is 256
+    status, res = _request(srv.port, "POST", "/embed", {"inputs": [long]})
+    assert status == 422 and "truncate" in res["error"]
+    status, got = _request(srv.port, "POST", "/embed", {"inputs": [long], "truncate": True})
+    assert status == 200 and np.abs(np.array(got) - pred.embed([long])).max() < 1e-5
+    status, res = _request(srv.port, "POST", "/embed", {"inputs": ["a"] * 33})
+    assert status == 422 and "33 inputs" in res["error"]
+    assert _request(srv.port, "POST", "/embed", {"inputs": []})[0] == 422
+    assert _request(srv.port, "POST", "/embed", {"inputs": "a", "text": "b"})[0] == 400
+
+
+def test_tokenize_and_info(mlm):
+    pred, srv = mlm
+    text = "The  Cat sat on thé mat"
+    status, (toks,) = _request(srv.port, "POST", "/tokenize", {"inputs": text})
+    assert status == 200 and [t["id"] for t in toks] == pred.tokenizer.encode(text)
+    assert toks[0] == {"id": 2, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    words = [t for t in toks if not t["special"]]
+    assert [t["text"] for t in words] == ["The", "Cat", "sat", "on", "thé", "mat"]
+    assert all(text[t["start"]:t["stop"]] == t["text"] for t in words)
+    status, res = _request(srv.port, "POST", "/tokenize", {"inputs": ["a", "the dog"], "add_special_tokens": False})
+    assert status == 200 and [[t["text"] for t in r] for r in res] == [["a"], ["the", "dog"]]
+    status, info = _request(srv.port, "GET", "/info")
+    assert status == 200 and info["dims"] == pred.encoder.config.hidden_size and info["max_input_length"] == 256
+    assert info["model_id"] == pred.name and info["max_batch_requests"] == 8 and info["version"]
+    spec = _request(srv.port, "GET", "/openapi.json")[1]
+    schemas = spec["components"]["schemas"]
+    for name in ("TeiEmbedRequest", "OpenAIEmbedRequest", "OpenAIEmbedResponse", "TokenizeRequest", "FillMaskResult"):
+        assert schemas[name]["properties"], name
+    assert spec["paths"]["/info"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+
+
+def _pair_prob(pred, query: str, text: str) -> float:
+    return pred.classify([query], pairs=[text])[0]["scores"]["pos"]
+
+
+def test_rerank_and_predict(models):
+    import torch
+    from bertkit.infer import Predictor
+    pred = Predictor.load(models["cls"])
+    texts = ["a dog sat on the mat .", "the cat", "who ?", "the mat"]
+    with _serve(pred) as srv:
+        status, ranks = _request(srv.port, "POST", "/rerank", {"query": "the cat sat", "texts": texts,
+                                                              "return_text": True})
+        assert status == 200 and sorted(r["index"] for r in ranks) == [0, 1, 2, 3]
+        assert [r["score"] for r in ranks] == sorted((r["score"] for r in ranks), reverse=True)
+        for r in ranks:
+            assert r["text"] == texts[r["index"]] and abs(r["score"] - _pair_prob(pred, "the cat sat", r["text"])) < 1e-5
+        status, raw = _request(srv.port, "POST", "/rerank", {"query": "the cat sat", "texts": texts, "raw_scores": True})
+        assert [r["index"] for r in raw] == [r["index"] for r in ranks] and "text" not in raw[0]
+        status, preds = _request(srv.port, "POST", "/predict", {"inputs": "the cat sat ."})
+        ref = pred.classify(["the cat sat ."])[0]["scores"]
+        assert status == 200 and {p["label"]: p["score"] for p in preds} == pytest.approx(ref, abs=1e-5)
+        assert preds[0]["score"] >= preds[1]["score"]
+        # concurrent requests share forwards and still get their own answers; a too-long one fails alone
+        bodies = [{"query": q, "texts": texts} for q in ("the cat", "a dog", "who sat ?", "mat .")]
+        bodies.append({"query": " ".join(["the cat"] * 200), "texts": texts})
+        with ThreadPoolExecutor(5) as pool:
+            got = list(pool.map(lambda b: _request(srv.port, "POST", "/rerank", b), bodies))
+        assert got[-1][0] == 422 and "truncate" in got[-1][1]["error"]
+        for b, (status, res) in zip(bodies[:-1], got):
+            assert status == 200 and all(abs(r["score"] - _pair_prob(pred, b["query"], texts[r["index"]])) < 1e-5
+                                         for r in res)
+        status, batch = _request(srv.port, "POST", "/predict", {"inputs": [["the cat", "a dog"], "mat"]})
+        assert status == 200 and len(batch) == 2 and all(len(b) == 2 for b in batch)
+        assert {p["label"]: p["score"] for p in batch[0]} == pytest.approx(
+            pred.classify(["the cat"], pairs=["a dog"])[0]["scores"], abs=1e-5)
+    cross = Predictor.load(models["cross"])          # a one-label cross-encoder: sigmoid of its logit
+    with _serve(cross) as srv:
+        status, ranks = _request(srv.port, "POST", "/rerank", {"query": "the cat", "texts": texts, "raw_scores": True})
+        with torch.inference_mode():
+            logits = cross.model(**cross._batch(["the cat"] * 4, texts, 256)).logits[:, 0].tolist()
+        assert status == 200 and [r["index"] for r in ranks] == sorted(range(4), key=lambda i: -logits[i])
+        assert all(abs(r["score"] - logits[r["index"]]) < 1e-5 for r in ranks)
+
+
+@pytest.mark.parametrize("kind, endpoint, body, check", [
+    ("cls", "classify", {"text": "the cat sat .", "pair": "a dog ."},
+     lambda r: r["label"] in ("neg", "pos") and abs(sum(r["scores"].values()) - 1) < 1e-4),
+    ("tag", "tag", {"text": "The  Cat sat on thé mat"},      # original case, accents, spans
+     lambda r: [w["word"] for w in r] == ["The", "Cat", "sat", "on", "thé", "mat"]
+     and [(w["start"], w["end"]) for w in r] == [(0, 3), (5, 8), (9, 12), (13, 15), (16, 19), (20, 23)]
+     and all(w["label"] in ("neg", "pos") for w in r)),
+    ("answer", "answer", {"question": "who sat ?", "context": "The Cat sat on the Mat ."},
+     lambda r: r["answer"] and r["answer"] == "The Cat sat on the Mat ."[r["start"]:r["end"]]
+     and r["answer"] == r["answer"].strip()),
+])
+def test_task_heads_get_their_endpoint(models, kind, endpoint, body, check):
+    from bertkit.infer import Predictor
+    with _serve(Predictor.load(models[kind])) as srv:
+        eps = _request(srv.port, "GET", "/health")[1]["endpoints"]
+        assert endpoint in eps and "fill-mask" not in eps
+        status, res = _request(srv.port, "POST", f"/{endpoint}", body)
+        assert status == 200 and check(res), res
+
+
+def test_non_finite_output_is_a_clear_503(models):
+    import torch
+    from bertkit.infer import Predictor
+    pred = Predictor.load(models["cls"])
+    with torch.no_grad():
+        for p in pred.model.parameters():
+            p.fill_(math.nan)
+    with _serve(pred) as srv:
+        for path, body in (("/embed", {"text": "the cat"}), ("/embed", {"inputs": ["the cat"]}),
+                           ("/v1/embeddings", {"input": "the", "model": "m"}), ("/classify", {"text": "the cat"}),
+                           ("/predict", {"inputs": "the cat"}), ("/rerank", {"query": "a", "texts": ["the"]})):
+            status, res = _request(srv.port, "POST", path, body)
+            assert status == 503 and "non-finite" in res["error"], (path, res)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--max-length", "0"], "--max-length must be an integer >= 3"),
+    (["--timeout", "-1"], "--timeout must be a finite number > 0"),
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--max-wait-ms", "nan"], "--max-wait-ms"),
+    (["--host", "no-such-host.invalid"], "does not resolve"),
+    (["--port", "BUSY"], "is in use"),
+])
+def test_bad_startup_options_one_line_exit_2(models, capsys, argv, words):
+    import socket
+    from bertkit.cli import main
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        argv = [str(busy.getsockname()[1]) if a == "BUSY" else a for a in argv]
+        assert main(["serve", str(models["mlm"]), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_missing_extra_is_one_line(models, capsys, monkeypatch):
+    from bertkit.cli import main
+    monkeypatch.setitem(sys.modules, "fastapi", None)        # import fastapi -> ImportError
+    assert main(["serve", str(models["mlm"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pip install 'bertkit[serve]'" in err and len(err.splitlines()) == 1
+
+
+def test_core_library_does_not_import_fastapi():
+    code = ("import sys, bertkit, bertkit.infer, bertkit.serve, bertkit.cli; bertkit.cli.build_parser(); "
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'pydantic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------ mixed load
+
+_HOSTILE = [
+    ("POST", "/fill-mask", json.dumps({"text": "[MASK] " * 20}).encode(), 422),
+    ("POST", "/embed", b'{"inputs": ' + b"[" * 40 + b"]" * 40 + b"}", 400),
+    ("POST", "/embed", b'{"inputs": "a", "truncate": 123456789012}', 400),
+    ("POST", "/embed", b"{not json", 400),
+    ("PUT", "/embed", b'{"text": "a"}', 405),
+    ("POST", "/embed", b'{"text": "' + b"x" * 70_000 + b'"}', 413),
+    ("POST", "/fill-mask", json.dumps({"text": "the [MASK]", "beam_size": 1000}).encode(), 422),
+    ("GET", "/../../etc/passwd", b"", 404),
+]
+
+
+@pytest.mark.slow
+def test_mixed_load_no_5xx(mlm):
+    """16 client threads, 2,000 requests, 10% hostile: every answer is 2xx or the expected 4xx; p99 reported."""
+    import http.client
+    pred, srv = mlm
+    rng = random.Random(0)
+    jobs: list[tuple] = []
+    for i in range(2000):
+        if rng.random() < 0.1:
+            jobs.append(rng.choice(_HOSTILE))
+        else:
+            body = rng.choice([{"text": rng.choice(TEXTS)}, {"inputs": rng.sample(TEXTS, 2)},
+                               {"text": "the cat [MASK] on the mat .", "top_k": 3}])
+            jobs.append(("POST", "/fill-mask" if "top_k" in body else "/embed", json.dumps(body).encode(), 200))
+    local = threading.local()
+
+    def send(job) -> tuple[float, object]:
+        method, path, body, _ = job
+        if getattr(local, "conn", None) is None:         # one keep-alive connection per client thread
+            local.conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        t0 = time.perf_counter()
+        try:
+            local.conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            resp = local.conn.getresponse()
+            resp.read()
+            if resp.getheader("connection", "").lower() == "close":
+                local.conn.close()
+            return time.perf_counter() - t0, resp.status
+        except (OSError, http.client.HTTPException) as e:
+            local.conn.close()
+            return time.perf_counter() - t0, repr(e)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(send, jobs))
+    wall = time.perf_counter() - t0
+    bad = [(job[1], job[3], status) for job, (_, status) in zip(jobs, results) if status != job[3]]
+    lat = sorted(dt for dt, _ in results)
+    p99 = lat[int(0.99 * (len(lat) - 1))] * 1000
+    print(f"\nmixed load: {len(lat)} requests in {wall:.1f} s ({len(lat) / wall:.0f} req/s), "
+          f"p50 {lat[len(lat) // 2] * 1000:.1f} ms, p99 {p99:.1f} ms, unexpected {len(bad)}")
+    assert len(lat) == 2000
+    assert not [b for b in bad if isinstance(b[2], str) or b[2] >= 500], bad[:10]
+    assert not bad, bad[:10]
