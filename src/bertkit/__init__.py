@@ -34,6 +34,7 @@ _LAZY = {
     "Predictor": "bertkit.infer",
     "cosine_search": "bertkit.infer",
     "TrainConfig": "bertkit.train",
+    "resolve_model_dir": "bertkit.hub",
     "train": "bertkit.train",
 }
 
