@@ -47,3 +47,117 @@ def test_bad_dtype_is_a_config_error(mlm_dir):
         BertModel.from_pretrained(mlm_dir, dtype="bfloat17")
     with pytest.raises(ConfigError, match="give one"):
         BertModel.from_pretrained(mlm_dir, dtype=torch.float32, torch_dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def _ids(seed=0, b=3, s=9):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 50, (b, s), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 4], labels[2, 7] = 7, 8, 9
+    return ids, mask, labels
+
+
+def test_outputs_index_and_unpack_like_model_output():
+    torch.manual_seed(0)
+    m = BertModel(_cfg()).eval()
+    ids, mask, _ = _ids()
+    with torch.no_grad():
+        out = m(ids, attention_mask=mask)
+        tup = m(ids, attention_mask=mask, return_dict=False)
+    assert out.keys() == ["last_hidden_state", "pooler_output"] and len(out) == 2 and "pooler_output" in out
+    assert out[0] is out.last_hidden_state and out["pooler_output"] is out.pooler_output and out[-1] is out[1]
+    h, pooled = out
+    assert h is out.last_hidden_state and pooled is out.pooler_output
+    assert out.to_tuple() == (h, pooled) and out[:1] == (h,) and dict(out)["pooler_output"] is pooled
+    assert isinstance(tup, tuple) and len(tup) == 2 and torch.equal(tup[0], h) and torch.equal(tup[1], pooled)
+    with pytest.raises(KeyError, match="hidden_states"):
+        out["hidden_states"]                                     # None: absent, as in transformers
+    assert out.get("hidden_states") is None
+    with torch.no_grad():
+        full = m(ids, attention_mask=mask, output_hidden_states=True)
+    assert full.keys() == ["last_hidden_state", "pooler_output", "hidden_states"] and len(full[2]) == 3
+
+
+def test_head_tuples_have_transformers_positions():
+    """bertkit's extras (masked_positions, mlm_loss, nsp_loss) stay out of the tuple: loss, logits = out works."""
+    from bertkit import BertForPreTraining, BertForSequenceClassification
+    torch.manual_seed(0)
+    ids, mask, labels = _ids()
+    mlm = BertForMaskedLM(_cfg()).eval()
+    loss, logits = mlm(ids, attention_mask=mask, labels=labels)
+    assert logits.shape == (3, 50) and loss.dim() == 0
+    out = mlm(ids, attention_mask=mask, labels=labels)
+    assert out.keys() == ["loss", "logits"] and out["masked_positions"].tolist() == [2, 13, 25]
+    pt = BertForPreTraining(_cfg()).eval()
+    out = pt(ids, attention_mask=mask, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
+    assert out.keys() == ["loss", "prediction_logits", "seq_relationship_logits"]
+    assert out[1] is out.prediction_logits and out["mlm_loss"] is out.mlm_loss
+    clf = BertForSequenceClassification(_cfg()).eval()
+    loss, logits = clf(ids, attention_mask=mask, labels=torch.tensor([0, 1, 1]), return_dict=False)
+    assert logits.shape == (3, 2)
+
+
+def test_tuples_match_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from bertkit import BertForPreTraining
+    torch.manual_seed(0)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = BertForPreTraining.from_pretrained(tmp_path)
+    ids, mask, labels = _ids()
+    kw = dict(attention_mask=mask, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]), return_dict=False)
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, **kw)
+        mine = ours(ids, masked_logits_only=False, **kw)
+    assert len(mine) == len(theirs) == 3
+    real = mask.bool()                                          # padded rows' logits are undefined in both
+    for a, b in zip(mine, theirs):
+        assert a.shape == b.shape
+        assert ((a[real] - b[real]) if a.dim() == 3 else (a - b)).abs().max() < 1e-5
+
+
+def test_forward_flags_are_checked():
+    m = BertForMaskedLM(_cfg()).eval()
+    ids, _, _ = _ids()
+    m(ids, position_ids=None, head_mask=None, inputs_embeds=None)   # transformers' defaults: accepted
+    with pytest.raises(ConfigError, match="unexpected argument 'use_cache'"):
+        m(ids, use_cache=False)
+    with pytest.raises(ConfigError, match="position_ids is not supported"):
+        m(ids, position_ids=torch.arange(9)[None])
+    with pytest.raises(ConfigError, match="unexpected argument 'masked_logits_only'"):
+        BertModel(_cfg())(ids, masked_logits_only=True)
+
+
+# ---------------------------------------------------------------------------------------------- MLM logits shape
+@pytest.mark.parametrize("cls_name", ["BertForMaskedLM", "BertForPreTraining"])
+def test_masked_logits_only_flag_and_attribute(cls_name):
+    import bertkit
+    cls = getattr(bertkit, cls_name)
+    torch.manual_seed(0)
+    m = cls(_cfg(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    ids, mask, labels = _ids()
+    pick = labels != -100
+    with torch.no_grad():
+        default = m(ids, attention_mask=mask, labels=labels)           # today's default: masked rows only
+        full = m(ids, attention_mask=mask, labels=labels, masked_logits_only=False)
+        m.masked_logits_only = False
+        attr = m(ids, attention_mask=mask, labels=labels)
+        forced = m(ids, attention_mask=mask, labels=labels, masked_logits_only=True)
+        nolabels = m(ids, attention_mask=mask)
+    name = "logits" if cls_name == "BertForMaskedLM" else "prediction_logits"
+
+    def logits(o):
+        return o[name]
+    assert logits(default).shape == (3, 50) and logits(forced).shape == (3, 50)
+    assert logits(full).shape == (3, 9, 50) and logits(attr).shape == (3, 9, 50)
+    assert (logits(full)[pick] - logits(default)).abs().max() < 1e-5
+    assert (logits(full) - logits(nolabels)).abs().max() < 1e-5
+    for o in (full, attr, forced):
+        assert (o.loss - default.loss).abs() < 1e-6
+    assert torch.equal(full.masked_positions, default.masked_positions)
+    assert type(m).masked_logits_only is True                         # the class default is untouched

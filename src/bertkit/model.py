@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
+from bertkit.outputs import ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
 __all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection", "activation"]
@@ -66,7 +67,7 @@ class Activation(nn.Module):
 
 
 @dataclass
-class BertModelOutput:
+class BertModelOutput(ModelOutput):
     last_hidden_state: Tensor                  # (batch, seq, hidden); (n, hidden) with output_rows
     pooler_output: Tensor | None = None        # (batch, hidden)
     hidden_states: tuple[Tensor, ...] | None = None  # embeddings + each layer, each (batch, seq, hidden)
@@ -359,13 +360,15 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                first_token_only: bool = False, output_rows: Tensor | None = None) -> BertModelOutput:
-        """first_token_only: the last layer runs at position 0 ([CLS]) only, for callers that read nothing but the
+                first_token_only: bool = False, output_rows: Tensor | None = None, **flags) -> BertModelOutput:
+        """return_dict=False returns `BertModelOutput.to_tuple()` (see bertkit.outputs).
+        first_token_only: the last layer runs at position 0 ([CLS]) only, for callers that read nothing but the
         pooler: `last_hidden_state` is then (batch, 1, hidden), the full forward's `[:, :1]`.
         output_rows: (n,) flat (batch * seq) positions the caller reads (MLM at its masked tokens):
         `last_hidden_state` is then (n, hidden), the full forward's `.reshape(-1, hidden)[output_rows]`, and the
         last layer's position-wise work runs on those rows (and [CLS], for the pooler) only.
         With attention maps or hidden states the full last layer runs (output_rows still selects the rows)."""
+        flags = forward_flags("BertModel", flags)
         _check_shapes(self.config, input_ids, token_type_ids, attention_mask)
         plan = self.plan(input_ids, attention_mask, output_attentions)
         if plan.check_values:
@@ -381,16 +384,16 @@ class BertModel(BertPreTrainedModel):
         if rows is not None and not rows.first_only:
             n = output_rows.numel()
             pooled = self.pooler(x[n:, None]) if self.pooler is not None else None   # (batch, hidden)
-            return BertModelOutput(last_hidden_state=x[:n], pooler_output=pooled)    # (n, hidden)
+            return finish(BertModelOutput(last_hidden_state=x[:n], pooler_output=pooled), flags)   # (n, hidden)
         if rows is None:
             x = layout.pad(x)                                            # (batch, seq, hidden)
         pooled = self.pooler(x) if self.pooler is not None else None
         if output_rows is not None and rows is None:                     # the full layer ran: select the rows
             x = x.reshape(-1, x.shape[-1]).index_select(0, output_rows.reshape(-1))
-        return BertModelOutput(
+        return finish(BertModelOutput(
             last_hidden_state=x, pooler_output=pooled,
             hidden_states=tuple(layout.pad(h) for h in hidden) if hidden is not None else None,
-            attentions=tuple(attentions) if output_attentions else None)
+            attentions=tuple(attentions) if output_attentions else None), flags)
 
     def _rows(self, layout: Layout, attention_mask: Tensor | None, output_rows: Tensor | None) -> Rows | None:
         """The last layer's rows for first_token_only / output_rows, or None where the full layer must run."""
