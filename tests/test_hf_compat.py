@@ -161,3 +161,105 @@ def test_masked_logits_only_flag_and_attribute(cls_name):
         assert (o.loss - default.loss).abs() < 1e-6
     assert torch.equal(full.masked_positions, default.masked_positions)
     assert type(m).masked_logits_only is True                         # the class default is untouched
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+def test_get_and_set_input_embeddings():
+    from bertkit import BertForSequenceClassification
+    torch.manual_seed(0)
+    m = BertForMaskedLM(_cfg())
+    emb = m.get_input_embeddings()
+    assert emb is m.bert.embeddings.word_embeddings and m.base_model is m.bert
+    new = torch.nn.Embedding(60, 32, padding_idx=0)
+    m.set_input_embeddings(new)
+    assert m.get_input_embeddings() is new and m.config.vocab_size == 60
+    assert m.cls.predictions._word_embeddings is new and m.cls.predictions.bias.shape == (60,)
+    assert m(torch.tensor([[5, 59]])).logits.shape == (1, 2, 60)
+    with pytest.raises(ConfigError, match="nn.Embedding"):
+        m.set_input_embeddings(torch.nn.Embedding(60, 16))
+    assert BertForSequenceClassification(_cfg()).get_input_embeddings().num_embeddings == 50
+    assert BertModel(_cfg()).base_model.get_input_embeddings().num_embeddings == 50
+
+
+def test_resize_token_embeddings_grows_and_shrinks_with_the_tied_decoder(tmp_path):
+    torch.manual_seed(0)
+    m = BertForMaskedLM(_cfg()).eval()
+    with torch.no_grad():
+        m.cls.predictions.bias.normal_()
+    old_w = m.get_input_embeddings().weight.detach().clone()
+    old_b = m.cls.predictions.bias.detach().clone()
+    ids = torch.tensor([[2, 7, 9, 3]])
+    with torch.no_grad():
+        before = m(ids).logits
+    emb = m.resize_token_embeddings(53, pad_to_multiple_of=8)            # 53 -> 56
+    assert emb is m.get_input_embeddings() and emb.weight.shape == (56, 32) and m.config.vocab_size == 56
+    assert torch.equal(emb.weight[:50], old_w)
+    assert torch.allclose(emb.weight[50:], old_w.mean(0).expand(6, -1))   # new rows: the mean of the old ones
+    bias = m.cls.predictions.bias
+    assert bias.shape == (56,) and torch.equal(bias[:50], old_b) and not bias[50:].any()
+    assert m.cls.predictions._word_embeddings.weight is emb.weight        # still tied
+    assert dict(m.named_parameters())["cls.predictions.bias"] is bias
+    with torch.no_grad():
+        after = m(ids).logits
+    assert after.shape == (1, 4, 56) and torch.allclose(after[..., :50], before, atol=1e-6)
+    m.save_pretrained(tmp_path)
+    assert BertForMaskedLM.from_pretrained(tmp_path).config.vocab_size == 56
+    m.resize_token_embeddings(40)
+    assert m.get_input_embeddings().weight.shape == (40, 32) and m.cls.predictions.bias.shape == (40,)
+    assert m.config.vocab_size == 40 and m.resize_token_embeddings(pad_to_multiple_of=64).num_embeddings == 64
+
+
+def test_resize_errors_name_the_value():
+    m = BertModel(_cfg(pad_token_id=30))
+    with pytest.raises(ConfigError, match="pad_token_id=30"):
+        m.resize_token_embeddings(20)
+    assert m.config.vocab_size == 50 and m.get_input_embeddings().num_embeddings == 50   # nothing changed
+    with pytest.raises(ConfigError, match="pad_to_multiple_of must be a positive int, got 0"):
+        m.resize_token_embeddings(60, pad_to_multiple_of=0)
+    with pytest.raises(ConfigError, match="new_num_tokens must be a positive int, got -1"):
+        m.resize_token_embeddings(-1)
+
+
+# ---------------------------------------------------------------------------------------------- checkpointing
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "unpadded"])
+def test_gradient_checkpointing_recomputes_each_layer_with_equal_gradients(backend):
+    from bertkit import BertForPreTraining
+    torch.manual_seed(0)
+    m = BertForPreTraining(_cfg(attn_implementation=backend)).train()   # dropout on: RNG state must be replayed
+    ids, mask, labels = _ids()
+    nsp = torch.tensor([0, 1, 0])
+
+    def run():
+        m.zero_grad()
+        torch.manual_seed(1)
+        m(ids, attention_mask=mask, labels=labels, next_sentence_label=nsp).loss.backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+    plain = run()
+    calls = [0] * len(m.bert.encoder.layer)
+    for i, layer in enumerate(m.bert.encoder.layer):
+        # a pre-hook: the recompute stops as soon as backward has its tensors, before a post-forward hook would run
+        layer.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    assert not m.is_gradient_checkpointing
+    m.gradient_checkpointing_enable()
+    assert m.is_gradient_checkpointing and m.bert.execution.checkpoint_layers
+    checkpointed = run()
+    assert calls == [2, 2]                                          # forward, then again in backward
+    for name, g in plain.items():
+        assert (g - checkpointed[name]).abs().max() <= 1e-6, name
+    with torch.no_grad():
+        m(ids, attention_mask=mask)
+    assert calls == [3, 3]                                          # no backward, nothing recomputed
+    m.gradient_checkpointing_disable()
+    run()
+    assert calls == [4, 4] and not m.is_gradient_checkpointing
+
+
+def test_gradient_checkpointing_survives_runtime_apply_and_checks_kwargs():
+    from bertkit import runtime
+    m = BertModel(_cfg())
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    runtime.apply(m)
+    assert m.execution.checkpoint_layers
+    with pytest.raises(ConfigError, match="use_reentrant=False"):
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})

@@ -118,6 +118,16 @@ class BertLMPredictionHead(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(self.transform(x), self._word_embeddings.weight, self.bias)   # (..., vocab)
 
+    def tie_to(self, word_embeddings: nn.Embedding) -> None:
+        """Decode with `word_embeddings` (replaced or resized): the bias keeps its rows, new ones start at zero."""
+        self.__dict__["_word_embeddings"] = word_embeddings
+        n, old = word_embeddings.num_embeddings, self.bias
+        if old.numel() != n:
+            with torch.no_grad():
+                bias = old.new_zeros(n)
+                bias[: min(n, old.numel())] = old[:n]
+            self.bias = nn.Parameter(bias, requires_grad=old.requires_grad)
+
 
 class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):

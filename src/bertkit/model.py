@@ -31,8 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode
+from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.outputs import ModelOutput, finish, forward_flags
@@ -221,11 +223,16 @@ class BertEncoder(nn.Module):
 
     def forward(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None = None, output_hidden_states: bool = False
                 ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
-        """rows: the last layer runs for these rows only (see BertLayer.forward)."""
+        """rows: the last layer runs for these rows only (see BertLayer.forward). With plan.checkpoint_layers each
+        layer's activations are recomputed in backward instead of kept."""
         hidden = [x] if output_hidden_states else None
         attentions = []
         for i, layer in enumerate(self.layer):
-            x, probs = layer(x, plan, rows if i == len(self.layer) - 1 else None)
+            layer_rows = rows if i == len(self.layer) - 1 else None
+            if plan.checkpoint_layers:
+                x, probs = checkpoint(layer, x, plan, layer_rows, use_reentrant=False)
+            else:
+                x, probs = layer(x, plan, layer_rows)
             if hidden is not None:
                 hidden.append(x)
             attentions.append(probs)
@@ -241,8 +248,9 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))                          # (batch, hidden) from [CLS]
 
 
-class BertPreTrainedModel(nn.Module):
-    """Shared by BertModel and the heads: config, HF-style init, from_pretrained / save_pretrained."""
+class BertPreTrainedModel(PreTrainedMixin, nn.Module):
+    """Shared by BertModel and the heads: config, HF-style init, from_pretrained / save_pretrained, and
+    transformers' embedding / gradient-checkpointing methods (bertkit.compat)."""
 
     base_model_prefix = "bert"
     # head parameters whose absence from a checkpoint is reported (newly initialised), not an error

@@ -92,7 +92,8 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     runtime = runtime or plan(next(model.parameters()).device)
     for m in model.modules():
         if isinstance(m, BertModel):
-            m.execution = runtime.options
+            # gradient checkpointing is the caller's choice, not a measured fast path: it stays as it was
+            m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers)
     if runtime.options.fast_dropout:
         for module in list(model.modules()):
             for name, child in list(module.named_children()):
