@@ -35,6 +35,8 @@ _LAZY = {
     "cosine_search": "bertkit.infer",
     "TrainConfig": "bertkit.train",
     "resolve_model_dir": "bertkit.hub",
+    "load": "bertkit.auto",
+    "pipeline": "bertkit.pipelines",
     "train": "bertkit.train",
 }
 
