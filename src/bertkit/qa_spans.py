@@ -79,8 +79,7 @@ class Windows:
 
 
 def _probabilities(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    p = torch.softmax(torch.where(allowed, logits, torch.full_like(logits, _OUTSIDE)), -1)
-    return p
+    return torch.softmax(torch.where(allowed, logits, torch.full_like(logits, _OUTSIDE)), -1)
 
 
 def best_spans(windows: Windows, start_logits: torch.Tensor, end_logits: torch.Tensor, top_k: int,
