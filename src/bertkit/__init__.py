@@ -34,6 +34,9 @@ _LAZY = {
     "Predictor": "bertkit.infer",
     "cosine_search": "bertkit.infer",
     "TrainConfig": "bertkit.train",
+    "resolve_model_dir": "bertkit.hub",
+    "load": "bertkit.auto",
+    "pipeline": "bertkit.pipelines",
     "train": "bertkit.train",          # the package itself, callable as its train() (bertkit/train/__init__.py)
 }
 

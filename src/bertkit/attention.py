@@ -105,6 +105,7 @@ class ExecutionOptions:
     explicit_masked_inference: bool = False  # CPU bf16 inference on masked short rows: "explicit" instead of SDPA
     fast_dropout: bool = False            # CPU dropout masks from 16 random bits per element
     bf16_residual: bool = False           # CPU training under bf16 autocast: the residual stream in bf16
+    checkpoint_layers: bool = False       # training: recompute each encoder layer in backward (memory for time)
 
     def with_(self, **changes) -> "ExecutionOptions":
         return replace(self, **changes)
@@ -136,7 +137,8 @@ class Mode:
 class ExecutionPlan:
     """How one forward runs: the layout, the attention function for masked and for unmasked blocks, attention
     dropout, the dtype of the residual stream (None = as computed), whether input ids are range-checked (they are
-    read on the host: not on a GPU, a sync per step, nor inside a graph)."""
+    read on the host: not on a GPU, a sync per step, nor inside a graph), whether layers are recomputed in backward
+    (gradient checkpointing: only when training with gradients)."""
     layout: Layout
     masked: str
     unmasked: str
@@ -144,6 +146,7 @@ class ExecutionPlan:
     fast_dropout: bool
     residual_dtype: torch.dtype | None = None
     check_values: bool = False
+    checkpoint_layers: bool = False
 
     @classmethod
     def build(cls, options: ExecutionOptions, implementation: str, attention_mask: Tensor | None,
@@ -157,7 +160,8 @@ class ExecutionPlan:
         residual = None
         if options.bf16_residual and cpu and mode.step and mode.autocast:
             residual = mode.dtype        # CPU autocast keeps LayerNorm outputs fp32: one cast instead of many
-        return cls(layout, masked, unmasked, dropout_p, options.fast_dropout and cpu, residual, check_values=cpu)
+        return cls(layout, masked, unmasked, dropout_p, options.fast_dropout and cpu, residual, check_values=cpu,
+                   checkpoint_layers=options.checkpoint_layers and mode.step)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
                ) -> tuple[Tensor, Tensor | None]:

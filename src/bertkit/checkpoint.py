@@ -16,6 +16,10 @@ Then the keys are checked against the model, never silently half-loaded:
   * missing keys: head weights (pooler, cls, classifier, qa_outputs) are newly initialised, logged as a warning
     and listed in `model.loading_info["missing_keys"]`; a missing encoder weight -> CheckpointError.
 
+`path` may also be a Hugging Face repo id ("org/name"), found in the local Hugging Face cache or downloaded
+(`bertkit.hub.resolve_model_dir`; a local path always wins). `dtype` (also spelt `torch_dtype` in from_pretrained)
+takes a torch.dtype, a name ("bfloat16") or "auto": the config's `torch_dtype` / `dtype`, else the weights' own.
+
 Saving writes `config.json` and `model.safetensors`, each to a temp name then renamed, plus the tokenizer's files
 (`tokenizer.save(dir)`) when one is given. The tied decoder is not duplicated (safetensors cannot alias), exactly as
 transformers saves it, so `transformers.BertForPreTraining.from_pretrained(dir)` loads it with nothing missing.
@@ -34,8 +38,8 @@ from torch import Tensor
 from bertkit.config import BertConfig
 from bertkit.errors import CheckpointError, ConfigError
 
-__all__ = ["load_pretrained", "save_pretrained", "load_state_dict_file", "read_weights", "normalize_keys",
-           "WEIGHTS_NAME", "PT_WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = ["load_pretrained", "save_pretrained", "load_state_dict_file", "read_weights", "read_config",
+           "normalize_keys", "parse_dtype", "WEIGHTS_NAME", "PT_WEIGHTS_NAME", "CONFIG_NAME"]
 
 log = logging.getLogger("bertkit.checkpoint")
 
@@ -117,12 +121,32 @@ def _is_head_key(key: str, head_prefixes: tuple[str, ...]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- load
-def load_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None,
-                    ignore_mismatched_sizes: bool = False, **config_overrides):
-    """Build `cls` from the config in `path` (+ overrides) and load its weights (see module docstring)."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {directory}")
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+           "float64": torch.float64, "double": torch.float64}
+
+
+def parse_dtype(value, where: str = "dtype") -> torch.dtype | str | None:
+    """None, a torch.dtype, "auto", or a name ("bfloat16", "torch.float16", "fp32", ...) -> torch.dtype / "auto"."""
+    if value is None or isinstance(value, torch.dtype) or value == "auto":
+        return value
+    if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
+        return _DTYPES[value.removeprefix("torch.")]
+    raise ConfigError(f"{where}={value!r} is not a dtype: use a torch.dtype, 'auto' or one of {sorted(_DTYPES)}")
+
+
+def _auto_dtype(config: BertConfig, sd: dict[str, Tensor], cfg_path: Path) -> torch.dtype:
+    """dtype="auto": the config's `torch_dtype` / `dtype` (as transformers writes it), else the weights' own."""
+    for key in ("dtype", "torch_dtype"):
+        if config.extra.get(key) is not None:
+            return parse_dtype(config.extra[key], f"{cfg_path}: {key}")
+    floats = [v.dtype for v in sd.values() if v.is_floating_point()]
+    return floats[0] if floats else torch.float32
+
+
+def read_config(directory: Path, overrides: dict) -> BertConfig:
+    """`directory`/config.json with `overrides` (BertConfig fields) applied; errors name the file or the field."""
     cfg_path = directory / CONFIG_NAME
     if not cfg_path.is_file():
         raise CheckpointError(f"no {CONFIG_NAME} in {directory}")
@@ -130,17 +154,42 @@ def load_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None,
         raw = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
     field_names = set(BertConfig.__dataclass_fields__)
-    for key in config_overrides:
+    for key in overrides:
         if key not in field_names:
             raise ConfigError(f"from_pretrained got {key}=..., which is not a BertConfig field")
     try:
-        config = BertConfig.from_dict({**raw, **config_overrides})
+        return BertConfig.from_dict({**raw, **overrides})
     except ConfigError as e:
         raise ConfigError(f"{cfg_path}: {e}") from None
 
+
+def load_pretrained(cls, path, *, dtype=None, device=None, ignore_mismatched_sizes: bool = False,
+                    revision: str | None = None, **config_overrides):
+    """Build `cls` from the config in `path` (+ overrides) and load its weights (see module docstring). `path` is a
+    directory or a Hugging Face repo id (see bertkit.hub); `dtype` a torch.dtype, a name ("bfloat16") or "auto"."""
+    from bertkit.hub import resolve_model_dir
+    dtype = parse_dtype(dtype)
+    directory = resolve_model_dir(path, revision=revision)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {directory}")
+    config = read_config(directory, config_overrides)
     sd, source = read_weights(directory)
     model = cls(config)
+    _load_into(model, sd, source, ignore_mismatched_sizes)
+    if dtype == "auto":
+        dtype = _auto_dtype(config, sd, directory / CONFIG_NAME)
+    if dtype is not None or device is not None:
+        model.to(device=device, dtype=dtype)
+    model.eval()  # like HF: loaded models start in inference mode; call .train() to fine-tune
+    return model
+
+
+def _load_into(model, sd: dict[str, Tensor], source: Path, ignore_mismatched_sizes: bool) -> None:
+    """Check the checkpoint's keys against `model` (see the module docstring), load them, fill loading_info."""
+    cls = type(model)
     own = model.state_dict()
     prefixed = any(k.startswith("bert.") for k in own)
     sd = normalize_keys(sd, prefixed)
@@ -158,7 +207,7 @@ def load_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None,
                 mismatched.append(key)
                 continue
             raise CheckpointError(f"{source}: key {key!r} has shape {tuple(value.shape)} in the checkpoint but "
-                                  f"{tuple(own[key].shape)} in the model (config {cfg_path})")
+                                  f"{tuple(own[key].shape)} in the model (config {source.parent / CONFIG_NAME})")
     for key in mismatched:
         del sd[key]
     missing = sorted(k for k in own if k not in sd)
@@ -175,10 +224,6 @@ def load_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None,
         log.warning("%s: newly initialised (not in %s): %s", cls.__name__, source, ", ".join(missing))
     if ignored:
         log.info("%s: ignored checkpoint weights of other heads: %s", cls.__name__, ", ".join(ignored))
-    if dtype is not None or device is not None:
-        model.to(device=device, dtype=dtype)
-    model.eval()  # like HF: loaded models start in inference mode; call .train() to fine-tune
-    return model
 
 
 # ---------------------------------------------------------------------------------------------- save

@@ -32,6 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _resolve_model_args(args: argparse.Namespace) -> None:
+    """Every command's model argument may name a Hugging Face repo (see bertkit.hub): made a directory here, once.
+    Preset names (`finetune --model tiny`) stay as they are."""
+    from bertkit.config import PRESETS
+    from bertkit.hub import cli_model_arg
+    for name in ("model", "init"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            setattr(args, name, cli_model_arg(value, keep=tuple(PRESETS)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -39,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _resolve_model_args(args)
         rc = args.func(args)
     except BertkitError as e:
         print(f"bertkit {args.command}: error: {e}", file=sys.stderr)

@@ -167,6 +167,15 @@ class BertConfig:
         except ConfigError as e:
             raise ConfigError(f"{p}: {e}") from None
 
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, revision: str | None = None,
+                        **overrides: Any) -> "BertConfig":
+        """The config.json of a model directory or of a Hugging Face repo id in the local cache (see bertkit.hub),
+        with keyword overrides of its fields."""
+        from bertkit.checkpoint import read_config
+        from bertkit.hub import resolve_model_dir
+        return read_config(resolve_model_dir(name_or_path, revision=revision), overrides)
+
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict[str, Any]:
         """The HF config.json dict: our fields + the kept unknown keys (+ model_type/architectures if absent)."""

@@ -12,8 +12,14 @@
 MLM at masked positions only: when `labels` are given, the rows whose label is not -100 are gathered *before* the
 transform and the vocabulary projection, so the (tokens x vocab) matmul shrinks to (masked x vocab): ~15% of the
 work, and the logits returned are (n_masked, vocab) in row-major order of the masked positions
-(`output.masked_positions` gives their flat (batch * seq) indices). Without labels the logits are (batch, seq, vocab).
-The loss is the mean cross-entropy over masked tokens, exactly what the full projection would give. The encoder's
+(`output.masked_positions` gives their flat (batch * seq) indices). That is while `masked_logits_only` holds (the
+heads' attribute, True for now; `forward(..., masked_logits_only=False)` per call): without it the logits keep
+transformers' (batch, seq, vocab) shape, every row is projected, and the loss still reads the masked rows only.
+Without labels the logits are (batch, seq, vocab). The loss is the mean cross-entropy over masked tokens, exactly
+what the full projection would give.
+
+Outputs are `bertkit.outputs.ModelOutput` dataclasses: `out[0]`, `out["logits"]`, `loss, logits = out`,
+`to_tuple()`, `keys()` as in transformers; `return_dict=False` returns the tuple. The encoder's
 last layer, too, runs its output projection and FFN for the masked positions only (and [CLS], for the NSP/SOP head
 of BertForPreTraining) (`BertModel.forward(output_rows=...)`). The values and gradients are the full layer's; with
 dropout the last layer draws masks for fewer rows, so the random stream (not its distribution) differs from a full
@@ -30,6 +36,7 @@ from torch import Tensor, nn
 
 from bertkit.config import BertConfig
 from bertkit.model import BertModel, BertPreTrainedModel, activation
+from bertkit.outputs import ModelOutput, extra_field, finish, forward_flags
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
@@ -38,29 +45,30 @@ __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassificati
 IGNORE_INDEX = -100          # the label of a position no loss reads (transformers' convention); defined only here
 
 
+# Fields in transformers' order (so out[i] and unpacking agree with it); bertkit's extras last, outside the tuple view
 @dataclass
-class PreTrainingOutput:
+class PreTrainingOutput(ModelOutput):
     loss: Tensor | None = None
-    mlm_loss: Tensor | None = None
-    nsp_loss: Tensor | None = None
-    prediction_logits: Tensor | None = None        # (n_masked, vocab) with labels, else (batch, seq, vocab)
+    prediction_logits: Tensor | None = None        # (batch, seq, vocab); with labels see masked_logits_only
     seq_relationship_logits: Tensor | None = None  # (batch, 2)
-    masked_positions: Tensor | None = None         # (n_masked,) flat indices into batch * seq, with labels
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    mlm_loss: Tensor | None = extra_field()
+    nsp_loss: Tensor | None = extra_field()
+    masked_positions: Tensor | None = extra_field()  # (n_masked,) flat indices into batch * seq, with labels
 
 
 @dataclass
-class MaskedLMOutput:
+class MaskedLMOutput(ModelOutput):
     loss: Tensor | None = None
-    logits: Tensor | None = None                   # (n_masked, vocab) with labels, else (batch, seq, vocab)
-    masked_positions: Tensor | None = None
+    logits: Tensor | None = None                   # as prediction_logits above
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    masked_positions: Tensor | None = extra_field()
 
 
 @dataclass
-class SequenceClassifierOutput:
+class SequenceClassifierOutput(ModelOutput):
     loss: Tensor | None = None
     logits: Tensor | None = None                   # (batch, num_labels)
     hidden_states: tuple[Tensor, ...] | None = None
@@ -68,7 +76,7 @@ class SequenceClassifierOutput:
 
 
 @dataclass
-class TokenClassifierOutput:
+class TokenClassifierOutput(ModelOutput):
     loss: Tensor | None = None
     logits: Tensor | None = None                   # (batch, seq, num_labels)
     hidden_states: tuple[Tensor, ...] | None = None
@@ -76,7 +84,7 @@ class TokenClassifierOutput:
 
 
 @dataclass
-class QuestionAnsweringOutput:
+class QuestionAnsweringOutput(ModelOutput):
     loss: Tensor | None = None
     start_logits: Tensor | None = None             # (batch, seq)
     end_logits: Tensor | None = None               # (batch, seq)
@@ -110,6 +118,16 @@ class BertLMPredictionHead(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(self.transform(x), self._word_embeddings.weight, self.bias)   # (..., vocab)
 
+    def tie_to(self, word_embeddings: nn.Embedding) -> None:
+        """Decode with `word_embeddings` (replaced or resized): the bias keeps its rows, new ones start at zero."""
+        self.__dict__["_word_embeddings"] = word_embeddings
+        n, old = word_embeddings.num_embeddings, self.bias
+        if old.numel() != n:
+            with torch.no_grad():
+                bias = old.new_zeros(n)
+                bias[: min(n, old.numel())] = old[:n]
+            self.bias = nn.Parameter(bias, requires_grad=old.requires_grad)
+
 
 class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
@@ -130,29 +148,46 @@ def _masked_positions(labels: Tensor | None) -> Tensor | None:
 
 
 def _masked_lm(predictions: BertLMPredictionHead, sequence_output: Tensor, labels: Tensor | None,
-               positions: Tensor | None = None):
-    """(logits, loss, masked_positions). With labels, project only the rows whose label != -100; `sequence_output`
-    is (batch, seq, hidden), or already those rows, (n_masked, hidden), when `positions` is given."""
+               positions: Tensor | None = None, masked_only: bool = True):
+    """(logits, loss, masked_positions). With labels and `masked_only`, project only the rows whose label != -100
+    (logits (n_masked, vocab)); `sequence_output` is (batch, seq, hidden), or already those rows, (n_masked, hidden),
+    when `positions` is given. Without `masked_only` every row is projected (logits (batch, seq, vocab), as
+    transformers returns them) and the loss still reads the masked rows only."""
     if labels is None:
         return predictions(sequence_output), None, None           # (batch, seq, vocab)
     flat = labels.reshape(-1)
     if positions is None:
         positions = _masked_positions(labels)                     # (n_masked,)
-        sequence_output = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, positions)
-    logits = predictions(sequence_output)                         # (n_masked, vocab)
-    target = flat.index_select(0, positions)
-    if positions.numel() == 0:
-        loss = logits.sum() * 0.0  # no masked token: a zero that still has a graph (HF would give NaN)
-    else:
-        loss = F.cross_entropy(logits.float(), target)
-    return logits, loss, positions
+        if masked_only:
+            sequence_output = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, positions)
+    logits = predictions(sequence_output)                         # (n_masked, vocab) or (batch, seq, vocab)
+    masked = logits if masked_only else logits.reshape(-1, logits.shape[-1]).index_select(0, positions)
+    return logits, _mlm_loss(masked, flat.index_select(0, positions)), positions
+
+
+def _mlm_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """Mean cross-entropy of the masked rows' (n_masked, vocab) logits against their labels."""
+    if target.numel() == 0:
+        return logits.sum() * 0.0  # no masked token: a zero that still has a graph (HF would give NaN)
+    return F.cross_entropy(logits.float(), target)
 
 
 class _HeadModel(BertPreTrainedModel):
+    # With labels, MLM logits come back for the masked rows only, (n_masked, vocab): what bertkit's pre-training
+    # reads. False gives transformers' (batch, seq, vocab); forward(masked_logits_only=...) chooses per call.
+    masked_logits_only = True
+
     def _init_extra(self) -> None:
         for m in self.modules():
             if isinstance(m, BertLMPredictionHead):
                 nn.init.zeros_(m.bias)
+
+    def _flags(self, flags: dict, mlm: bool = False) -> dict:
+        """The forward's checked **flags (see bertkit.outputs), with masked_logits_only resolved for MLM heads."""
+        flags = forward_flags(type(self).__name__, flags, ("masked_logits_only",) if mlm else ())
+        if mlm and flags.get("masked_logits_only") is None:
+            flags["masked_logits_only"] = self.masked_logits_only
+        return flags
 
 
 # ---------------------------------------------------------------------------------------------- heads
@@ -171,11 +206,15 @@ class BertForPreTraining(_HeadModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> PreTrainingOutput:
-        rows = _masked_positions(labels) if self.masked_rows_only else None
+                output_attentions: bool = False, output_hidden_states: bool = False, **flags) -> PreTrainingOutput:
+        """**flags: return_dict, masked_logits_only (see bertkit.outputs and _HeadModel.masked_logits_only)."""
+        flags = self._flags(flags, mlm=True)
+        masked_only = flags["masked_logits_only"]
+        rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states, output_rows=rows)
-        logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows)
+        logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows,
+                                                 masked_only)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)                     # (batch, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -185,9 +224,9 @@ class BertForPreTraining(_HeadModel):
             loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
         elif nsp_loss is not None:
             loss = nsp_loss
-        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, prediction_logits=logits,
-                                 seq_relationship_logits=nsp_logits, masked_positions=positions,
-                                 hidden_states=out.hidden_states, attentions=out.attentions)
+        return finish(PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, prediction_logits=logits,
+                                        seq_relationship_logits=nsp_logits, masked_positions=positions,
+                                        hidden_states=out.hidden_states, attentions=out.attentions), flags)
 
 
 class BertForMaskedLM(_HeadModel):
@@ -202,13 +241,16 @@ class BertForMaskedLM(_HeadModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> MaskedLMOutput:
-        rows = _masked_positions(labels) if self.masked_rows_only else None
+                output_hidden_states: bool = False, **flags) -> MaskedLMOutput:
+        """**flags: return_dict, masked_logits_only (see bertkit.outputs and _HeadModel.masked_logits_only)."""
+        flags = self._flags(flags, mlm=True)
+        masked_only = flags["masked_logits_only"]
+        rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states, output_rows=rows)
-        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows)
-        return MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
-                              hidden_states=out.hidden_states, attentions=out.attentions)
+        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows, masked_only)
+        return finish(MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
+                                     hidden_states=out.hidden_states, attentions=out.attentions), flags)
 
 
 def _classifier_dropout(config: BertConfig) -> nn.Dropout:
@@ -243,7 +285,8 @@ class BertForSequenceClassification(_HeadModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> SequenceClassifierOutput:
+                output_hidden_states: bool = False, **flags) -> SequenceClassifierOutput:
+        flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states, first_token_only=self.first_token_only)
         logits = self.classifier(self.dropout(out.pooler_output))                    # (batch, num_labels)
@@ -259,8 +302,8 @@ class BertForSequenceClassification(_HeadModel):
                 loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long())
             else:
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                        attentions=out.attentions)
+        return finish(SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                               attentions=out.attentions), flags)
 
 
 class BertForTokenClassification(_HeadModel):
@@ -276,7 +319,8 @@ class BertForTokenClassification(_HeadModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> TokenClassifierOutput:
+                output_hidden_states: bool = False, **flags) -> TokenClassifierOutput:
+        flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits = self.classifier(self.dropout(out.last_hidden_state))                # (batch, seq, num_labels)
@@ -284,8 +328,8 @@ class BertForTokenClassification(_HeadModel):
         if labels is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long(),
                                    ignore_index=IGNORE_INDEX)
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                     attentions=out.attentions)
+        return finish(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                            attentions=out.attentions), flags)
 
 
 class BertForQuestionAnswering(_HeadModel):
@@ -299,7 +343,9 @@ class BertForQuestionAnswering(_HeadModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 start_positions: Tensor | None = None, end_positions: Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+                output_attentions: bool = False, output_hidden_states: bool = False, **flags
+                ) -> QuestionAnsweringOutput:
+        flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits = self.qa_outputs(out.last_hidden_state)                              # (batch, seq, 2)
@@ -318,5 +364,5 @@ class BertForQuestionAnswering(_HeadModel):
             end = end_positions.reshape(-1).clamp(0, s)
             loss = (F.cross_entropy(start_logits.float(), start, ignore_index=s)
                     + F.cross_entropy(end_logits.float(), end, ignore_index=s)) / 2
-        return QuestionAnsweringOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
-                                       hidden_states=out.hidden_states, attentions=out.attentions)
+        return finish(QuestionAnsweringOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                              hidden_states=out.hidden_states, attentions=out.attentions), flags)

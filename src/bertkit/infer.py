@@ -133,8 +133,9 @@ class Predictor:
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "Predictor":
         import bertkit
+        from bertkit.hub import resolve_model_dir
         from bertkit.tokenizer import Tokenizer
-        model_dir = Path(path)
+        model_dir = resolve_model_dir(path)
         if not model_dir.is_dir():
             raise CheckpointError(f"{model_dir}: no such model directory")
         arch = _detect_architecture(model_dir)

@@ -31,10 +31,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout
+from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
+from bertkit.outputs import ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
 __all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection", "activation"]
@@ -66,7 +69,7 @@ class Activation(nn.Module):
 
 
 @dataclass
-class BertModelOutput:
+class BertModelOutput(ModelOutput):
     last_hidden_state: Tensor                  # (batch, seq, hidden); (n, hidden) with output_rows
     pooler_output: Tensor | None = None        # (batch, hidden)
     hidden_states: tuple[Tensor, ...] | None = None  # embeddings + each layer, each (batch, seq, hidden)
@@ -225,11 +228,16 @@ class BertEncoder(nn.Module):
 
     def forward(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None = None, output_hidden_states: bool = False
                 ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
-        """rows: the last layer runs for these rows only (see BertLayer.forward)."""
+        """rows: the last layer runs for these rows only (see BertLayer.forward). With plan.checkpoint_layers each
+        layer's activations are recomputed in backward instead of kept."""
         hidden = [x] if output_hidden_states else None
         attentions = []
         for i, layer in enumerate(self.layer):
-            x, probs = layer(x, plan, rows if i == len(self.layer) - 1 else None)
+            layer_rows = rows if i == len(self.layer) - 1 else None
+            if plan.checkpoint_layers:
+                x, probs = checkpoint(layer, x, plan, layer_rows, use_reentrant=False)
+            else:
+                x, probs = layer(x, plan, layer_rows)
             if hidden is not None:
                 hidden.append(x)
             attentions.append(probs)
@@ -245,8 +253,9 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))                          # (batch, hidden) from [CLS]
 
 
-class BertPreTrainedModel(nn.Module):
-    """Shared by BertModel and the heads: config, HF-style init, from_pretrained / save_pretrained."""
+class BertPreTrainedModel(PreTrainedMixin, nn.Module):
+    """Shared by BertModel and the heads: config, HF-style init, from_pretrained / save_pretrained, and
+    transformers' embedding / gradient-checkpointing methods (bertkit.compat)."""
 
     base_model_prefix = "bert"
     # head parameters whose absence from a checkpoint is reported (newly initialised), not an error
@@ -287,10 +296,16 @@ class BertPreTrainedModel(nn.Module):
         """Hook for parameters that are not inside a Linear/Embedding/LayerNorm (e.g. the MLM output bias)."""
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None, **config_overrides):
-        """Load an HF-format directory (config.json + model.safetensors or pytorch_model.bin). See checkpoint.py."""
+    def from_pretrained(cls, path, *, dtype=None, torch_dtype=None, device=None, revision: str | None = None,
+                        **config_overrides):
+        """Load an HF-format directory (config.json + model.safetensors or pytorch_model.bin) or a Hugging Face repo
+        id from the local cache (see bertkit.hub). dtype / torch_dtype (transformers' older name): a torch.dtype, a
+        name ("bfloat16") or "auto" (the checkpoint's). Keyword arguments that name BertConfig fields override it."""
         from bertkit.checkpoint import load_pretrained
-        return load_pretrained(cls, path, dtype=dtype, device=device, **config_overrides)
+        if torch_dtype is not None and dtype is not None and torch_dtype != dtype:
+            raise ConfigError(f"from_pretrained got dtype={dtype!r} and torch_dtype={torch_dtype!r}: give one")
+        return load_pretrained(cls, path, dtype=dtype if dtype is not None else torch_dtype, device=device,
+                               revision=revision, **config_overrides)
 
     def save_pretrained(self, path, tokenizer=None) -> None:
         """Write config.json + model.safetensors (atomically) and, if given, the tokenizer's files."""
@@ -362,13 +377,15 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                first_token_only: bool = False, output_rows: Tensor | None = None) -> BertModelOutput:
-        """first_token_only: the last layer runs at position 0 ([CLS]) only, for callers that read nothing but the
+                first_token_only: bool = False, output_rows: Tensor | None = None, **flags) -> BertModelOutput:
+        """return_dict=False returns `BertModelOutput.to_tuple()` (see bertkit.outputs).
+        first_token_only: the last layer runs at position 0 ([CLS]) only, for callers that read nothing but the
         pooler: `last_hidden_state` is then (batch, 1, hidden), the full forward's `[:, :1]`.
         output_rows: (n,) flat (batch * seq) positions the caller reads (MLM at its masked tokens):
         `last_hidden_state` is then (n, hidden), the full forward's `.reshape(-1, hidden)[output_rows]`, and the
         last layer's position-wise work runs on those rows (and [CLS], for the pooler) only.
         With attention maps or hidden states the full last layer runs (output_rows still selects the rows)."""
+        flags = forward_flags("BertModel", flags)
         _check_shapes(self.config, input_ids, token_type_ids, attention_mask)
         plan = self.plan(input_ids, attention_mask, output_attentions)
         if plan.check_values:
@@ -384,16 +401,16 @@ class BertModel(BertPreTrainedModel):
         if rows is not None and not rows.first_only:
             n = output_rows.numel()
             pooled = self.pooler(x[n:, None]) if self.pooler is not None else None   # (batch, hidden)
-            return BertModelOutput(last_hidden_state=x[:n], pooler_output=pooled)    # (n, hidden)
+            return finish(BertModelOutput(last_hidden_state=x[:n], pooler_output=pooled), flags)   # (n, hidden)
         if rows is None:
             x = layout.pad(x)                                            # (batch, seq, hidden)
         pooled = self.pooler(x) if self.pooler is not None else None
         if output_rows is not None and rows is None:                     # the full layer ran: select the rows
             x = x.reshape(-1, x.shape[-1]).index_select(0, output_rows.reshape(-1))
-        return BertModelOutput(
+        return finish(BertModelOutput(
             last_hidden_state=x, pooler_output=pooled,
             hidden_states=tuple(layout.pad(h) for h in hidden) if hidden is not None else None,
-            attentions=tuple(attentions) if output_attentions else None)
+            attentions=tuple(attentions) if output_attentions else None), flags)
 
     def _rows(self, layout: Layout, attention_mask: Tensor | None, output_rows: Tensor | None) -> Rows | None:
         """The last layer's rows for first_token_only / output_rows, or None where the full layer must run."""

@@ -76,6 +76,7 @@ class ElectraForPreTraining(nn.Module):
             raise ValueError("the generator must have the discriminator's hidden_size and vocab_size (shared "
                              "embeddings)")
         self.generator = BertForMaskedLM(gcfg)
+        self.generator.masked_logits_only = True     # sampling below reads the masked rows' (n_masked, vocab) logits
         # share the embedding module; the generator's tied MLM decoder follows the shared word embeddings
         self.generator.bert.embeddings = self.discriminator.embeddings
         self.generator.cls.predictions.__dict__["_word_embeddings"] = self.discriminator.embeddings.word_embeddings

@@ -101,7 +101,8 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     berts = [m for m in model.modules() if isinstance(m, BertPreTrainedModel)]
     for m in berts:
         if isinstance(m, BertModel):
-            m.execution = runtime.options
+            # gradient checkpointing is the caller's choice, not a measured fast path: it stays as it was
+            m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers)
     for bert in berts:
         for module in list(bert.modules()):
             for name, child in list(module.named_children()):

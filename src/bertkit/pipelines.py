@@ -1,0 +1,411 @@
+"""`bertkit.pipeline(task, model)`: transformers' pipelines for BERT, with their inputs and output shapes, on top of
+bertkit's Predictor (loading, frozen inference weights, the tokenizer) so code written for transformers runs as is.
+
+    fill = bertkit.pipeline("fill-mask", "runs/demo/pretrain/final")
+    fill("Paris is the [MASK] of France.")     # [{"score", "token", "token_str", "sequence"}, ...] (top_k=5)
+    bertkit.pipeline("text-classification", model)("great film")           # [{"label", "score"}]; top_k=None: all
+    bertkit.pipeline("token-classification", model, aggregation_strategy="simple")(text)
+                                               # [{"entity_group", "score", "word", "start", "end"}]
+    bertkit.pipeline("question-answering", model)(question=q, context=c)  # {"score", "start", "end", "answer"}
+    bertkit.pipeline("feature-extraction", model)(text)                    # nested lists (1, seq, hidden)
+
+Tasks, options and results follow transformers' pipelines (question-answering: transformers 4.x's, as 5.x dropped
+it): same keys, same top answers, same scores (to float rounding). Options are given to `pipeline(...)` as defaults
+or per call. Differences: every score is a Python float (transformers gives numpy float32 in token-classification);
+fill-mask normalises over the tokenizer's vocabulary (the model's can be padded past it); inputs of one call run
+as padded batches of `batch_size`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bertkit.errors import BertkitError, ConfigError
+from bertkit.infer import Predictor
+
+__all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipeline", "TextClassificationPipeline",
+           "TokenClassificationPipeline", "QuestionAnsweringPipeline", "TASKS"]
+
+_UNSET = object()          # "not given", where None is a meaningful value (top_k=None: every label)
+
+
+def pipeline(task: str, model, *, device: str = "cpu", revision: str | None = None, **options) -> "Pipeline":
+    """A callable for `task` over `model`: a directory, a Hugging Face repo id (see bertkit.hub) or a Predictor.
+    `options` become the pipeline's defaults (e.g. top_k=3, aggregation_strategy="simple")."""
+    name = _ALIASES.get(task, task)
+    if name not in TASKS:
+        raise ConfigError(f"pipeline task {task!r} is not supported; tasks: {', '.join(TASKS)}")
+    if isinstance(model, Predictor):
+        predictor = model
+    else:
+        from bertkit.hub import resolve_model_dir
+        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device)
+    return TASKS[name](predictor, **options)
+
+
+class Pipeline:
+    """A task over a Predictor; subclasses set `options` (name -> default) and `_one` (one input -> its result)."""
+
+    task = ""
+    options: dict[str, Any] = {}
+    heads: tuple[str, ...] = ()             # Predictor.task values the pipeline can run on; () = any model
+
+    def __init__(self, predictor: Predictor, **defaults):
+        if self.heads and predictor.task not in self.heads:
+            raise BertkitError(f"{predictor.name} is a {predictor.task} model; the {self.task} pipeline needs "
+                               f"a model with a {'/'.join(self.heads)} head")
+        self.predictor = predictor
+        self.model = predictor.model
+        self.tokenizer = predictor.tokenizer
+        self.defaults = self._checked(defaults)
+        self.given = set(defaults)
+
+    def _checked(self, options: dict) -> dict:
+        unknown = [k for k in options if k not in self.options and k != "batch_size"]
+        if unknown:
+            raise ConfigError(f"{self.task} pipeline: unknown option(s) {', '.join(unknown)}; it takes "
+                              f"{', '.join([*self.options, 'batch_size'])}")
+        return options
+
+    def _settings(self, call_options: dict) -> dict:
+        return {"batch_size": 8, **self.options, **self.defaults, **self._checked(call_options)}
+
+    def __call__(self, inputs, **options):
+        opts = self._settings(options)
+        if isinstance(inputs, (list, tuple)):
+            return self._many(list(inputs), opts)
+        return self._many([inputs], opts)[0]
+
+    def _many(self, inputs: list, opts: dict) -> list:
+        size = opts.pop("batch_size")
+        out: list = []
+        for start in range(0, len(inputs), size):
+            out.extend(self._batch(inputs[start: start + size], **opts))
+        return out
+
+    def _batch(self, inputs: list, **opts) -> list:
+        return [self._one(x, **opts) for x in inputs]
+
+    def _one(self, inputs, **opts):
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared pieces
+    def _labels(self) -> list[str]:
+        """config.id2label as transformers names them (LABEL_i where the config has no names)."""
+        config = self.model.config
+        names = config.id2label or {}
+        return [str(names.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
+
+    def _encode(self, texts: list[str], pairs: list[str] | None = None, offsets: bool = False,
+                truncation: bool = False) -> dict:
+        """Padded model inputs of a batch (tensors on the model's device), plus "offsets" when asked."""
+        limit = self.model.config.max_position_embeddings
+        enc = self.tokenizer(texts, pairs, padding=True, return_offsets=offsets, truncation=truncation or None,
+                             max_length=min(self.tokenizer.model_max_length or limit, limit) if truncation else None)
+        batch = {k: torch.tensor(v, dtype=torch.long, device=self.predictor.device)
+                 for k, v in enc.items() if k != "offsets"}
+        if offsets:
+            batch["offsets"] = enc["offsets"]
+        return batch
+
+    def _forward(self, batch: dict):
+        with torch.inference_mode():
+            return self.model(**{k: v for k, v in batch.items() if k != "offsets"})
+
+    def _decode(self, tokens: list[str]) -> str:
+        """Token strings to text as transformers' WordPiece decoder joins them ("##" glued, clean-up spacing).
+        A token outside the vocab (the original text of an [UNK]) stands for itself."""
+        vocab, unk = self.tokenizer.vocab, self.tokenizer.unk_token_id
+        text = self.tokenizer.decode([vocab.get(t, unk) for t in tokens], skip_special_tokens=False)
+        for t in tokens:
+            if t not in vocab:
+                text = text.replace("[UNK]", t, 1)
+        return text
+
+
+# ---------------------------------------------------------------------------------------------- fill-mask
+class FillMaskPipeline(Pipeline):
+    """One text: [{"score", "token", "token_str", "sequence"}] over its [MASK] (a list of those per mask when it
+    has several, each mask predicted on its own); a list of texts: one such result each."""
+
+    task = "fill-mask"
+    options = {"top_k": 5, "targets": None}
+    heads = ("mlm",)
+
+    def __call__(self, inputs, **options):
+        out = super().__call__(inputs, **options)
+        return out[0] if isinstance(inputs, list) and len(inputs) == 1 else out      # as transformers does
+
+    def _one(self, text: str, top_k: int, targets) -> list:
+        tok = self.tokenizer
+        if not isinstance(text, str):
+            raise BertkitError(f"fill-mask takes text with {tok.ids_to_tokens[tok.mask_token_id]}, got "
+                               f"{type(text).__name__}")
+        ids = tok(text)["input_ids"]
+        positions = [i for i, t in enumerate(ids) if t == tok.mask_token_id]
+        if not positions:
+            raise BertkitError(f"fill-mask: no [MASK] in the text {text[:80]!r}")
+        probs = self.predictor._log_probs([ids], positions)[0].exp()                   # (masks, vocab)
+        target_ids = self._target_ids(targets)
+        if target_ids is not None:
+            probs = probs[:, target_ids]
+        single = len(positions) == 1
+        rows = []
+        for pos, row in zip(positions, probs):
+            values, picks = row.topk(min(top_k, row.numel()))
+            rows.append([self._proposal(ids, pos, target_ids[p] if target_ids is not None else p, v, single)
+                         for v, p in zip(values.tolist(), picks.tolist())])
+        return rows[0] if single else rows
+
+    def _proposal(self, ids: list[int], pos: int, token: int, score: float, single: bool) -> dict:
+        filled = [token if i == pos else t for i, t in enumerate(ids) if t != self.tokenizer.pad_token_id]
+        # with several masks the other [MASK]s stay visible in the sequence, as in transformers
+        return {"score": score, "token": token, "token_str": self.tokenizer.decode([token], skip_special_tokens=False),
+                "sequence": self.tokenizer.decode(filled, skip_special_tokens=single)}
+
+    def _target_ids(self, targets) -> list[int] | None:
+        """Vocabulary ids of `targets` (a word not in the vocab: its first piece, as transformers does)."""
+        if targets is None:
+            return None
+        tok = self.tokenizer
+        ids = []
+        for t in [targets] if isinstance(targets, str) else targets:
+            pieces = [tok.vocab[t]] if t in tok.vocab else tok.convert_tokens_to_ids(tok.tokenize(t))[:1]
+            ids.extend(pieces)
+        if not ids:
+            raise ConfigError(f"fill-mask: targets={targets!r} gives no vocabulary token")
+        return sorted(set(ids))
+
+
+# ---------------------------------------------------------------------------------------------- features
+class FeatureExtractionPipeline(Pipeline):
+    """The encoder's last hidden states: nested lists (1, seq, hidden) per text (return_tensors=True: a tensor)."""
+
+    task = "feature-extraction"
+    options = {"truncation": False, "return_tensors": False}
+
+    def _batch(self, texts: list[str], truncation: bool, return_tensors: bool) -> list:
+        batch = self._encode(texts, truncation=truncation)
+        with torch.inference_mode():
+            hidden = self.predictor.encoder(**batch).last_hidden_state.float()       # (batch, seq, hidden)
+        lengths = batch["attention_mask"].sum(1).tolist()
+        out = [hidden[i: i + 1, :n].cpu() for i, n in enumerate(lengths)]
+        return out if return_tensors else [h.tolist() for h in out]
+
+
+# ---------------------------------------------------------------------------------------------- classification
+class TextClassificationPipeline(Pipeline):
+    """[{"label", "score"}] for one text (the best label); with top_k (None: every label) the top labels, best
+    first. A text pair is {"text": a, "text_pair": b}. Scores: softmax, sigmoid (one label or multi-label) or the
+    raw value (regression), or as function_to_apply says."""
+
+    task = "text-classification"
+    options = {"top_k": _UNSET, "function_to_apply": None, "truncation": False}
+    heads = ("classify",)
+
+    def __call__(self, inputs, **options):
+        out = super().__call__(inputs, **options)
+        # transformers wraps one text's result in a list unless top_k was passed to the call (a pair's: never)
+        return [out] if isinstance(inputs, str) and "top_k" not in options else out
+
+    def _batch(self, inputs: list, top_k, function_to_apply, truncation: bool) -> list:
+        texts, pairs = _split_pairs(inputs)
+        logits = self._forward(self._encode(texts, pairs, truncation=truncation)).logits.float().cpu()
+        labels = self._labels()
+        out = []
+        for row in _apply(logits, function_to_apply or self._function()).tolist():
+            ranked = [{"label": labels[i], "score": s} for i, s in enumerate(row)]
+            if top_k is _UNSET:
+                out.append(max(ranked, key=lambda r: r["score"]))
+            else:
+                ranked.sort(key=lambda r: r["score"], reverse=True)
+                out.append(ranked if top_k is None else ranked[:top_k])
+        return out
+
+    def _function(self) -> str:
+        config = self.model.config
+        if config.problem_type == "regression":
+            return "none"
+        if config.problem_type == "multi_label_classification" or config.num_labels == 1:
+            return "sigmoid"
+        return "softmax"
+
+
+def _split_pairs(inputs: list) -> tuple[list[str], list[str] | None]:
+    """Texts, or {"text", "text_pair"} dicts -> (texts, pairs or None)."""
+    if all(isinstance(x, str) for x in inputs):
+        return inputs, None
+    if all(isinstance(x, dict) and set(x) == {"text", "text_pair"} for x in inputs):
+        return [x["text"] for x in inputs], [x["text_pair"] for x in inputs]
+    raise BertkitError("text-classification takes texts or {'text': ..., 'text_pair': ...} dicts (not mixed)")
+
+
+def _apply(logits: torch.Tensor, function: str) -> torch.Tensor:
+    if function == "softmax":
+        return torch.softmax(logits, -1)
+    if function == "sigmoid":
+        return torch.sigmoid(logits)
+    if function == "none":
+        return logits
+    raise ConfigError(f"function_to_apply={function!r}: use 'softmax', 'sigmoid' or 'none'")
+
+
+# ---------------------------------------------------------------------------------------------- tokens
+_STRATEGIES = ("none", "simple", "first", "average", "max")
+
+
+class TokenClassificationPipeline(Pipeline):
+    """Per text, the tokens (aggregation_strategy="none": {"entity", "score", "index", "word", "start", "end"}) or the
+    entities ("simple": adjacent tokens of one type grouped; "first" / "average" / "max": words first, as in
+    transformers: {"entity_group", "score", "word", "start", "end"}), leaving out `ignore_labels` (["O"])."""
+
+    task = "token-classification"
+    options = {"aggregation_strategy": "none", "ignore_labels": None}
+    heads = ("tag",)
+
+    def _batch(self, texts: list[str], aggregation_strategy: str, ignore_labels) -> list:
+        strategy = str(aggregation_strategy).lower()
+        if strategy not in _STRATEGIES:
+            raise ConfigError(f"aggregation_strategy={aggregation_strategy!r} is not one of {_STRATEGIES}")
+        ignore = ["O"] if ignore_labels is None else list(ignore_labels)
+        batch = self._encode(texts, offsets=True, truncation=True)
+        scores = torch.softmax(self._forward(batch).logits.float(), -1).cpu()           # (batch, seq, labels)
+        out = []
+        for b, text in enumerate(texts):
+            tokens = self._tokens(text, batch["input_ids"][b].tolist(), batch["offsets"][b], scores[b])
+            entities = self._aggregate(tokens, strategy)
+            out.append([e for e in entities if e.get("entity", e.get("entity_group")) not in ignore])
+        return out
+
+    def _tokens(self, text: str, ids: list[int], offsets: list, scores: torch.Tensor) -> list[dict]:
+        """Each token but [CLS] / [SEP] / padding: its word, span, scores and whether it continues a word."""
+        tok = self.tokenizer
+        added = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id}
+        out = []
+        for i, (t, (start, end)) in enumerate(zip(ids, offsets)):
+            if t in added or (t == tok.unk_token_id and text[start:end] == "[UNK]"):
+                continue                                   # tokens the tokenizer added or matched as special
+            word = tok.ids_to_tokens[t]
+            subword = len(word) != end - start
+            if t == tok.unk_token_id:                      # an unknown word is shown as written
+                word, subword = text[start:end], False
+            out.append({"word": word, "scores": scores[i], "start": start, "end": end, "index": i,
+                        "is_subword": subword})
+        return out
+
+    def _aggregate(self, tokens: list[dict], strategy: str) -> list[dict]:
+        labels = self._labels()
+        if strategy in ("none", "simple"):
+            entities = []
+            for t in tokens:
+                best = int(t["scores"].argmax())
+                entities.append({"entity": labels[best], "score": float(t["scores"][best]), "index": t["index"],
+                                 "word": t["word"], "start": t["start"], "end": t["end"]})
+            return entities if strategy == "none" else self._group(entities)
+        words, current = [], []
+        for t in tokens:
+            if current and not t["is_subword"]:
+                words.append(self._word(current, strategy, labels))
+                current = []
+            current.append(t)
+        if current:
+            words.append(self._word(current, strategy, labels))
+        return self._group(words)
+
+    def _word(self, tokens: list[dict], strategy: str, labels: list[str]) -> dict:
+        """One word from its tokens: the first token's label, the most confident token's, or the mean scores'."""
+        if strategy == "first":
+            scores = tokens[0]["scores"]
+        elif strategy == "max":
+            scores = max(tokens, key=lambda t: float(t["scores"].max()))["scores"]
+        else:
+            scores = torch.stack([t["scores"] for t in tokens]).mean(0)
+        best = int(scores.argmax())
+        return {"entity": labels[best], "score": float(scores[best]), "word": self._decode([t["word"] for t in tokens]),
+                "start": tokens[0]["start"], "end": tokens[-1]["end"]}
+
+    def _group(self, entities: list[dict]) -> list[dict]:
+        """Adjacent entities of one type become one group; a B- tag starts a new group."""
+        groups: list[list[dict]] = []
+        for e in entities:
+            bi, tag = _bio(e["entity"])
+            if groups and bi != "B" and _bio(groups[-1][-1]["entity"])[1] == tag:
+                groups[-1].append(e)
+            else:
+                groups.append([e])
+        return [{"entity_group": g[0]["entity"].split("-", 1)[-1], "score": sum(e["score"] for e in g) / len(g),
+                 "word": self._decode([e["word"] for e in g]), "start": g[0]["start"], "end": g[-1]["end"]}
+                for g in groups]
+
+
+def _bio(label: str) -> tuple[str, str]:
+    """("B" | "I", type) of a label; a label without a B-/I- prefix continues ("I") its own type."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label
+
+
+# ---------------------------------------------------------------------------------------------- question answering
+class QuestionAnsweringPipeline(Pipeline):
+    """{"score", "start", "end", "answer"}: the best span of the context (a list of top_k of them when top_k > 1).
+    Long contexts run as windows of max_seq_len tokens overlapping by doc_stride; a span's score is
+    p(start) * p(end) over the context tokens, answers of equal text (any case) from several windows add up."""
+
+    task = "question-answering"
+    options = {"top_k": 1, "doc_stride": None, "max_answer_len": 15, "max_seq_len": None,
+               "max_question_len": 64, "handle_impossible_answer": False, "align_to_words": True}
+    heads = ("answer",)
+
+    def __call__(self, *args, **options):
+        items = _qa_items(args, options.pop("question", None), options.pop("context", None))
+        out = Pipeline.__call__(self, items, **options)
+        return out[0] if len(items) == 1 else out                     # one example: its result, as transformers
+
+    def _one(self, item: dict, **opts):
+        """max_question_len is accepted and unused, as in transformers' fast-tokenizer path."""
+        from bertkit.qa_spans import Windows, best_spans
+        top_k, max_answer_len = opts["top_k"], opts["max_answer_len"]
+        if top_k < 1 or max_answer_len < 1:
+            raise ConfigError(f"question-answering: top_k and max_answer_len must be >= 1, got {top_k}, "
+                              f"{max_answer_len}")
+        limit = opts["max_seq_len"] or min(self.tokenizer.model_max_length or 384, 384)
+        stride = min(limit // 2, 128) if opts["doc_stride"] is None else opts["doc_stride"]
+        windows = Windows.build(self.tokenizer, item["question"], item["context"], limit, stride)
+        out = self._forward(windows.batch(self.tokenizer.pad_token_id, self.predictor.device))
+        answers, null = best_spans(windows, out.start_logits.float().cpu(), out.end_logits.float().cpu(), top_k,
+                                   max_answer_len, opts["align_to_words"])
+        if opts["handle_impossible_answer"]:
+            answers.append({"score": null, "start": 0, "end": 0, "answer": ""})
+        answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
+        return answers[0] if len(answers) == 1 else answers
+
+
+def _qa_items(args: tuple, question, context) -> list[dict]:
+    """transformers' ways to give questions and contexts -> [{"question", "context"}]."""
+    if len(args) == 2 and all(isinstance(a, str) for a in args):
+        items = [{"question": args[0], "context": args[1]}]
+    elif len(args) == 1:
+        items = [args[0]] if isinstance(args[0], dict) else list(args[0])
+    elif question is not None and context is not None:
+        qs = question if isinstance(question, list) else [question]
+        cs = context if isinstance(context, list) else [context] * len(qs)
+        if len(qs) != len(cs):
+            raise BertkitError(f"question-answering: {len(qs)} questions but {len(cs)} contexts")
+        items = [{"question": q, "context": c} for q, c in zip(qs, cs)]
+    else:
+        raise BertkitError("question-answering takes (question, context), question=..., context=..., or "
+                           "{'question': ..., 'context': ...} dicts")
+    for item in items:
+        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item[k] for k in
+                                                 ("question", "context")):
+            raise BertkitError(f"question-answering: each input needs a non-empty question and context, got "
+                               f"{str(item)[:80]}")
+    return items
+
+
+TASKS = {"fill-mask": FillMaskPipeline, "feature-extraction": FeatureExtractionPipeline,
+         "text-classification": TextClassificationPipeline, "token-classification": TokenClassificationPipeline,
+         "question-answering": QuestionAnsweringPipeline}
+_ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
