@@ -96,6 +96,7 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
     from bertkit.runtime import probe
     monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path))
     monkeypatch.delenv("BERTKIT_FAST_PATHS", raising=False)
+    runtime._measured_plan.cache_clear()                       # the process keeps its plan: measure afresh here
     calls = []
     fake = {"fast": 1.0, "plain": 2.0}
     slow = {"fast": 2.0, "plain": 1.0}
@@ -114,6 +115,7 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="BERTKIT_FAST_PATHS"):
         monkeypatch.setenv("BERTKIT_FAST_PATHS", "fastest")
         runtime.plan()
+    runtime._measured_plan.cache_clear()                       # later tests measure with the real probes
 
 
 def test_frozen_fused_weights_follow_their_parts():

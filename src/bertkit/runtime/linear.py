@@ -60,7 +60,9 @@ def _tracing() -> bool:
 
 def _stamp(tensors) -> tuple:
     """What derived copies of `tensors` depend on: which tensor each is and its in-place version."""
-    return tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+    # inference-mode tensors have no version counter, and no in-place change outside inference mode either
+    return tuple(None if t is None else (t.data_ptr(), -1 if t.is_inference() else t._version, t.dtype, t.device)
+                 for t in tensors)
 
 
 class _Derived:
