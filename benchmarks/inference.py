@@ -262,6 +262,7 @@ def train_case(repeats: int, peak: float, policies: list[str], batch: int = 32, 
     steps = {}
     for policy in policies:
         ref, ours = load_pair(transformers.BertForPreTraining, BertForPreTraining, shape)
+        ours.masked_logits_only = True       # as bertkit pretrain runs it
         steps[f"ours_{policy}"] = make_step(runtime.apply(ours), policy, False)
         steps[f"ref_{policy}"] = make_step(ref, policy, True)
     secs = interleaved(steps, repeats)

@@ -126,6 +126,7 @@ def speed(shape: str, batch: int, steps: int, repeats: int, precision: str) -> d
     train_dir, _ = bbc_shards("bert")
     torch.manual_seed(0)
     ours = BertForPreTraining(BertConfig.preset(shape, vocab_size=30522))
+    ours.masked_logits_only = True           # as bertkit pretrain runs it
     ref = hf_model(ours)
     ref.train()
     ref_opt = hf_optimizer(ref, 1e-4)
@@ -182,6 +183,7 @@ def faithful(shape: str, batch: int, steps: int, every: int, lr: float, precisio
     warmup = max(1, steps // 10)
     torch.manual_seed(0)
     ours = BertForPreTraining(BertConfig.preset(shape, vocab_size=vocab))
+    ours.masked_logits_only = True           # as bertkit pretrain runs it
     ref = hf_model(ours)
     ref.train()
     bf16 = precision == "bf16"

@@ -53,9 +53,13 @@ def test_pretraining_matches_hf(tmp_path, backend):
     nsp = torch.tensor([0, 1, 1, 0])
     with torch.no_grad():
         r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, next_sentence_label=nsp)
-        o = ours(ids, types, mask, labels=labels, next_sentence_label=nsp)
+        o = ours(ids, types, mask, labels=labels, next_sentence_label=nsp, masked_logits_only=True)
         o_full = ours(ids, types, mask)
-        o_mlm = ours(ids, types, mask, labels=labels)
+        o_mlm = ours(ids, types, mask, labels=labels, masked_logits_only=True)
+        o_hf_shape = ours(ids, types, mask, labels=labels, next_sentence_label=nsp)   # the default: HF's shape
+    assert o_hf_shape.prediction_logits.shape == r.prediction_logits.shape
+    _close(o_hf_shape.prediction_logits[mask.bool()], r.prediction_logits[mask.bool()])
+    _close(o_hf_shape.loss, r.loss)
     _close(o.loss, r.loss)
     # masked-only projection: logits at the masked rows, in row-major order of the positions
     assert o.prediction_logits.shape == (int(pick.sum()), V)
@@ -155,6 +159,7 @@ def test_problem_type_inference():
 def test_mlm_with_no_masked_token_is_zero_not_nan():
     m = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=50))
     ids = torch.randint(1, 50, (2, 6))
+    m.masked_logits_only = True
     out = m(ids, labels=torch.full_like(ids, -100))
     assert out.loss.item() == 0.0 and out.logits.shape == (0, 50)
     out.loss.backward()
@@ -227,7 +232,7 @@ def test_mlm_last_layer_subset_same_loss_and_gradients(tmp_path, backend, kind):
     labels[0, 0] = -100   # a row whose [CLS] is not masked, as in real data
     kw = {"next_sentence_label": torch.tensor([0, 1, 1, 0])} if kind == "pretraining" else {}
     m = ours_cls.from_pretrained(tmp_path, attn_implementation=backend).train()
-    out = m(ids, types, mask, labels=labels, **kw)
+    out = m(ids, types, mask, labels=labels, masked_logits_only=True, **kw)
     out.loss.backward()
     hf.train()
     r = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **kw)

@@ -88,8 +88,10 @@ def test_head_tuples_have_transformers_positions():
     ids, mask, labels = _ids()
     mlm = BertForMaskedLM(_cfg()).eval()
     loss, logits = mlm(ids, attention_mask=mask, labels=labels)
+    assert logits.shape == (3, 9, 50) and loss.dim() == 0                 # transformers' shape by default
+    loss, logits = mlm(ids, attention_mask=mask, labels=labels, masked_logits_only=True)
     assert logits.shape == (3, 50) and loss.dim() == 0
-    out = mlm(ids, attention_mask=mask, labels=labels)
+    out = mlm(ids, attention_mask=mask, labels=labels, masked_logits_only=True)
     assert out.keys() == ["loss", "logits"] and out["masked_positions"].tolist() == [2, 13, 25]
     pt = BertForPreTraining(_cfg()).eval()
     out = pt(ids, attention_mask=mask, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
@@ -143,24 +145,24 @@ def test_masked_logits_only_flag_and_attribute(cls_name):
     ids, mask, labels = _ids()
     pick = labels != -100
     with torch.no_grad():
-        default = m(ids, attention_mask=mask, labels=labels)           # today's default: masked rows only
-        full = m(ids, attention_mask=mask, labels=labels, masked_logits_only=False)
-        m.masked_logits_only = False
+        full = m(ids, attention_mask=mask, labels=labels)              # the default: transformers' shape
+        default = m(ids, attention_mask=mask, labels=labels, masked_logits_only=True)
+        m.masked_logits_only = True                                    # what bertkit's pre-training sets
         attr = m(ids, attention_mask=mask, labels=labels)
-        forced = m(ids, attention_mask=mask, labels=labels, masked_logits_only=True)
+        forced = m(ids, attention_mask=mask, labels=labels, masked_logits_only=False)
         nolabels = m(ids, attention_mask=mask)
     name = "logits" if cls_name == "BertForMaskedLM" else "prediction_logits"
 
     def logits(o):
         return o[name]
-    assert logits(default).shape == (3, 50) and logits(forced).shape == (3, 50)
-    assert logits(full).shape == (3, 9, 50) and logits(attr).shape == (3, 9, 50)
+    assert logits(default).shape == (3, 50) and logits(attr).shape == (3, 50)
+    assert logits(full).shape == (3, 9, 50) and logits(forced).shape == (3, 9, 50)
     assert (logits(full)[pick] - logits(default)).abs().max() < 1e-5
     assert (logits(full) - logits(nolabels)).abs().max() < 1e-5
     for o in (full, attr, forced):
         assert (o.loss - default.loss).abs() < 1e-6
     assert torch.equal(full.masked_positions, default.masked_positions)
-    assert type(m).masked_logits_only is True                         # the class default is untouched
+    assert type(m).masked_logits_only is False                        # the class default is untouched
 
 
 # ---------------------------------------------------------------------------------------------- embeddings

@@ -9,13 +9,11 @@
                                    Padded positions get the most negative logit (never an answer); this is the
                                    one deliberate difference from transformers, whose span softmax includes them.
 
-MLM at masked positions only: when `labels` are given, the rows whose label is not -100 are gathered *before* the
-transform and the vocabulary projection, so the (tokens x vocab) matmul shrinks to (masked x vocab): ~15% of the
-work, and the logits returned are (n_masked, vocab) in row-major order of the masked positions
-(`output.masked_positions` gives their flat (batch * seq) indices). That is while `masked_logits_only` holds (the
-heads' attribute, True for now; `forward(..., masked_logits_only=False)` per call): without it the logits keep
-transformers' (batch, seq, vocab) shape, every row is projected, and the loss still reads the masked rows only.
-Without labels the logits are (batch, seq, vocab). The loss is the mean cross-entropy over masked tokens, exactly
+MLM logits are transformers' (batch, seq, vocab). With `masked_logits_only` (the heads' attribute, which bertkit's
+pre-training sets, or `forward(..., masked_logits_only=True)` per call) and `labels`, the rows whose label is not
+-100 are gathered *before* the transform and the vocabulary projection, so the (tokens x vocab) matmul shrinks to
+(masked x vocab), and the logits returned are (n_masked, vocab) in row-major order of the masked positions
+(`output.masked_positions` gives their flat (batch * seq) indices). The loss is the mean cross-entropy over masked tokens, exactly
 what the full projection would give.
 
 Outputs are `bertkit.outputs.ModelOutput` dataclasses: `out[0]`, `out["logits"]`, `loss, logits = out`,
@@ -173,9 +171,10 @@ def _mlm_loss(logits: Tensor, target: Tensor) -> Tensor:
 
 
 class _HeadModel(BertPreTrainedModel):
-    # With labels, MLM logits come back for the masked rows only, (n_masked, vocab): what bertkit's pre-training
-    # reads. False gives transformers' (batch, seq, vocab); forward(masked_logits_only=...) chooses per call.
-    masked_logits_only = True
+    # With labels, MLM logits keep transformers' (batch, seq, vocab) shape; True gives the masked rows only,
+    # (n_masked, vocab), skipping the vocabulary matmul elsewhere (bertkit's pre-training sets it);
+    # forward(masked_logits_only=...) chooses per call. The loss reads the masked rows either way.
+    masked_logits_only = False
 
     def _init_extra(self) -> None:
         for m in self.modules():

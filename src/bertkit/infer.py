@@ -206,7 +206,7 @@ class Predictor:
         labels = torch.full_like(ids, -100)
         labels[:, order] = 0                                 # any valid id: we only want the logits
         out = self.model(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids),
-                         labels=labels)
+                         labels=labels, masked_logits_only=True)
         logits = _mlm_logits(out)
         if logits.dim() == 3:                                # a head that ignores labels: (n, seq, vocab)
             logits = logits[:, order]

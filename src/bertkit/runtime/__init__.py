@@ -25,7 +25,7 @@ from bertkit.hardware import native_bf16
 from bertkit.model import BertModel, BertPreTrainedModel
 from bertkit.runtime.linear import FrozenLinear, freeze_linears
 
-__all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "plan"]
+__all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "is_frozen", "plan"]
 
 FORCES = ("measure", "all", "none")
 # probe name -> the ExecutionOptions field it decides
@@ -119,6 +119,11 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     apply(model, runtime)
     freeze_linears(model, runtime.packed_dtypes)
     return model.eval()
+
+
+def is_frozen(model: nn.Module) -> bool:
+    """Whether `freeze` has made `model` (or a part of it) inference-only."""
+    return any(getattr(m, "inference_only", False) for m in model.modules())
 
 
 def describe(runtime: RuntimePlan) -> list[str]:

@@ -20,12 +20,14 @@ once, any number of cheap classifiers on top).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from bertkit import runtime
 from bertkit.errors import ConfigError
 from bertkit.options import with_options
 from bertkit.precision import autocast
@@ -67,34 +69,31 @@ def extract_features(model, tok, texts: list[str], pairs: list[str] | None = Non
     enc = tok(texts, pairs, max_length=opts.max_length, truncation=True)
     feats = [{"input_ids": list(enc["input_ids"][i]), "token_type_ids": list(enc["token_type_ids"][i])}
              for i in range(len(texts))]
-    was_training = encoder.training
-    encoder.eval()
+    # a frozen inference copy: fused, cast-once weights; the caller's (perhaps training) model is left as it is
+    encoder = encoder if runtime.is_frozen(encoder) else runtime.freeze(copy.deepcopy(encoder))
     device = next(encoder.parameters()).device
     order = sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
     out: list = [None] * len(feats)
-    try:
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], tok.pad_token_id).items()}
-            with autocast(opts.bf16, device):
-                o = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                            attention_mask=batch["attention_mask"], output_hidden_states=True)
-            hs = [o.hidden_states[li].float() for li in layers]                  # each (batch, seq, hidden)
-            h = torch.cat(hs, -1) if combine == "concat" else torch.stack(hs).sum(0)
-            if combine == "mean":
-                h = h / len(hs)
-            mask = batch["attention_mask"].unsqueeze(-1).float()                 # (batch, seq, 1)
-            if pooling == "cls":
-                pooled = h[:, 0]
-            elif pooling == "mean":
-                pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
-            for row, i in enumerate(idx):
-                if pooling == "tokens":
-                    out[i] = h[row, :len(feats[i]["input_ids"])].cpu().numpy()
-                else:
-                    out[i] = pooled[row].cpu().numpy()
-    finally:
-        encoder.train(was_training)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], tok.pad_token_id).items()}
+        with autocast(opts.bf16, device):
+            o = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                        attention_mask=batch["attention_mask"], output_hidden_states=True)
+        hs = [o.hidden_states[li].float() for li in layers]                  # each (batch, seq, hidden)
+        h = torch.cat(hs, -1) if combine == "concat" else torch.stack(hs).sum(0)
+        if combine == "mean":
+            h = h / len(hs)
+        mask = batch["attention_mask"].unsqueeze(-1).float()                 # (batch, seq, 1)
+        if pooling == "cls":
+            pooled = h[:, 0]
+        elif pooling == "mean":
+            pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
+        for row, i in enumerate(idx):
+            if pooling == "tokens":
+                out[i] = h[row, :len(feats[i]["input_ids"])].cpu().numpy()
+            else:
+                out[i] = pooled[row].cpu().numpy()
     return out if pooling == "tokens" else np.stack(out).astype(np.float32)
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from bertkit import runtime
 from bertkit.errors import ConfigError
 from bertkit.precision import resolve
 from bertkit.tasks.batching import BucketBatchSampler, collate
@@ -143,7 +144,7 @@ def _model_class(task):
 
 
 def load_task(model_dir: str | Path):
-    """(task, model, tokenizer) from a directory written by `finetune`."""
+    """(task, model frozen for inference, tokenizer) from a directory written by `finetune`."""
     from bertkit.config import BertConfig
     from bertkit.tokenizer import Tokenizer
     from bertkit.tasks.readers import LabelMap
@@ -160,7 +161,7 @@ def load_task(model_dir: str | Path):
     config = BertConfig.from_json(cfg_path)
     if config.id2label and task.kind != "qa" and settings["kind"] != "regress":
         task.labels = LabelMap([config.id2label[i] for i in sorted(config.id2label)])
-    model = _model_class(task).from_pretrained(model_dir)
+    model = runtime.freeze(_model_class(task).from_pretrained(model_dir))     # evaluate / predict only
     tok = Tokenizer.from_pretrained(model_dir)
     return task, model, tok
 

@@ -242,6 +242,7 @@ def pretrain(pc: PretrainConfig):
     cfg.validate()  # bad settings fail here, before the model is built
     seed_everything(cfg.seed)
     model, config = build_model(pc, manifests["shards"], objective)
+    model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
     for name, m in manifests.items():
         if int(m["seq_len"]) > config.max_position_embeddings:
             raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's "
