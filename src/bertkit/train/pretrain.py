@@ -318,7 +318,9 @@ def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
               file=sys.stderr)
         return pc, None
     plan = recipe.load_plan(Path(pc.out)) if t.resume else None
-    if plan is None:
+    if plan is not None:
+        print(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}", file=sys.stderr)
+    else:
         plan = recipe.plan_recipe(t.budget_s, pc.preset, None, manifest, recipe.given_settings(pc),
                                   _heldout_rows(pc))
     return recipe.apply_plan(pc, plan), plan

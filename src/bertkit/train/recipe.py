@@ -122,7 +122,7 @@ def _show(name: str, value) -> str:
     if value is None:
         return "-"
     if name == "warmup":
-        return f"{int(value)} steps" if value >= 1 else f"{value:.0%}"
+        return f"{int(value)} step{'s' if int(value) != 1 else ''}" if value >= 1 else f"{value:.0%}"
     if name in ("mask_prob", "decay_fraction"):
         return f"{value:.0%}"
     return f"{value:g}" if isinstance(value, float) else str(value)
