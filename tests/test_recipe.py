@@ -115,3 +115,19 @@ def test_without_budget_the_defaults_stand(tmp_path):
     assert pc.masking == "shards" and pc.mask_prob is None and pc.dropout is None
     assert set(PLANNED) >= {"lr", "warmup", "schedule", "decay_fraction", "batch_size", "dropout", "masking",
                             "mask_prob"}
+
+
+def test_evaluations_fit_their_share_of_the_budget():
+    """Measured evaluation batches: up to 9 evaluations during the run in <= 10% of it (and the final one after);
+    when one evaluation costs more than that share, only the final one."""
+    plan = plan_recipe(600, "mini", 0.2, manifest(), heldout_rows=5000, eval_batch_s=0.05)
+    cost = 64 * 0.05
+    assert plan.eval_s == pytest.approx(9 * cost) and plan.steps == int((600 - 9 * cost) / 0.2)
+    assert plan.value("eval_every_steps") == plan.steps // 10
+    plan = plan_recipe(60, "mini", 0.2, manifest(), heldout_rows=5000, eval_batch_s=0.5)      # 32 s an evaluation
+    assert plan.eval_s == 0 and plan.value("eval_every_steps") is None and plan.steps == 300
+    assert "one held-out evaluation, at the end" in plan.choices["eval_every_steps"].reason
+    plan = plan_recipe(600, "mini", 0.2, manifest(), {"eval_every_steps": 100}, heldout_rows=5000, eval_batch_s=0.05)
+    assert plan.value("eval_every_steps") == 100 and plan.eval_s == pytest.approx(int(600 / (20 + cost)) * cost)
+    few = plan_recipe(600, "mini", 0.2, manifest(), heldout_rows=40, eval_batch_s=0.05)   # 2 batches of 16 rows
+    assert few.eval_s == pytest.approx(9 * 2 * 0.05)

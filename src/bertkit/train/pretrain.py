@@ -252,9 +252,8 @@ def pretrain(pc: PretrainConfig):
     if pc.unigram_bias and fresh_head:
         unigram_bias_init(model, data.source if isinstance(data, _DropKeys) else data)
     if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
-        from bertkit.train.recipe import probe_step_time
-        step_s = d.broadcast_object(probe_step_time(model, data, cfg, d.device))
-        pc, plan = _plan(pc, manifests["shards"], step_s)
+        from bertkit.train.recipe import probe_times
+        pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)))
         cfg = dataclasses.replace(pc.train, grad_accum=cfg.grad_accum)
         cfg.validate()
     batches = data
@@ -326,10 +325,10 @@ def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
     return recipe.apply_plan(pc, plan), plan
 
 
-def _plan(pc: PretrainConfig, manifest: dict, step_s: float):
+def _plan(pc: PretrainConfig, manifest: dict, times: tuple[float, float]):
     from bertkit.train import recipe
-    plan = recipe.plan_recipe(pc.train.budget_s, pc.preset, step_s, manifest, recipe.given_settings(pc),
-                              _heldout_rows(pc))
+    plan = recipe.plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, recipe.given_settings(pc),
+                              _heldout_rows(pc), eval_batch_s=times[1])
     return recipe.apply_plan(pc, plan), plan
 
 

@@ -10,7 +10,7 @@ masks at 40% redrawn every epoch, a ~1,000-step warmup (less on short budgets), 
 1,024 tokens a step, no dropout, lr 1e-3 for the small presets.
 
 `bertkit pretrain --budget` without --init plans every setting the user did not give (PretrainConfig.set_fields: an
-explicit flag always wins). `pretrain()` times a few steps at the planned shape (probe_step_time) to estimate the
+explicit flag always wins). `pretrain()` times a few steps at the planned shape (probe_times) to estimate the
 steps the budget affords, prints the plan on stderr, and writes it to OUT/plan.json (and OUT/summary.json).
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Choice", "RecipePlan", "plan_recipe", "apply_plan", "given_settings", "probe_step_time", "load_plan",
+__all__ = ["Choice", "RecipePlan", "plan_recipe", "apply_plan", "given_settings", "probe_times", "load_plan",
            "PLANNED", "SHARDS"]
 
 STEP_TOKENS = 1024            # tokens per optimizer step: the measured recipe's 16 rows of 64
@@ -31,10 +31,10 @@ FULL_WARMUP = 1000            # steps: the measured warmup
 FULL_WARMUP_FROM = 2000       # estimated steps from which the full warmup leaves at least half the run after it
 SHORT_WARMUP = 0.3            # shorter budgets: this share of the estimated steps
 DECAY_FRACTION = 0.1
-EVAL_POINTS = 10              # held-out evaluations over the run, at most
-EVAL_SHARE = 0.1              # of the budget that evaluations may take, at most (the final one is always made)
+EVAL_POINTS = 10              # held-out evaluations over the run, at most, the final one (after the budget) included
+EVAL_SHARE = 0.1              # of the budget that the evaluations during the run may take, at most
 EVAL_TOKENS = 65536           # held-out tokens scored per evaluation
-FORWARD_SHARE = 1 / 3         # an evaluation batch (forward only) against a training step (forward + backward)
+FORWARD_SHARE = 1 / 3         # unmeasured: an evaluation batch (forward only) against a training step, in FLOPs
 # the `bertkit prepare` settings whose shards the plan trains on as they are (the demo builds these)
 SHARDS = {"seq_len": ROW_TOKENS, "task": "nsp", "masking": "token", "mask_prob": 0.4, "dynamic": True}
 LRS = {"tiny": 1e-3, "mini": 1e-3, "small": 5e-4, "medium": 5e-4, "base": 1e-4, "large": 1e-4}
@@ -65,6 +65,7 @@ class RecipePlan:
     step_s: float | None                  # measured seconds per optimizer step at the planned shape (None: not yet)
     row_tokens: float                     # mean real tokens in a shard row
     corpus_tokens: int                    # tokens in the training shards
+    eval_batch_s: float | None = None     # measured seconds per evaluation batch (forward only) at that shape
     eval_s: float = 0.0                   # expected seconds of held-out evaluation within the budget
     choices: dict[str, Choice] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -84,7 +85,8 @@ class RecipePlan:
 
     def to_dict(self) -> dict:
         return {"budget_s": self.budget_s, "preset": self.preset, "seq_len": self.seq_len, "step_s": self.step_s,
-                "row_tokens": self.row_tokens, "corpus_tokens": self.corpus_tokens, "eval_s": self.eval_s,
+                "row_tokens": self.row_tokens, "corpus_tokens": self.corpus_tokens,
+                "eval_batch_s": self.eval_batch_s, "eval_s": self.eval_s,
                 "estimated_steps": self.steps,
                 "estimated_tokens": self.tokens, "settings": {k: c.value for k, c in self.choices.items()},
                 "reasons": {k: c.reason for k, c in self.choices.items()},
@@ -94,7 +96,7 @@ class RecipePlan:
     def from_dict(cls, d: dict) -> "RecipePlan":
         choices = {k: Choice(v, d["reasons"].get(k, ""), k in d["flags"]) for k, v in d["settings"].items()}
         return cls(d["budget_s"], d["preset"], d["seq_len"], d["step_s"], d["row_tokens"], d["corpus_tokens"],
-                   d["eval_s"], choices, list(d["notes"]))
+                   d["eval_batch_s"], d["eval_s"], choices, list(d["notes"]))
 
     def block(self) -> str:
         """The plan and why, for a person: the estimate, one line per setting, the notes."""
@@ -106,7 +108,10 @@ class RecipePlan:
             lines.append(f"  measured {self.step_s:.3f} s a step at {self.value('batch_size')} x {self.seq_len} on "
                          f"this machine -> ~{self.steps:,} steps, ~{self.tokens / 1e6:.2f} M tokens "
                          f"({self.tokens / max(self.corpus_tokens, 1):.1f} passes over the shards)"
-                         + (f", ~{self.eval_s:.0f} s of evaluation" if self.eval_s else ""))
+                         + (f" and ~{self.eval_s:.0f} s of evaluation" if self.eval_s else ""))
+            if self.eval_batch_s:
+                lines[-1] += f"; {self.eval_batch_s:.3f} s an evaluation batch"
+            lines[-1] += "; the run re-estimates its steps as it goes"
         for name, c in self.choices.items():
             lines.append(f"  {name:<17}{_show(name, c.value):<12}{'yours: ' if c.flag else ''}{c.reason}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -136,18 +141,19 @@ def _choose(plan: RecipePlan, given: dict, name: str, value, reason: str) -> Non
 
 
 def plan_recipe(budget_s: float, preset: str | None, measured_step_s: float | None, manifest: dict,
-                given: dict | None = None, heldout_rows: int = 0) -> RecipePlan:
+                given: dict | None = None, heldout_rows: int = 0, eval_batch_s: float | None = None) -> RecipePlan:
     """The recipe for `budget_s` seconds from scratch on the shards of `manifest` (a pure function).
 
     `given`: the settings the user chose (kept, marked as theirs); `measured_step_s`: seconds per optimizer step at
     the planned shape, from which the steps the budget affords follow (None: the step-count choices, warmup and
-    evaluation interval, are left out); `heldout_rows`: rows of the held-out shards (0: none to evaluate on)."""
+    evaluation interval, are left out); `heldout_rows`: rows of the held-out shards (0: none to evaluate on);
+    `eval_batch_s`: measured seconds per evaluation batch (None: a third of a step, the FLOP ratio)."""
     given = dict(given or {})
     counts = manifest.get("counts", {})
     examples = max(int(counts.get("examples", 0)), 1)
     corpus = int(counts.get("tokens", 0))
     plan = RecipePlan(budget_s, preset, int(manifest["seq_len"]), measured_step_s,
-                      corpus / examples if corpus else float(manifest["seq_len"]), corpus)
+                      corpus / examples if corpus else float(manifest["seq_len"]), corpus, eval_batch_s)
     _plan_masks(plan, given, manifest["masking"])
     _plan_shape(plan, given, heldout_rows > 0)
     _plan_optimiser(plan, given, preset)
@@ -216,17 +222,21 @@ def _plan_optimiser(plan: RecipePlan, given: dict, preset: str | None) -> None:
 
 
 def _plan_evaluation(plan: RecipePlan, given: dict, heldout_rows: int) -> None:
-    """Up to EVAL_POINTS evaluations in at most EVAL_SHARE of the budget; their time comes off the steps."""
+    """Evaluations during the run in at most EVAL_SHARE of the budget, EVAL_POINTS in all with the final one (which
+    the loop makes after the budget); their time comes off the steps."""
     batches = min(plan.value("eval_batches"), max(1, heldout_rows // plan.value("batch_size")))
-    cost = batches * plan.step_s * FORWARD_SHARE                    # seconds per evaluation
+    cost = batches * (plan.eval_batch_s or plan.step_s * FORWARD_SHARE)         # seconds per evaluation
     if "eval_every_steps" in given:
-        n = 1 + int(plan.budget_s / (given["eval_every_steps"] * plan.step_s + cost))
+        during = int(plan.budget_s / (given["eval_every_steps"] * plan.step_s + cost))
     else:
-        n = max(1, min(EVAL_POINTS, int(EVAL_SHARE * plan.budget_s / cost)))
-    plan.eval_s = min(n * cost, plan.budget_s / 2)
-    _choose(plan, given, "eval_every_steps", max(1, plan.steps // n),
-            f"{n} held-out evaluation{'s' if n > 1 else ''} (the curve in curves.png) in ~{plan.eval_s:.0f} s of "
-            "the budget")
+        during = max(0, min(EVAL_POINTS - 1, int(EVAL_SHARE * plan.budget_s / cost)))
+    plan.eval_s = during * cost
+    if during:
+        why = f"{during + 1} held-out evaluations of ~{cost:.0f} s, the last at the end: the curve in curves.png"
+    else:
+        why = (f"one held-out evaluation, at the end: one takes ~{cost:.0f} s, over {EVAL_SHARE:.0%} of the "
+               "budget")
+    _choose(plan, given, "eval_every_steps", max(1, plan.steps // (during + 1)) if during else None, why)
 
 
 def _plan_warmup(plan: RecipePlan, given: dict) -> None:
@@ -269,10 +279,10 @@ def load_plan(out: Path) -> RecipePlan | None:
         return None
 
 
-def probe_step_time(model, batches, cfg, device, steps: int = 4) -> float:
-    """Median seconds per optimizer step of `model` on `batches` as `cfg` trains it (precision, accumulation,
-    clipping) on `device`, over `steps` steps after one untimed one. On a copy of the model; the data go back to
-    the start of epoch 0."""
+def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, float]:
+    """(seconds per optimizer step, seconds per evaluation batch) of `model` on `batches` as `cfg` trains it
+    (precision, accumulation, clipping) on `device`: medians over `steps` steps after an untimed one, then over 2
+    forward passes in eval mode. On a copy of the model; the data go back to the start of epoch 0."""
     import copy
     import statistics
     import time
@@ -289,9 +299,15 @@ def probe_step_time(model, batches, cfg, device, steps: int = 4) -> float:
                           eps=cfg.eps)
     precision = resolve(cfg.precision, device)
     source = _forever(batches)
-    times = []
-    for i in range(steps + 1):
+
+    def timed(fn) -> float:
         t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    def step() -> None:
         for _ in range(cfg.grad_accum):
             with autocast(precision, device):
                 loss = pretraining_step(probe, _to_device(next(source), device)).loss
@@ -300,13 +316,17 @@ def probe_step_time(model, batches, cfg, device, steps: int = 4) -> float:
             torch.nn.utils.clip_grad_norm_(probe.parameters(), cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:                                             # the first step pays one-off costs
-            times.append(time.perf_counter() - t0)
+
+    def evaluate() -> None:
+        with torch.no_grad(), autocast(precision, device):
+            pretraining_step(probe, _to_device(next(source), device))
+
+    step_s = statistics.median([timed(step) for _ in range(steps + 1)][1:])   # the first pays one-off costs
+    probe.eval()
+    eval_s = statistics.median([timed(evaluate) for _ in range(2)])
     if hasattr(batches, "set_epoch"):
         batches.set_epoch(0)
-    return statistics.median(times)
+    return step_s, eval_s
 
 
 def _forever(batches):
