@@ -158,6 +158,8 @@ def test_bad_inputs_fail_before_training(data, tmp_path, capsys, monkeypatch):
     _fails(["pretrain", str(data / "shards"), *TINY, "--out", str(out)], capsys, "--steps", out)
     _fails(["pretrain", str(data / "shards"), *TINY, "--steps", "2", "--global-batch", "12", "--out", str(out)],
            capsys, "not a multiple", out)
+    _fails(["pretrain", str(data / "shards"), *TINY, "--budget", "1m", "--mask-prob", "1.5", "--out", str(out)],
+           capsys, "--mask-prob 1.5", out)
     # a training setting that is refused: before the model is even built
     import bertkit.train.pretrain as P
     monkeypatch.setattr(P, "build_model", lambda *a, **k: pytest.fail("the model was built"))
