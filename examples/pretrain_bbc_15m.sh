@@ -8,19 +8,14 @@
 # one). OUT_DIR: runs/bbc15m; SEED: the run's seed (init, masks, order), 0; SPLIT: the seed of the by-article
 # train / held-out split of the 2,225 articles (it changes the vocab and the held-out set too), 0.
 #
-# The recipe, and why (measured on a 2-core AMD EPYC, fp32; see README "From scratch on a small budget"):
-# - a from-scratch MLM sits on a plateau (top-5 fill-mask "the , to of in" for every sentence) until one layer-0
-#   head learns to attend to the previous / next token; the recipe is tuned to get there early:
-# - token masking at 40% (not whole words, not 15%): more predictions per step, and a masked piece's neighbours are
-#   its best evidence. 15-minute runs: whole-word 30% ended at held-out MLM accuracy 0.153 (still on the plateau),
-#   token 30% 0.165, token 40% 0.29 / 0.27 / 0.25 (seeds 0 / 1 / 2, the last on another split; the head formed at
-#   ~1,500-2,500 steps);
-# - a 1,000-step warmup (with 200-400 steps, whole-word runs stayed on the plateau for up to 6,000 steps), then
-#   the peak lr held until the last 10% of the budget (--schedule wsd);
-# - sentence-pair rows (--task nsp): MLM on packed rows (--task none) stayed on the plateau through 2,400 steps where
-#   the same seed on NSP-format rows left it at ~1,600-1,700 (with or without the NSP loss);
-# - seq 64 and batch 16: many small updates from the ~3,000-3,500 steps 15 minutes give on 2 cores;
-# - no dropout (it is a few epochs over 1M tokens: nothing to regularise yet).
+# The recipe is the one `bertkit pretrain --budget` plans from scratch (bertkit.train.recipe), spelled out here so
+# this script keeps reproducing the runs it was measured with (docs/performance.md, "Pre-training from scratch on a
+# budget", has the figures): a from-scratch MLM sits on a plateau (top-5 fill-mask "the , to of in" for every
+# sentence) until a layer-0 head learns to attend to the previous / next token, and these settings get there early:
+# - token masking at 40% (not whole words, not 15%), redrawn every epoch;
+# - a 1,000-step warmup, then the peak lr held until the last 10% of the budget (--schedule wsd);
+# - sentence-pair rows (--task nsp): packed rows (--task none) stayed on the plateau longer;
+# - seq 64 and batch 16: many small updates; no dropout (a few epochs over 1M tokens: nothing to regularise yet).
 set -euo pipefail
 OUT=${1:-runs/bbc15m}
 SEED=${2:-0}

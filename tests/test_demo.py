@@ -59,3 +59,39 @@ def test_pretrain_refuses_an_older_demos_shards(tmp_path):
                                                      "task": "none", "seq_len": 128}))
     with pytest.raises(BertkitError, match=r"task 'none' rows of 128 tokens.*--force"):
         stage_pretrain(DemoConfig(out=str(tmp_path)), tmp_path / "pretrain", tmp_path / "vocab", tmp_path / "shards")
+
+
+def test_pretrain_is_the_budgets_plan(tmp_path, monkeypatch):
+    """The demo pre-trains as `bertkit pretrain TRAIN --preset mini --budget 720s --eval-shards HELDOUT` does: no
+    recipe setting of its own, so every one of them is the plan's."""
+    import json
+
+    import pytest
+
+    import bertkit.train.pretrain as P
+    from bertkit.demo import stage_pretrain
+    train = tmp_path / "shards" / "train"
+    train.mkdir(parents=True)
+    (train / "manifest.json").write_text(json.dumps({"format": "bertkit-pretraining-shards", "version": 1,
+                                                     "task": "nsp", "seq_len": 64}))
+    seen = {}
+
+    def fake(pc):
+        seen["pc"] = pc
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(P, "pretrain", fake)
+    with pytest.raises(RuntimeError, match="stop here"):
+        stage_pretrain(DemoConfig(out=str(tmp_path)), tmp_path / "pretrain", tmp_path / "vocab", tmp_path / "shards")
+    pc = seen["pc"]
+    assert pc.set_fields == () and pc.train.budget_s == 720 and pc.preset == "mini" and pc.init is None
+    assert pc.eval_shards == str(tmp_path / "shards" / "heldout")
+
+
+def test_report_reads_the_plan(tmp_path):
+    results = {"pretrain": {**PRETRAIN, "recipe": {"preset": "mini", "task": "nsp", "masking": "token",
+                                                   "mask_prob": 0.4, "batch_size": 16, "lr": 1e-3, "warmup": 1000.0,
+                                                   "schedule": "wsd", "decay_fraction": 0.1, "dropout": 0.0,
+                                                   "estimated_steps": 2900}}}
+    text = write_report(DemoConfig(out=str(tmp_path)), tmp_path, results).read_text()
+    assert "the budget's plan (pretrain/plan.json): token masks 40% redrawn every epoch, batch 16" in text
+    assert "~2,900 steps estimated" in text

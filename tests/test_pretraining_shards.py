@@ -110,6 +110,26 @@ def test_static_masks_repeat_dynamic_masks_change(static_dir, dynamic_dir):
     assert set(b["next_sentence_label"].tolist()) == {0, 1}
 
 
+def test_static_shards_remasked_dynamically(static_dir):
+    """masking=MaskingConfig(...) ignores the stored whole-word 15% masks: token masks at 40%, fresh every epoch,
+    drawn from the stored tokens (the labels hold the original ids, the rows are otherwise unchanged)."""
+    from bertkit.pretraining.masking import MaskingConfig
+    stored = ShardReader(static_dir[0], batch_size=8)
+    r = ShardReader(static_dir[0], batch_size=8, masking=MaskingConfig(mode="token", mask_prob=0.4))
+    assert r.remasked and r.masking.dynamic and not stored.remasked
+    idx = np.arange(r.num_examples)
+    tokens, _, pos, ids = r.gather(idx)
+    assert pos is None and ids is None                                              # stored masks not read
+    e0, e1, plain = r.batch(idx, 0), r.batch(idx, 1), stored.batch(idx, 0)
+    chosen = e0["labels"] != -100
+    assert not torch.equal(e0["labels"], e1["labels"])
+    assert torch.equal(e0["labels"][chosen], torch.from_numpy(tokens)[chosen])
+    assert torch.equal(e0["attention_mask"], plain["attention_mask"])
+    maskable = (e0["attention_mask"] == 1) & (torch.from_numpy(tokens) != 101) & (torch.from_numpy(tokens) != 102)
+    assert abs(chosen.sum().item() / maskable.sum().item() - 0.4) < 0.01
+    assert abs((plain["labels"] != -100).sum().item() / maskable.sum().item() - 0.15) < 0.01
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
 def test_permute_is_a_seeded_bijection(n):
     from bertkit.pretraining.shards import permute

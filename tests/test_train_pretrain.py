@@ -158,6 +158,8 @@ def test_bad_inputs_fail_before_training(data, tmp_path, capsys, monkeypatch):
     _fails(["pretrain", str(data / "shards"), *TINY, "--out", str(out)], capsys, "--steps", out)
     _fails(["pretrain", str(data / "shards"), *TINY, "--steps", "2", "--global-batch", "12", "--out", str(out)],
            capsys, "not a multiple", out)
+    _fails(["pretrain", str(data / "shards"), *TINY, "--budget", "1m", "--mask-prob", "1.5", "--out", str(out)],
+           capsys, "--mask-prob 1.5", out)
     # a training setting that is refused: before the model is even built
     import bertkit.train.pretrain as P
     monkeypatch.setattr(P, "build_model", lambda *a, **k: pytest.fail("the model was built"))
@@ -242,3 +244,47 @@ def test_unigram_bias_starts_mlm_at_the_unigram_loss(data):
         after = float(model(**batch).loss)
     assert before == pytest.approx(np.log(600), abs=0.3)
     assert after < before - 0.5
+
+
+def test_budget_from_scratch_plans_prints_and_summarises(data, tmp_path, capsys):
+    """--budget without --init: the plan block on stderr (with the user's --lr kept), plan.json, and a summary with
+    the held-out MLM accuracy and a fill-mask sample of held-out rows."""
+    out = tmp_path / "planned"
+    assert cli(["pretrain", str(data / "shards"), "--preset", "tiny", "--budget", "6s", "--lr", "2e-3",
+                "--precision", "fp32", "--no-progress", "--eval-shards", str(data / "heldout"), "--out",
+                str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "bertkit pretrain: the plan for a 6s budget from scratch (tiny" in err
+    assert "yours: --lr" in err and "re-masked at batch time" in err and " steps, ~" in err
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["flags"] == ["lr"] and plan["settings"]["lr"] == 2e-3 and plan["estimated_steps"] >= 1
+    assert plan["settings"]["masking"] == "token" and plan["settings"]["mask_prob"] == 0.4
+    assert plan["settings"]["batch_size"] == 16 and plan["settings"]["warmup"] >= 1
+    state = sorted((out / "checkpoints").glob("step-*"))[-1] / "state.json"
+    cfg = json.loads(state.read_text())["config"]
+    assert (cfg["lr"], cfg["schedule"], cfg["warmup"]) == (2e-3, "wsd", plan["settings"]["warmup"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["heldout"]["mlm_acc"] <= 1 and summary["plan"]["settings"] == plan["settings"]
+    sample = summary["fill_mask"]["examples"]
+    assert sample and all("[MASK]" in e["text"] and len(e["top"]) == 5 and e["truth"] for e in sample)
+    md = (out / "summary.md").read_text()
+    assert "held-out MLM accuracy" in md and "## Fill-mask" in md and "(truth: **" in md
+
+
+def test_plan_remasks_static_shards(data, tmp_path):
+    """The plan's dynamic token 40% on shards that store static masks: the reader draws them from the tokens."""
+    from bertkit.config import BertConfig
+    from bertkit.pretraining.shards import read_manifest
+    from bertkit.train.pretrain import PretrainConfig, _reader
+    from bertkit.train.recipe import apply_plan, plan_recipe
+    static = data / "heldout"                                       # static token 15% masks
+    pc = PretrainConfig(shards=str(static), out=str(tmp_path), preset="tiny", set_fields=())
+    plan = plan_recipe(60, "tiny", 0.1, read_manifest(static))
+    assert any("re-masked" in n for n in plan.notes)
+    reader = _reader(apply_plan(pc, plan), str(static), BertConfig.preset("tiny", vocab_size=600), "nsp")
+    assert reader.remasked and (reader.masking.mode, reader.masking.mask_prob) == ("token", 0.4)
+    kept = _reader(pc, str(static), BertConfig.preset("tiny", vocab_size=600), "nsp")
+    assert not kept.remasked                                         # no plan: the shards' own masks
+    b = reader.batch(reader.indices(0, 0, 64))
+    maskable = (b["attention_mask"] == 1).sum() - 3 * 64             # [CLS] and two [SEP] per row
+    assert abs(float((b["labels"] != -100).sum()) / float(maskable) - 0.4) < 0.03

@@ -4,8 +4,8 @@
     vocab      a WordPiece vocabulary trained on the train corpus           (bertkit.vocab.train_vocab)
     shards     pre-training shards: train (dynamic masks) + held-out (static masks, for a stable accuracy)
                                                                             (bertkit.pretraining.prepare)
-    pretrain   a `mini` BERT (4 layers, 256 hidden) from scratch with MLM + NSP for a 12-minute wall-clock budget
-               (bf16 where native), the recipe of examples/pretrain_bbc_15m.sh      (bertkit.train.pretrain)
+    pretrain   a `mini` BERT (4 layers, 256 hidden) from scratch with MLM + NSP: `bertkit pretrain --budget 12m` with
+               its defaults, i.e. the recipe the budget plans (bertkit.train.recipe; bf16 where native)
     fillmask   fill-mask examples (one mask, whole words, several masks decoded jointly) and the joint-vs-
                independent exact match on held-out sentences                (bertkit.infer)
     attention  the "he -> Bert" attention picture of the book, on MiniLM-L6 and on our model  (bertkit.plots)
@@ -57,25 +57,10 @@ class DemoConfig:
     only: tuple[str, ...] = ()            # run just these stages (their inputs must exist)
     # vocab: 8k pieces suit a 1M-word corpus (bert-base's 30k would leave most pieces rarely seen)
     vocab_size: int = 8192
-    # pre-training: BERT's MLM + NSP on 64-token rows with the from-scratch recipe of examples/pretrain_bbc_15m.sh
-    # (README "From scratch on a small budget"): a from-scratch MLM predicts `the , to` for every mask until a
-    # layer-0 head learns to look at the neighbouring tokens; token masks at 40%, a 1,000-step warmup then the peak
-    # lr held (wsd), small batches and no dropout bring that within the budget. Sentence-pair rows matter, the NSP
-    # loss does not: a run on packed rows (task "none") stayed on the plateau longer (the step counts: README).
+    # pre-training: `bertkit pretrain --budget` from scratch, every other setting the budget's plan
+    # (bertkit.train.recipe), on the shards the plan is measured on (recipe.SHARDS: sentence-pair rows of 64)
     preset: str = "mini"
-    seq_len: int = 64
-    task: str = "nsp"                     # nsp | sop | none (MLM only)
-    masking: str = "token"                # training rows, redrawn every epoch; held out: whole-word 15%, static
-    mask_prob: float = 0.4
     pretrain_budget_s: float = 720.0      # wall clock for the optimizer loop
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: float = 1000.0                # steps
-    schedule: str = "wsd"                 # warmup, the peak lr, then a linear decay over the last decay_fraction
-    decay_fraction: float = 0.1
-    dropout: float = 0.0                  # a few epochs over 1M words: nothing to regularise yet
-    eval_rows: int = 1024                 # held-out rows scored (static masks): ~60k tokens
-    eval_every_steps: int = 250
     # fill-mask evaluation on held-out sentences
     fill_eval_sentences: int = 60
     # sentiment fine-tuning of MiniLM-L6 on Rotten Tomatoes
@@ -134,15 +119,17 @@ def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
 def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
     from bertkit.pretraining import PrepareConfig, prepare
     res = {}
-    for split, dynamic in (("train", True), ("heldout", False)):
+    from bertkit.train.recipe import SHARDS
+    # held out: whole-word 15% static masks, BERT's evaluation and a fixed yardstick
+    for split, masks in (("train", SHARDS), ("heldout", {**SHARDS, "masking": "wwm", "mask_prob": 0.15,
+                                                         "dynamic": False})):
         src = data / ("bbc_train.txt" if split == "train" else "bbc_test.txt")
-        masks = dict(masking=cfg.masking, mask_prob=cfg.mask_prob) if dynamic else dict(masking="wwm", mask_prob=0.15)
-        s = prepare(PrepareConfig(str(src), str(vocab / "vocab.txt"), out / split, seq_len=cfg.seq_len, task=cfg.task,
-                                  **masks, dynamic=dynamic, seed=cfg.seed + (0 if dynamic else 1), overwrite=True,
+        s = prepare(PrepareConfig(str(src), str(vocab / "vocab.txt"), out / split, **masks,
+                                  seed=cfg.seed + (0 if masks["dynamic"] else 1), overwrite=True,
                                   progress=cfg.progress))
         m = json.loads((out / split / "manifest.json").read_text())
         res[split] = {"examples": m["counts"]["examples"], "tokens": m["counts"]["tokens"], "seconds": s.seconds,
-                      "seq_len": cfg.seq_len, "task": cfg.task, **masks}
+                      **{k: masks[k] for k in ("seq_len", "task", "masking", "mask_prob")}}
     return res
 
 
@@ -151,41 +138,40 @@ def _objective(task: str) -> str:
 
 
 def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
-    """`bertkit pretrain` (bertkit.train.pretrain) from scratch for the budget: out/model, metrics.jsonl,
-    curves.png, with the held-out shards scored every eval_every_steps."""
+    """`bertkit pretrain TRAIN --preset mini --budget 12m --eval-shards HELDOUT` with its defaults: the budget's plan
+    (out/plan.json), out/model, metrics.jsonl, curves.png, summary.md."""
     import shutil
     import torch
     from bertkit import BertConfig, BertForMaskedLM, BertForPreTraining
+    from bertkit.commands.pretrain import config_from_argv
     from bertkit.precision import resolve
     from bertkit.pretraining.shards import read_manifest
-    from bertkit.train.loop import TrainConfig
-    from bertkit.train.pretrain import PretrainConfig, pretrain
+    from bertkit.train.pretrain import pretrain
+    from bertkit.train.recipe import SHARDS
     built = read_manifest(shards / "train")
-    if (built["task"], int(built["seq_len"])) != (cfg.task, cfg.seq_len):
+    if (built["task"], int(built["seq_len"])) != (SHARDS["task"], SHARDS["seq_len"]):
         raise BertkitError(f"{shards / 'train'} holds task {built['task']!r} rows of {built['seq_len']} tokens (an "
-                           f"older demo's), this demo pre-trains on task {cfg.task!r} rows of {cfg.seq_len}: "
-                           f"re-run with --force (or --only shards,pretrain,fillmask,attention --force)")
+                           f"older demo's), this demo pre-trains on task {SHARDS['task']!r} rows of "
+                           f"{SHARDS['seq_len']}: re-run with --force (or --only shards,pretrain,fillmask,attention "
+                           "--force)")
     shutil.rmtree(out / "run", ignore_errors=True)   # an older demo's run directory
-    precision = resolve("auto", "cpu")               # bf16 where the CPU has it natively (AMX / AVX-512 BF16)
-    eval_batches = -(-cfg.eval_rows // cfg.batch_size)
-    train = TrainConfig(budget_s=cfg.pretrain_budget_s, lr=cfg.lr, warmup=cfg.warmup, schedule=cfg.schedule,
-                        decay_fraction=cfg.decay_fraction, precision=precision, seed=cfg.seed, keep_last=1,
-                        overwrite=True, eval_every_steps=cfg.eval_every_steps, log_every_steps=5,
-                        progress=cfg.progress)
-    pc = PretrainConfig(shards=str(shards / "train"), out=str(out), eval_shards=str(shards / "heldout"),
-                        eval_batches=eval_batches, preset=cfg.preset, dropout=cfg.dropout,
-                        batch_size=cfg.batch_size, vocab=str(vocab / "vocab.txt"), train=train)
-    _say(f"pre-training {cfg.preset} from scratch ({_objective(cfg.task)}) for {cfg.pretrain_budget_s:.0f} s on "
-         f"rows of {cfg.seq_len} tokens, batch {cfg.batch_size}, {precision}, {torch.get_num_threads()} threads")
-    result = pretrain(pc)
+    argv = [str(shards / "train"), "--preset", cfg.preset, "--budget", f"{cfg.pretrain_budget_s:g}s",
+            "--eval-shards", str(shards / "heldout"), "--out", str(out), "--vocab", str(vocab / "vocab.txt"),
+            "--seed", str(cfg.seed), "--keep", "1", "--overwrite", "--log-every", "5",
+            *([] if cfg.progress else ["--no-progress"])]
+    _say(f"bertkit pretrain {' '.join(argv)}  ({torch.get_num_threads()} threads)")
+    result = pretrain(config_from_argv(argv))
     shutil.rmtree(out / "checkpoints", ignore_errors=True)   # optimizer state for --resume: not needed here
     final = dict(result.eval_history[-1]) if result.eval_history else {}
-    cls = BertForPreTraining if cfg.task != "none" else BertForMaskedLM
+    task = built["task"]
+    cls = BertForPreTraining if task != "none" else BertForMaskedLM
     with torch.device("meta"):                      # the trained class's size, without reading its weights back
         n_params = cls(BertConfig.from_json(out / "model" / "config.json")).num_parameters()
     train_acc = [h.get("mlm_acc") for h in result.history if h.get("mlm_acc") is not None]
+    plan = json.loads((out / "plan.json").read_text())
     return {"steps": result.steps, "tokens": result.tokens, "seconds": result.elapsed_s,
-            "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params, "precision": precision,
+            "tokens_per_s": result.tokens / max(result.elapsed_s, 1e-9), "params": n_params,
+            "precision": resolve("auto", "cpu"),        # what the default --precision auto ran
             "final_train_loss": float(sum(result.losses[-20:]) / max(len(result.losses[-20:]), 1)),
             "final_train_mlm_acc": train_acc[-1] if train_acc else None,
             # MLM only: the loss is the MLM loss
@@ -195,9 +181,8 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
             "heldout_curve": [{"step": h.get("step"), "mlm_acc": h.get("mlm_acc"), "nsp_acc": h.get("nsp_acc")}
                               for h in result.eval_history],
             "model_dir": str(out / "model"), "stop_reason": result.stop_reason,
-            "recipe": {"preset": cfg.preset, "task": cfg.task, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                       "warmup": cfg.warmup, "schedule": cfg.schedule, "decay_fraction": cfg.decay_fraction,
-                       "dropout": cfg.dropout}}
+            "recipe": {"preset": cfg.preset, "task": task, **plan["settings"],
+                       "estimated_steps": plan["estimated_steps"]}}
 
 
 def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> dict:
@@ -348,8 +333,10 @@ def _pretrain_section(cfg: DemoConfig, p: dict) -> list[str]:
     if r:
         decay = f" (decay over the last {r['decay_fraction']:.0%})" if r["schedule"] == "wsd" else ""
         unit = "steps" if r["warmup"] >= 1 else "of the steps"
-        lines.append(f"- batch {r['batch_size']}, lr {r['lr']:g}, warmup {r['warmup']:g} {unit}, "
-                     f"schedule {r['schedule']}{decay}, dropout {r['dropout']:g}")
+        masks = (f"token masks {r['mask_prob']:.0%} redrawn every epoch, " if r.get("masking") == "token" else "")
+        lines.append(f"- the budget's plan (pretrain/plan.json): {masks}batch {r['batch_size']}, lr {r['lr']:g}, "
+                     f"warmup {r['warmup']:g} {unit}, schedule {r['schedule']}{decay}, dropout {r['dropout']:g}"
+                     + (f"; ~{r['estimated_steps']:,} steps estimated" if r.get("estimated_steps") else ""))
     lines += [f"- {p['steps']} optimizer steps in {p['seconds']:.0f} s, {p['tokens'] / 1e6:.2f} M tokens "
               f"({p['tokens_per_s']:.0f} tokens/s), {p['params'] / 1e6:.1f} M parameters, "
               f"{'bf16 autocast' if p.get('precision', 'bf16') == 'bf16' else 'fp32 (no native bf16 on this CPU)'}",

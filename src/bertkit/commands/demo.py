@@ -14,7 +14,6 @@ def register(sub) -> None:
     p.add_argument("--pretrain-budget", type=float, default=d.pretrain_budget_s, help="seconds of pre-training")
     p.add_argument("--vocab-size", type=int, default=d.vocab_size)
     p.add_argument("--preset", default=d.preset)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--sentiment-train-examples", type=int, default=d.sentiment_train_examples,
                    help="0 = all training sentences")
     p.add_argument("--sentiment-epochs", type=float, default=d.sentiment_epochs)
@@ -28,7 +27,7 @@ def run(args) -> int:
     cfg = DemoConfig(out=args.out, seed=args.seed, force=args.force,
                      only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
                      pretrain_budget_s=args.pretrain_budget, vocab_size=args.vocab_size, preset=args.preset,
-                     batch_size=args.batch_size, sentiment_train_examples=args.sentiment_train_examples or None,
+                     sentiment_train_examples=args.sentiment_train_examples or None,
                      sentiment_epochs=args.sentiment_epochs, fill_eval_sentences=args.fill_eval_sentences,
                      progress=not args.quiet)
     print(run_demo(cfg))

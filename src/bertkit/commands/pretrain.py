@@ -2,11 +2,16 @@
 
     bertkit pretrain shards128/ --preset base --out run/ --global-batch 256 --batch-size 32 --steps 1000000
     bertkit pretrain shards128/ --phase2 shards512/ --preset base --out run/ --steps 1000000   # 90% / 10%
-    bertkit pretrain shards/ --preset mini --out run/ --budget 15m --eval-shards heldout/ --eval-every 200
+    bertkit pretrain shards/ --preset mini --out run/ --budget 15m --eval-shards heldout/   # a planned recipe
     bertkit pretrain shards/ --init run/model --out run2/ --steps 10000          # continue from a checkpoint
     bertkit pretrain shards/ --preset small --objective electra --out run/ --steps 20000
     bertkit pretrain ... --resume                                                  # after a crash / kill
     torchrun --nproc_per_node=4 -m bertkit pretrain ...                           # DDP (gloo CPU / nccl GPU)
+
+--budget from scratch (no --init) plans every setting marked "planned" below that you do not give: masking, warmup,
+schedule, batch size, dropout, lr, evaluation (bertkit.train.recipe; it prints the plan and why, and writes
+OUT/plan.json). A flag you give always wins. Every run ends with OUT/summary.json and OUT/summary.md: held-out MLM
+accuracy and a fill-mask sample of held-out rows.
 """
 
 from __future__ import annotations
@@ -24,37 +29,47 @@ def register(subparsers) -> None:
                    help="shards for the last part of the run (BERT: seq 512 for the last 10%% of steps)")
     p.add_argument("--phase1-fraction", type=float, default=0.9, help="share of steps in phase 1 (default 0.9)")
     p.add_argument("--eval-shards", default=None, help="held-out shard directory for evaluation")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None, help="evaluate every N steps")
-    p.add_argument("--eval-batches", type=int, default=50, help="batches per evaluation (default 50)")
+    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None,
+                   help="evaluate every N steps (default: at the end; planned)")
+    p.add_argument("--eval-batches", type=int, default=None, help="batches per evaluation (default 50; planned)")
     m = p.add_argument_group("model (one of)")
     m.add_argument("--preset", default=None, help="tiny / mini / small / medium / base / large")
     m.add_argument("--config", default=None, help="config.json (with --init: fields overriding the checkpoint's)")
     m.add_argument("--init", default=None, help="model directory to continue pre-training from")
-    m.add_argument("--dropout", type=float, default=None, help="hidden + attention dropout override")
+    m.add_argument("--dropout", type=float, default=None,
+                   help="hidden + attention dropout override (default: the model's; planned)")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
                    help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
     p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
                    help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
     p.add_argument("--electra-weight", type=float, default=50.0, help="discriminator loss weight (paper: 50)")
+    p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"), default=None,
+                   help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
+                        "the stored tokens, fresh every epoch, static shards too (planned)")
+    p.add_argument("--mask-prob", type=float, default=None,
+                   help="share of tokens masked at batch time (default: the shards'; planned)")
     b = p.add_argument_group("batch and length")
-    b.add_argument("--batch-size", type=int, default=32, help="examples per process per micro-batch (default 32)")
+    b.add_argument("--batch-size", type=int, default=None,
+                   help="examples per process per micro-batch (default 32; planned)")
     b.add_argument("--global-batch", type=int, default=None,
                    help="examples per optimizer step over all processes; accumulation is derived")
     b.add_argument("--steps", dest="max_steps", type=int, default=None, help="optimizer steps")
     b.add_argument("--epochs", type=float, default=None, help="passes over the shards")
-    b.add_argument("--budget", default=None, help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time")
+    b.add_argument("--budget", default=None,
+                   help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time; from scratch, a planned recipe")
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    o.add_argument("--lr", type=float, default=1e-4)
+    o.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; planned)")
     o.add_argument("--weight-decay", type=float, default=0.01)
     o.add_argument("--adam-beta2", dest="beta2", type=float, default=0.999,
                    help="AdamW's second-moment decay (BERT 0.999; RoBERTa's 0.98 tolerates higher learning rates)")
-    o.add_argument("--warmup", type=float, default=0.01, help="< 1: fraction of steps; >= 1: steps (default 0.01)")
-    o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"), default="linear",
+    o.add_argument("--warmup", type=float, default=None,
+                   help="< 1: fraction of steps; >= 1: steps (default 0.01; planned)")
+    o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"), default=None,
                    help="after warmup: linear decay (BERT), cosine, constant, or wsd (peak held, linear decay over "
-                        "the last --decay-fraction of the steps; for short budgets)")
+                        "the last --decay-fraction of the steps; for short budgets). Default linear; planned")
     o.add_argument("--decay-fraction", type=float, default=None,
-                   help="wsd only: share of the steps that decay (default 0.2)")
+                   help="wsd only: share of the steps that decay (default 0.2; planned)")
     o.add_argument("--min-lr-ratio", type=float, default=0.0)
     o.add_argument("--clip", dest="max_grad_norm", type=float, default=1.0, help="gradient norm clip (0: none)")
     o.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -78,18 +93,36 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def config_from_args(args):
+    """The PretrainConfig of parsed `bertkit pretrain` arguments; set_fields names the planned settings given."""
     from bertkit.train.loop import TrainConfig, parse_duration
-    from bertkit.train.pretrain import PretrainConfig, pretrain
+    from bertkit.train.pretrain import PretrainConfig
+    from bertkit.train.recipe import PLANNED
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    given = tuple(n for n in (*PLANNED, "global_batch") if values.get(n) is not None)
+    values = {k: v for k, v in values.items() if not (k in PLANNED and v is None)}  # the dataclass defaults
     # the flags that are not a TrainConfig field as they are typed; every other flag's dest names its field
     budget, beta2 = values.pop("budget"), values.pop("beta2")
     values.update(budget_s=parse_duration(budget) if budget is not None else None, betas=(0.9, beta2),
                   max_grad_norm=values["max_grad_norm"] or None)
     train_cfg, rest = TrainConfig.split(values)
-    result = pretrain(PretrainConfig(**rest, train=train_cfg))
+    return PretrainConfig(**rest, train=train_cfg, set_fields=given)
+
+
+def config_from_argv(argv: list[str]):
+    """The PretrainConfig `bertkit pretrain ARGV...` runs (the demo calls pre-training this way)."""
+    parser = argparse.ArgumentParser(prog="bertkit")
+    register(parser.add_subparsers(dest="command"))
+    return config_from_args(parser.parse_args(["pretrain", *argv]))
+
+
+def run(args) -> int:
+    from bertkit.train.pretrain import pretrain
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    pc = config_from_args(args)
+    result = pretrain(pc)
     last = result.eval_history[-1] if result.eval_history else {}
     summary = {"steps": result.steps, "tokens": result.tokens, "elapsed_s": round(result.elapsed_s, 1),
                "stop": result.stop_reason, "skipped_steps": result.skipped_steps,
@@ -97,4 +130,5 @@ def run(args) -> int:
     import os
     if int(os.environ.get("RANK", "0")) == 0:
         print(" ".join(f"{k}={v}" for k, v in summary.items()))
+        print(f"summary: {pc.out}/summary.md")
     return 0

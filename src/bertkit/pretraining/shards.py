@@ -22,7 +22,8 @@ next_sentence_label (B,) long (absent for task none). Each epoch is a seeded per
 shards; rank r of w takes every w-th example of it (the permutation is cut to a multiple of w so all ranks have the
 same number of batches). The permutation is computed, not stored (`permute`: a keyed Feistel network), so the
 reader's memory does not grow with the number of examples. Dynamic masks are drawn per example from (seed, epoch,
-example index), so they do not depend on the batch size or the number of ranks. `state_dict()` = (epoch, batches
+example index), so they do not depend on the batch size or the number of ranks. `masking=MaskingConfig(...)` draws
+masks that way whatever the shards store: static shards are re-masked from their stored tokens, fresh every epoch. `state_dict()` = (epoch, batches
 consumed in it): exact resume.
 """
 
@@ -32,7 +33,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +257,7 @@ class ReaderOptions:
     vocab_hash: str | None = None    # the model tokenizer's: the shards must have been built with the same vocab
     vocab_size: int | None = None    # the model's embedding rows: at least the shards' vocab size
     verify: str = "size"             # "size": file sizes against the manifest; "full": also sha256 (reads it all)
+    masking: MaskingConfig | None = None  # masks drawn at batch time instead of the shards' own (static ones too)
 
     def __post_init__(self):
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -282,6 +284,9 @@ class ShardReader:
         _check_vocab(self.dir, m, opts.vocab_hash, opts.vocab_size)
         self.seq_len, self.task = int(m["seq_len"]), m["task"]
         self.masking = MaskingConfig(**m["masking"])
+        self.remasked = opts.masking is not None       # stored static masks are ignored, drawn from the tokens
+        if self.remasked:
+            self.masking = replace(opts.masking, dynamic=True)
         self.tables = VocabTables.from_vocab_file(self.dir / "vocab.txt")
         if self.tables.vocab_size != m["vocab_size"]:
             raise DataError(f"{self.dir / 'vocab.txt'} has {self.tables.vocab_size} tokens, manifest says {m['vocab_size']}")
@@ -362,7 +367,7 @@ class ShardReader:
         b = len(indices)
         tokens = np.empty((b, self.seq_len), dtype=np.int64)
         meta = np.empty((b, 3), dtype=np.int64)
-        static = self._shards[0].mask_pos is not None
+        static = self._shards[0].mask_pos is not None and not self.remasked
         p = self._shards[0].mask_pos.shape[1] if static else 0
         pos = np.empty((b, p), dtype=np.int64) if static else None
         ids = np.empty((b, p), dtype=np.int64) if static else None

@@ -8,6 +8,9 @@
     monitor.py        metrics JSONL / TensorBoard / progress bar / curves.png, FLOP/s and MFU
     pretrain.py       pretrain(): `bertkit pretrain` as a library call: shards -> model (preset / config / checkpoint,
                       MLM+NSP, MLM+SOP, MLM, ELECTRA) -> train() -> an HF-format model directory
+    recipe.py         plan_recipe(): what `--budget` from scratch means, every setting the user did not give, each
+                      with its reason (printed, OUT/plan.json); probe_times() for the steps a budget affords
+    summary.py        OUT/summary.json / summary.md: held-out MLM accuracy and a fill-mask sample of held-out rows
     compact.py        compact_word_embeddings(): fine-tuning trains only the word-embedding rows its data uses
                       (exact for AdamW; the fine-tuning runner's default)
     ../optim.py       AdamW / LAMB param groups, warmup + linear / cosine schedules

@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import CheckpointError, ConfigError, DataError
+from bertkit.pretraining.masking import MODES as MASK_MODES
 from bertkit.train.loop import TrainConfig
 
 __all__ = ["PretrainConfig", "pretrain", "unigram_bias_init", "OBJECTIVES"]
@@ -54,6 +56,10 @@ class PretrainConfig:
     config: str | None = None
     init: str | None = None
     dropout: float | None = None                # overrides hidden + attention dropout when given
+    # masks of the training rows: "shards" = as the shards were built; token | wwm | ngram = drawn at batch time
+    # from the stored tokens, fresh every epoch (static shards too); mask_prob alone re-masks in the shards' mode
+    masking: str = "shards"
+    mask_prob: float | None = None
     unigram_bias: bool = True                   # a fresh MLM output bias starts at log unigram frequencies of the
                                                 # shards: the model starts at the unigram loss, not log(vocab)
     objective: str = "auto"                     # auto (the shards' task) | mlm | electra
@@ -63,6 +69,9 @@ class PretrainConfig:
     global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
     verify: str = "size"                        # shard file check: "size" or "full" (sha256)
     vocab: str | None = None                    # tokenizer to save with the model (default: the shards' vocab.txt)
+    # the settings the caller chose (bertkit pretrain: the flags given); with a budget and no init the others come
+    # from bertkit.train.recipe's plan. None: no plan, every field as given
+    set_fields: tuple[str, ...] | None = None
 
 
 def _check_out(out: Path) -> None:
@@ -216,30 +225,20 @@ class _DropKeys:
 
 def pretrain(pc: PretrainConfig):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
-    from bertkit.pretraining.shards import ShardReader
-    from bertkit.train.loop import (Phase, distributed_context, pretraining_eval, pretraining_step, seed_everything,
-                                    train)
+    from bertkit.train.distributed import Dist
+    from bertkit.train.loop import Phase, pretraining_eval, pretraining_step, seed_everything, train
 
     out = Path(pc.out)
-    t = pc.train
-    if t.budget_s is None and t.max_steps is None and t.epochs is None:
-        raise ConfigError("give the run's length: --steps N, --epochs E or --budget 10m")
-    if not 0 < pc.phase1_fraction < 1 and pc.phase2_shards:
-        raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
-    if pc.batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
+    _check_settings(pc)
     _check_out(out)
     manifests = _manifests(pc)
-    task = manifests["shards"]["task"]
-    objective = _objective(pc, task)
-    rank, world = distributed_context(t.device)
-    per_step = pc.batch_size * world
-    global_batch = pc.global_batch or per_step * t.grad_accum
-    if global_batch % per_step:
-        raise ConfigError(f"global batch {global_batch} is not a multiple of batch_size {pc.batch_size} x "
-                          f"{world} processes")
-    cfg = dataclasses.replace(t, grad_accum=global_batch // per_step)
-    cfg.validate()  # bad settings fail here, before the model is built
+    objective = _objective(pc, manifests["shards"]["task"])
+    d = Dist.setup(pc.train.device)
+    if not (pc.train.resume or pc.train.overwrite):     # an earlier run is refused before a file of it is replaced
+        from bertkit.train.checkpointing import Checkpoints
+        Checkpoints(out, pc.train, d).check_fresh()
+    pc, plan = _start_plan(pc, manifests["shards"], objective)
+    cfg = _train_config(pc, d.world)
     seed_everything(cfg.seed)
     model, config = build_model(pc, manifests["shards"], objective)
     model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
@@ -247,35 +246,130 @@ def pretrain(pc: PretrainConfig):
         if int(m["seq_len"]) > config.max_position_embeddings:
             raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's "
                               f"max_position_embeddings={config.max_position_embeddings}")
-
-    def reader(path: str, **kw):
-        r = ShardReader(path, pc.batch_size, seed=cfg.seed, vocab_size=config.vocab_size, verify=pc.verify, **kw)
-        if objective in ("mlm", "electra") and r.task != "none":
-            return _DropKeys(r, ("next_sentence_label",))
-        return r
-
-    data = reader(pc.shards, rank=rank, world_size=world)
+    data = _reader(pc, pc.shards, config, objective, rank=d.rank, world_size=d.world)
     # a head bias that came from a checkpoint is kept; every rank sets it alike (the weights must start equal)
     fresh_head = not pc.init or "cls.predictions.bias" in (getattr(model, "loading_info", None) or {}).get(
         "missing_keys", ())
     if pc.unigram_bias and fresh_head:
         unigram_bias_init(model, data.source if isinstance(data, _DropKeys) else data)
+    if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
+        from bertkit.train.recipe import probe_times
+        pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)))
+        cfg = dataclasses.replace(pc.train, grad_accum=cfg.grad_accum)
+        cfg.validate()
     batches = data
     if pc.phase2_shards:
         batches = [Phase(data, pc.phase1_fraction, "phase1"),
-                   Phase(reader(pc.phase2_shards, rank=rank, world_size=world), 1 - pc.phase1_fraction, "phase2")]
+                   Phase(_reader(pc, pc.phase2_shards, config, objective, rank=d.rank, world_size=d.world),
+                         1 - pc.phase1_fraction, "phase2")]
     eval_fn = None
     if pc.eval_shards:
-        eval_fn = pretraining_eval(reader(pc.eval_shards, shuffle=False), max_batches=pc.eval_batches)
-    if rank == 0:
-        (out / "pretrain_config.json").write_text(json.dumps(dataclasses.asdict(pc), indent=1, default=str))
+        held_out = _reader(pc, pc.eval_shards, config, objective, shuffle=False, masked=False)
+        eval_fn = pretraining_eval(held_out, max_batches=pc.eval_batches)
+    if d.main:
+        _write_start(pc, plan, out)
         log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
-                 objective, global_batch, pc.batch_size, cfg.grad_accum, world)
+                 objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
     result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step)
-    if rank == 0:
+    if d.main:
         _save_final(model, result, pc, out)
+        from bertkit.train.summary import write_summary
+        write_summary(out, result, plan, pc.eval_shards or pc.shards, objective)
     return result
+
+
+def _check_settings(pc: PretrainConfig) -> None:
+    t = pc.train
+    if t.budget_s is None and t.max_steps is None and t.epochs is None:
+        raise ConfigError("give the run's length: --steps N, --epochs E or --budget 10m")
+    if not 0 < pc.phase1_fraction < 1 and pc.phase2_shards:
+        raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
+    if pc.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
+    if pc.masking not in ("shards", *MASK_MODES):
+        raise ConfigError(f"--masking {pc.masking}: choose one of shards, {', '.join(MASK_MODES)}")
+    if pc.mask_prob is not None and not 0 < pc.mask_prob < 1:
+        raise ConfigError(f"--mask-prob {pc.mask_prob}: a share of the tokens, in (0, 1)")
+
+
+def _train_config(pc: PretrainConfig, world: int):
+    """pc.train with the accumulation the batch arithmetic gives, checked (before the model is built)."""
+    per_step = pc.batch_size * world
+    global_batch = pc.global_batch or per_step * pc.train.grad_accum
+    if global_batch % per_step:
+        raise ConfigError(f"global batch {global_batch} is not a multiple of batch_size {pc.batch_size} x "
+                          f"{world} processes")
+    cfg = dataclasses.replace(pc.train, grad_accum=global_batch // per_step)
+    cfg.validate()
+    return cfg
+
+
+def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
+    """(pc, plan): with a budget from scratch, the plan's settings that do not depend on the step time (a resumed
+    run: its whole plan.json); else (pc, None)."""
+    from bertkit.train import recipe
+    t = pc.train
+    if pc.set_fields is None or t.budget_s is None:
+        return pc, None
+    if pc.init or objective == "electra":
+        why = "--init continues pre-training" if pc.init else "the plan was measured on MLM"
+        print(f"bertkit pretrain: no plan for the budget ({why}): the flags' settings or their defaults",
+              file=sys.stderr)
+        return pc, None
+    plan = recipe.load_plan(Path(pc.out)) if t.resume else None
+    if plan is not None:
+        print(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}", file=sys.stderr)
+    else:
+        plan = recipe.plan_recipe(t.budget_s, pc.preset, None, manifest, recipe.given_settings(pc),
+                                  _heldout_rows(pc))
+    return recipe.apply_plan(pc, plan), plan
+
+
+def _plan(pc: PretrainConfig, manifest: dict, times: tuple[float, float]):
+    from bertkit.train import recipe
+    plan = recipe.plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, recipe.given_settings(pc),
+                              _heldout_rows(pc), eval_batch_s=times[1])
+    return recipe.apply_plan(pc, plan), plan
+
+
+def _heldout_rows(pc: PretrainConfig) -> int:
+    from bertkit.pretraining.shards import read_manifest
+    return int(read_manifest(pc.eval_shards)["counts"]["examples"]) if pc.eval_shards else 0
+
+
+def _write_start(pc: PretrainConfig, plan, out: Path) -> None:
+    """pretrain_config.json, and the plan: printed (stderr) and written to plan.json."""
+    (out / "pretrain_config.json").write_text(json.dumps(dataclasses.asdict(pc), indent=1, default=str))
+    for stale in ("summary.json", "summary.md"):
+        (out / stale).unlink(missing_ok=True)
+    if plan is not None:
+        print(plan.block(), file=sys.stderr, flush=True)
+        (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+
+
+def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool = True, **kw):
+    """A ShardReader of `path` for the model (the training rows re-masked as pc.masking / mask_prob ask)."""
+    from bertkit.pretraining.shards import ShardReader
+    masking = _masking(pc, path) if masked else None
+    r = ShardReader(path, pc.batch_size, seed=pc.train.seed, vocab_size=config.vocab_size, verify=pc.verify,
+                    masking=masking, **kw)
+    if objective in ("mlm", "electra") and r.task != "none":
+        return _DropKeys(r, ("next_sentence_label",))
+    return r
+
+
+def _masking(pc: PretrainConfig, path: str):
+    """The masks to draw at batch time instead of the shards' own, or None to keep theirs."""
+    from bertkit.pretraining.masking import MaskingConfig
+    from bertkit.pretraining.shards import read_manifest
+    if pc.masking == "shards" and pc.mask_prob is None:
+        return None
+    stored = read_manifest(path)["masking"]
+    return MaskingConfig(mode=stored["mode"] if pc.masking == "shards" else pc.masking,
+                         mask_prob=stored["mask_prob"] if pc.mask_prob is None else pc.mask_prob,
+                         mask_token_prob=stored["mask_token_prob"], random_token_prob=stored["random_token_prob"],
+                         max_ngram=stored["max_ngram"], dynamic=True)
 
 
 def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
