@@ -17,8 +17,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bertkit.errors import BertkitError, VocabError
-from bertkit.tokenizer.formats import (SPECIAL_TOKENS, check_vocab_dict, load_vocab, read_model_dir, vocab_hash,
-                                       write_model_dir)
+from bertkit.hub import resolve_model_dir
+from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
+from bertkit.tokenizer.hfjson import read_model_dir, write_model_dir
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, _PieceTable, decode_pieces
 
@@ -90,19 +91,28 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading / saving
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **overrides) -> "Tokenizer":
-        """Load a vocab.txt, or an HF-format model dir (vocab.txt + tokenizer_config.json's do_lower_case)."""
-        path = Path(path)
+    def from_pretrained(cls, path: str | os.PathLike, revision: str | None = None, **overrides) -> "Tokenizer":
+        """Load a vocab.txt, or an HF-format model directory (vocab.txt or tokenizer.json, with tokenizer_config.json
+        and special_tokens_map.json), or a Hub repo id found through bertkit.hub.resolve_model_dir."""
+        # a vocab file path stays a path, so a missing one is still reported as a missing vocab
+        path = Path(path) if Path(path).suffix == ".txt" else resolve_model_dir(path, revision)
         if path.is_dir():
-            vocab_file, kwargs = read_model_dir(path)
+            vocab, kwargs = read_model_dir(path)
             kwargs.update(overrides)
-            return cls(vocab_file, **kwargs)
+            return cls(vocab, **kwargs)
         return cls(path, **overrides)
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write vocab.txt and tokenizer_config.json (HF-compatible) into directory; returns the directory."""
-        return write_model_dir(Path(directory), self.ids_to_tokens, self.lowercase, self.strip_accents,
-                               self.model_max_length)
+        """Write vocab.txt, tokenizer.json and tokenizer_config.json (transformers / tokenizers can load the
+        directory) into directory; returns the directory."""
+        self.save_pretrained(directory)
+        return Path(directory)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
+        """As transformers' save_pretrained: write the model directory files; returns their paths."""
+        files = write_model_dir(Path(directory), self.vocab, self.ids_to_tokens, self.lowercase, self.strip_accents,
+                                self.model_max_length)
+        return tuple(str(f) for f in files)
 
     def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
         return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
