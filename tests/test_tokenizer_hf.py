@@ -135,3 +135,80 @@ def test_from_pretrained_paths_and_repo_ids(tmp_path, monkeypatch, bert_vocab_fi
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert Tokenizer.from_pretrained("org/tiny").vocab_size == len(SPECIAL_TOKENS) + len(WORDS)
+
+
+# ---------------------------------------------------------------------------------------------------- call habits
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    ref, out = hf_dir(tmp_path_factory.mktemp("habits"))
+    return Tokenizer.from_pretrained(out), ref
+
+
+def as_lists(enc) -> dict:
+    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in enc.items()}
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(text="Hello, World! café", text_pair="the 中国", return_offsets_mapping=True),
+    dict(text=TRICKY, padding=True, return_offsets_mapping=True),
+    dict(text=TRICKY, padding="longest", truncation=True, max_length=6),
+    dict(text=TRICKY[:4], text_pair=TRICKY[4:8], padding="max_length", truncation="only_second", max_length=24),
+    dict(text=TRICKY[:3], text_pair=TRICKY[3:6], truncation="longest_first", max_length=7, padding=True),
+    dict(text=["Hello, World!", "a"], add_special_tokens=False, padding=True),
+    dict(text="hello", text_pair="world", add_special_tokens=False, max_length=1, truncation=True),
+    dict(text=TRICKY[:3], padding=True, return_attention_mask=False, return_token_type_ids=False),
+    dict(text=[["Hello,", "World"], ["café", "x" * 120]], is_split_into_words=True, return_offsets_mapping=True,
+         padding=True),
+    dict(text=["Hello,", "World"], text_pair=["the", "中国"], is_split_into_words=True),
+    dict(text=TRICKY[:5], padding=True, return_tensors="pt"),
+    dict(text=TRICKY[:5], text_pair=TRICKY[5:10], padding=True, return_tensors="np", truncation=True, max_length=9),
+])
+def test_call_like_transformers(pair, kwargs):
+    ours, ref = pair
+    a, b = ours(**kwargs), ref(**kwargs)
+    assert as_lists(a) == as_lists(b)
+    assert a.input_ids is a["input_ids"]
+    rows = as_lists(a)["input_ids"]
+    for i in range(len(rows) if rows and isinstance(rows[0], list) else 1):
+        assert a.word_ids(i) == b.word_ids(i), i
+
+
+def test_bertkit_names_still_work(pair):
+    ours, ref = pair
+    enc = ours(TRICKY[:3], pairs=TRICKY[3:6], return_offsets=True, padding=True)
+    theirs = ref(TRICKY[:3], TRICKY[3:6], return_offsets_mapping=True, padding=True)
+    assert enc["offsets"] == [[tuple(o) for o in row] for row in theirs["offset_mapping"]]
+    assert "offset_mapping" not in enc and type(enc).__name__ == "BatchEncoding"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'return_lengths'"):
+        ours("a", return_lengths=True)
+
+
+def test_to_decode_pad_and_ids(pair):
+    torch = pytest.importorskip("torch")
+    ours, ref = pair
+    enc = ours(TRICKY[:4], padding=True, return_tensors="pt").to("cpu")
+    assert enc.input_ids.device == torch.device("cpu")
+    rows = ref(TRICKY[:4], padding=True)["input_ids"]
+    for skip in (True, False):
+        assert ours.batch_decode(enc.input_ids, skip_special_tokens=skip) == ref.batch_decode(
+            rows, skip_special_tokens=skip)
+        assert ours.decode(rows[0], skip_special_tokens=skip) == ref.decode(rows[0], skip_special_tokens=skip)
+    singles = [ours(t) for t in TRICKY[:4]]
+    theirs = [ref(t) for t in TRICKY[:4]]
+    for kwargs in (dict(), dict(padding="max_length", max_length=40), dict(pad_to_multiple_of=8)):
+        assert as_lists(ours.pad(singles, **kwargs)) == as_lists(ref.pad(theirs, **kwargs))
+    assert as_lists(ours.pad(singles, return_tensors="pt")) == as_lists(ref.pad(theirs, return_tensors="pt"))
+    no_types = [{"input_ids": s["input_ids"]} for s in singles]
+    assert as_lists(ours.pad(no_types)) == as_lists(ref.pad([{"input_ids": s["input_ids"]} for s in theirs]))
+    assert ours.convert_tokens_to_ids(["hello", "zzz"]) == ref.convert_tokens_to_ids(["hello", "zzz"])
+    assert ours.convert_ids_to_tokens([5, 6]) == ref.convert_ids_to_tokens([5, 6])
+    assert len(ours) == len(ref)
+
+
+def test_batch_encoding_pickles_as_data(pair):
+    import pickle
+    ours, _ = pair
+    enc = pickle.loads(pickle.dumps(ours(TRICKY[:2], padding=True)))
+    assert type(enc).__name__ == "BatchEncoding" and enc.input_ids == ours(TRICKY[:2], padding=True)["input_ids"]
+    assert len(pickle.dumps(enc)) < 2000
