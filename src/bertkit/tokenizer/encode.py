@@ -288,36 +288,34 @@ class Tokenizer:
         return enc
 
     def _lay_out(self, first, second, strategy, max_length, special: bool, offsets: bool):
-        """Per row: ids, token types and offsets of [CLS] a [SEP] (b [SEP]) (without the specials when not
-        special), a and b truncated by strategy."""
+        """Per row: ids, token types and offsets of [CLS] a [SEP] (b [SEP]), or of a b when not special; a and b
+        truncated by strategy."""
         cls, sep = self.cls_token_id, self.sep_token_id
-        head, tail = ([cls], [sep]) if special else ([], [])
-        no_off = [(0, 0)] if special else []
-        n_special = (2, 3) if special else (0, 0)
         out_ids, out_types, out_offsets = [], [], []
         for i, (a_ids, a_off) in enumerate(first):
             b_ids, b_off = second[i] if second is not None else (None, None)
             if strategy is not None:
+                n_special = (2 if b_ids is None else 3) if special else 0
                 na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy,
-                                            n_special[b_ids is not None])
+                                            n_special)
                 a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
                 if b_ids is not None:
                     b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
-            if b_ids is None and special:  # the common case, spelt out for speed
+            if not special:
+                out_ids.append([*a_ids, *(b_ids or ())])
+                out_types.append([0] * len(a_ids) + [1] * len(b_ids or ()))
+                if offsets:
+                    out_offsets.append([*a_off, *(b_off or ())])
+            elif b_ids is None:
                 out_ids.append([cls, *a_ids, sep])
                 out_types.append([0] * (len(a_ids) + 2))
                 if offsets:
                     out_offsets.append([(0, 0), *a_off, (0, 0)])
-            elif b_ids is None:
-                out_ids.append([*head, *a_ids, *tail])
-                out_types.append([0] * len(out_ids[-1]))
-                if offsets:
-                    out_offsets.append([*no_off, *a_off, *no_off])
             else:
-                out_ids.append([*head, *a_ids, *tail, *b_ids, *tail])
-                out_types.append([0] * (len(a_ids) + len(head) + len(tail)) + [1] * (len(b_ids) + len(tail)))
+                out_ids.append([cls, *a_ids, sep, *b_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1))
                 if offsets:
-                    out_offsets.append([*no_off, *a_off, *no_off, *b_off, *no_off])
+                    out_offsets.append([(0, 0), *a_off, (0, 0), *b_off, (0, 0)])
         return out_ids, out_types, out_offsets
 
     def _check_batch(self, texts, what: str) -> list[str]:

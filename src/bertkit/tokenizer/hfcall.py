@@ -12,7 +12,7 @@ class BatchEncoding(dict):
     """Model inputs as a dict (input_ids, token_type_ids, attention_mask[, offsets / offset_mapping]) that also
     reads as attributes (enc.input_ids), moves its tensors with .to(device) and maps tokens to words (word_ids)."""
 
-    _layout: tuple | None = None  # _Layout's arguments, set by the tokenizer call
+    __slots__ = ("_layout",)  # _Layout's arguments, set by the tokenizer call; a slot is cheaper than a __dict__
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -36,7 +36,7 @@ class BatchEncoding(dict):
         """Per token, the index of the word it comes from within its sequence (text or pair); None for [CLS],
         [SEP] and padding. Words are the pre-tokenizer's (punctuation is a word), or the caller's with
         is_split_into_words."""
-        if self._layout is None:
+        if getattr(self, "_layout", None) is None:
             raise ValueError("word_ids() needs an encoding made by the tokenizer call")
         return _Layout(*self._layout).word_ids(batch_index)
 
