@@ -136,25 +136,6 @@ def _dense_from(path: Path) -> Dense:
     return dense
 
 
-def _tokenizer_from(path: Path) -> Tokenizer:
-    """vocab.txt + tokenizer_config.json, or (sentence-transformers 6 saves only this) a WordPiece tokenizer.json."""
-    if (path / "vocab.txt").is_file():
-        return Tokenizer.from_pretrained(path)
-    tj = path / "tokenizer.json"
-    if not tj.is_file():
-        raise CheckpointError(f"{path}: no vocab.txt or tokenizer.json")
-    spec = _read_json(tj)
-    model, norm = spec.get("model") or {}, spec.get("normalizer") or {}
-    if model.get("type") != "WordPiece" or norm.get("type") != "BertNormalizer":
-        raise CheckpointError(f"{tj}: a {model.get('type')} model with a {norm.get('type')} normalizer; "
-                              f"bertkit reads BERT WordPiece tokenizers only")
-    tcfg = path / "tokenizer_config.json"
-    mml = _read_json(tcfg).get("model_max_length") if tcfg.is_file() else None
-    return Tokenizer(dict(model["vocab"]), lowercase=bool(norm.get("lowercase", True)),
-                     strip_accents=norm.get("strip_accents"),
-                     model_max_length=mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None)
-
-
 def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple[int, bool]:
     """(max_seq_length, do_lower_case): sentence_bert_config.json, else the tokenizer's model_max_length."""
     cfg_path = path / "sentence_bert_config.json"
@@ -171,7 +152,7 @@ def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None
     modules = _module_list(directory) if is_sentence_transformers_dir(directory) else [("transformer", directory)]
     tdir = modules[0][1]
     bert = BertModel.from_pretrained(tdir)
-    tokenizer = _tokenizer_from(tdir)
+    tokenizer = Tokenizer.from_pretrained(tdir)  # vocab.txt, or the tokenizer.json sentence-transformers 6 saves
     max_len, lower = _seq_settings(tdir, tokenizer, bert.config.max_position_embeddings)
     hidden = bert.config.hidden_size
     pooling = _pooling_from(modules[1][1], hidden) if len(modules) > 1 else Pooling("mean", hidden)

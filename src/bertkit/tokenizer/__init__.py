@@ -12,7 +12,9 @@ BertTokenizerFast (the test oracle). The pipeline, a module per stage:
     wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
     encode.py       Tokenizer: truncation, [CLS] / [SEP], token types, attention mask, padding, tensors, batches;
                     Tokenizer.build_inputs builds model inputs from piece ids for callers that make their own pieces
-    formats.py      vocab.txt, HF model directories, text files
+    formats.py      vocab.txt, JSON files, text files
+    hfjson.py       HF model directories: tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    hfcall.py       transformers' call habits: BatchEncoding, pre-split words, pad
 
 Offsets are (start, end) character positions into the ORIGINAL text for every token, (0, 0) for [CLS] / [SEP] /
 [PAD]. A normalised character inherits the position of the original character it came from (an accent stripped from

@@ -17,8 +17,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bertkit.errors import BertkitError, VocabError
-from bertkit.tokenizer.formats import (SPECIAL_TOKENS, check_vocab_dict, load_vocab, read_model_dir, vocab_hash,
-                                       write_model_dir)
+from bertkit.hub import resolve_model_dir
+from bertkit.tokenizer.hfcall import BatchEncoding, hf_text_args, pad_encodings, split_words_pieces
+from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
+from bertkit.tokenizer.hfjson import read_model_dir, write_model_dir
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, _PieceTable, decode_pieces
 
@@ -34,6 +36,12 @@ class EncodeOptions:
     pad_to_multiple_of: int | None = None
     return_offsets: bool = False
     return_tensors: str | None = None
+    # transformers' names: offsets under "offset_mapping", specials off, keys left out, words given pre-split
+    return_offsets_mapping: bool = False
+    add_special_tokens: bool = True
+    return_attention_mask: bool | None = None
+    return_token_type_ids: bool | None = None
+    is_split_into_words: bool = False
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "EncodeOptions":
@@ -90,19 +98,28 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading / saving
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **overrides) -> "Tokenizer":
-        """Load a vocab.txt, or an HF-format model dir (vocab.txt + tokenizer_config.json's do_lower_case)."""
-        path = Path(path)
+    def from_pretrained(cls, path: str | os.PathLike, revision: str | None = None, **overrides) -> "Tokenizer":
+        """Load a vocab.txt, or an HF-format model directory (vocab.txt or tokenizer.json, with tokenizer_config.json
+        and special_tokens_map.json), or a Hub repo id found through bertkit.hub.resolve_model_dir."""
+        # a vocab file path stays a path, so a missing one is still reported as a missing vocab
+        path = Path(path) if Path(path).suffix == ".txt" else resolve_model_dir(path, revision)
         if path.is_dir():
-            vocab_file, kwargs = read_model_dir(path)
+            vocab, kwargs = read_model_dir(path)
             kwargs.update(overrides)
-            return cls(vocab_file, **kwargs)
+            return cls(vocab, **kwargs)
         return cls(path, **overrides)
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write vocab.txt and tokenizer_config.json (HF-compatible) into directory; returns the directory."""
-        return write_model_dir(Path(directory), self.ids_to_tokens, self.lowercase, self.strip_accents,
-                               self.model_max_length)
+        """Write vocab.txt, tokenizer.json and tokenizer_config.json (transformers / tokenizers can load the
+        directory) into directory; returns the directory."""
+        self.save_pretrained(directory)
+        return Path(directory)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
+        """As transformers' save_pretrained: write the model directory files; returns their paths."""
+        files = write_model_dir(Path(directory), self.vocab, self.ids_to_tokens, self.lowercase, self.strip_accents,
+                                self.model_max_length)
+        return tuple(str(f) for f in files)
 
     def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
         return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
@@ -157,7 +174,8 @@ class Tokenizer:
         """Ids of [CLS] text [SEP] (pair [SEP]), truncated to max_length when given."""
         return self(text, pair, max_length=max_length, truncation=truncation)["input_ids"]
 
-    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, **options) -> dict:
+    def __call__(self, texts: str | Sequence[str] | None = None, pairs: str | Sequence[str] | None = None,
+                 text=None, text_pair=None, **options) -> BatchEncoding:
         """Model inputs for one text (or pair) or a batch: dict(input_ids, token_type_ids, attention_mask[,
         offsets]). The keyword options are EncodeOptions' fields (max_length, padding, truncation,
         pad_to_multiple_of, return_offsets, return_tensors). Semantics follow transformers' BertTokenizerFast:
@@ -173,8 +191,15 @@ class Tokenizer:
         offsets: (start, end) character positions into the original text, (0, 0) for special and pad tokens.
         return_tensors="pt" returns torch tensors (batch, seq) (offsets (batch, seq, 2)); needs equal lengths.
         A single str returns flat lists (but tensors always have a batch dimension).
+        transformers' spellings work too: text= / text_pair=, return_offsets_mapping (the key is then
+        "offset_mapping"), add_special_tokens, return_attention_mask, return_token_type_ids, is_split_into_words.
+        The result is a BatchEncoding: a dict with attribute access, .to(device) and .word_ids(i).
         """
         opts = EncodeOptions.from_kwargs(options)
+        if texts is None or text is not None or text_pair is not None:
+            texts, pairs = hf_text_args(texts, pairs, text, text_pair)
+        if opts.is_split_into_words:
+            return self._call_split_words(texts, pairs, opts)
         single = isinstance(texts, str)
         if single:
             if pairs is not None:
@@ -188,27 +213,46 @@ class Tokenizer:
                 pairs = self._check_batch(pairs, "pairs")
                 if len(pairs) != len(texts):
                     raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        offsets = opts.return_offsets or opts.return_offsets_mapping
         with _gc_paused():
-            first = self._pieces_batch(texts, opts.return_offsets)
-            second = self._pieces_batch(pairs, opts.return_offsets) if pairs is not None else None
+            first = self._pieces_batch(texts, offsets)
+            second = self._pieces_batch(pairs, offsets) if pairs is not None else None
             return self._assemble(first, second, opts, single)
+
+    def _call_split_words(self, texts, pairs, opts: EncodeOptions) -> BatchEncoding:
+        """is_split_into_words: texts (and pairs) are lists of words, or batches of them."""
+        if not isinstance(texts, (list, tuple)):
+            raise BertkitError(f"is_split_into_words=True needs a list of words (or of word lists), got "
+                               f"{type(texts).__name__}: {_short_repr(texts)}")
+        single = not texts or isinstance(texts[0], str)
+        texts = [texts] if single else list(texts)
+        if pairs is not None:
+            pairs = [pairs] if single else list(pairs)
+            if len(pairs) != len(texts):
+                raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        offsets = opts.return_offsets or opts.return_offsets_mapping
+        first, words_a = split_words_pieces(self, texts, offsets)
+        second, words_b = split_words_pieces(self, pairs, offsets) if pairs is not None else (None, None)
+        words = [(a, words_b[i] if words_b else []) for i, a in enumerate(words_a)]
+        return self._assemble(first, second, opts, single, words)
 
     def build_inputs(self, first: Sequence[list[int]], second: Sequence[list[int]] | None = None, **options) -> dict:
         """Model inputs from piece ids (per text, without [CLS] / [SEP]: from tokenize + convert_tokens_to_ids,
         encode_pieces, or a caller's own pieces, e.g. with [MASK] ids spliced in): what __call__ does after WordPiece,
         with the same options except return_offsets. A batch: lists per row, or tensors with return_tensors."""
         opts = EncodeOptions.from_kwargs(options)
-        if opts.return_offsets:
+        if opts.return_offsets or opts.return_offsets_mapping:
             raise BertkitError("build_inputs has no character offsets: use the tokenizer call for return_offsets")
         if second is not None and len(second) != len(first):
             raise BertkitError(f"second has {len(second)} entries, first has {len(first)}")
         pairs = None if second is None else [(list(b), None) for b in second]
         return self._assemble([(list(a), None) for a in first], pairs, opts, single=False)
 
-    def _assemble(self, first, second, opts: EncodeOptions, single: bool) -> dict:
+    def _assemble(self, first, second, opts: EncodeOptions, single: bool, words=None) -> BatchEncoding:
         """Truncate, add [CLS] / [SEP], token types, mask, pad: pieces -> model inputs."""
         max_length, padding, truncation = opts.max_length, opts.padding, opts.truncation
-        pad_to_multiple_of, return_offsets = opts.pad_to_multiple_of, opts.return_offsets
+        pad_to_multiple_of = opts.pad_to_multiple_of
+        return_offsets = opts.return_offsets or opts.return_offsets_mapping
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 0):
             raise BertkitError(f"max_length must be a non-negative int, got {max_length!r}")
@@ -220,36 +264,59 @@ class Tokenizer:
                 and max_length is not None and max_length % pad_to_multiple_of):
             raise BertkitError(f"max_length={max_length} (truncation with padding) must be a multiple of "
                                f"pad_to_multiple_of={pad_to_multiple_of}")
-        cls, sep = self.cls_token_id, self.sep_token_id
-        out_ids, out_types, out_offsets = [], [], []
-        for i, (a_ids, a_off) in enumerate(first):
-            b_ids, b_off = second[i] if second is not None else (None, None)
-            if strategy is not None:
-                na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy)
-                a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
-                if b_ids is not None:
-                    b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
-            if b_ids is None:
-                out_ids.append([cls, *a_ids, sep])
-                out_types.append([0] * (len(a_ids) + 2))
-                if return_offsets:
-                    out_offsets.append([(0, 0), *a_off, (0, 0)])
-            else:
-                out_ids.append([cls, *a_ids, sep, *b_ids, sep])
-                out_types.append([0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1))
-                if return_offsets:
-                    out_offsets.append([(0, 0), *a_off, (0, 0), *b_off, (0, 0)])
+        out_ids, out_types, out_offsets = self._lay_out(first, second, strategy, max_length, opts.add_special_tokens,
+                                                        return_offsets)
         out_mask = [[1] * len(x) for x in out_ids]
         self._pad(out_ids, out_types, out_mask, out_offsets if return_offsets else None, padding, max_length,
                   pad_to_multiple_of)
         result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
         if return_offsets:
-            result["offsets"] = out_offsets
+            result["offset_mapping" if opts.return_offsets_mapping else "offsets"] = out_offsets
         if opts.return_tensors is not None:
-            return _to_tensors(result, opts.return_tensors)
-        if single:
+            result = _to_tensors(result, opts.return_tensors)
+        elif single:
             result = {k: v[0] for k, v in result.items()}
-        return result
+        # what word_ids() needs, kept as it is: a _Layout is only built when asked for
+        layout = (self, result["input_ids"], result["token_type_ids"], result["attention_mask"],
+                  opts.add_special_tokens, words, single and opts.return_tensors is None)
+        if opts.return_token_type_ids is False:
+            del result["token_type_ids"]
+        if opts.return_attention_mask is False:
+            del result["attention_mask"]
+        enc = BatchEncoding(result)
+        enc._layout = layout
+        return enc
+
+    def _lay_out(self, first, second, strategy, max_length, special: bool, offsets: bool):
+        """Per row: ids, token types and offsets of [CLS] a [SEP] (b [SEP]), or of a b when not special; a and b
+        truncated by strategy."""
+        cls, sep = self.cls_token_id, self.sep_token_id
+        out_ids, out_types, out_offsets = [], [], []
+        for i, (a_ids, a_off) in enumerate(first):
+            b_ids, b_off = second[i] if second is not None else (None, None)
+            if strategy is not None:
+                n_special = (2 if b_ids is None else 3) if special else 0
+                na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy,
+                                            n_special)
+                a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
+                if b_ids is not None:
+                    b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
+            if not special:
+                out_ids.append([*a_ids, *(b_ids or ())])
+                out_types.append([0] * len(a_ids) + [1] * len(b_ids or ()))
+                if offsets:
+                    out_offsets.append([*a_off, *(b_off or ())])
+            elif b_ids is None:
+                out_ids.append([cls, *a_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2))
+                if offsets:
+                    out_offsets.append([(0, 0), *a_off, (0, 0)])
+            else:
+                out_ids.append([cls, *a_ids, sep, *b_ids, sep])
+                out_types.append([0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1))
+                if offsets:
+                    out_offsets.append([(0, 0), *a_off, (0, 0), *b_off, (0, 0)])
+        return out_ids, out_types, out_offsets
 
     def _check_batch(self, texts, what: str) -> list[str]:
         if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
@@ -297,6 +364,16 @@ class Tokenizer:
                 tokens.append(self._id_to_token(i))
         return decode_pieces(tokens)
 
+    def batch_decode(self, sequences, skip_special_tokens: bool = True) -> list[str]:
+        """decode for each row of sequences (lists, or a 2-D tensor / array)."""
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in _as_id_list(sequences)]
+
+    def pad(self, encodings, padding: bool | str = True, max_length: int | None = None,
+            pad_to_multiple_of: int | None = None, return_tensors: str | None = None) -> BatchEncoding:
+        """Pad encodings made earlier (a list of single encodings, or one batch dict) as transformers' pad does:
+        input_ids with [PAD], token_type_ids (when present) with 0, and an attention_mask (made when absent)."""
+        return pad_encodings(self, encodings, padding, max_length, pad_to_multiple_of, return_tensors)
+
     def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                               processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:
         """Like `self(texts, pairs, **kwargs)` for a large batch: chunks of texts are split into pieces by
@@ -310,7 +387,7 @@ class Tokenizer:
         processes = processes or os.cpu_count() or 1
         if processes <= 1 or len(texts) <= chunk_size:
             return self(texts, pairs, **kwargs)
-        offsets = bool(opts.return_offsets)
+        offsets = bool(opts.return_offsets or opts.return_offsets_mapping)
         chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
         if pairs is not None:
             chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
@@ -394,13 +471,14 @@ def _truncation_strategy(truncation, max_length, padding) -> str | None:
     raise BertkitError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
 
 
-def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str) -> tuple[int, int]:
-    """Lengths (first, second) after truncating so that, with [CLS]/[SEP], the input fits max_length.
+def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str, n_special: int) -> tuple[int, int]:
+    """Lengths (first, second) after truncating so that, with the n_special [CLS]/[SEP] tokens, the input fits
+    max_length.
 
     longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
     to the same length and one token is left over it goes to the longer (to the second on a tie).
     """
-    budget = max_length - (2 if nb is None else 3)
+    budget = max_length - n_special
     nb0 = nb or 0
     if budget < 0:
         return na, nb0  # BertTokenizerFast leaves the inputs untruncated when max_length < the special tokens

@@ -1,5 +1,5 @@
-"""Files the tokenizer reads and writes: vocab.txt (one token per line, id = line number - 1), an HF-format model
-directory (vocab.txt + tokenizer_config.json), and text files.
+"""Files the tokenizer reads and writes: vocab.txt (one token per line, id = line number - 1), JSON objects and text
+files. HF-format model directories (tokenizer.json, tokenizer_config.json) are hfjson.py's.
 
 A vocab is structure, not text: it must be valid UTF-8, and a bad byte, a blank line, a duplicate entry or a missing
 special token raises VocabError naming the file and line. Text files are decoded leniently (see read_text_file).
@@ -80,41 +80,14 @@ def read_text_file(path: str | os.PathLike) -> str:
     return Path(path).read_bytes().decode("utf-8", errors="replace")
 
 
-def read_model_dir(path: Path) -> tuple[Path, dict]:
-    """The vocab.txt of an HF-format model directory and the Tokenizer options its tokenizer_config.json sets
-    (do_lower_case, strip_accents, model_max_length)."""
-    vocab_file = path / "vocab.txt"
-    if not vocab_file.is_file():
-        raise VocabError(f"{path}: model directory has no vocab.txt")
-    kwargs = {}
-    cfg_file = path / "tokenizer_config.json"
-    if cfg_file.is_file():
-        try:
-            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise VocabError(f"{cfg_file}: not valid JSON: {e}") from None
-        if not isinstance(cfg, dict):
-            raise VocabError(f"{cfg_file}: expected a JSON object")
-        if "do_lower_case" in cfg:
-            kwargs["lowercase"] = bool(cfg["do_lower_case"])
-        if cfg.get("strip_accents") is not None:
-            kwargs["strip_accents"] = bool(cfg["strip_accents"])
-        mml = cfg.get("model_max_length")
-        if isinstance(mml, int) and 0 < mml < 1_000_000:  # HF writes 1e30 for "no limit"
-            kwargs["model_max_length"] = mml
-    return vocab_file, kwargs
-
-
-def write_model_dir(directory: Path, tokens: list[str], lowercase: bool, strip_accents: bool,
-                    model_max_length: int | None) -> Path:
-    """Write vocab.txt and an HF-compatible tokenizer_config.json into directory (created); returns it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
-           "tokenize_chinese_chars": True, "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-           "cls_token": "[CLS]", "mask_token": "[MASK]", "tokenizer_class": "BertTokenizer",
-           "vocab_hash": vocab_hash(tokens)}
-    if model_max_length is not None:
-        cfg["model_max_length"] = model_max_length
-    (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    return directory
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object (tokenizer.json, tokenizer_config.json, ...); VocabError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise VocabError(f"{path}: not valid JSON: {e}") from None
+    except OSError as e:
+        raise VocabError(f"{path}: cannot read: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise VocabError(f"{path}: expected a JSON object")
+    return data

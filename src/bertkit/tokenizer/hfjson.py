@@ -1,0 +1,202 @@
+"""HF-format model directories: vocab.txt and/or tokenizer.json, tokenizer_config.json, special_tokens_map.json.
+
+tokenizer.json, the `tokenizers` library's file, is read and written for the one pipeline bertkit runs: a WordPiece
+model ("##" continuations, [UNK], 100-character words), BertNormalizer (cleaning, CJK isolation, optional lowercasing
+and accent stripping), BertPreTokenizer and [CLS] A [SEP] (B [SEP]). Anything else in the file raises VocabError
+naming the file and the field, rather than tokenizing differently from the library that wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bertkit.errors import VocabError
+from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, read_json_object, vocab_hash
+from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
+
+
+# what transformers writes for "no limit"; bertkit reads anything this large as None
+_NO_LIMIT = int(1e30)
+_SPECIAL_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                   "mask_token": "[MASK]"}
+
+
+def read_model_dir(path: Path) -> tuple[Path | dict[str, int], dict]:
+    """The vocab (vocab.txt's path, else tokenizer.json's token -> id) of a model directory and the Tokenizer
+    options its files set; tokenizer_config.json overrides tokenizer.json, as in transformers."""
+    vocab_file, json_file = path / "vocab.txt", path / "tokenizer.json"
+    if vocab_file.is_file():
+        vocab, kwargs = vocab_file, {}
+    elif json_file.is_file():
+        vocab, kwargs = read_tokenizer_json(json_file)
+    else:
+        raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
+    map_file = path / "special_tokens_map.json"
+    if map_file.is_file():
+        _check_special_fields(map_file, read_json_object(map_file))
+    cfg_file = path / "tokenizer_config.json"
+    if cfg_file.is_file():
+        kwargs.update(_read_config(cfg_file))
+    return vocab, kwargs
+
+
+def _read_config(cfg_file: Path) -> dict:
+    """The Tokenizer options a tokenizer_config.json sets (do_lower_case, strip_accents, model_max_length)."""
+    cfg = read_json_object(cfg_file)
+    _check_special_fields(cfg_file, cfg)
+    if cfg.get("tokenize_chinese_chars", True) is not True:
+        raise _unsupported(cfg_file, "tokenize_chinese_chars", cfg["tokenize_chinese_chars"])
+    kwargs = {}
+    if "do_lower_case" in cfg:
+        kwargs["lowercase"] = bool(cfg["do_lower_case"])
+    if cfg.get("strip_accents") is not None:
+        kwargs["strip_accents"] = bool(cfg["strip_accents"])
+    mml = cfg.get("model_max_length")
+    if isinstance(mml, int) and 0 < mml < 1_000_000:  # HF writes 1e30 for "no limit"
+        kwargs["model_max_length"] = mml
+    return kwargs
+
+
+def _check_special_fields(path: Path, cfg: dict) -> None:
+    """bertkit's special tokens are fixed: a file naming others cannot be honoured."""
+    for field, expected in _SPECIAL_FIELDS.items():
+        value = cfg.get(field, expected)
+        content = value.get("content") if isinstance(value, dict) else value
+        if content != expected:
+            raise _unsupported(path, field, value)
+    for field in ("additional_special_tokens", "extra_special_tokens"):
+        extra = [t for t in (cfg.get(field) or []) if (t.get("content") if isinstance(t, dict) else t)
+                 not in SPECIAL_TOKENS]
+        if extra:
+            raise _unsupported(path, field, extra)
+
+
+def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], lowercase: bool,
+                    strip_accents: bool, model_max_length: int | None) -> tuple[Path, Path, Path]:
+    """Write vocab.txt, tokenizer.json and tokenizer_config.json into directory (created); returns the files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = directory / "vocab.txt", directory / "tokenizer.json", directory / "tokenizer_config.json"
+    files[0].write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    spec = tokenizer_json(vocab, lowercase, strip_accents)
+    files[1].write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
+           "tokenize_chinese_chars": True, **_SPECIAL_FIELDS, "tokenizer_class": "BertTokenizer",
+           "model_max_length": _NO_LIMIT if model_max_length is None else model_max_length,
+           "vocab_hash": vocab_hash(tokens)}
+    files[2].write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    return files
+
+
+def _unsupported(path: Path, field: str, value) -> VocabError:
+    return VocabError(f"{path}: {field} = {json.dumps(value)[:80]} is not supported by bertkit's tokenizer "
+                      f"(it runs WordPiece with BertNormalizer, BertPreTokenizer and [CLS]/[SEP])")
+
+
+def read_tokenizer_json(path: Path) -> tuple[dict[str, int], dict]:
+    """The vocab of a tokenizer.json and the Tokenizer options (lowercase, strip_accents) its normalizer sets."""
+    data = read_json_object(path)
+    vocab = _read_model(path, data.get("model"))
+    options = _read_normalizer(path, data.get("normalizer"))
+    pre = data.get("pre_tokenizer")
+    if pre is not None and pre.get("type") == "Sequence" and len(pre.get("pretokenizers") or []) == 1:
+        pre = pre["pretokenizers"][0]
+    if not isinstance(pre, dict) or pre.get("type") != "BertPreTokenizer":
+        raise _unsupported(path, "pre_tokenizer", pre)
+    _check_post_processor(path, data.get("post_processor"), vocab)
+    for i, added in enumerate(data.get("added_tokens") or []):
+        content = added.get("content") if isinstance(added, dict) else None
+        if content not in SPECIAL_TOKENS or vocab.get(content) != added.get("id"):
+            raise _unsupported(path, f"added_tokens[{i}]", added)
+    return vocab, options
+
+
+def _read_model(path: Path, model) -> dict[str, int]:
+    if not isinstance(model, dict) or model.get("type", "WordPiece") != "WordPiece":
+        raise _unsupported(path, "model.type", model.get("type") if isinstance(model, dict) else model)
+    expected = {"unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
+    for field, value in expected.items():
+        if model.get(field, value) != value:
+            raise _unsupported(path, f"model.{field}", model[field])
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise VocabError(f"{path}: model.vocab must be an object of token -> id")
+    try:
+        return check_vocab_dict(vocab)
+    except VocabError as e:
+        raise VocabError(f"{path}: model.{e}") from None
+
+
+def _read_normalizer(path: Path, normalizer) -> dict:
+    field = "normalizer"
+    if isinstance(normalizer, dict) and normalizer.get("type") == "Sequence":
+        parts = normalizer.get("normalizers") or []
+        if len(parts) != 1:
+            raise _unsupported(path, "normalizer.normalizers", parts)
+        normalizer, field = parts[0], "normalizer.normalizers[0]"
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        raise _unsupported(path, field, normalizer)
+    for flag in ("clean_text", "handle_chinese_chars"):
+        if normalizer.get(flag, True) is not True:
+            raise _unsupported(path, f"{field}.{flag}", normalizer[flag])
+    options = {"lowercase": bool(normalizer.get("lowercase", True))}
+    if normalizer.get("strip_accents") is not None:
+        options["strip_accents"] = bool(normalizer["strip_accents"])
+    return options
+
+
+def _check_post_processor(path: Path, post, vocab: dict[str, int]) -> None:
+    cls, sep = vocab["[CLS]"], vocab["[SEP]"]
+    if isinstance(post, dict) and post.get("type") == "BertProcessing":
+        if list(post.get("cls") or []) != ["[CLS]", cls] or list(post.get("sep") or []) != ["[SEP]", sep]:
+            raise _unsupported(path, "post_processor", post)
+        return
+    if not isinstance(post, dict) or post.get("type") != "TemplateProcessing":
+        raise _unsupported(path, "post_processor", post)
+    if (_template(post.get("single")) != _template(_single_template())
+            or _template(post.get("pair")) != _template(_pair_template())):
+        raise _unsupported(path, "post_processor", {k: post.get(k) for k in ("single", "pair")})
+    for name, info in (post.get("special_tokens") or {}).items():
+        if info.get("ids") != [vocab.get(name)]:
+            raise _unsupported(path, f"post_processor.special_tokens.{name}", info)
+
+
+def _template(items) -> list[tuple]:
+    """A template as comparable (kind, id, type_id) rows."""
+    rows = []
+    for item in items or []:
+        (kind, body), = item.items()
+        rows.append((kind, body.get("id"), body.get("type_id", 0)))
+    return rows
+
+
+def _special(token: str, type_id: int) -> dict:
+    return {"SpecialToken": {"id": token, "type_id": type_id}}
+
+
+def _sequence(name: str, type_id: int) -> dict:
+    return {"Sequence": {"id": name, "type_id": type_id}}
+
+
+def _single_template() -> list[dict]:
+    return [_special("[CLS]", 0), _sequence("A", 0), _special("[SEP]", 0)]
+
+
+def _pair_template() -> list[dict]:
+    return [*_single_template(), _sequence("B", 1), _special("[SEP]", 1)]
+
+
+def tokenizer_json(vocab: dict[str, int], lowercase: bool, strip_accents: bool) -> dict:
+    """The tokenizer.json object of a bertkit Tokenizer (loadable by tokenizers.Tokenizer.from_file)."""
+    added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t in SPECIAL_TOKENS]
+    post = {"type": "TemplateProcessing", "single": _single_template(), "pair": _pair_template(),
+            "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in ("[CLS]", "[SEP]")}}
+    normalizer = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                  "strip_accents": None if strip_accents == lowercase else strip_accents, "lowercase": lowercase}
+    model = {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+             "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD, "vocab": vocab}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": normalizer,
+            "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": post,
+            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True}, "model": model}
