@@ -175,7 +175,7 @@ def test_converted_model_matches_tensorflow_and_transformers(converted, expected
     out, report = converted
     assert report["model"] == "BertForPreTraining" and report["unknown"] == []
     assert report["converted"] == 46 and report["skipped"] == 93 and report["lowercase"] is True
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json",
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                                                      "vocab.txt"]
     assert (out / "vocab.txt").read_bytes() == (FIXTURE / "vocab.txt").read_bytes()
     config = json.loads((out / "config.json").read_text())

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from bertkit import __version__
 from bertkit.errors import BertkitError
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
@@ -20,6 +21,7 @@ STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "serv
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertkit", description="BERT, whole and fast: text -> vocab -> pre-training -> fine-tuning -> predictions")
+    parser.add_argument("--version", action="version", version=f"bertkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for stage in STAGES:
         try:
