@@ -86,10 +86,8 @@ class Pipeline:
         return out
 
     def _batch(self, inputs: list, **opts) -> list:
+        """A task gives `_batch` (one call for the batch) or `_one` (called per input, as here)."""
         return [self._one(x, **opts) for x in inputs]
-
-    def _one(self, inputs, **opts):
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ shared pieces
     def _labels(self) -> list[str]:

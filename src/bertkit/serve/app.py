@@ -197,13 +197,13 @@ def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
     is_union = not (isinstance(ep.request, type) and issubclass(ep.request, BaseModel))
     route = _Route(ep, TypeAdapter(ep.request), 1 if is_union else 0)
 
-    async def stub(body):  # only its signature is used (OpenAPI); requests go to bertkit_handler
-        raise NotImplementedError
+    async def documented(body):
+        """The route as /openapi.json describes it (its typed body); _BatchRoute serves it with bertkit_handler."""
 
-    stub.__signature__ = inspect.Signature([inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                              annotation=Annotated[ep.request, Body()])])
-    stub.bertkit_handler = partial(runtime.call, route)
-    app.router.add_api_route(f"/{ep.name}", stub, methods=["POST"], name=ep.name, summary=ep.summary,
+    documented.__signature__ = inspect.Signature([inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                                    annotation=Annotated[ep.request, Body()])])
+    documented.bertkit_handler = partial(runtime.call, route)
+    app.router.add_api_route(f"/{ep.name}", documented, methods=["POST"], name=ep.name, summary=ep.summary,
                              response_model=ep.response, responses=_ERRORS, route_class_override=_BatchRoute)
 
 
