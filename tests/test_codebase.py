@@ -40,3 +40,20 @@ def test_model_has_no_switches_or_ambient_checks():
         if isinstance(node, ast.Assign):
             names = [t.id for t in node.targets if isinstance(t, ast.Name)]
             assert names == ["__all__"], f"module-level assignment {names} in model.py"
+
+
+def test_model_inputs_are_laid_out_by_the_tokenizer_only():
+    """[CLS] / [SEP] placement, token types and attention masks are written in tokenizer/ (inputs.py) alone: other
+    modules call it instead of assembling rows themselves."""
+    import re
+    assembling = re.compile(r"\[\s*(?:\w+\.)?cls_(?:token_)?id\s*(?:\]|,\s*\*)"    # [cls] ...  /  [cls, *a, ...
+                            r"|\[\s*(?:\w+\.)?sep_(?:token_)?id\s*\]"              # ... + [sep]
+                            r"|attention_mask\s*=\s*torch\.ones_like")
+    offenders = []
+    for path in FILES:
+        if path.parent.name == "tokenizer":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if assembling.search(line.split("#")[0]):
+                offenders.append(f"{path.relative_to(SRC)}:{n}: {line.strip()}")
+    assert not offenders, "model inputs assembled outside tokenizer/inputs.py:\n" + "\n".join(offenders)

@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from bertkit.errors import BertkitError
+from bertkit.tokenizer.inputs import pad_batch, token_types, wrap
 
 __all__ = ["export_onnx", "check_onnx", "onnx_session", "OUTPUTS"]
 
@@ -72,16 +73,18 @@ class _Wrapped(torch.nn.Module):
         return (out.logits,)
 
 
-def _sample_inputs(batch: int, seq: int, vocab: int, pad_from: int | None = None, seed: int = 0) -> dict:
+def _sample_inputs(tok, batch: int, seq: int, pad_from: int | None = None, seed: int = 0) -> dict:
+    """Random pieces laid out as the tokenizer lays out a pair, [CLS] a [SEP] b [SEP]: (batch, seq) inputs whose
+    rows after the first are cut to about `pad_from` tokens and padded (the graph must honour the mask)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (batch, seq), generator=g)
-    att = torch.ones(batch, seq, dtype=torch.long)
-    if pad_from is not None and batch > 1:
-        att[1:, pad_from:] = 0          # later rows padded: the graph must honour the mask
-        ids[1:, pad_from:] = 0
-    types = torch.zeros(batch, seq, dtype=torch.long)
-    types[:, seq // 2:] = 1
-    return {"input_ids": ids, "attention_mask": att, "token_type_ids": types}
+    rows, types = [], []
+    for r in range(batch):
+        n = seq if pad_from is None or r == 0 else min(pad_from, seq)
+        body = torch.randint(5, len(tok), (max(n - 3, 2),), generator=g).tolist()
+        a, b = body[:len(body) // 2], body[len(body) // 2:]
+        rows.append(wrap(a, b, tok.cls_token_id, tok.sep_token_id))
+        types.append(token_types(len(a), len(b)))
+    return pad_batch(rows, types, tok.pad_token_id)
 
 
 def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) -> Path:
@@ -90,14 +93,13 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
     from bertkit.infer import Predictor
     pred = Predictor.load(model_dir)
     model = pred.model.eval()
-    cfg = getattr(model, "config", None) or pred.encoder.config
     old = pred.encoder.config.attn_implementation
     pred.encoder.config.attn_implementation = "eager"
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     try:
-        sample = _sample_inputs(2, 16, cfg.vocab_size, pad_from=10)
+        sample = _sample_inputs(pred.tokenizer, 2, 16, pad_from=10)
         names = OUTPUTS[pred.task]
         dynamic_axes = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "token_type_ids")}
         for n in names:   # pooled / sequence-level outputs have no seq axis
@@ -139,7 +141,7 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
     names = OUTPUTS[pred.task]
     worst = {n: 0.0 for n in names}
     for i, (b, s) in enumerate(shapes):
-        x = _sample_inputs(b, s, pred.encoder.config.vocab_size, pad_from=max(1, s * 2 // 3), seed=i + 1)
+        x = _sample_inputs(pred.tokenizer, b, s, pad_from=max(1, s * 2 // 3), seed=i + 1)
         with torch.no_grad():
             ref = wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
         got = sess.run(names, {k: v.numpy() for k, v in x.items()})
@@ -163,7 +165,7 @@ def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq:
     sess = onnx_session(onnx_path, threads=threads)
     wrapped = _Wrapped(pred.model.eval(), pred.task)
     names = OUTPUTS[pred.task]
-    x = _sample_inputs(batch, seq, pred.encoder.config.vocab_size)
+    x = _sample_inputs(pred.tokenizer, batch, seq)
     feed = {k: v.numpy() for k, v in x.items()}
     ours, ort = [], []
     with torch.inference_mode():

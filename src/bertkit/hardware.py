@@ -16,6 +16,7 @@ whose precision defaults to "auto" (training, fine-tuning, evaluation, the demo,
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import warnings
@@ -25,7 +26,7 @@ import torch
 
 from bertkit.errors import ConfigError
 
-__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "cpu_model", "PRECISIONS"]
+__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "cpu_model", "cpu_signature", "PRECISIONS"]
 
 PRECISIONS = ("auto", "bf16", "fp32")
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -53,6 +54,23 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+@functools.cache
+def cpu_signature() -> str:
+    """The model name with family / model / stepping and a hash of the feature flags: a virtual machine may report
+    one name ("AMD EPYC") for CPU generations that differ in what runs fast."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model", "stepping") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    flags = hashlib.sha1(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:8]
+    ids = "-".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{cpu_model()} ({ids}, flags {flags})"
 
 
 def _device(device) -> torch.device:
@@ -123,7 +141,7 @@ def main() -> None:
     """python -m bertkit.hardware: what "auto" precision picks here, and the fast paths this CPU measured."""
     from bertkit import runtime
     flags = sorted(f for f in cpu_flags() if "bf16" in f or "amx" in f or f in ("avx2", "avx512f", "avx512_vnni"))
-    print(f"cpu: {cpu_model()}; torch {torch.__version__}; {torch.get_num_threads()} threads; flags: {flags}")
+    print(f"cpu: {cpu_signature()}; torch {torch.__version__}; {torch.get_num_threads()} threads; flags: {flags}")
     print(f"native bf16: {native_bf16('cpu')}; auto precision: {resolve_precision('auto')}")
     print("fast paths (each on only where it measured faster than plain PyTorch here):")
     for line in runtime.describe(runtime.plan("cpu")):

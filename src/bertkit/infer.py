@@ -43,6 +43,8 @@ import torch
 from bertkit import runtime
 from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.fillmask_eval import multi_mask_eval  # re-exported: it was defined here
+from bertkit.heads import IGNORE_INDEX
+from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["Predictor", "cosine_search", "multi_mask_eval", "read_lines", "MASK"]
 
@@ -202,11 +204,10 @@ class Predictor:
         The positions are passed to the head as labels, so it projects only those rows onto the vocabulary (the
         (hidden x vocab) matmul at every position would be most of the cost otherwise)."""
         order = sorted(set(positions))
-        ids = torch.tensor(rows, dtype=torch.long, device=self.device)
-        labels = torch.full_like(ids, -100)
+        batch = pad_batch(rows, None, self.tokenizer.pad_token_id, device=self.device)
+        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
         labels[:, order] = 0                                 # any valid id: we only want the logits
-        out = self.model(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids),
-                         labels=labels, masked_logits_only=True)
+        out = self.model(**batch, labels=labels, masked_logits_only=True)
         logits = _mlm_logits(out)
         if logits.dim() == 3:                                # a head that ignores labels: (n, seq, vocab)
             logits = logits[:, order]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from bertkit.errors import BertkitError
+from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["Windows", "best_spans"]
 
@@ -27,7 +28,8 @@ class Windows:
     context: str
     offsets: list[tuple[int, int]]        # each context piece's character span
     word_starts: list[bool]               # each context piece: does it start a word (not a "##" continuation)
-    rows: list[list[int]]                 # the windows' input ids
+    rows: list[list[int]]                 # the windows' input ids: [CLS] question [SEP] context[a:b] [SEP]
+    types: list[list[int]]                # their token types
     spans: list[tuple[int, int]]          # the context pieces [a, b) of each window
     first: int                            # position of the first context token in every window
 
@@ -48,20 +50,13 @@ class Windows:
             if stop == len(c_ids):
                 break
             start += room - doc_stride
-        head = [tok.cls_token_id, *q_ids, tok.sep_token_id]
-        rows = [head + c_ids[a:b] + [tok.sep_token_id] for a, b in spans]
+        enc = tok.build_inputs([q_ids] * len(spans), [c_ids[a:b] for a, b in spans])
         starts = [not tok.ids_to_tokens[t].startswith("##") for t in c_ids]
-        return cls(context, offsets, starts, rows, spans, len(head))
+        return cls(context, offsets, starts, enc["input_ids"], enc["token_type_ids"], spans, len(q_ids) + 2)
 
     def batch(self, pad_id: int, device) -> dict:
         """The windows as one padded batch of model inputs."""
-        n = max(len(r) for r in self.rows)
-        ids = torch.tensor([r + [pad_id] * (n - len(r)) for r in self.rows], dtype=torch.long, device=device)
-        mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in self.rows], dtype=torch.long, device=device)
-        types = torch.zeros_like(ids)
-        for i, r in enumerate(self.rows):
-            types[i, self.first: len(r)] = 1
-        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+        return pad_batch(self.rows, self.types, pad_id, device=device)
 
     def char_span(self, window: int, s: int, e: int, align_to_words: bool) -> tuple[int, int]:
         """Characters of window tokens s..e (positions in the window); [CLS] counts as (0, 0)."""

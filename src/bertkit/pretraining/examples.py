@@ -74,6 +74,7 @@ from typing import Iterator
 import numpy as np
 
 from bertkit.errors import ConfigError
+from bertkit.tokenizer.inputs import wrap_array
 
 __all__ = ["ExampleConfig", "Example", "TokenizedDocument", "ExampleBuilder", "BuildStats", "TASKS"]
 
@@ -294,12 +295,7 @@ class ExampleBuilder:
     def _pack_pair(self, a, b, label, max_tokens, doc_a, doc_b) -> Example:
         a0, a1, b0, b1 = truncate_seq_pair(len(a), len(b), max_tokens, self.rng)
         a, b = a[a0:a1], b[b0:b1]
-        tokens = np.empty(len(a) + len(b) + 3, dtype=np.int32)
-        tokens[0] = self.cls_id
-        tokens[1:1 + len(a)] = a
-        tokens[1 + len(a)] = self.sep_id
-        tokens[2 + len(a):-1] = b
-        tokens[-1] = self.sep_id
+        tokens = wrap_array(a, b, self.cls_id, self.sep_id)
         self._count(tokens, label)
         return Example(tokens, len(a) + 2, label, doc_a, doc_b)
 
@@ -330,7 +326,7 @@ class ExampleBuilder:
                 self._pack_doc = doc.id
 
     def _emit_pack(self) -> Iterator[Example]:
-        tokens = np.concatenate([[self.cls_id], *self._pack, [self.sep_id]]).astype(np.int32)
+        tokens = wrap_array(np.concatenate(self._pack), None, self.cls_id, self.sep_id)
         self._pack, self._pack_len = [], 0
         for _ in range(self.cfg.dupe_factor):
             self._count(tokens, -1)

@@ -41,6 +41,7 @@ import numpy as np
 from bertkit.errors import DataError
 from bertkit.options import with_options
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, _mix, example_keys, mask_batch
+from bertkit.tokenizer.inputs import row_masks
 
 __all__ = ["ShardWriter", "ShardReader", "ReaderOptions", "read_manifest", "write_manifest", "MANIFEST",
            "FORMAT_VERSION"]
@@ -391,9 +392,7 @@ class ShardReader:
 
         tokens, meta, pos, ids = self.gather(indices)
         length, a_len, label = meta[:, 0], meta[:, 1], meta[:, 2]
-        cols = np.arange(self.seq_len)[None, :]
-        attention = cols < length[:, None]                                          # (B, S)
-        types = (cols >= a_len[:, None]) & attention
+        attention, types = row_masks(length, a_len, self.seq_len)                  # (B, S) each
         if pos is None:                                                             # dynamic: draw now
             keys = example_keys(self.seed, epoch, indices)
             inputs, chosen = mask_batch(tokens, length, keys, self.masking, self.tables)

@@ -1,5 +1,5 @@
-"""Short measurements that decide which fast paths this machine gets, cached per CPU model, torch version and thread
-count.
+"""Short measurements that decide which fast paths this machine gets, cached per CPU (hardware.cpu_signature), torch
+version and thread count.
 
 Each probe times a fast path against the plain PyTorch op it would replace, at shapes typical of BERT-base and
 MiniLM, alternating the two; the fast path is used only where it wins by `MARGIN`. Results live in
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.attention import dropout_drop_mask, explicit_attention, sdpa_attention
-from bertkit.hardware import cpu_model
+from bertkit.hardware import cpu_signature
 
 __all__ = ["MARGIN", "measure", "cached_measurements"]
 
@@ -120,7 +120,7 @@ def _measure(bf16_native: bool) -> dict[str, dict]:
 
 
 def _cache_file(root: Path) -> Path:
-    key = f"{cpu_model()}-torch{torch.__version__}-threads{torch.get_num_threads()}"
+    key = f"{cpu_signature()}-torch{torch.__version__}-threads{torch.get_num_threads()}"
     name = "".join(c if c.isalnum() else "-" for c in key)
     return root / "runtime" / f"{name}.json"
 
@@ -128,7 +128,7 @@ def _cache_file(root: Path) -> Path:
 def _valid(data) -> bool:
     """A cache file of this schema, CPU and torch, with a number (or null and a reason) for every probe."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("torch") != torch.__version__ \
-            or data.get("cpu") != cpu_model() or not isinstance(data.get("probes"), dict):
+            or data.get("cpu") != cpu_signature() or not isinstance(data.get("probes"), dict):
         return False
     for name in PROBES:
         p = data["probes"].get(name)
@@ -155,7 +155,7 @@ def cached_measurements(root: Path | None, bf16_native: bool) -> dict[str, dict]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")     # concurrent writers never share a temp file
-        tmp.write_text(json.dumps({"schema": SCHEMA, "cpu": cpu_model(), "torch": torch.__version__,
+        tmp.write_text(json.dumps({"schema": SCHEMA, "cpu": cpu_signature(), "torch": torch.__version__,
                                    "probes": probes}, indent=1))
         tmp.replace(path)
     except OSError:

@@ -16,6 +16,7 @@ import torch
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
 from bertkit.serve.limits import RequestError, ServeConfig
+from bertkit.tokenizer.inputs import wrap
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
 
@@ -219,7 +220,8 @@ def _tokenize_run(predictor) -> Callable[[list], list]:
             ids, offsets = pieces.text(n)
             toks = [{"id": i, "text": text[a:b], "special": False, "start": a, "stop": b}
                     for i, (a, b) in zip(ids, offsets)]
-            out.append([special(tok.cls_token_id), *toks, special(tok.sep_token_id)] if r.add_special_tokens else toks)
+            out.append(wrap(toks, cls=special(tok.cls_token_id), sep=special(tok.sep_token_id))
+                       if r.add_special_tokens else toks)
         return out
     return lambda reqs: [one(r) for r in reqs]
 

@@ -24,6 +24,7 @@ import torch
 
 from bertkit.heads import IGNORE_INDEX
 from bertkit.precision import autocast
+from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["BucketBatchSampler", "collate", "predict_batches", "iterate_batches"]
 
@@ -71,19 +72,9 @@ class BucketBatchSampler:
 
 def collate(features: list[dict], pad_token_id: int = 0, multiple_of: int = 8) -> dict[str, torch.Tensor]:
     """Pad a list of features to the batch's longest sequence (rounded up to `multiple_of`)."""
-    longest = max(len(f["input_ids"]) for f in features)
-    seq = -(-longest // multiple_of) * multiple_of if multiple_of else longest
-    b = len(features)
-    ids = torch.full((b, seq), pad_token_id, dtype=torch.long)
-    types = torch.zeros((b, seq), dtype=torch.long)
-    mask = torch.zeros((b, seq), dtype=torch.long)
-    out = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n] = torch.as_tensor(f["input_ids"])
-        if f.get("token_type_ids") is not None:
-            types[i, :n] = torch.as_tensor(f["token_type_ids"])
-        mask[i, :n] = 1
+    out = pad_batch([f["input_ids"] for f in features], [f.get("token_type_ids") for f in features], pad_token_id,
+                    multiple_of)
+    b, seq = out["input_ids"].shape
     first = features[0]
     if "labels" in first:
         lab = first["labels"]

@@ -28,6 +28,7 @@ from bertkit.precision import autocast
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
+from bertkit.tokenizer.inputs import token_types, wrap
 
 __all__ = ["TokenTask", "word_pieces", "tag_text"]
 
@@ -95,27 +96,26 @@ class TokenTask:
             w = 0
             first = True
             while w < len(s.words):
-                ids, labels, firsts = [tok.cls_token_id], [IGNORE_INDEX], []
+                body, labels, firsts = [], [], []          # the window's pieces, their labels, each word's first
                 start = w
-                while w < len(s.words) and (len(ids) - 1 + len(pieces[w]) <= budget or w == start):
+                while w < len(s.words) and (len(body) + len(pieces[w]) <= budget or w == start):
                     p = pieces[w][:budget]  # a single word longer than the window keeps its first pieces
                     self.stats["long_words_cut"] += len(p) < len(pieces[w])
-                    firsts.append(len(ids))
-                    ids.extend(p)
+                    firsts.append(len(body) + 1)                                # +1: [CLS]
+                    body.extend(p)
                     if tag_ids is not None:
                         labels.append(tag_ids[w])
                         labels.extend([self._continuation(tag_ids[w]) if self.label_all_pieces else IGNORE_INDEX]
                                       * (len(p) - 1))
                     w += 1
-                ids.append(tok.sep_token_id)
-                labels.append(IGNORE_INDEX)
                 if not first:
                     self.stats["windows_split"] += 1
                 first = False
-                f = {"input_ids": ids, "token_type_ids": [0] * len(ids), "sentence": si, "word_start": start,
+                f = {"input_ids": wrap(body, cls=tok.cls_token_id, sep=tok.sep_token_id),
+                     "token_type_ids": token_types(len(body)), "sentence": si, "word_start": start,
                      "first_pieces": firsts}
                 if tag_ids is not None:
-                    f["labels"], f["token_labels"] = labels, True
+                    f["labels"], f["token_labels"] = wrap(labels, cls=IGNORE_INDEX, sep=IGNORE_INDEX), True
                 feats.append(f)
         return feats
 

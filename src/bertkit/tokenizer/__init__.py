@@ -10,8 +10,10 @@ BertTokenizerFast (the test oracle). The pipeline, a module per stage:
     normalize.py    cleaning, whitespace, accent stripping, lowercasing; the Unicode 8.0 character classes
     pretokenize.py  special tokens, whitespace / punctuation / CJK split, offsets
     wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
-    encode.py       Tokenizer: truncation, [CLS] / [SEP], token types, attention mask, padding, tensors, batches;
-                    Tokenizer.build_inputs builds model inputs from piece ids for callers that make their own pieces
+    encode.py       Tokenizer: truncation, padding, tensors, batches; Tokenizer.build_inputs builds model inputs
+                    from piece ids for callers that make their own pieces
+    inputs.py       the layout of model inputs, written once: [CLS] / [SEP], token types, attention masks, padded
+                    batches (the tokenizer, task features, QA windows, pre-training rows and ONNX samples use it)
     formats.py      vocab.txt, JSON files, text files
     hfjson.py       HF model directories: tokenizer.json, tokenizer_config.json, special_tokens_map.json
     hfcall.py       transformers' call habits: BatchEncoding, pre-split words, pad

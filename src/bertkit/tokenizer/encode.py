@@ -21,6 +21,7 @@ from bertkit.hub import resolve_model_dir
 from bertkit.tokenizer.hfcall import BatchEncoding, hf_text_args, pad_encodings, split_words_pieces
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
 from bertkit.tokenizer.hfjson import read_model_dir, write_model_dir
+from bertkit.tokenizer.inputs import token_types, wrap
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, _PieceTable, decode_pieces
 
@@ -306,16 +307,11 @@ class Tokenizer:
                 out_types.append([0] * len(a_ids) + [1] * len(b_ids or ()))
                 if offsets:
                     out_offsets.append([*a_off, *(b_off or ())])
-            elif b_ids is None:
-                out_ids.append([cls, *a_ids, sep])
-                out_types.append([0] * (len(a_ids) + 2))
-                if offsets:
-                    out_offsets.append([(0, 0), *a_off, (0, 0)])
-            else:
-                out_ids.append([cls, *a_ids, sep, *b_ids, sep])
-                out_types.append([0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1))
-                if offsets:
-                    out_offsets.append([(0, 0), *a_off, (0, 0), *b_off, (0, 0)])
+                continue
+            out_ids.append(wrap(a_ids, b_ids, cls, sep))
+            out_types.append(token_types(len(a_ids), None if b_ids is None else len(b_ids)))
+            if offsets:
+                out_offsets.append(wrap(a_off, b_off, (0, 0), (0, 0)))
         return out_ids, out_types, out_offsets
 
     def _check_batch(self, texts, what: str) -> list[str]:

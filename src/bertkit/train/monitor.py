@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.hardware import cpu_model
+from bertkit.hardware import cpu_signature
 
 __all__ = ["RunLog", "FlopMeter", "estimate_flops_per_token", "peak_flops", "jsonable"]
 
@@ -172,7 +172,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> flo
         return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
     from bertkit.hardware import native_bf16
     dname = str(dtype).removeprefix("torch.")
-    key = f"{cpu_model()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
+    key = f"{cpu_signature()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
     if key not in _measured_peak:
         n = 2048 if dtype != torch.bfloat16 or native_bf16(device) else 256
         _measured_peak[key] = _remember_peak(key, _matmul_rate(n, dtype))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.tokenizer.inputs import wrap_array
+
 __all__ = ["write_summary", "fill_mask_sample"]
 
 
@@ -80,7 +82,7 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
         pos = _word_position(segment, vocab)
         if pos is None:
             continue
-        ids = np.concatenate([[t.cls_id], segment, [t.sep_id]])
+        ids = wrap_array(segment, None, t.cls_id, t.sep_id).astype(np.int64)
         ids[pos + 1] = t.mask_id
         with torch.no_grad():
             res = model(torch.from_numpy(ids)[None])
