@@ -30,16 +30,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from bertkit.config import BertConfig
+from bertkit.config import BertConfig, read_json_config
 from bertkit.errors import CheckpointError, ConfigError
 
 __all__ = ["load_pretrained", "save_pretrained", "load_state_dict_file", "read_weights", "read_config",
-           "normalize_keys", "parse_dtype", "WEIGHTS_NAME", "PT_WEIGHTS_NAME", "CONFIG_NAME"]
+           "normalize_keys", "parse_dtype", "check_finite", "check_vocab_rows", "WEIGHTS_NAME", "PT_WEIGHTS_NAME", "CONFIG_NAME"]
 
 log = logging.getLogger("bertkit.checkpoint")
 
@@ -53,42 +55,126 @@ _HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.")
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def load_state_dict_file(path: Path) -> dict[str, Tensor]:
-    """One weights file -> {key: tensor} on CPU. Errors name the file."""
+ALLOW_NON_FINITE_ENV = "BERTKIT_ALLOW_NON_FINITE"
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def _allow_non_finite(allow: bool | None) -> bool:
+    """The keyword when given, else the environment (what `bertkit --allow-non-finite` sets)."""
+    return allow if allow is not None else os.environ.get(ALLOW_NON_FINITE_ENV, "").lower() in _TRUE
+
+
+def load_state_dict_file(path: Path, allow_non_finite: bool | None = None) -> dict[str, Tensor]:
+    """One weights file -> {key: tensor} on CPU. Errors name the file; a tensor with NaN / Inf is refused unless
+    allowed (keyword, or BERTKIT_ALLOW_NON_FINITE=1), then loaded with a warning."""
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
-            return load_file(str(path))
-        sd = torch.load(str(path), map_location="cpu", weights_only=True)
+            sd = load_file(str(path))
+        else:
+            sd = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(_pickle_refusal(path, str(e))) from None
     except Exception as e:  # corrupt / truncated / not a checkpoint
-        raise CheckpointError(f"cannot read weights file {path}: {type(e).__name__}: {e}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"cannot read weights file {path}: {type(e).__name__}: {first}") from None
     if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
         sd = sd["state_dict"]
-    if not isinstance(sd, dict) or not all(isinstance(v, Tensor) for v in sd.values()):
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in sd.items()):
         raise CheckpointError(f"{path} does not hold a flat state_dict of tensors")
+    check_finite(sd, path, _allow_non_finite(allow_non_finite))
     return sd
 
 
-def read_weights(directory: Path) -> tuple[dict[str, Tensor], Path]:
+def _pickle_refusal(path: Path, message: str) -> str:
+    """torch's multi-line weights_only refusal as one line: what was refused and how to convert the file."""
+    found = re.search(r"GLOBAL ([\w.]+)", message)
+    what = f"the Python object {found.group(1)}" if found else "a Python object that is not a tensor"
+    return (f"{path}: refused to unpickle {what} (bertkit reads .bin weights with torch.load(weights_only=True), "
+            f"which runs no code). If you trust the file, convert it once: python -c \"import torch; from "
+            f"safetensors.torch import save_file; sd = torch.load('{path}', weights_only=False); save_file("
+            f"{{k: v.contiguous() for k, v in sd.items()}}, '{path.with_name(WEIGHTS_NAME)}')\"")
+
+
+def check_finite(sd: dict[str, Tensor], source: Path, allow: bool) -> None:
+    """CheckpointError naming the file and the first tensor with NaN / Inf; a warning instead when `allow`."""
+    for key, value in sd.items():
+        if not value.is_floating_point() or bool(torch.isfinite(value).all()):
+            continue
+        bad = int((~torch.isfinite(value)).sum())
+        what = f"{source}: tensor {key!r} holds {bad} non-finite value(s) (NaN/Inf)"
+        if not allow:
+            raise CheckpointError(f"{what}; the weights are corrupt or from a diverged run. To load them anyway: "
+                                  f"from_pretrained(..., allow_non_finite=True), `bertkit --allow-non-finite`, or "
+                                  f"{ALLOW_NON_FINITE_ENV}=1")
+        log.warning("%s; loaded anyway (non-finite weights allowed): outputs will be NaN", what)
+
+
+def _shard_files(directory: Path, index: Path) -> list[Path]:
+    """The shard files a model.safetensors.index.json names, each confined to `directory`."""
+    try:
+        weight_map = json.loads(index.read_bytes().decode("utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CheckpointError(f"{index}: malformed shard index ({type(e).__name__}: {e})") from None
+    root = directory.resolve()
+    files = []
+    for shard in shards:
+        if not isinstance(shard, str) or not shard:
+            raise CheckpointError(f"{index}: weight_map values must be file names, got {shard!r}")
+        file = (directory / shard).resolve()
+        if Path(shard).is_absolute() or (file != root and root not in file.parents):
+            raise CheckpointError(f"{index}: shard {shard!r} is outside the model directory {directory}: refused")
+        files.append(directory / shard)
+    return files
+
+
+def read_weights(directory: Path, allow_non_finite: bool | None = None) -> tuple[dict[str, Tensor], Path]:
     """The raw state_dict of an HF directory (safetensors, sharded safetensors, or pytorch_model.bin)."""
     single = directory / WEIGHTS_NAME
     if single.is_file():
-        return load_state_dict_file(single), single
+        return load_state_dict_file(single, allow_non_finite), single
     index = directory / SHARDED_INDEX_NAME
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: malformed shard index ({e})") from None
         sd: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            sd.update(load_state_dict_file(directory / shard))
+        for shard in _shard_files(directory, index):
+            sd.update(load_state_dict_file(shard, allow_non_finite))
         return sd, index
     pt = directory / PT_WEIGHTS_NAME
     if pt.is_file():
-        return load_state_dict_file(pt), pt
+        return load_state_dict_file(pt, allow_non_finite), pt
     raise CheckpointError(f"no weights in {directory}: expected {WEIGHTS_NAME}, {SHARDED_INDEX_NAME} or "
                           f"{PT_WEIGHTS_NAME}")
+
+
+def tokenizer_size(directory: Path) -> tuple[int, Path] | None:
+    """(entries, file) of the vocab.txt (else tokenizer.json) beside the weights; None when there is none or it
+    cannot be read (the tokenizer's own loader reports that)."""
+    vocab_txt, tok_json = directory / "vocab.txt", directory / "tokenizer.json"
+    try:
+        if vocab_txt.is_file():
+            return len(vocab_txt.read_bytes().rstrip(b"\n").split(b"\n")), vocab_txt
+        if tok_json.is_file():
+            vocab = json.loads(tok_json.read_bytes())["model"]["vocab"]
+            return (max(vocab.values()) + 1, tok_json) if vocab else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    return None
+
+
+def check_vocab_rows(directory: Path, rows: int, weights: Path) -> None:
+    """A tokenizer with more entries than the word embedding has rows is refused (its ids would fall outside); one
+    with fewer beyond rounding up to a multiple of 128 (padding) gets a warning: probably the wrong vocab."""
+    found = tokenizer_size(directory)
+    if found is None:
+        return
+    n, file = found
+    what = f"{file} has {n} entries but the word embedding in {weights} has {rows} rows"
+    if n > rows:
+        raise CheckpointError(f"{what}: the tokenizer does not belong to these weights (restore its vocab, or "
+                              f"resize_token_embeddings({n}) and save the model again)")
+    if rows > -(-n // 128) * 128:
+        log.warning("%s: the tokenizer is probably not the one these weights were trained with", what)
 
 
 def normalize_keys(sd: dict[str, Tensor], prefixed: bool) -> dict[str, Tensor]:
@@ -150,12 +236,7 @@ def read_config(directory: Path, overrides: dict) -> BertConfig:
     cfg_path = directory / CONFIG_NAME
     if not cfg_path.is_file():
         raise CheckpointError(f"no {CONFIG_NAME} in {directory}")
-    try:
-        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
+    raw = read_json_config(cfg_path, CheckpointError)
     field_names = set(BertConfig.__dataclass_fields__)
     for key in overrides:
         if key not in field_names:
@@ -167,18 +248,20 @@ def read_config(directory: Path, overrides: dict) -> BertConfig:
 
 
 def load_pretrained(cls, path, *, dtype=None, device=None, ignore_mismatched_sizes: bool = False,
-                    revision: str | None = None, **config_overrides):
+                    revision: str | None = None, allow_non_finite: bool | None = None, **config_overrides):
     """Build `cls` from the config in `path` (+ overrides) and load its weights (see module docstring). `path` is a
-    directory or a Hugging Face repo id (see bertkit.hub); `dtype` a torch.dtype, a name ("bfloat16") or "auto"."""
+    directory or a Hugging Face repo id (see bertkit.hub); `dtype` a torch.dtype, a name ("bfloat16") or "auto";
+    allow_non_finite: load NaN / Inf weights with a warning (default: refused; None reads BERTKIT_ALLOW_NON_FINITE)."""
     from bertkit.hub import resolve_model_dir
     dtype = parse_dtype(dtype)
     directory = resolve_model_dir(path, revision=revision)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
     config = read_config(directory, config_overrides)
-    sd, source = read_weights(directory)
+    sd, source = read_weights(directory, allow_non_finite)
     model = cls(config)
     _load_into(model, sd, source, ignore_mismatched_sizes)
+    check_vocab_rows(directory, model.config.vocab_size, source)
     if dtype == "auto":
         dtype = _auto_dtype(config, sd, directory / CONFIG_NAME)
     if dtype is not None or device is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from bertkit import __version__
@@ -22,6 +23,8 @@ STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "serv
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertkit", description="BERT, whole and fast: text -> vocab -> pre-training -> fine-tuning -> predictions")
     parser.add_argument("--version", action="version", version=f"bertkit {__version__}")
+    parser.add_argument("--allow-non-finite", action="store_true",
+                        help="load model weights holding NaN / Inf (with a warning) instead of refusing them")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for stage in STAGES:
         try:
@@ -51,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.allow_non_finite:
+        from bertkit.checkpoint import ALLOW_NON_FINITE_ENV
+        os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     try:
         _resolve_model_args(args)
         rc = args.func(args)

@@ -37,6 +37,12 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "large": (24, 1024, 16),
 }
 
+# Upper bounds far past any real BERT: a config beyond them is a typo or hostile, refused before memory is allocated
+SIZE_LIMITS = {"vocab_size": 1 << 20, "hidden_size": 1 << 15, "num_hidden_layers": 512, "num_attention_heads": 1024,
+               "intermediate_size": 1 << 17, "max_position_embeddings": 1 << 17, "type_vocab_size": 1 << 16,
+               "num_labels": 1 << 20}
+MAX_PARAMETERS = 20_000_000_000
+
 # HF keys that we store under a different spelling (HF writes the first, we read both).
 _BERTKIT_ATTN_KEY = "bertkit_attn_implementation"
 
@@ -83,6 +89,9 @@ class BertConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"BertConfig.{name} must be a positive int, got {v!r}")
+            if v > SIZE_LIMITS[name]:
+                raise ConfigError(f"BertConfig.{name}={v} is absurdly large (bertkit's limit is {SIZE_LIMITS[name]})")
+        self._check_total_size()
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
                               f"num_attention_heads={self.num_attention_heads}")
@@ -107,6 +116,16 @@ class BertConfig:
         if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"BertConfig.pad_token_id={self.pad_token_id!r} is outside the vocab "
                               f"(vocab_size={self.vocab_size})")
+
+    def _check_total_size(self) -> None:
+        """Refuse a config whose weights alone would need more than MAX_PARAMETERS (before anything is allocated)."""
+        h, inter = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h
+        n = embeddings + self.num_hidden_layers * (4 * h * h + 2 * h * inter)
+        if n > MAX_PARAMETERS:
+            raise ConfigError(f"BertConfig declares about {n / 1e9:.0f}e9 parameters (hidden_size={h}, "
+                              f"num_hidden_layers={self.num_hidden_layers}, intermediate_size={inter}, "
+                              f"vocab_size={self.vocab_size}): more than bertkit's limit of {MAX_PARAMETERS / 1e9:.0f}e9")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -152,16 +171,7 @@ class BertConfig:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {p}") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{p}: expected a JSON object, got {type(d).__name__}")
+        d = read_json_config(p)
         try:
             return cls.from_dict(d)
         except ConfigError as e:
@@ -209,6 +219,28 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+def read_json_config(p: Path, error=ConfigError) -> dict:
+    """A config.json's object; `error` (one line naming the file) when it is unreadable, not UTF-8, not JSON, too
+    deeply nested or not an object."""
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise error(f"config file not found: {p}") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{p}: not UTF-8 (invalid byte at offset {e.start})") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise error(f"{p}: not a config (JSON nested too deeply)") from None
+    if not isinstance(d, dict):
+        raise error(f"{p}: expected a JSON object, got {type(d).__name__}")
+    return d
 
 
 def _coerce(key: str, value: Any, typ: Any) -> Any:

@@ -297,15 +297,16 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, *, dtype=None, torch_dtype=None, device=None, revision: str | None = None,
-                        **config_overrides):
+                        allow_non_finite: bool | None = None, **config_overrides):
         """Load an HF-format directory (config.json + model.safetensors or pytorch_model.bin) or a Hugging Face repo
         id from the local cache (see bertkit.hub). dtype / torch_dtype (transformers' older name): a torch.dtype, a
-        name ("bfloat16") or "auto" (the checkpoint's). Keyword arguments that name BertConfig fields override it."""
+        name ("bfloat16") or "auto" (the checkpoint's). allow_non_finite=True loads NaN / Inf weights (with a warning)
+        instead of refusing them. Keyword arguments that name BertConfig fields override the config."""
         from bertkit.checkpoint import load_pretrained
         if torch_dtype is not None and dtype is not None and torch_dtype != dtype:
             raise ConfigError(f"from_pretrained got dtype={dtype!r} and torch_dtype={torch_dtype!r}: give one")
         return load_pretrained(cls, path, dtype=dtype if dtype is not None else torch_dtype, device=device,
-                               revision=revision, **config_overrides)
+                               revision=revision, allow_non_finite=allow_non_finite, **config_overrides)
 
     def save_pretrained(self, path, tokenizer=None) -> None:
         """Write config.json + model.safetensors (atomically) and, if given, the tokenizer's files."""
