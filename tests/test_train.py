@@ -4,6 +4,7 @@ checkpoints (atomic, keep-last), exact resume after SIGKILL (mid-training and mi
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from bertkit.errors import BertkitError, ConfigError
+from bertkit.errors import BertkitError, CheckpointError, ConfigError
 from bertkit.optim import Lamb, build_optimizer, lr_factor, param_groups, warmup_steps
 from bertkit.train import (StepOutput, TrainConfig, TrainingDiverged, latest_checkpoint, parse_duration,
                            pretraining_step, train)
@@ -343,3 +344,112 @@ def test_peak_flops_probe_leaves_the_global_rng_alone(tmp_path, monkeypatch):
     torch.manual_seed(0)
     assert monitor.peak_flops(torch.device("cpu"), torch.float32) > 0
     assert torch.equal(torch.rand(4), expected)
+
+
+# ---------------------------------------------------------------------------------------------- resume that falls back
+class _Crash(Exception):
+    pass
+
+
+def _crashing_step(after: int):
+    """pretraining_step that raises on its call number `after` + 1: the process 'dies' mid-run."""
+    calls = [0]
+
+    def step(model, batch):
+        calls[0] += 1
+        if calls[0] > after:
+            raise _Crash()
+        return pretraining_step(model, batch)
+    return step
+
+
+def _steps(run: Path) -> list[int]:
+    return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _deterministic_train(batches, cfg, out, step_fn=pretraining_step):
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(0)
+        return train(TinyMLM(), batches, cfg, out, step_fn=step_fn)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, caplog):
+    """A crash after step 13 leaves step-4/8/12; step-12's weights are then damaged on disk (same size, one byte
+    changed, still a readable safetensors file): resume skips it for step-8 with a warning, and the per-step losses
+    equal an uninterrupted run's, each step logged once."""
+    cfg = dict(max_steps=24, save_every_steps=4, deterministic=True)
+    _deterministic_train(Batches(), _cfg(**cfg), tmp_path / "ref")
+    ref = _losses(tmp_path / "ref")
+    run = tmp_path / "run"
+    with pytest.raises(_Crash):
+        _deterministic_train(Batches(), _cfg(**cfg), run, step_fn=_crashing_step(13))
+    assert latest_checkpoint(run).name == "step-00000012" and _steps(run)[-1] == 13
+    weights = run / "checkpoints" / "step-00000012" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01                                   # a flipped bit inside a tensor: only the checksum sees it
+    weights.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="bertkit.train"):
+        res = _deterministic_train(Batches(), _cfg(resume=True, **cfg), run)
+    assert res.start_step == 8
+    assert any("skipping step-00000012" in r.getMessage() and "falling back to step-00000008" in r.getMessage()
+               for r in caplog.records)
+    assert _steps(run) == list(range(1, 25))
+    assert _losses(run) == ref
+
+
+def test_only_checkpoint_corrupt_is_an_error_and_named_corrupt_path_too(tmp_path):
+    run = tmp_path / "run"
+    train(TinyMLM(), Batches(), _cfg(max_steps=4, save_every_steps=4), run, step_fn=pretraining_step)
+    ckpt = latest_checkpoint(run)
+    (ckpt / "optimizer.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no intact checkpoint.*optimizer.pt does not match the sha256"):
+        train(TinyMLM(), Batches(), _cfg(max_steps=8, resume=True), run, step_fn=pretraining_step)
+    with pytest.raises(CheckpointError, match="optimizer.pt does not match"):
+        train(TinyMLM(), Batches(), _cfg(max_steps=8, resume=str(ckpt)), run, step_fn=pretraining_step)
+
+
+def test_killed_before_first_checkpoint_does_not_duplicate_steps(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(_Crash):
+        _deterministic_train(Batches(), _cfg(max_steps=12, save_every_steps=8, deterministic=True), run,
+                             step_fn=_crashing_step(3))
+    assert _steps(run) == [1, 2, 3] and latest_checkpoint(run) is None
+    _deterministic_train(Batches(), _cfg(max_steps=12, save_every_steps=8, deterministic=True, resume=True), run)
+    _deterministic_train(Batches(), _cfg(max_steps=12, save_every_steps=8, deterministic=True), tmp_path / "ref")
+    assert _steps(run) == list(range(1, 13))
+    assert _losses(run) == _losses(tmp_path / "ref")
+
+
+def test_stale_temp_directories_removed_at_start(tmp_path):
+    stale = tmp_path / "run" / "checkpoints" / ".tmp-step-00000004"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"\0" * 10)
+    train(TinyMLM(), Batches(), _cfg(max_steps=2), tmp_path / "run", step_fn=pretraining_step)
+    assert not stale.exists()
+
+
+def test_disk_full_during_checkpoint_write(tmp_path, monkeypatch):
+    """ENOSPC while writing step-8: one CheckpointError line, no temp directory left, step-4 intact and resumable."""
+    import errno
+    from bertkit.train import checkpointing
+    run = tmp_path / "run"
+    real = checkpointing.save_model_weights
+
+    def full_disk(state, path):
+        if "step-00000008" in path.parent.name:
+            path.write_bytes(b"\0" * 1000)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(state, path)
+    monkeypatch.setattr(checkpointing, "save_model_weights", full_disk)
+    with pytest.raises(CheckpointError) as e:
+        train(TinyMLM(), Batches(), _cfg(max_steps=12, save_every_steps=4), run, step_fn=pretraining_step)
+    msg = str(e.value)
+    assert "\n" not in msg and "No space left on device" in msg and "step-00000004" in msg
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000004"]
+    monkeypatch.setattr(checkpointing, "save_model_weights", real)
+    res = train(TinyMLM(), Batches(), _cfg(max_steps=12, save_every_steps=4, resume=True), run,
+                step_fn=pretraining_step)
+    assert res.start_step == 4 and res.steps == 12

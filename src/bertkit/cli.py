@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if args.allow_non_finite:
+    if vars(args).pop("allow_non_finite", False):     # popped: commands pass their namespace on as keywords
         from bertkit.checkpoint import ALLOW_NON_FINITE_ENV
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     try:

@@ -4,9 +4,13 @@
                                      optimizer.pt, state.json, rank-00000.pt (RNG + data position per rank)
 
 A checkpoint is written under `.tmp-step-...`, every file fsynced, then renamed: a directory named `step-*` with a
-state.json is complete, whatever killed the process. Resume restores the model, the optimizer, the run's counters,
-every RNG (python, numpy, torch, CUDA) and the data position, so the losses continue as if the run had never
-stopped; metric lines the interrupted session wrote after the checkpoint are dropped.
+state.json is complete, whatever killed the process. state.json, written last, holds the sha256 of every other file:
+`resume=True` skips a newest checkpoint whose files no longer match (a bad disk, a careless copy), with a warning, for
+the previous good one. Resume restores the model, the optimizer, the run's counters, every RNG (python, numpy, torch,
+CUDA) and the data position, so the losses continue as if the run had never stopped; metric lines the interrupted
+session wrote after the checkpoint (all of them when it died before its first checkpoint) are dropped. Temp
+directories an interrupted write left are removed at start; a write that fails (a full disk) removes its own and
+leaves the earlier checkpoints as they were.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from bertkit.errors import CheckpointError, ConfigError
+from bertkit.pretraining.shards import _sha256
 from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
 from bertkit.train.monitor import jsonable
 
@@ -155,24 +160,45 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _verify(path: Path) -> dict:
+    """state.json of checkpoint `path`, after checking every file against the sha256 it records (checkpoints from
+    before checksums are taken as they are). CheckpointError naming the first file that does not match."""
+    try:
+        saved = json.loads((path / "state.json").read_bytes())
+        files = saved.get("files", {}) if isinstance(saved, dict) else None
+        assert isinstance(files, dict) and {"step", "world_size"} <= set(saved)
+    except (OSError, ValueError, AssertionError, RecursionError):
+        raise CheckpointError(f"{path / 'state.json'} is unreadable or not a bertkit checkpoint state") from None
+    for name, digest in files.items():
+        try:
+            ok = _sha256(path / name) == digest
+        except OSError as e:
+            raise CheckpointError(f"{path / name}: cannot read ({e.strerror or e})") from None
+        if not ok:
+            raise CheckpointError(f"{path / name} does not match the sha256 in state.json (corrupt)")
+    return saved
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines after `step` (written after the checkpoint by the interrupted session)."""
+    """Drop metric lines after `step` (written after the checkpoint by the interrupted session), atomically."""
     if not path.exists():
         return
     keep = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by the crash
-        if rec.get("step", 0) <= step:
+        if isinstance(rec, dict) and isinstance(rec.get("step", 0), int) and rec.get("step", 0) <= step:
             keep.append(line)
-    path.write_text("".join(l + "\n" for l in keep))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(l + "\n" for l in keep), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -184,13 +210,21 @@ class Checkpoints:
         self.root = out / CHECKPOINT_DIR
 
     def check_writable(self) -> None:
+        """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            if self.d.main:
+                self._remove_stale()
             probe = self.out / f".write-test-{os.getpid()}-{self.d.rank}"
             probe.write_text("ok")
             probe.unlink()
         except OSError as e:
             raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
+
+    def _remove_stale(self) -> None:
+        for stale in self.root.glob(".tmp-*"):
+            log.info("removing %s, left by an interrupted checkpoint write", stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
     def check_fresh(self) -> None:
         """Without resume, an out_dir holding an earlier run is an error unless cfg.overwrite clears it."""
@@ -216,17 +250,13 @@ class Checkpoints:
         if not final.exists():
             tmp = self.root / f".tmp-{final.name}"
             msd, osd = full_state(model, optimizer, self.cfg.fsdp)
-            if self.d.main:
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                tmp.mkdir(parents=True)
-            self.d.barrier()
-            rank_file = tmp / f"rank-{self.d.rank:05d}.pt"
-            torch.save({"rng": _rng_state(), "data": data_state}, rank_file)
-            _fsync_file(rank_file)
-            if self.d.main:
-                self._write_shared(tmp, state, unwrap(model), msd, osd)
-            self.d.barrier()
+            try:
+                self._write_tmp(tmp, state, model, msd, osd, data_state)
+            except OSError as e:    # a full disk, a quota: nothing half-written stays, earlier checkpoints intact
+                shutil.rmtree(tmp, ignore_errors=True)
+                earlier = latest_checkpoint(self.out)
+                raise CheckpointError(f"cannot write checkpoint {final}: {e.strerror or e}; removed the partial "
+                                      f"write, the newest intact checkpoint is {earlier or '(none)'}") from None
             if self.d.main:
                 os.replace(tmp, final)
                 _fsync_dir(self.root)
@@ -237,8 +267,23 @@ class Checkpoints:
         state.last_checkpoint = final
         return final
 
+    def _write_tmp(self, tmp: Path, state: RunState, model, msd: dict, osd: dict, data_state: dict) -> None:
+        """Every rank's RNG + data file, then rank 0's shared files and state.json, into the temp directory."""
+        if self.d.main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        self.d.barrier()
+        rank_file = tmp / f"rank-{self.d.rank:05d}.pt"
+        torch.save({"rng": _rng_state(), "data": data_state}, rank_file)
+        _fsync_file(rank_file)
+        self.d.barrier()    # every rank file is complete before rank 0 checksums them
+        if self.d.main:
+            self._write_shared(tmp, state, unwrap(model), msd, osd)
+        self.d.barrier()
+
     def _write_shared(self, tmp: Path, state: RunState, raw, msd: dict, osd: dict) -> None:
-        """Rank 0's part: weights, optimizer, config.json and state.json, each fsynced."""
+        """Rank 0's part: weights, optimizer, config.json, then state.json with the sha256 of each, all fsynced."""
         save_model_weights(msd, tmp / "model.safetensors")
         torch.save(osd, tmp / "optimizer.pt")
         config = getattr(raw, "config", None)
@@ -248,22 +293,27 @@ class Checkpoints:
                  "skipped": state.skipped, "world_size": self.d.world, "phase_time": state.phase_time,
                  "phase_steps": state.phase_steps, "execution": state.execution,
                  "config": jsonable(dataclasses.asdict(self.cfg))}
-        (tmp / "state.json").write_text(json.dumps(saved, indent=1))
         for f in tmp.iterdir():
             _fsync_file(f)
+        saved["files"] = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        (tmp / "state.json").write_text(json.dumps(saved, indent=1))
+        _fsync_file(tmp / "state.json")
 
     def resume(self, state: RunState, model, optimizer, stream) -> None:
         """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one) into `state`, the
         model, the optimizer, the data `stream` and the RNGs; nothing to resume from leaves them as they are."""
         if self.d.main:
-            for stale in self.root.glob(".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)  # an interrupted write
+            self._remove_stale()
         self.d.barrier()
-        path = latest_checkpoint(self.out) if self.cfg.resume is True else Path(self.cfg.resume)
-        if path is None:
+        found = self._intact() if self.cfg.resume is True else self._named(Path(self.cfg.resume))
+        if found is None:
             log.info("resume: no checkpoint in %s, starting from scratch", self.out)
+            if self.d.main:      # killed before its first checkpoint: the steps it logged are redone
+                truncate_metrics(self.out / "metrics.jsonl", 0)
             return
-        saved, rank_state = self._read(path, model, optimizer)
+        path, saved, files = found
+        load_full_state(model, optimizer, self.cfg.fsdp, files[0], files[1], str(path))
+        rank_state = files[2]
         state.step, state.total, state.tokens = saved["step"], saved["total"], saved["tokens"]
         state.elapsed, state.skipped = saved["elapsed"], saved["skipped"]
         state.phase_time, state.phase_steps = saved.get("phase_time", 0.0), saved.get("phase_steps", 0)
@@ -277,19 +327,34 @@ class Checkpoints:
             truncate_metrics(self.out / "metrics.jsonl", state.step)
         log.info("resumed from %s at step %d", path, state.step)
 
-    def _read(self, path: Path, model, optimizer) -> tuple[dict, dict]:
-        """Load the weights and optimizer state of `path`; returns (state.json, this rank's RNG + data state)."""
+    def _intact(self):
+        """(path, state.json, files) of the newest checkpoint whose files are intact; each one skipped is logged."""
+        done = sorted((p for p in self.root.glob("step-*") if p.is_dir() and (p / "state.json").is_file()),
+                      reverse=True) if self.root.is_dir() else []
+        for i, path in enumerate(done):
+            try:
+                return self._named(path)
+            except CheckpointError as e:
+                fallback = done[i + 1].name if i + 1 < len(done) else None
+                if fallback is None:
+                    raise CheckpointError(f"no intact checkpoint to resume from in {self.root}: {e}") from None
+                log.warning("resume: skipping %s (%s); falling back to %s", path.name, e, fallback)
+        return None
+
+    def _named(self, path: Path):
+        """(path, state.json, (weights, optimizer state, this rank's RNG + data state)) of checkpoint `path`, its
+        files checked against their checksums and read (nothing is loaded into the model yet)."""
         if not (path / "state.json").is_file():
             raise CheckpointError(f"{path} is not a complete bertkit training checkpoint (no state.json)")
-        saved = json.loads((path / "state.json").read_text())
+        saved = _verify(path)
         if saved["world_size"] != self.d.world:
-            raise CheckpointError(f"{path} was written by {saved['world_size']} processes, this run has "
-                                  f"{self.d.world}: resume with the same number of processes")
+            raise ConfigError(f"{path} was written by {saved['world_size']} processes, this run has "
+                              f"{self.d.world}: resume with the same number of processes")
         sd = load_model_weights(path / "model.safetensors")
         try:
             osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
             rank_state = torch.load(path / f"rank-{self.d.rank:05d}.pt", map_location="cpu", weights_only=True)
         except Exception as e:
-            raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
-        load_full_state(model, optimizer, self.cfg.fsdp, sd, osd, str(path))
-        return saved, rank_state
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {first}") from None
+        return path, saved, (sd, osd, rank_state)
