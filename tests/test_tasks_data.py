@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
+import lzma
 
 import pytest
 
-from bertkit.tasks import data
+from bertkit import datasets
+from bertkit.errors import DataError
+from bertkit.tasks import data, ner_silver
 from bertkit.tasks.readers import read_conll, read_squad, read_table
 
 
@@ -34,8 +38,42 @@ def test_pairs_by_article(bbc_articles, tmp_path):
         assert sum(r["label"] == "1" for r in v) == len(v) // 2
 
 
+def test_ner_file_rebuilt_from_shipped_annotations(bbc_articles, tmp_path, monkeypatch):
+    """A clone without ../shared: the NER file is rebuilt into the cache from the package's annotations (small, no
+    text) and the fetched BBC corpus; a corpus that does not match is one DataError line."""
+    root = datasets.bbc_dir()                   # fetched (or found) where it is, before the cache moves
+    monkeypatch.delenv("BERTKIT_NER_FILE", raising=False)
+    monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(datasets, "bbc_dir", lambda: root)
+    assert ner_silver.ANNOTATIONS.stat().st_size < 400_000
+    path = data.ner_file()
+    assert path.parent == tmp_path / "cache" and data.ner_file() == path       # built once, then reused
+    sents = read_conll(path)
+    assert len({s.doc for s in sents}) == 1200 and len(sents) == 22209
+    assert sents[0].words[:2] == ["Charles", "Clarke"] and sents[0].tags[:2] == ["B-PERSON", "I-PERSON"]
+    with pytest.raises(DataError, match="cannot read the BBC article") as e:
+        ner_silver.rebuild(tmp_path / "x.conll", bbc_root=tmp_path / "empty")
+    assert "\n" not in str(e.value) and not (tmp_path / "x.conll").exists()
+
+
+def test_rebuilt_ner_file_equals_the_shared_one(shared_dir, bbc_articles, tmp_path):
+    shared = shared_dir / "data" / "bbc_ner_silver.conll.gz"
+    if not shared.is_file():
+        pytest.skip(f"{shared} is absent")
+    rebuilt = ner_silver.rebuild(tmp_path / "ner.conll")
+    assert rebuilt.read_bytes() == gzip.open(shared).read()
+    again = ner_silver.encode(shared, datasets.bbc_dir())
+    assert lzma.decompress(again) == lzma.decompress(ner_silver.ANNOTATIONS.read_bytes())
+
+
+def test_cloze_ties_do_not_depend_on_the_hash_seed():
+    q = "Daiwa shares rose in Japan"
+    assert data._cloze(q, "Japan and Daiwa", ["Japan", "Daiwa"])[0] == "Daiwa shares rose in @placeholder"
+    assert data._cloze(q, "Japan and Daiwa", ["Daiwa", "Japan"])[0] == "@placeholder shares rose in Japan"
+
+
 @pytest.mark.slow
-def test_ner_and_qa_sets(shared_dir, bbc_articles, tmp_path):
+def test_ner_and_qa_sets(bbc_articles, tmp_path):
     ner = data.build("ner", tmp_path / "ner", seed=0)
     docs = {k: {s.doc for s in read_conll(f)} for k, f in ner["files"].items()}
     assert not docs["train"] & docs["dev"] and not docs["train"] & docs["test"]

@@ -6,7 +6,8 @@
     topic       BBC News, 5 topics, text = headline + body
     pairs       BBC headline vs a first body sentence: from the same article (label 1) or from another article of
                 the same topic (label 0); one positive and one negative per article, negatives drawn inside the split
-    ner         the silver-tagged BBC CoNLL file (shared/data/bbc_ner_silver.conll.gz), split by article
+    ner         the silver-tagged BBC CoNLL file, split by article: rebuilt from the annotations bertkit ships and
+                the BBC corpus (see ner_silver.py), cached; $BERTKIT_NER_FILE names another file
     qa          cloze QA in SQuAD v1.1 format (the CNN/Daily Mail recipe): the headline, or the article's first
                 sentence, with one named entity replaced by "@placeholder" is the question; the answer is that
                 entity's first occurrence in the context (the body; without the first paragraph for the
@@ -50,15 +51,19 @@ def first_sentence(paragraph: str) -> str:
 
 
 def ner_file() -> Path:
-    """The shared silver NER file (../shared/data relative to the repo, or $BERTKIT_NER_FILE)."""
+    """The silver NER CoNLL file: $BERTKIT_NER_FILE when set, else rebuilt once into the bertkit cache from the
+    shipped annotations and the BBC corpus (fetched like every other data set)."""
+    import hashlib
     import os
+    from bertkit.tasks import ner_silver
     env = os.environ.get("BERTKIT_NER_FILE")
-    cands = [Path(env)] if env else []
-    cands.append(Path(__file__).resolve().parents[3].parent / "shared" / "data" / "bbc_ner_silver.conll.gz")
-    for c in cands:
-        if c.exists():
-            return c
-    raise datasets.DatasetUnavailable(f"the silver NER file is not at {cands[-1]} (set BERTKIT_NER_FILE)")
+    if env:
+        if not Path(env).is_file():
+            raise DataError(f"BERTKIT_NER_FILE={env}: no such file")
+        return Path(env)
+    digest = hashlib.sha256(ner_silver.ANNOTATIONS.read_bytes()).hexdigest()[:12]
+    path = datasets.cache_dir() / f"bbc_ner_silver-{digest}.conll"
+    return path if path.is_file() else ner_silver.rebuild(path)
 
 
 def _unique_articles() -> tuple[list, dict[str, str]]:
@@ -170,7 +175,8 @@ def _find(entity: str, text: str) -> int:
 
 def _cloze(q_text: str, context: str, entities: list[str]) -> tuple[str, str, int] | None:
     """Blank the longest entity that occurs in both question text and context: (question, answer, start)."""
-    for ent in sorted(set(entities), key=len, reverse=True):
+    # ties go to the first seen: a set would order them by string hash, which changes from process to process
+    for ent in sorted(dict.fromkeys(entities), key=len, reverse=True):
         qi = _find(ent, q_text)
         if qi < 0:
             continue

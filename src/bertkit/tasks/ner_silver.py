@@ -1,0 +1,163 @@
+"""The silver NER file (`bbc_ner_silver.conll`, 1,200 BBC articles tagged by spaCy en_core_web_sm 3.8.0 in IOB2 with
+the 18 OntoNotes types), rebuilt from annotations shipped in the package and the BBC corpus `bertkit.datasets`
+fetches, so `bertkit task-data ner|qa|qa2` runs on any clone.
+
+The package holds no text, only where the tokens, sentences and entities are (`resources/bbc_ner_silver.tsv.xz`,
+~180 KB; the CoNLL file itself is 4.3 MB). One line per article, tab-separated:
+
+    name      "politics/227.txt": the corpus file; its body is rebuilt as the tagger saw it (UTF-8 with bad bytes
+              replaced, "Â£" -> "£", the lines after the headline stripped and joined by single spaces)
+    splits    one comma-separated field per token: empty when the token runs to the next white space (most do),
+              else its length in characters (a token glued to the next one: "said" in "said.")
+    sentences the number of tokens of each sentence, comma-separated
+    entities  space-separated: tokens since the previous entity's end, "!" when the entity starts with I- (it
+              continues across a sentence break), the type as a letter (A = TYPES[0], ...), and its length in
+              tokens when more than one
+
+`rebuild(out)` writes the CoNLL file byte for byte as the original (a test compares them when ../shared has it);
+`encode(conll, bbc_root)` made the annotations from it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+import re
+from pathlib import Path
+
+from bertkit.errors import DataError
+
+__all__ = ["ANNOTATIONS", "TYPES", "rebuild", "encode"]
+
+ANNOTATIONS = Path(__file__).with_name("resources") / "bbc_ner_silver.tsv.xz"
+TYPES = ("CARDINAL", "DATE", "EVENT", "FAC", "GPE", "LANGUAGE", "LAW", "LOC", "MONEY", "NORP", "ORDINAL", "ORG",
+         "PERCENT", "PERSON", "PRODUCT", "QUANTITY", "TIME", "WORK_OF_ART")
+_SPACE = re.compile(r"\s*")
+_WORD = re.compile(r"\S+")
+_ENTITY = re.compile(r"(\d+)(!?)([A-Z])(\d*)")
+
+
+def article_body(raw: bytes) -> str:
+    """The text the tagger was given: the article after its headline line, as make_bbc_ner_silver.py built it."""
+    text = raw.decode("utf-8", errors="replace").replace("Â£", "£")
+    return " ".join(line.strip() for line in text.splitlines()[1:] if line.strip())
+
+
+def _tokens(body: str, splits: list[str], where: str) -> list[str]:
+    """The article's tokens: each starts at the next non-space character and runs for its stored length, or to the
+    next white space."""
+    out, pos = [], 0
+    for length in splits:
+        pos = _SPACE.match(body, pos).end()
+        end = pos + int(length) if length else (_WORD.match(body, pos).end() if _WORD.match(body, pos) else pos)
+        if end <= pos or end > len(body):
+            raise DataError(f"{where}: token {len(out) + 1} does not fit the article text (a different corpus "
+                            f"version?)")
+        out.append(body[pos:end])
+        pos = end
+    if body[pos:].strip():
+        raise DataError(f"{where}: the article text goes on past its last token (a different corpus version?)")
+    return out
+
+
+def _tags(n: int, entities: str, where: str) -> list[str]:
+    tags, pos = ["O"] * n, 0
+    for item in entities.split():
+        m = _ENTITY.fullmatch(item)
+        if not m or ord(m.group(3)) - 65 >= len(TYPES):
+            raise DataError(f"{where}: malformed entity {item!r}")
+        start = pos + int(m.group(1))
+        end = start + int(m.group(4) or 1)
+        if end > n:
+            raise DataError(f"{where}: entity {item!r} runs past the last token")
+        typ = TYPES[ord(m.group(3)) - 65]
+        tags[start:end] = [f"I-{typ}"] * (end - start)
+        if not m.group(2):
+            tags[start] = f"B-{typ}"
+        pos = end
+    return tags
+
+
+def _article(line: str, root: Path) -> str:
+    """One article's CoNLL block, rebuilt."""
+    name, splits, sentences, entities = line.split("\t")
+    path = root / name
+    where = f"{ANNOTATIONS.name}: {name}"
+    try:
+        body = article_body(path.read_bytes())
+    except OSError as e:
+        raise DataError(f"{where}: cannot read the BBC article {path}: {e.strerror or e}") from None
+    tokens = _tokens(body, splits.split(","), where)
+    tags = _tags(len(tokens), entities, where)
+    lengths = [int(x) for x in sentences.split(",")]
+    if sum(lengths) != len(tokens):
+        raise DataError(f"{where}: sentence lengths add up to {sum(lengths)}, the article has {len(tokens)} tokens")
+    parts, i = [f"-DOCSTART-\t{name}\n\n"], 0
+    for n in lengths:
+        parts.extend(f"{tokens[j]}\t{tags[j]}\n" for j in range(i, i + n))
+        parts.append("\n")
+        i += n
+    return "".join(parts)
+
+
+def rebuild(out: str | os.PathLike, bbc_root: str | os.PathLike | None = None) -> Path:
+    """Write the silver NER CoNLL file to `out` (atomically) from the shipped annotations and the BBC corpus
+    (default: `bertkit.datasets.bbc_dir()`, fetched when absent). DataError when the corpus does not match."""
+    from bertkit import datasets
+    root = Path(bbc_root) if bbc_root is not None else datasets.bbc_dir()
+    lines = lzma.decompress(ANNOTATIONS.read_bytes()).decode("utf-8").splitlines()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(_article(line, root))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def encode(conll: str | os.PathLike, bbc_root: str | os.PathLike) -> bytes:
+    """The xz-compressed annotations of a silver CoNLL file (.gz or plain) over the BBC corpus in `bbc_root`."""
+    docs: list[tuple[str, list[list[tuple[str, str]]]]] = []
+    opener = gzip.open if str(conll).endswith(".gz") else open
+    with opener(conll, "rt", encoding="utf-8") as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            if line.startswith("-DOCSTART-"):
+                docs.append((line.split("\t")[1], [[]]))
+            elif line:
+                docs[-1][1][-1].append(tuple(line.split("\t")))
+            elif docs[-1][1][-1]:
+                docs[-1][1].append([])
+    return lzma.compress("".join(_encode_doc(name, [s for s in sents if s], Path(bbc_root))
+                                 for name, sents in docs).encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
+
+
+def _encode_doc(name: str, sents: list[list[tuple[str, str]]], root: Path) -> str:
+    body = article_body((root / name).read_bytes())
+    toks = [t for s in sents for t, _ in s]
+    tags = [tag for s in sents for _, tag in s]
+    starts, pos = [], 0
+    for t in toks:
+        pos = _SPACE.match(body, pos).end()
+        if body[pos:pos + len(t)] != t:
+            raise DataError(f"{name}: token {t!r} not found in the article at {pos}")
+        starts.append(pos)
+        pos += len(t)
+    glued = [i + 1 < len(toks) and starts[i + 1] == starts[i] + len(t) for i, t in enumerate(toks)]
+    splits = ",".join(str(len(t)) if g else "" for t, g in zip(toks, glued))
+    ents, i, prev = [], 0, 0
+    while i < len(tags):
+        if tags[i] == "O":
+            i += 1
+            continue
+        typ, j = tags[i][2:], i + 1
+        while j < len(tags) and tags[j] == f"I-{typ}":
+            j += 1
+        ents.append(f"{i - prev}{'' if tags[i][0] == 'B' else '!'}{chr(65 + TYPES.index(typ))}{j - i if j - i > 1 else ''}")
+        prev = i = j
+    return "\t".join([name, splits, ",".join(str(len(s)) for s in sents), " ".join(ents)]) + "\n"
