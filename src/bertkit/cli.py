@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from bertkit import __version__
+from bertkit.commands.checks import one_line_errors
 from bertkit.errors import BertkitError
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    one_line_errors(parser)
     return parser
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="export a model to ONNX (dynamic batch/seq) and check it with onnxruntime")
     p.add_argument("model", help="model directory")
     p.add_argument("out", help="output .onnx path")
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=checks.opset, default=17)
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs difference allowed by the check")
+    p.add_argument("--tolerance", type=checks.nonneg_float, default=1e-4, help="max abs difference allowed by the check")
     p.set_defaults(func=run)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from bertkit.commands import checks
 from bertkit.errors import ConfigError
 
 
@@ -34,21 +35,21 @@ def register(sub) -> None:
     p.add_argument("--dev", required=True, help="dev file: scored during training, picks the best checkpoint")
     p.add_argument("--test", help="test file, scored once with the best checkpoint")
     p.add_argument("--out", required=True, help="output directory (model, metrics, predictions, summary.json)")
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of the steps (default 0.1)")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--max-length", type=int, help="max pieces per example (default 128; qa 384)")
+    p.add_argument("--lr", type=checks.positive_float, default=5e-5)
+    p.add_argument("--batch-size", type=checks.positive_int, default=32)
+    p.add_argument("--epochs", type=checks.positive_float, default=3.0)
+    p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps (default 0.1)")
+    p.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
+    p.add_argument("--dropout", type=checks.probability, default=0.1)
+    p.add_argument("--max-length", type=checks.positive_int, help="max pieces per example (default 128; qa 384)")
     p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
     p.add_argument("--grid", action="store_true", help="search lr {5e-5,3e-5,2e-5} x batch {16,32} on dev first")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None,
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
                    help="steps between dev evaluations (default: every epoch)")
-    p.add_argument("--patience", type=int, default=0, help="early stopping: evaluations without improvement")
+    p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
     _precision_args(p, "train")
-    p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
-    p.add_argument("--bucket-batches", type=int, default=50,
+    p.add_argument("--max-train-examples", type=checks.positive_int, help="use only the first N training examples")
+    p.add_argument("--bucket-batches", type=checks.positive_int, default=50,
                    help="length-bucketing window in batches (1: plain random batches)")
     p.add_argument("--full-embedding-table", dest="compact_embeddings", action="store_false",
                    help="train the whole word-embedding table (default: only the rows the training data uses; "
@@ -56,10 +57,10 @@ def register(sub) -> None:
     p.add_argument("--attn", dest="attn_implementation", choices=("auto", "eager", "sdpa", "unpadded"))
     p.add_argument("--label-all-pieces", action="store_true", help="tag: label every piece, not only the first")
     p.add_argument("--scheme", choices=("IOB1", "IOB2", "BIOES"), help="tag: convert tags before training")
-    p.add_argument("--doc-stride", type=int, default=128)
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--max-answer-length", type=int, default=30)
-    p.add_argument("--n-best", type=int, default=20)
+    p.add_argument("--doc-stride", type=checks.positive_int, default=128)
+    p.add_argument("--max-query-length", type=checks.positive_int, default=64)
+    p.add_argument("--max-answer-length", type=checks.positive_int, default=30)
+    p.add_argument("--n-best", type=checks.positive_int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_finetune)
@@ -68,7 +69,7 @@ def register(sub) -> None:
     e.add_argument("--model", required=True, help="directory written by `bertkit finetune`")
     e.add_argument("--data", required=True)
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
-    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--batch-size", type=checks.positive_int, default=128)
     _precision_args(e, "run")
     e.set_defaults(func=_evaluate)
 
@@ -76,14 +77,14 @@ def register(sub) -> None:
     r.add_argument("--model", required=True, help="directory written by `bertkit finetune`")
     r.add_argument("--data", required=True, help="input file (labels optional)")
     r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
-    r.add_argument("--batch-size", type=int, default=128)
+    r.add_argument("--batch-size", type=checks.positive_int, default=128)
     _precision_args(r, "run")
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
     d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | ner | qa | qa2")
     d.add_argument("--out", required=True)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=checks.nonneg_int, default=0)
     d.set_defaults(func=_task_data)
 
 

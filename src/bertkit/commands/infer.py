@@ -7,13 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     p = sub.add_parser("fill-mask", help="fill [MASK] tokens (several masks decoded jointly)")
     p.add_argument("model", help="model directory with a masked-LM head")
     p.add_argument("text", nargs="+", help="text(s) with [MASK]; one [MASK] per word piece when there are several")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--beam-size", type=int, default=8)
+    p.add_argument("--top-k", type=checks.positive_int, default=5)
+    p.add_argument("--beam-size", type=checks.positive_int, default=8)
     p.add_argument("--no-whole-word", action="store_true", help="one mask = one piece (skip multi-piece words)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.set_defaults(func=fill_mask)
@@ -23,14 +25,15 @@ def register(sub) -> None:
     p.add_argument("texts", nargs="*", help="sentences (or use --file)")
     p.add_argument("--file", help="a text file, one sentence per line")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
-    p.add_argument("--layers", default="-1", help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
+    p.add_argument("--layers", type=checks.int_list, default=[-1],
+                   help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
-    p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=checks.positive_int, default=256)
+    p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout)")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=checks.positive_int, default=5)
     p.set_defaults(func=embed)
 
     p = sub.add_parser("attention", help="attention heatmaps (layer x head grid + where one token looks) as PNG")
@@ -38,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("text")
     p.add_argument("--out", default="attention", help="output directory (default: ./attention)")
     p.add_argument("--query", help="token whose attention to draw across all heads (e.g. 'he')")
-    p.add_argument("--layers", help="comma-separated layers for the grid (default: all)")
+    p.add_argument("--layers", type=checks.int_list, help="comma-separated layers for the grid (default: all)")
     p.set_defaults(func=attention)
 
     p = sub.add_parser("plot", help="loss / accuracy curves of a run directory, or a confusion matrix")
@@ -47,16 +50,6 @@ def register(sub) -> None:
     p.add_argument("--confusion", action="store_true",
                    help="RUN is a JSONL with 'label' and 'prediction' fields per line: draw its confusion matrix")
     p.set_defaults(func=plot)
-
-
-def _ints(s: str | None) -> list[int] | None:
-    if s is None:
-        return None
-    from bertkit.errors import ConfigError
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {s!r}") from None
 
 
 def fill_mask(args) -> int:
@@ -82,7 +75,7 @@ def embed(args) -> int:
     if not texts:
         raise ConfigError("no sentences: give them as arguments or with --file")
     p = Predictor.load(args.model)
-    kw = dict(pooling=args.pooling, layers=_ints(args.layers), normalize=not args.no_normalize,
+    kw = dict(pooling=args.pooling, layers=args.layers, normalize=not args.no_normalize,
               max_length=args.max_length, batch_size=args.batch_size)
     vecs = p.embed(texts, progress=len(texts) > 256, **kw)
     if args.search:
@@ -113,7 +106,7 @@ def attention(args) -> int:
     p = Predictor.load(args.model)
     tokens, att = p.attention(args.text)
     out = Path(args.out)
-    grid = plots.plot_attention(att, tokens, out / "attention_grid.png", layers=_ints(args.layers))
+    grid = plots.plot_attention(att, tokens, out / "attention_grid.png", layers=args.layers)
     print(grid)
     if args.query:
         q = args.query.lower() if p.tokenizer.lowercase else args.query

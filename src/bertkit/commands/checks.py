@@ -1,0 +1,213 @@
+"""Checks every subcommand shares, all made before any work starts.
+
+    p.add_argument("--batch-size", type=checks.positive_int)        # a bad number is a usage error: one line, exit 2
+    out = checks.out_dir(args.out, "finetune", inputs=(args.model, args.train), overwrite=args.overwrite)
+    out = checks.out_file(args.out, "predict", inputs=(args.data,), default_name="predictions.jsonl")
+
+Output rules: the path is writable and of the right kind (file vs directory); it is never one of the command's
+inputs; a non-empty directory is refused unless --overwrite, and --overwrite clears a directory only when it holds
+this command's earlier run (recognised by MARKER, written into directories bertkit created), never someone else's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+MARKER = ".bertkit-run.json"    # {"command": ...}: this directory is a bertkit command's own output
+
+
+class OutputError(BertkitError):
+    """An output path is unusable: not writable, the wrong kind, an input, or an earlier run."""
+
+
+# ------------------------------------------------------------------------------------------- argument ranges
+
+def _bound(low, high, low_open: bool) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"<= {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
+
+
+def number(kind: type, low=None, high=None, *, low_open: bool = False):
+    """An argparse type: `kind` (int or float), finite, within [low, high] (low excluded when low_open)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {_bound(low, high, low_open)}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+positive_int = number(int, 1)
+nonneg_int = number(int, 0)
+positive_float = number(float, 0, low_open=True)
+nonneg_float = number(float, 0)
+probability = number(float, 0, 1)
+port = number(int, 0, 65535)                    # 0: any free port
+# the TorchScript ONNX exporter's range; below 13 Softmax/ReduceSum differ and BERT's graph does not export
+opset = number(int, 13, 20)
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Usage errors of `parser` and its subcommands as one line on stderr, exit 2 (argparse prints the usage too)."""
+    def error_for(prog: str):
+        def error(message: str):
+            sys.stderr.write(f"{prog}: error: {message} (see {prog} --help)\n")
+            raise SystemExit(2)
+        return error
+    parser.error = error_for(parser.prog)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.error = error_for(sub.prog)
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers ('0,-1')."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
+
+
+# ---------------------------------------------------------------------------------------------- output paths
+
+def _resolved(path) -> Path:
+    return Path(os.path.expanduser(str(path))).resolve()
+
+
+def _existing(inputs) -> list[tuple[str, Path]]:
+    out = []
+    for i in inputs:
+        if i is None or str(i) in ("", "-"):
+            continue
+        for one in (i if isinstance(i, (list, tuple)) else [i]):
+            r = _resolved(one)
+            if r.exists():
+                out.append((str(one), r))
+    return out
+
+
+def _check_writable(shown: str, target: Path) -> None:
+    """Refuse `target` (to be created or replaced) unless its nearest existing ancestor is a directory bertkit can
+    write: probed by creating a temporary file there (permission bits alone say nothing to root or on a read-only
+    mount)."""
+    ancestor = target
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{shown}: {ancestor} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".bertkit-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{shown}: cannot write in {ancestor} ({e.strerror or e})") from None
+
+
+def _marker(d: Path) -> str | None:
+    """The command whose earlier run `d` holds, or None."""
+    try:
+        return str(json.loads((d / MARKER).read_text(encoding="utf-8"))["command"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_model_dir(d: Path) -> bool:
+    return (d / "config.json").is_file() and any((d / n).exists() for n in (
+        "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
+
+
+def _clear(d: Path) -> None:
+    for entry in d.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
+            reuse: bool = False) -> Path:
+    """Check (and create) the output directory of `bertkit COMMAND`, before any work.
+
+    Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
+    holding one that --overwrite would clear; another command's run; a model directory unless the command writes
+    models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
+    command's earlier run is cleared first. `reuse`: the command's earlier run is kept as it is (its outputs are
+    a cache or are regenerated)."""
+    shown = str(path)
+    d = _resolved(path)
+    if d.exists() and not d.is_dir():
+        raise OutputError(f"{shown}: is a file, expected a directory")
+    ins = _existing(inputs)
+    for name, r in ins:
+        if r == d:
+            raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
+    _check_writable(shown, d)
+    entries = [e for e in d.iterdir() if e.name != MARKER] if d.is_dir() else []
+    earlier = _marker(d) if d.is_dir() else None
+    ours = earlier == command or (not entries and earlier is None)
+    if entries or earlier:
+        if earlier is not None and earlier != command:
+            raise OutputError(f"{shown}: holds a `bertkit {earlier}` run; choose another directory")
+        if earlier == command and reuse:
+            return d
+        if not overwrite:
+            what = f"holds an earlier `bertkit {command}` run" if earlier else "is not empty"
+            raise OutputError(f"{shown}: {what}; pass --overwrite to replace it, or choose another directory")
+        if earlier is None and _is_model_dir(d) and not writes_model:
+            raise OutputError(f"{shown}: is a model directory; `bertkit {command}` would break it, write elsewhere")
+        if earlier == command:
+            inside = [name for name, r in ins if d in r.parents]
+            if inside:
+                raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
+            _clear(d)
+    d.mkdir(parents=True, exist_ok=True)
+    if ours:
+        (d / MARKER).write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
+    return d
+
+
+def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
+    """Check the output file of `bertkit COMMAND`, before any work; an existing directory (or a path ending in '/')
+    gets `default_name` inside it. Refused: a directory or a device / pipe where the file would go, one of
+    `inputs`, an unwritable place, and an existing file when the command has --overwrite (`overwrite` is not None)
+    and it is not given. Returns the file's path."""
+    shown = str(path)
+    p = Path(os.path.expanduser(str(path)))
+    if str(path).endswith(("/", os.sep)) or p.is_dir():
+        p = p / default_name
+        shown = str(p)
+    f = p.resolve()
+    if f.is_dir():
+        raise OutputError(f"{shown}: is a directory, expected a file")
+    for name, r in _existing(inputs):
+        if r == f:
+            raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
+    if f.exists() and not f.is_file():
+        raise OutputError(f"{shown}: is not a regular file (a device or pipe); write to a file")
+    if f.exists() and overwrite is False:
+        raise OutputError(f"{shown}: exists; pass --overwrite to replace it, or choose another file")
+    _check_writable(shown, f)
+    return p
