@@ -19,6 +19,11 @@ from typing import Any
 
 from bertkit.errors import ConfigError
 
+# sizes far above every published BERT-family model (ModernBERT: 8,192 positions; XLM-R: 250,002 pieces)
+SIZE_LIMITS = {"vocab_size": 1 << 24, "hidden_size": 1 << 16, "num_hidden_layers": 1 << 10,
+               "num_attention_heads": 1 << 10, "intermediate_size": 1 << 18, "max_position_embeddings": 1 << 20,
+               "type_vocab_size": 1 << 16}
+
 __all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES"]
 
 # "auto" picks per batch: eager when attention maps are requested, unpadded when the batch has enough padding
@@ -83,6 +88,8 @@ class BertConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"BertConfig.{name} must be a positive int, got {v!r}")
+            if v > SIZE_LIMITS.get(name, v):   # a typo'd size would otherwise be an out-of-memory crash
+                raise ConfigError(f"BertConfig.{name}={v} is beyond any BERT (at most {SIZE_LIMITS[name]:,})")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
                               f"num_attention_heads={self.num_attention_heads}")

@@ -12,12 +12,15 @@ this command's earlier run (recognised by MARKER, written into directories bertk
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import math
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from bertkit.errors import BertkitError
@@ -27,6 +30,21 @@ MARKER = ".bertkit-run.json"    # {"command": ...}: this directory is a bertkit 
 
 class OutputError(BertkitError):
     """An output path is unusable: not writable, the wrong kind, an input, or an earlier run."""
+
+
+# errors of the file system that a user causes or can fix: one line naming the path, not a traceback
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                         errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY, errno.ENAMETOOLONG,
+                         errno.EFBIG, errno.EMFILE, errno.ELOOP, errno.EXDEV, errno.EBUSY, errno.ETXTBSY})
+
+
+def os_error_line(e: OSError) -> str:
+    """`PATH: reason` of an OSError, in one line."""
+    where = f"{e.filename}: " if e.filename else ""
+    reason = e.strerror or str(e).splitlines()[0]
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += " (free some space and run again)"
+    return f"{where}{reason}"
 
 
 # ------------------------------------------------------------------------------------------- argument ranges
@@ -148,14 +166,14 @@ def _clear(d: Path) -> None:
 
 
 def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
-            reuse: bool = False) -> Path:
+            reuse: bool = False, known: tuple[str, ...] = ()) -> Path:
     """Check (and create) the output directory of `bertkit COMMAND`, before any work.
 
     Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
     holding one that --overwrite would clear; another command's run; a model directory unless the command writes
     models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
     command's earlier run is cleared first. `reuse`: the command's earlier run is kept as it is (its outputs are
-    a cache or are regenerated)."""
+    a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed."""
     shown = str(path)
     d = _resolved(path)
     if d.exists() and not d.is_dir():
@@ -167,6 +185,8 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
     _check_writable(shown, d)
     entries = [e for e in d.iterdir() if e.name != MARKER] if d.is_dir() else []
     earlier = _marker(d) if d.is_dir() else None
+    if earlier is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
+        earlier = command
     ours = earlier == command or (not entries and earlier is None)
     if entries or earlier:
         if earlier is not None and earlier != command:
@@ -183,10 +203,34 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
             if inside:
                 raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
             _clear(d)
+    made = d
+    while not made.parent.exists():
+        made = made.parent
+    made = "" if d.exists() else str(made)
     d.mkdir(parents=True, exist_ok=True)
     if ours:
-        (d / MARKER).write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
+        (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made}) + "\n",
+                                encoding="utf-8")
     return d
+
+
+def undo_empty(path) -> None:
+    """After a failed command: remove an output directory this process created and left empty but for MARKER
+    (so a refused run leaves nothing behind)."""
+    if not path or str(path) == "-":
+        return
+    d = _resolved(path)
+    try:
+        info = json.loads((d / MARKER).read_text(encoding="utf-8"))
+        if info.get("pid") != os.getpid() or any(e.name != MARKER for e in d.iterdir()):
+            return
+        (d / MARKER).unlink()
+        made = Path(info["made"]) if info.get("made") else None
+        while made is not None and d != made.parent:
+            d.rmdir()
+            d = d.parent
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
 
 
 def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
@@ -209,5 +253,24 @@ def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: boo
         raise OutputError(f"{shown}: is not a regular file (a device or pipe); write to a file")
     if f.exists() and overwrite is False:
         raise OutputError(f"{shown}: exists; pass --overwrite to replace it, or choose another file")
-    _check_writable(shown, f)
+    inside = [name for name, r in _existing(inputs) if r in f.parents]
+    if f.exists() and inside and overwrite is not None:
+        raise OutputError(f"{shown}: is a file of the input {inside[0]}; write the output elsewhere")
+    _check_writable(shown, f.parent)
     return p
+
+
+@contextlib.contextmanager
+def staged(directory) -> Iterator[Path]:
+    """A temporary directory inside `directory` for a command's output files: on success each file moves into
+    `directory` (os.replace, so no reader sees half a file); on any error (a full disk) they are removed and the
+    files there before stay as they were."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=d, prefix=".bertkit-tmp-"))
+    try:
+        yield tmp
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, d / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -25,7 +25,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from bertkit.demo import DemoConfig, run_demo
+    from bertkit.demo import STAGES, DemoConfig, run_demo
+    # its stages are a cache: an earlier demo run is reused (--force redoes them); other files are refused
+    checks.out_dir(args.out, "demo", overwrite=args.force, reuse=True, writes_model=True, known=STAGES)
     cfg = DemoConfig(out=args.out, seed=args.seed, force=args.force,
                      only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
                      pretrain_budget_s=args.pretrain_budget, vocab_size=args.vocab_size, preset=args.preset,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from bertkit.commands import checks
 from bertkit.errors import ConfigError
@@ -62,6 +63,7 @@ def register(sub) -> None:
     p.add_argument("--max-answer-length", type=checks.positive_int, default=30)
     p.add_argument("--n-best", type=checks.positive_int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_finetune)
 
@@ -70,6 +72,7 @@ def register(sub) -> None:
     e.add_argument("--data", required=True)
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
     e.add_argument("--batch-size", type=checks.positive_int, default=128)
+    e.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation (or other files) in --out")
     _precision_args(e, "run")
     e.set_defaults(func=_evaluate)
 
@@ -78,6 +81,7 @@ def register(sub) -> None:
     r.add_argument("--data", required=True, help="input file (labels optional)")
     r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
     r.add_argument("--batch-size", type=checks.positive_int, default=128)
+    r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     _precision_args(r, "run")
     r.set_defaults(func=_predict)
 
@@ -85,6 +89,7 @@ def register(sub) -> None:
     d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | ner | qa | qa2")
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=checks.nonneg_int, default=0)
+    d.add_argument("--overwrite", action="store_true", help="replace an earlier build (or other files) in --out")
     d.set_defaults(func=_task_data)
 
 
@@ -103,7 +108,9 @@ def _precision(args) -> str:
 def _finetune(args) -> int:
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     from bertkit.train.loop import TrainConfig
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save")}
+    checks.out_dir(args.out, "finetune", inputs=(args.model, args.vocab, args.train, args.dev, args.test),
+                   overwrite=args.overwrite, writes_model=True)
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save", "overwrite")}
     values["precision"] = _precision(args)
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
@@ -128,6 +135,8 @@ def _brief(summary: dict) -> dict:
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
+    if args.out is not None:
+        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
@@ -136,8 +145,11 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict
-    path = predict(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
-    print(path)
+    out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
+                          default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
+    with checks.staged(out.parent) as tmp:
+        predict(args.model, args.data, tmp / out.name, args.batch_size, precision=_precision(args))
+    print(out)
     return 0
 
 
@@ -145,6 +157,7 @@ def _task_data(args) -> int:
     from bertkit.tasks import data
     if args.name not in data.TASKS:
         raise ConfigError(f"unknown task data set {args.name!r}; choose from {', '.join(data.TASKS)}")
+    checks.out_dir(args.out, "task-data", overwrite=args.overwrite)
     stats = data.build(args.name, args.out, args.seed)
     print(json.dumps(stats))
     return 0

@@ -50,6 +50,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from bertkit.pretraining import PrepareConfig, prepare
 
+    checks.out_dir(args.out, "prepare", inputs=(*args.corpus, args.vocab), overwrite=args.overwrite)
     summary = prepare(PrepareConfig(
         args.corpus, args.vocab, args.out, seq_len=args.seq_len, task=args.task, masking=args.masking,
         dynamic=args.dynamic, mask_prob=args.mask_prob, max_predictions=args.max_predictions,

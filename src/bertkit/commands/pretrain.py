@@ -123,6 +123,12 @@ def run(args) -> int:
     from bertkit.train.pretrain import pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # the run directory's resume / overwrite rules are the trainer's; here only its kind and the inputs
+    checks.out_dir(args.out, "pretrain", inputs=(args.shards, args.phase2_shards, args.eval_shards, args.init,
+                                                  args.config), overwrite=args.overwrite or args.resume, reuse=True)
+    if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
+        from bertkit.textfiles import read_text
+        read_text(args.config)
     pc = config_from_args(args)
     result = pretrain(pc)
     last = result.eval_history[-1] if result.eval_history else {}

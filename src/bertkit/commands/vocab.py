@@ -25,18 +25,21 @@ def register(subparsers) -> None:
     p.add_argument("--max-distinct-words", type=checks.positive_int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier vocabulary (or other files) in --out")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
 
+    out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
     result = learn_vocab(args.files, config, progress=not args.no_progress and sys.stderr.isatty())
     tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
-    tok.save(args.out)
+    with checks.staged(out) as tmp:
+        tok.save(tmp)
     s = result.stats
     note = "" if s["vocab_size"] == args.vocab_size else f" (requested {args.vocab_size}: {s['stop_reason']})"
     pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""
