@@ -418,3 +418,96 @@ def test_probe(probe, world, tmp_path, capsys, monkeypatch):
 def test_serve_probe(probe, world, busy_port, tmp_path, capsys):
     probe = Probe(probe.name, [busy_port if a == "PORT" else a for a in probe.argv], probe.match)
     _check(probe, world, tmp_path / "T", capsys)
+
+
+# ------------------------------------------------------------------------------------------------ what does work
+
+def _finetune_argv(w: Path, out: Path, *extra) -> list[str]:
+    return ["finetune", "--task", "classify", "--model", str(w / "mlm"), "--train", str(w / "data" / "train.csv"),
+            "--dev", str(w / "data" / "dev.csv"), "--out", str(out), "--epochs", "1", "--batch-size", "8", "--fp32",
+            "--quiet", *extra]
+
+
+@pytest.mark.slow
+def test_a_second_run_is_refused_and_overwrite_clears_the_first(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc, _, err = run_cli(_finetune_argv(world, out, "--test", str(world / "data" / "dev.csv")), capsys)
+    assert rc == 0, err
+    first = _digest(out)
+    assert any("test" in name for name in first), sorted(first)
+    rc, _, err = run_cli(_finetune_argv(world, out), capsys)
+    assert rc == 2 and "--overwrite" in err and _digest(out) == first     # refused, nothing touched
+    rc, _, err = run_cli(_finetune_argv(world, out, "--overwrite"), capsys)
+    assert rc == 0, err
+    assert not any("test" in name for name in _digest(out)), "the first run's test outputs were left behind"
+
+
+def test_predict_into_a_directory_writes_a_file_inside(world, tmp_path, capsys):
+    (tmp_path / "preds").mkdir()
+    rc, out, err = run_cli(["predict", "--model", str(world / "clf"), "--data", str(world / "data" / "dev.csv"),
+                            "--out", str(tmp_path / "preds")], capsys)
+    assert rc == 0, err
+    written = tmp_path / "preds" / "dev.predictions.jsonl"
+    assert out.strip() == str(written) and len(written.read_text().splitlines()) == 8
+    assert sorted(p.name for p in (tmp_path / "preds").iterdir()) == [written.name]     # no temp files left
+
+
+def _enospc(*args, **kwargs):
+    paths = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).suffix and Path(a).parent.is_dir()]
+    for p in paths:         # half a file first, as a disk filling up mid-write leaves it
+        p.write_bytes(b"half")
+    raise OSError(errno.ENOSPC, "No space left on device", str(paths[0]) if paths else None)
+
+
+@pytest.mark.parametrize("case", ["predict", "embed-npy", "embed-jsonl", "plot", "attention", "vocab"])
+def test_a_full_disk_is_one_line_and_keeps_the_earlier_output(case, world, tmp_path, capsys, monkeypatch):
+    import numpy as np
+    from bertkit import plots
+    from bertkit.tasks import runner
+    out = tmp_path / "out"
+    earlier = {"predict": "p.jsonl", "embed-npy": "v.npy", "embed-jsonl": "v.jsonl", "plot": "c.png",
+               "attention": "attention_grid.png", "vocab": "vocab.txt"}[case]
+    out.mkdir()
+    (out / earlier).write_bytes(b"the earlier output")
+    if case in ("attention", "vocab"):
+        (out / MARKER).write_text(json.dumps({"command": case}))
+    W = world
+    argv, target = {
+        "predict": (["predict", "--model", str(W / "clf"), "--data", str(W / "data/dev.csv"), "--out",
+                     str(out / earlier), "--overwrite"], (runner, "predict")),
+        "embed-npy": (["embed", str(W / "mlm"), "the man", "--out", str(out / earlier), "--overwrite"], (np, "save")),
+        "embed-jsonl": (["embed", str(W / "mlm"), "the man", "--out", str(out / earlier), "--overwrite"],
+                        (json, "dumps")),
+        "plot": (["plot", str(W / "data/preds.jsonl"), "--confusion", "--out", str(out / earlier), "--overwrite"],
+                 (plots, "plot_confusion")),
+        "attention": (["attention", str(W / "mlm"), "the man", "--out", str(out)], (plots, "plot_attention")),
+        "vocab": (["vocab", "--files", str(W / "corpus.txt"), "--vocab-size", "60", "--out", str(out),
+                   "--overwrite", "--no-progress"], (os, "replace")),
+    }[case]
+    before = _digest(out) if case != "vocab" else None
+    monkeypatch.setattr(*target, _enospc)
+    rc, _, err = run_cli(argv, capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "No space left on device" in lines[0], err
+    if before is not None:
+        assert _digest(out) == before, "the earlier output changed or a temp file was left"
+    assert not [p for p in out.rglob("*") if "tmp" in p.name], "a temp file was left"
+
+
+def test_dash_reads_stdin(world, capsys, monkeypatch):
+    import io
+    import sys
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the man is eating food\na dog run\n")))
+    rc, out, err = run_cli(["embed", str(world / "mlm"), "--file", "-", "--search", "a dog", "--top-k", "1"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["hits"][0]["text"] == "a dog run"
+
+
+def test_documented_lenient_readers_count_bad_bytes(world, tmp_path, capsys):
+    """tokenize and vocab document replacing invalid UTF-8 (and vocab counts it): no refusal, no traceback."""
+    rc, out, err = run_cli(["tokenize", "--vocab", str(world / "vocab" / "vocab.txt"), "--file",
+                            str(world / "data" / "latin.csv")], capsys)
+    assert rc == 0 and len(out.splitlines()) == 3, err
+    rc, out, err = run_cli(["vocab", "--files", str(world / "data" / "latin.csv"), "--vocab-size", "80", "--out",
+                            str(tmp_path / "v"), "--no-progress"], capsys)
+    assert rc == 0 and "invalid UTF-8" in err, err
