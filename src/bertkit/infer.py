@@ -231,6 +231,8 @@ class Predictor:
         """One mask: {"masks": 1, "candidates": [{"word", "score", "pieces", "sequence"}]}.
         Several masks: {"masks": n, "candidates": [{"tokens", "score", "sequence"}]} from joint decoding."""
         self._require_mlm()
+        vocab = self.encoder.config.vocab_size      # no more candidates (or beams) than there are pieces
+        top_k, beam_size = min(top_k, vocab), min(beam_size, vocab)
         ids = self._masked_ids(text, max_length)
         positions = [i for i, t in enumerate(ids) if t == self.tokenizer.mask_token_id]
         if len(positions) == 1:

@@ -98,6 +98,25 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
                 sub.error = error_for(sub.prog)
 
 
+def device(text: str) -> str:
+    """An argparse type: a torch device this machine has (cpu, cuda, cuda:N, mps)."""
+    import torch
+    try:
+        d = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count()
+        if n == 0 or (d.index is not None and d.index >= n):
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {n} CUDA device{'s' * (n != 1)}")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: MPS is not available here")
+    elif d.type != "cpu":
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 def int_list(text: str) -> list[int]:
     """An argparse type: comma-separated integers ('0,-1')."""
     try:

@@ -36,6 +36,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from bertkit.tf_checkpoint import convert_tf_checkpoint
 
+    from bertkit.textfiles import read_text
+    if args.config:     # read by the converter; a binary or non-UTF-8 file is refused here naming it
+        read_text(args.config)
     checks.out_dir(args.out, "convert", inputs=(args.src, args.config, args.vocab), overwrite=args.overwrite,
                    writes_model=True)
     # the directory was checked above (it may hold only the marker of this command's run)

@@ -15,7 +15,8 @@ def register(sub) -> None:
     p.add_argument("model", help="model directory with a masked-LM head")
     p.add_argument("text", nargs="+", help="text(s) with [MASK]; one [MASK] per word piece when there are several")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
-    p.add_argument("--beam-size", type=checks.positive_int, default=8)
+    p.add_argument("--beam-size", type=checks.number(int, 1, 1000), default=8,
+                   help="beams per joint decoding of several masks (1-1000)")
     p.add_argument("--no-whole-word", action="store_true", help="one mask = one piece (skip multi-piece words)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.set_defaults(func=fill_mask)
@@ -28,7 +29,8 @@ def register(sub) -> None:
     p.add_argument("--layers", type=checks.int_list, default=[-1],
                    help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
-    p.add_argument("--max-length", type=checks.positive_int, default=256)
+    p.add_argument("--max-length", type=checks.number(int, 2), default=256,
+                   help="pieces per sentence, [CLS]/[SEP] included")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout)")
     p.add_argument("--search", metavar="QUERY", action="append",

@@ -78,7 +78,7 @@ def register(subparsers) -> None:
                    help="auto (default): bf16 autocast where the device has native bf16 (CUDA, AMX / AVX-512 BF16 "
                         "CPUs), else fp32")
     o.add_argument("--seed", type=checks.nonneg_int, default=0)
-    o.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    o.add_argument("--device", type=checks.device, default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")
     o.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
     c = p.add_argument_group("checkpoints and logging")
