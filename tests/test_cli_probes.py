@@ -514,3 +514,19 @@ def test_documented_lenient_readers_count_bad_bytes(world, tmp_path, capsys):
     rc, out, err = run_cli(["vocab", "--files", str(world / "data" / "latin.csv"), "--vocab-size", "80", "--out",
                             str(tmp_path / "v"), "--no-progress"], capsys)
     assert rc == 0 and "invalid UTF-8" in err, err
+
+
+def test_overwrite_keeps_files_it_did_not_write(world, tmp_path, capsys):
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone's notes")
+    argv = ["vocab", "--files", str(world / "corpus.txt"), "--vocab-size", "60", "--out", str(out), "--no-progress"]
+    assert run_cli(argv, capsys)[0] == 2                                   # not empty
+    rc, _, err = run_cli([*argv, "--overwrite"], capsys)
+    assert rc == 0 and (out / "vocab.txt").is_file(), err
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 2 and "earlier `bertkit vocab` run" in err
+    (out / "stale.txt").write_text("left by the earlier run")
+    rc, _, err = run_cli([*argv, "--overwrite"], capsys)
+    assert rc == 0, err
+    assert not (out / "stale.txt").exists() and (out / "notes.txt").read_text() == "someone's notes"

@@ -6,7 +6,7 @@
 
 Output rules: the path is writable and of the right kind (file vs directory); it is never one of the command's
 inputs; a non-empty directory is refused unless --overwrite, and --overwrite clears a directory only when it holds
-this command's earlier run (recognised by MARKER, written into directories bertkit created), never someone else's.
+this command's earlier run (recognised by MARKER), never files someone else put there (MARKER lists them to keep).
 """
 
 from __future__ import annotations
@@ -163,11 +163,12 @@ def _check_writable(shown: str, target: Path) -> None:
         raise OutputError(f"{shown}: cannot write in {ancestor} ({e.strerror or e})") from None
 
 
-def _marker(d: Path) -> str | None:
-    """The command whose earlier run `d` holds, or None."""
+def _marker(d: Path) -> dict | None:
+    """MARKER's content: the command whose earlier run `d` holds, and the names that were there before it."""
     try:
-        return str(json.loads((d / MARKER).read_text(encoding="utf-8"))["command"])
-    except (OSError, ValueError, KeyError, TypeError):
+        info = json.loads((d / MARKER).read_text(encoding="utf-8"))
+        return info if isinstance(info, dict) and isinstance(info.get("command"), str) else None
+    except (OSError, ValueError):
         return None
 
 
@@ -176,8 +177,8 @@ def _is_model_dir(d: Path) -> bool:
         "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
 
 
-def _clear(d: Path) -> None:
-    for entry in d.iterdir():
+def _clear(entries: list[Path]) -> None:
+    for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
@@ -191,7 +192,7 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
     Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
     holding one that --overwrite would clear; another command's run; a model directory unless the command writes
     models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
-    command's earlier run is cleared first. `reuse`: the command's earlier run is kept as it is (its outputs are
+    command's earlier run is cleared first (the files that were there before it stay). `reuse`: the command's earlier run is kept as it is (its outputs are
     a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed."""
     shown = str(path)
     d = _resolved(path)
@@ -203,10 +204,10 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
             raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
     _check_writable(shown, d)
     entries = [e for e in d.iterdir() if e.name != MARKER] if d.is_dir() else []
-    earlier = _marker(d) if d.is_dir() else None
-    if earlier is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
-        earlier = command
-    ours = earlier == command or (not entries and earlier is None)
+    info = _marker(d) if d.is_dir() else None
+    if info is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
+        info = {"command": command}
+    earlier, keep = (info or {}).get("command"), list((info or {}).get("keep", []))
     if entries or earlier:
         if earlier is not None and earlier != command:
             raise OutputError(f"{shown}: holds a `bertkit {earlier}` run; choose another directory")
@@ -217,19 +218,20 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
             raise OutputError(f"{shown}: {what}; pass --overwrite to replace it, or choose another directory")
         if earlier is None and _is_model_dir(d) and not writes_model:
             raise OutputError(f"{shown}: is a model directory; `bertkit {command}` would break it, write elsewhere")
-        if earlier == command:
-            inside = [name for name, r in ins if d in r.parents]
-            if inside:
-                raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
-            _clear(d)
+        if earlier is None:     # someone else's files: kept now and by every later --overwrite
+            keep = sorted(e.name for e in entries)
+        gone = [e for e in entries if e.name not in keep]
+        inside = [name for name, r in ins for e in gone if e == r or e in r.parents]
+        if inside:
+            raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
+        _clear(gone)
     made = d
     while not made.parent.exists():
         made = made.parent
     made = "" if d.exists() else str(made)
     d.mkdir(parents=True, exist_ok=True)
-    if ours:
-        (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made}) + "\n",
-                                encoding="utf-8")
+    (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made, "keep": keep}) + "\n",
+                            encoding="utf-8")
     return d
 
 
@@ -241,7 +243,8 @@ def undo_empty(path) -> None:
     d = _resolved(path)
     try:
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
-        if info.get("pid") != os.getpid() or any(e.name != MARKER for e in d.iterdir()):
+        keep = set(info.get("keep", [])) | {MARKER}
+        if info.get("pid") != os.getpid() or any(e.name not in keep for e in d.iterdir()):
             return
         (d / MARKER).unlink()
         made = Path(info["made"]) if info.get("made") else None
