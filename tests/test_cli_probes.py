@@ -530,3 +530,14 @@ def test_overwrite_keeps_files_it_did_not_write(world, tmp_path, capsys):
     rc, _, err = run_cli([*argv, "--overwrite"], capsys)
     assert rc == 0, err
     assert not (out / "stale.txt").exists() and (out / "notes.txt").read_text() == "someone's notes"
+
+
+def test_vocab_reads_stdin(world, tmp_path):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-m", "bertkit", "vocab", "--files", "-", "--vocab-size", "60", "--out",
+                        str(tmp_path / "v"), "--no-progress"], input=(world / "corpus.txt").read_bytes(),
+                       capture_output=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert {"the", "man"} <= set((tmp_path / "v" / "vocab.txt").read_text().split())

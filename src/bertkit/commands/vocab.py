@@ -15,7 +15,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary from raw text files",
                               description="Learn a WordPiece vocabulary (vocab.txt + tokenizer_config.json) from raw "
                                           "text files, streaming. Files may be globs and may be gzipped.")
-    p.add_argument("--files", nargs="+", required=True, metavar="FILE", help="text files or glob patterns (.gz ok)")
+    p.add_argument("--files", nargs="+", required=True, metavar="FILE", help="text files or glob patterns (.gz ok); - = stdin")
     p.add_argument("--vocab-size", type=checks.positive_int, default=30_522, help="size of the vocabulary, specials included")
     p.add_argument("--out", required=True, help="output directory (vocab.txt + tokenizer_config.json)")
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
-    result = learn_vocab(args.files, config, progress=not args.no_progress and sys.stderr.isatty())
+    files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
+    result = learn_vocab(files, config, progress=not args.no_progress and sys.stderr.isatty())
     tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
     with checks.staged(out) as tmp:
         tok.save(tmp)
