@@ -1,8 +1,9 @@
 """The `bertkit` command: one subcommand per stage, thin over the library.
 
 Each stage's arguments live in `bertkit/commands/<stage>.py`, which exposes `register(subparsers)`; the registered
-handler gets the parsed `argparse.Namespace` and calls the library. User errors (`BertkitError`) print one line and
-exit 2; anything else is a bug and keeps its traceback.
+handler gets the parsed `argparse.Namespace` and calls the library. User errors (`BertkitError`, and as a last resort
+an OSError a user causes: a full disk, a read-only or forbidden path) print one line and exit 2; anything else is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import sys
 
 from bertkit import __version__
+from bertkit.commands.checks import USER_ERRNOS, one_line_errors, os_error_line, undo_empty
 from bertkit.errors import BertkitError
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    one_line_errors(parser)
     return parser
 
 
@@ -61,7 +64,19 @@ def main(argv: list[str] | None = None) -> int:
         _resolve_model_args(args)
         rc = args.func(args)
     except BertkitError as e:
+        undo_empty(getattr(args, "out", None))
         print(f"bertkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in USER_ERRNOS:
+            raise
+        undo_empty(getattr(args, "out", None))
+        print(f"bertkit {args.command}: error: {os_error_line(e)}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as e:   # a reader that does not name its file yet
+        undo_empty(getattr(args, "out", None))
+        print(f"bertkit {args.command}: error: an input file is not UTF-8 text ({e.reason} at byte {e.start} "
+              f"of a block read)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"bertkit {args.command}: interrupted", file=sys.stderr)

@@ -70,6 +70,10 @@ def _detect_architecture(model_dir: Path) -> str:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path}: not JSON ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{cfg_path}: not UTF-8 text") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
     for arch in cfg.get("architectures") or []:
         if arch in _ARCHS:
             return arch
@@ -227,6 +231,8 @@ class Predictor:
         """One mask: {"masks": 1, "candidates": [{"word", "score", "pieces", "sequence"}]}.
         Several masks: {"masks": n, "candidates": [{"tokens", "score", "sequence"}]} from joint decoding."""
         self._require_mlm()
+        vocab = self.encoder.config.vocab_size      # no more candidates (or beams) than there are pieces
+        top_k, beam_size = min(top_k, vocab), min(beam_size, vocab)
         ids = self._masked_ids(text, max_length)
         positions = [i for i, t in enumerate(ids) if t == self.tokenizer.mask_token_id]
         if len(positions) == 1:
@@ -514,9 +520,10 @@ def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 
 def read_lines(path: str | Path) -> list[str]:
     """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
     path = Path(path)
-    if not path.is_file():
+    if str(path) != "-" and not path.is_file():
         raise DataError(f"{path}: no such file")
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    from bertkit.textfiles import read_text
+    lines = [ln.strip() for ln in read_text(path).splitlines()]
     lines = [ln for ln in lines if ln]
     if not lines:
         raise DataError(f"{path}: no non-empty lines")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bertkit.errors import DataError
+from bertkit.textfiles import utf8_errors
 
 __all__ = ["read_metrics", "plot_run", "plot_attention", "plot_attention_from", "plot_confusion",
            "find_metrics_file", "confusion_matrix"]
@@ -60,7 +61,11 @@ def find_metrics_file(run_dir: str | Path) -> Path:
 
 def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
     """Series name -> [(x, value)] from a metrics JSONL (see the module docstring for how fields are picked)."""
-    path = find_metrics_file(path)
+    return _read_metrics_file(find_metrics_file(path))
+
+
+@utf8_errors
+def _read_metrics_file(path: Path) -> dict[str, list[tuple[float, float]]]:
     series: dict[str, list[tuple[float, float]]] = {}
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from bertkit.commands import checks
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("convert", help="convert a google-research/bert TensorFlow checkpoint to HF format",
@@ -34,8 +36,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from bertkit.tf_checkpoint import convert_tf_checkpoint
 
+    from bertkit.textfiles import read_text
+    if args.config:     # read by the converter; a binary or non-UTF-8 file is refused here naming it
+        read_text(args.config)
+    checks.out_dir(args.out, "convert", inputs=(args.src, args.config, args.vocab), overwrite=args.overwrite,
+                   writes_model=True)
+    # the directory was checked above (it may hold only the marker of this command's run)
     report = convert_tf_checkpoint(args.src, args.out, config=args.config, vocab=args.vocab,
-                                   overwrite=args.overwrite, lowercase=args.lowercase)
+                                   overwrite=True, lowercase=args.lowercase)
     if args.json:
         print(json.dumps(report))
         return 0

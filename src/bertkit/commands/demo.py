@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     from bertkit.demo import STAGES, DemoConfig
@@ -10,20 +12,22 @@ def register(sub) -> None:
     p.add_argument("--out", default=d.out)
     p.add_argument("--force", action="store_true", help="redo stages whose output exists")
     p.add_argument("--only", default="", help=f"comma-separated stages to run ({','.join(STAGES[:-1])})")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--pretrain-budget", type=float, default=d.pretrain_budget_s, help="seconds of pre-training")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    p.add_argument("--seed", type=checks.nonneg_int, default=d.seed)
+    p.add_argument("--pretrain-budget", type=checks.positive_float, default=d.pretrain_budget_s, help="seconds of pre-training")
+    p.add_argument("--vocab-size", type=checks.positive_int, default=d.vocab_size)
     p.add_argument("--preset", default=d.preset)
-    p.add_argument("--sentiment-train-examples", type=int, default=d.sentiment_train_examples,
+    p.add_argument("--sentiment-train-examples", type=checks.nonneg_int, default=d.sentiment_train_examples,
                    help="0 = all training sentences")
-    p.add_argument("--sentiment-epochs", type=float, default=d.sentiment_epochs)
-    p.add_argument("--fill-eval-sentences", type=int, default=d.fill_eval_sentences)
+    p.add_argument("--sentiment-epochs", type=checks.positive_float, default=d.sentiment_epochs)
+    p.add_argument("--fill-eval-sentences", type=checks.positive_int, default=d.fill_eval_sentences)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from bertkit.demo import DemoConfig, run_demo
+    from bertkit.demo import STAGES, DemoConfig, run_demo
+    # its stages are a cache: an earlier demo run is reused (--force redoes them); other files are refused
+    checks.out_dir(args.out, "demo", overwrite=args.force, reuse=True, writes_model=True, known=STAGES)
     cfg = DemoConfig(out=args.out, seed=args.seed, force=args.force,
                      only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
                      pretrain_budget_s=args.pretrain_budget, vocab_size=args.vocab_size, preset=args.preset,

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import json
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="export a model to ONNX (dynamic batch/seq) and check it with onnxruntime")
     p.add_argument("model", help="model directory")
     p.add_argument("out", help="output .onnx path")
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=checks.opset, default=17)
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs difference allowed by the check")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
+    p.add_argument("--tolerance", type=checks.nonneg_float, default=1e-4, help="max abs difference allowed by the check")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from bertkit.errors import BertkitError
     from bertkit.export import check_onnx, export_onnx
-    path = export_onnx(args.model, args.out, opset=args.opset)
+    out = checks.out_file(args.out, "export", inputs=(args.model,), default_name="model.onnx",
+                          overwrite=args.overwrite)
+    path = export_onnx(args.model, out, opset=args.opset)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     if args.no_check:
         return 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+from bertkit.commands import checks
 from bertkit.errors import ConfigError
 
 
@@ -34,21 +36,21 @@ def register(sub) -> None:
     p.add_argument("--dev", required=True, help="dev file: scored during training, picks the best checkpoint")
     p.add_argument("--test", help="test file, scored once with the best checkpoint")
     p.add_argument("--out", required=True, help="output directory (model, metrics, predictions, summary.json)")
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of the steps (default 0.1)")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--max-length", type=int, help="max pieces per example (default 128; qa 384)")
+    p.add_argument("--lr", type=checks.positive_float, default=5e-5)
+    p.add_argument("--batch-size", type=checks.positive_int, default=32)
+    p.add_argument("--epochs", type=checks.positive_float, default=3.0)
+    p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps (default 0.1)")
+    p.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
+    p.add_argument("--dropout", type=checks.probability, default=0.1)
+    p.add_argument("--max-length", type=checks.positive_int, help="max pieces per example (default 128; qa 384)")
     p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
     p.add_argument("--grid", action="store_true", help="search lr {5e-5,3e-5,2e-5} x batch {16,32} on dev first")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None,
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
                    help="steps between dev evaluations (default: every epoch)")
-    p.add_argument("--patience", type=int, default=0, help="early stopping: evaluations without improvement")
+    p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
     _precision_args(p, "train")
-    p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
-    p.add_argument("--bucket-batches", type=int, default=50,
+    p.add_argument("--max-train-examples", type=checks.positive_int, help="use only the first N training examples")
+    p.add_argument("--bucket-batches", type=checks.positive_int, default=50,
                    help="length-bucketing window in batches (1: plain random batches)")
     p.add_argument("--full-embedding-table", dest="compact_embeddings", action="store_false",
                    help="train the whole word-embedding table (default: only the rows the training data uses; "
@@ -56,11 +58,12 @@ def register(sub) -> None:
     p.add_argument("--attn", dest="attn_implementation", choices=("auto", "eager", "sdpa", "unpadded"))
     p.add_argument("--label-all-pieces", action="store_true", help="tag: label every piece, not only the first")
     p.add_argument("--scheme", choices=("IOB1", "IOB2", "BIOES"), help="tag: convert tags before training")
-    p.add_argument("--doc-stride", type=int, default=128)
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--max-answer-length", type=int, default=30)
-    p.add_argument("--n-best", type=int, default=20)
+    p.add_argument("--doc-stride", type=checks.positive_int, default=128)
+    p.add_argument("--max-query-length", type=checks.positive_int, default=64)
+    p.add_argument("--max-answer-length", type=checks.positive_int, default=30)
+    p.add_argument("--n-best", type=checks.positive_int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_finetune)
 
@@ -68,7 +71,8 @@ def register(sub) -> None:
     e.add_argument("--model", required=True, help="directory written by `bertkit finetune`")
     e.add_argument("--data", required=True)
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
-    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--batch-size", type=checks.positive_int, default=128)
+    e.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation (or other files) in --out")
     _precision_args(e, "run")
     e.set_defaults(func=_evaluate)
 
@@ -76,14 +80,16 @@ def register(sub) -> None:
     r.add_argument("--model", required=True, help="directory written by `bertkit finetune`")
     r.add_argument("--data", required=True, help="input file (labels optional)")
     r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
-    r.add_argument("--batch-size", type=int, default=128)
+    r.add_argument("--batch-size", type=checks.positive_int, default=128)
+    r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     _precision_args(r, "run")
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
     d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | ner | qa | qa2")
     d.add_argument("--out", required=True)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=checks.nonneg_int, default=0)
+    d.add_argument("--overwrite", action="store_true", help="replace an earlier build (or other files) in --out")
     d.set_defaults(func=_task_data)
 
 
@@ -102,7 +108,9 @@ def _precision(args) -> str:
 def _finetune(args) -> int:
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     from bertkit.train.loop import TrainConfig
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save")}
+    checks.out_dir(args.out, "finetune", inputs=(args.model, args.vocab, args.train, args.dev, args.test),
+                   overwrite=args.overwrite, writes_model=True)
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save", "overwrite")}
     values["precision"] = _precision(args)
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
@@ -127,6 +135,8 @@ def _brief(summary: dict) -> dict:
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
+    if args.out is not None:
+        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
@@ -135,8 +145,11 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict
-    path = predict(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
-    print(path)
+    out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
+                          default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
+    with checks.staged(out.parent) as tmp:
+        predict(args.model, args.data, tmp / out.name, args.batch_size, precision=_precision(args))
+    print(out)
     return 0
 
 
@@ -144,6 +157,7 @@ def _task_data(args) -> int:
     from bertkit.tasks import data
     if args.name not in data.TASKS:
         raise ConfigError(f"unknown task data set {args.name!r}; choose from {', '.join(data.TASKS)}")
+    checks.out_dir(args.out, "task-data", overwrite=args.overwrite)
     stats = data.build(args.name, args.out, args.seed)
     print(json.dumps(stats))
     return 0

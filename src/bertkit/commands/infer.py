@@ -7,13 +7,16 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     p = sub.add_parser("fill-mask", help="fill [MASK] tokens (several masks decoded jointly)")
     p.add_argument("model", help="model directory with a masked-LM head")
     p.add_argument("text", nargs="+", help="text(s) with [MASK]; one [MASK] per word piece when there are several")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--beam-size", type=int, default=8)
+    p.add_argument("--top-k", type=checks.positive_int, default=5)
+    p.add_argument("--beam-size", type=checks.number(int, 1, 1000), default=8,
+                   help="beams per joint decoding of several masks (1-1000)")
     p.add_argument("--no-whole-word", action="store_true", help="one mask = one piece (skip multi-piece words)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.set_defaults(func=fill_mask)
@@ -23,22 +26,26 @@ def register(sub) -> None:
     p.add_argument("texts", nargs="*", help="sentences (or use --file)")
     p.add_argument("--file", help="a text file, one sentence per line")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
-    p.add_argument("--layers", default="-1", help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
+    p.add_argument("--layers", type=checks.int_list, default=[-1],
+                   help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
-    p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=checks.number(int, 2), default=256,
+                   help="pieces per sentence, [CLS]/[SEP] included")
+    p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout)")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=checks.positive_int, default=5)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.set_defaults(func=embed)
 
     p = sub.add_parser("attention", help="attention heatmaps (layer x head grid + where one token looks) as PNG")
     p.add_argument("model", help="model directory")
     p.add_argument("text")
     p.add_argument("--out", default="attention", help="output directory (default: ./attention)")
+    p.add_argument("--overwrite", action="store_true", help="replace other files in --out")
     p.add_argument("--query", help="token whose attention to draw across all heads (e.g. 'he')")
-    p.add_argument("--layers", help="comma-separated layers for the grid (default: all)")
+    p.add_argument("--layers", type=checks.int_list, help="comma-separated layers for the grid (default: all)")
     p.set_defaults(func=attention)
 
     p = sub.add_parser("plot", help="loss / accuracy curves of a run directory, or a confusion matrix")
@@ -46,17 +53,8 @@ def register(sub) -> None:
     p.add_argument("--out", help="PNG path (default: <run>/curves.png or <file>.confusion.png)")
     p.add_argument("--confusion", action="store_true",
                    help="RUN is a JSONL with 'label' and 'prediction' fields per line: draw its confusion matrix")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.set_defaults(func=plot)
-
-
-def _ints(s: str | None) -> list[int] | None:
-    if s is None:
-        return None
-    from bertkit.errors import ConfigError
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {s!r}") from None
 
 
 def fill_mask(args) -> int:
@@ -81,8 +79,12 @@ def embed(args) -> int:
     texts = list(args.texts) + (read_lines(args.file) if args.file else [])
     if not texts:
         raise ConfigError("no sentences: give them as arguments or with --file")
+    out = None
+    if args.out and not args.search:
+        out = checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
+                              overwrite=args.overwrite)
     p = Predictor.load(args.model)
-    kw = dict(pooling=args.pooling, layers=_ints(args.layers), normalize=not args.no_normalize,
+    kw = dict(pooling=args.pooling, layers=args.layers, normalize=not args.no_normalize,
               max_length=args.max_length, batch_size=args.batch_size)
     vecs = p.embed(texts, progress=len(texts) > 256, **kw)
     if args.search:
@@ -91,33 +93,44 @@ def embed(args) -> int:
             print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
                              ensure_ascii=False))
         return 0
-    if args.out and args.out.endswith(".npy"):
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        np.save(args.out, vecs)
-        print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} float32 to {args.out}", file=sys.stderr)
+    if out is not None and out.suffix == ".npy":
+        with checks.staged(out.parent) as tmp:
+            np.save(tmp / out.name, vecs)
+        print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} float32 to {out}", file=sys.stderr)
         return 0
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        for t, v in zip(texts, vecs):
-            out.write(json.dumps({"text": t, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False) + "\n")
-    finally:
-        if args.out:
-            out.close()
-            print(f"wrote {len(texts)} embeddings to {args.out}", file=sys.stderr)
+    lines = (json.dumps({"text": t, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False) + "\n"
+             for t, v in zip(texts, vecs))
+    if out is None:
+        sys.stdout.writelines(lines)
+        return 0
+    with checks.staged(out.parent) as tmp:
+        with open(tmp / out.name, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+    print(f"wrote {len(texts)} embeddings to {out}", file=sys.stderr)
     return 0
 
 
 def attention(args) -> int:
     from bertkit import plots
+    from bertkit.errors import ConfigError
     from bertkit.infer import Predictor
+    out = checks.out_dir(args.out, "attention", inputs=(args.model,), overwrite=args.overwrite, reuse=True)
     p = Predictor.load(args.model)
     tokens, att = p.attention(args.text)
-    out = Path(args.out)
-    grid = plots.plot_attention(att, tokens, out / "attention_grid.png", layers=_ints(args.layers))
-    print(grid)
-    if args.query:
-        q = args.query.lower() if p.tokenizer.lowercase else args.query
-        print(plots.plot_attention_from(att, tokens, q, out / f"attention_from_{q}.png"))
+    n = len(att)
+    bad = [i for i in args.layers or () if not -n <= i < n]
+    if bad:
+        raise ConfigError(f"--layers {bad[0]}: the model has {n} layers (0..{n - 1}, or -{n}..-1)")
+    q = args.query.lower() if args.query and p.tokenizer.lowercase else args.query
+    if q is not None and q not in tokens:
+        raise ConfigError(f"--query {args.query!r} is not one of the text's tokens: {' '.join(tokens)}")
+    with checks.staged(out) as tmp:
+        plots.plot_attention(att, tokens, tmp / "attention_grid.png", layers=args.layers)
+        if q is not None:
+            plots.plot_attention_from(att, tokens, q, tmp / f"attention_from_{q}.png")
+    print(out / "attention_grid.png")
+    if q is not None:
+        print(out / f"attention_from_{q}.png")
     return 0
 
 
@@ -129,7 +142,8 @@ def plot(args) -> int:
         if not path.is_file():
             raise DataError(f"{path}: no such predictions file")
         pairs = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        from bertkit.textfiles import read_text
+        for lineno, line in enumerate(read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -137,11 +151,26 @@ def plot(args) -> int:
                 pairs.append((str(rec["label"]), str(rec["prediction"])))
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise DataError(f"{path}:{lineno}: expected a JSON object with 'label' and 'prediction'") from None
+        if not pairs:
+            raise DataError(f"{path}: no predictions in the file")
         labels = sorted({x for pair in pairs for x in pair})
         ix = {l: i for i, l in enumerate(labels)}
         m = plots.confusion_matrix([ix[a] for a, _ in pairs], [ix[b] for _, b in pairs], len(labels))
-        print(plots.plot_confusion(m, labels, args.out or path.with_suffix(".confusion.png")))
+        out = _plot_out(args, path.with_suffix(".confusion.png"))
+        with checks.staged(out.parent) as tmp:
+            plots.plot_confusion(m, labels, tmp / out.name)
+        print(out)
         return 0
     run = Path(args.run)
-    print(plots.plot_run(run, args.out or (run if run.is_dir() else run.parent) / "curves.png"))
+    out = _plot_out(args, (run if run.is_dir() else run.parent) / "curves.png")
+    with checks.staged(out.parent) as tmp:
+        plots.plot_run(run, tmp / out.name)
+    print(out)
     return 0
+
+
+def _plot_out(args, default: Path) -> Path:
+    """The picture's path: --out (an existing file only with --overwrite), else `default`, redrawn freely."""
+    if args.out is None:
+        return checks.out_file(default, "plot", inputs=(args.run,), default_name=default.name)
+    return checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from bertkit.commands import checks
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("prepare", help="build pre-training shards (MLM + NSP/SOP examples) from raw text",
@@ -19,26 +21,26 @@ def register(subparsers) -> None:
                    help="text files, directories or glob patterns (.gz ok); blank line between documents")
     p.add_argument("--vocab", required=True, help="vocab.txt or a model directory holding one")
     p.add_argument("--out", required=True, help="output shard directory")
-    p.add_argument("--seq-len", type=int, default=128, help="max_seq_length: tokens per example (default 128)")
+    p.add_argument("--seq-len", type=checks.positive_int, default=128, help="max_seq_length: tokens per example (default 128)")
     p.add_argument("--task", choices=("nsp", "sop", "none"), default="nsp",
                    help="nsp: next sentence (BERT), sop: sentence order (ALBERT), none: packed text, MLM only")
     p.add_argument("--masking", choices=("token", "wwm", "ngram"), default="token",
                    help="token: single pieces; wwm: whole words; ngram: 1-3 word spans (ALBERT)")
     p.add_argument("--dynamic", action="store_true", help="draw masks at batch time, fresh every epoch (RoBERTa)")
-    p.add_argument("--dupe-factor", type=int, default=1, help="static masking: copies with different masks")
-    p.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens to predict (default 0.15)")
-    p.add_argument("--max-predictions", type=int, default=None,
+    p.add_argument("--dupe-factor", type=checks.positive_int, default=1, help="static masking: copies with different masks")
+    p.add_argument("--mask-prob", type=checks.probability, default=0.15, help="share of tokens to predict (default 0.15)")
+    p.add_argument("--max-predictions", type=checks.positive_int, default=None,
                    help="cap on predictions per example (default ceil(mask_prob * seq_len): 20 at 128)")
-    p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of shorter targets (default 0.1)")
+    p.add_argument("--short-seq-prob", type=checks.probability, default=0.1, help="share of shorter targets (default 0.1)")
     p.add_argument("--format", dest="corpus_format", choices=("auto", "lines", "prose"), default="auto",
                    help="lines: a sentence per line (Google's format); prose: paragraphs, split into sentences")
-    p.add_argument("--workers", type=int, default=1, help="processes (each writes its own shards)")
-    p.add_argument("--max-line-bytes", type=int, default=256 * 1024,
+    p.add_argument("--workers", type=checks.positive_int, default=1, help="processes (each writes its own shards)")
+    p.add_argument("--max-line-bytes", type=checks.positive_int, default=256 * 1024,
                    help="longer lines are skipped and counted (default 256 KiB)")
-    p.add_argument("--max-document-lines", type=int, default=10_000,
+    p.add_argument("--max-document-lines", type=checks.positive_int, default=10_000,
                    help="longer documents are cut (bounds memory for files without blank lines)")
-    p.add_argument("--examples-per-shard", type=int, default=65536)
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--examples-per-shard", type=checks.positive_int, default=65536)
+    p.add_argument("--seed", type=checks.nonneg_int, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -48,6 +50,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from bertkit.pretraining import PrepareConfig, prepare
 
+    checks.out_dir(args.out, "prepare", inputs=(*args.corpus, args.vocab), overwrite=args.overwrite)
     summary = prepare(PrepareConfig(
         args.corpus, args.vocab, args.out, seq_len=args.seq_len, task=args.task, masking=args.masking,
         dynamic=args.dynamic, mask_prob=args.mask_prob, max_predictions=args.max_predictions,

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from bertkit.commands import checks
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="pre-train BERT (MLM+NSP/SOP, MLM, ELECTRA) on shards",
@@ -27,66 +29,66 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, curves.png, model/")
     p.add_argument("--phase2", dest="phase2_shards", default=None,
                    help="shards for the last part of the run (BERT: seq 512 for the last 10%% of steps)")
-    p.add_argument("--phase1-fraction", type=float, default=0.9, help="share of steps in phase 1 (default 0.9)")
+    p.add_argument("--phase1-fraction", type=checks.probability, default=0.9, help="share of steps in phase 1 (default 0.9)")
     p.add_argument("--eval-shards", default=None, help="held-out shard directory for evaluation")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=int, default=None,
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
                    help="evaluate every N steps (default: at the end; planned)")
-    p.add_argument("--eval-batches", type=int, default=None, help="batches per evaluation (default 50; planned)")
+    p.add_argument("--eval-batches", type=checks.positive_int, default=None, help="batches per evaluation (default 50; planned)")
     m = p.add_argument_group("model (one of)")
     m.add_argument("--preset", default=None, help="tiny / mini / small / medium / base / large")
     m.add_argument("--config", default=None, help="config.json (with --init: fields overriding the checkpoint's)")
     m.add_argument("--init", default=None, help="model directory to continue pre-training from")
-    m.add_argument("--dropout", type=float, default=None,
+    m.add_argument("--dropout", type=checks.probability, default=None,
                    help="hidden + attention dropout override (default: the model's; planned)")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
                    help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
     p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
                    help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
-    p.add_argument("--electra-weight", type=float, default=50.0, help="discriminator loss weight (paper: 50)")
+    p.add_argument("--electra-weight", type=checks.nonneg_float, default=50.0, help="discriminator loss weight (paper: 50)")
     p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"), default=None,
                    help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
                         "the stored tokens, fresh every epoch, static shards too (planned)")
-    p.add_argument("--mask-prob", type=float, default=None,
+    p.add_argument("--mask-prob", type=checks.probability, default=None,
                    help="share of tokens masked at batch time (default: the shards'; planned)")
     b = p.add_argument_group("batch and length")
-    b.add_argument("--batch-size", type=int, default=None,
+    b.add_argument("--batch-size", type=checks.positive_int, default=None,
                    help="examples per process per micro-batch (default 32; planned)")
-    b.add_argument("--global-batch", type=int, default=None,
+    b.add_argument("--global-batch", type=checks.positive_int, default=None,
                    help="examples per optimizer step over all processes; accumulation is derived")
-    b.add_argument("--steps", dest="max_steps", type=int, default=None, help="optimizer steps")
-    b.add_argument("--epochs", type=float, default=None, help="passes over the shards")
+    b.add_argument("--steps", dest="max_steps", type=checks.positive_int, default=None, help="optimizer steps")
+    b.add_argument("--epochs", type=checks.positive_float, default=None, help="passes over the shards")
     b.add_argument("--budget", default=None,
                    help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time; from scratch, a planned recipe")
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    o.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; planned)")
-    o.add_argument("--weight-decay", type=float, default=0.01)
-    o.add_argument("--adam-beta2", dest="beta2", type=float, default=0.999,
+    o.add_argument("--lr", type=checks.positive_float, default=None, help="peak learning rate (default 1e-4; planned)")
+    o.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
+    o.add_argument("--adam-beta2", dest="beta2", type=checks.probability, default=0.999,
                    help="AdamW's second-moment decay (BERT 0.999; RoBERTa's 0.98 tolerates higher learning rates)")
-    o.add_argument("--warmup", type=float, default=None,
+    o.add_argument("--warmup", type=checks.nonneg_float, default=None,
                    help="< 1: fraction of steps; >= 1: steps (default 0.01; planned)")
     o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"), default=None,
                    help="after warmup: linear decay (BERT), cosine, constant, or wsd (peak held, linear decay over "
                         "the last --decay-fraction of the steps; for short budgets). Default linear; planned")
-    o.add_argument("--decay-fraction", type=float, default=None,
+    o.add_argument("--decay-fraction", type=checks.probability, default=None,
                    help="wsd only: share of the steps that decay (default 0.2; planned)")
-    o.add_argument("--min-lr-ratio", type=float, default=0.0)
-    o.add_argument("--clip", dest="max_grad_norm", type=float, default=1.0, help="gradient norm clip (0: none)")
+    o.add_argument("--min-lr-ratio", type=checks.probability, default=0.0)
+    o.add_argument("--clip", dest="max_grad_norm", type=checks.nonneg_float, default=1.0, help="gradient norm clip (0: none)")
     o.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="auto (default): bf16 autocast where the device has native bf16 (CUDA, AMX / AVX-512 BF16 "
                         "CPUs), else fp32")
-    o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    o.add_argument("--seed", type=checks.nonneg_int, default=0)
+    o.add_argument("--device", type=checks.device, default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")
     o.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
     c = p.add_argument_group("checkpoints and logging")
-    c.add_argument("--save-every", dest="save_every_steps", type=int, default=None, help="checkpoint every N steps")
-    c.add_argument("--save-minutes", dest="save_every_minutes", type=float, default=None,
+    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, default=None, help="checkpoint every N steps")
+    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float, default=None,
                    help="checkpoint every M minutes")
-    c.add_argument("--keep", dest="keep_last", type=int, default=3, help="checkpoints kept (default 3)")
+    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept (default 3)")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
-    c.add_argument("--log-every", dest="log_every_steps", type=int, default=1)
+    c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
     c.add_argument("--no-progress", dest="progress", action="store_false")
     c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
     c.add_argument("--vocab", default=None, help="vocab.txt saved with the model (default: the shards')")
@@ -121,6 +123,12 @@ def run(args) -> int:
     from bertkit.train.pretrain import pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # the run directory's resume / overwrite rules are the trainer's; here only its kind and the inputs
+    checks.out_dir(args.out, "pretrain", inputs=(args.shards, args.phase2_shards, args.eval_shards, args.init,
+                                                  args.config), overwrite=args.overwrite or args.resume, reuse=True)
+    if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
+        from bertkit.textfiles import read_text
+        read_text(args.config)
     pc = config_from_args(args)
     result = pretrain(pc)
     last = result.eval_history[-1] if result.eval_history else {}

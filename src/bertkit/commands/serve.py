@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     from bertkit.serve.limits import ServeConfig
@@ -9,20 +11,20 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over HTTP/JSON with dynamic batching (pip install 'bertkit[serve]')")
     p.add_argument("model", help="model directory (endpoints follow its head)")
     p.add_argument("--host", default=d.host, help=f"bind address (default {d.host}: loopback only)")
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--max-batch", type=int, default=d.max_batch, help="texts per forward; 1 = no batching")
-    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="how long a batch waits to fill")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-text-chars", type=int, default=d.max_text_chars)
-    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per text")
-    p.add_argument("--max-inputs", type=int, default=d.max_inputs, help="texts per request")
-    p.add_argument("--max-masks", type=int, default=d.max_masks, help="[MASK]s per fill-mask request")
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds per request before 504")
-    p.add_argument("--read-timeout", type=float, default=d.read_timeout_s,
+    p.add_argument("--port", type=checks.port, default=d.port)
+    p.add_argument("--max-batch", type=checks.positive_int, default=d.max_batch, help="texts per forward; 1 = no batching")
+    p.add_argument("--max-wait-ms", type=checks.nonneg_float, default=d.max_wait_ms, help="how long a batch waits to fill")
+    p.add_argument("--max-body-bytes", type=checks.positive_int, default=d.max_body_bytes)
+    p.add_argument("--max-text-chars", type=checks.positive_int, default=d.max_text_chars)
+    p.add_argument("--max-length", type=checks.positive_int, default=d.max_length, help="tokens per text")
+    p.add_argument("--max-inputs", type=checks.positive_int, default=d.max_inputs, help="texts per request")
+    p.add_argument("--max-masks", type=checks.positive_int, default=d.max_masks, help="[MASK]s per fill-mask request")
+    p.add_argument("--timeout", type=checks.positive_float, default=d.timeout_s, help="seconds per request before 504")
+    p.add_argument("--read-timeout", type=checks.positive_float, default=d.read_timeout_s,
                    help="seconds to receive a whole request before the connection is closed")
-    p.add_argument("--keep-alive", type=int, default=d.keep_alive_s, help="seconds an idle connection stays open")
-    p.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections before 503")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--keep-alive", type=checks.positive_int, default=d.keep_alive_s, help="seconds an idle connection stays open")
+    p.add_argument("--max-connections", type=checks.positive_int, default=d.max_connections, help="open connections before 503")
+    p.add_argument("--threads", type=checks.nonneg_int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     p.set_defaults(func=run)
 

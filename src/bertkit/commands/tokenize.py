@@ -15,6 +15,8 @@ import json
 import sys
 from itertools import islice
 
+from bertkit.commands import checks
+
 
 def register(sub) -> None:
     p = sub.add_parser("tokenize", help="tokenize text with a WordPiece vocab; JSON lines out")
@@ -29,11 +31,11 @@ def register(sub) -> None:
     case.add_argument("--uncased", action="store_true", help="lowercase and strip accents")
     p.add_argument("--pair", help="second sequence for a single text argument")
     p.add_argument("--pair-file", help="second sequences, one per line, aligned with --file")
-    p.add_argument("--max-length", type=int, help="truncate to this many tokens (with [CLS]/[SEP])")
+    p.add_argument("--max-length", type=checks.nonneg_int, help="truncate to this many tokens (with [CLS]/[SEP])")
     p.add_argument("--truncation", default=None, choices=["longest_first", "only_first", "only_second"],
                    help="truncation strategy (default longest_first when --max-length is given)")
-    p.add_argument("--processes", type=int, default=1, help="worker processes for --file (parallel encoder)")
-    p.add_argument("--batch-lines", type=int, default=20000, help="lines per batch when reading --file")
+    p.add_argument("--processes", type=checks.positive_int, default=1, help="worker processes for --file (parallel encoder)")
+    p.add_argument("--batch-lines", type=checks.positive_int, default=20000, help="lines per batch when reading --file")
     p.set_defaults(func=run)
     p.error = _one_line_error  # a usage error is a user error: one line, exit 2
 

@@ -8,33 +8,39 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertkit.commands import checks
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary from raw text files",
                               description="Learn a WordPiece vocabulary (vocab.txt + tokenizer_config.json) from raw "
                                           "text files, streaming. Files may be globs and may be gzipped.")
-    p.add_argument("--files", nargs="+", required=True, metavar="FILE", help="text files or glob patterns (.gz ok)")
-    p.add_argument("--vocab-size", type=int, default=30_522, help="size of the vocabulary, specials included")
+    p.add_argument("--files", nargs="+", required=True, metavar="FILE", help="text files or glob patterns (.gz ok); - = stdin")
+    p.add_argument("--vocab-size", type=checks.positive_int, default=30_522, help="size of the vocabulary, specials included")
     p.add_argument("--out", required=True, help="output directory (vocab.txt + tokenizer_config.json)")
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
-    p.add_argument("--min-frequency", type=int, default=2, help="stop merging when the best pair is rarer (default 2)")
-    p.add_argument("--limit-alphabet", type=int, default=None,
+    p.add_argument("--min-frequency", type=checks.positive_int, default=2, help="stop merging when the best pair is rarer (default 2)")
+    p.add_argument("--limit-alphabet", type=checks.positive_int, default=None,
                    help="keep only the N most frequent characters (default: every character seen)")
-    p.add_argument("--max-distinct-words", type=int, default=1_000_000,
+    p.add_argument("--max-distinct-words", type=checks.positive_int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier vocabulary (or other files) in --out")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
 
+    out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
-    result = learn_vocab(args.files, config, progress=not args.no_progress and sys.stderr.isatty())
+    files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
+    result = learn_vocab(files, config, progress=not args.no_progress and sys.stderr.isatty())
     tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
-    tok.save(args.out)
+    with checks.staged(out) as tmp:
+        tok.save(tmp)
     s = result.stats
     note = "" if s["vocab_size"] == args.vocab_size else f" (requested {args.vocab_size}: {s['stop_reason']})"
     pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""

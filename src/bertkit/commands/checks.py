@@ -1,0 +1,298 @@
+"""Checks every subcommand shares, all made before any work starts.
+
+    p.add_argument("--batch-size", type=checks.positive_int)        # a bad number is a usage error: one line, exit 2
+    out = checks.out_dir(args.out, "finetune", inputs=(args.model, args.train), overwrite=args.overwrite)
+    out = checks.out_file(args.out, "predict", inputs=(args.data,), default_name="predictions.jsonl")
+
+Output rules: the path is writable and of the right kind (file vs directory); it is never one of the command's
+inputs; a non-empty directory is refused unless --overwrite, and --overwrite clears a directory only when it holds
+this command's earlier run (recognised by MARKER), never files someone else put there (MARKER lists them to keep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+MARKER = ".bertkit-run.json"    # {"command": ...}: this directory is a bertkit command's own output
+
+
+class OutputError(BertkitError):
+    """An output path is unusable: not writable, the wrong kind, an input, or an earlier run."""
+
+
+# errors of the file system that a user causes or can fix: one line naming the path, not a traceback
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                         errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY, errno.ENAMETOOLONG,
+                         errno.EFBIG, errno.EMFILE, errno.ELOOP, errno.EXDEV, errno.EBUSY, errno.ETXTBSY})
+
+
+def os_error_line(e: OSError) -> str:
+    """`PATH: reason` of an OSError, in one line."""
+    where = f"{e.filename}: " if e.filename else ""
+    reason = e.strerror or str(e).splitlines()[0]
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += " (free some space and run again)"
+    return f"{where}{reason}"
+
+
+# ------------------------------------------------------------------------------------------- argument ranges
+
+def _bound(low, high, low_open: bool) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"<= {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
+
+
+def number(kind: type, low=None, high=None, *, low_open: bool = False):
+    """An argparse type: `kind` (int or float), finite, within [low, high] (low excluded when low_open)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {_bound(low, high, low_open)}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+positive_int = number(int, 1)
+nonneg_int = number(int, 0)
+positive_float = number(float, 0, low_open=True)
+nonneg_float = number(float, 0)
+probability = number(float, 0, 1)
+port = number(int, 0, 65535)                    # 0: any free port
+# the TorchScript ONNX exporter's range; below 13 Softmax/ReduceSum differ and BERT's graph does not export
+opset = number(int, 13, 20)
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Usage errors of `parser` and its subcommands as one line on stderr, exit 2 (argparse prints the usage too)."""
+    def error_for(prog: str):
+        def error(message: str):
+            sys.stderr.write(f"{prog}: error: {message} (see {prog} --help)\n")
+            raise SystemExit(2)
+        return error
+    parser.error = error_for(parser.prog)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.error = error_for(sub.prog)
+
+
+def device(text: str) -> str:
+    """An argparse type: a torch device this machine has (cpu, cuda, cuda:N, mps)."""
+    import torch
+    try:
+        d = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count()
+        if n == 0 or (d.index is not None and d.index >= n):
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {n} CUDA device{'s' * (n != 1)}")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: MPS is not available here")
+    elif d.type != "cpu":
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers ('0,-1')."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
+
+
+# ---------------------------------------------------------------------------------------------- output paths
+
+def _resolved(path) -> Path:
+    return Path(os.path.expanduser(str(path))).resolve()
+
+
+def _existing(inputs) -> list[tuple[str, Path]]:
+    out = []
+    for i in inputs:
+        if i is None or str(i) in ("", "-"):
+            continue
+        for one in (i if isinstance(i, (list, tuple)) else [i]):
+            r = _resolved(one)
+            if r.exists():
+                out.append((str(one), r))
+    return out
+
+
+def _check_writable(shown: str, target: Path) -> None:
+    """Refuse `target` (to be created or replaced) unless its nearest existing ancestor is a directory bertkit can
+    write: probed by creating a temporary file there (permission bits alone say nothing to root or on a read-only
+    mount)."""
+    ancestor = target
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{shown}: {ancestor} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".bertkit-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{shown}: cannot write in {ancestor} ({e.strerror or e})") from None
+
+
+def _marker(d: Path) -> dict | None:
+    """MARKER's content: the command whose earlier run `d` holds, and the names that were there before it."""
+    try:
+        info = json.loads((d / MARKER).read_text(encoding="utf-8"))
+        return info if isinstance(info, dict) and isinstance(info.get("command"), str) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _is_model_dir(d: Path) -> bool:
+    return (d / "config.json").is_file() and any((d / n).exists() for n in (
+        "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
+
+
+def _clear(entries: list[Path]) -> None:
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
+            reuse: bool = False, known: tuple[str, ...] = ()) -> Path:
+    """Check (and create) the output directory of `bertkit COMMAND`, before any work.
+
+    Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
+    holding one that --overwrite would clear; another command's run; a model directory unless the command writes
+    models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
+    command's earlier run is cleared first (the files that were there before it stay). `reuse`: the command's earlier run is kept as it is (its outputs are
+    a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed."""
+    shown = str(path)
+    d = _resolved(path)
+    if d.exists() and not d.is_dir():
+        raise OutputError(f"{shown}: is a file, expected a directory")
+    ins = _existing(inputs)
+    for name, r in ins:
+        if r == d:
+            raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
+    _check_writable(shown, d)
+    entries = [e for e in d.iterdir() if e.name != MARKER] if d.is_dir() else []
+    info = _marker(d) if d.is_dir() else None
+    if info is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
+        info = {"command": command}
+    earlier, keep = (info or {}).get("command"), list((info or {}).get("keep", []))
+    if entries or earlier:
+        if earlier is not None and earlier != command:
+            raise OutputError(f"{shown}: holds a `bertkit {earlier}` run; choose another directory")
+        if earlier == command and reuse:
+            return d
+        if not overwrite:
+            what = f"holds an earlier `bertkit {command}` run" if earlier else "is not empty"
+            raise OutputError(f"{shown}: {what}; pass --overwrite to replace it, or choose another directory")
+        if earlier is None and _is_model_dir(d) and not writes_model:
+            raise OutputError(f"{shown}: is a model directory; `bertkit {command}` would break it, write elsewhere")
+        if earlier is None:     # someone else's files: kept now and by every later --overwrite
+            keep = sorted(e.name for e in entries)
+        gone = [e for e in entries if e.name not in keep]
+        inside = [name for name, r in ins for e in gone if e == r or e in r.parents]
+        if inside:
+            raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
+        _clear(gone)
+    made = d
+    while not made.parent.exists():
+        made = made.parent
+    made = "" if d.exists() else str(made)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made, "keep": keep}) + "\n",
+                            encoding="utf-8")
+    return d
+
+
+def undo_empty(path) -> None:
+    """After a failed command: remove an output directory this process created and left empty but for MARKER
+    (so a refused run leaves nothing behind)."""
+    if not path or str(path) == "-":
+        return
+    d = _resolved(path)
+    try:
+        info = json.loads((d / MARKER).read_text(encoding="utf-8"))
+        keep = set(info.get("keep", [])) | {MARKER}
+        if info.get("pid") != os.getpid() or any(e.name not in keep for e in d.iterdir()):
+            return
+        (d / MARKER).unlink()
+        made = Path(info["made"]) if info.get("made") else None
+        while made is not None and d != made.parent:
+            d.rmdir()
+            d = d.parent
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+
+
+def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
+    """Check the output file of `bertkit COMMAND`, before any work; an existing directory (or a path ending in '/')
+    gets `default_name` inside it. Refused: a directory or a device / pipe where the file would go, one of
+    `inputs`, an unwritable place, and an existing file when the command has --overwrite (`overwrite` is not None)
+    and it is not given. Returns the file's path."""
+    shown = str(path)
+    p = Path(os.path.expanduser(str(path)))
+    if str(path).endswith(("/", os.sep)) or p.is_dir():
+        p = p / default_name
+        shown = str(p)
+    f = p.resolve()
+    if f.is_dir():
+        raise OutputError(f"{shown}: is a directory, expected a file")
+    for name, r in _existing(inputs):
+        if r == f:
+            raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
+    if f.exists() and not f.is_file():
+        raise OutputError(f"{shown}: is not a regular file (a device or pipe); write to a file")
+    if f.exists() and overwrite is False:
+        raise OutputError(f"{shown}: exists; pass --overwrite to replace it, or choose another file")
+    inside = [name for name, r in _existing(inputs) if r in f.parents]
+    if f.exists() and inside and overwrite is not None:
+        raise OutputError(f"{shown}: is a file of the input {inside[0]}; write the output elsewhere")
+    _check_writable(shown, f.parent)
+    return p
+
+
+@contextlib.contextmanager
+def staged(directory) -> Iterator[Path]:
+    """A temporary directory inside `directory` for a command's output files: on success each file moves into
+    `directory` (os.replace, so no reader sees half a file); on any error (a full disk) they are removed and the
+    files there before stay as they were."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=d, prefix=".bertkit-tmp-"))
+    try:
+        yield tmp
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, d / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

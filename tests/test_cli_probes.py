@@ -1,0 +1,543 @@
+"""The command-line campaign: a careless or hostile user's mistakes, for every subcommand, as a table of probes.
+
+Every probe must end in exit 2 with one line on stderr (`bertkit CMD: error: ...` naming what is wrong), never a
+traceback, and must leave every input and every earlier output byte-for-byte as it was (the world directory and the
+probe's own scratch directory are hashed before and after). Probes run in-process through `bertkit.cli.main`; an
+exception escaping it counts as a traceback. Classes: argument ranges, output paths, inputs (missing, not UTF-8,
+binary), model files, attention queries / layers, serve start-up, full disks.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import shutil
+import socket
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bertkit.commands.checks import MARKER
+
+WORDS = "the a man is eating food bread dog run paris france great awful film plot was very".split()
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BINARY = bytes(range(256)) * 4 + b"\n\xff\xfe\x00\x81\n"
+LATIN1 = "text,label\nthe film was great,pos\ncaf\xe9 was awful,neg\n".encode("latin-1")
+
+
+@dataclass
+class Probe:
+    name: str
+    argv: list            # strings; "W/..." is the world directory, "T/..." the probe's scratch directory
+    match: str            # a substring the error line must contain (case-insensitive)
+    setup: dict = field(default_factory=dict)   # scratch files: "T/path" -> bytes, or -> {"command": ...} marker
+
+
+# ------------------------------------------------------------------------------------------------ the world
+
+def _sentiment(n, seed):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.choice(["pos", "neg"])
+        rows.append({"text": " ".join(rng.sample(WORDS[:12], 4) + [{"pos": "great", "neg": "awful"}[label]]),
+                     "label": label})
+    return rows
+
+
+def _models(w: Path) -> None:
+    import torch
+    from bertkit import BertConfig, BertForMaskedLM, Tokenizer
+    torch.manual_seed(0)
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    BertForMaskedLM(cfg).save_pretrained(w / "mlm", tokenizer=Tokenizer(vocab))
+    (w / "vocab").mkdir()
+    shutil.copy(w / "mlm" / "vocab.txt", w / "vocab" / "vocab.txt")
+    shutil.copytree(w / "mlm", w / "mlm2")
+    for name, change in (("listcfg", lambda c: [c]), ("hugepos", lambda c: {**c, "max_position_embeddings": 10**12})):
+        shutil.copytree(w / "mlm", w / name)
+        c = json.loads((w / name / "config.json").read_text())
+        (w / name / "config.json").write_text(json.dumps(change(c)))
+
+
+def _data(w: Path) -> None:
+    from bertkit.tasks.readers import write_table
+    d = w / "data"
+    d.mkdir()
+    write_table(d / "train.csv", _sentiment(24, 0))
+    write_table(d / "dev.csv", _sentiment(8, 1))
+    for name in ("bin.csv", "bin.conll", "bin.json", "bin.txt", "bin.jsonl"):
+        (d / name).write_bytes(BINARY)
+    (d / "latin.csv").write_bytes(LATIN1)
+    (d / "latin.conll").write_bytes("the O\ncaf\xe9 B-LOC\n".encode("latin-1"))
+    (d / "latin.json").write_bytes(('{"version": "1.1", "data": [{"title": "caf\xe9"}]}').encode("latin-1"))
+    (d / "sents.txt").write_text("the man is eating food\na dog run\n")
+    (d / "preds.jsonl").write_text('{"label": "pos", "prediction": "neg"}\n')
+    (w / "corpus.txt").write_text(("the man is eating food . the dog run .\nparis france film plot .\n\n") * 40)
+    run = w / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 3.0 - i / 10}) + "\n" for i in range(5)))
+    (w / "badrun").mkdir()
+    (w / "badrun" / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe{"step"\n')
+    (w / "cfg_bin.json").write_bytes(BINARY)
+    (w / "cfg_list.json").write_text("[1, 2]")
+    (w / "file.txt").write_text("a plain file\n")
+    (w / "nonempty").mkdir()
+    (w / "nonempty" / "notes.txt").write_text("someone's notes\n")
+
+
+def _trained(w: Path) -> None:
+    """A classify model (for evaluate / predict) and pre-training shards (for pretrain), via the library."""
+    from bertkit.pretraining import PrepareConfig, prepare
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    d = w / "data"
+    finetune(FinetuneConfig(task="classify", model=str(w / "mlm"), train=str(d / "train.csv"), dev=str(d / "dev.csv"),
+                            out=str(w / "clf"), batch_size=8, quiet=True,
+                            training=finetune_recipe(epochs=1, precision="fp32")))
+    prepare(PrepareConfig([str(w / "corpus.txt")], str(w / "vocab" / "vocab.txt"), str(w / "shards"), seq_len=32,
+                          progress=False))
+    shutil.copytree(Path(__file__).parent / "fixtures" / "tf_bert_tiny", w / "tf")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    w = tmp_path_factory.mktemp("world")
+    _models(w)
+    _data(w)
+    _trained(w)
+    yield w
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def busy_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    yield str(s.getsockname()[1])
+    s.close()
+
+
+# ------------------------------------------------------------------------------------------------ the probes
+
+# (command, argv before the flag) for the range probes: positionals the parser needs before an option
+_BASE = {"tokenize": ["tokenize"], "vocab": ["vocab"], "prepare": ["prepare"], "pretrain": ["pretrain", "W/shards"],
+         "finetune": ["finetune"], "evaluate": ["evaluate"], "predict": ["predict"], "task-data": ["task-data", "x"],
+         "fill-mask": ["fill-mask", "W/mlm", "the [MASK]"], "embed": ["embed", "W/mlm", "x"],
+         "attention": ["attention", "W/mlm", "x"], "serve": ["serve", "W/mlm"], "export": ["export", "W/mlm", "o"],
+         "demo": ["demo"]}
+POS_INT = ["0", "-3", "abc", "1.5"]
+NONNEG_INT = ["-1", "x"]
+PROB = ["1.5", "-0.1", "nan"]
+POS_FLOAT = ["0", "-1", "inf"]
+NONNEG_FLOAT = ["-0.5", "nan"]
+_RANGES = {
+    "tokenize": {"--max-length": NONNEG_INT, "--processes": POS_INT[:2], "--batch-lines": POS_INT[:2]},
+    "vocab": {"--vocab-size": POS_INT, "--min-frequency": POS_INT[:2], "--max-distinct-words": POS_INT[:1]},
+    "prepare": {"--seq-len": POS_INT, "--mask-prob": PROB, "--dupe-factor": POS_INT[:1], "--workers": POS_INT[:2],
+                "--short-seq-prob": PROB[:1], "--examples-per-shard": POS_INT[:1], "--seed": NONNEG_INT[:1]},
+    "pretrain": {"--batch-size": POS_INT, "--steps": POS_INT[:2], "--lr": POS_FLOAT, "--dropout": PROB[:2],
+                 "--mask-prob": PROB[:1], "--warmup": NONNEG_FLOAT, "--keep": POS_INT[:1], "--epochs": POS_FLOAT[:1],
+                 "--global-batch": POS_INT[:1], "--clip": NONNEG_FLOAT[:1], "--save-every": POS_INT[:1],
+                 "--phase1-fraction": PROB[:1], "--adam-beta2": PROB[:1], "--device": ["banana", "cuda:7"]},
+    "finetune": {"--batch-size": POS_INT, "--lr": POS_FLOAT, "--epochs": POS_FLOAT[:2], "--dropout": PROB,
+                 "--max-length": POS_INT[:2], "--doc-stride": POS_INT[:2], "--n-best": POS_INT[:1],
+                 "--patience": NONNEG_INT[:1], "--eval-every": POS_INT[:1], "--max-query-length": POS_INT[:1],
+                 "--seeds": ["a,b"]},
+    "evaluate": {"--batch-size": POS_INT[:2]},
+    "predict": {"--batch-size": POS_INT[:2]},
+    "task-data": {"--seed": NONNEG_INT},
+    "fill-mask": {"--top-k": POS_INT, "--beam-size": [*POS_INT[:2], "5000"]},
+    "embed": {"--max-length": ["1", "0"], "--batch-size": POS_INT[:2], "--top-k": POS_INT[:1], "--layers": ["a,b"]},
+    "attention": {"--layers": ["x", ","]},
+    "serve": {"--port": ["70000", "-1", "http"], "--max-batch": POS_INT[:2], "--timeout": POS_FLOAT[:2],
+              "--max-length": POS_INT[:1], "--max-connections": POS_INT[:1], "--max-wait-ms": NONNEG_FLOAT[:1]},
+    "export": {"--opset": ["999", "5", "x"], "--tolerance": NONNEG_FLOAT[:1]},
+    "demo": {"--seed": NONNEG_INT[:1], "--pretrain-budget": POS_FLOAT[:2], "--vocab-size": POS_INT[:1]},
+}
+
+
+def range_probes() -> list[Probe]:
+    return [Probe(f"range:{cmd}{flag}={v}", [*_BASE[cmd], flag, v], f"argument {flag}")
+            for cmd, flags in _RANGES.items() for flag, values in flags.items() for v in values]
+
+
+# argv of each command writing a directory, with OUT where the output goes
+_DIR_CMDS = {
+    "finetune": ["finetune", "--task", "classify", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev",
+                 "W/data/dev.csv", "--out", "OUT", "--epochs", "1", "--quiet"],
+    "evaluate": ["evaluate", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"],
+    "task-data": ["task-data", "sentiment", "--out", "OUT"],
+    "vocab": ["vocab", "--files", "W/corpus.txt", "--vocab-size", "60", "--out", "OUT", "--no-progress"],
+    "prepare": ["prepare", "--corpus", "W/corpus.txt", "--vocab", "W/vocab", "--out", "OUT", "--seq-len", "32"],
+    "pretrain": ["pretrain", "W/shards", "--preset", "tiny", "--out", "OUT", "--steps", "1", "--no-progress"],
+    "attention": ["attention", "W/mlm", "the man", "--out", "OUT"],
+    "convert": ["convert", "W/tf", "OUT"],
+    "demo": ["demo", "--out", "OUT", "--quiet"],
+}
+_DIR_INPUT = {"finetune": "W/mlm", "evaluate": "W/clf", "prepare": "W/vocab", "pretrain": "W/shards",
+              "attention": "W/mlm", "convert": "W/tf"}
+_REUSE = ("pretrain", "attention", "demo")          # their earlier run is reused, not refused
+_OVERWRITE = {"demo": "--force", "pretrain": "--overwrite"}
+
+
+def _with_out(argv, out, *extra):
+    return [out if a == "OUT" else a for a in argv] + list(extra)
+
+
+def dir_out_probes() -> list[Probe]:
+    probes = []
+    for cmd, argv in _DIR_CMDS.items():
+        over = _OVERWRITE.get(cmd, "--overwrite")
+        probes += [
+            Probe(f"out:{cmd}:file", _with_out(argv, "W/file.txt"), "is a file"),
+            Probe(f"out:{cmd}:under-file", _with_out(argv, "W/file.txt/sub"), "is a file, not a directory"),
+            Probe(f"out:{cmd}:unwritable", _with_out(argv, "/sys/bertkit-probe/out"), "cannot write"),
+            Probe(f"out:{cmd}:proc", _with_out(argv, "/proc/1/bertkit-out"), "cannot write"),
+            Probe(f"out:{cmd}:nonempty", _with_out(argv, "W/nonempty"), "not empty"),
+            Probe(f"out:{cmd}:other-run", _with_out(argv, "T/out", over), "holds a `bertkit",
+                  {"T/out/" + MARKER: {"command": "not-" + cmd}, "T/out/x.txt": b"kept"}),
+        ]
+        if cmd not in _REUSE:
+            probes.append(Probe(f"out:{cmd}:own-run", _with_out(argv, "T/out"), "earlier `bertkit",
+                                {"T/out/" + MARKER: {"command": cmd}, "T/out/result.json": b"{}"}))
+        if cmd in _DIR_INPUT:
+            probes.append(Probe(f"out:{cmd}:is-input", _with_out(argv, _DIR_INPUT[cmd], over), "is the input"))
+        if cmd in ("evaluate", "task-data", "vocab", "prepare", "attention"):
+            probes.append(Probe(f"out:{cmd}:model-dir", _with_out(argv, "W/mlm2", over), "model directory"))
+    probes.append(Probe("out:finetune:own-run-holds-input",
+                        _with_out(_DIR_CMDS["finetune"], "T/out", "--overwrite", "--test", "T/out/test.csv"),
+                        "would delete", {"T/out/" + MARKER: {"command": "finetune"},
+                                         "T/out/test.csv": b"text,label\nthe film,pos\n"}))
+    return probes
+
+
+_FILE_CMDS = {
+    "predict": (["predict", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"], "W/data/dev.csv"),
+    "embed": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"], "W/data/sents.txt"),
+    "plot": (["plot", "W/data/preds.jsonl", "--confusion", "--out", "OUT"], "W/data/preds.jsonl"),
+    "export": (["export", "W/mlm", "OUT", "--no-check"], "W/mlm/config.json"),   # a file of the input model
+}
+
+
+def file_out_probes() -> list[Probe]:
+    probes = []
+    for cmd, (argv, an_input) in _FILE_CMDS.items():
+        probes += [
+            Probe(f"fout:{cmd}:under-file", _with_out(argv, "W/file.txt/x.out"), "is a file, not a directory"),
+            Probe(f"fout:{cmd}:unwritable", _with_out(argv, "/sys/bertkit-probe.out"), "cannot write"),
+            Probe(f"fout:{cmd}:is-input", _with_out(argv, an_input, "--overwrite"), "input"),
+            Probe(f"fout:{cmd}:exists", _with_out(argv, "W/file.txt"), "exists; pass --overwrite"),
+            Probe(f"fout:{cmd}:device", _with_out(argv, "/dev/null", "--overwrite"), "not a regular file"),
+            Probe(f"fout:{cmd}:dir-in-the-way", _with_out(argv, "T/o/", "--overwrite"), "is a directory",
+                  {f"T/o/{n}/x": b"" for n in ("dev.predictions.jsonl", "embeddings.jsonl", "preds.confusion.png",
+                                               "model.onnx")}),
+        ]
+    return probes
+
+
+def input_probes() -> list[Probe]:
+    ft = ["finetune", "--model", "W/mlm", "--out", "T/out", "--epochs", "1", "--quiet"]
+    probes = []
+    for task, ext in (("classify", "csv"), ("tag", "conll"), ("qa", "json")):
+        for kind in ("bin", "latin"):
+            probes.append(Probe(f"in:finetune:{task}:{kind}:train", [*ft, "--task", task, "--train",
+                                f"W/data/{kind}.{ext}", "--dev", "W/data/dev.csv"], f"{kind}.{ext}"))
+    probes += [
+        Probe("in:finetune:dev-binary", [*ft, "--task", "classify", "--train", "W/data/train.csv", "--dev",
+                                         "W/data/bin.csv"], "bin.csv"),
+        Probe("in:finetune:missing", [*ft, "--task", "classify", "--train", "W/nope.csv", "--dev", "W/data/dev.csv"],
+              "nope.csv"),
+        Probe("in:finetune:train-is-dir", [*ft, "--task", "classify", "--train", "W/data", "--dev",
+                                           "W/data/dev.csv"], "data"),
+        Probe("in:finetune:missing-model", [*ft[:2], "W/nomodel", *ft[3:], "--task", "classify", "--train",
+                                            "W/data/train.csv", "--dev", "W/data/dev.csv"], "nomodel"),
+        Probe("in:evaluate:binary", ["evaluate", "--model", "W/clf", "--data", "W/data/bin.csv"], "bin.csv"),
+        Probe("in:evaluate:latin", ["evaluate", "--model", "W/clf", "--data", "W/data/latin.csv"], "latin.csv:3"),
+        Probe("in:evaluate:not-finetuned", ["evaluate", "--model", "W/mlm", "--data", "W/data/dev.csv"], "bertkit"),
+        Probe("in:predict:binary", ["predict", "--model", "W/clf", "--data", "W/data/bin.csv", "--out", "T/p.jsonl"],
+              "bin.csv"),
+        Probe("in:predict:latin", ["predict", "--model", "W/clf", "--data", "W/data/latin.csv", "--out",
+                                   "T/p.jsonl"], "latin.csv:3"),
+        Probe("in:predict:jsonl-binary", ["predict", "--model", "W/clf", "--data", "W/data/bin.jsonl", "--out",
+                                          "T/p.jsonl"], "bin.jsonl"),
+        Probe("in:predict:missing", ["predict", "--model", "W/clf", "--data", "W/none.csv", "--out", "T/p.jsonl"],
+              "none.csv"),
+        Probe("in:embed:binary", ["embed", "W/mlm", "--file", "W/data/bin.txt"], "bin.txt:2"),
+        Probe("in:embed:missing", ["embed", "W/mlm", "--file", "W/none.txt"], "none.txt"),
+        Probe("in:embed:nothing", ["embed", "W/mlm"], "no sentences"),
+        Probe("in:plot:binary-metrics", ["plot", "W/badrun", "--out", "T/c.png"], "metrics.jsonl"),
+        Probe("in:plot:binary-confusion", ["plot", "W/data/bin.jsonl", "--confusion", "--out", "T/c.png"],
+              "bin.jsonl"),
+        Probe("in:plot:empty-run", ["plot", "W/nonempty", "--out", "T/c.png"], "metrics"),
+        Probe("in:plot:missing", ["plot", "W/none.jsonl", "--confusion", "--out", "T/c.png"], "none.jsonl"),
+        Probe("in:pretrain:config-binary", ["pretrain", "W/shards", "--config", "W/cfg_bin.json", "--out", "T/r",
+                                            "--steps", "1"], "cfg_bin.json"),
+        Probe("in:pretrain:config-list", ["pretrain", "W/shards", "--config", "W/cfg_list.json", "--out", "T/r",
+                                          "--steps", "1"], "cfg_list.json"),
+        Probe("in:pretrain:shards-missing", ["pretrain", "W/none", "--preset", "tiny", "--out", "T/r", "--steps",
+                                             "1"], "none"),
+        Probe("in:pretrain:shards-not-shards", ["pretrain", "W/nonempty", "--preset", "tiny", "--out", "T/r",
+                                                "--steps", "1"], "nonempty"),
+        Probe("in:tokenize:missing", ["tokenize", "--vocab", "W/vocab/vocab.txt", "--file", "W/none.txt"],
+              "none.txt"),
+        Probe("in:tokenize:vocab-binary", ["tokenize", "--vocab", "W/data/bin.txt", "x"], "bin.txt"),
+        Probe("in:tokenize:file-is-dir", ["tokenize", "--vocab", "W/vocab/vocab.txt", "--file", "W/data"], "data"),
+        Probe("in:vocab:missing", ["vocab", "--files", "W/none*.txt", "--out", "T/v"], "none"),
+        Probe("in:prepare:missing-corpus", ["prepare", "--corpus", "W/none.txt", "--vocab", "W/vocab", "--out",
+                                            "T/s"], "none"),
+        Probe("in:prepare:vocab-binary", ["prepare", "--corpus", "W/corpus.txt", "--vocab", "W/data/bin.txt",
+                                          "--out", "T/s"], "bin.txt"),
+        Probe("in:convert:config-binary", ["convert", "W/tf", "T/c", "--config", "W/cfg_bin.json"], "cfg_bin.json"),
+        Probe("in:convert:config-list", ["convert", "W/tf", "T/c", "--config", "W/cfg_list.json"], "cfg_list.json"),
+        Probe("in:convert:vocab-binary", ["convert", "W/tf", "T/c", "--vocab", "W/data/bin.txt"], "bin.txt"),
+        Probe("in:convert:missing", ["convert", "W/none", "T/c"], "none"),
+        Probe("in:convert:not-a-checkpoint", ["convert", "W/nonempty", "T/c"], "nonempty"),
+        Probe("in:export:missing-model", ["export", "W/none", "T/m.onnx", "--no-check"], "none"),
+        Probe("in:fill-mask:missing-model", ["fill-mask", "W/none", "the [MASK]"], "none"),
+        Probe("in:fill-mask:no-mask", ["fill-mask", "W/mlm", "nothing to fill"], "[MASK]"),
+        Probe("in:serve:missing-model", ["serve", "W/none", "--port", "0"], "none"),
+    ]
+    return probes
+
+
+def model_probes() -> list[Probe]:
+    probes = []
+    for name, match in (("listcfg", "config.json"), ("hugepos", "max_position_embeddings")):
+        probes += [
+            Probe(f"model:{name}:fill-mask", ["fill-mask", f"W/{name}", "the [MASK]"], match),
+            Probe(f"model:{name}:embed", ["embed", f"W/{name}", "the man"], match),
+            Probe(f"model:{name}:attention", ["attention", f"W/{name}", "the man", "--out", "T/a"], match),
+            Probe(f"model:{name}:export", ["export", f"W/{name}", "T/m.onnx", "--no-check"], match),
+            Probe(f"model:{name}:finetune", ["finetune", "--task", "classify", "--model", f"W/{name}", "--train",
+                                             "W/data/train.csv", "--dev", "W/data/dev.csv", "--out", "T/f",
+                                             "--quiet"], match),
+        ]
+    probes += [
+        Probe("attention:query-absent", ["attention", "W/mlm", "the man", "--query", "zebra", "--out", "T/a"],
+              "--query 'zebra'"),
+        Probe("attention:layers-99", ["attention", "W/mlm", "the man", "--layers", "99", "--out", "T/a"],
+              "--layers 99"),
+        Probe("attention:layers-neg", ["attention", "W/mlm", "the man", "--layers", "0,-7", "--out", "T/a"],
+              "--layers -7"),
+        Probe("embed:layers-99", ["embed", "W/mlm", "the man", "--layers", "99"], "layers"),
+        Probe("tokenize:no-vocab", ["tokenize", "x"], "--vocab"),
+        Probe("tokenize:both", ["tokenize", "--vocab", "W/vocab/vocab.txt", "x", "--file", "W/data/sents.txt"],
+              "not both"),
+        Probe("task-data:unknown", ["task-data", "nope", "--out", "T/t"], "unknown task"),
+        Probe("demo:unknown-stage", ["demo", "--out", "T/d", "--only", "nope"], "unknown stage"),
+        Probe("finetune:unknown-task", ["finetune", "--task", "nope"], "invalid choice"),
+        Probe("usage:unknown-command", ["nope"], "invalid choice"),
+        Probe("usage:missing-required", ["predict", "--model", "W/clf"], "required"),
+        Probe("pretrain:no-length", ["pretrain", "W/shards", "--preset", "tiny", "--out", "T/r"], "--steps"),
+        Probe("pretrain:no-model", ["pretrain", "W/shards", "--out", "T/r", "--steps", "1"], "--preset"),
+    ]
+    return probes
+
+
+def serve_probes(port: str) -> list[Probe]:
+    return [
+        Probe("serve:busy-port", ["serve", "W/mlm", "--port", port], "in use"),
+        Probe("serve:bad-host", ["serve", "W/mlm", "--host", "no such host", "--port", "0"], "--host"),
+        Probe("serve:unknown-host", ["serve", "W/mlm", "--host", "256.300.1.1", "--port", "0"], "256.300.1.1"),
+        Probe("serve:port-70000", ["serve", "W/mlm", "--port", "70000"], "--port"),
+    ]
+
+
+ALL = range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes()
+SERVE = serve_probes("PORT")
+
+
+def test_the_campaign_has_at_least_250_probes_over_every_subcommand():
+    from bertkit.cli import build_parser
+    probes = ALL + SERVE
+    assert len(probes) >= 250, len(probes)
+    assert len({p.name for p in probes}) == len(probes), "probe names are unique"
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    covered = {p.argv[0] for p in probes}
+    assert set(sub.choices) <= covered, set(sub.choices) - covered
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+
+def _digest(root: Path) -> dict[str, str]:
+    out = {}
+    if not root.exists():
+        return out
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return out
+
+
+def _paths(argv, w: Path, t: Path) -> list[str]:
+    return [str(w / a[2:]) if a.startswith("W/") else str(t / a[2:]) if a.startswith("T/") else a for a in argv]
+
+
+def run_cli(argv, capsys) -> tuple[object, str, str]:
+    """(exit code, stdout, stderr) of `bertkit ARGV` in-process; an escaping exception is a traceback."""
+    from bertkit.cli import main
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    except BaseException as e:  # noqa: BLE001 - any escape is what the campaign counts
+        rc = "traceback: " + "".join(traceback.format_exception_only(e)).strip()
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _check(probe: Probe, w: Path, t: Path, capsys) -> None:
+    for rel, content in probe.setup.items():
+        p = t / rel[2:]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(json.dumps(content).encode() if isinstance(content, dict) else content)
+    before = (_digest(w), _digest(t))
+    rc, _, err = run_cli(_paths(probe.argv, w, t), capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, f"{probe.name}: exit {rc}; stderr: {err[-2000:]}"
+    assert len(lines) == 1 and lines[0].startswith("bertkit") and "error" in lines[0], f"{probe.name}: {err!r}"
+    assert probe.match.lower() in lines[0].lower(), f"{probe.name}: {lines[0]!r} lacks {probe.match!r}"
+    assert (_digest(w), _digest(t)) == before, f"{probe.name}: files changed"
+
+
+@pytest.mark.parametrize("probe", ALL, ids=[p.name for p in ALL])
+def test_probe(probe, world, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _check(probe, world, tmp_path / "T", capsys)
+
+
+@pytest.mark.parametrize("probe", SERVE, ids=[p.name for p in SERVE])
+def test_serve_probe(probe, world, busy_port, tmp_path, capsys):
+    probe = Probe(probe.name, [busy_port if a == "PORT" else a for a in probe.argv], probe.match)
+    _check(probe, world, tmp_path / "T", capsys)
+
+
+# ------------------------------------------------------------------------------------------------ what does work
+
+def _finetune_argv(w: Path, out: Path, *extra) -> list[str]:
+    return ["finetune", "--task", "classify", "--model", str(w / "mlm"), "--train", str(w / "data" / "train.csv"),
+            "--dev", str(w / "data" / "dev.csv"), "--out", str(out), "--epochs", "1", "--batch-size", "8", "--fp32",
+            "--quiet", *extra]
+
+
+@pytest.mark.slow
+def test_a_second_run_is_refused_and_overwrite_clears_the_first(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc, _, err = run_cli(_finetune_argv(world, out, "--test", str(world / "data" / "dev.csv")), capsys)
+    assert rc == 0, err
+    first = _digest(out)
+    assert any("test" in name for name in first), sorted(first)
+    rc, _, err = run_cli(_finetune_argv(world, out), capsys)
+    assert rc == 2 and "--overwrite" in err and _digest(out) == first     # refused, nothing touched
+    rc, _, err = run_cli(_finetune_argv(world, out, "--overwrite"), capsys)
+    assert rc == 0, err
+    assert not any("test" in name for name in _digest(out)), "the first run's test outputs were left behind"
+
+
+def test_predict_into_a_directory_writes_a_file_inside(world, tmp_path, capsys):
+    (tmp_path / "preds").mkdir()
+    rc, out, err = run_cli(["predict", "--model", str(world / "clf"), "--data", str(world / "data" / "dev.csv"),
+                            "--out", str(tmp_path / "preds")], capsys)
+    assert rc == 0, err
+    written = tmp_path / "preds" / "dev.predictions.jsonl"
+    assert out.strip() == str(written) and len(written.read_text().splitlines()) == 8
+    assert sorted(p.name for p in (tmp_path / "preds").iterdir()) == [written.name]     # no temp files left
+
+
+def _enospc(*args, **kwargs):
+    paths = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).suffix and Path(a).parent.is_dir()]
+    for p in paths:         # half a file first, as a disk filling up mid-write leaves it
+        p.write_bytes(b"half")
+    raise OSError(errno.ENOSPC, "No space left on device", str(paths[0]) if paths else None)
+
+
+@pytest.mark.parametrize("case", ["predict", "embed-npy", "embed-jsonl", "plot", "attention", "vocab"])
+def test_a_full_disk_is_one_line_and_keeps_the_earlier_output(case, world, tmp_path, capsys, monkeypatch):
+    import numpy as np
+    from bertkit import plots
+    from bertkit.tasks import runner
+    out = tmp_path / "out"
+    earlier = {"predict": "p.jsonl", "embed-npy": "v.npy", "embed-jsonl": "v.jsonl", "plot": "c.png",
+               "attention": "attention_grid.png", "vocab": "vocab.txt"}[case]
+    out.mkdir()
+    (out / earlier).write_bytes(b"the earlier output")
+    if case in ("attention", "vocab"):
+        (out / MARKER).write_text(json.dumps({"command": case}))
+    W = world
+    argv, target = {
+        "predict": (["predict", "--model", str(W / "clf"), "--data", str(W / "data/dev.csv"), "--out",
+                     str(out / earlier), "--overwrite"], (runner, "predict")),
+        "embed-npy": (["embed", str(W / "mlm"), "the man", "--out", str(out / earlier), "--overwrite"], (np, "save")),
+        "embed-jsonl": (["embed", str(W / "mlm"), "the man", "--out", str(out / earlier), "--overwrite"],
+                        (json, "dumps")),
+        "plot": (["plot", str(W / "data/preds.jsonl"), "--confusion", "--out", str(out / earlier), "--overwrite"],
+                 (plots, "plot_confusion")),
+        "attention": (["attention", str(W / "mlm"), "the man", "--out", str(out)], (plots, "plot_attention")),
+        "vocab": (["vocab", "--files", str(W / "corpus.txt"), "--vocab-size", "60", "--out", str(out),
+                   "--overwrite", "--no-progress"], (os, "replace")),
+    }[case]
+    before = _digest(out) if case != "vocab" else None
+    monkeypatch.setattr(*target, _enospc)
+    rc, _, err = run_cli(argv, capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "No space left on device" in lines[0], err
+    if before is not None:
+        assert _digest(out) == before, "the earlier output changed or a temp file was left"
+    assert not [p for p in out.rglob("*") if "tmp" in p.name], "a temp file was left"
+
+
+def test_dash_reads_stdin(world, capsys, monkeypatch):
+    import io
+    import sys
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the man is eating food\na dog run\n")))
+    rc, out, err = run_cli(["embed", str(world / "mlm"), "--file", "-", "--search", "a dog", "--top-k", "1"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["hits"][0]["text"] == "a dog run"
+
+
+def test_documented_lenient_readers_count_bad_bytes(world, tmp_path, capsys):
+    """tokenize and vocab document replacing invalid UTF-8 (and vocab counts it): no refusal, no traceback."""
+    rc, out, err = run_cli(["tokenize", "--vocab", str(world / "vocab" / "vocab.txt"), "--file",
+                            str(world / "data" / "latin.csv")], capsys)
+    assert rc == 0 and len(out.splitlines()) == 3, err
+    rc, out, err = run_cli(["vocab", "--files", str(world / "data" / "latin.csv"), "--vocab-size", "80", "--out",
+                            str(tmp_path / "v"), "--no-progress"], capsys)
+    assert rc == 0 and "invalid UTF-8" in err, err
+
+
+def test_overwrite_keeps_files_it_did_not_write(world, tmp_path, capsys):
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone's notes")
+    argv = ["vocab", "--files", str(world / "corpus.txt"), "--vocab-size", "60", "--out", str(out), "--no-progress"]
+    assert run_cli(argv, capsys)[0] == 2                                   # not empty
+    rc, _, err = run_cli([*argv, "--overwrite"], capsys)
+    assert rc == 0 and (out / "vocab.txt").is_file(), err
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 2 and "earlier `bertkit vocab` run" in err
+    (out / "stale.txt").write_text("left by the earlier run")
+    rc, _, err = run_cli([*argv, "--overwrite"], capsys)
+    assert rc == 0, err
+    assert not (out / "stale.txt").exists() and (out / "notes.txt").read_text() == "someone's notes"
+
+
+def test_vocab_reads_stdin(world, tmp_path):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-m", "bertkit", "vocab", "--files", "-", "--vocab-size", "60", "--out",
+                        str(tmp_path / "v"), "--no-progress"], input=(world / "corpus.txt").read_bytes(),
+                       capture_output=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert {"the", "man"} <= set((tmp_path / "v" / "vocab.txt").read_text().split())
