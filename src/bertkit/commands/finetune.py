@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from bertkit.errors import ConfigError
 
@@ -108,21 +110,34 @@ def _finetune(args) -> int:
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
     summary = finetune(cfg)
-    print(json.dumps(_brief(summary)))
+    brief = _brief(summary)
+    if not args.quiet:
+        for line in _readable(brief):
+            print(line, file=sys.stderr)
+    print(json.dumps({**brief, "summary": str(Path(cfg.out) / "summary.json")}))
     return 0
 
 
+_HEADLINE = ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact", "precision", "recall", "f1_micro",
+             "HasAns_f1", "NoAns_f1")
+
+
 def _brief(summary: dict) -> dict:
-    """The headline numbers: mean +- std per metric per split."""
+    """The headline numbers: {"mean": .., "std": ..} per metric per split (numbers, not text)."""
     out = {"task": summary["task"], "lr": summary["lr"], "batch_size": summary["batch_size"],
            "seeds": summary["seeds"],
            "examples_per_s": round(summary["examples_per_s"]["mean"], 1)}
     for split in ("dev", "test"):
         if split in summary:
-            out[split] = {k: f"{v['mean']:.4f} +- {v['std']:.4f}" for k, v in summary[split].items()
-                          if k in ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact",
-                                   "precision", "recall", "f1_micro", "HasAns_f1", "NoAns_f1")}
+            out[split] = {k: {"mean": round(v["mean"], 6), "std": round(v["std"], 6)}
+                          for k, v in summary[split].items() if k in _HEADLINE}
     return out
+
+
+def _readable(brief: dict) -> list[str]:
+    """The headline numbers for a person: `dev accuracy 0.4750 +- 0.0661`."""
+    return [f"{split} {k} {v['mean']:.4f} +- {v['std']:.4f} ({len(brief['seeds'])} seed(s))"
+            for split in ("dev", "test") for k, v in brief.get(split, {}).items()]
 
 
 def _evaluate(args) -> int:

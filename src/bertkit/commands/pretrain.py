@@ -17,6 +17,7 @@ accuracy and a fill-mask sample of held-out rows.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 
@@ -126,9 +127,9 @@ def run(args) -> int:
     last = result.eval_history[-1] if result.eval_history else {}
     summary = {"steps": result.steps, "tokens": result.tokens, "elapsed_s": round(result.elapsed_s, 1),
                "stop": result.stop_reason, "skipped_steps": result.skipped_steps,
-               **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)}}
+               **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)},
+               "summary": f"{pc.out}/summary.md"}
     import os
     if int(os.environ.get("RANK", "0")) == 0:
-        print(" ".join(f"{k}={v}" for k, v in summary.items()))
-        print(f"summary: {pc.out}/summary.md")
+        print(json.dumps(summary))
     return 0

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -23,6 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-distinct-words", type=int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.set_defaults(func=run)
 
 
@@ -40,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""
     if s["replacement_chars"]:
         print(f"note: {s['replacement_chars']:,} invalid UTF-8 bytes (or U+FFFD characters) were dropped", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"out": str(Path(args.out) / "vocab.txt"), "cased": args.cased, **s}))
+        return 0
     print(f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
           f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
           f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")

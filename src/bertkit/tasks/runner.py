@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -196,7 +197,7 @@ def _write_outputs(task, out_dir: Path, split: str, examples, feats, raw, report
 
 def _log(cfg: FinetuneConfig, msg: str) -> None:
     if not cfg.quiet:
-        print(msg, flush=True)
+        print(msg, file=sys.stderr, flush=True)   # a log: results alone go to stdout
 
 
 def _build_model(cfg: FinetuneConfig, task, seed: int):
