@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit import progress
 from bertkit.errors import ConfigError
 
 
@@ -63,7 +64,8 @@ def register(sub) -> None:
     p.add_argument("--max-answer-length", type=int, default=30)
     p.add_argument("--n-best", type=int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
+    progress.add_arguments(p)
     p.set_defaults(func=_finetune)
 
     e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file")
@@ -72,6 +74,7 @@ def register(sub) -> None:
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
     e.add_argument("--batch-size", type=int, default=128)
     _precision_args(e, "run")
+    progress.add_arguments(e)
     e.set_defaults(func=_evaluate)
 
     r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
@@ -80,6 +83,7 @@ def register(sub) -> None:
     r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
     r.add_argument("--batch-size", type=int, default=128)
     _precision_args(r, "run")
+    progress.add_arguments(r)
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
@@ -106,6 +110,7 @@ def _finetune(args) -> int:
     from bertkit.train.loop import TrainConfig
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save")}
     values["precision"] = _precision(args)
+    values["progress"] = progress.wanted(args.progress) if args.progress is not None or not args.quiet else False
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
@@ -142,7 +147,8 @@ def _readable(brief: dict) -> list[str]:
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
-    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
+    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args),
+                      progress=progress.wanted(args.progress))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
     return 0
@@ -150,7 +156,8 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict
-    path = predict(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
+    path = predict(args.model, args.data, args.out, args.batch_size, precision=_precision(args),
+                   progress=progress.wanted(args.progress))
     print(path)
     return 0
 

@@ -20,6 +20,8 @@ import argparse
 import json
 import logging
 
+from bertkit import progress
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="pre-train BERT (MLM+NSP/SOP, MLM, ELECTRA) on shards",
@@ -88,7 +90,7 @@ def register(subparsers) -> None:
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
     c.add_argument("--log-every", dest="log_every_steps", type=int, default=1)
-    c.add_argument("--no-progress", dest="progress", action="store_false")
+    progress.add_arguments(c)
     c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
     c.add_argument("--vocab", default=None, help="vocab.txt saved with the model (default: the shards')")
     p.set_defaults(func=run)
@@ -107,6 +109,7 @@ def config_from_args(args):
     budget, beta2 = values.pop("budget"), values.pop("beta2")
     values.update(budget_s=parse_duration(budget) if budget is not None else None, betas=(0.9, beta2),
                   max_grad_norm=values["max_grad_norm"] or None)
+    values["progress"] = progress.wanted(values["progress"])
     train_cfg, rest = TrainConfig.split(values)
     return PretrainConfig(**rest, train=train_cfg, set_fields=given)
 

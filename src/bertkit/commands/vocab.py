@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit import progress
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary from raw text files",
@@ -24,7 +26,7 @@ def register(subparsers) -> None:
                    help="keep only the N most frequent characters (default: every character seen)")
     p.add_argument("--max-distinct-words", type=int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    progress.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.set_defaults(func=run)
 
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
-    result = learn_vocab(args.files, config, progress=not args.no_progress and sys.stderr.isatty())
+    result = learn_vocab(args.files, config, progress=progress.wanted(args.progress))
     tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
     tok.save(args.out)
     s = result.stats
