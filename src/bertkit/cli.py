@@ -22,12 +22,30 @@ from bertkit.errors import BertkitError
 STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "serve", "export", "convert", "demo")
 
 
+class _AnyOrder(argparse.ArgumentParser):
+    """A subcommand's parser taking options and positionals in any order (`embed --pooling cls MODEL "text"`,
+    `embed MODEL "text" --pooling cls`): argparse's intermixed parsing, which the top-level parser (whose
+    subcommand is a positional of its own) cannot use."""
+
+    _intermixed = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        # parse_known_intermixed_args calls parse_known_args twice itself: those inner calls parse plainly
+        if self._intermixed or not self._get_positional_actions():
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertkit", description="BERT, whole and fast: text -> vocab -> pre-training -> fine-tuning -> predictions")
     parser.add_argument("--version", action="version", version=f"bertkit {__version__}")
     parser.add_argument("--allow-non-finite", action="store_true",
                         help="load model weights holding NaN / Inf (with a warning) instead of refusing them")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_AnyOrder)
     for stage in STAGES:
         try:
             module = importlib.import_module(f"bertkit.commands.{stage}")

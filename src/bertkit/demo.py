@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,7 @@ def _mark(path: Path, info: dict) -> dict:
 
 
 def _say(msg: str) -> None:
-    print(f"[demo] {msg}", flush=True)
+    print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------------- stages

@@ -4,6 +4,7 @@ bertkit.export)."""
 from __future__ import annotations
 
 import json
+import sys
 
 from bertkit.commands import checks
 
@@ -25,11 +26,12 @@ def run(args) -> int:
     out = checks.out_file(args.out, "export", inputs=(args.model,), default_name="model.onnx",
                           overwrite=args.overwrite)
     path = export_onnx(args.model, out, opset=args.opset)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     if args.no_check:
+        print(json.dumps({"out": str(path), "bytes": path.stat().st_size}))
         return 0
     report = check_onnx(args.model, path)
-    print(json.dumps(report))
+    print(json.dumps({"out": str(path), "bytes": path.stat().st_size, **report}))
     if report["max_abs_diff"] > args.tolerance:
         raise BertkitError(f"{path}: onnxruntime differs from PyTorch by {report['max_abs_diff']:.3g} "
                            f"> tolerance {args.tolerance:g}")

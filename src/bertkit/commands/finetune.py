@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from bertkit import progress
 from bertkit.commands import checks
 from bertkit.errors import ConfigError
 
@@ -64,7 +66,8 @@ def register(sub) -> None:
     p.add_argument("--n-best", type=checks.positive_int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
+    progress.add_arguments(p)
     p.set_defaults(func=_finetune)
 
     e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file")
@@ -74,6 +77,7 @@ def register(sub) -> None:
     e.add_argument("--batch-size", type=checks.positive_int, default=128)
     e.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation (or other files) in --out")
     _precision_args(e, "run")
+    progress.add_arguments(e)
     e.set_defaults(func=_evaluate)
 
     r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
@@ -83,6 +87,7 @@ def register(sub) -> None:
     r.add_argument("--batch-size", type=checks.positive_int, default=128)
     r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     _precision_args(r, "run")
+    progress.add_arguments(r)
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
@@ -112,32 +117,47 @@ def _finetune(args) -> int:
                    overwrite=args.overwrite, writes_model=True)
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save", "overwrite")}
     values["precision"] = _precision(args)
+    values["progress"] = progress.wanted(args.progress) if args.progress is not None or not args.quiet else False
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
     summary = finetune(cfg)
-    print(json.dumps(_brief(summary)))
+    brief = _brief(summary)
+    if not args.quiet:
+        for line in _readable(brief):
+            print(line, file=sys.stderr)
+    print(json.dumps({**brief, "summary": str(Path(cfg.out) / "summary.json")}))
     return 0
 
 
+_HEADLINE = ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact", "precision", "recall", "f1_micro",
+             "HasAns_f1", "NoAns_f1")
+
+
 def _brief(summary: dict) -> dict:
-    """The headline numbers: mean +- std per metric per split."""
+    """The headline numbers: {"mean": .., "std": ..} per metric per split (numbers, not text)."""
     out = {"task": summary["task"], "lr": summary["lr"], "batch_size": summary["batch_size"],
            "seeds": summary["seeds"],
            "examples_per_s": round(summary["examples_per_s"]["mean"], 1)}
     for split in ("dev", "test"):
         if split in summary:
-            out[split] = {k: f"{v['mean']:.4f} +- {v['std']:.4f}" for k, v in summary[split].items()
-                          if k in ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact",
-                                   "precision", "recall", "f1_micro", "HasAns_f1", "NoAns_f1")}
+            out[split] = {k: {"mean": round(v["mean"], 6), "std": round(v["std"], 6)}
+                          for k, v in summary[split].items() if k in _HEADLINE}
     return out
+
+
+def _readable(brief: dict) -> list[str]:
+    """The headline numbers for a person: `dev accuracy 0.4750 +- 0.0661`."""
+    return [f"{split} {k} {v['mean']:.4f} +- {v['std']:.4f} ({len(brief['seeds'])} seed(s))"
+            for split in ("dev", "test") for k, v in brief.get(split, {}).items()]
 
 
 def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
     if args.out is not None:
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
-    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
+    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args),
+                      progress=progress.wanted(args.progress))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
     return 0
@@ -148,7 +168,8 @@ def _predict(args) -> int:
     out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
                           default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
     with checks.staged(out.parent) as tmp:
-        predict(args.model, args.data, tmp / out.name, args.batch_size, precision=_precision(args))
+        predict(args.model, args.data, tmp / out.name, args.batch_size, precision=_precision(args),
+                progress=progress.wanted(args.progress))
     print(out)
     return 0
 

@@ -7,18 +7,21 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit import progress
 from bertkit.commands import checks
 
 
 def register(sub) -> None:
     p = sub.add_parser("fill-mask", help="fill [MASK] tokens (several masks decoded jointly)")
     p.add_argument("model", help="model directory with a masked-LM head")
-    p.add_argument("text", nargs="+", help="text(s) with [MASK]; one [MASK] per word piece when there are several")
+    p.add_argument("text", nargs="*", help="text(s) with [MASK]; one [MASK] per word piece when there are several")
+    p.add_argument("--file", help="a text file, one text with [MASK] per line")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
     p.add_argument("--beam-size", type=checks.number(int, 1, 1000), default=8,
                    help="beams per joint decoding of several masks (1-1000)")
     p.add_argument("--no-whole-word", action="store_true", help="one mask = one piece (skip multi-piece words)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    progress.add_arguments(p)
     p.set_defaults(func=fill_mask)
 
     p = sub.add_parser("embed", help="sentence embeddings to .npy / .jsonl, or a cosine similarity search")
@@ -37,6 +40,7 @@ def register(sub) -> None:
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    progress.add_arguments(p)
     p.set_defaults(func=embed)
 
     p = sub.add_parser("attention", help="attention heatmaps (layer x head grid + where one token looks) as PNG")
@@ -57,28 +61,38 @@ def register(sub) -> None:
     p.set_defaults(func=plot)
 
 
+def _texts(given: list[str], file: str | None) -> list[str]:
+    """The texts given as arguments, then the lines of --file."""
+    from bertkit.errors import ConfigError
+    from bertkit.infer import read_lines
+    texts = list(given) + (read_lines(file) if file else [])
+    if not texts:
+        raise ConfigError("no texts: give them as arguments or with --file")
+    return texts
+
+
 def fill_mask(args) -> int:
     from bertkit.infer import Predictor
+    texts = _texts(args.text, args.file)
     p = Predictor.load(args.model)
-    for text in args.text:
-        res = p.fill_mask(text, top_k=args.top_k, beam_size=args.beam_size, whole_word=not args.no_whole_word)
-        if args.json:
-            print(json.dumps({"text": text, **res}, ensure_ascii=False))
-            continue
-        print(text)
-        for c in res["candidates"]:
-            label = c["word"] if "word" in c else " | ".join(c["tokens"])
-            print(f"  {c['score']:9.3g}  {label:<24s} {c['sequence']}")
+    show = progress.wanted(args.progress) and len(texts) > 1
+    with progress.bar(texts, show=show, desc="fill-mask", unit="text") as bar:
+        write = bar.write if show else print      # a result line that does not tear the bar on stderr
+        for text in bar:
+            res = p.fill_mask(text, top_k=args.top_k, beam_size=args.beam_size, whole_word=not args.no_whole_word)
+            if args.json:
+                write(json.dumps({"text": text, **res}, ensure_ascii=False), file=sys.stdout)
+                continue
+            lines = [text] + [f"  {c['score']:9.3g}  {c['word'] if 'word' in c else ' | '.join(c['tokens']):<24s} "
+                              f"{c['sequence']}" for c in res["candidates"]]
+            write("\n".join(lines), file=sys.stdout)
     return 0
 
 
 def embed(args) -> int:
     import numpy as np
-    from bertkit.errors import ConfigError
-    from bertkit.infer import Predictor, cosine_search, read_lines
-    texts = list(args.texts) + (read_lines(args.file) if args.file else [])
-    if not texts:
-        raise ConfigError("no sentences: give them as arguments or with --file")
+    from bertkit.infer import Predictor, cosine_search
+    texts = _texts(args.texts, args.file)
     out = None
     if args.out and not args.search:
         out = checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
@@ -86,7 +100,7 @@ def embed(args) -> int:
     p = Predictor.load(args.model)
     kw = dict(pooling=args.pooling, layers=args.layers, normalize=not args.no_normalize,
               max_length=args.max_length, batch_size=args.batch_size)
-    vecs = p.embed(texts, progress=len(texts) > 256, **kw)
+    vecs = p.embed(texts, progress=progress.wanted(args.progress) and len(texts) > kw["batch_size"], **kw)
     if args.search:
         queries = p.embed(args.search, **kw)
         for q, hits in zip(args.search, cosine_search(queries, vecs, args.top_k)):

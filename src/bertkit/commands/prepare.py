@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from bertkit import progress
 
 from bertkit.commands import checks
 
@@ -43,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=checks.nonneg_int, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    progress.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -57,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, workers=args.workers, seed=args.seed,
         corpus_format=args.corpus_format, examples_per_shard=args.examples_per_shard,
         max_line_bytes=args.max_line_bytes, max_document_lines=args.max_document_lines, overwrite=args.overwrite,
-        progress=not args.no_progress and sys.stderr.isatty()))
+        progress=progress.wanted(args.progress)))
     print(json.dumps(summary.as_dict()) if args.json else summary.format())
     return 0

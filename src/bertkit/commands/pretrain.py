@@ -17,8 +17,10 @@ accuracy and a fill-mask sample of held-out rows.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
+from bertkit import progress
 from bertkit.commands import checks
 
 
@@ -89,7 +91,7 @@ def register(subparsers) -> None:
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
     c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
-    c.add_argument("--no-progress", dest="progress", action="store_false")
+    progress.add_arguments(c)
     c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
     c.add_argument("--vocab", default=None, help="vocab.txt saved with the model (default: the shards')")
     p.set_defaults(func=run)
@@ -108,6 +110,7 @@ def config_from_args(args):
     budget, beta2 = values.pop("budget"), values.pop("beta2")
     values.update(budget_s=parse_duration(budget) if budget is not None else None, betas=(0.9, beta2),
                   max_grad_norm=values["max_grad_norm"] or None)
+    values["progress"] = progress.wanted(values["progress"])
     train_cfg, rest = TrainConfig.split(values)
     return PretrainConfig(**rest, train=train_cfg, set_fields=given)
 
@@ -134,9 +137,9 @@ def run(args) -> int:
     last = result.eval_history[-1] if result.eval_history else {}
     summary = {"steps": result.steps, "tokens": result.tokens, "elapsed_s": round(result.elapsed_s, 1),
                "stop": result.stop_reason, "skipped_steps": result.skipped_steps,
-               **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)}}
+               **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)},
+               "summary": f"{pc.out}/summary.md"}
     import os
     if int(os.environ.get("RANK", "0")) == 0:
-        print(" ".join(f"{k}={v}" for k, v in summary.items()))
-        print(f"summary: {pc.out}/summary.md")
+        print(json.dumps(summary))
     return 0

@@ -6,7 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+from bertkit import progress
 
 from bertkit.commands import checks
 
@@ -24,7 +28,8 @@ def register(subparsers) -> None:
                    help="keep only the N most frequent characters (default: every character seen)")
     p.add_argument("--max-distinct-words", type=checks.positive_int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    progress.add_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier vocabulary (or other files) in --out")
     p.set_defaults(func=run)
 
@@ -37,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
     files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
-    result = learn_vocab(files, config, progress=not args.no_progress and sys.stderr.isatty())
+    result = learn_vocab(files, config, progress=progress.wanted(args.progress))
     tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
     with checks.staged(out) as tmp:
         tok.save(tmp)
@@ -46,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""
     if s["replacement_chars"]:
         print(f"note: {s['replacement_chars']:,} invalid UTF-8 bytes (or U+FFFD characters) were dropped", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"out": str(Path(args.out) / "vocab.txt"), "cased": args.cased, **s}))
+        return 0
     print(f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
           f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
           f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")

@@ -39,6 +39,7 @@ import torch
 from bertkit import runtime
 from bertkit.errors import ConfigError
 from bertkit.precision import resolve
+from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.train.loop import TrainConfig, seed_everything, train
 
@@ -54,7 +55,8 @@ def finetune_recipe(**changes) -> TrainConfig:
     """The paper's fine-tuning recipe as the loop's settings: lr 5e-5, 3 epochs, warmup over the first 10% of the
     steps then linear decay, AdamW with weight decay 0.01; `changes` override it, e.g. finetune_recipe(lr=3e-5).
     eval_every_steps None scores the dev set once per epoch."""
-    return TrainConfig(**{"lr": 5e-5, "epochs": 3.0, "warmup": 0.1, "log_every_steps": 50, **changes})
+    return TrainConfig(**{"lr": 5e-5, "epochs": 3.0, "warmup": 0.1, "log_every_steps": 50, "progress": False,
+                          **changes})
 
 
 @dataclass
@@ -196,7 +198,7 @@ def _write_outputs(task, out_dir: Path, split: str, examples, feats, raw, report
 
 def _log(cfg: FinetuneConfig, msg: str) -> None:
     if not cfg.quiet:
-        print(msg, flush=True)
+        say(msg)
 
 
 def _build_model(cfg: FinetuneConfig, task, seed: int):
@@ -341,7 +343,7 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: 
         return {**_numeric(report), "stop": state["stopped"]}   # patience exhausted: the loop ends the run
 
     tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, save_final=False,
-                   progress=False, tensorboard=False, plot=False, overwrite=True)
+                   tensorboard=False, plot=False, overwrite=True)
     t0 = time.perf_counter()
     train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval)
     train_s = time.perf_counter() - t0 - state["eval_s"]
@@ -430,12 +432,14 @@ def finetune(cfg: FinetuneConfig) -> dict:
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
-             precision: str = "auto") -> dict:
-    """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir)."""
+             precision: str = "auto", progress: bool = False) -> dict:
+    """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir);
+    `progress`: a bar on stderr."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path)
     feats = task.features(tok, examples)
-    report, raw = _evaluate_task(task, model, examples, feats, batch_size, precision)
+    with forward_bar(model, math.ceil(len(feats) / batch_size), "evaluate", progress):
+        report, raw = _evaluate_task(task, model, examples, feats, batch_size, precision)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -445,13 +449,18 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
 
 
 def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch_size: int = 128,
-            precision: str = "auto") -> Path:
-    """Predictions of a fine-tuned model for an unlabelled (or labelled) file."""
+            precision: str = "auto", progress: bool = False) -> Path:
+    """Predictions of a fine-tuned model for an unlabelled (or labelled) file; `progress`: a bar on stderr."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path, require_label=False)
     feats = task.features(tok, examples, with_labels=False)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    with forward_bar(model, math.ceil(len(feats) / batch_size), "predict", progress):
+        return _write_predictions(task, model, examples, feats, out_path, batch_size, precision)
+
+
+def _write_predictions(task, model, examples, feats, out_path: Path, batch_size: int, precision: str) -> Path:
     if task.kind == "qa":
         decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, precision))
         return task.write_predictions(out_path, examples, decoded)
