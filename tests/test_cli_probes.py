@@ -275,7 +275,7 @@ def input_probes() -> list[Probe]:
               "none.csv"),
         Probe("in:embed:binary", ["embed", "W/mlm", "--file", "W/data/bin.txt"], "bin.txt:2"),
         Probe("in:embed:missing", ["embed", "W/mlm", "--file", "W/none.txt"], "none.txt"),
-        Probe("in:embed:nothing", ["embed", "W/mlm"], "no sentences"),
+        Probe("in:embed:nothing", ["embed", "W/mlm"], "no texts"),
         Probe("in:plot:binary-metrics", ["plot", "W/badrun", "--out", "T/c.png"], "metrics.jsonl"),
         Probe("in:plot:binary-confusion", ["plot", "W/data/bin.jsonl", "--confusion", "--out", "T/c.png"],
               "bin.jsonl"),
