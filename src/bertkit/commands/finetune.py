@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from bertkit.commands import embed as embed_cmd
 from bertkit.errors import ConfigError
 
 
@@ -23,11 +24,11 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa)",
+    p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa/embed)",
                        description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
                                    "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
                                    "3 epochs, 10% warmup, dropout 0.1, bf16 autocast where native.")
-    p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa"))
+    p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa", "embed"))
     p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
     p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
     p.add_argument("--train", required=True, help="training file (.csv/.tsv/.jsonl, CoNLL, SQuAD .json)")
@@ -62,6 +63,7 @@ def register(sub) -> None:
     p.add_argument("--n-best", type=int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
     p.add_argument("--quiet", action="store_true")
+    embed_cmd.add_finetune_args(p)
     p.set_defaults(func=_finetune)
 
     e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file")
@@ -70,6 +72,7 @@ def register(sub) -> None:
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
     e.add_argument("--batch-size", type=int, default=128)
     _precision_args(e, "run")
+    embed_cmd.add_evaluate_args(e)
     e.set_defaults(func=_evaluate)
 
     r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
@@ -81,7 +84,7 @@ def register(sub) -> None:
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
-    d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | ner | qa | qa2")
+    d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | retrieval | ner | qa | qa2")
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=_task_data)
@@ -100,9 +103,13 @@ def _precision(args) -> str:
 
 
 def _finetune(args) -> int:
+    if args.task == "embed":
+        return embed_cmd.finetune(args)
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     from bertkit.train.loop import TrainConfig
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save")}
+    embed_cmd.refuse_embed_flags(args)
+    values = {k: v for k, v in vars(args).items()
+              if k not in ("func", "command", "fp32", "no_save") and k not in embed_cmd.FINETUNE_DESTS}
     values["precision"] = _precision(args)
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
@@ -126,6 +133,8 @@ def _brief(summary: dict) -> dict:
 
 
 def _evaluate(args) -> int:
+    if args.task == "embed":
+        return embed_cmd.evaluate(args)
     from bertkit.tasks.runner import evaluate
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     report.pop("confusion_matrix", None)

@@ -22,12 +22,16 @@ def register(sub) -> None:
     p.add_argument("model", help="model directory")
     p.add_argument("texts", nargs="*", help="sentences (or use --file)")
     p.add_argument("--file", help="a text file, one sentence per line")
-    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    p.add_argument("--pooling", help="mean | cls | max | mean_sqrt_len | weighted_mean | last_token (default: the "
+                                     "model's sentence-transformers pooling config; mean for a plain BERT directory)")
     p.add_argument("--layers", default="-1", help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
-    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, help="pieces per text (default: the model's max_seq_length, else 256)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout)")
+    p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout), or to "
+                                 "an index directory for `bertkit search` (any other name, e.g. index/)")
+    p.add_argument("--dtype", choices=("float32", "float16", "int8"), default="float16",
+                   help="index vectors' storage type (default float16)")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=int, default=5)
@@ -75,15 +79,17 @@ def fill_mask(args) -> int:
 
 
 def embed(args) -> int:
-    import numpy as np
+    from bertkit.commands.embed import embed_encoder, wants_encoder, write_vectors
     from bertkit.errors import ConfigError
     from bertkit.infer import Predictor, cosine_search, read_lines
+    if wants_encoder(args):            # the model's own pooling / normalisation / dense layers, or an index
+        return embed_encoder(args)
     texts = list(args.texts) + (read_lines(args.file) if args.file else [])
     if not texts:
         raise ConfigError("no sentences: give them as arguments or with --file")
     p = Predictor.load(args.model)
-    kw = dict(pooling=args.pooling, layers=_ints(args.layers), normalize=not args.no_normalize,
-              max_length=args.max_length, batch_size=args.batch_size)
+    kw = dict(pooling=args.pooling or "mean", layers=_ints(args.layers), normalize=not args.no_normalize,
+              max_length=args.max_length or 256, batch_size=args.batch_size)
     vecs = p.embed(texts, progress=len(texts) > 256, **kw)
     if args.search:
         queries = p.embed(args.search, **kw)
@@ -91,20 +97,7 @@ def embed(args) -> int:
             print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
                              ensure_ascii=False))
         return 0
-    if args.out and args.out.endswith(".npy"):
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        np.save(args.out, vecs)
-        print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} float32 to {args.out}", file=sys.stderr)
-        return 0
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        for t, v in zip(texts, vecs):
-            out.write(json.dumps({"text": t, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False) + "\n")
-    finally:
-        if args.out:
-            out.close()
-            print(f"wrote {len(texts)} embeddings to {args.out}", file=sys.stderr)
-    return 0
+    return write_vectors(args.out, texts, vecs)
 
 
 def attention(args) -> int:
