@@ -246,7 +246,7 @@ def test_mine_hard_negatives_then_train_on_them(capsys, tmp_path, tiny_st, data)
     out = tmp_path / "mined.jsonl"
     rc, stdout, _ = _run(capsys, "mine", tiny_st, "--data", data / "pairs.jsonl", "--out", out, "--negatives", "2",
                          "--skip-top", "1", "--corpus", data / "docs.txt")
-    assert rc == 0 and json.loads(stdout)["pairs"] == 24
+    assert rc == 0 and json.loads(stdout)["rows"] == 24
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert all(set(r) == {"anchor", "positive", "negative_1", "negative_2"} for r in rows)
     assert all(r["positive"] not in (r["negative_1"], r["negative_2"]) for r in rows)
@@ -258,6 +258,13 @@ def test_mine_hard_negatives_then_train_on_them(capsys, tmp_path, tiny_st, data)
                          data / "dev", "--out", tmp_path / "run", "--batch-size", "8", "--epochs", "1", "--no-save",
                          "--quiet")
     assert rc == 0 and json.loads(stdout)["train_examples"] == 24
+    # the same mining as pointwise cross-encoder data: a pair classifier trains on it
+    pairs = tmp_path / "ce.csv"
+    assert _run(capsys, "mine", tiny_st, "--data", data / "pairs.jsonl", "--out", pairs, "--negatives", "2",
+                "--format", "pair")[0] == 0
+    from bertkit.tasks.readers import _rows
+    labels = [row["label"] for _, row in _rows(pairs)]
+    assert labels.count("1") == 24 and labels.count("0") == 48
 
 
 # ------------------------------------------------------------------------------------------------ task data

@@ -54,6 +54,9 @@ def register(sub) -> None:
     p.add_argument("--negatives", type=int, default=1, help="negatives per pair (default 1)")
     p.add_argument("--skip-top", type=int, default=0, help="leave out the first N ranked non-positives")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--format", choices=("negatives", "pair"), default="negatives",
+                   help="negatives: anchor, positive, negative_1..N (bi-encoder training); pair: text, text_pair, "
+                        "label 1 / 0 rows (cross-encoder training with `finetune --task pair`)")
     p.set_defaults(func=mine)
 
 
@@ -319,6 +322,9 @@ def mine(args) -> int:
     corpus = read_lines(args.corpus) if args.corpus else []
     rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
                                args.batch_size)
+    if args.format == "pair":
+        from bertkit.embed.mine import pair_label_rows
+        rows = pair_label_rows(rows)
     write_table(out, rows)
-    print(json.dumps({"out": str(out), "pairs": len(rows), "negatives": args.negatives}))
+    print(json.dumps({"out": str(out), "rows": len(rows), "negatives": args.negatives, "format": args.format}))
     return 0

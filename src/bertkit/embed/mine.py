@@ -3,6 +3,8 @@ closest to the anchor that are not one of its positives become its negatives.
 
     rows = mine_hard_negatives(encoder, tokenizer, pairs, negatives=3, skip_top=0)
     # [{"anchor", "positive", "negative_1", ..., "negative_3"}], every row with the same count
+    pair_label_rows(rows)    # [{"text", "text_pair", "label"}]: 1 for the positive, 0 for each negative, the
+                             # pointwise training file of a cross-encoder (`bertkit finetune --task pair`)
 
 The corpus is the pairs' distinct positives plus `corpus` (more candidate texts). A candidate is never the
 anchor's text or any positive of a row with the same anchor text (false negatives); `skip_top` leaves out the
@@ -19,7 +21,7 @@ import numpy as np
 
 from bertkit.errors import ConfigError, DataError
 
-__all__ = ["mine_hard_negatives"]
+__all__ = ["mine_hard_negatives", "pair_label_rows"]
 
 
 def mine_hard_negatives(encoder, tokenizer, pairs: Sequence[tuple[str, str]], negatives: int = 1,
@@ -47,3 +49,12 @@ def mine_hard_negatives(encoder, tokenizer, pairs: Sequence[tuple[str, str]], ne
         chosen[a] = found[:negatives]
     return [{"anchor": a, "positive": p, **{f"negative_{i + 1}": n for i, n in enumerate(chosen[a])}}
             for a, p in pairs]
+
+
+def pair_label_rows(rows: Sequence[dict]) -> list[dict]:
+    """(anchor, positive, negative_1..n) rows -> (text, text_pair, label) rows for a pair classifier."""
+    out = []
+    for r in rows:
+        out.append({"text": r["anchor"], "text_pair": r["positive"], "label": 1})
+        out.extend({"text": r["anchor"], "text_pair": v, "label": 0} for k, v in r.items() if k.startswith("negative"))
+    return out
