@@ -108,6 +108,12 @@ def test_finetune_embed_saves_a_sentence_transformers_dir_that_reloads(capsys, t
     got = np.array(json.loads(stdout)["embedding"])
     want = enc.encode(tok, ["paris is the capital of france"])[0]
     assert got.shape == (16,) and np.allclose(got, want, atol=1e-5)
+    try:
+        import sentence_transformers as st                    # a test extra: the oracle reads the same directory
+    except ImportError:
+        return
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(["paris is the capital of france"])[0]
+    assert float(theirs @ want / np.linalg.norm(theirs) / np.linalg.norm(want)) >= 0.99999
 
 
 def test_finetune_embed_scored_pairs_cosent_and_cosine(capsys, tmp_path, tiny_st, data):
