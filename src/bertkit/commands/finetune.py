@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
+from bertkit.commands import embed as embed_cmd
 from bertkit.errors import ConfigError
 
 
@@ -27,11 +28,11 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa)",
+    p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa/embed)",
                        description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
                                    "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
                                    "3 epochs, 10% warmup, dropout 0.1, bf16 autocast where native.")
-    p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa"))
+    p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa", "embed"))
     p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
     p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
     p.add_argument("--train", required=True, help="training file (.csv/.tsv/.jsonl, CoNLL, SQuAD .json)")
@@ -68,6 +69,7 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
     p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
     progress.add_arguments(p)
+    embed_cmd.add_finetune_args(p)
     p.set_defaults(func=_finetune)
 
     e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file")
@@ -78,6 +80,7 @@ def register(sub) -> None:
     e.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation (or other files) in --out")
     _precision_args(e, "run")
     progress.add_arguments(e)
+    embed_cmd.add_evaluate_args(e)
     e.set_defaults(func=_evaluate)
 
     r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
@@ -91,7 +94,7 @@ def register(sub) -> None:
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")
-    d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | ner | qa | qa2")
+    d.add_argument("name", help="sentiment | sentiment-regress | topic | pairs | retrieval | ner | qa | qa2")
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=checks.nonneg_int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace an earlier build (or other files) in --out")
@@ -111,11 +114,15 @@ def _precision(args) -> str:
 
 
 def _finetune(args) -> int:
-    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
-    from bertkit.train.loop import TrainConfig
     checks.out_dir(args.out, "finetune", inputs=(args.model, args.vocab, args.train, args.dev, args.test),
                    overwrite=args.overwrite, writes_model=True)
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "fp32", "no_save", "overwrite")}
+    if args.task == "embed":
+        return embed_cmd.finetune(args)
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    from bertkit.train.loop import TrainConfig
+    embed_cmd.refuse_embed_flags(args)
+    values = {k: v for k, v in vars(args).items()
+              if k not in ("func", "command", "fp32", "no_save", "overwrite") and k not in embed_cmd.FINETUNE_DESTS}
     values["precision"] = _precision(args)
     values["progress"] = progress.wanted(args.progress) if args.progress is not None or not args.quiet else False
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
@@ -153,6 +160,8 @@ def _readable(brief: dict) -> list[str]:
 
 
 def _evaluate(args) -> int:
+    if args.task == "embed":
+        return embed_cmd.evaluate(args)
     from bertkit.tasks.runner import evaluate
     if args.out is not None:
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)

@@ -28,14 +28,18 @@ def register(sub) -> None:
     p.add_argument("model", help="model directory")
     p.add_argument("texts", nargs="*", help="sentences (or use --file)")
     p.add_argument("--file", help="a text file, one sentence per line")
-    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
-    p.add_argument("--layers", type=checks.int_list, default=[-1],
-                   help="comma-separated hidden layers to average (0 = embeddings, -1 = last)")
+    p.add_argument("--pooling", help="mean | cls | max | mean_sqrt_len | weighted_mean | last_token (default: the "
+                                     "model's sentence-transformers pooling config; mean for a plain BERT directory)")
+    p.add_argument("--layers", type=checks.int_list,
+                   help="comma-separated hidden layers to average (0 = embeddings, -1 = last; default -1)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
-    p.add_argument("--max-length", type=checks.number(int, 2), default=256,
-                   help="pieces per sentence, [CLS]/[SEP] included")
+    p.add_argument("--max-length", type=checks.number(int, 2),
+                   help="pieces per text, [CLS]/[SEP] included (default: the model's max_seq_length, else 256)")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
-    p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout)")
+    p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout), or to "
+                                 "an index directory for `bertkit search` (any other name, e.g. index/)")
+    p.add_argument("--dtype", choices=("float32", "float16", "int8"), default="float16",
+                   help="index vectors' storage type (default float16)")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
@@ -90,16 +94,15 @@ def fill_mask(args) -> int:
 
 
 def embed(args) -> int:
-    import numpy as np
+    from bertkit.commands.embed import embed_encoder, vector_out, wants_encoder, write_vectors
     from bertkit.infer import Predictor, cosine_search
+    if wants_encoder(args):            # the model's own pooling / normalisation / dense layers, or an index
+        return embed_encoder(args)
     texts = _texts(args.texts, args.file)
-    out = None
-    if args.out and not args.search:
-        out = checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
-                              overwrite=args.overwrite)
+    out = vector_out(args)
     p = Predictor.load(args.model)
-    kw = dict(pooling=args.pooling, layers=args.layers, normalize=not args.no_normalize,
-              max_length=args.max_length, batch_size=args.batch_size)
+    kw = dict(pooling=args.pooling or "mean", layers=args.layers or [-1], normalize=not args.no_normalize,
+              max_length=args.max_length or 256, batch_size=args.batch_size)
     vecs = p.embed(texts, progress=progress.wanted(args.progress) and len(texts) > kw["batch_size"], **kw)
     if args.search:
         queries = p.embed(args.search, **kw)
@@ -107,21 +110,7 @@ def embed(args) -> int:
             print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
                              ensure_ascii=False))
         return 0
-    if out is not None and out.suffix == ".npy":
-        with checks.staged(out.parent) as tmp:
-            np.save(tmp / out.name, vecs)
-        print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} float32 to {out}", file=sys.stderr)
-        return 0
-    lines = (json.dumps({"text": t, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False) + "\n"
-             for t, v in zip(texts, vecs))
-    if out is None:
-        sys.stdout.writelines(lines)
-        return 0
-    with checks.staged(out.parent) as tmp:
-        with open(tmp / out.name, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-    print(f"wrote {len(texts)} embeddings to {out}", file=sys.stderr)
-    return 0
+    return write_vectors(out, texts, vecs)
 
 
 def attention(args) -> int:

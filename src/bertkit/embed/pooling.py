@@ -176,10 +176,11 @@ class SentenceEncoder(nn.Module):
             x = layer(x)                                                                  # (batch, out)
         return F.normalize(x, p=2, dim=-1) if self.normalize else x
 
-    def tokenize(self, tokenizer, texts: Sequence[str]) -> dict[str, Tensor]:
-        """Model inputs for `texts`: truncated to max_seq_length, padded to the longest, (batch, seq) tensors."""
+    def tokenize(self, tokenizer, texts: Sequence[str], max_length: int | None = None) -> dict[str, Tensor]:
+        """Model inputs for `texts`: truncated to max_length (default max_seq_length), padded to the longest,
+        (batch, seq) tensors."""
         texts = [t.lower() for t in texts] if self.do_lower_case else list(texts)
-        return tokenizer(texts, max_length=self.max_seq_length, truncation=True, padding=True,
+        return tokenizer(texts, max_length=max_length or self.max_seq_length, truncation=True, padding=True,
                          return_tensors="pt")
 
     @torch.inference_mode()

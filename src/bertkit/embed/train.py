@@ -150,6 +150,7 @@ class EmbedBatches:
             raise DataError(f"{data.source}: {len(data)} examples, fewer than one batch of {batch_size}")
         self.data, self.encoder, self.tokenizer = data, encoder, tokenizer
         self.batch_size, self.seed, self.shuffle, self.epoch = batch_size, seed, shuffle, 0
+        self.max_lengths: dict[str, int] = {}        # column -> its own piece limit (a shorter query side)
 
     def __len__(self) -> int:
         return len(self.data) // self.batch_size
@@ -169,7 +170,8 @@ class EmbedBatches:
         batch: dict[str, Tensor] = {}
         columns = list(zip(*(data.texts[i] for i in rows)))                  # per column, its texts
         for name, texts in zip(data.columns, columns):
-            for field, t in self.encoder.tokenize(self.tokenizer, texts).items():
+            limit = self.max_lengths.get(name)
+            for field, t in self.encoder.tokenize(self.tokenizer, texts, limit).items():
                 batch[f"{name}.{field}"] = t                                   # (batch, seq)
         if data.kind == "pairs":
             batch["anchor.key"] = text_keys(columns[0])

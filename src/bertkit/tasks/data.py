@@ -12,6 +12,9 @@
                 sentence, with one named entity replaced by "@placeholder" is the question; the answer is that
                 entity's first occurrence in the context (the body; without the first paragraph for the
                 first-sentence questions, so the answer is never copied from the question's own sentence)
+    retrieval   BBC headline -> its article's opening paragraph: train.jsonl (anchor, positive) pairs; dev/ and
+                test/ hold queries (headlines), corpus (the opening paragraphs of every article of the split) and
+                qrels (each headline's own article) for `bertkit evaluate --task embed`
     qa2         SQuAD 2.0 variant: one question in three gets the context of another article of the same topic in
                 which the answer does not occur, and is marked is_impossible
 
@@ -36,7 +39,7 @@ from bertkit.tasks.readers import SquadExample, read_conll, write_conll, write_s
 
 __all__ = ["TASKS", "build", "first_sentence", "ner_file"]
 
-TASKS = ("sentiment", "sentiment-regress", "topic", "pairs", "ner", "qa", "qa2")
+TASKS = ("sentiment", "sentiment-regress", "topic", "pairs", "retrieval", "ner", "qa", "qa2")
 PLACEHOLDER = "@placeholder"
 # entity types worth asking about (numbers / dates make poor cloze answers)
 _QA_TYPES = {"PERSON", "ORG", "GPE", "NORP", "LOC", "FAC", "EVENT", "PRODUCT", "WORK_OF_ART", "LAW"}
@@ -120,6 +123,23 @@ def _pairs(out: Path, seed: int) -> dict:
         rng.shuffle(r)
         rows[name] = r
     return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()},
+            "duplicate_articles_dropped": len(alias) - len(uniq)}
+
+
+def _retrieval(out: Path, seed: int) -> dict:
+    uniq, alias = _unique_articles()
+    arts = [a for a in uniq if a.paragraphs and a.title.strip()]
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
+    files = {"train": str(write_table(out / "train.jsonl", [{"anchor": a.title, "positive": a.paragraphs[0]}
+                                                            for a in parts["train"]]))}
+    for split in ("dev", "test"):
+        arts = parts[split]
+        write_table(out / split / "queries.jsonl", [{"id": a.name, "text": a.title} for a in arts])
+        write_table(out / split / "corpus.jsonl", [{"id": a.name, "text": a.paragraphs[0]} for a in arts])
+        write_table(out / split / "qrels.jsonl", [{"query_id": a.name, "corpus_id": a.name, "score": 1}
+                                                  for a in arts])
+        files[split] = str(out / split)
+    return {"files": files, "counts": {k: len(v) for k, v in parts.items()},
             "duplicate_articles_dropped": len(alias) - len(uniq)}
 
 
@@ -251,6 +271,8 @@ def build(name: str, out_dir: str | Path, seed: int = 0) -> dict:
         stats = _topic(out, seed)
     elif name == "pairs":
         stats = _pairs(out, seed)
+    elif name == "retrieval":
+        stats = _retrieval(out, seed)
     elif name == "ner":
         stats = _ner(out, seed)
     else:

@@ -1,0 +1,342 @@
+"""`bertkit search | rerank | mine`, and the embedding side of `finetune --task embed`, `evaluate --task embed` and
+`embed --out INDEX/` (thin over bertkit.embed).
+
+    bertkit task-data retrieval --out data/retrieval
+    bertkit finetune --task embed --model MINILM --train data/retrieval/train.jsonl --dev data/retrieval/dev \\
+        --out runs/retrieval --lr 2e-5 --epochs 1 --batch-size 32
+    bertkit evaluate --task embed --model runs/retrieval --baseline MINILM --data data/retrieval/test
+    bertkit embed runs/retrieval --file docs.txt --out index/ --dtype float16
+    bertkit search index/ --query "oil prices" --top-k 5 [--rerank runs/pairs]
+    bertkit rerank runs/pairs --query "oil prices" --file docs.txt
+    bertkit mine MINILM --data pairs.jsonl --out mined.jsonl --negatives 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bertkit.errors import ConfigError, DataError
+from bertkit.commands import checks
+
+INDEX_SOURCE = "bertkit_source.json"       # the index's model and encoder settings (queries must use the same)
+INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
+_VECTOR_SUFFIXES = (".npy", ".jsonl", ".json")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("search", help="top-k search of an embedding index (`embed --out INDEX/`), optionally "
+                                      "reranked by a cross-encoder")
+    p.add_argument("index", help="index directory written by `bertkit embed ... --out INDEX/`")
+    p.add_argument("--query", action="append", required=True, help="query text (repeat for several)")
+    p.add_argument("--model", help="query encoder (default: the model that built the index)")
+    p.add_argument("--top-k", type=checks.positive_int, default=10)
+    p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first --rerank-depth hits with this pair "
+                                                             "classification / regression model")
+    p.add_argument("--rerank-depth", type=checks.positive_int, default=50)
+    p.set_defaults(func=search)
+
+    p = sub.add_parser("rerank", help="score (query, document) pairs with a cross-encoder and sort")
+    p.add_argument("model", help="pair classification / regression model (bertkit finetune --task pair | regress)")
+    p.add_argument("--query", action="append", required=True, help="query text (repeat for several)")
+    p.add_argument("--file", required=True, help="documents, one per line")
+    p.add_argument("--top-k", type=checks.positive_int, help="print only the best K (default: all)")
+    p.add_argument("--batch-size", type=checks.positive_int, default=32)
+    p.add_argument("--max-length", type=checks.number(int, 2), default=256)
+    p.set_defaults(func=rerank)
+
+    p = sub.add_parser("mine", help="hard negatives for (anchor, positive) pairs, mined with a bi-encoder")
+    p.add_argument("model", help="sentence embedding model directory")
+    p.add_argument("--data", required=True, help="pairs file (anchor, positive): .jsonl / .csv / .tsv")
+    p.add_argument("--out", required=True, help="output pairs file with negative_1..N columns")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p.add_argument("--corpus", help="more candidate texts, one per line (default: the pairs' positives only)")
+    p.add_argument("--negatives", type=checks.positive_int, default=1, help="negatives per pair (default 1)")
+    p.add_argument("--skip-top", type=checks.nonneg_int, default=0, help="leave out the first N ranked non-positives")
+    p.add_argument("--batch-size", type=checks.positive_int, default=64)
+    p.add_argument("--format", choices=("negatives", "pair"), default="negatives",
+                   help="negatives: anchor, positive, negative_1..N (bi-encoder training); pair: text, text_pair, "
+                        "label 1 / 0 rows (cross-encoder training with `finetune --task pair`)")
+    p.set_defaults(func=mine)
+
+
+# ------------------------------------------------------------------------------------------------- finetune
+# finetune's flags that only --task embed reads, with their defaults
+FINETUNE_DESTS = {"loss": None, "scale": 20.0, "learnable_scale": False, "symmetric": False, "gradcache_batch": None,
+                  "pooling": None, "normalize": None, "projection": None, "anchor_max_length": None}
+
+
+def refuse_embed_flags(args) -> None:
+    """A --task embed flag given to another task is a mistake: say so rather than ignore it."""
+    for dest, default in FINETUNE_DESTS.items():
+        if getattr(args, dest, default) != default:
+            raise ConfigError(f"--{dest.replace('_', '-')} applies to --task embed only, not --task {args.task}")
+
+
+def add_finetune_args(p) -> None:
+    g = p.add_argument_group("--task embed (bi-encoder; --train: anchor, positive[, negative...] or text, "
+                             "text_pair, score; --dev / --test: a retrieval directory or a pair file)")
+    g.add_argument("--loss", choices=("mnrl", "cosent", "cosine"),
+                   help="mnrl: in-batch negatives (pairs; default); cosent / cosine: scored pairs (cosent default)")
+    g.add_argument("--scale", type=checks.positive_float, default=20.0, help="MNRL / CoSENT logit scale (default 20)")
+    g.add_argument("--learnable-scale", action="store_true", help="MNRL: train the scale (from --scale)")
+    g.add_argument("--symmetric", action="store_true", help="MNRL: add the positive -> anchor direction")
+    g.add_argument("--gradcache-batch", type=checks.positive_int, help="GradCache mini-batch: the loss of --batch-size pairs in "
+                                                       "the memory of this many")
+    g.add_argument("--pooling", help="mean | cls | max | mean_sqrt_len | weighted_mean | last_token (join with +); "
+                                     "default: the model's pooling config")
+    g.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="L2-normalise the output (default: the model's setting)")
+    g.add_argument("--projection", type=checks.positive_int, help="add a Dense output projection to this many dimensions")
+    g.add_argument("--anchor-max-length", type=checks.number(int, 2), help="pieces per anchor / query (default: --max-length)")
+
+
+def _check_unused(args, names: dict[str, object]) -> None:
+    for flag, default in names.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), default)
+        if value not in (default, None):
+            raise ConfigError(f"{flag} does not apply to --task embed")
+
+
+def finetune(args) -> int:
+    from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
+    from bertkit.train.loop import TrainConfig
+    _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
+    precision = "fp32" if getattr(args, "fp32", False) else args.precision
+    training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
+                           precision=precision, log_every_steps=50)
+    cfg = EmbedFinetuneConfig(
+        model=args.model, train=args.train, dev=args.dev, test=args.test, out=args.out, training=training,
+        batch_size=args.batch_size, loss=args.loss, scale=args.scale, learnable_scale=args.learnable_scale,
+        symmetric=args.symmetric, gradcache_batch=args.gradcache_batch, pooling=args.pooling,
+        normalize=args.normalize, projection=args.projection, max_length=args.max_length,
+        anchor_max_length=args.anchor_max_length, seeds=args.seeds, max_train_examples=args.max_train_examples,
+        compact_embeddings=args.compact_embeddings, save_model=not args.no_save, quiet=args.quiet)
+    summary = finetune_embed(cfg)
+    print(json.dumps(_brief(summary)))
+    return 0
+
+
+def _figure(stat: dict):
+    return round(stat["mean"], 4) if stat["n"] == 1 else {"mean": round(stat["mean"], 4), "std": round(stat["std"], 4)}
+
+
+def _brief(summary: dict) -> dict:
+    """The headline numbers: per split, the metrics before and after training (mean, and std over seeds)."""
+    keep = ("recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "spearman_cosine")
+    out = {k: summary[k] for k in ("task", "loss", "lr", "batch_size", "epochs", "seeds", "train_examples")}
+    out["examples_per_s"] = _figure(summary["examples_per_s"])
+    for split in summary["after"]:
+        out[split] = {stage: {k: _figure(v) for k, v in summary[stage][split].items() if k in keep}
+                      for stage in ("before", "after")}
+    out["summary"] = str(Path(summary["config"]["out"]) / "summary.json")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- evaluate
+def add_evaluate_args(e) -> None:
+    e.add_argument("--task", choices=("embed",), help="embed: a sentence embedding model on a retrieval directory "
+                                                      "(queries, corpus, qrels) or a scored / pair file")
+    e.add_argument("--baseline", help="--task embed: also score this model on the same data (before / after)")
+
+
+def evaluate(args) -> int:
+    from bertkit.embed.runner import evaluate_embed
+    report = evaluate_embed(args.model, args.data, baseline=args.baseline, batch_size=args.batch_size)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics_embed.json").write_text(json.dumps(report, indent=1, default=float))
+    print(json.dumps(report, default=float))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- embed
+def wants_encoder(args) -> bool:
+    """`bertkit embed` runs the model's sentence-transformers settings (pooling, normalisation, dense layers,
+    max length) for a sentence-transformers directory, an index output or a pooling mode beyond mean / cls."""
+    from bertkit.embed.st_format import is_sentence_transformers_dir
+    return (is_index_out(args.out) or args.pooling not in (None, "mean", "cls")
+            or is_sentence_transformers_dir(args.model))
+
+
+def is_index_out(out: str | None) -> bool:
+    return bool(out) and not out.endswith(_VECTOR_SUFFIXES)
+
+
+def _texts_and_ids(args) -> tuple[list[str], list[str]]:
+    """Texts (arguments, then --file) and their ids: a .jsonl / .csv / .tsv file gives `id` (or `_id`) and `text`
+    columns, a text file a line each (ids: their order, from 0)."""
+    from bertkit.embed.runner import _texts
+    from bertkit.infer import read_lines
+    texts = list(args.texts)
+    for i, t in enumerate(texts):
+        if not t.strip():
+            raise DataError(f"text argument {i + 1} is empty")
+    ids = [str(i) for i in range(len(texts))]
+    if args.file and Path(args.file).suffix in (".jsonl", ".csv", ".tsv"):
+        table = _texts(Path(args.file))
+        ids += list(table)
+        texts += list(table.values())
+    elif args.file:
+        lines = read_lines(args.file)
+        ids += [str(i) for i in range(len(texts), len(texts) + len(lines))]
+        texts += lines
+    if not texts:
+        raise ConfigError("no sentences: give them as arguments or with --file")
+    if len(set(ids)) != len(ids):
+        raise DataError(f"{args.file}: ids repeat the positional texts' ids 0..{len(args.texts) - 1}")
+    return texts, ids
+
+
+def embed_encoder(args) -> int:
+    """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
+    from bertkit.embed.runner import load_encoder
+    from bertkit.infer import cosine_search
+    if args.layers not in (None, [-1]):
+        raise ConfigError("--layers applies to plain BERT directories only (a sentence embedding model pools its "
+                          "last layer)")
+    index = is_index_out(args.out)
+    normalize = False if args.no_normalize else (True if index else None)
+    if index and args.no_normalize:
+        raise ConfigError("an index is searched by cosine: its vectors are always normalised (drop --no-normalize)")
+    if index and Path(args.out).exists():
+        raise ConfigError(f"{args.out} exists: remove it or choose another --out (an index is never overwritten)")
+    out = None if index else vector_out(args)
+    texts, ids = _texts_and_ids(args)
+    encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
+    vecs = encoder.encode(tok, texts, args.batch_size)                                 # (n, dim) float32
+    if index:
+        return _write_index(args, encoder, texts, ids, vecs)
+    if args.search:
+        queries = encoder.encode(tok, args.search, args.batch_size)
+        for q, hits in zip(args.search, cosine_search(queries, vecs, args.top_k)):
+            print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
+                             ensure_ascii=False))
+        return 0
+    return write_vectors(out, texts, vecs)
+
+
+def vector_out(args) -> Path | None:
+    """The checked .npy / .jsonl output file of `bertkit embed` (None: stdout, or a search), before any work."""
+    if not args.out or args.search:
+        return None
+    return checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
+                           overwrite=args.overwrite)
+
+
+def write_vectors(out: Path | None, texts, vecs) -> int:
+    """Vectors to a .npy file, or JSON lines (text, embedding) to a file or stdout; files staged, then moved."""
+    import numpy as np
+    if out is not None and out.suffix == ".npy":
+        with checks.staged(out.parent) as tmp:
+            np.save(tmp / out.name, vecs)
+        print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} float32 to {out}", file=sys.stderr)
+        return 0
+    lines = (json.dumps({"text": t, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False) + "\n"
+             for t, v in zip(texts, vecs))
+    if out is None:
+        sys.stdout.writelines(lines)
+        return 0
+    with checks.staged(out.parent) as tmp:
+        with open(tmp / out.name, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+    print(f"wrote {len(texts)} embeddings to {out}", file=sys.stderr)
+    return 0
+
+
+def _write_index(args, encoder, texts, ids, vecs) -> int:
+    from bertkit.embed.index import model_hash, write_index
+    out = Path(args.out)
+    index = write_index(out, vecs, ids, model_hash(encoder), dtype=args.dtype, normalized=True)
+    (out / INDEX_TEXTS).write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    source = {"model": str(Path(args.model).resolve()), "pooling": encoder.pooling.mode,
+              "max_length": encoder.max_seq_length}
+    (out / INDEX_SOURCE).write_text(json.dumps(source, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps({"index": str(out), "count": len(index), "dim": index.dim, "dtype": args.dtype}))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- search
+def _index_texts(directory: Path) -> list[str] | None:
+    path = directory / INDEX_TEXTS
+    if not path.is_file():
+        return None
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def search(args) -> int:
+    from bertkit.embed.index import EmbeddingIndex, model_hash
+    from bertkit.embed.runner import load_encoder
+    if args.top_k <= 0 or args.rerank_depth <= 0:
+        raise ConfigError(f"--top-k and --rerank-depth must be positive, got {args.top_k}, {args.rerank_depth}")
+    for i, q in enumerate(args.query):
+        if not q.strip():
+            raise DataError(f"--query {i + 1} is empty")
+    directory = Path(args.index)
+    index = EmbeddingIndex.open(directory)
+    source_path = directory / INDEX_SOURCE
+    source = json.loads(source_path.read_text(encoding="utf-8")) if source_path.is_file() else {}
+    model = args.model or source.get("model")
+    if model is None:
+        raise ConfigError(f"{directory}: no {INDEX_SOURCE} naming its model: give --model")
+    encoder, tok = load_encoder(model, source.get("pooling"), True, source.get("max_length"))
+    queries = encoder.encode(tok, args.query)
+    depth = max(args.top_k, args.rerank_depth) if args.rerank else args.top_k
+    result = index.search(queries, k=depth, model_hash=model_hash(encoder))
+    texts = _index_texts(directory)
+    ce = None
+    if args.rerank:
+        from bertkit.embed.rerank import CrossEncoder
+        if texts is None:
+            raise DataError(f"{directory}: no {INDEX_TEXTS}, so the hits cannot be reranked")
+        ce = CrossEncoder.load(args.rerank)
+    for qi, q in enumerate(args.query):
+        hits = [{"id": i, "score": round(float(s), 4), **({"text": texts[r]} if texts else {})}
+                for i, s, r in zip(result.ids[qi], result.scores[qi], result.rows[qi])]
+        if ce is not None:
+            scores = ce.score(q, [h["text"] for h in hits])
+            for h, s in zip(hits, scores):
+                h["rerank_score"] = round(float(s), 4)
+            hits.sort(key=lambda h: -h["rerank_score"])
+        print(json.dumps({"query": q, "hits": hits[:args.top_k]}, ensure_ascii=False))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- rerank, mine
+def rerank(args) -> int:
+    from bertkit.embed.rerank import CrossEncoder
+    from bertkit.infer import read_lines
+    docs = read_lines(args.file)
+    ce = CrossEncoder.load(args.model)
+    for q in args.query:
+        ranked = ce.rank(q, docs, args.top_k, args.batch_size, args.max_length)
+        print(json.dumps({"query": q, "results": [{**r, "score": round(r["score"], 4)} for r in ranked]},
+                         ensure_ascii=False))
+    return 0
+
+
+def mine(args) -> int:
+    from bertkit.embed.mine import mine_hard_negatives
+    from bertkit.embed.runner import load_encoder
+    from bertkit.embed.train import EmbedDataset
+    from bertkit.infer import read_lines
+    from bertkit.tasks.readers import write_table
+    out = checks.out_file(args.out, "mine", inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
+                          overwrite=args.overwrite)
+    data = EmbedDataset.read(args.data)
+    if data.kind != "pairs":
+        raise DataError(f"{args.data}: mining needs anchor, positive columns (found text, text_pair, score)")
+    encoder, tok = load_encoder(args.model)
+    corpus = read_lines(args.corpus) if args.corpus else []
+    rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
+                               args.batch_size)
+    if args.format == "pair":
+        from bertkit.embed.mine import pair_label_rows
+        rows = pair_label_rows(rows)
+    with checks.staged(out.parent) as tmp:
+        write_table(tmp / out.name, rows)
+    print(json.dumps({"out": str(out), "rows": len(rows), "negatives": args.negatives, "format": args.format}))
+    return 0

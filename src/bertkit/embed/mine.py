@@ -1,0 +1,60 @@
+"""Hard-negative mining with a bi-encoder: for each (anchor, positive) pair, the corpus texts the encoder ranks
+closest to the anchor that are not one of its positives become its negatives.
+
+    rows = mine_hard_negatives(encoder, tokenizer, pairs, negatives=3, skip_top=0)
+    # [{"anchor", "positive", "negative_1", ..., "negative_3"}], every row with the same count
+    pair_label_rows(rows)    # [{"text", "text_pair", "label"}]: 1 for the positive, 0 for each negative, the
+                             # pointwise training file of a cross-encoder (`bertkit finetune --task pair`)
+
+The corpus is the pairs' distinct positives plus `corpus` (more candidate texts). A candidate is never the
+anchor's text or any positive of a row with the same anchor text (false negatives); `skip_top` leaves out the
+first ranked non-positives too (near-duplicates of the positive that the pairs do not name). Search is the exact
+blocked top-k of bertkit.embed.index.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from bertkit.errors import ConfigError, DataError
+
+__all__ = ["mine_hard_negatives", "pair_label_rows"]
+
+
+def mine_hard_negatives(encoder, tokenizer, pairs: Sequence[tuple[str, str]], negatives: int = 1,
+                        skip_top: int = 0, corpus: Sequence[str] = (), batch_size: int = 64) -> list[dict]:
+    from bertkit.embed.index import search_vectors
+    if negatives <= 0 or skip_top < 0:
+        raise ConfigError(f"negatives must be > 0 and skip_top >= 0, got {negatives}, {skip_top}")
+    texts = list(dict.fromkeys([p for _, p in pairs] + [c for c in corpus if c.strip()]))
+    positives: dict[str, set[str]] = defaultdict(set)
+    for a, p in pairs:
+        positives[a].add(p)
+    anchors = list(positives)
+    excluded = max(len(v) for v in positives.values()) + 1          # its positives and its own text at most
+    k = min(len(texts), negatives + skip_top + excluded)
+    q = encoder.encode(tokenizer, anchors, batch_size)                                 # (anchors, dim)
+    c = encoder.encode(tokenizer, texts, batch_size)                                   # (corpus, dim)
+    q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
+    _, rows = search_vectors(q, c, k=k)                                                # (anchors, k)
+    chosen: dict[str, list[str]] = {}
+    for a, ranked in zip(anchors, rows):
+        found = [texts[r] for r in ranked if texts[r] not in positives[a] and texts[r] != a][skip_top:]
+        if len(found) < negatives:
+            raise DataError(f"anchor {a[:60]!r}: only {len(found)} candidate(s) after its positives and "
+                            f"--skip-top {skip_top}, {negatives} wanted: give a larger --corpus or fewer negatives")
+        chosen[a] = found[:negatives]
+    return [{"anchor": a, "positive": p, **{f"negative_{i + 1}": n for i, n in enumerate(chosen[a])}}
+            for a, p in pairs]
+
+
+def pair_label_rows(rows: Sequence[dict]) -> list[dict]:
+    """(anchor, positive, negative_1..n) rows -> (text, text_pair, label) rows for a pair classifier."""
+    out = []
+    for r in rows:
+        out.append({"text": r["anchor"], "text_pair": r["positive"], "label": 1})
+        out.extend({"text": r["anchor"], "text_pair": v, "label": 0} for k, v in r.items() if k.startswith("negative"))
+    return out

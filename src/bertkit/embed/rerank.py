@@ -1,0 +1,71 @@
+"""Cross-encoder reranking: a pair classification / regression model scores (query, document) jointly.
+
+    ce = CrossEncoder.load("runs/pairs")                   # `bertkit finetune --task pair` (or regress) output
+    ce.rank("who won?", docs, top_k=3)                      # [{"index", "text", "score"}], best first
+    rerank("runs/pairs", "who won?", docs)                  # the same in one call
+
+The score of a pair is the regression value (one output), or the log-probability of the relevant label (two or
+more outputs): the label named 1 / positive / pos / relevant / true / yes / entailment, else the last label.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from bertkit.errors import ConfigError, DataError
+
+__all__ = ["CrossEncoder", "rerank", "POSITIVE_LABELS"]
+
+POSITIVE_LABELS = ("1", "positive", "pos", "relevant", "true", "yes", "entailment")
+
+
+class CrossEncoder:
+    def __init__(self, predictor, name: str = "model"):
+        self.predictor, self.name = predictor, name
+        labels = [str(l).lower() for l in (predictor.labels or [])]
+        self.positive = next((labels.index(l) for l in POSITIVE_LABELS if l in labels), max(len(labels) - 1, 0))
+
+    @classmethod
+    def load(cls, path, device: str = "cpu") -> "CrossEncoder":
+        from bertkit.infer import Predictor
+        p = Predictor.load(path, device=device)
+        if p.task != "classify":
+            raise ConfigError(f"{path}: a {p.task} model; reranking needs a pair classification or regression model "
+                              f"(bertkit finetune --task pair | regress)")
+        return cls(p, str(path))
+
+    @torch.inference_mode()
+    def score(self, query: str, docs: Sequence[str], batch_size: int = 32, max_length: int = 256) -> np.ndarray:
+        """(len(docs),) float32 relevance scores of (query, doc) pairs."""
+        docs = list(docs)
+        if not str(query).strip():
+            raise DataError("rerank: the query is empty")
+        for i, d in enumerate(docs):
+            if not isinstance(d, str) or not d.strip():
+                raise DataError(f"rerank: document {i + 1} is empty")
+        p = self.predictor
+        out = np.zeros(len(docs), dtype=np.float32)
+        for s in range(0, len(docs), batch_size):
+            chunk = docs[s:s + batch_size]
+            logits = p.model(**p._batch([query] * len(chunk), chunk, max_length)).logits.float()   # (n, labels)
+            if logits.shape[1] > 1:
+                logits = torch.log_softmax(logits, dim=-1)[:, self.positive:self.positive + 1]
+            out[s:s + len(chunk)] = logits[:, 0].cpu().numpy()
+        return out
+
+    def rank(self, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int = 32,
+             max_length: int = 256) -> list[dict]:
+        """The documents sorted by score, best first (ties: earlier document first)."""
+        docs = list(docs)
+        scores = self.score(query, docs, batch_size, max_length)
+        order = sorted(range(len(docs)), key=lambda i: (-float(scores[i]), i))[:top_k]
+        return [{"index": i, "text": docs[i], "score": float(scores[i])} for i in order]
+
+
+def rerank(model, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int = 32) -> list[dict]:
+    """`CrossEncoder.load(model).rank(query, docs, top_k)`; `model` may also be a loaded CrossEncoder."""
+    ce = model if isinstance(model, CrossEncoder) else CrossEncoder.load(model)
+    return ce.rank(query, docs, top_k, batch_size)

@@ -1,0 +1,324 @@
+"""Bi-encoder fine-tuning and evaluation from files: the library behind `bertkit finetune --task embed` and
+`bertkit evaluate --task embed`.
+
+    summary = finetune_embed(EmbedFinetuneConfig(model=minilm_dir, train="data/retrieval/train.jsonl",
+                                                 dev="data/retrieval/dev", out="runs/retrieval"))
+    report = evaluate_embed("runs/retrieval", "data/retrieval/test", baseline=minilm_dir)   # before / after
+
+Evaluation data is either a directory holding `queries`, `corpus` and `qrels` files (.jsonl / .csv / .tsv;
+queries and corpus rows: id, text; qrels rows: query_id, corpus_id[, score]) scored with recall@1/5/10, MRR@10 and
+nDCG@10, or a scored-pair file (text, text_pair, score) scored with Spearman / Pearson of the cosines, or a pair
+file (anchor, positive): its anchors retrieve among its distinct positives.
+
+Training runs through `bertkit.train` (embed_step, GradCache with `gradcache_batch`), bf16 autocast where native
+and, as in the classification runner, a compact word-embedding table (only the rows the training texts use are
+trained: the same maths, see bertkit.train.compact). Each seed's model is saved as a sentence-transformers
+directory (`load_sentence_encoder` and `SentenceTransformer` both read it); the report holds every split's metrics
+before and after training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from bertkit.errors import ConfigError, DataError
+from bertkit.tasks.readers import _rows
+from bertkit.train.loop import TrainConfig, seed_everything, train
+
+__all__ = ["EmbedFinetuneConfig", "finetune_embed", "evaluate_embed", "read_retrieval", "evaluator", "LOSSES",
+           "load_encoder"]
+
+LOSSES = ("mnrl", "cosent", "cosine")
+_ID = ("id", "_id")
+_QID = ("query_id", "query-id", "qid")
+_CID = ("corpus_id", "corpus-id", "doc_id", "docid", "pid")
+
+
+def _recipe() -> TrainConfig:
+    """sentence-transformers' defaults (lr 2e-5, one epoch) with BERT's linear warmup over 10% of the steps."""
+    return TrainConfig(lr=2e-5, epochs=1.0, warmup=0.1, log_every_steps=50)
+
+
+@dataclass
+class EmbedFinetuneConfig:
+    model: str                               # sentence-transformers or HF BERT directory
+    train: str                               # pairs (anchor, positive[, negative...]) or scored pairs
+    out: str
+    dev: str | None = None                   # retrieval directory, scored-pair or pair file
+    test: str | None = None
+    training: TrainConfig = field(default_factory=_recipe)
+    batch_size: int = 32
+    loss: str | None = None                  # mnrl | cosent | cosine; None: mnrl for pairs, cosent for scored
+    scale: float = 20.0                      # MNRL's (initial) logit scale; CoSENT's scale
+    learnable_scale: bool = False
+    symmetric: bool = False
+    gradcache_batch: int | None = None       # GradCache mini-batch: a large batch in a small batch's memory
+    pooling: str | None = None               # None: the model's (its pooling config; mean for plain BERT)
+    normalize: bool | None = None            # None: the model's
+    projection: int | None = None            # an extra Dense (identity activation) to this many dimensions
+    max_length: int | None = None            # pieces per text; None: the model's max_seq_length
+    anchor_max_length: int | None = None     # pieces per anchor / text (the query side); None: max_length
+    seeds: tuple[int, ...] = (1,)
+    max_train_examples: int | None = None
+    eval_batch_size: int = 128
+    compact_embeddings: bool = True
+    save_model: bool = True
+    quiet: bool = False
+
+    def __post_init__(self):
+        self.seeds = tuple(int(s) for s in self.seeds)
+        if not self.seeds:
+            raise ConfigError("seeds: give at least one seed")
+        if self.loss is not None and self.loss not in LOSSES:
+            raise ConfigError(f"--loss {self.loss!r}: choose one of {', '.join(LOSSES)}")
+        for name in ("batch_size", "gradcache_batch", "projection", "max_length", "anchor_max_length",
+                     "max_train_examples"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ConfigError(f"scale must be a positive number, got {self.scale!r}")
+        if not self.training.lr or self.training.lr <= 0 or not self.training.epochs or self.training.epochs <= 0:
+            raise ConfigError(f"lr and epochs must be > 0, got {self.training.lr!r}, {self.training.epochs!r}")
+        if not 0 <= self.training.warmup < 1:
+            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.training.warmup!r}")
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def _field(path: Path, line: int, row: dict, names: tuple[str, ...]) -> str:
+    for n in names:
+        value = row.get(n)
+        if value is not None and str(value).strip():
+            return str(value).strip()
+    raise DataError(f"{path}:{line}: column {names[0]!r}: missing or empty (found {', '.join(map(repr, row))})")
+
+
+def _table(directory: Path, stem: str) -> Path:
+    found = [directory / f"{stem}.{ext}" for ext in ("jsonl", "csv", "tsv") if (directory / f"{stem}.{ext}").is_file()]
+    if not found:
+        raise DataError(f"{directory}: no {stem}.jsonl / {stem}.csv / {stem}.tsv (a retrieval set needs queries, "
+                        f"corpus and qrels)")
+    return found[0]
+
+
+def _texts(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line, row in _rows(path):
+        key = _field(path, line, row, _ID)
+        if key in out:
+            raise DataError(f"{path}:{line}: id {key!r} appears twice")
+        title = str(row.get("title") or "").strip()
+        out[key] = f"{title} {_field(path, line, row, ('text',))}" if title else _field(path, line, row, ("text",))
+    if not out:
+        raise DataError(f"{path}: no rows")
+    return out
+
+
+def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, float]]]:
+    """(queries {id: text}, corpus {id: text}, qrels {query id: {corpus id: grade}}) from a retrieval directory."""
+    directory = Path(directory)
+    queries, corpus = _texts(_table(directory, "queries")), _texts(_table(directory, "corpus"))
+    path = _table(directory, "qrels")
+    qrels: dict[str, dict[str, float]] = {}
+    for line, row in _rows(path):
+        q, c = _field(path, line, row, _QID), _field(path, line, row, _CID)
+        if q not in queries or c not in corpus:
+            raise DataError(f"{path}:{line}: {'query' if q not in queries else 'corpus'} id "
+                            f"{q if q not in queries else c!r} is not in the {'queries' if q not in queries else 'corpus'} file")
+        try:
+            grade = float(row.get("score", 1) or 1)
+        except ValueError:
+            raise DataError(f"{path}:{line}: column 'score': {row.get('score')!r} is not a number") from None
+        qrels.setdefault(q, {})[c] = grade
+    if not qrels:
+        raise DataError(f"{path}: no relevance rows")
+    return queries, corpus, qrels
+
+
+def evaluator(path, tokenizer, batch_size: int = 128):
+    """The eval_fn for an evaluation path (see the module docstring): model -> metrics."""
+    from bertkit.embed.train import EmbedDataset, retrieval_eval, similarity_eval
+    path = Path(path)
+    if path.is_dir():
+        return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size)
+    if not path.is_file():
+        raise DataError(f"{path}: no such evaluation file or directory")
+    data = EmbedDataset.read(path)
+    if data.kind == "scored":
+        a, b = zip(*data.texts)
+        return similarity_eval(tokenizer, a, b, data.scores, batch_size)
+    positives = list(dict.fromkeys(t[1] for t in data.texts))
+    pid = {p: f"p{i}" for i, p in enumerate(positives)}
+    queries = {f"q{i}": t[0] for i, t in enumerate(data.texts)}
+    qrels = {f"q{i}": {pid[t[1]]: 1.0} for i, t in enumerate(data.texts)}
+    return retrieval_eval(tokenizer, queries, {v: k for k, v in pid.items()}, qrels, batch_size=batch_size)
+
+
+# ---------------------------------------------------------------------------------------------------- model
+def load_encoder(model, pooling: str | None = None, normalize: bool | None = None, max_length: int | None = None,
+                 projection: int | None = None):
+    """(SentenceEncoder, Tokenizer) of a directory, its settings changed where an argument is given."""
+    from bertkit.embed.pooling import Dense, Pooling
+    from bertkit.embed.st_format import load_sentence_encoder
+    encoder, tok = load_sentence_encoder(model)
+    if pooling is not None:
+        encoder.pooling = Pooling(pooling.split("+"), hidden_size=encoder.bert.config.hidden_size)
+        if len(encoder.dense) and encoder.dense[0].in_features != encoder.pooling.output_dim():
+            raise ConfigError(f"--pooling {pooling}: gives {encoder.pooling.output_dim()} features but {model}'s "
+                              f"Dense layer takes {encoder.dense[0].in_features}")
+    if normalize is not None:
+        encoder.normalize = bool(normalize)
+    if max_length is not None:
+        limit = encoder.bert.config.max_position_embeddings
+        if max_length > limit:
+            raise ConfigError(f"--max-length {max_length} exceeds the model's {limit} positions")
+        encoder.max_seq_length = max_length
+    if projection is not None:
+        encoder.dense.append(Dense(encoder.dim, projection, activation="identity"))
+    return encoder, tok
+
+
+def _loss(cfg: EmbedFinetuneConfig, kind: str, source: str):
+    from bertkit.embed.losses import CoSENTLoss, CosineMSELoss, MultipleNegativesRankingLoss
+    name = cfg.loss or ("mnrl" if kind == "pairs" else "cosent")
+    if (name == "mnrl") != (kind == "pairs"):
+        want = "anchor, positive[, negative...]" if name == "mnrl" else "text, text_pair, score"
+        raise DataError(f"{source}: --loss {name} needs columns {want}")
+    if name == "mnrl":
+        return MultipleNegativesRankingLoss(cfg.scale, cfg.learnable_scale, cfg.symmetric)
+    return CoSENTLoss(cfg.scale) if name == "cosent" else CosineMSELoss()
+
+
+def _compact(cfg: EmbedFinetuneConfig, encoder, tok, data) -> bool:
+    import os
+    if not cfg.compact_embeddings or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return False
+    from bertkit.train.compact import compact_word_embeddings
+    texts = sorted({t for row in data.texts for t in row})
+    ids = {tok.pad_token_id}
+    for start in range(0, len(texts), 1024):
+        chunk = texts[start:start + 1024]
+        chunk = [t.lower() for t in chunk] if encoder.do_lower_case else chunk
+        for row in tok(chunk, max_length=encoder.max_seq_length, truncation=True)["input_ids"]:
+            ids.update(row)
+    try:
+        compact_word_embeddings(encoder, torch.tensor(sorted(ids), dtype=torch.long), cfg.training.optimizer)
+    except ConfigError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def _log(cfg: EmbedFinetuneConfig, msg: str) -> None:
+    if not cfg.quiet:
+        import sys
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _evaluate_all(evals: dict, encoder) -> dict:
+    return {split: fn(encoder) for split, fn in evals.items()}
+
+
+def _train_seed(cfg: EmbedFinetuneConfig, data, seed: int, run_dir: Path, evals_of) -> dict:
+    """Train one seed; returns its record (before / after metrics, timing) and saves the model."""
+    from bertkit.embed.st_format import save_sentence_encoder
+    from bertkit.embed.train import EmbedModel, embed_step
+    from bertkit.train.compact import restore_word_embeddings
+    seed_everything(seed)
+    encoder, tok = load_encoder(cfg.model, cfg.pooling, cfg.normalize, cfg.max_length, cfg.projection)
+    evals = evals_of(tok)
+    before = _evaluate_all(evals, encoder)
+    model = EmbedModel(encoder, _loss(cfg, data.kind, data.source))
+    compacted = _compact(cfg, encoder, tok, data)
+    batches = data.batches(encoder, tok, cfg.batch_size, seed=seed)
+    if cfg.anchor_max_length:
+        batches.max_lengths = {data.columns[0]: cfg.anchor_max_length}
+    total = max(1, math.ceil(len(batches) * cfg.training.epochs))
+    tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False, progress=not cfg.quiet,
+                   tensorboard=False, plot=False, overwrite=True, eval_every_steps=None)
+    t0 = time.perf_counter()
+    result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
+    wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
+    if compacted:
+        restore_word_embeddings(encoder)
+    after = _evaluate_all(evals, encoder)
+    examples = result.steps * cfg.batch_size
+    rec = {"seed": seed, "steps": result.steps, "train_examples": examples, "train_s": wall,
+           "loop_s": result.elapsed_s, "examples_per_s": examples / wall,
+           "final_loss": result.losses[-1] if result.losses else None, "before": before, "after": after}
+    if cfg.save_model:
+        save_sentence_encoder(encoder, tok, run_dir)
+        rec["model_dir"] = str(run_dir)
+    (run_dir / "metrics.json").write_text(json.dumps(rec, indent=1, default=float))
+    return rec
+
+
+def _mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def _summarise(runs: list[dict], stage: str) -> dict:
+    out = {}
+    for split, metrics in runs[0][stage].items():
+        out[split] = {k: _mean_std([float(r[stage][split][k]) for r in runs]) for k, v in metrics.items()
+                      if isinstance(v, float)}
+    return out
+
+
+def finetune_embed(cfg: EmbedFinetuneConfig) -> dict:
+    """Train a bi-encoder per the config for each seed; returns (and writes OUT/summary.json) the before / after
+    metrics of every evaluation split (mean +- std over seeds) and the training throughput."""
+    from bertkit.embed.train import EmbedDataset
+    from bertkit.precision import resolve
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
+    data = EmbedDataset.read(cfg.train)
+    if cfg.max_train_examples:
+        data.texts = data.texts[:cfg.max_train_examples]
+        data.scores = data.scores[:cfg.max_train_examples] if data.scores else data.scores
+    _loss(cfg, data.kind, data.source)                      # a loss that does not fit the file fails before loading
+    splits = {s: p for s, p in (("dev", cfg.dev), ("test", cfg.test)) if p}
+    for p in splits.values():
+        if not Path(p).exists():
+            raise DataError(f"{p}: no such evaluation file or directory")
+    _log(cfg, f"finetune embed: {len(data)} {data.kind} examples, columns {', '.join(data.columns)}")
+
+    def evals_of(tok):
+        return {s: evaluator(p, tok, cfg.eval_batch_size) for s, p in splits.items()}
+
+    runs = []
+    for seed in cfg.seeds:
+        run_dir = out if len(cfg.seeds) == 1 else out / f"seed-{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runs.append(_train_seed(cfg, data, seed, run_dir, evals_of))
+        _log(cfg, f"seed {seed}: {json.dumps({'after': runs[-1]['after']}, default=float)}")
+    summary = {"task": "embed", "model": cfg.model, "kind": data.kind, "loss": cfg.loss or ("mnrl" if data.kind ==
+               "pairs" else "cosent"), "lr": cfg.training.lr, "batch_size": cfg.batch_size,
+               "epochs": cfg.training.epochs, "seeds": list(cfg.seeds), "train_examples": len(data),
+               "examples_per_s": _mean_std([r["examples_per_s"] for r in runs]),
+               "before": _summarise(runs, "before"), "after": _summarise(runs, "after"),
+               "config": asdict(cfg)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary
+
+
+def evaluate_embed(model, data, baseline=None, batch_size: int = 128) -> dict:
+    """Metrics of `model` on an evaluation path; with `baseline`, that model's metrics on the same set too
+    ({"before": baseline's, "after": model's})."""
+    report = {}
+    for name, path in (("before", baseline), ("after", model)):
+        if path is None:
+            continue
+        encoder, tok = load_encoder(path)
+        report[name] = {"model": str(path), **evaluator(data, tok, batch_size)(encoder)}
+    return report if baseline is not None else report["after"]
