@@ -224,7 +224,6 @@ def dir_out_probes() -> list[Probe]:
 
 _FILE_CMDS = {
     "predict": (["predict", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"], "W/data/dev.csv"),
-    "embed": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"], "W/data/sents.txt"),
     "plot": (["plot", "W/data/preds.jsonl", "--confusion", "--out", "OUT"], "W/data/preds.jsonl"),
     "export": (["export", "W/mlm", "OUT", "--no-check"], "W/mlm/config.json"),   # a file of the input model
 }
@@ -243,6 +242,22 @@ def file_out_probes() -> list[Probe]:
                   {f"T/o/{n}/x": b"" for n in ("dev.predictions.jsonl", "embeddings.jsonl", "preds.confusion.png",
                                                "model.onnx")}),
         ]
+    embed = ["embed", "W/mlm", "--file", "W/data/sents.txt", "--out"]   # .npy / .jsonl: vectors; else an index
+    probes += [
+        Probe("fout:embed:under-file", embed + ["W/file.txt/x.jsonl"], "is a file, not a directory"),
+        Probe("fout:embed:unwritable", embed + ["/sys/bertkit-probe.jsonl"], "cannot write"),
+        Probe("fout:embed:exists", embed + ["T/v.jsonl"], "exists; pass --overwrite", {"T/v.jsonl": b"{}\n"}),
+        Probe("in:rerank:missing", ["rerank", "W/clf", "--query", "a", "--file", "W/none.txt"], "none.txt"),
+        Probe("arg:rerank:top-k-0", ["rerank", "W/clf", "--query", "a", "--file", "W/data/sents.txt", "--top-k", "0"],
+              "--top-k"),
+        Probe("fout:embed:index-is-a-file", embed + ["W/file.txt", "--overwrite"], "expected an index directory"),
+        Probe("fout:embed:index-is-input", embed + ["W/data/", "--overwrite"], "holds the input"),
+        Probe("fout:embed:index-not-empty", embed + ["T/o/", "--overwrite"], "holds no index", {"T/o/x": b""}),
+        Probe("fout:embed:index-unwritable", embed + ["/sys/bertkit-index/"], "cannot write"),
+        Probe("fout:search:no-index", ["search", "T/o", "--query", "a"], "T/o", {"T/o/x": b""}),
+        Probe("fout:mine:exists", ["mine", "W/mlm", "--data", "W/data/sents.txt", "--out", "W/file.txt"],
+              "exists; pass --overwrite"),
+    ]
     return probes
 
 

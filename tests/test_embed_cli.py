@@ -202,7 +202,7 @@ def test_embed_index_then_search(capsys, tmp_path, tiny_st, data, dtype):
     else:
         assert [h[0]["id"] for h in hits] == ["d3", "d7"] and hits[0][0]["text"] == corpus[3]
     assert all(len(h) == 3 and h[0]["score"] >= h[1]["score"] >= h[2]["score"] for h in hits)
-    assert "exists" in _error(capsys, "embed", tiny_st, "--file", data / "docs.txt", "--out", index)
+    assert "holds an earlier index" in _error(capsys, "embed", tiny_st, "--file", data / "docs.txt", "--out", index)
 
 
 def test_search_with_another_model_is_refused(capsys, tmp_path, tiny_st, tiny_ce, data):

@@ -255,6 +255,24 @@ def undo_empty(path) -> None:
         return
 
 
+def out_index(path, *, inputs=(), overwrite: bool = False) -> Path:
+    """Check the directory an index is written to as a whole (renamed into place, so nothing else may live there):
+    absent, empty, or an earlier index with --overwrite; never holding one of `inputs`."""
+    shown, d = str(path), _resolved(path)
+    if d.exists() and not d.is_dir():
+        raise OutputError(f"{shown}: is a file, expected an index directory")
+    for name, r in _existing(inputs):
+        if r == d or d in r.parents:
+            raise OutputError(f"{shown}: holds the input {name}; write the index elsewhere")
+    if d.is_dir() and any(d.iterdir()):
+        if not (d / "manifest.json").is_file():
+            raise OutputError(f"{shown}: is not empty and holds no index; choose another directory")
+        if not overwrite:
+            raise OutputError(f"{shown}: holds an earlier index; pass --overwrite to replace it")
+    _check_writable(shown, d)
+    return d
+
+
 def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
     """Check the output file of `bertkit COMMAND`, before any work; an existing directory (or a path ending in '/')
     gets `default_name` inside it. Refused: a directory or a device / pipe where the file would go, one of

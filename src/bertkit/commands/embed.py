@@ -202,8 +202,8 @@ def embed_encoder(args) -> int:
     normalize = False if args.no_normalize else (True if index else None)
     if index and args.no_normalize:
         raise ConfigError("an index is searched by cosine: its vectors are always normalised (drop --no-normalize)")
-    if index and Path(args.out).exists():
-        raise ConfigError(f"{args.out} exists: remove it or choose another --out (an index is never overwritten)")
+    if index:
+        checks.out_index(args.out, inputs=(args.model, args.file), overwrite=args.overwrite)
     out = None if index else vector_out(args)
     texts, ids = _texts_and_ids(args)
     encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
