@@ -104,13 +104,8 @@ class Int8Linear(nn.Module):
             m.bias.copy_(linear.bias.detach().float())
         return m
 
-    @property
-    def in_features(self) -> int:
-        return self.weight.shape[1]
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
+    in_features = property(lambda self: self.weight.shape[1])
+    out_features = property(lambda self: self.weight.shape[0])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, act={self.act}"
