@@ -16,7 +16,8 @@ from bertkit.errors import BertkitError
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
 # partial install still runs the stages it has.
-STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "serve", "export", "convert", "demo")
+STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "serve", "export", "convert", "quantize",
+          "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
