@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
+from test_tasks_finetune import NEG, POS, WORDS, one_thread  # noqa: F401  (the same synthetic sentiment data)
+from test_tasks_finetune import _sentiment_rows as _rows
 
 from bertkit.cli import main
 from bertkit.runtime import int8
 
 pytestmark = pytest.mark.skipif(not int8.int8_kernel_ok(), reason="no int8 linear kernel in this PyTorch build")
-
-WORDS = "the a film movie plot actor story scene was is and but very quite really show music end".split()
-POS, NEG = ["great", "superb", "lovely"], ["awful", "boring", "dull"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _rows(n, seed):
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        label = rng.choice(["pos", "neg"])
-        words = rng.sample(WORDS, 5) + [rng.choice(POS if label == "pos" else NEG)]
-        rng.shuffle(words)
-        out.append({"text": " ".join(words), "label": label})
-    return out
-
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory):
