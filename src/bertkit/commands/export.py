@@ -12,20 +12,27 @@ def register(sub) -> None:
     p.add_argument("out", help="output .onnx path")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs difference allowed by the check")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="max abs difference allowed by the check (default 1e-4; 0.1 with --int8)")
+    p.add_argument("--int8", action="store_true", help="a dynamically quantized int8 graph, checked against "
+                                                       "bertkit's int8 model (bertkit quantize)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from bertkit.errors import BertkitError
-    from bertkit.export import check_onnx, export_onnx
-    path = export_onnx(args.model, args.out, opset=args.opset)
+    from bertkit.export import check_onnx, export_onnx, export_onnx_int8
+    if args.int8:
+        path, report = export_onnx_int8(args.model, args.out, opset=args.opset, check=not args.no_check)
+    else:
+        path = export_onnx(args.model, args.out, opset=args.opset)
+        report = None if args.no_check else check_onnx(args.model, path)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
-    if args.no_check:
+    if report is None:
         return 0
-    report = check_onnx(args.model, path)
     print(json.dumps(report))
-    if report["max_abs_diff"] > args.tolerance:
+    tolerance = args.tolerance if args.tolerance is not None else (0.1 if args.int8 else 1e-4)
+    if report["max_abs_diff"] > tolerance:
         raise BertkitError(f"{path}: onnxruntime differs from PyTorch by {report['max_abs_diff']:.3g} "
-                           f"> tolerance {args.tolerance:g}")
+                           f"> tolerance {tolerance:g}")
     return 0
