@@ -65,3 +65,24 @@ def test_missing_onnx_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "onnx", raising=False)
     with pytest.raises(BertkitError, match="pip install onnx"):
         export_onnx(tmp_path, tmp_path / "x.onnx")
+
+
+def test_export_int8_has_dynamic_axes_and_matches_bertkit_int8(tmp_path, capsys):
+    """The quantized graph against bertkit's int8 model: both quantize each activation matrix with one scale and
+    hold the same int8 weights, so they agree to 0.1 on the O(1) hidden states (the CLI's --int8 tolerance)."""
+    import json
+
+    import onnx
+    from bertkit.cli import main
+    from bertkit.runtime.int8 import int8_kernel_ok
+    if not int8_kernel_ok():
+        pytest.skip("no int8 linear kernel in this PyTorch build")
+    d = _save("BertModel", tmp_path / "m")
+    assert main(["export", str(d), str(tmp_path / "fp32.onnx"), "--no-check"]) == 0
+    assert main(["export", str(d), str(tmp_path / "int8.onnx"), "--int8"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 < report["max_abs_diff"] <= 0.1, report
+    graph = onnx.load(str(tmp_path / "int8.onnx")).graph
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in graph.node}
+    assert [x.dim_param for x in graph.input[0].type.tensor_type.shape.dim] == ["batch", "seq"]
+    assert (tmp_path / "int8.onnx").stat().st_size < 0.5 * (tmp_path / "fp32.onnx").stat().st_size

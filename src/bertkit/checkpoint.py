@@ -260,6 +260,9 @@ def load_pretrained(cls, path, *, dtype=None, device=None, ignore_mismatched_siz
     config = read_config(directory, config_overrides)
     sd, source = read_weights(directory, allow_non_finite)
     model = cls(config)
+    if "quantization_config" in config.extra:          # int8 layers first: the file holds their int8 weights
+        from bertkit.runtime import int8
+        model, sd = int8.prepare(model, config), int8.from_storage(sd)
     _load_into(model, sd, source, ignore_mismatched_sizes)
     check_vocab_rows(directory, model.config.vocab_size, source)
     if dtype == "auto":
@@ -327,6 +330,9 @@ def save_pretrained(model, path, tokenizer=None) -> None:
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if "quantization_config" in model.config.extra:
+        from bertkit.runtime import int8
+        sd = int8.to_storage(sd)
     _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(sd, str(p), metadata={"format": "pt"}))
     cfg = model.config.to_dict()
     cfg["architectures"] = [type(model).__name__]

@@ -19,7 +19,8 @@ from bertkit.errors import BertkitError
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
 # partial install still runs the stages it has.
-STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "embed", "serve", "export", "convert", "demo")
+STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "embed", "serve", "export", "convert",
+          "quantize", "demo")
 
 
 class _AnyOrder(argparse.ArgumentParser):

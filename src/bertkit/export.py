@@ -32,7 +32,7 @@ import torch
 from bertkit.errors import BertkitError
 from bertkit.tokenizer.inputs import pad_batch, token_types, wrap
 
-__all__ = ["export_onnx", "check_onnx", "onnx_session", "OUTPUTS"]
+__all__ = ["export_onnx", "export_onnx_int8", "check_onnx", "onnx_session", "OUTPUTS"]
 
 OUTPUTS = {
     "encoder": ["last_hidden_state", "pooler_output"],
@@ -119,6 +119,41 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
         if tmp.exists():
             tmp.unlink()
     return out_path
+
+
+def _int8_dir(model_dir: Path, tmp: Path) -> Path:
+    """`model_dir` itself when bertkit quantized it already, else an int8 copy in `tmp` (bertkit quantize)."""
+    import json
+    from bertkit.quantize import quantize_dir
+    if "quantization_config" in json.loads((model_dir / "config.json").read_text(encoding="utf-8")):
+        return model_dir
+    quantize_dir(model_dir, tmp, force=True)
+    return tmp
+
+
+def export_onnx_int8(model_dir: str | Path, out_path: str | Path, opset: int = 17, check: bool = True
+                     ) -> tuple[Path, dict | None]:
+    """A dynamically quantized ONNX model (int8 weights per output channel, activations quantized in the graph,
+    dynamic batch and sequence axes) from bertkit's int8 model (`model_dir` quantized first if it is fp32):
+    its graph exported with the int8 weights' float values, then onnxruntime.quantization.quantize_dynamic, which
+    recovers the same int8 weights. With `check`, `check_onnx` against bertkit's int8 model."""
+    import tempfile
+    _require("onnxruntime")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    out_path = Path(out_path)
+    with tempfile.TemporaryDirectory(prefix="bertkit-int8-") as tmp:
+        reference = _int8_dir(Path(model_dir), Path(tmp) / "model")
+        float_graph = export_onnx(reference, Path(tmp) / "float.onnx", opset=opset)
+        part = out_path.with_name(out_path.name + ".tmp")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                quantize_dynamic(str(float_graph), str(part), weight_type=QuantType.QInt8, per_channel=True)
+            part.replace(out_path)
+        finally:
+            if part.exists():
+                part.unlink()
+        return out_path, (check_onnx(reference, out_path) if check else None)
 
 
 def onnx_session(onnx_path: str | Path, threads: int | None = None):

@@ -16,23 +16,30 @@ def register(sub) -> None:
     p.add_argument("--opset", type=checks.opset, default=17)
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
-    p.add_argument("--tolerance", type=checks.nonneg_float, default=1e-4, help="max abs difference allowed by the check")
+    p.add_argument("--tolerance", type=checks.nonneg_float, default=None,
+                   help="max abs difference allowed by the check (default 1e-4; 0.1 with --int8)")
+    p.add_argument("--int8", action="store_true", help="a dynamically quantized int8 graph, checked against "
+                                                       "bertkit's int8 model (bertkit quantize)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from bertkit.errors import BertkitError
-    from bertkit.export import check_onnx, export_onnx
+    from bertkit.export import check_onnx, export_onnx, export_onnx_int8
     out = checks.out_file(args.out, "export", inputs=(args.model,), default_name="model.onnx",
                           overwrite=args.overwrite)
-    path = export_onnx(args.model, out, opset=args.opset)
+    if args.int8:
+        path, report = export_onnx_int8(args.model, out, opset=args.opset, check=not args.no_check)
+    else:
+        path = export_onnx(args.model, out, opset=args.opset)
+        report = None if args.no_check else check_onnx(args.model, path)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
-    if args.no_check:
+    if report is None:
         print(json.dumps({"out": str(path), "bytes": path.stat().st_size}))
         return 0
-    report = check_onnx(args.model, path)
     print(json.dumps({"out": str(path), "bytes": path.stat().st_size, **report}))
-    if report["max_abs_diff"] > args.tolerance:
+    tolerance = args.tolerance if args.tolerance is not None else (0.1 if args.int8 else 1e-4)
+    if report["max_abs_diff"] > tolerance:
         raise BertkitError(f"{path}: onnxruntime differs from PyTorch by {report['max_abs_diff']:.3g} "
-                           f"> tolerance {args.tolerance:g}")
+                           f"> tolerance {tolerance:g}")
     return 0

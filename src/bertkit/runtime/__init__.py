@@ -39,6 +39,7 @@ _OPTION_PROBES = {"explicit_train_attention": "explicit_train_attention",
 class RuntimePlan:
     options: ExecutionOptions                       # what BertModel.execution gets
     packed_dtypes: frozenset = frozenset()          # frozen linears through prepacked oneDNN GEMMs in these dtypes
+    int8: bool = False                              # int8 linears (runtime.int8) measured faster than fp32 here
     reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
 
 
@@ -76,7 +77,7 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
                        if _won(probes[name]))
     reasons = {name: _why(probe) for name, probe in probes.items()}
     reasons["bf16_residual"] = "on with native bf16" if bf16 else "no native bf16: training runs fp32 here"
-    return RuntimePlan(ExecutionOptions(**chosen), packed, reasons)
+    return RuntimePlan(ExecutionOptions(**chosen), packed, _won(probes["int8_linear"]), reasons)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -86,11 +87,11 @@ def plan(device="cpu", force: str | None = None) -> RuntimePlan:
         raise ConfigError(f"$BERTKIT_FAST_PATHS / force={force!r} is not one of {FORCES}")
     if torch.device(device).type != "cpu" or force == "none":
         why = "plain PyTorch kernels" + (" (forced)" if force == "none" else f" on {torch.device(device).type}")
-        return RuntimePlan(ExecutionOptions(), frozenset(), {"all": why})
+        return RuntimePlan(ExecutionOptions(), frozenset(), reasons={"all": why})
     if force == "all":
         on = {opt: True for opt in _OPTION_PROBES.values()}
         return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
-                           {"all": "every fast path (forced)"})
+                           True, {"all": "every fast path (forced)"})
     return _measured_plan(native_bf16("cpu"), torch.get_num_threads())
 
 
@@ -130,7 +131,7 @@ def describe(runtime: RuntimePlan) -> list[str]:
     """One line per choice: on/off and the measurement behind it."""
     o = runtime.options
     state = {"packed_linear_fp32": torch.float32 in runtime.packed_dtypes,
-             "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes,
+             "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes, "int8_linear": runtime.int8,
              "bf16_residual": o.bf16_residual, **{n: getattr(o, f) for n, f in _OPTION_PROBES.items()}}
     if "all" in runtime.reasons:
         return [f"{name}: {'on' if on else 'off'} ({runtime.reasons['all']})" for name, on in state.items()]

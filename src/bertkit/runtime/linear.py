@@ -175,7 +175,8 @@ def freeze_linears(model: nn.Module, packed: frozenset[torch.dtype]) -> None:
     dtypes that run through prepacked oneDNN weights on CPU."""
     for module in list(model.modules()):
         if isinstance(module, BertSelfAttention):
-            _freeze_attention(module, packed)
+            if all(type(getattr(module, n)) is nn.Linear for n in ("query", "key", "value")):   # not int8 ones
+                _freeze_attention(module, packed)
         elif isinstance(module, BertIntermediate) and isinstance(module.dense, nn.Linear):
             module.dense = _frozen(module.dense, packed, module.intermediate_act_fn.name)
             module.intermediate_act_fn = nn.Identity()

@@ -55,6 +55,22 @@ def _probe_packed_linear(dtype: torch.dtype) -> dict:
     return {"fast": fast, "plain": plain}
 
 
+def _probe_int8_linear() -> dict:
+    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) against the fp32 GEMM."""
+    from bertkit.runtime.int8 import Int8Linear, int8_kernel_ok
+    if not int8_kernel_ok():
+        return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
+    g = torch.Generator().manual_seed(0)
+    fast = plain = 0.0
+    with torch.no_grad():
+        for rows, k, n in ((1024, 384, 1536), (512, 768, 3072)):             # MiniLM FFN-in, base FFN-in
+            x, lin = torch.randn(rows, k, generator=g), torch.nn.Linear(k, n)
+            q = Int8Linear.from_float(lin)
+            t = _time({"fast": lambda: q(x), "plain": lambda: lin(x)})
+            fast, plain = fast + t["fast"], plain + t["plain"]
+    return {"fast": fast, "plain": plain}
+
+
 def _probe_dropout() -> dict:
     x = torch.randn(4, 12, 128, 128)
     t = _time({"fast": lambda: torch.where(dropout_drop_mask(tuple(x.shape), 0.1, x.device)[0], 0.0, x * 1.1),
@@ -90,15 +106,16 @@ def _probe_masked_inference_attention() -> dict:
     return {"fast": t["fast"], "plain": t["plain"]}
 
 
-PROBES = ("packed_linear_fp32", "packed_linear_bf16", "fast_dropout", "explicit_train_attention",
+PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference")
-SCHEMA = 2                # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 3                # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
     """Every probe on this machine: {name: {"fast": s, "plain": s} or a "why" where it cannot run}. Runs on a
-    forked RNG: a seeded program draws the same numbers whether or not it probed."""
-    with torch.random.fork_rng(devices=[]):
+    forked RNG: a seeded program draws the same numbers whether or not it probed; grad on, as the training probes
+    run backward even when the first plan is asked for inside torch.no_grad()."""
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
         return _measure(bf16_native)
 
 
@@ -106,6 +123,7 @@ def _measure(bf16_native: bool) -> dict[str, dict]:
     train_dtype = torch.bfloat16 if bf16_native else torch.float32
     out = {
         "packed_linear_fp32": _probe_packed_linear(torch.float32),
+        "int8_linear": _probe_int8_linear(),
         "fast_dropout": _probe_dropout(),
         "explicit_train_attention": _probe_train_attention(train_dtype, 0.1),
         "explicit_train_short": _probe_train_attention(train_dtype, 0.0),

@@ -1,0 +1,195 @@
+"""int8 inference: bertkit against the anchors on real variable-length text, and fp32 vs int8 accuracy.
+
+Run (one JSON line per case, then one line with every figure):
+
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/quantize.py --cases speed
+    nice .venv/bin/python benchmarks/quantize.py --cases accuracy --work /tmp/q-acc     # fine-tunes; no timing
+
+speed: BBC News sentences (bertkit.datasets, split at sentence ends, up to 128 tokens) in batches of 32 (padded to
+the longest in the batch) and one at a time, through MiniLM-L6 (the real all-MiniLM-L6-v2 weights) and BERT-base
+shape (random weights, saved once so every runner reads the same file):
+  transformers fp32 (sdpa) | transformers + torch.ao dynamic int8 | onnxruntime fp32 | onnxruntime dynamic int8
+  (quantize_dynamic, per-channel QInt8 weights, on bertkit's own ONNX export) | bertkit fp32 | bertkit bf16
+  (where the CPU has native bf16: what precision "auto" runs) | bertkit int8 (runtime.int8, fp32 activations).
+Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
+sequences/s from the median repeat; "ratios" divide bertkit int8 by each. Every runner gets the same thread count.
+
+accuracy: MiniLM-L6 fine-tuned by `bertkit finetune` on the sentiment (Rotten Tomatoes) and topic (BBC) task data,
+then `bertkit quantize --check TEST`: the test-split scores of fp32 and int8 and the sizes on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from inference import bbc_sentences  # noqa: E402
+
+from bertkit import runtime  # noqa: E402
+from bertkit.hardware import cpu_model, native_bf16  # noqa: E402
+
+
+def emit(record: dict) -> dict:
+    record.setdefault("threads", torch.get_num_threads())
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def batches_of(model_dir: Path, texts: list[str], batch: int) -> list[dict]:
+    from bertkit.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(model_dir)
+    out = []
+    for i in range(0, len(texts), batch):
+        enc = tok(texts[i:i + batch], padding=True, truncation=True, max_length=128, return_tensors="pt")
+        out.append({k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")})
+    return out
+
+
+def model_dir_for(name: str, work: Path) -> Path:
+    from bertkit.datasets import minilm_dir
+    if name == "minilm":
+        return minilm_dir()
+    from bertkit.config import BertConfig
+    from bertkit.model import BertModel
+    from bertkit.tokenizer import Tokenizer
+    d = work / "base"
+    if not (d / "model.safetensors").is_file():
+        torch.manual_seed(0)
+        BertModel(BertConfig.preset("base")).save_pretrained(d, tokenizer=Tokenizer.from_pretrained(minilm_dir()))
+    return d
+
+
+def runners(model_dir: Path, work: Path, threads: int) -> dict:
+    """name -> fn(batch) for every variant, all built from the same weights file."""
+    import transformers
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from bertkit.export import export_onnx, onnx_session
+    from bertkit.model import BertModel
+    from bertkit.precision import autocast
+    from bertkit.runtime import int8
+
+    hf = transformers.BertModel.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
+    hf_q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(hf), {torch.nn.Linear}, dtype=torch.qint8)
+    onnx_fp = export_onnx(model_dir, work / f"{model_dir.name}.onnx")
+    onnx_q = work / f"{model_dir.name}.int8.onnx"
+    quantize_dynamic(str(onnx_fp), str(onnx_q), weight_type=QuantType.QInt8, per_channel=True)
+    sessions = {"onnxruntime_fp32": onnx_session(onnx_fp, threads), "onnxruntime_int8": onnx_session(onnx_q, threads)}
+    ours = runtime.freeze(BertModel.from_pretrained(model_dir))
+    ours_q = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))
+
+    def ort(name):
+        return lambda b: sessions[name].run(["last_hidden_state"], {k: v.numpy() for k, v in b.items()})
+
+    def torch_fn(m, precision="fp32"):
+        def run(b):
+            with torch.inference_mode(), autocast(precision):
+                return m(**b).last_hidden_state
+        return run
+
+    out = {"transformers_fp32": torch_fn(hf), "transformers_int8": torch_fn(hf_q),
+           "onnxruntime_fp32": ort("onnxruntime_fp32"), "onnxruntime_int8": ort("onnxruntime_int8"),
+           "bertkit_fp32": torch_fn(ours), "bertkit_int8": torch_fn(ours_q)}
+    if native_bf16("cpu"):
+        out["bertkit_bf16"] = torch_fn(ours, "bf16")
+    return out
+
+
+def interleaved(fns: dict, work, repeats: int) -> dict[str, float]:
+    """Median seconds of `work(fn)` per variant, variants alternating, order reversed every repeat."""
+    names = list(fns)
+    for n in names:
+        work(fns[n])
+    times = {n: [] for n in names}
+    for r in range(repeats):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
+            work(fns[n])
+            times[n].append(time.perf_counter() - t)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def speed(args, work: Path) -> list[dict]:
+    records = []
+    texts = bbc_sentences(max(args.sentences, args.base_sentences))
+    for name in args.models.split(","):
+        model_dir = model_dir_for(name, work)
+        fns = runners(model_dir, work, torch.get_num_threads())
+        for batch in (32, 1):
+            n = args.sentences if name == "minilm" else args.base_sentences
+            n = n if batch > 1 else max(8, n // 4)
+            bs = batches_of(model_dir, texts[:n], batch)
+
+            def run_all(fn):
+                for b in bs:
+                    fn(b)
+            t = interleaved(fns, run_all, args.repeats)
+            seq_s = {k: round(n / v, 2) for k, v in t.items()}
+            tokens = sum(int(b["attention_mask"].sum()) for b in bs)
+            padded = sum(b["attention_mask"].numel() for b in bs)
+            records.append(emit({
+                "case": "speed", "model": name, "batch": batch, "sequences": n, "fill": round(tokens / padded, 3),
+                "seq_per_s": seq_s, "ratios": {f"int8_vs_{k}": round(seq_s["bertkit_int8"] / v, 2)
+                                               for k, v in seq_s.items() if k != "bertkit_int8"}}))
+    return records
+
+
+def accuracy(args, work: Path) -> list[dict]:
+    from bertkit.datasets import minilm_dir
+    from bertkit.quantize import quantize_dir
+    from bertkit.tasks.data import build
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    records = []
+    for task, epochs, max_len in (("sentiment", 2, 64), ("topic", 3, 128)):
+        data = work / "data" / task
+        if not (data / "test.csv").is_file():
+            build(task, data)
+        run = work / "runs" / task
+        if not (run / "model.safetensors").is_file():
+            finetune(FinetuneConfig(task="classify", model=str(minilm_dir()), train=str(data / "train.csv"),
+                                    dev=str(data / "dev.csv"), out=str(run), max_length=max_len, quiet=True,
+                                    training=finetune_recipe(lr=5e-5, epochs=epochs)))
+        for precision in ("fp32", "auto"):
+            out = work / "int8" / f"{task}-{precision}"
+            report = quantize_dir(run, out, check=data / "test.csv", max_drop=100.0, precision=precision,
+                                  overwrite=True)
+            records.append(emit({"case": "accuracy", "task": task, "model": "minilm-l6", "split": "test",
+                                 **report["check"], "size_bytes": report["size_bytes"]}))
+    return records
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="speed", help="speed,accuracy")
+    p.add_argument("--models", default="minilm,base")
+    p.add_argument("--sentences", type=int, default=256, help="MiniLM texts per repeat at batch 32 (1/4 at batch 1)")
+    p.add_argument("--base-sentences", type=int, default=96, help="BERT-base texts per repeat")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads for every runner (default torch's)")
+    p.add_argument("--work", default=None, help="directory for ONNX files, the base weights and fine-tuned runs")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = Path(args.work or tempfile.mkdtemp(prefix="bertkit-quantize-"))
+    work.mkdir(parents=True, exist_ok=True)
+    records = []
+    for case in args.cases.split(","):
+        records += {"speed": speed, "accuracy": accuracy}[case](args, work)
+    emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
+          "int8_plan": [line for line in runtime.describe(runtime.plan("cpu")) if line.startswith("int8")], "records": records})
+
+
+if __name__ == "__main__":
+    main()

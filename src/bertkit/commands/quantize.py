@@ -1,0 +1,54 @@
+"""`bertkit quantize MODEL OUT`: an int8 copy of a model directory, optionally gated on a dev file (thin over
+bertkit.quantize).
+
+    bertkit quantize runs/sentiment/seed-1 runs/sentiment-int8 --check data/sentiment/dev.csv --max-drop 0.5
+    bertkit quantize my-encoder my-encoder-int8 --keep-float 'bert.encoder.layer.5.output.*'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bertkit.commands import checks
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("quantize", help="write an int8 copy of a model (int8 linear layers, CPU inference)",
+                              description="Quantize every linear layer of the encoder and heads to int8 (weights "
+                                          "per output channel, activations per call); embeddings, LayerNorms and "
+                                          "softmax stay float. The result loads like any model directory.")
+    p.add_argument("model", help="model directory (fp32)")
+    p.add_argument("out", help="output directory (new or empty unless --overwrite)")
+    p.add_argument("--check", metavar="DEV_FILE", help="labelled dev file of the model's task: score fp32 and int8 "
+                                                      "and refuse (exit 2) when int8 drops more than --max-drop")
+    p.add_argument("--max-drop", type=checks.nonneg_float, default=1.0, help="points of the task's main metric (default 1.0)")
+    p.add_argument("--keep-float", action="append", default=[], metavar="PATTERN",
+                   help="module names to keep in float (fnmatch, repeatable), e.g. classifier")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="activation precision of the --check runs (default: as the inference commands)")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty output directory")
+    p.add_argument("--force", action="store_true", help="write int8 even where it measured slower than fp32")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertkit.quantize import quantize_dir
+
+    # checked (and an earlier quantize run cleared) before any work; the directory then holds only the marker
+    checks.out_dir(args.out, "quantize", inputs=(args.model, args.check), overwrite=args.overwrite, writes_model=True)
+    report = quantize_dir(args.model, args.out, check=args.check, max_drop=args.max_drop,
+                          keep_float=tuple(args.keep_float), precision=args.precision, overwrite=True,
+                          force=args.force)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    size = report["size_bytes"]
+    print(f"wrote {report['out']}: {report['int8_layers']} int8 linear layers, "
+          f"{size['int8'] / 1e6:.1f} MB ({100 * size['ratio']:.0f}% of fp32 {size['fp32'] / 1e6:.1f} MB)")
+    if "check" in report:
+        c = report["check"]
+        print(f"{c['dev_file']}: {c['metric']} fp32 {c['fp32']:.2f}, int8 {c['int8']:.2f} "
+              f"(drop {c['drop_points']:.2f} points, allowed {c['max_drop']:g})")
+    return 0

@@ -1,0 +1,110 @@
+"""`bertkit quantize MODEL OUT`: an int8 copy of a model directory, gated on accuracy.
+
+    quantize_dir(model, out, check=None, max_drop=1.0, keep_float=())
+
+1. Refuses where this CPU's int8 path did not measure faster than fp32 (runtime.plan's `int8_linear` probe): the
+   model stays fp32 and the message says so; `force=True` writes int8 anyway.
+2. Quantizes every linear layer of the encoder and heads (runtime.int8), except `keep_float` patterns.
+3. With `check` (a labelled dev file of the model's task; the model must come from `bertkit finetune`): scores fp32
+   and int8 on it and refuses to write when the drop of the task's main metric exceeds `max_drop` points.
+4. Writes config.json (with `quantization_config`: method, kept layers, the check's figures and the sizes),
+   model.safetensors (int8 weights + scales) and the tokenizer files, into `out` (which must be new or empty).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+from bertkit import runtime
+from bertkit.checkpoint import _atomic_write
+from bertkit.errors import BertkitError, ConfigError
+from bertkit.runtime import int8
+
+__all__ = ["quantize_dir", "QualityGateError"]
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json")
+
+
+class QualityGateError(BertkitError):
+    """int8 scored more than the allowed drop below fp32 on the dev file."""
+
+
+def _load(model_dir: Path):
+    import bertkit
+    from bertkit.infer import _ARCHS, _detect_architecture
+    cls_name, _ = _ARCHS[_detect_architecture(model_dir)]
+    model = getattr(bertkit, cls_name).from_pretrained(str(model_dir))
+    if "quantization_config" in model.config.extra:
+        raise ConfigError(f"{model_dir}: already quantized (config.json has a quantization_config)")
+    return model
+
+
+def _check_out(model_dir: Path, out: Path, overwrite: bool) -> None:
+    if out.resolve() == model_dir.resolve():
+        raise ConfigError(f"OUT {out} is the input model directory: write the int8 model elsewhere")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ConfigError(f"OUT {out} exists and is not empty: choose a new directory or pass --overwrite")
+
+
+def _score(task, model, examples, feats, precision: str) -> float:
+    from bertkit.tasks.runner import _evaluate_task
+    report, _ = _evaluate_task(task, runtime.freeze(model), examples, feats, 128, precision)
+    value = float(report[task.main_metric])
+    return value if task.kind == "qa" else 100.0 * value            # points: QA reports percent already
+
+
+def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision: str) -> dict:
+    """fp32 and int8 scores on `dev_file` in points of the task's main metric; raises QualityGateError (naming
+    both) when int8 is more than `max_drop` points below."""
+    from bertkit.tasks.runner import load_task
+    task, _, tok = load_task(model_dir)
+    examples = task.read(dev_file)
+    feats = task.features(tok, examples)
+    fp = _score(task, fp32, examples, feats, precision)
+    q = _score(task, copy.deepcopy(quantized), examples, feats, precision)
+    figures = {"dev_file": str(dev_file), "metric": task.main_metric, "fp32": round(fp, 3), "int8": round(q, 3),
+               "drop_points": round(fp - q, 3), "max_drop": max_drop, "precision": precision, "n": len(examples)}
+    if fp - q > max_drop:
+        raise QualityGateError(f"{dev_file}: int8 {task.main_metric} {q:.2f} is {fp - q:.2f} points below fp32 "
+                               f"{fp:.2f} (--max-drop {max_drop:g}): nothing written; try --keep-float for the "
+                               f"last layers or the head")
+    return figures
+
+
+def _refuse_without_int8(force: bool) -> None:
+    plan = runtime.plan("cpu")
+    if not plan.int8 and not force:
+        why = plan.reasons.get("int8_linear", plan.reasons.get("all", ""))
+        raise ConfigError(f"this CPU has no int8 path faster than fp32 (int8_linear: {why}): keeping fp32, "
+                          f"nothing written (--force writes int8 anyway)")
+
+
+def quantize_dir(model_dir, out, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
+                 overwrite: bool = False, force: bool = False) -> dict:
+    """The int8 model directory `out` from `model_dir` (see the module docstring); returns what was written."""
+    model_dir, out = Path(model_dir), Path(out)
+    _check_out(model_dir, out, overwrite)
+    _refuse_without_int8(force)
+    fp32 = _load(model_dir)
+    sizes = {"fp32": sum(f.stat().st_size for f in model_dir.iterdir()
+                         if f.name.endswith(".safetensors") or f.name == "pytorch_model.bin")}
+    quantized = int8.quantize(copy.deepcopy(fp32), keep_float)
+    qc = quantized.config.extra["quantization_config"]
+    if check is not None:
+        qc["check"] = gate(model_dir, fp32, quantized, check, max_drop, precision)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():                    # tokenizer and other side files, as they are
+        if f.is_file() and f.name not in _WEIGHT_FILES:
+            shutil.copy2(f, out / f.name)
+    quantized.save_pretrained(out)
+    sizes["int8"] = (out / "model.safetensors").stat().st_size
+    qc["size_bytes"] = {**sizes, "ratio": round(sizes["int8"] / max(sizes["fp32"], 1), 4)}
+    cfg_path = out / "config.json"                   # the int8 file's own size is known only once written
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["quantization_config"] = qc
+    _atomic_write(cfg_path, lambda p: p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
+    n = sum(type(m) is int8.Int8Linear for m in quantized.modules())
+    return {"out": str(out), "int8_layers": n, **qc}

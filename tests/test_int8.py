@@ -1,0 +1,92 @@
+"""bertkit.runtime.int8: int8 linear layers close to fp32, saved and loaded as int8, inference-only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bertkit import runtime
+from bertkit.config import BertConfig
+from bertkit.errors import ConfigError
+from bertkit.heads import BertForSequenceClassification
+from bertkit.model import BertModel
+from bertkit.runtime import int8
+from bertkit.runtime.int8 import Int8Linear
+
+pytestmark = pytest.mark.skipif(not int8.int8_kernel_ok(), reason="no int8 linear kernel in this PyTorch build")
+
+
+def _tiny(cls=BertModel, **kw):
+    torch.manual_seed(0)
+    return cls(BertConfig.preset("tiny", vocab_size=3000, max_position_embeddings=64, **kw)).eval()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 3000, (6, 40), generator=g)
+    mask = (torch.arange(40)[None] < torch.tensor([40, 3, 9, 1, 12, 25])[:, None]).long()
+    return ids * mask, mask
+
+
+def _hidden(model, ids, mask):
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask).last_hidden_state
+    return out[mask.bool()]                                             # (real tokens, hidden)
+
+
+@pytest.mark.parametrize("force", ["all", "none"])                     # "all": unpadded attention and packed GEMMs
+def test_int8_hidden_states_close_to_fp32(force):
+    """Tolerance: every real token's final hidden state within cosine 0.995 of fp32 and 0.15 absolute (the
+    LayerNorm outputs are O(1)); quantizing weights and activations at 8 bits costs ~1% of the values."""
+    ids, mask = _batch()
+    plain = runtime.freeze(_tiny(), runtime.plan(force=force))
+    q = runtime.freeze(int8.quantize(_tiny()), runtime.plan(force=force))
+    assert sum(type(m) is Int8Linear for m in q.modules()) == 2 * 6 + 1   # 2 layers x (q k v o in out) + pooler
+    a, b = _hidden(plain, ids, mask), _hidden(q, ids, mask)
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.995
+    assert (a - b).abs().max() < 0.15
+    assert (a - b).abs().max() > 0                                     # it really ran in int8
+
+
+def test_int8_round_trip_and_size(tmp_path):
+    ids, mask = _batch()
+    fp = _tiny(BertForSequenceClassification, num_labels=3)
+    fp.save_pretrained(tmp_path / "fp32")
+    q = int8.quantize(copy.deepcopy(fp))
+    q.save_pretrained(tmp_path / "int8")
+    loaded = BertForSequenceClassification.from_pretrained(tmp_path / "int8")
+    assert isinstance(loaded.classifier, Int8Linear) and loaded.classifier.weight.dtype == torch.int8
+    with torch.no_grad():
+        expect = q(ids, attention_mask=mask).logits
+        assert torch.equal(loaded(ids, attention_mask=mask).logits, expect)
+        frozen = runtime.freeze(loaded)                                # inference commands freeze what they load
+        assert isinstance(frozen.bert.encoder.layer[0].attention.self.query, Int8Linear)
+        assert torch.allclose(frozen(ids, attention_mask=mask).logits, expect, atol=1e-5)
+    size = lambda d: (tmp_path / d / "model.safetensors").stat().st_size   # noqa: E731
+    assert size("int8") <= 0.30 * size("fp32")
+    with pytest.raises(ConfigError, match="inference"):
+        loaded.train()
+
+
+def test_keep_float_patterns():
+    q = int8.quantize(_tiny(BertForSequenceClassification, num_labels=2),
+                      keep_float=["classifier", "bert.encoder.layer.1.output.*"])
+    assert isinstance(q.classifier, torch.nn.Linear)
+    assert isinstance(q.bert.encoder.layer[1].output.dense, torch.nn.Linear)
+    assert isinstance(q.bert.encoder.layer[1].intermediate.dense, Int8Linear)
+    assert q.config.extra["quantization_config"]["keep_float"] == ["classifier", "bert.encoder.layer.1.output.*"]
+
+
+def test_quantize_a_frozen_model_keeps_the_fused_activation():
+    ids, mask = _batch()
+    frozen = runtime.freeze(_tiny(), runtime.plan(force="all"))
+    direct = int8.quantize(_tiny())
+    q = int8.quantize(frozen)
+    assert q.encoder.layer[0].intermediate.dense.act == "gelu"
+    assert torch.equal(_hidden(q, ids, mask), _hidden(direct, ids, mask))
+
+
+def test_plan_reports_int8():
+    assert any(line.startswith("int8_linear:") for line in runtime.describe(runtime.plan(force="all")))

@@ -1,0 +1,83 @@
+"""`bertkit quantize`: an int8 model directory that every loader reads, gated on a dev file (exit 2 on a drop)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_tasks_finetune import NEG, POS, WORDS, one_thread  # noqa: F401  (the same synthetic sentiment data)
+from test_tasks_finetune import _sentiment_rows as _rows
+
+from bertkit.cli import main
+from bertkit.runtime import int8
+
+pytestmark = pytest.mark.skipif(not int8.int8_kernel_ok(), reason="no int8 linear kernel in this PyTorch build")
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory):
+    """A 2-layer sentiment classifier fine-tuned by bertkit, and its dev file."""
+    from bertkit.config import BertConfig
+    from bertkit.model import BertModel
+    from bertkit.tasks.readers import write_table
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    from bertkit.tokenizer import Tokenizer
+    d = tmp_path_factory.mktemp("q")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS + POS + NEG))
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(
+        d / "base", tokenizer=Tokenizer.from_pretrained(d / "vocab.txt"))
+    train, dev = (str(write_table(d / f"{n}.csv", _rows(k, s))) for n, k, s in (("train", 320, 0), ("dev", 96, 1)))
+    finetune(FinetuneConfig(task="classify", model=str(d / "base"), train=train, dev=dev, out=str(d / "run"),
+                            batch_size=16, quiet=True,
+                            training=finetune_recipe(lr=3e-3, epochs=6, warmup=0.1, precision="fp32")))
+    return d / "run", dev
+
+
+def test_quantize_check_writes_int8_that_inference_loads(finetuned, tmp_path, capsys):
+    from bertkit.tasks.runner import evaluate
+    run, dev = finetuned
+    out = tmp_path / "int8"
+    assert main(["quantize", str(run), str(out), "--check", dev, "--max-drop", "1.0", "--precision", "fp32",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    cfg = json.loads((out / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["method"] == "bertkit-int8" and qc["check"]["fp32"] >= 90.0
+    assert qc["check"]["drop_points"] <= 1.0 and report["check"] == qc["check"]
+    assert qc["size_bytes"]["int8"] == (out / "model.safetensors").stat().st_size
+    assert (out / "vocab.txt").is_file() and cfg["bertkit_task"]["kind"] == "classify"
+    # `bertkit evaluate` (load_task -> from_pretrained -> runtime.freeze) reads the int8 directory as it is
+    rep = evaluate(out, dev, precision="fp32")
+    assert 100 * rep["accuracy"] == pytest.approx(qc["check"]["int8"], abs=1e-3)
+    with pytest.raises(Exception, match="already quantized"):
+        from bertkit.quantize import quantize_dir
+        quantize_dir(out, tmp_path / "again")
+
+
+def test_quality_gate_refuses_with_exit_2(finetuned, tmp_path, capsys, monkeypatch):
+    """A broken quantizer (every weight rounds to 0) loses accuracy: the gate scores both, names both, writes
+    nothing."""
+    run, dev = finetuned
+
+    monkeypatch.setattr(int8, "quantize_rows", lambda w: (torch.zeros_like(w, dtype=torch.int8), w.new_ones(len(w))))
+    out = tmp_path / "int8"
+    assert main(["quantize", str(run), str(out), "--check", dev, "--max-drop", "0.5", "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "points below fp32" in err and "int8 accuracy" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_quantize_refuses_existing_output_and_slow_cpus(finetuned, tmp_path, capsys, monkeypatch):
+    from bertkit import runtime
+    run, _ = finetuned
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep")
+    assert main(["quantize", str(run), str(tmp_path / "full")]) == 2
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "keep"
+    slow = runtime.RuntimePlan(runtime.plan(force="none").options, reasons={"int8_linear": "9 ms vs plain 3 ms"})
+    monkeypatch.setattr(runtime, "plan", lambda *a, **k: slow)
+    assert main(["quantize", str(run), str(tmp_path / "new")]) == 2
+    assert "keeping fp32" in capsys.readouterr().err and not (tmp_path / "new").exists()
