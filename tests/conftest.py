@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TF_FIXTURE = REPO / "tests" / "fixtures" / "tf_bert_tiny"
 SHARED = REPO.parent / "shared"
 
 
@@ -47,3 +50,66 @@ def rotten_tomatoes():
 def bert_vocab_file(minilm_dir) -> Path:
     """The real bert-base-uncased vocab.txt (shipped inside MiniLM-L6)."""
     return minilm_dir / "vocab.txt"
+
+
+# ----------------------------------------------------------------- a tiny workspace for the command-line tests
+
+_WORDS = ("the a man woman child cat dog city river paris france london capital food bread music film news game "
+         "team player is was eats eating sat ran plays wrote sells of in on at by with because he she they it "
+         "tired happy new old big small good bad".split())
+
+
+def _corpus(rng: random.Random) -> str:
+    docs = []
+    for _ in range(24):
+        docs.append("\n".join(" ".join(rng.choices(_WORDS, k=rng.randint(5, 12))) + " ." for _ in range(6)))
+    return "\n\n".join(docs) + "\nParis is the capital of France .\nThe cat sat because he was tired .\n"
+
+
+def _sentiment(path: Path, rng: random.Random, n: int, labels: bool = True) -> None:
+    rows = ["text,label" if labels else "text"]
+    for _ in range(n):
+        good = rng.random() < 0.5
+        text = " ".join(rng.choices(_WORDS, k=6) + ["good" if good else "bad"])
+        rows.append(f"{text},{'pos' if good else 'neg'}" if labels else text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n")
+
+
+@pytest.fixture(scope="session")
+def tiny_workspace(tmp_path_factory) -> dict:
+    """A directory (`ws`) with tiny stand-ins at the paths README.md names (corpus/, my-vocab/, vocab.txt, shards128/,
+    tiny-bert/, data/sentiment/, ...), a model fine-tuned on that data (`finetuned`) and its run directory (`run`),
+    for the command-line tests (tests/test_readme.py, tests/test_cli.py). Copy `ws` before writing into it."""
+    import torch
+    from bertkit import BertConfig, BertForPreTraining
+    from bertkit.pretraining import PrepareConfig, prepare
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    from bertkit.vocab import train_vocab
+
+    rng = random.Random(0)
+    ws = tmp_path_factory.mktemp("cli-workspace") / "ws"
+    (ws / "corpus").mkdir(parents=True)
+    for name in ("a", "b"):
+        (ws / "corpus" / f"{name}.txt").write_text(_corpus(rng))
+    lines = [" ".join(rng.choices(_WORDS, k=8)) for _ in range(40)]
+    (ws / "lines.txt").write_text("\n".join(lines) + "\n")
+    (ws / "sentences.txt").write_text("\n".join(lines[:20] + ["a man is eating food ."]) + "\n")
+    tok = train_vocab(sorted(str(p) for p in (ws / "corpus").glob("*.txt")), vocab_size=160, lowercase=True)
+    tok.save(ws / "my-vocab")
+    shutil.copy(TF_FIXTURE / "vocab.txt", ws / "vocab.txt")
+    shutil.copytree(TF_FIXTURE, ws / "uncased_L-12_H-768_A-12", ignore=shutil.ignore_patterns("expected.npz"))
+    for out, seq_len, seed in (("shards128", 128, 1), ("shards", 128, 1), ("heldout", 128, 2), ("shards512", 512, 3)):
+        prepare(PrepareConfig(str(ws / "corpus"), ws / "my-vocab", ws / out, seq_len=seq_len, seed=seed))
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size)
+    BertForPreTraining(cfg).save_pretrained(ws / "tiny-bert", tokenizer=tok)
+    for split, n in (("train", 48), ("dev", 16), ("test", 16)):
+        _sentiment(ws / "data" / "sentiment" / f"{split}.csv", rng, n)
+    _sentiment(ws / "new.csv", rng, 8, labels=False)
+
+    built = ws.parent / "built"
+    finetune(FinetuneConfig(task="classify", model=str(ws / "tiny-bert"), train=str(ws / "data/sentiment/train.csv"),
+                            dev=str(ws / "data/sentiment/dev.csv"), out=str(built / "sentiment"), batch_size=16,
+                            training=finetune_recipe(epochs=1.0, precision="fp32"), quiet=True))
+    return {"ws": ws, "finetuned": built / "sentiment", "run": built / "sentiment" / "train"}

@@ -42,7 +42,9 @@ def say(message: str) -> None:
 def forward_bar(model, total: int, desc: str, show: bool):
     """A bar advanced by every forward of `model`: evaluation runs the model once per batch deep inside a task."""
     with bar(total=total, desc=desc, unit="batch", show=show) as b:
-        handle = model.register_forward_hook(lambda *_: b.update(1)) if show else None
+        def step(*_) -> None:        # a hook that returned a value would replace the model's output
+            b.update(1)
+        handle = model.register_forward_hook(step) if show else None
         try:
             yield b
         finally:

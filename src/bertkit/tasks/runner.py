@@ -153,6 +153,10 @@ def load_task(model_dir: str | Path):
     model_dir = Path(model_dir)
     cfg_path = model_dir / "config.json"
     if not cfg_path.exists():
+        seeds = sorted(p.name for p in model_dir.glob("seed-*") if (p / "config.json").is_file())
+        if seeds:   # `finetune --seeds 1,2,3` writes one model per seed
+            raise ConfigError(f"{model_dir}: holds one model per seed ({', '.join(seeds)}): give one of them, "
+                              f"e.g. --model {model_dir / seeds[0]}")
         raise ConfigError(f"{model_dir}: no config.json (not a model directory)")
     raw = json.loads(cfg_path.read_text())
     settings = raw.get("bertkit_task")
