@@ -164,3 +164,36 @@ def test_options_and_positionals_in_any_order(command):
     parsed = [{k: v for k, v in vars(parser.parse_args([command, *argv])).items() if k != "func"} for argv in orders]
     assert all(p == parsed[0] for p in parsed[1:]), parsed
     assert positionals[-1] in json.dumps(parsed[0])
+
+
+@pytest.mark.parametrize("argv, model, texts", [
+    (["embed", "--model", "M", "some text", "more"], "M", ["some text", "more"]),
+    (["embed", "some text", "--model", "M"], "M", ["some text"]),
+    (["embed", "M", "some text", "--pooling", "cls"], "M", ["some text"]),
+    (["fill-mask", "a [MASK] .", "--json", "--model", "M"], "M", ["a [MASK] ."]),
+    (["attention", "--model", "M", "the cat", "--query", "cat"], "M", "the cat"),
+    (["export", "--model", "M", "m.onnx"], "M", None),
+    (["serve", "--port", "9000", "--model", "M"], "M", None),
+])
+def test_model_as_positional_or_option(argv, model, texts):
+    from bertkit.cli import build_parser
+    from bertkit.commands import settle_model
+    args = build_parser().parse_args(argv)
+    settle_model(args)
+    assert args.model == model and "model_option" not in vars(args)
+    if texts is not None:
+        assert (args.texts if "texts" in vars(args) else args.text) == texts
+
+
+@pytest.mark.parametrize("argv, words", [(["embed", "some text"], None), (["attention", "M", "t", "--model", "N"],
+                                                                             "given twice"),
+                                         (["export", "m.onnx"], "MODEL or --model")])
+def test_model_missing_or_twice_is_one_line(argv, words, capsys):
+    from bertkit.cli import main
+    if words is None:       # the one positional is taken as the model: a missing directory, one line
+        assert main(argv) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+        return
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err

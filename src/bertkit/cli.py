@@ -14,6 +14,7 @@ import os
 import sys
 
 from bertkit import __version__
+from bertkit.commands import settle_model
 from bertkit.commands.checks import USER_ERRNOS, one_line_errors, os_error_line, undo_empty
 from bertkit.errors import BertkitError
 
@@ -74,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     if vars(args).pop("allow_non_finite", False):     # popped: commands pass their namespace on as keywords
         from bertkit.checkpoint import ALLOW_NON_FINITE_ENV
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     try:
+        settle_model(args)
         _resolve_model_args(args)
         rc = args.func(args)
     except BertkitError as e:

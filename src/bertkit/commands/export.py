@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import sys
 
-from bertkit.commands import checks
+from bertkit.commands import add_model_argument, checks
 
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="export a model to ONNX (dynamic batch/seq) and check it with onnxruntime")
-    p.add_argument("model", help="model directory")
+    add_model_argument(p, "model directory")
     p.add_argument("out", help="output .onnx path")
     p.add_argument("--opset", type=checks.opset, default=17)
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from bertkit import progress
-from bertkit.commands import checks
+from bertkit.commands import add_model_argument, checks
 
 
 def register(sub) -> None:
     p = sub.add_parser("fill-mask", help="fill [MASK] tokens (several masks decoded jointly)")
-    p.add_argument("model", help="model directory with a masked-LM head")
+    add_model_argument(p, "model directory with a masked-LM head")
     p.add_argument("text", nargs="*", help="text(s) with [MASK]; one [MASK] per word piece when there are several")
     p.add_argument("--file", help="a text file, one text with [MASK] per line")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.set_defaults(func=fill_mask)
 
     p = sub.add_parser("embed", help="sentence embeddings to .npy / .jsonl, or a cosine similarity search")
-    p.add_argument("model", help="model directory")
+    add_model_argument(p, "model directory")
     p.add_argument("texts", nargs="*", help="sentences (or use --file)")
     p.add_argument("--file", help="a text file, one sentence per line")
     p.add_argument("--pooling", help="mean | cls | max | mean_sqrt_len | weighted_mean | last_token (default: the "
@@ -48,7 +48,7 @@ def register(sub) -> None:
     p.set_defaults(func=embed)
 
     p = sub.add_parser("attention", help="attention heatmaps (layer x head grid + where one token looks) as PNG")
-    p.add_argument("model", help="model directory")
+    add_model_argument(p, "model directory")
     p.add_argument("text")
     p.add_argument("--out", default="attention", help="output directory (default: ./attention)")
     p.add_argument("--overwrite", action="store_true", help="replace other files in --out")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from bertkit.commands import checks
+from bertkit.commands import add_model_argument, checks
 
 
 def register(sub) -> None:
     from bertkit.serve.limits import ServeConfig
     d = ServeConfig()
     p = sub.add_parser("serve", help="serve a model over HTTP/JSON with dynamic batching (pip install 'bertkit[serve]')")
-    p.add_argument("model", help="model directory (endpoints follow its head)")
+    add_model_argument(p, "model directory (endpoints follow its head)")
     p.add_argument("--host", default=d.host, help=f"bind address (default {d.host}: loopback only)")
     p.add_argument("--port", type=checks.port, default=d.port)
     p.add_argument("--max-batch", type=checks.positive_int, default=d.max_batch, help="texts per forward; 1 = no batching")
