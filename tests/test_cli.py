@@ -197,3 +197,16 @@ def test_model_missing_or_twice_is_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err
+
+
+def test_fill_mask_over_a_file_results_on_stdout_bar_on_stderr(tiny_workspace, tmp_path, monkeypatch, capsys):
+    from bertkit.cli import main
+    ws = _ws(tiny_workspace, tmp_path, monkeypatch)
+    (ws / "masked.txt").write_text("the [MASK] sat .\n\na [MASK] is eating food .\nparis is the [MASK] .\n")
+    assert main(["fill-mask", "--file", "masked.txt", "tiny-bert", "--json", "--top-k", "2", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == ["the [MASK] sat .", "a [MASK] is eating food .", "paris is the [MASK] ."]
+    assert all(len(r["candidates"]) == 2 for r in rows) and "fill-mask: 100%|" in err and "3/3" in err
+    assert main(["fill-mask", "tiny-bert", "--top-k", "2"]) == 2
+    assert "no texts" in capsys.readouterr().err
