@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -76,6 +77,26 @@ def _sentiment(path: Path, rng: random.Random, n: int, labels: bool = True) -> N
     path.write_text("\n".join(rows) + "\n")
 
 
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _retrieval(ws: Path, rng: random.Random) -> None:
+    """data/retrieval/ (train pairs, dev / test retrieval directories), docs.jsonl / docs.txt and pairs.jsonl."""
+    docs = [" ".join(rng.choices(_WORDS, k=8)) for _ in range(40)]   # a batch of 32 pairs at least
+    pairs = [{"anchor": " ".join(rng.choices(_WORDS, k=3)), "positive": d} for d in docs]
+    _jsonl(ws / "data" / "retrieval" / "train.jsonl", pairs)
+    _jsonl(ws / "pairs.jsonl", pairs)
+    for split in ("dev", "test"):
+        d = ws / "data" / "retrieval" / split
+        _jsonl(d / "queries.jsonl", [{"id": f"q{i}", "text": pairs[i]["anchor"]} for i in range(6)])
+        _jsonl(d / "corpus.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(docs[:10])])
+        _jsonl(d / "qrels.jsonl", [{"query_id": f"q{i}", "corpus_id": f"d{i}", "score": 1} for i in range(6)])
+    _jsonl(ws / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(docs)])
+    (ws / "docs.txt").write_text("\n".join(docs[:8]) + "\n")
+
+
 @pytest.fixture(scope="session")
 def tiny_workspace(tmp_path_factory) -> dict:
     """A directory (`ws`) with tiny stand-ins at the paths README.md names (corpus/, my-vocab/, vocab.txt, shards128/,
@@ -107,6 +128,10 @@ def tiny_workspace(tmp_path_factory) -> dict:
     for split, n in (("train", 48), ("dev", 16), ("test", 16)):
         _sentiment(ws / "data" / "sentiment" / f"{split}.csv", rng, n)
     _sentiment(ws / "new.csv", rng, 8, labels=False)
+    _retrieval(ws, rng)
+    from bertkit import BertForSequenceClassification
+    BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=tok.vocab_size, num_labels=2)).save_pretrained(
+        ws / "runs" / "pairs", tokenizer=tok)                      # a cross-encoder for rerank / search --rerank
 
     built = ws.parent / "built"
     finetune(FinetuneConfig(task="classify", model=str(ws / "tiny-bert"), train=str(ws / "data/sentiment/train.csv"),

@@ -97,6 +97,7 @@ def test_progress_bars_go_to_stderr_only_when_asked_off_a_terminal(tiny_workspac
         assert main([cmd, "--model", model, *extra]) == 0
         out, err = capsys.readouterr()
         assert "%|" not in err and "%|" not in out                # captured stderr is no terminal: no bar
+        extra = [a.replace("p.jsonl", "p2.jsonl") for a in extra]
         assert main([cmd, "--model", model, *extra, "--progress"]) == 0
         out, err = capsys.readouterr()
         assert f"{cmd}: 100%|" in err and "%|" not in out
@@ -139,6 +140,9 @@ ANY_ORDER = {
     "serve": (["model/"], ["--port", "9000", "--max-batch", "4"]),
     "export": (["model/", "m.onnx"], ["--opset", "17", "--no-check"]),
     "convert": (["ckpt/", "out/"], ["--config", "c.json", "--cased"]),
+    "search": (["index/"], ["--query", "q", "--top-k", "3"]),
+    "rerank": (["model/"], ["--query", "q", "--file", "docs.txt"]),
+    "mine": (["model/"], ["--data", "pairs.jsonl", "--out", "m.jsonl"]),
 }
 
 
@@ -174,6 +178,8 @@ def test_options_and_positionals_in_any_order(command):
     (["attention", "--model", "M", "the cat", "--query", "cat"], "M", "the cat"),
     (["export", "--model", "M", "m.onnx"], "M", None),
     (["serve", "--port", "9000", "--model", "M"], "M", None),
+    (["rerank", "--query", "q", "--model", "M", "--file", "d.txt"], "M", None),
+    (["mine", "--model", "M", "--data", "p.jsonl", "--out", "m.jsonl"], "M", None),
 ])
 def test_model_as_positional_or_option(argv, model, texts):
     from bertkit.cli import build_parser

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 TF_FIXTURE = REPO / "tests" / "fixtures" / "tf_bert_tiny"
 
-PLACEHOLDERS = {"MODEL": "tiny-bert", "MODEL_DIR": "tiny-bert", "path/to/hf-bert": "tiny-bert"}
+PLACEHOLDERS = {"MODEL": "tiny-bert", "MODEL_DIR": "tiny-bert", "MINILM_DIR": "tiny-bert", "path/to/hf-bert": "tiny-bert"}
 # (flag, README value) -> tiny value: the same command, minutes of work cut to a second
 SWAPS = {("--preset", p): "tiny" for p in ("mini", "small", "medium", "base", "large")}
 SWAPS.update({("--budget", "15m"): "2s", ("--steps", "1000000"): "2", ("--steps", "20000"): "2",
@@ -44,6 +44,12 @@ class Case:
     runner: str = "main"               # main (in process) | module (`python -m MOD` in process) | serve | process
     slow: bool = False
     needs: str | None = None           # an optional module the command needs
+    corpus: str | None = None          # a bertkit.datasets corpus it reads (skipped when offline and uncached)
+
+
+def _absent(*paths: str) -> Callable[[Path, dict], None]:
+    """Setup for a command whose output the workspace holds as an input of other commands: remove it first."""
+    return lambda ws, assets: [shutil.rmtree(ws / p) for p in paths]
 
 
 def _copy_finetuned(ws: Path, assets: dict) -> None:
@@ -54,6 +60,15 @@ def _earlier_pretrain(ws: Path, assets: dict) -> None:
     from bertkit.cli import main
     assert main(["pretrain", "shards128/", "--preset", "tiny", "--out", "run/", "--steps", "2", "--save-every", "1",
                  "--precision", "fp32", "--no-progress"]) == 0
+
+
+def _embed_model(ws: Path, assets: dict) -> None:
+    shutil.copytree(ws / "tiny-bert", ws / "runs" / "retrieval" / "seed-1")
+
+
+def _index(ws: Path, assets: dict) -> None:
+    from bertkit.cli import main
+    assert main(["embed", "tiny-bert", "--file", "docs.jsonl", "--out", "index/"]) == 0
 
 
 def _run_dir(ws: Path, assets: dict) -> None:
@@ -82,7 +97,7 @@ CASES: dict[str, Case] = {
     "python -m bertkit ...": Case(["--version"], runner="process"),
     "bertkit COMMAND -h": Case(HELP, runner="help"),
     "bertkit vocab --files corpus/*.txt --vocab-size 30522 --out my-vocab/":
-        Case(files=("my-vocab/vocab.txt",)),
+        Case(setup=_absent("my-vocab"), files=("my-vocab/vocab.txt",)),
     'bertkit tokenize --model my-vocab/ "Paris is the capital of France."': Case(json_out=True),
     "bertkit tokenize --vocab vocab.txt --file lines.txt --processes 2 > tokens.jsonl":
         Case(json_out=True, files=("tokens.jsonl",)),
@@ -90,7 +105,7 @@ CASES: dict[str, Case] = {
     "bertkit convert run/model.ckpt-100000 my-bert/ --config bert_config.json --vocab vocab.txt --cased":
         Case(setup=_tf_prefix, files=("my-bert/model.safetensors",)),
     "bertkit prepare --corpus corpus/*.txt --vocab my-vocab/ --out shards128/ --seq-len 128 --task nsp --masking wwm":
-        Case(setup=lambda ws, a: shutil.rmtree(ws / "shards128"), files=("shards128/manifest.json",)),
+        Case(setup=_absent("shards128"), files=("shards128/manifest.json",)),
     "bertkit pretrain shards128/ --preset mini --out run/ --budget 15m --eval-shards heldout/":
         Case(json_out=True, files=("run/model/config.json", "run/summary.md")),
     "bertkit pretrain shards128/ --phase2 shards512/ --preset base --out run/ --global-batch 256 --steps 1000000":
@@ -104,7 +119,8 @@ CASES: dict[str, Case] = {
     "torchrun --nnodes=N --nproc_per_node=G --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=RUN "
     "-m bertkit pretrain ...": Case(TORCHRUN, runner="torchrun", slow=True),
     "bertkit task-data sentiment --out data/sentiment/": Case(json_out=True, files=("data/sentiment/train.csv",),
-                                                              setup=lambda ws, a: shutil.rmtree(ws / "data")),
+                                                              setup=_absent("data"),
+                                                              corpus="rotten_tomatoes"),
     "bertkit finetune --task classify --model MODEL_DIR --train data/sentiment/train.csv --dev data/sentiment/dev.csv "
     "--test data/sentiment/test.csv --out runs/sentiment --seeds 1,2,3":
         Case(json_out=True, files=("runs/sentiment/seed-1/config.json", "runs/sentiment/summary.json")),
@@ -122,6 +138,21 @@ CASES: dict[str, Case] = {
     "bertkit serve MODEL --port 8080": Case(runner="serve", needs="fastapi"),
     "bertkit serve MODEL --port 8080 --max-batch 32 --max-wait-ms 5": Case(runner="serve", needs="fastapi"),
     "bertkit export MODEL model.onnx": Case(json_out=True, files=("model.onnx",), needs="onnxruntime"),
+    "bertkit --allow-non-finite COMMAND": Case(["--allow-non-finite", "embed", "tiny-bert", "a text"], json_out=True),
+    "bertkit embed": Case(["embed", "tiny-bert", "the man is eating"], json_out=True),
+    "bertkit task-data retrieval --out data/retrieval": Case(json_out=True, corpus="bbc_articles",
+                                                             setup=_absent("data"),
+                                                             files=("data/retrieval/train.jsonl",)),
+    "bertkit finetune --task embed --model MINILM_DIR --train data/retrieval/train.jsonl --dev data/retrieval/dev "
+    "--test data/retrieval/test --out runs/retrieval --lr 2e-5 --epochs 1 --seeds 1,2,3":
+        Case(json_out=True, files=("runs/retrieval/seed-3/modules.json",)),
+    "bertkit evaluate --task embed --model runs/retrieval/seed-1 --baseline MINILM_DIR --data data/retrieval/test":
+        Case(json_out=True, setup=_embed_model),
+    "bertkit embed runs/retrieval/seed-1 --file docs.jsonl --out index/ --dtype float16":
+        Case(setup=_embed_model, files=("index/texts.jsonl",)),
+    'bertkit search index/ --query "oil prices rise" --top-k 5 --rerank runs/pairs': Case(json_out=True, setup=_index),
+    'bertkit rerank runs/pairs --query "oil prices rise" --file docs.txt': Case(json_out=True),
+    "bertkit mine MINILM_DIR --data pairs.jsonl --out mined.jsonl --negatives 3": Case(files=("mined.jsonl",)),
 }
 
 
@@ -285,6 +316,7 @@ def test_readme_command_runs(readme, assets, tmp_path, monkeypatch, capsys):
         pytest.fail(f"README command with no entry in CASES: {readme}")
     if case.needs:
         pytest.importorskip(case.needs)
+    monkeypatch.setenv("BERTKIT_ALLOW_NON_FINITE", "")        # --allow-non-finite sets it: undone after the test
     ws = tmp_path / "ws"
     shutil.copytree(assets["ws"], ws)
     monkeypatch.chdir(ws)
@@ -292,8 +324,8 @@ def test_readme_command_runs(readme, assets, tmp_path, monkeypatch, capsys):
         case.setup(ws, assets)
         capsys.readouterr()
     argv = case.argv if case.argv is not None else _argv(readme)
-    if readme.startswith("bertkit task-data"):
-        _skip_without_corpus()
+    if case.corpus:
+        _skip_without_corpus(case.corpus)
     if case.runner == "main":
         rc, out, err = _in_process(argv, ws, capsys)
     elif case.runner == "help":
@@ -314,10 +346,10 @@ def test_readme_command_runs(readme, assets, tmp_path, monkeypatch, capsys):
         assert (ws / f).exists(), f"{readme}: no {f} (stderr: {err[-2000:]})"
 
 
-def _skip_without_corpus():
+def _skip_without_corpus(name: str):
     from bertkit import datasets
     from bertkit.errors import DatasetUnavailable
     try:
-        datasets.rotten_tomatoes()
+        getattr(datasets, name)()
     except DatasetUnavailable as e:
         pytest.skip(f"dataset unavailable offline: {e}")

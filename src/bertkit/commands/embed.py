@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bertkit.errors import ConfigError, DataError
-from bertkit.commands import checks
+from bertkit.commands import add_model_argument, checks
 
 INDEX_SOURCE = "bertkit_source.json"       # the index's model and encoder settings (queries must use the same)
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.set_defaults(func=search)
 
     p = sub.add_parser("rerank", help="score (query, document) pairs with a cross-encoder and sort")
-    p.add_argument("model", help="pair classification / regression model (bertkit finetune --task pair | regress)")
+    add_model_argument(p, "pair classification / regression model (bertkit finetune --task pair | regress)")
     p.add_argument("--query", action="append", required=True, help="query text (repeat for several)")
     p.add_argument("--file", required=True, help="documents, one per line")
     p.add_argument("--top-k", type=checks.positive_int, help="print only the best K (default: all)")
@@ -48,7 +48,7 @@ def register(sub) -> None:
     p.set_defaults(func=rerank)
 
     p = sub.add_parser("mine", help="hard negatives for (anchor, positive) pairs, mined with a bi-encoder")
-    p.add_argument("model", help="sentence embedding model directory")
+    add_model_argument(p, "sentence embedding model directory")
     p.add_argument("--data", required=True, help="pairs file (anchor, positive): .jsonl / .csv / .tsv")
     p.add_argument("--out", required=True, help="output pairs file with negative_1..N columns")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
