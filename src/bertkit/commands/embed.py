@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit import progress
 from bertkit.errors import ConfigError, DataError
 from bertkit.commands import add_model_argument, checks
 
@@ -106,7 +107,7 @@ def finetune(args) -> int:
     _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
     precision = "fp32" if getattr(args, "fp32", False) else args.precision
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
-                           precision=precision, log_every_steps=50)
+                           precision=precision, log_every_steps=50, progress=progress.wanted(args.progress))
     cfg = EmbedFinetuneConfig(
         model=args.model, train=args.train, dev=args.dev, test=args.test, out=args.out, training=training,
         batch_size=args.batch_size, loss=args.loss, scale=args.scale, learnable_scale=args.learnable_scale,
@@ -119,15 +120,16 @@ def finetune(args) -> int:
     return 0
 
 
-def _figure(stat: dict):
-    return round(stat["mean"], 4) if stat["n"] == 1 else {"mean": round(stat["mean"], 4), "std": round(stat["std"], 4)}
+def _figure(stat: dict) -> dict:
+    """{"mean", "std"} whatever the number of seeds: one schema for a reader of the JSON."""
+    return {"mean": round(stat["mean"], 4), "std": round(stat["std"], 4)}
 
 
 def _brief(summary: dict) -> dict:
     """The headline numbers: per split, the metrics before and after training (mean, and std over seeds)."""
     keep = ("recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "spearman_cosine")
     out = {k: summary[k] for k in ("task", "loss", "lr", "batch_size", "epochs", "seeds", "train_examples")}
-    out["examples_per_s"] = _figure(summary["examples_per_s"])
+    out["examples_per_s"] = round(summary["examples_per_s"]["mean"], 1)     # as finetune's other tasks print it
     for split in summary["after"]:
         out[split] = {stage: {k: _figure(v) for k, v in summary[stage][split].items() if k in keep}
                       for stage in ("before", "after")}

@@ -241,8 +241,8 @@ def _train_seed(cfg: EmbedFinetuneConfig, data, seed: int, run_dir: Path, evals_
     if cfg.anchor_max_length:
         batches.max_lengths = {data.columns[0]: cfg.anchor_max_length}
     total = max(1, math.ceil(len(batches) * cfg.training.epochs))
-    tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False, progress=not cfg.quiet,
-                   tensorboard=False, plot=False, overwrite=True, eval_every_steps=None)
+    tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False,
+                   progress=cfg.training.progress and not cfg.quiet, tensorboard=False, plot=False, overwrite=True, eval_every_steps=None)
     t0 = time.perf_counter()
     result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
     wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
