@@ -105,6 +105,9 @@ def test_progress_bars_go_to_stderr_only_when_asked_off_a_terminal(tiny_workspac
     assert main(["embed", "tiny-bert", "--file", "sentences.txt", "--batch-size", "4", "--progress"]) == 0
     out, err = capsys.readouterr()
     assert "embed: 100%|" in err and len(out.splitlines()) == 21
+    assert main(["embed", "tiny-bert", "--file", "docs.jsonl", "--out", "index/", "--batch-size", "8", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "embed: 100%|" in err and "5/5" in err and json.loads(out)["count"] == 40     # an index: 40 docs / 8
 
 
 def test_finetune_quiet_prints_only_the_result(tiny_workspace, tmp_path, monkeypatch, capsys):

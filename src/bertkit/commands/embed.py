@@ -209,7 +209,9 @@ def embed_encoder(args) -> int:
     out = None if index else vector_out(args)
     texts, ids = _texts_and_ids(args)
     encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
-    vecs = encoder.encode(tok, texts, args.batch_size)                                 # (n, dim) float32
+    show = progress.wanted(args.progress) and len(texts) > args.batch_size
+    with progress.forward_bar(encoder, -(-len(texts) // args.batch_size), "embed", show):
+        vecs = encoder.encode(tok, texts, args.batch_size)                             # (n, dim) float32
     if index:
         return _write_index(args, encoder, texts, ids, vecs)
     if args.search:
