@@ -146,6 +146,7 @@ ANY_ORDER = {
     "search": (["index/"], ["--query", "q", "--top-k", "3"]),
     "rerank": (["model/"], ["--query", "q", "--file", "docs.txt"]),
     "mine": (["model/"], ["--data", "pairs.jsonl", "--out", "m.jsonl"]),
+    "quantize": (["model/", "int8/"], ["--max-drop", "0.5", "--json"]),
 }
 
 
@@ -183,6 +184,7 @@ def test_options_and_positionals_in_any_order(command):
     (["serve", "--port", "9000", "--model", "M"], "M", None),
     (["rerank", "--query", "q", "--model", "M", "--file", "d.txt"], "M", None),
     (["mine", "--model", "M", "--data", "p.jsonl", "--out", "m.jsonl"], "M", None),
+    (["quantize", "--json", "--model", "M", "int8/"], "M", None),
 ])
 def test_model_as_positional_or_option(argv, model, texts):
     from bertkit.cli import build_parser

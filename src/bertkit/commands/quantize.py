@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bertkit.commands import checks
+from bertkit.commands import add_model_argument, checks
 
 
 def register(subparsers) -> None:
@@ -18,7 +18,7 @@ def register(subparsers) -> None:
                               description="Quantize every linear layer of the encoder and heads to int8 (weights "
                                           "per output channel, activations per call); embeddings, LayerNorms and "
                                           "softmax stay float. The result loads like any model directory.")
-    p.add_argument("model", help="model directory (fp32)")
+    add_model_argument(p, "model directory (fp32)")
     p.add_argument("out", help="output directory (new or empty unless --overwrite)")
     p.add_argument("--check", metavar="DEV_FILE", help="labelled dev file of the model's task: score fp32 and int8 "
                                                       "and refuse (exit 2) when int8 drops more than --max-drop")
