@@ -108,6 +108,13 @@ def test_progress_bars_go_to_stderr_only_when_asked_off_a_terminal(tiny_workspac
     assert main(["embed", "tiny-bert", "--file", "docs.jsonl", "--out", "index/", "--batch-size", "8", "--progress"]) == 0
     out, err = capsys.readouterr()
     assert "embed: 100%|" in err and "5/5" in err and json.loads(out)["count"] == 40     # an index: 40 docs / 8
+    assert main(["rerank", "runs/pairs", "--query", "a man", "--query", "the city", "--file", "docs.txt",
+                 "--batch-size", "4", "--progress"]) == 0
+    out, err = capsys.readouterr()                              # 2 queries x 8 docs / 4
+    assert "rerank: 100%|" in err and "4/4" in err and [len(json.loads(x)["results"]) for x in out.splitlines()] == [8, 8]
+    assert main(["mine", "tiny-bert", "--data", "pairs.jsonl", "--out", "mined.jsonl", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "mine: " in err and json.loads(out)["rows"] == 40
 
 
 def test_finetune_quiet_prints_only_the_result(tiny_workspace, tmp_path, monkeypatch, capsys):

@@ -39,7 +39,7 @@ def say(message: str) -> None:
 
 
 @contextmanager
-def forward_bar(model, total: int, desc: str, show: bool):
+def forward_bar(model, total: int | None, desc: str, show: bool):
     """A bar advanced by every forward of `model`: evaluation runs the model once per batch deep inside a task."""
     with bar(total=total, desc=desc, unit="batch", show=show) as b:
         def step(*_) -> None:        # a hook that returned a value would replace the model's output

@@ -46,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=checks.positive_int, help="print only the best K (default: all)")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--max-length", type=checks.number(int, 2), default=256)
+    progress.add_arguments(p)
     p.set_defaults(func=rerank)
 
     p = sub.add_parser("mine", help="hard negatives for (anchor, positive) pairs, mined with a bi-encoder")
@@ -60,6 +61,7 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("negatives", "pair"), default="negatives",
                    help="negatives: anchor, positive, negative_1..N (bi-encoder training); pair: text, text_pair, "
                         "label 1 / 0 rows (cross-encoder training with `finetune --task pair`)")
+    progress.add_arguments(p)
     p.set_defaults(func=mine)
 
 
@@ -315,10 +317,12 @@ def rerank(args) -> int:
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model)
-    for q in args.query:
-        ranked = ce.rank(q, docs, args.top_k, args.batch_size, args.max_length)
-        print(json.dumps({"query": q, "results": [{**r, "score": round(r["score"], 4)} for r in ranked]},
-                         ensure_ascii=False))
+    batches = len(args.query) * -(-len(docs) // args.batch_size)
+    with progress.forward_bar(ce.predictor.model, batches, "rerank", progress.wanted(args.progress)) as bar:
+        for q in args.query:
+            ranked = ce.rank(q, docs, args.top_k, args.batch_size, args.max_length)
+            bar.write(json.dumps({"query": q, "results": [{**r, "score": round(r["score"], 4)} for r in ranked]},
+                                 ensure_ascii=False), file=sys.stdout)
     return 0
 
 
@@ -335,8 +339,9 @@ def mine(args) -> int:
         raise DataError(f"{args.data}: mining needs anchor, positive columns (found text, text_pair, score)")
     encoder, tok = load_encoder(args.model)
     corpus = read_lines(args.corpus) if args.corpus else []
-    rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
-                               args.batch_size)
+    with progress.forward_bar(encoder, None, "mine", progress.wanted(args.progress)):   # anchors, then candidates
+        rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
+                                   args.batch_size)
     if args.format == "pair":
         from bertkit.embed.mine import pair_label_rows
         rows = pair_label_rows(rows)
