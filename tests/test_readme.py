@@ -41,7 +41,8 @@ class Case:
     json_out: bool = False             # stdout is JSON (one document or JSON lines) and nothing else
     files: tuple[str, ...] = ()        # what the command must have written
     setup: Callable[[Path, dict], None] | None = None   # earlier outputs the command reads
-    runner: str = "main"               # main (in process) | module (`python -m MOD` in process) | serve | process
+    runner: str = "main"               # main (in process) | help | module (`python -m MOD` in process) | serve
+                                       # (started, /health answered, stopped) | torchrun | process
     slow: bool = False
     needs: str | None = None           # an optional module the command needs
     corpus: str | None = None          # a bertkit.datasets corpus it reads (skipped when offline and uncached)
@@ -114,7 +115,7 @@ CASES: dict[str, Case] = {
     "bertkit pretrain ... --resume": Case(RESUME, json_out=True, setup=_earlier_pretrain),
     "torchrun --nproc_per_node=2 -m bertkit pretrain ...": Case(TORCHRUN, runner="torchrun", slow=True),
     "torchrun --nnodes=N --nproc_per_node=G --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=RUN "
-    "-m bertkit pretrain ...": Case(TORCHRUN, runner="torchrun", slow=True),
+    "-m bertkit pretrain ...": Case(TORCHRUN, runner="torchrun", slow=True),      # several nodes: run as one here
     "bertkit task-data sentiment --out data/sentiment/": Case(json_out=True, files=("data/sentiment/train.csv",),
                                                               setup=_absent("data"),
                                                               corpus="rotten_tomatoes"),
