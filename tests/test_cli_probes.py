@@ -541,3 +541,10 @@ def test_vocab_reads_stdin(world, tmp_path):
                        capture_output=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert {"the", "man"} <= set((tmp_path / "v" / "vocab.txt").read_text().split())
+
+
+def test_attention_query_that_is_punctuation_stays_inside_out(world, tmp_path, capsys):
+    rc, out, err = run_cli(["attention", str(world / "mlm"), "the man .", "--query", "[UNK]", "--out",
+                            str(tmp_path / "a")], capsys)
+    assert rc == 0, err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [MARKER, "attention_from__UNK_.png", "attention_grid.png"]
