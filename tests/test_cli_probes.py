@@ -548,3 +548,32 @@ def test_attention_query_that_is_punctuation_stays_inside_out(world, tmp_path, c
                             str(tmp_path / "a")], capsys)
     assert rc == 0, err
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [MARKER, "attention_from__UNK_.png", "attention_grid.png"]
+
+
+def _file_size_limit(limit: int):
+    """For a child process: writes past `limit` bytes fail with EFBIG (SIGXFSZ ignored), as a full disk would."""
+    def apply():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.parametrize("case", ["predict", pytest.param("embed", marks=pytest.mark.slow)])
+def test_a_real_write_failure_in_a_child_process(case, world, tmp_path):
+    """The whole path, not a mock: the kernel refuses the write, the CLI prints one line, exits 2, the earlier
+    output is as it was and no temporary file is left."""
+    import subprocess
+    import sys
+    out = tmp_path / ("p.jsonl" if case == "predict" else "v.jsonl")
+    out.write_text("the earlier output\n")
+    argv = {"predict": ["predict", "--model", str(world / "clf"), "--data", str(world / "data" / "dev.csv")],
+            "embed": ["embed", str(world / "mlm"), "--file", str(world / "data" / "sents.txt")]}[case]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "bertkit", *argv, "--out", str(out), "--overwrite"], env=env,
+                       capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit(256))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "File too large" in lines[0], r.stderr[-3000:]
+    assert out.read_text() == "the earlier output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
