@@ -89,6 +89,7 @@ def _data(w: Path) -> None:
     (w / "cfg_bin.json").write_bytes(BINARY)
     (w / "cfg_list.json").write_text("[1, 2]")
     (w / "file.txt").write_text("a plain file\n")
+    (w / "loop").symlink_to(w / "loop")
     (w / "nonempty").mkdir()
     (w / "nonempty" / "notes.txt").write_text("someone's notes\n")
 
@@ -115,8 +116,10 @@ def world(tmp_path_factory):
     _models(w)
     _data(w)
     _trained(w)
+    before = _digest(w)
     yield w
     torch.set_num_threads(threads)
+    assert _digest(w) == before, "a test changed the shared inputs"
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +208,8 @@ def dir_out_probes() -> list[Probe]:
             Probe(f"out:{cmd}:unwritable", _with_out(argv, "/sys/bertkit-probe/out"), "cannot write"),
             Probe(f"out:{cmd}:proc", _with_out(argv, "/proc/1/bertkit-out"), "cannot write"),
             Probe(f"out:{cmd}:nonempty", _with_out(argv, "W/nonempty"), "not empty"),
+            Probe(f"out:{cmd}:symlink-loop", _with_out(argv, "W/loop", over), "loop"),
+            Probe(f"out:{cmd}:empty", _with_out(argv, "", over), "empty"),
             Probe(f"out:{cmd}:other-run", _with_out(argv, "T/out", over), "holds a `bertkit",
                   {"T/out/" + MARKER: {"command": "not-" + cmd}, "T/out/x.txt": b"kept"}),
         ]
@@ -238,6 +243,9 @@ def file_out_probes() -> list[Probe]:
             Probe(f"fout:{cmd}:unwritable", _with_out(argv, "/sys/bertkit-probe.out"), "cannot write"),
             Probe(f"fout:{cmd}:is-input", _with_out(argv, an_input, "--overwrite"), "input"),
             Probe(f"fout:{cmd}:exists", _with_out(argv, "W/file.txt"), "exists; pass --overwrite"),
+            Probe(f"fout:{cmd}:symlink-loop", _with_out(argv, "W/loop", "--overwrite"), "loop"),
+            Probe(f"fout:{cmd}:name-too-long", _with_out(argv, "T/" + "x" * 300 + ".png", "--overwrite"),
+                  "too long"),
             Probe(f"fout:{cmd}:device", _with_out(argv, "/dev/null", "--overwrite"), "not a regular file"),
             Probe(f"fout:{cmd}:dir-in-the-way", _with_out(argv, "T/o/", "--overwrite"), "is a directory",
                   {f"T/o/{n}/x": b"" for n in ("dev.predictions.jsonl", "embeddings.jsonl", "preds.confusion.png",
@@ -280,6 +288,11 @@ def input_probes() -> list[Probe]:
         Probe("in:plot:binary-confusion", ["plot", "W/data/bin.jsonl", "--confusion", "--out", "T/c.png"],
               "bin.jsonl"),
         Probe("in:plot:empty-run", ["plot", "W/nonempty", "--out", "T/c.png"], "metrics"),
+        Probe("in:plot:not-a-picture", ["plot", "W/run", "--out", "T/c.txt"], "suffixes"),
+        Probe("in:plot:no-suffix", ["plot", "W/run", "--out", "T/curves"], "suffixes"),
+        Probe("in:finetune:symlink-loop", [*ft, "--task", "classify", "--train", "W/loop", "--dev", "W/data/dev.csv"],
+              "loop"),
+        Probe("in:embed:symlink-loop", ["embed", "W/mlm", "--file", "W/loop"], "loop"),
         Probe("in:plot:missing", ["plot", "W/none.jsonl", "--confusion", "--out", "T/c.png"], "none.jsonl"),
         Probe("in:pretrain:config-binary", ["pretrain", "W/shards", "--config", "W/cfg_bin.json", "--out", "T/r",
                                             "--steps", "1"], "cfg_bin.json"),
@@ -456,8 +469,8 @@ def test_predict_into_a_directory_writes_a_file_inside(world, tmp_path, capsys):
 
 
 def _enospc(*args, **kwargs):
-    paths = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).suffix and Path(a).parent.is_dir()]
-    for p in paths:         # half a file first, as a disk filling up mid-write leaves it
+    paths = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).parent.name.startswith(".bertkit-tmp")]
+    for p in paths:         # half an output file first, as a disk filling up mid-write leaves it
         p.write_bytes(b"half")
     raise OSError(errno.ENOSPC, "No space left on device", str(paths[0]) if paths else None)
 

@@ -131,7 +131,12 @@ def int_list(text: str) -> list[int]:
 # ---------------------------------------------------------------------------------------------- output paths
 
 def _resolved(path) -> Path:
-    return Path(os.path.expanduser(str(path))).resolve()
+    if str(path) == "":
+        raise OutputError("a path is empty ('')")
+    try:
+        return Path(os.path.expanduser(str(path))).resolve()
+    except (RuntimeError, OSError) as e:     # a symbolic link loop
+        raise OutputError(f"{path}: cannot resolve the path ({e})") from None
 
 
 def _existing(inputs) -> list[tuple[str, Path]]:
@@ -238,10 +243,8 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
 def undo_empty(path) -> None:
     """After a failed command: remove an output directory this process created and left empty but for MARKER
     (so a refused run leaves nothing behind)."""
-    if not path or str(path) == "-":
-        return
-    d = _resolved(path)
     try:
+        d = _resolved(path)
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
         keep = set(info.get("keep", [])) | {MARKER}
         if info.get("pid") != os.getpid() or any(e.name not in keep for e in d.iterdir()):
@@ -261,6 +264,7 @@ def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: boo
     `inputs`, an unwritable place, and an existing file when the command has --overwrite (`overwrite` is not None)
     and it is not given. Returns the file's path."""
     shown = str(path)
+    f = _resolved(path)
     p = Path(os.path.expanduser(str(path)))
     if str(path).endswith(("/", os.sep)) or p.is_dir():
         p = p / default_name

@@ -176,6 +176,12 @@ def plot(args) -> int:
 
 def _plot_out(args, default: Path) -> Path:
     """The picture's path: --out (an existing file only with --overwrite), else `default`, redrawn freely."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    from bertkit.errors import ConfigError
     if args.out is None:
         return checks.out_file(default, "plot", inputs=(args.run,), default_name=default.name)
-    return checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
+    out = checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix.lstrip(".").lower() not in kinds:
+        raise ConfigError(f"--out {args.out}: a picture needs one of the suffixes {', '.join(sorted(kinds))}")
+    return out
