@@ -145,10 +145,11 @@ PROB = ["1.5", "-0.1", "nan"]
 POS_FLOAT = ["0", "-1", "inf"]
 NONNEG_FLOAT = ["-0.5", "nan"]
 _RANGES = {
-    "tokenize": {"--max-length": NONNEG_INT, "--processes": POS_INT[:2], "--batch-lines": POS_INT[:2]},
+    "tokenize": {"--max-length": NONNEG_INT, "--processes": [*POS_INT[:2], "100000"], "--batch-lines": POS_INT[:2]},
     "vocab": {"--vocab-size": POS_INT, "--min-frequency": POS_INT[:2], "--max-distinct-words": POS_INT[:1]},
     "prepare": {"--seq-len": POS_INT, "--mask-prob": PROB, "--dupe-factor": POS_INT[:1], "--workers": POS_INT[:2],
-                "--short-seq-prob": PROB[:1], "--examples-per-shard": POS_INT[:1], "--seed": NONNEG_INT[:1]},
+                "--short-seq-prob": PROB[:1], "--examples-per-shard": [*POS_INT[:1], "1000000000000"],
+                "--max-predictions": ["1000000000"], "--seed": NONNEG_INT[:1]},
     "pretrain": {"--batch-size": POS_INT, "--steps": POS_INT[:2], "--lr": POS_FLOAT, "--dropout": PROB[:2],
                  "--mask-prob": PROB[:1], "--warmup": NONNEG_FLOAT, "--keep": POS_INT[:1], "--epochs": POS_FLOAT[:1],
                  "--global-batch": POS_INT[:1], "--clip": NONNEG_FLOAT[:1], "--save-every": POS_INT[:1],
@@ -164,7 +165,8 @@ _RANGES = {
     "embed": {"--max-length": ["1", "0"], "--batch-size": POS_INT[:2], "--top-k": POS_INT[:1], "--layers": ["a,b"]},
     "attention": {"--layers": ["x", ","]},
     "serve": {"--port": ["70000", "-1", "http"], "--max-batch": POS_INT[:2], "--timeout": POS_FLOAT[:2],
-              "--max-length": POS_INT[:1], "--max-connections": POS_INT[:1], "--max-wait-ms": NONNEG_FLOAT[:1]},
+              "--max-length": POS_INT[:1], "--max-connections": POS_INT[:1], "--max-wait-ms": NONNEG_FLOAT[:1],
+              "--threads": ["-1", "99999999"]},
     "export": {"--opset": ["999", "5", "x"], "--tolerance": NONNEG_FLOAT[:1]},
     "demo": {"--seed": NONNEG_INT[:1], "--pretrain-budget": POS_FLOAT[:2], "--vocab-size": POS_INT[:1]},
 }
@@ -590,3 +592,29 @@ def test_a_real_write_failure_in_a_child_process(case, world, tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "File too large" in lines[0], r.stderr[-3000:]
     assert out.read_text() == "the earlier output\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("exc, rc", [(MemoryError("Unable to allocate 58.2 TiB for an array"), 2),
+                                     (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/x"), 2),
+                                     (OSError(errno.EACCES, "Permission denied", "/root/x"), 2),
+                                     (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), 2),
+                                     (BrokenPipeError(errno.EPIPE, "Broken pipe"), 0)])
+def test_last_resort_errors_are_one_line(exc, rc, world, capsys, monkeypatch):
+    from bertkit.infer import Predictor
+
+    def fail(*a, **k):
+        raise exc
+    monkeypatch.setattr(Predictor, "load", fail)
+    got, _, err = run_cli(["fill-mask", str(world / "mlm"), "the [MASK]"], capsys)
+    assert got == rc and len([ln for ln in err.splitlines() if ln.strip()]) == (rc == 2), err
+
+
+def test_a_bug_keeps_its_traceback(world, capsys, monkeypatch):
+    from bertkit.cli import main
+    from bertkit.infer import Predictor
+
+    def fail(*a, **k):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(Predictor, "load", fail)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["fill-mask", str(world / "mlm"), "the [MASK]"])

@@ -38,13 +38,20 @@ USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, 
                          errno.EFBIG, errno.EMFILE, errno.ELOOP, errno.EXDEV, errno.EBUSY, errno.ETXTBSY})
 
 
-def os_error_line(e: OSError) -> str:
-    """`PATH: reason` of an OSError, in one line."""
-    where = f"{e.filename}: " if e.filename else ""
-    reason = e.strerror or str(e).splitlines()[0]
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        reason += " (free some space and run again)"
-    return f"{where}{reason}"
+def error_line(e: BaseException) -> str | None:
+    """The one line for an error a user caused (a BertkitError; as a last resort a full disk or forbidden path, a
+    size too large for memory, an input that is not UTF-8), or None for a bug, which keeps its traceback."""
+    if isinstance(e, BertkitError):
+        return str(e)
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        where = f"{e.filename}: " if e.filename else ""
+        hint = " (free some space and run again)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        return f"{where}{e.strerror or str(e).splitlines()[0]}{hint}"
+    if isinstance(e, MemoryError):     # numpy names the array it could not allocate
+        return f"not enough memory: {e or 'allocation failed'}; ask for less"
+    if isinstance(e, UnicodeDecodeError):
+        return f"an input file is not UTF-8 text ({e.reason} at byte {e.start} of a block read)"
+    return None
 
 
 # ------------------------------------------------------------------------------------------- argument ranges
@@ -80,6 +87,7 @@ positive_float = number(float, 0, low_open=True)
 nonneg_float = number(float, 0)
 probability = number(float, 0, 1)
 port = number(int, 0, 65535)                    # 0: any free port
+processes = number(int, 1, 256)                 # workers / threads: beyond this a typo, not a machine
 # the TorchScript ONNX exporter's range; below 13 Softmax/ReduceSum differ and BERT's graph does not export
 opset = number(int, 13, 20)
 

@@ -24,7 +24,7 @@ def register(sub) -> None:
                    help="seconds to receive a whole request before the connection is closed")
     p.add_argument("--keep-alive", type=checks.positive_int, default=d.keep_alive_s, help="seconds an idle connection stays open")
     p.add_argument("--max-connections", type=checks.positive_int, default=d.max_connections, help="open connections before 503")
-    p.add_argument("--threads", type=checks.nonneg_int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--threads", type=checks.number(int, 0, 1024), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     p.set_defaults(func=run)
 
