@@ -151,7 +151,7 @@ _RANGES = {
                 "--short-seq-prob": PROB[:1], "--examples-per-shard": [*POS_INT[:1], "1000000000000"],
                 "--max-predictions": ["1000000000"], "--seed": NONNEG_INT[:1]},
     "pretrain": {"--batch-size": POS_INT, "--steps": POS_INT[:2], "--lr": POS_FLOAT, "--dropout": PROB[:2],
-                 "--mask-prob": PROB[:1], "--warmup": NONNEG_FLOAT, "--keep": POS_INT[:1], "--epochs": POS_FLOAT[:1],
+                 "--warmup": NONNEG_FLOAT, "--keep": POS_INT[:1], "--epochs": POS_FLOAT[:1],
                  "--global-batch": POS_INT[:1], "--clip": NONNEG_FLOAT[:1], "--save-every": POS_INT[:1],
                  "--phase1-fraction": PROB[:1], "--adam-beta2": PROB[:1], "--device": ["banana", "cuda:7"]},
     "finetune": {"--batch-size": POS_INT, "--lr": POS_FLOAT, "--epochs": POS_FLOAT[:2], "--dropout": PROB,
@@ -173,7 +173,8 @@ _RANGES = {
 
 
 def range_probes() -> list[Probe]:
-    return [Probe(f"range:{cmd}{flag}={v}", [*_BASE[cmd], flag, v], f"argument {flag}")
+    # argparse names the flag ("argument --top-k: ..."); serve's own check of its options does too ("--port must ...")
+    return [Probe(f"range:{cmd}{flag}={v}", [*_BASE[cmd], flag, v], flag)
             for cmd, flags in _RANGES.items() for flag, values in flags.items() for v in values]
 
 

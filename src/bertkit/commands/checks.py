@@ -167,13 +167,13 @@ def _check_writable(shown: str, target: Path) -> None:
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise OutputError(f"{shown}: {ancestor} is a file, not a directory")
+        raise OutputError(f"{shown}: not writable: {ancestor} is a file, not a directory")
     try:
         fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".bertkit-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise OutputError(f"{shown}: cannot write in {ancestor} ({e.strerror or e})") from None
+        raise OutputError(f"{shown}: not writable: cannot write in {ancestor} ({e.strerror or e})") from None
 
 
 def _marker(d: Path) -> dict | None:

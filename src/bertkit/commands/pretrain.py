@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"), default=None,
                    help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
                         "the stored tokens, fresh every epoch, static shards too (planned)")
-    p.add_argument("--mask-prob", type=checks.probability, default=None,
+    p.add_argument("--mask-prob", type=float, default=None,
                    help="share of tokens masked at batch time (default: the shards'; planned)")
     b = p.add_argument_group("batch and length")
     b.add_argument("--batch-size", type=checks.positive_int, default=None,
