@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-MARKER = ".bertkit-run.json"    # {"command": ...}: this directory is a bertkit command's own output
+MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made"}: a command's own output
 
 
 class OutputError(BertkitError):
