@@ -619,3 +619,14 @@ def test_a_bug_keeps_its_traceback(world, capsys, monkeypatch):
     monkeypatch.setattr(Predictor, "load", fail)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["fill-mask", str(world / "mlm"), "the [MASK]"])
+
+
+def test_pretrain_config_from_stdin(world, tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((world / "mlm" / "config.json").read_bytes())))
+    out = tmp_path / "run"
+    rc, _, err = run_cli(["pretrain", str(world / "shards"), "--config", "-", "--out", str(out), "--steps", "1",
+                          "--batch-size", "4", "--no-progress", "--precision", "fp32"], capsys)
+    assert rc == 0, err[-2000:]
+    assert json.loads((out / "config.stdin.json").read_text())["hidden_size"] == 32

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from bertkit.commands import checks
 
@@ -36,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--eval-batches", type=checks.positive_int, default=None, help="batches per evaluation (default 50; planned)")
     m = p.add_argument_group("model (one of)")
     m.add_argument("--preset", default=None, help="tiny / mini / small / medium / base / large")
-    m.add_argument("--config", default=None, help="config.json (with --init: fields overriding the checkpoint's)")
+    m.add_argument("--config", default=None,
+                   help="config.json, - = stdin (with --init: fields overriding the checkpoint's)")
     m.add_argument("--init", default=None, help="model directory to continue pre-training from")
     m.add_argument("--dropout", type=checks.probability, default=None,
                    help="hidden + attention dropout override (default: the model's; planned)")
@@ -128,7 +130,10 @@ def run(args) -> int:
                                                   args.config), overwrite=args.overwrite or args.resume, reuse=True)
     if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
         from bertkit.textfiles import read_text
-        read_text(args.config)
+        text = read_text(args.config)
+        if args.config == "-":      # stdin: kept in the run directory, where the trainer reads it
+            args.config = str(Path(args.out) / "config.stdin.json")
+            Path(args.config).write_text(text, encoding="utf-8")
     pc = config_from_args(args)
     result = pretrain(pc)
     last = result.eval_history[-1] if result.eval_history else {}
