@@ -382,6 +382,17 @@ def test_the_campaign_has_at_least_250_probes_over_every_subcommand():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     covered = {p.argv[0] for p in probes}
     assert set(sub.choices) <= covered, set(sub.choices) - covered
+    print(f"campaign: {len(probes)} probes over {len(set(sub.choices))} subcommands")
+
+
+def test_the_installed_entry_point_prints_one_line(world):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-m", "bertkit", "predict", "--model", str(world / "clf"), "--data",
+                        str(world / "data" / "dev.csv"), "--out", str(world / "data" / "dev.csv"), "--overwrite"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is the input" in r.stderr, r.stderr
 
 
 # ------------------------------------------------------------------------------------------------ the runner
