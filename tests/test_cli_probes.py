@@ -89,6 +89,7 @@ def _data(w: Path) -> None:
     (w / "cfg_bin.json").write_bytes(BINARY)
     (w / "cfg_list.json").write_text("[1, 2]")
     (w / "file.txt").write_text("a plain file\n")
+    (w / "loop").symlink_to(w / "loop")
     (w / "nonempty").mkdir()
     (w / "nonempty" / "notes.txt").write_text("someone's notes\n")
 
@@ -115,8 +116,10 @@ def world(tmp_path_factory):
     _models(w)
     _data(w)
     _trained(w)
+    before = _digest(w)
     yield w
     torch.set_num_threads(threads)
+    assert _digest(w) == before, "a test changed the shared inputs"
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +145,13 @@ PROB = ["1.5", "-0.1", "nan"]
 POS_FLOAT = ["0", "-1", "inf"]
 NONNEG_FLOAT = ["-0.5", "nan"]
 _RANGES = {
-    "tokenize": {"--max-length": NONNEG_INT, "--processes": POS_INT[:2], "--batch-lines": POS_INT[:2]},
+    "tokenize": {"--max-length": NONNEG_INT, "--processes": [*POS_INT[:2], "100000"], "--batch-lines": POS_INT[:2]},
     "vocab": {"--vocab-size": POS_INT, "--min-frequency": POS_INT[:2], "--max-distinct-words": POS_INT[:1]},
     "prepare": {"--seq-len": POS_INT, "--mask-prob": PROB, "--dupe-factor": POS_INT[:1], "--workers": POS_INT[:2],
-                "--short-seq-prob": PROB[:1], "--examples-per-shard": POS_INT[:1], "--seed": NONNEG_INT[:1]},
+                "--short-seq-prob": PROB[:1], "--examples-per-shard": [*POS_INT[:1], "1000000000000"],
+                "--max-predictions": ["1000000000"], "--seed": NONNEG_INT[:1]},
     "pretrain": {"--batch-size": POS_INT, "--steps": POS_INT[:2], "--lr": POS_FLOAT, "--dropout": PROB[:2],
-                 "--mask-prob": PROB[:1], "--warmup": NONNEG_FLOAT, "--keep": POS_INT[:1], "--epochs": POS_FLOAT[:1],
+                 "--warmup": NONNEG_FLOAT, "--keep": POS_INT[:1], "--epochs": POS_FLOAT[:1],
                  "--global-batch": POS_INT[:1], "--clip": NONNEG_FLOAT[:1], "--save-every": POS_INT[:1],
                  "--phase1-fraction": PROB[:1], "--adam-beta2": PROB[:1], "--device": ["banana", "cuda:7"]},
     "finetune": {"--batch-size": POS_INT, "--lr": POS_FLOAT, "--epochs": POS_FLOAT[:2], "--dropout": PROB,
@@ -161,14 +165,16 @@ _RANGES = {
     "embed": {"--max-length": ["1", "0"], "--batch-size": POS_INT[:2], "--top-k": POS_INT[:1], "--layers": ["a,b"]},
     "attention": {"--layers": ["x", ","]},
     "serve": {"--port": ["70000", "-1", "http"], "--max-batch": POS_INT[:2], "--timeout": POS_FLOAT[:2],
-              "--max-length": POS_INT[:1], "--max-connections": POS_INT[:1], "--max-wait-ms": NONNEG_FLOAT[:1]},
+              "--max-length": POS_INT[:1], "--max-connections": POS_INT[:1], "--max-wait-ms": NONNEG_FLOAT[:1],
+              "--threads": ["-1", "99999999"]},
     "export": {"--opset": ["999", "5", "x"], "--tolerance": NONNEG_FLOAT[:1]},
     "demo": {"--seed": NONNEG_INT[:1], "--pretrain-budget": POS_FLOAT[:2], "--vocab-size": POS_INT[:1]},
 }
 
 
 def range_probes() -> list[Probe]:
-    return [Probe(f"range:{cmd}{flag}={v}", [*_BASE[cmd], flag, v], f"argument {flag}")
+    # argparse names the flag ("argument --top-k: ..."); serve's own check of its options does too ("--port must ...")
+    return [Probe(f"range:{cmd}{flag}={v}", [*_BASE[cmd], flag, v], flag)
             for cmd, flags in _RANGES.items() for flag, values in flags.items() for v in values]
 
 
@@ -205,6 +211,8 @@ def dir_out_probes() -> list[Probe]:
             Probe(f"out:{cmd}:unwritable", _with_out(argv, "/sys/bertkit-probe/out"), "cannot write"),
             Probe(f"out:{cmd}:proc", _with_out(argv, "/proc/1/bertkit-out"), "cannot write"),
             Probe(f"out:{cmd}:nonempty", _with_out(argv, "W/nonempty"), "not empty"),
+            Probe(f"out:{cmd}:symlink-loop", _with_out(argv, "W/loop", over), "loop"),
+            Probe(f"out:{cmd}:empty", _with_out(argv, "", over), "empty"),
             Probe(f"out:{cmd}:other-run", _with_out(argv, "T/out", over), "holds a `bertkit",
                   {"T/out/" + MARKER: {"command": "not-" + cmd}, "T/out/x.txt": b"kept"}),
         ]
@@ -237,6 +245,9 @@ def file_out_probes() -> list[Probe]:
             Probe(f"fout:{cmd}:unwritable", _with_out(argv, "/sys/bertkit-probe.out"), "cannot write"),
             Probe(f"fout:{cmd}:is-input", _with_out(argv, an_input, "--overwrite"), "input"),
             Probe(f"fout:{cmd}:exists", _with_out(argv, "W/file.txt"), "exists; pass --overwrite"),
+            Probe(f"fout:{cmd}:symlink-loop", _with_out(argv, "W/loop", "--overwrite"), "loop"),
+            Probe(f"fout:{cmd}:name-too-long", _with_out(argv, "T/" + "x" * 300 + ".png", "--overwrite"),
+                  "too long"),
             Probe(f"fout:{cmd}:device", _with_out(argv, "/dev/null", "--overwrite"), "not a regular file"),
             Probe(f"fout:{cmd}:dir-in-the-way", _with_out(argv, "T/o/", "--overwrite"), "is a directory",
                   {f"T/o/{n}/x": b"" for n in ("dev.predictions.jsonl", "embeddings.jsonl", "preds.confusion.png",
@@ -301,6 +312,11 @@ def input_probes() -> list[Probe]:
         Probe("in:plot:binary-confusion", ["plot", "W/data/bin.jsonl", "--confusion", "--out", "T/c.png"],
               "bin.jsonl"),
         Probe("in:plot:empty-run", ["plot", "W/nonempty", "--out", "T/c.png"], "metrics"),
+        Probe("in:plot:not-a-picture", ["plot", "W/run", "--out", "T/c.txt"], "suffixes"),
+        Probe("in:plot:no-suffix", ["plot", "W/run", "--out", "T/curves"], "suffixes"),
+        Probe("in:finetune:symlink-loop", [*ft, "--task", "classify", "--train", "W/loop", "--dev", "W/data/dev.csv"],
+              "loop"),
+        Probe("in:embed:symlink-loop", ["embed", "W/mlm", "--file", "W/loop"], "loop"),
         Probe("in:plot:missing", ["plot", "W/none.jsonl", "--confusion", "--out", "T/c.png"], "none.jsonl"),
         Probe("in:pretrain:config-binary", ["pretrain", "W/shards", "--config", "W/cfg_bin.json", "--out", "T/r",
                                             "--steps", "1"], "cfg_bin.json"),
@@ -387,6 +403,17 @@ def test_the_campaign_has_at_least_250_probes_over_every_subcommand():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     covered = {p.argv[0] for p in probes}
     assert set(sub.choices) <= covered, set(sub.choices) - covered
+    print(f"campaign: {len(probes)} probes over {len(set(sub.choices))} subcommands")
+
+
+def test_the_installed_entry_point_prints_one_line(world):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-m", "bertkit", "predict", "--model", str(world / "clf"), "--data",
+                        str(world / "data" / "dev.csv"), "--out", str(world / "data" / "dev.csv"), "--overwrite"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is the input" in r.stderr, r.stderr
 
 
 # ------------------------------------------------------------------------------------------------ the runner
@@ -477,8 +504,8 @@ def test_predict_into_a_directory_writes_a_file_inside(world, tmp_path, capsys):
 
 
 def _enospc(*args, **kwargs):
-    paths = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).suffix and Path(a).parent.is_dir()]
-    for p in paths:         # half a file first, as a disk filling up mid-write leaves it
+    paths = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).parent.name.startswith(".bertkit-tmp")]
+    for p in paths:         # half an output file first, as a disk filling up mid-write leaves it
         p.write_bytes(b"half")
     raise OSError(errno.ENOSPC, "No space left on device", str(paths[0]) if paths else None)
 
@@ -562,3 +589,76 @@ def test_vocab_reads_stdin(world, tmp_path):
                        capture_output=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert {"the", "man"} <= set((tmp_path / "v" / "vocab.txt").read_text().split())
+
+
+def test_attention_query_that_is_punctuation_stays_inside_out(world, tmp_path, capsys):
+    rc, out, err = run_cli(["attention", str(world / "mlm"), "the man .", "--query", "[UNK]", "--out",
+                            str(tmp_path / "a")], capsys)
+    assert rc == 0, err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [MARKER, "attention_from__UNK_.png", "attention_grid.png"]
+
+
+def _file_size_limit(limit: int):
+    """For a child process: writes past `limit` bytes fail with EFBIG (SIGXFSZ ignored), as a full disk would."""
+    def apply():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.parametrize("case", ["predict", pytest.param("embed", marks=pytest.mark.slow)])
+def test_a_real_write_failure_in_a_child_process(case, world, tmp_path):
+    """The whole path, not a mock: the kernel refuses the write, the CLI prints one line, exits 2, the earlier
+    output is as it was and no temporary file is left."""
+    import subprocess
+    import sys
+    out = tmp_path / ("p.jsonl" if case == "predict" else "v.jsonl")
+    out.write_text("the earlier output\n")
+    argv = {"predict": ["predict", "--model", str(world / "clf"), "--data", str(world / "data" / "dev.csv")],
+            "embed": ["embed", str(world / "mlm"), "--file", str(world / "data" / "sents.txt")]}[case]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "bertkit", *argv, "--out", str(out), "--overwrite"], env=env,
+                       capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit(256))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "File too large" in lines[0], r.stderr[-3000:]
+    assert out.read_text() == "the earlier output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("exc, rc", [(MemoryError("Unable to allocate 58.2 TiB for an array"), 2),
+                                     (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/x"), 2),
+                                     (OSError(errno.EACCES, "Permission denied", "/root/x"), 2),
+                                     (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), 2),
+                                     (BrokenPipeError(errno.EPIPE, "Broken pipe"), 0)])
+def test_last_resort_errors_are_one_line(exc, rc, world, capsys, monkeypatch):
+    from bertkit.infer import Predictor
+
+    def fail(*a, **k):
+        raise exc
+    monkeypatch.setattr(Predictor, "load", fail)
+    got, _, err = run_cli(["fill-mask", str(world / "mlm"), "the [MASK]"], capsys)
+    assert got == rc and len([ln for ln in err.splitlines() if ln.strip()]) == (rc == 2), err
+
+
+def test_a_bug_keeps_its_traceback(world, capsys, monkeypatch):
+    from bertkit.cli import main
+    from bertkit.infer import Predictor
+
+    def fail(*a, **k):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(Predictor, "load", fail)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["fill-mask", str(world / "mlm"), "the [MASK]"])
+
+
+def test_pretrain_config_from_stdin(world, tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((world / "mlm" / "config.json").read_bytes())))
+    out = tmp_path / "run"
+    rc, _, err = run_cli(["pretrain", str(world / "shards"), "--config", "-", "--out", str(out), "--steps", "1",
+                          "--batch-size", "4", "--no-progress", "--precision", "fp32"], capsys)
+    assert rc == 0, err[-2000:]
+    assert json.loads((out / "config.stdin.json").read_text())["hidden_size"] == 32

@@ -15,7 +15,7 @@ import sys
 
 from bertkit import __version__
 from bertkit.commands import settle_model
-from bertkit.commands.checks import USER_ERRNOS, one_line_errors, os_error_line, undo_empty
+from bertkit.commands.checks import error_line, one_line_errors, undo_empty
 from bertkit.errors import BertkitError
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
@@ -84,26 +84,18 @@ def main(argv: list[str] | None = None) -> int:
         settle_model(args)
         _resolve_model_args(args)
         rc = args.func(args)
-    except BertkitError as e:
-        undo_empty(getattr(args, "out", None))
-        print(f"bertkit {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        if e.errno not in USER_ERRNOS:
-            raise
-        undo_empty(getattr(args, "out", None))
-        print(f"bertkit {args.command}: error: {os_error_line(e)}", file=sys.stderr)
-        return 2
-    except UnicodeDecodeError as e:   # a reader that does not name its file yet
-        undo_empty(getattr(args, "out", None))
-        print(f"bertkit {args.command}: error: an input file is not UTF-8 text ({e.reason} at byte {e.start} "
-              f"of a block read)", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"bertkit {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `bertkit tokenize ... | head`
         return 0
+    except (BertkitError, OSError, MemoryError, UnicodeDecodeError) as e:
+        line = error_line(e)
+        if line is None:    # a bug: keep the traceback
+            raise
+        undo_empty(getattr(args, "out", None))
+        print(f"bertkit {args.command}: error: {line}", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 

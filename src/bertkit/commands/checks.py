@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-MARKER = ".bertkit-run.json"    # {"command": ...}: this directory is a bertkit command's own output
+MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made"}: a command's own output
 
 
 class OutputError(BertkitError):
@@ -38,13 +38,20 @@ USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, 
                          errno.EFBIG, errno.EMFILE, errno.ELOOP, errno.EXDEV, errno.EBUSY, errno.ETXTBSY})
 
 
-def os_error_line(e: OSError) -> str:
-    """`PATH: reason` of an OSError, in one line."""
-    where = f"{e.filename}: " if e.filename else ""
-    reason = e.strerror or str(e).splitlines()[0]
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        reason += " (free some space and run again)"
-    return f"{where}{reason}"
+def error_line(e: BaseException) -> str | None:
+    """The one line for an error a user caused (a BertkitError; as a last resort a full disk or forbidden path, a
+    size too large for memory, an input that is not UTF-8), or None for a bug, which keeps its traceback."""
+    if isinstance(e, BertkitError):
+        return str(e)
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        where = f"{e.filename}: " if e.filename else ""
+        hint = " (free some space and run again)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        return f"{where}{e.strerror or str(e).splitlines()[0]}{hint}"
+    if isinstance(e, MemoryError):     # numpy names the array it could not allocate
+        return f"not enough memory: {e or 'allocation failed'}; ask for less"
+    if isinstance(e, UnicodeDecodeError):
+        return f"an input file is not UTF-8 text ({e.reason} at byte {e.start} of a block read)"
+    return None
 
 
 # ------------------------------------------------------------------------------------------- argument ranges
@@ -80,6 +87,7 @@ positive_float = number(float, 0, low_open=True)
 nonneg_float = number(float, 0)
 probability = number(float, 0, 1)
 port = number(int, 0, 65535)                    # 0: any free port
+processes = number(int, 1, 256)                 # workers / threads: beyond this a typo, not a machine
 # the TorchScript ONNX exporter's range; below 13 Softmax/ReduceSum differ and BERT's graph does not export
 opset = number(int, 13, 20)
 
@@ -131,7 +139,12 @@ def int_list(text: str) -> list[int]:
 # ---------------------------------------------------------------------------------------------- output paths
 
 def _resolved(path) -> Path:
-    return Path(os.path.expanduser(str(path))).resolve()
+    if str(path) == "":
+        raise OutputError("a path is empty ('')")
+    try:
+        return Path(os.path.expanduser(str(path))).resolve()
+    except (RuntimeError, OSError) as e:     # a symbolic link loop
+        raise OutputError(f"{path}: cannot resolve the path ({e})") from None
 
 
 def _existing(inputs) -> list[tuple[str, Path]]:
@@ -154,13 +167,13 @@ def _check_writable(shown: str, target: Path) -> None:
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise OutputError(f"{shown}: {ancestor} is a file, not a directory")
+        raise OutputError(f"{shown}: not writable: {ancestor} is a file, not a directory")
     try:
         fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".bertkit-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise OutputError(f"{shown}: cannot write in {ancestor} ({e.strerror or e})") from None
+        raise OutputError(f"{shown}: not writable: cannot write in {ancestor} ({e.strerror or e})") from None
 
 
 def _marker(d: Path) -> dict | None:
@@ -238,10 +251,8 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
 def undo_empty(path) -> None:
     """After a failed command: remove an output directory this process created and left empty but for MARKER
     (so a refused run leaves nothing behind)."""
-    if not path or str(path) == "-":
-        return
-    d = _resolved(path)
     try:
+        d = _resolved(path)
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
         keep = set(info.get("keep", [])) | {MARKER}
         if info.get("pid") != os.getpid() or any(e.name not in keep for e in d.iterdir()):
@@ -279,6 +290,7 @@ def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: boo
     `inputs`, an unwritable place, and an existing file when the command has --overwrite (`overwrite` is not None)
     and it is not given. Returns the file's path."""
     shown = str(path)
+    f = _resolved(path)
     p = Path(os.path.expanduser(str(path)))
     if str(path).endswith(("/", os.sep)) or p.is_dir():
         p = p / default_name

@@ -4,6 +4,7 @@ bertkit.infer and bertkit.plots)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -124,16 +125,20 @@ def attention(args) -> int:
     bad = [i for i in args.layers or () if not -n <= i < n]
     if bad:
         raise ConfigError(f"--layers {bad[0]}: the model has {n} layers (0..{n - 1}, or -{n}..-1)")
-    q = args.query.lower() if args.query and p.tokenizer.lowercase else args.query
+    q = args.query
+    if q is not None and q not in tokens and p.tokenizer.lowercase:   # 'He' finds 'he'; '[SEP]' stays as it is
+        q = q.lower()
     if q is not None and q not in tokens:
         raise ConfigError(f"--query {args.query!r} is not one of the text's tokens: {' '.join(tokens)}")
+    safe = re.sub(r"[^\w#-]", "_", q or "")       # a token may be '/' or '.': not in a file name
+    from_png = f"attention_from_{safe}.png"
     with checks.staged(out) as tmp:
         plots.plot_attention(att, tokens, tmp / "attention_grid.png", layers=args.layers)
         if q is not None:
-            plots.plot_attention_from(att, tokens, q, tmp / f"attention_from_{q}.png")
+            plots.plot_attention_from(att, tokens, q, tmp / from_png)
     print(out / "attention_grid.png")
     if q is not None:
-        print(out / f"attention_from_{q}.png")
+        print(out / from_png)
     return 0
 
 
@@ -174,6 +179,12 @@ def plot(args) -> int:
 
 def _plot_out(args, default: Path) -> Path:
     """The picture's path: --out (an existing file only with --overwrite), else `default`, redrawn freely."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    from bertkit.errors import ConfigError
     if args.out is None:
         return checks.out_file(default, "plot", inputs=(args.run,), default_name=default.name)
-    return checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
+    out = checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix.lstrip(".").lower() not in kinds:
+        raise ConfigError(f"--out {args.out}: a picture needs one of the suffixes {', '.join(sorted(kinds))}")
+    return out

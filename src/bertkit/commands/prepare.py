@@ -30,17 +30,18 @@ def register(subparsers) -> None:
     p.add_argument("--dynamic", action="store_true", help="draw masks at batch time, fresh every epoch (RoBERTa)")
     p.add_argument("--dupe-factor", type=checks.positive_int, default=1, help="static masking: copies with different masks")
     p.add_argument("--mask-prob", type=checks.probability, default=0.15, help="share of tokens to predict (default 0.15)")
-    p.add_argument("--max-predictions", type=checks.positive_int, default=None,
+    p.add_argument("--max-predictions", type=checks.number(int, 1, 65535), default=None,
                    help="cap on predictions per example (default ceil(mask_prob * seq_len): 20 at 128)")
     p.add_argument("--short-seq-prob", type=checks.probability, default=0.1, help="share of shorter targets (default 0.1)")
     p.add_argument("--format", dest="corpus_format", choices=("auto", "lines", "prose"), default="auto",
                    help="lines: a sentence per line (Google's format); prose: paragraphs, split into sentences")
-    p.add_argument("--workers", type=checks.positive_int, default=1, help="processes (each writes its own shards)")
+    p.add_argument("--workers", type=checks.processes, default=1, help="processes (each writes its own shards)")
     p.add_argument("--max-line-bytes", type=checks.positive_int, default=256 * 1024,
                    help="longer lines are skipped and counted (default 256 KiB)")
     p.add_argument("--max-document-lines", type=checks.positive_int, default=10_000,
                    help="longer documents are cut (bounds memory for files without blank lines)")
-    p.add_argument("--examples-per-shard", type=checks.positive_int, default=65536)
+    p.add_argument("--examples-per-shard", type=checks.number(int, 1, 1 << 24), default=65536,
+                   help="examples per shard file (a shard is built in memory)")
     p.add_argument("--seed", type=checks.nonneg_int, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
@@ -38,7 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--eval-batches", type=checks.positive_int, default=None, help="batches per evaluation (default 50; planned)")
     m = p.add_argument_group("model (one of)")
     m.add_argument("--preset", default=None, help="tiny / mini / small / medium / base / large")
-    m.add_argument("--config", default=None, help="config.json (with --init: fields overriding the checkpoint's)")
+    m.add_argument("--config", default=None,
+                   help="config.json, - = stdin (with --init: fields overriding the checkpoint's)")
     m.add_argument("--init", default=None, help="model directory to continue pre-training from")
     m.add_argument("--dropout", type=checks.probability, default=None,
                    help="hidden + attention dropout override (default: the model's; planned)")
@@ -50,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"), default=None,
                    help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
                         "the stored tokens, fresh every epoch, static shards too (planned)")
-    p.add_argument("--mask-prob", type=checks.probability, default=None,
+    p.add_argument("--mask-prob", type=float, default=None,
                    help="share of tokens masked at batch time (default: the shards'; planned)")
     b = p.add_argument_group("batch and length")
     b.add_argument("--batch-size", type=checks.positive_int, default=None,
@@ -131,7 +133,10 @@ def run(args) -> int:
                                                   args.config), overwrite=args.overwrite or args.resume, reuse=True)
     if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
         from bertkit.textfiles import read_text
-        read_text(args.config)
+        text = read_text(args.config)
+        if args.config == "-":      # stdin: kept in the run directory, where the trainer reads it
+            args.config = str(Path(args.out) / "config.stdin.json")
+            Path(args.config).write_text(text, encoding="utf-8")
     pc = config_from_args(args)
     result = pretrain(pc)
     last = result.eval_history[-1] if result.eval_history else {}
