@@ -151,6 +151,8 @@ class BertConfig:
         if "label2id" in d:  # derived from id2label on write
             extra_label2id = d.pop("label2id")
             if "id2label" not in d and isinstance(extra_label2id, dict):
+                if not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in extra_label2id.values()):
+                    raise ConfigError(f"BertConfig.label2id values must be integer ids, got {extra_label2id!r:.80}")
                 d["id2label"] = {v: k for k, v in extra_label2id.items()}
         for key, value in d.items():
             if key in names and key != "extra":
@@ -267,6 +269,6 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
             raise ConfigError(f"BertConfig.{key} must be an object, got {value!r}")
         try:
             value = {int(k): v for k, v in value.items()}
-        except ValueError:
+        except (ValueError, TypeError):
             raise ConfigError(f"BertConfig.{key} keys must be integers, got {list(value)!r}") from None
     return value

@@ -151,6 +151,26 @@ def _map_npy(path: Path) -> tuple[np.ndarray, mmap.mmap, int]:
     return np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset), mm, offset
 
 
+def _read_manifest(path: Path) -> dict:
+    """manifest.json of an index; DataError unless it is this format's object with the fields it needs."""
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{path}: not a readable JSON manifest ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        got = (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else manifest
+        raise DataError(f"{path}: format / version {str(got)[:60]}, expected {FORMAT!r} version {VERSION}")
+    for key in ("dim", "count"):
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "dim" else 0):
+            raise DataError(f"{path}: {key} must be a {'positive' if key == 'dim' else 'non-negative'} int, got "
+                            f"{str(value)[:40]!r}")
+    if manifest.get("dtype") not in DTYPES or not isinstance(manifest.get("model_hash"), str):
+        raise DataError(f"{path}: dtype {str(manifest.get('dtype'))[:20]!r} / model_hash "
+                        f"{str(manifest.get('model_hash'))[:20]!r} is not an index's")
+    return manifest
+
+
 @dataclass
 class SearchResult:
     scores: np.ndarray                 # (queries, k) float32, best first
@@ -174,11 +194,11 @@ class EmbeddingIndex:
         path = directory / "manifest.json"
         if not path.is_file():
             raise DataError(f"{directory}: not an embedding index (no manifest.json)")
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-            raise DataError(f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "
-                            f"expected {FORMAT!r} version {VERSION}")
-        index = cls(directory, manifest)
+        manifest = _read_manifest(path)
+        try:
+            index = cls(directory, manifest)
+        except (OSError, ValueError, EOFError) as e:     # a missing, truncated or foreign .npy file
+            raise DataError(f"{directory}: unreadable index files ({type(e).__name__}: {str(e)[:100]})") from None
         if index.vectors.shape != (manifest["count"], manifest["dim"]) or len(index.ids) != manifest["count"]:
             raise DataError(f"{directory}: vectors {index.vectors.shape} / {len(index.ids)} ids do not match the "
                             f"manifest's count {manifest['count']} x dim {manifest['dim']}")

@@ -164,13 +164,52 @@ def read_manifest(shard_dir: str | Path) -> dict:
         raise DataError(f"{shard_dir} has no {MANIFEST}: the build did not finish (killed?) or this is not a shard "
                         f"directory ({len(partial)} shard marker / temp files present); rebuild it with bertkit prepare")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{path} is not valid JSON: {e}") from None
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:     # ValueError: bad JSON or bad UTF-8
+        raise DataError(f"{path} is not valid JSON: {type(e).__name__}: {str(e)[:120]}") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: not a bertkit shard manifest (a JSON {type(manifest).__name__}, not an object)")
     if manifest.get("format") != "bertkit-pretraining-shards" or manifest.get("version") != FORMAT_VERSION:
         raise DataError(f"{path}: not a bertkit shard manifest of version {FORMAT_VERSION} "
-                        f"(format={manifest.get('format')!r}, version={manifest.get('version')!r})")
+                        f"(format={str(manifest.get('format'))[:40]!r}, version={str(manifest.get('version'))[:20]!r})")
+    _check_fields(path, manifest)
     return manifest
+
+
+def _field(path: Path, obj: dict, key: str, typ: type, where: str = ""):
+    """obj[key], DataError unless it is a `typ` (an int: >= 0, not a bool)."""
+    value = obj.get(key)
+    if not isinstance(value, typ) or (typ is int and (isinstance(value, bool) or value < 0)):
+        raise DataError(f"{path}: {where}{key} must be {'an int >= 0' if typ is int else 'a ' + typ.__name__}, "
+                        f"got {str(value)[:40]!r}")
+    return value
+
+
+def _check_fields(path: Path, m: dict) -> None:
+    """DataError naming the first manifest field the reader uses that is missing or of the wrong type; shard file
+    names must be plain names inside the shard directory."""
+    for key, typ in (("vocab_hash", str), ("vocab_size", int), ("seq_len", int), ("task", str), ("masking", dict),
+                     ("shards", list)):
+        _field(path, m, key, typ)
+    for i, entry in enumerate(m["shards"]):
+        where = f"shards[{i}]."
+        if not isinstance(entry, dict):
+            raise DataError(f"{path}: shards[{i}] must be an object")
+        _field(path, entry, "name", str, where)
+        _field(path, entry, "examples", int, where)
+        files = _field(path, entry, "files", dict, where)
+        for name in ("tokens", "meta"):
+            if name not in files:
+                raise DataError(f"{path}: {where}files lacks {name!r}")
+        for name, info in files.items():
+            if not isinstance(info, dict):
+                raise DataError(f"{path}: {where}files.{name} must be an object")
+            file = _field(path, info, "file", str, f"{where}files.{name}.")
+            _field(path, info, "bytes", int, f"{where}files.{name}.")
+            _field(path, info, "sha256", str, f"{where}files.{name}.")
+            if Path(file).name != file or file in ("", ".", ".."):
+                raise DataError(f"{path}: {where}files.{name}.file={file!r} is not a file name in the shard "
+                                f"directory: refused")
 
 
 # ---------------------------------------------------------------------------------------------------------- reader
@@ -225,7 +264,7 @@ def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Sha
             raise DataError(f"shard file {path} fails its sha256 check: corrupt; rebuild the shards")
         try:
             arrays[field] = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as e:
+        except (ValueError, OSError, EOFError) as e:
             raise DataError(f"shard file {path} is not a valid .npy array: {e}") from None
     n = entry["examples"]
     tokens, meta = arrays["tokens"], arrays["meta"]
@@ -284,7 +323,10 @@ class ShardReader:
         m = self.manifest
         _check_vocab(self.dir, m, opts.vocab_hash, opts.vocab_size)
         self.seq_len, self.task = int(m["seq_len"]), m["task"]
-        self.masking = MaskingConfig(**m["masking"])
+        try:
+            self.masking = MaskingConfig(**m["masking"])
+        except TypeError as e:
+            raise DataError(f"{self.dir / MANIFEST}: masking: {e}") from None
         self.remasked = opts.masking is not None       # stored static masks are ignored, drawn from the tokens
         if self.remasked:
             self.masking = replace(opts.masking, dynamic=True)

@@ -25,6 +25,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +39,20 @@ __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "
 # ------------------------------------------------------------------------------------------------------ helpers
 
 def _open_text(path: Path):
+    """The file's text (.gz decompressed) as a stream with line endings kept; DataError naming the file and line
+    for a file that cannot be read or is not UTF-8."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+    try:
+        data = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:   # a directory, no permission, a broken .gz
+        raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        return io.StringIO(data.decode("utf-8"), newline="")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); save the "
+                        f"file as UTF-8") from None
 
 
 def _table_format(path: Path) -> str:
@@ -79,6 +89,8 @@ def _rows(path: Path):
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+                except RecursionError:
+                    raise DataError(f"{path}:{i}: JSON nested too deeply") from None
                 if not isinstance(row, dict):
                     raise DataError(f"{path}:{i}: expected a JSON object per line, got {type(row).__name__}")
                 yield i, row
@@ -346,19 +358,20 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not SQuAD JSON (nested too deeply)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise DataError(f"{path}: not SQuAD JSON (expected a top-level object with a 'data' list)")
     out: list[SquadExample] = []
-    fixed, details = 0, []
+    fixed: list[str] = []
     id_lines = _id_lines(raw)
-    any_impossible = False
-    for article in doc["data"]:
-        title = article.get("title", "")
-        for para in article.get("paragraphs", []):
+    for article in _objects({"data": doc["data"]}, "data", f"{path}"):
+        title = str(article.get("title", ""))
+        for para in _objects(article, "paragraphs", f"{path}: article {title!r}"):
             context = para.get("context")
             if not isinstance(context, str) or not context.strip():
                 raise DataError(f"{path}: article {title!r} has a paragraph with an empty 'context'")
-            for qa in para.get("qas", []):
+            for qa in _objects(para, "qas", f"{path}: article {title!r}"):
                 qid = str(qa.get("id", ""))
                 line = id_lines.get(qid, 0)
                 where = f"{path}:{line}" if line else f"{path} (question {qid!r})"
@@ -366,31 +379,42 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
                 if not isinstance(question, str) or not question.strip():
                     raise DataError(f"{where}: question {qid!r} is empty")
                 impossible = bool(qa.get("is_impossible", False))
-                any_impossible |= impossible
-                answers = []
-                for a in ([] if impossible else qa.get("answers", [])):
-                    text, start = a.get("text"), a.get("answer_start")
-                    if not isinstance(text, str) or not text or not isinstance(start, int):
-                        raise DataError(f"{where}: question {qid!r} has an answer without 'text' / integer "
-                                        f"'answer_start': {a!r}")
-                    if context[start:start + len(text)] != text:
-                        hits = [m.start() for m in re.finditer(re.escape(text), context)]
-                        if not (fix_offsets and hits):
-                            found = context[max(start, 0):max(start, 0) + len(text)]
-                            raise DataError(f"{where}: question {qid!r}: answer {text!r} is not at answer_start="
-                                            f"{start} of its context (found {found!r})"
-                                            + ("" if hits else "; the text does not occur in the context"))
-                        new = min(hits, key=lambda h: abs(h - start))
-                        fixed += 1
-                        details.append(f"{where}: question {qid!r}: answer_start {start} -> {new}")
-                        start = new
-                    answers.append((text, start))
+                answers = [] if impossible else [_place_answer(a, context, where, qid, fix_offsets, fixed)
+                                                 for a in _objects(qa, "answers", f"{where}: question {qid!r}")]
                 if require_answers and not impossible and not answers:
                     raise DataError(f"{where}: question {qid!r} has no answers and is not marked is_impossible")
                 out.append(SquadExample(qid, question, context, answers, impossible, title, where))
     if not out:
         raise DataError(f"{path}: no questions")
-    return SquadData(out, any_impossible, fixed, details)
+    return SquadData(out, any(e.is_impossible for e in out), len(fixed), fixed)
+
+
+def _objects(parent: dict, key: str, where: str) -> list[dict]:
+    """parent[key] (default []) checked to be a list of JSON objects."""
+    items = parent.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        raise DataError(f"{where}: {key!r} must be a list of objects, got {str(items)[:60]!r}")
+    return items
+
+
+def _place_answer(a: dict, context: str, where: str, qid: str, fix_offsets: bool, fixed: list[str]
+                  ) -> tuple[str, int]:
+    """(text, start) of one answer; a start that does not hold the text moves to its nearest occurrence when
+    `fix_offsets` (noted in `fixed`), else DataError."""
+    text, start = a.get("text"), a.get("answer_start")
+    if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool):
+        raise DataError(f"{where}: question {qid!r} has an answer without 'text' / integer 'answer_start': "
+                        f"{str(a)[:80]}")
+    if context[start:start + len(text)] == text and start >= 0:
+        return text, start
+    hits = [m.start() for m in re.finditer(re.escape(text), context)]
+    if not (fix_offsets and hits):
+        found = context[max(start, 0):max(start, 0) + len(text)]
+        raise DataError(f"{where}: question {qid!r}: answer {text!r} is not at answer_start={start} of its context "
+                        f"(found {found!r})" + ("" if hits else "; the text does not occur in the context"))
+    new = min(hits, key=lambda h: abs(h - start))
+    fixed.append(f"{where}: question {qid!r}: answer_start {start} -> {new}")
+    return text, new
 
 
 def write_squad(path: str | Path, examples: list[SquadExample], version: str = "1.1") -> Path:

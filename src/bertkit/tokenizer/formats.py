@@ -53,6 +53,8 @@ def load_vocab(path: str | os.PathLike) -> dict[str, int]:
 def check_vocab_dict(vocab: dict[str, int]) -> dict[str, int]:
     """A copy of a vocab given as a dict, checked as load_vocab checks a file (VocabError)."""
     vocab = dict(vocab)
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in vocab.values()):
+        raise VocabError("vocab dict: ids must be integers")
     ids = sorted(vocab.values())
     if ids != list(range(len(ids))):
         raise VocabError("vocab dict: ids must be exactly 0..len-1, each once")
@@ -84,8 +86,8 @@ def read_json_object(path: Path) -> dict:
     """A JSON file holding an object (tokenizer.json, tokenizer_config.json, ...); VocabError naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise VocabError(f"{path}: not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise VocabError(f"{path}: not valid JSON: {type(e).__name__}: {str(e)[:120]}") from None
     except OSError as e:
         raise VocabError(f"{path}: cannot read: {e.strerror}") from None
     if not isinstance(data, dict):

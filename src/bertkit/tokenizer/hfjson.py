@@ -29,16 +29,28 @@ def read_model_dir(path: Path) -> tuple[Path | dict[str, int], dict]:
     if vocab_file.is_file():
         vocab, kwargs = vocab_file, {}
     elif json_file.is_file():
-        vocab, kwargs = read_tokenizer_json(json_file)
+        vocab, kwargs = _structured(json_file, read_tokenizer_json)
     else:
         raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
     map_file = path / "special_tokens_map.json"
     if map_file.is_file():
-        _check_special_fields(map_file, read_json_object(map_file))
+        _structured(map_file, lambda f: _check_special_fields(f, read_json_object(f)))
     cfg_file = path / "tokenizer_config.json"
     if cfg_file.is_file():
-        kwargs.update(_read_config(cfg_file))
+        kwargs.update(_structured(cfg_file, _read_config))
     return vocab, kwargs
+
+
+def _structured(path: Path, read):
+    """read(path), with a member of an unexpected JSON type (a list where an object belongs, ...) reported as one
+    VocabError line naming the file rather than whatever the access raised."""
+    try:
+        return read(path)
+    except VocabError:
+        raise
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as e:
+        raise VocabError(f"{path}: malformed or unsupported tokenizer file ({type(e).__name__}: "
+                         f"{str(e)[:100]})") from None
 
 
 def _read_config(cfg_file: Path) -> dict:
