@@ -176,3 +176,23 @@ def test_bad_config_json_refused_in_one_line(tmp_path, config, words):
             load(tmp_path)
         msg = _one_line(e.value)
         assert words in msg and str(tmp_path / "config.json") in msg
+
+
+def test_save_on_a_full_disk_keeps_the_previous_files(tmp_path, monkeypatch):
+    import errno
+
+    import safetensors.torch
+    d = tmp_path / "m"
+    first = BertModel(_cfg())
+    first.save_pretrained(d)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+
+    def full(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(CheckpointError) as e:
+        BertModel(_cfg()).save_pretrained(d)
+    assert "No space left on device" in _one_line(e.value) and str(d / "model.safetensors") in str(e.value)
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before          # no temp file, nothing replaced

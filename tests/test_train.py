@@ -453,3 +453,15 @@ def test_disk_full_during_checkpoint_write(tmp_path, monkeypatch):
     res = train(TinyMLM(), Batches(), _cfg(max_steps=12, save_every_steps=4, resume=True), run,
                 step_fn=pretraining_step)
     assert res.start_step == 4 and res.steps == 12
+
+
+def test_checkpoint_without_checksums_still_resumes(tmp_path):
+    """A checkpoint written before state.json held checksums is taken as it is."""
+    run = tmp_path / "run"
+    train(TinyMLM(), Batches(), _cfg(max_steps=4, save_every_steps=4), run, step_fn=pretraining_step)
+    state = latest_checkpoint(run) / "state.json"
+    saved = json.loads(state.read_text())
+    assert set(saved.pop("files")) == {"model.safetensors", "optimizer.pt", "rank-00000.pt"}
+    state.write_text(json.dumps(saved))
+    res = train(TinyMLM(), Batches(), _cfg(max_steps=6, resume=True), run, step_fn=pretraining_step)
+    assert res.start_step == 4 and res.steps == 6

@@ -314,10 +314,15 @@ def _load_into(model, sd: dict[str, Tensor], source: Path, ignore_mismatched_siz
 
 # ---------------------------------------------------------------------------------------------- save
 def _atomic_write(path: Path, write) -> None:
+    """write(temp name), then rename over `path`: a failure (a full disk) leaves `path` as it was and no temp file,
+    and is one CheckpointError line."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {path}: {e.strerror or e}; the previous file, if any, is unchanged"
+                              ) from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -154,7 +154,8 @@ def write_manifest(out_dir: str | Path, manifest: dict) -> Path:
     return path
 
 
-def read_manifest(shard_dir: str | Path) -> dict:
+def read_manifest(shard_dir: str | Path, strict: bool = False) -> dict:
+    """The shard directory's manifest (format and version checked); `strict`: also every field the reader uses."""
     shard_dir = Path(shard_dir)
     path = shard_dir / MANIFEST
     if not shard_dir.is_dir():
@@ -172,7 +173,8 @@ def read_manifest(shard_dir: str | Path) -> dict:
     if manifest.get("format") != "bertkit-pretraining-shards" or manifest.get("version") != FORMAT_VERSION:
         raise DataError(f"{path}: not a bertkit shard manifest of version {FORMAT_VERSION} "
                         f"(format={str(manifest.get('format'))[:40]!r}, version={str(manifest.get('version'))[:20]!r})")
-    _check_fields(path, manifest)
+    if strict:
+        _check_fields(path, manifest)
     return manifest
 
 
@@ -319,7 +321,7 @@ class ShardReader:
         if batch_size < 1:
             raise DataError(f"batch_size={batch_size} must be >= 1")
         self.dir = Path(shard_dir)
-        self.manifest = read_manifest(self.dir)
+        self.manifest = read_manifest(self.dir, strict=True)
         m = self.manifest
         _check_vocab(self.dir, m, opts.vocab_hash, opts.vocab_size)
         self.seq_len, self.task = int(m["seq_len"]), m["task"]

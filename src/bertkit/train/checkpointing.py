@@ -160,16 +160,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
+
+
 def _verify(path: Path) -> dict:
     """state.json of checkpoint `path`, after checking every file against the sha256 it records (checkpoints from
     before checksums are taken as they are). CheckpointError naming the first file that does not match."""
     try:
         saved = json.loads((path / "state.json").read_bytes())
-        files = saved.get("files", {}) if isinstance(saved, dict) else None
-        assert isinstance(files, dict) and {"step", "world_size"} <= set(saved)
-    except (OSError, ValueError, AssertionError, RecursionError):
-        raise CheckpointError(f"{path / 'state.json'} is unreadable or not a bertkit checkpoint state") from None
+    except (OSError, ValueError, RecursionError):
+        saved = None
+    files = saved.get("files", {}) if isinstance(saved, dict) else None
+    if not isinstance(files, dict) or not _STATE_KEYS <= set(saved):
+        raise CheckpointError(f"{path / 'state.json'} is unreadable or not a bertkit checkpoint state")
     for name, digest in files.items():
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise CheckpointError(f"{path / 'state.json'}: {name!r} is not a file name of the checkpoint")
         try:
             ok = _sha256(path / name) == digest
         except OSError as e:

@@ -92,7 +92,7 @@ def _manifests(pc: PretrainConfig) -> dict[str, dict]:
         dirs["phase2_shards"] = pc.phase2_shards
     if pc.eval_shards:
         dirs["eval_shards"] = pc.eval_shards
-    out = {name: read_manifest(path) for name, path in dirs.items()}
+    out = {name: read_manifest(path, strict=True) for name, path in dirs.items()}
     first = out["shards"]
     for name, m in out.items():
         if m["vocab_hash"] != first["vocab_hash"] or m["vocab_size"] != first["vocab_size"]:
