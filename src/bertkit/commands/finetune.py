@@ -135,6 +135,8 @@ def _brief(summary: dict) -> dict:
 def _evaluate(args) -> int:
     if args.task == "embed":
         return embed_cmd.evaluate(args)
+    if args.baseline:
+        raise ConfigError("--baseline applies to --task embed only")
     from bertkit.tasks.runner import evaluate
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args))
     report.pop("confusion_matrix", None)
