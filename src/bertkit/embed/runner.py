@@ -243,7 +243,8 @@ def _train_seed(cfg: EmbedFinetuneConfig, data, seed: int, run_dir: Path, evals_
     total = max(1, math.ceil(len(batches) * cfg.training.epochs))
     tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False, progress=not cfg.quiet,
                    tensorboard=False, plot=False, overwrite=True, eval_every_steps=None)
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
     result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
     wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
     cpu = time.process_time() - cpu0          # this process's CPU time: what other load on the machine leaves alone
