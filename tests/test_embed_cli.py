@@ -165,6 +165,11 @@ def test_evaluate_embed_before_after_and_scored(capsys, tmp_path, tiny_st, data)
     assert evaluate_embed(tiny_st, data / "pairs.jsonl")["queries"] == 24
 
 
+def test_baseline_needs_task_embed(capsys, tiny_st, data):
+    assert "--baseline applies to --task embed only" in _error(capsys, "evaluate", "--model", tiny_st, "--baseline",
+                                                                 tiny_st, "--data", data / "scored.jsonl")
+
+
 def test_evaluate_embed_bad_retrieval_dir(capsys, tmp_path, tiny_st, data):
     d = tmp_path / "bad"
     _jsonl(d / "queries.jsonl", [{"id": "q1", "text": "the dog"}])

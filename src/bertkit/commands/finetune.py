@@ -162,6 +162,8 @@ def _readable(brief: dict) -> list[str]:
 def _evaluate(args) -> int:
     if args.task == "embed":
         return embed_cmd.evaluate(args)
+    if args.baseline:
+        raise ConfigError("--baseline applies to --task embed only")
     from bertkit.tasks.runner import evaluate
     if args.out is not None:
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)

@@ -244,14 +244,16 @@ def _train_seed(cfg: EmbedFinetuneConfig, data, seed: int, run_dir: Path, evals_
     tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False,
                    progress=cfg.training.progress and not cfg.quiet, tensorboard=False, plot=False, overwrite=True, eval_every_steps=None)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
     wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
+    cpu = time.process_time() - cpu0          # this process's CPU time: what other load on the machine leaves alone
     if compacted:
         restore_word_embeddings(encoder)
     after = _evaluate_all(evals, encoder)
     examples = result.steps * cfg.batch_size
     rec = {"seed": seed, "steps": result.steps, "train_examples": examples, "train_s": wall,
-           "loop_s": result.elapsed_s, "examples_per_s": examples / wall,
+           "loop_s": result.elapsed_s, "train_cpu_s": cpu, "examples_per_s": examples / wall,
            "final_loss": result.losses[-1] if result.losses else None, "before": before, "after": after}
     if cfg.save_model:
         save_sentence_encoder(encoder, tok, run_dir)
