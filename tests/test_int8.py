@@ -88,5 +88,14 @@ def test_quantize_a_frozen_model_keeps_the_fused_activation():
     assert torch.equal(_hidden(q, ids, mask), _hidden(direct, ids, mask))
 
 
-def test_plan_reports_int8():
-    assert any(line.startswith("int8_linear:") for line in runtime.describe(runtime.plan(force="all")))
+def test_plan_reports_int8_and_freeze_sets_the_engine():
+    from bertkit.runtime.int8 import ENGINES, int8_kernel_ok
+    assert any(line.startswith("int8_linear: on") for line in runtime.describe(runtime.plan(force="all")))
+    ids, mask = _batch()
+    outs = []
+    for engine in [e for e in ENGINES if int8_kernel_ok(e)]:             # both libraries compute the same product
+        plan = runtime.RuntimePlan(runtime.plan(force="none").options, int8_engine=engine)
+        q = runtime.freeze(int8.quantize(_tiny()), plan)
+        assert {m.engine for m in q.modules() if isinstance(m, Int8Linear)} == {engine}
+        outs.append(_hidden(q, ids, mask))
+    assert all((o - outs[0]).abs().max() < 0.02 for o in outs)
