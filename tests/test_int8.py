@@ -99,3 +99,19 @@ def test_plan_reports_int8_and_freeze_sets_the_engine():
         assert {m.engine for m in q.modules() if isinstance(m, Int8Linear)} == {engine}
         outs.append(_hidden(q, ids, mask))
     assert all((o - outs[0]).abs().max() < 0.02 for o in outs)
+
+
+def test_predictor_loads_an_int8_directory(tmp_path):
+    """What every inference command and `serve` use (Predictor.load) reads the int8 directory as it is."""
+    from bertkit import Tokenizer
+    from bertkit.infer import Predictor
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(2995)]
+    tok = Tokenizer({t: i for i, t in enumerate(vocab)})
+    fp = _tiny(BertForSequenceClassification, num_labels=2)
+    fp.save_pretrained(tmp_path / "fp32", tokenizer=tok)
+    int8.quantize(fp).save_pretrained(tmp_path / "int8", tokenizer=tok)
+    texts = ["w1 w2 w3", "w7 w8 w9 w10 w11 w12"]
+    a, b = (Predictor.load(tmp_path / d) for d in ("fp32", "int8"))
+    assert isinstance(b.model.classifier, Int8Linear)
+    ea, eb = a.embed(texts), b.embed(texts)
+    assert torch.nn.functional.cosine_similarity(torch.as_tensor(ea), torch.as_tensor(eb)).min() > 0.99
