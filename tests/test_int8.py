@@ -101,6 +101,15 @@ def test_plan_reports_int8_and_freeze_sets_the_engine():
     assert all((o - outs[0]).abs().max() < 0.02 for o in outs)
 
 
+def test_freeze_warns_where_int8_measured_slower(caplog):
+    slower = runtime.RuntimePlan(runtime.plan(force="none").options, reasons={"int8_linear": "9 ms vs plain 3 ms"})
+    with caplog.at_level("WARNING", logger="bertkit.runtime.int8"):
+        runtime.freeze(_tiny(), slower)                                # a float model: nothing to say
+        assert not caplog.records
+        runtime.freeze(int8.quantize(_tiny()), slower)
+    assert "slower than fp32" in caplog.text
+
+
 def test_predictor_loads_an_int8_directory(tmp_path):
     """What every inference command and `serve` use (Predictor.load) reads the int8 directory as it is."""
     from bertkit import Tokenizer

@@ -125,7 +125,8 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     runtime = runtime or plan(next(model.parameters()).device)
     apply(model, runtime)
     freeze_linears(model, runtime.packed_dtypes)
-    set_engine(model, runtime.int8_engine)            # int8 layers (a quantized model): the library measured faster
+    # int8 layers (a quantized model): the library measured faster, or a warning where fp32 won here
+    set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons)
     return model.eval()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import logging
 import warnings
 
 import torch
@@ -34,6 +35,8 @@ from bertkit.runtime.linear import FrozenLinear, _stamp, _tracing
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
            "METHOD", "EMBEDDING_KEY"]
+
+log = logging.getLogger("bertkit.runtime.int8")
 
 METHOD = "bertkit-int8"
 EMBEDDING_KEY = "embeddings.word_embeddings.weight"
@@ -177,11 +180,15 @@ class Int8Fused(Int8Linear):
         return state
 
 
-def set_engine(model: nn.Module, engine: str | None) -> None:
-    """Run every int8 layer of `model` through `engine` (None: the default one)."""
-    for m in model.modules():
-        if isinstance(m, Int8Linear):
-            m.engine = engine or default_engine()
+def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False) -> None:
+    """Run every int8 layer of `model` through `engine` (None: the default one); `measured_slower`: this CPU's
+    int8 path lost to fp32, which the user is told once."""
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    if layers and measured_slower:
+        log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the fp32 model "
+                    "would run faster here")
+    for m in layers:
+        m.engine = engine or default_engine()
 
 
 def _matches(name: str, patterns) -> bool:
