@@ -10,7 +10,8 @@ the longest in the batch) and one at a time, through MiniLM-L6 (the real all-Min
 shape (random weights, saved once so every runner reads the same file):
   transformers fp32 (sdpa) | transformers + torch.ao dynamic int8 | onnxruntime fp32 | onnxruntime dynamic int8
   (quantize_dynamic, per-channel QInt8 weights, on bertkit's own ONNX export) | bertkit fp32 | bertkit bf16
-  (where the CPU has native bf16: what precision "auto" runs) | bertkit int8 (runtime.int8, fp32 activations).
+  (where the CPU has native bf16: what precision "auto" runs) | bertkit int8 (runtime.int8, fp32 activations)
+  | bertkit int8 under bf16 autocast (native bf16 only: int8 GEMMs, bf16 attention and residual stream).
 Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
 sequences/s from the median repeat; "ratios" divide bertkit int8 by each. Every runner gets the same thread count.
 
@@ -102,8 +103,9 @@ def runners(model_dir: Path, work: Path, threads: int) -> dict:
     out = {"transformers_fp32": torch_fn(hf), "transformers_int8": torch_fn(hf_q),
            "onnxruntime_fp32": ort("onnxruntime_fp32"), "onnxruntime_int8": ort("onnxruntime_int8"),
            "bertkit_fp32": torch_fn(ours), "bertkit_int8": torch_fn(ours_q)}
-    if native_bf16("cpu"):
+    if native_bf16("cpu"):                            # what precision "auto" runs here, float and int8
         out["bertkit_bf16"] = torch_fn(ours, "bf16")
+        out["bertkit_int8_bf16"] = torch_fn(ours_q, "bf16")
     return out
 
 

@@ -69,7 +69,7 @@ def test_missing_onnx_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_export_int8_has_dynamic_axes_and_matches_bertkit_int8(tmp_path, capsys):
     """The quantized graph against bertkit's int8 model: both quantize each activation matrix with one scale and
-    hold the same int8 weights, so they agree to 0.1 on the O(1) hidden states (the CLI's --int8 tolerance)."""
+    the same weights; their roundings differ, so the CLI allows 15% of the largest output (passing means within)."""
     import json
 
     import onnx
@@ -81,7 +81,7 @@ def test_export_int8_has_dynamic_axes_and_matches_bertkit_int8(tmp_path, capsys)
     assert main(["export", str(d), str(tmp_path / "fp32.onnx"), "--no-check"]) == 0
     assert main(["export", str(d), str(tmp_path / "int8.onnx"), "--int8"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0 < report["max_abs_diff"] <= 0.1, report
+    assert 0 < report["max_abs_diff"] <= 0.15 * report["max_abs_output"], report
     graph = onnx.load(str(tmp_path / "int8.onnx")).graph
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in graph.node}
     assert [x.dim_param for x in graph.input[0].type.tensor_type.shape.dim] == ["batch", "seq"]

@@ -88,5 +88,39 @@ def test_quantize_a_frozen_model_keeps_the_fused_activation():
     assert torch.equal(_hidden(q, ids, mask), _hidden(direct, ids, mask))
 
 
-def test_plan_reports_int8():
-    assert any(line.startswith("int8_linear:") for line in runtime.describe(runtime.plan(force="all")))
+def test_plan_reports_int8_and_freeze_sets_the_engine():
+    from bertkit.runtime.int8 import ENGINES, int8_kernel_ok
+    assert any(line.startswith("int8_linear: on") for line in runtime.describe(runtime.plan(force="all")))
+    ids, mask = _batch()
+    outs = []
+    for engine in [e for e in ENGINES if int8_kernel_ok(e)]:             # both libraries compute the same product
+        plan = runtime.RuntimePlan(runtime.plan(force="none").options, int8_engine=engine)
+        q = runtime.freeze(int8.quantize(_tiny()), plan)
+        assert {m.engine for m in q.modules() if isinstance(m, Int8Linear)} == {engine}
+        outs.append(_hidden(q, ids, mask))
+    assert all((o - outs[0]).abs().max() < 0.02 for o in outs)
+
+
+def test_freeze_warns_where_int8_measured_slower(caplog):
+    slower = runtime.RuntimePlan(runtime.plan(force="none").options, reasons={"int8_linear": "9 ms vs plain 3 ms"})
+    with caplog.at_level("WARNING", logger="bertkit.runtime.int8"):
+        runtime.freeze(_tiny(), slower)                                # a float model: nothing to say
+        assert not caplog.records
+        runtime.freeze(int8.quantize(_tiny()), slower)
+    assert "slower than fp32" in caplog.text
+
+
+def test_predictor_loads_an_int8_directory(tmp_path):
+    """What every inference command and `serve` use (Predictor.load) reads the int8 directory as it is."""
+    from bertkit import Tokenizer
+    from bertkit.infer import Predictor
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(2995)]
+    tok = Tokenizer({t: i for i, t in enumerate(vocab)})
+    fp = _tiny(BertForSequenceClassification, num_labels=2)
+    fp.save_pretrained(tmp_path / "fp32", tokenizer=tok)
+    int8.quantize(fp).save_pretrained(tmp_path / "int8", tokenizer=tok)
+    texts = ["w1 w2 w3", "w7 w8 w9 w10 w11 w12"]
+    a, b = (Predictor.load(tmp_path / d) for d in ("fp32", "int8"))
+    assert isinstance(b.model.classifier, Int8Linear)
+    ea, eb = a.embed(texts), b.embed(texts)
+    assert torch.nn.functional.cosine_similarity(torch.as_tensor(ea), torch.as_tensor(eb)).min() > 0.99

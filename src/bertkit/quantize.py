@@ -76,7 +76,7 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
 
 def _refuse_without_int8(force: bool) -> None:
     plan = runtime.plan("cpu")
-    if not plan.int8 and not force:
+    if plan.int8_engine is None and not force:
         why = plan.reasons.get("int8_linear", plan.reasons.get("all", ""))
         raise ConfigError(f"this CPU has no int8 path faster than fp32 (int8_linear: {why}): keeping fp32, "
                           f"nothing written (--force writes int8 anyway)")

@@ -17,7 +17,8 @@ def register(sub) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
     p.add_argument("--tolerance", type=checks.nonneg_float, default=None,
-                   help="max abs difference allowed by the check (default 1e-4; 0.1 with --int8)")
+                   help="max abs difference allowed by the check (default 1e-4; with --int8 a share "
+                        "of the largest output, default 0.15)")
     p.add_argument("--int8", action="store_true", help="a dynamically quantized int8 graph, checked against "
                                                        "bertkit's int8 model (bertkit quantize)")
     p.set_defaults(func=run)
@@ -38,8 +39,13 @@ def run(args) -> int:
         print(json.dumps({"out": str(path), "bytes": path.stat().st_size}))
         return 0
     print(json.dumps({"out": str(path), "bytes": path.stat().st_size, **report}))
-    tolerance = args.tolerance if args.tolerance is not None else (0.1 if args.int8 else 1e-4)
+    # two int8 implementations round independently: they differ about as much as each differs from fp32 (MiniLM,
+    # random tokens: 0.72 vs int8-fp32 0.45, largest output 6.2; docs/performance.md)
+    if args.int8:
+        tolerance = (args.tolerance if args.tolerance is not None else 0.15) * report["max_abs_output"]
+    else:
+        tolerance = args.tolerance if args.tolerance is not None else 1e-4
     if report["max_abs_diff"] > tolerance:
         raise BertkitError(f"{path}: onnxruntime differs from PyTorch by {report['max_abs_diff']:.3g} "
-                           f"> tolerance {tolerance:g}")
+                           f"> tolerance {tolerance:.3g}")
     return 0

@@ -3,7 +3,8 @@
     runtime.plan(device)       what this machine gets: a `RuntimePlan` (probed once per CPU model and torch version)
     runtime.apply(model)       training and inference: attention functions, 16-bit dropout masks, bf16 residual
     runtime.freeze(model)      inference only: `apply`, then frozen linear layers (fused Q/K/V and FFN activation,
-                               weights cast once, prepacked oneDNN GEMMs where they won); the model can no longer train
+                               weights cast once, prepacked oneDNN GEMMs where they won); the model can no longer train;
+                               int8 layers of a quantized model (runtime.int8) run through the int8 library that won
     runtime.describe(plan)     the plan and why, one line per choice (`python -m bertkit.hardware` prints it)
 
 `force="all"` switches every path on (tests use it to cover paths a machine would not pick), `force="none"` gives
@@ -23,6 +24,7 @@ from bertkit.attention import ExecutionOptions, dropout
 from bertkit.errors import ConfigError
 from bertkit.hardware import native_bf16
 from bertkit.model import BertModel, BertPreTrainedModel
+from bertkit.runtime.int8 import default_engine, set_engine
 from bertkit.runtime.linear import FrozenLinear, freeze_linears
 
 __all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "is_frozen", "plan"]
@@ -39,7 +41,8 @@ _OPTION_PROBES = {"explicit_train_attention": "explicit_train_attention",
 class RuntimePlan:
     options: ExecutionOptions                       # what BertModel.execution gets
     packed_dtypes: frozenset = frozenset()          # frozen linears through prepacked oneDNN GEMMs in these dtypes
-    int8: bool = False                              # int8 linears (runtime.int8) measured faster than fp32 here
+    int8_engine: str | None = None                  # int8 linears (runtime.int8) through this library: measured
+                                                    # faster than fp32 here (None: int8 is not worth it here)
     reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
 
 
@@ -77,7 +80,10 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
                        if _won(probes[name]))
     reasons = {name: _why(probe) for name, probe in probes.items()}
     reasons["bf16_residual"] = "on with native bf16" if bf16 else "no native bf16: training runs fp32 here"
-    return RuntimePlan(ExecutionOptions(**chosen), packed, _won(probes["int8_linear"]), reasons)
+    int8_probe = probes["int8_linear"]
+    engine = int8_probe.get("engine") if _won(int8_probe) else None
+    reasons["int8_linear"] = _why(int8_probe) + (f", {engine}" if engine else "")
+    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, reasons)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -91,7 +97,7 @@ def plan(device="cpu", force: str | None = None) -> RuntimePlan:
     if force == "all":
         on = {opt: True for opt in _OPTION_PROBES.values()}
         return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
-                           True, {"all": "every fast path (forced)"})
+                           default_engine(), {"all": "every fast path (forced)"})
     return _measured_plan(native_bf16("cpu"), torch.get_num_threads())
 
 
@@ -119,6 +125,8 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     runtime = runtime or plan(next(model.parameters()).device)
     apply(model, runtime)
     freeze_linears(model, runtime.packed_dtypes)
+    # int8 layers (a quantized model): the library measured faster, or a warning where fp32 won here
+    set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons)
     return model.eval()
 
 
@@ -131,7 +139,8 @@ def describe(runtime: RuntimePlan) -> list[str]:
     """One line per choice: on/off and the measurement behind it."""
     o = runtime.options
     state = {"packed_linear_fp32": torch.float32 in runtime.packed_dtypes,
-             "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes, "int8_linear": runtime.int8,
+             "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes,
+             "int8_linear": runtime.int8_engine is not None,
              "bf16_residual": o.bf16_residual, **{n: getattr(o, f) for n, f in _OPTION_PROBES.items()}}
     if "all" in runtime.reasons:
         return [f"{name}: {'on' if on else 'off'} ({runtime.reasons['all']})" for name, on in state.items()]

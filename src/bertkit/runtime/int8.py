@@ -7,10 +7,11 @@
     from_storage(state_dict)              back to float (embeddings are looked up in float)
     prepare(model, config)                the int8 layers a `quantization_config` in config.json names, before load
 
-The kernel is PyTorch's own `quantized::linear_dynamic` on weights prepacked once for oneDNN: it quantizes each
-activation matrix with one (asymmetric uint8) scale inside the call and multiplies with VNNI. Measured on the
-machine that built this (AMD EPYC Zen 4, AVX-512 VNNI), 2000 rows, MiniLM and BERT-base FFN shapes: 3.5-4x the
-fp32 GEMM and 15-30% faster than `torch._int_mm` with per-token scales done in Python (benchmarks/int8_kernels.py,
+The kernel is PyTorch's own `quantized::linear_dynamic` on weights prepacked once for fbgemm or oneDNN (whichever
+`runtime.plan` measured faster here): it quantizes each activation matrix with one (asymmetric uint8) scale inside
+the call and multiplies with VNNI. Measured on AMD EPYC Zen 4 (AVX-512 VNNI, 2 threads), 2000 rows at MiniLM and
+BERT-base shapes: 2.2-4.4x the fp32 GEMM, where `torch._int_mm` with per-token scales done in PyTorch ops was
+0.9-3.1x and `torch._weight_int8pack_mm` (weight-only) 30x slower than fp32 (benchmarks/int8_kernels.py,
 docs/performance.md). Without VNNI the kernel narrows activations to 7 bits (`reduce_range`), as int16 sums in AVX2
 would saturate; `runtime.plan` measures whether int8 wins at all before `bertkit quantize` uses it.
 An Int8Linear has no trainable parameter: a quantized model is inference-only, like a frozen one.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import logging
 import warnings
 
 import torch
@@ -34,9 +36,11 @@ from bertkit.runtime.linear import FrozenLinear, _stamp, _tracing
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
            "METHOD", "EMBEDDING_KEY"]
 
+log = logging.getLogger("bertkit.runtime.int8")
+
 METHOD = "bertkit-int8"
 EMBEDDING_KEY = "embeddings.word_embeddings.weight"
-_ENGINE = "onednn"
+ENGINES = ("fbgemm", "onednn")                       # PyTorch's two x86 int8 GEMM libraries; runtime.plan picks one
 
 
 def _vnni() -> bool:
@@ -51,11 +55,16 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None):
-    """int8 weight + scales -> the kernel's prepacked oneDNN weight (built once, kept as derived data)."""
+def default_engine() -> str:
+    return next((e for e in ENGINES if e in torch.backends.quantized.supported_engines), ENGINES[0])
+
+
+def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None, engine: str):
+    """int8 weight + scales -> the weight prepacked for `engine` (built once, kept as derived data); the global
+    engine setting is restored: the packed weight carries its library with it."""
     old = torch.backends.quantized.engine
     try:
-        torch.backends.quantized.engine = _ENGINE
+        torch.backends.quantized.engine = engine
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # the quantized-tensor constructor warns of its deprecation
             qw = torch._make_per_channel_quantized_tensor(q.cpu(), scale.double().cpu(),
@@ -66,15 +75,17 @@ def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None):
 
 
 @functools.cache
-def int8_kernel_ok() -> bool:
-    """Whether the prepacked int8 kernel runs here and agrees with the float product of the dequantized weights."""
-    if _ENGINE not in torch.backends.quantized.supported_engines:
+def int8_kernel_ok(engine: str | None = None) -> bool:
+    """Whether the prepacked int8 kernel of `engine` runs here and agrees with the float product of the
+    dequantized weights."""
+    engine = engine or default_engine()
+    if engine not in torch.backends.quantized.supported_engines:
         return False
     try:
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(8, 64, generator=g), torch.randn(32, 64, generator=g)
         q, s = quantize_rows(w)
-        y = torch.ops.quantized.linear_dynamic(x, _prepack(q, s, None), not _vnni())
+        y = torch.ops.quantized.linear_dynamic(x, _prepack(q, s, None, engine), not _vnni())
         ref = F.linear(x, q.float() * s[:, None])
         return bool((y - ref).abs().max() < 0.05 * ref.abs().max())
     except (RuntimeError, AttributeError, TypeError):
@@ -91,7 +102,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.act = act
-        self._packed: tuple = (None, None)           # (stamp of weight / scale / bias, prepacked weight)
+        self.engine = default_engine()                # runtime.freeze sets the one measured fastest here
+        self._packed: tuple = (None, None)           # (stamp of weight / scale / bias + engine, prepacked weight)
 
     @classmethod
     def from_float(cls, linear: nn.Module, act: str | None = None) -> "Int8Linear":
@@ -128,9 +140,9 @@ class Int8Linear(nn.Module):
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
         else:
             q, s, b = self.parts()
-            stamp = _stamp((q, s, b))
+            stamp = (_stamp((q, s, b)), self.engine)
             if self._packed[0] != stamp:
-                self._packed = (stamp, _prepack(q, s, b))
+                self._packed = (stamp, _prepack(q, s, b, self.engine))
             shape = x.shape
             y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(), self._packed[1],
                                                    not _vnni()).reshape(*shape[:-1], -1).to(x.dtype)
@@ -150,6 +162,7 @@ class Int8Fused(Int8Linear):
         self.__dict__["owner"] = owner                # the parts are registered where they live
         self.names = names
         self.act = None
+        self.engine = default_engine()
         self._packed = (None, None)
         self._fused: tuple = (None, None)
 
@@ -165,6 +178,17 @@ class Int8Fused(Int8Linear):
         state = super().__getstate__()
         state["_fused"] = (None, None)
         return state
+
+
+def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False) -> None:
+    """Run every int8 layer of `model` through `engine` (None: the default one); `measured_slower`: this CPU's
+    int8 path lost to fp32, which the user is told once."""
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    if layers and measured_slower:
+        log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the fp32 model "
+                    "would run faster here")
+    for m in layers:
+        m.engine = engine or default_engine()
 
 
 def _matches(name: str, patterns) -> bool:

@@ -56,19 +56,32 @@ def _probe_packed_linear(dtype: torch.dtype) -> dict:
 
 
 def _probe_int8_linear() -> dict:
-    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) against the fp32 GEMM."""
-    from bertkit.runtime.int8 import Int8Linear, int8_kernel_ok
-    if not int8_kernel_ok():
+    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the fp32 GEMM,
+    at batch-32 rows and at one short sequence's rows (the libraries differ most there: fbgemm 1.46x oneDNN at
+    MiniLM batch 1 on Zen 4, docs/performance.md); "engine": the one with the best mean log speed-up."""
+    import math
+    from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
+    engines = [e for e in ENGINES if int8_kernel_ok(e)]
+    if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
     g = torch.Generator().manual_seed(0)
-    fast = plain = 0.0
+    total = dict.fromkeys(engines + ["plain"], 0.0)
+    score = dict.fromkeys(engines, 0.0)
     with torch.no_grad():
-        for rows, k, n in ((1024, 384, 1536), (512, 768, 3072)):             # MiniLM FFN-in, base FFN-in
+        for rows, k, n in ((1024, 384, 1536), (512, 768, 3072), (32, 384, 1536)):   # MiniLM, base FFN-in; short
             x, lin = torch.randn(rows, k, generator=g), torch.nn.Linear(k, n)
-            q = Int8Linear.from_float(lin)
-            t = _time({"fast": lambda: q(x), "plain": lambda: lin(x)})
-            fast, plain = fast + t["fast"], plain + t["plain"]
-    return {"fast": fast, "plain": plain}
+            fns = {"plain": lambda: lin(x)}
+            for e in engines:
+                q = Int8Linear.from_float(lin)
+                q.engine = e
+                fns[e] = lambda q=q: q(x)
+            t = _time(fns)
+            for name in total:
+                total[name] += t[name]
+            for e in engines:
+                score[e] += math.log(t[e] / t["plain"])
+    engine = min(engines, key=score.get)
+    return {"fast": total[engine], "plain": total["plain"], "engine": engine}
 
 
 def _probe_dropout() -> dict:
@@ -108,7 +121,7 @@ def _probe_masked_inference_attention() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference")
-SCHEMA = 3                # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 5                # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
