@@ -52,13 +52,15 @@ class _EmbedJob:
 
 
 def _embed_jobs(predictor, jobs: list[_EmbedJob], max_length: int) -> list:
-    """Per job: (vectors (n, dims), tokens seen) or the exception that job alone fails with."""
+    """Per job: (vectors (n, dims), tokens seen: None for a truncating job) or the exception that job alone fails
+    with."""
     out: list = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
-        counts = _token_counts(predictor, job.texts)
-        err = None if job.truncate else _too_long(counts, max_length)
-        out[i] = err or [min(n, max_length) for n in counts]
+        # a truncating job needs no count: skip a second tokenization of its texts (the forward tokenizes them)
+        counts = None if job.truncate else _token_counts(predictor, job.texts)
+        err = None if counts is None else _too_long(counts, max_length)
+        out[i] = err or (counts and [min(n, max_length) for n in counts])
         if err is None:
             groups.setdefault((job.pooling, job.normalize), []).append(i)
     for (pooling, normalize), idx in groups.items():    # requests with the same options share one forward
