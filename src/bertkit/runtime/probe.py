@@ -57,8 +57,9 @@ def _probe_packed_linear(dtype: torch.dtype) -> dict:
 
 def _probe_int8_linear() -> dict:
     """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the fp32 GEMM,
-    at batch-32 rows and at one short sequence's rows (the libraries differ most there: fbgemm 1.46x oneDNN at
-    MiniLM batch 1 on Zen 4, docs/performance.md); "engine": the one with the best mean log speed-up."""
+    at batch-32 rows and at short sequences of changing lengths (the libraries differ most there: oneDNN pays
+    per new shape; fbgemm ran MiniLM at batch 1 1.46x faster on Zen 4, docs/performance.md); "engine": the one
+    with the best mean log speed-up."""
     import math
     from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
@@ -68,13 +69,13 @@ def _probe_int8_linear() -> dict:
     total = dict.fromkeys(engines + ["plain"], 0.0)
     score = dict.fromkeys(engines, 0.0)
     with torch.no_grad():
-        for rows, k, n in ((1024, 384, 1536), (512, 768, 3072), (32, 384, 1536)):   # MiniLM, base FFN-in; short
-            x, lin = torch.randn(rows, k, generator=g), torch.nn.Linear(k, n)
-            fns = {"plain": lambda: lin(x)}
+        for rows, k, n in (((1024,), 384, 1536), ((512,), 768, 3072), (range(12, 60, 3), 384, 1536)):
+            xs, lin = [torch.randn(r, k, generator=g) for r in rows], torch.nn.Linear(k, n)   # MiniLM, base; short
+            fns = {"plain": lambda: [lin(x) for x in xs]}
             for e in engines:
                 q = Int8Linear.from_float(lin)
                 q.engine = e
-                fns[e] = lambda q=q: q(x)
+                fns[e] = lambda q=q: [q(x) for x in xs]
             t = _time(fns)
             for name in total:
                 total[name] += t[name]
@@ -121,7 +122,7 @@ def _probe_masked_inference_attention() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference")
-SCHEMA = 5                # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 6                # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
