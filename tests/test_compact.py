@@ -94,6 +94,23 @@ def test_forward_state_dict_and_unseen_ids():
                        plain["bert.embeddings.word_embeddings.weight"] + 1.0)
 
 
+def test_training_step_never_builds_the_full_table(monkeypatch):
+    """A training forward reads only the compact rows: building the (vocab, hidden) table per step cost fine-tuning
+    ~28 ms a step on MiniLM (more than the embedding lookup saves)."""
+    from bertkit.heads import BertForSequenceClassification
+    from bertkit.train.compact import CompactEmbedding, compact_word_embeddings
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(_config()).train()
+    compact_word_embeddings(model, torch.tensor([0, 2, 3, 17, 33]))
+    built = []
+    full = CompactEmbedding.weight.fget
+    monkeypatch.setattr(CompactEmbedding, "weight", property(lambda self: built.append(1) or full(self)))
+    ids = torch.tensor([[2, 17, 33, 3, 0, 0], [2, 33, 3, 0, 0, 0]])
+    out = model(input_ids=ids, attention_mask=(ids != 0).long(), labels=torch.tensor([0, 2]))
+    out.loss.backward()
+    assert built == [] and model.bert.embeddings.word_embeddings.rows.grad is not None
+
+
 def test_training_matches_the_full_table(tmp_path):
     """Same losses, same trained rows and other weights, unused rows decayed only, dropout on, clipping on."""
     from bertkit.heads import BertForSequenceClassification

@@ -180,3 +180,16 @@ def test_bad_cache_files_are_measured_again(tmp_path, monkeypatch):
         path.write_text(bad)
         assert probe.cached_measurements(tmp_path, False) == fresh
     assert probe.cached_measurements(None, False) == fresh              # no cache directory at all
+
+
+def test_each_schema_keeps_its_own_cache_file(tmp_path, monkeypatch):
+    """Two bertkit versions sharing a cache (different probe schemas) must not re-probe over each other's file on
+    every run: a probe costs ~1 s of the first training step's time."""
+    from bertkit.runtime import probe
+    calls = []
+    monkeypatch.setattr(probe, "measure", lambda bf16: calls.append(1) or
+                        {name: {"fast": 1.0, "plain": 2.0} for name in probe.PROBES})
+    for schema in (probe.SCHEMA, probe.SCHEMA + 1, probe.SCHEMA, probe.SCHEMA + 1):
+        monkeypatch.setattr(probe, "SCHEMA", schema)
+        probe.cached_measurements(tmp_path, False)
+    assert len(calls) == 2 and len(list((tmp_path / "runtime").glob("*.json"))) == 2

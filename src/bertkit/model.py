@@ -371,7 +371,8 @@ class BertModel(BertPreTrainedModel):
     def plan(self, input_ids: Tensor, attention_mask: Tensor | None, output_attentions: bool = False
              ) -> ExecutionPlan:
         """How a forward of this batch runs (see attention.ExecutionPlan)."""
-        mode = Mode.current(input_ids.device, self.embeddings.word_embeddings.weight.dtype, self.training)
+        # the weights' dtype from a plain table: a swapped-in word table (train.compact) builds its `.weight` per call
+        mode = Mode.current(input_ids.device, self.embeddings.position_embeddings.weight.dtype, self.training)
         return ExecutionPlan.build(self.execution, self.config.attn_implementation, attention_mask,
                                    tuple(input_ids.shape), mode, output_attentions,
                                    self.config.attention_probs_dropout_prob)

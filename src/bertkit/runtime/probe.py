@@ -152,7 +152,8 @@ def _measure(bf16_native: bool) -> dict[str, dict]:
 
 
 def _cache_file(root: Path) -> Path:
-    key = f"{cpu_signature()}-torch{torch.__version__}-threads{torch.get_num_threads()}"
+    # the schema in the name: checkouts of different versions sharing a cache never re-probe over each other's file
+    key = f"{cpu_signature()}-torch{torch.__version__}-threads{torch.get_num_threads()}-schema{SCHEMA}"
     name = "".join(c if c.isalnum() else "-" for c in key)
     return root / "runtime" / f"{name}.json"
 
