@@ -17,6 +17,7 @@ from bertkit import __version__
 from bertkit.commands import settle_model
 from bertkit.commands.checks import error_line, one_line_errors, undo_empty
 from bertkit.errors import BertkitError
+from bertkit.textfiles import stdin_inputs
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
 # partial install still runs the stages it has.
@@ -80,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if vars(args).pop("allow_non_finite", False):     # popped: commands pass their namespace on as keywords
         from bertkit.checkpoint import ALLOW_NON_FINITE_ENV
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
+    stdin_spec, stdin_format = vars(args).pop("_stdin", {}), vars(args).pop("stdin_format", None)
     try:
         settle_model(args)
         _resolve_model_args(args)
-        rc = args.func(args)
+        with stdin_inputs(args, stdin_spec, stdin_format):
+            rc = args.func(args)
     except KeyboardInterrupt:
         print(f"bertkit {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ export) is a `DataError` naming the file and the first bad line, never a Unicode
     text = read_text(path)                 # the whole file
     @utf8_errors                           # a reader(path, ...) whose decoding errors name path:line
     def read_table(path, ...): ...
+    with stdin_inputs(args, spec): ...     # the CLI: a '-' input argument becomes a temporary copy of stdin
 
 Readers that document a lenient decoding (the tokenizer, vocab training and corpus reading replace invalid bytes
 and count them) do not use this module.
@@ -11,15 +12,19 @@ and count them) do not use this module.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
+import json
+import shutil
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
 from bertkit.errors import DataError
 
-__all__ = ["read_text", "utf8_error", "utf8_errors"]
+__all__ = ["read_text", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy"]
 
 
 def _raw(path: Path) -> bytes:
@@ -74,3 +79,84 @@ def utf8_errors(reader):
         except (gzip.BadGzipFile, EOFError, zlib.error):
             raise DataError(f"{path}: not a valid gzip file") from None
     return wrapped
+
+
+# ---------------------------------------------------------------------------------------------- '-' = stdin
+
+STDIN_FORMATS = ("csv", "tsv", "jsonl", "json", "conll")
+_COPIES: set[str] = set()      # paths of the temporary copies of stdin that are alive
+
+
+def _is_conll(lines: list[str]) -> bool:
+    """Token lines with a tag column (one column count >= 2 throughout), in blank-line-separated sentences."""
+    counts = {len(ln.split()) for ln in lines if ln.strip() and not ln.startswith("-DOCSTART-")}
+    blank_between = any(not a.strip() and b.strip() for a, b in zip(lines[1:], lines[2:]))
+    docstart = bool(lines) and lines[0].startswith("-DOCSTART-")
+    return len(counts) == 1 and min(counts) >= 2 and (blank_between or docstart)
+
+
+def sniff_suffix(data: bytes) -> str:
+    """The file suffix a task-file reader needs for these bytes: .jsonl (a first line that is a JSON object), .json
+    (a SQuAD document, or JSON over several lines), .conll, .tsv (a tab in the header), else .csv; .gz appended to
+    gzip bytes."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            return sniff_suffix(gzip.decompress(data)) + ".gz"
+        except (OSError, EOFError, zlib.error):
+            return ".gz"
+    text = data[:1 << 20].decode("utf-8", errors="replace")      # a sample: enough to tell the layouts apart
+    body = text.lstrip()
+    if body.startswith("{"):
+        first, _, rest = body.partition("\n")
+        try:
+            doc = json.loads(first)
+        except ValueError:
+            return ".json"                  # one document over several lines
+        return ".json" if isinstance(doc, dict) and "data" in doc and not rest.strip() else ".jsonl"
+    lines = text.splitlines()[:2000]
+    if _is_conll(lines):
+        return ".conll"
+    header = next((ln for ln in lines if ln.strip()), "")
+    return ".tsv" if "\t" in header else ".csv"
+
+
+def is_stdin_copy(path) -> bool:
+    """Whether `path` is the temporary copy of stdin that `stdin_inputs` put in place of a '-' argument."""
+    return str(path) in _COPIES
+
+
+def _dashes(value) -> int:
+    return sum(v == "-" for v in value) if isinstance(value, list) else int(value == "-")
+
+
+@contextlib.contextmanager
+def stdin_inputs(args, spec: dict, fmt: str | None = None):
+    """Within the block, the one '-' among the input arguments `spec` names ({dest: (flag, suffix)}) is a
+    temporary file holding stdin's bytes, removed afterwards. suffix None: sniffed (or `fmt`); "": the command reads
+    '-' itself (counted, left as it is). A second '-' is a ConfigError; error messages name <stdin>, not the copy."""
+    from bertkit.errors import BertkitError, ConfigError
+    dashed = [(dest, flag) for dest, (flag, _) in spec.items() for _ in range(_dashes(getattr(args, dest, None)))]
+    if len(dashed) > 1:
+        flags = ", ".join(dict.fromkeys(flag for _, flag in dashed))
+        raise ConfigError(f"'-' (stdin) can feed one input only, but it is given {len(dashed)} times ({flags})")
+    if not dashed or spec[dashed[0][0]][1] == "":
+        yield
+        return
+    dest, suffix = dashed[0][0], spec[dashed[0][0]][1]
+    data = sys.stdin.buffer.read()
+    if suffix is None:
+        suffix = f".{fmt}" if fmt else sniff_suffix(data)
+    folder = tempfile.mkdtemp(prefix="bertkit-stdin-")
+    copy = str(Path(folder) / f"stdin{suffix}")
+    try:
+        Path(copy).write_bytes(data)
+        value = getattr(args, dest)
+        setattr(args, dest, [copy if v == "-" else v for v in value] if isinstance(value, list) else copy)
+        _COPIES.add(copy)
+        yield
+    except BertkitError as e:
+        e.args = tuple(a.replace(copy, "<stdin>") if isinstance(a, str) else a for a in e.args)
+        raise
+    finally:
+        _COPIES.discard(copy)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -106,6 +106,23 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
                 sub.error = error_for(sub.prog)
 
 
+def stdin_ok(parser: argparse.ArgumentParser, *dests: str, suffix: str | None = None) -> None:
+    """Let the input arguments `dests` of `parser` be '-' (stdin, at most one per command line): the CLI hands the
+    command a temporary file with stdin's bytes and the suffix `suffix` (None: sniffed from the bytes, overridable
+    with --stdin-format; "": the command reads '-' itself)."""
+    spec = dict(parser.get_default("_stdin") or {})
+    for action in parser._actions:
+        if action.dest in dests:
+            if action.help and "stdin" not in action.help:
+                action.help += " ('-' = stdin)"
+            spec[action.dest] = (action.option_strings[0] if action.option_strings else action.dest.upper(), suffix)
+    if suffix is None and "--stdin-format" not in parser._option_string_actions:
+        from bertkit.textfiles import STDIN_FORMATS
+        parser.add_argument("--stdin-format", choices=STDIN_FORMATS, help="the format of a '-' (stdin) data file "
+                                                                          "(default: sniffed from its first lines)")
+    parser.set_defaults(_stdin=spec)
+
+
 def device(text: str) -> str:
     """An argparse type: a torch device this machine has (cpu, cuda, cuda:N, mps)."""
     import torch

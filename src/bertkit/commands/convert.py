@@ -30,6 +30,8 @@ def register(subparsers) -> None:
                       help="the tokenizer keeps case (default: inferred from the vocab)")
     case.add_argument("--uncased", dest="lowercase", action="store_true", help="the tokenizer lowercases")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    checks.stdin_ok(p, "config", suffix=".json")
+    checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=run)
 
 

@@ -47,6 +47,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--max-length", type=checks.number(int, 2), default=256)
     progress.add_arguments(p)
+    checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=rerank)
 
     p = sub.add_parser("mine", help="hard negatives for (anchor, positive) pairs, mined with a bi-encoder")
@@ -62,6 +63,8 @@ def register(sub) -> None:
                    help="negatives: anchor, positive, negative_1..N (bi-encoder training); pair: text, text_pair, "
                         "label 1 / 0 rows (cross-encoder training with `finetune --task pair`)")
     progress.add_arguments(p)
+    checks.stdin_ok(p, "data")
+    checks.stdin_ok(p, "corpus", suffix=".txt")
     p.set_defaults(func=mine)
 
 

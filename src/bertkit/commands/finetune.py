@@ -70,6 +70,8 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
     progress.add_arguments(p)
     embed_cmd.add_finetune_args(p)
+    checks.stdin_ok(p, "train", "dev", "test")
+    checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=_finetune)
 
     e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file")
@@ -81,6 +83,7 @@ def register(sub) -> None:
     _precision_args(e, "run")
     progress.add_arguments(e)
     embed_cmd.add_evaluate_args(e)
+    checks.stdin_ok(e, "data")
     e.set_defaults(func=_evaluate)
 
     r = sub.add_parser("predict", help="predictions of a fine-tuned model for a file")
@@ -91,6 +94,7 @@ def register(sub) -> None:
     r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     _precision_args(r, "run")
     progress.add_arguments(r)
+    checks.stdin_ok(r, "data")
     r.set_defaults(func=_predict)
 
     d = sub.add_parser("task-data", help="build a real fine-tuning data set (train/dev/test files)")

@@ -23,6 +23,7 @@ def register(sub) -> None:
     p.add_argument("--no-whole-word", action="store_true", help="one mask = one piece (skip multi-piece words)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     progress.add_arguments(p)
+    checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=fill_mask)
 
     p = sub.add_parser("embed", help="sentence embeddings to .npy / .jsonl, or a cosine similarity search")
@@ -46,6 +47,7 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=checks.positive_int, default=5)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     progress.add_arguments(p)
+    checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=embed)
 
     p = sub.add_parser("attention", help="attention heatmaps (layer x head grid + where one token looks) as PNG")
@@ -63,6 +65,7 @@ def register(sub) -> None:
     p.add_argument("--confusion", action="store_true",
                    help="RUN is a JSONL with 'label' and 'prediction' fields per line: draw its confusion matrix")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    checks.stdin_ok(p, "run", suffix=".jsonl")
     p.set_defaults(func=plot)
 
 
@@ -181,6 +184,9 @@ def _plot_out(args, default: Path) -> Path:
     """The picture's path: --out (an existing file only with --overwrite), else `default`, redrawn freely."""
     from matplotlib.backend_bases import FigureCanvasBase
     from bertkit.errors import ConfigError
+    from bertkit.textfiles import is_stdin_copy
+    if args.out is None and is_stdin_copy(args.run):
+        raise ConfigError("plot -: give --out PNG (input from stdin has no directory to draw next to)")
     if args.out is None:
         return checks.out_file(default, "plot", inputs=(args.run,), default_name=default.name)
     out = checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)

@@ -46,6 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     progress.add_arguments(p)
+    checks.stdin_ok(p, "corpus", "vocab", suffix=".txt")
     p.set_defaults(func=run)
 
 

@@ -96,6 +96,8 @@ def register(subparsers) -> None:
     progress.add_arguments(c)
     c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
     c.add_argument("--vocab", default=None, help="vocab.txt saved with the model (default: the shards')")
+    checks.stdin_ok(p, "config", suffix="")       # read here, kept in the run directory
+    checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=run)
 
 

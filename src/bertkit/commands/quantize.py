@@ -30,6 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty output directory")
     p.add_argument("--force", action="store_true", help="write int8 even where it measured slower than fp32")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    checks.stdin_ok(p, "check")
     p.set_defaults(func=run)
 
 

@@ -36,6 +36,8 @@ def register(sub) -> None:
                    help="truncation strategy (default longest_first when --max-length is given)")
     p.add_argument("--processes", type=checks.processes, default=1, help="worker processes for --file (parallel encoder)")
     p.add_argument("--batch-lines", type=checks.positive_int, default=20000, help="lines per batch when reading --file")
+    checks.stdin_ok(p, "file", "pair_file", suffix="")     # streamed by the command itself
+    checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=run)
     p.error = _one_line_error  # a usage error is a user error: one line, exit 2
 

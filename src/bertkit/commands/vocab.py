@@ -31,6 +31,7 @@ def register(subparsers) -> None:
     progress.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier vocabulary (or other files) in --out")
+    checks.stdin_ok(p, "files", suffix="")       # streamed by the command itself
     p.set_defaults(func=run)
 
 
