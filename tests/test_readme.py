@@ -151,6 +151,16 @@ CASES: dict[str, Case] = {
     'bertkit search index/ --query "oil prices rise" --top-k 5 --rerank runs/pairs': Case(json_out=True, setup=_index),
     'bertkit rerank runs/pairs --query "oil prices rise" --file docs.txt': Case(json_out=True),
     "bertkit mine MINILM_DIR --data pairs.jsonl --out mined.jsonl --negatives 3": Case(files=("mined.jsonl",)),
+    # --force: the tiny model's int8 may not measure faster than fp32 on the machine running the tests
+    "bertkit quantize MODEL MODEL-int8 --check dev.csv --max-drop 0.5":
+        Case(["quantize", "runs/sentiment/seed-1", "sentiment-int8", "--check", "data/sentiment/dev.csv",
+              "--max-drop", "100", "--force"], setup=_copy_finetuned, files=("sentiment-int8/config.json",)),
+    "bertkit quantize": Case(["quantize", "tiny-bert", "tiny-int8", "--force", "--json"], json_out=True,
+                             files=("tiny-int8/config.json",)),
+    "bertkit export MODEL model-int8.onnx --int8": Case(json_out=True, files=("model-int8.onnx",), needs="onnxruntime"),
+    "bertkit finetune": Case(["finetune", "--task", "classify", "--model", "tiny-bert", "--train",
+                              "data/sentiment/train.csv", "--dev", "data/sentiment/dev.csv", "--out", "runs/ft",
+                              "--epochs", "1", "--quiet"], json_out=True, files=("runs/ft/summary.json",)),
 }
 
 
