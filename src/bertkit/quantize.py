@@ -65,7 +65,8 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     feats = task.features(tok, examples)
     fp = _score(task, fp32, examples, feats, precision)
     q = _score(task, copy.deepcopy(quantized), examples, feats, precision)
-    figures = {"dev_file": str(dev_file), "metric": task.main_metric, "fp32": round(fp, 3), "int8": round(q, 3),
+    from bertkit.textfiles import shown
+    figures = {"dev_file": shown(dev_file), "metric": task.main_metric, "fp32": round(fp, 3), "int8": round(q, 3),
                "drop_points": round(fp - q, 3), "max_drop": max_drop, "precision": precision, "n": len(examples)}
     if fp - q > max_drop:
         raise QualityGateError(f"{dev_file}: int8 {task.main_metric} {q:.2f} is {fp - q:.2f} points below fp32 "

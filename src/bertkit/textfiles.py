@@ -24,7 +24,8 @@ from pathlib import Path
 
 from bertkit.errors import DataError
 
-__all__ = ["read_text", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy"]
+__all__ = ["read_text", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy",
+           "shown", "shown_all"]
 
 
 def _raw(path: Path) -> bytes:
@@ -125,6 +126,16 @@ def is_stdin_copy(path) -> bool:
     return str(path) in _COPIES
 
 
+def shown(path) -> str:
+    """`path` as a record (a summary, a report) names it: '-' for the copy of stdin, which is gone afterwards."""
+    return "-" if is_stdin_copy(path) else str(path)
+
+
+def shown_all(record: dict) -> dict:
+    """`record` with each copy of stdin among its values named '-' (a run's config, saved in its summary)."""
+    return {k: "-" if isinstance(v, str) and is_stdin_copy(v) else v for k, v in record.items()}
+
+
 def _dashes(value) -> int:
     return sum(v == "-" for v in value) if isinstance(value, list) else int(value == "-")
 
@@ -146,6 +157,8 @@ def stdin_inputs(args, spec: dict, fmt: str | None = None):
     data = sys.stdin.buffer.read()
     if suffix is None:
         suffix = f".{fmt}" if fmt else sniff_suffix(data)
+    elif data[:2] == b"\x1f\x8b":       # gzip bytes: the readers that take .gz files decompress them
+        suffix += ".gz"
     folder = tempfile.mkdtemp(prefix="bertkit-stdin-")
     copy = str(Path(folder) / f"stdin{suffix}")
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bertkit.errors import ConfigError, DataError
+from bertkit.textfiles import shown_all
 from bertkit.tasks.readers import _rows
 from bertkit.train.loop import TrainConfig, seed_everything, train
 
@@ -309,7 +310,7 @@ def finetune_embed(cfg: EmbedFinetuneConfig) -> dict:
                "epochs": cfg.training.epochs, "seeds": list(cfg.seeds), "train_examples": len(data),
                "examples_per_s": _mean_std([r["examples_per_s"] for r in runs]),
                "before": _summarise(runs, "before"), "after": _summarise(runs, "after"),
-               "config": asdict(cfg)}
+               "config": shown_all(asdict(cfg))}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
 

@@ -428,7 +428,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
         if split in runs[0]:
             keys = _numeric(runs[0][split])
             summary[split] = {k: _mean_std([_numeric(r[split])[k] for r in runs]) for k in keys if k != "n"}
-    summary["config"] = {k: v for k, v in asdict(cfg).items()}
+    from bertkit.textfiles import shown_all
+    summary["config"] = shown_all(asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
 
