@@ -107,7 +107,8 @@ def config_from_args(args):
     from bertkit.train.pretrain import PretrainConfig
     from bertkit.train.recipe import PLANNED
 
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    # `_stdin` / `stdin_format` are the CLI's (cli.main pops them; config_from_argv's parse keeps them)
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "_stdin", "stdin_format")}
     given = tuple(n for n in (*PLANNED, "global_batch") if values.get(n) is not None)
     values = {k: v for k, v in values.items() if not (k in PLANNED and v is None)}  # the dataclass defaults
     # the flags that are not a TrainConfig field as they are typed; every other flag's dest names its field
