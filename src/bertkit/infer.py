@@ -31,7 +31,6 @@ L2-normalised so a dot product is the cosine similarity.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from bertkit import runtime
+from bertkit.config import read_json_config
 from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.fillmask_eval import multi_mask_eval  # re-exported: it was defined here
 from bertkit.heads import IGNORE_INDEX
@@ -66,14 +66,7 @@ def _detect_architecture(model_dir: Path) -> str:
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{model_dir}: no config.json (expected an HF-format model directory)")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path}: not JSON ({e.msg})") from None
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{cfg_path}: not UTF-8 text") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_config(cfg_path, CheckpointError)
     for arch in cfg.get("architectures") or []:
         if arch in _ARCHS:
             return arch

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import DataError
-from bertkit.textfiles import utf8_errors
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
            "read_squad", "write_table", "write_conll", "write_squad"]
@@ -107,7 +106,6 @@ def _rows(path: Path):
             yield line, row
 
 
-@utf8_errors
 def read_table(path: str | Path, *, text_column: str = "text", pair_column: str | None = "text_pair",
                label_column: str | None = "label", require_pair: bool = False, require_label: bool = True,
                multilabel_sep: str = "|") -> list[TextExample]:
@@ -242,7 +240,6 @@ class Sentence:
     source: str = ""           # "file:line" of the first word
 
 
-@utf8_errors
 def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = True) -> list[Sentence]:
     """CoNLL-style token file: one token per line with whitespace-separated columns (token first, tag in
     `tag_column`), blank lines between sentences, `-DOCSTART-` lines between documents. Every token line must have
@@ -342,7 +339,6 @@ def _id_lines(raw: str) -> dict[str, int]:
     return out
 
 
-@utf8_errors
 def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: bool = True) -> SquadData:
     """SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
     "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}.
