@@ -288,3 +288,60 @@ def test_plan_remasks_static_shards(data, tmp_path):
     b = reader.batch(reader.indices(0, 0, 64))
     maskable = (b["attention_mask"] == 1).sum() - 3 * 64             # [CLS] and two [SEP] per row
     assert abs(float((b["labels"] != -100).sum()) / float(maskable) - 0.4) < 0.03
+
+
+def test_corpus_output_vocab_is_the_softmax_over_those_columns(data):
+    """restrict_to: in training the MLM loss is the cross-entropy over the candidate columns only (the full
+    logits' columns, labels mapped), the reported accuracy names vocabulary ids, only candidate rows of the tied
+    table get a decoder gradient, and eval mode scores the whole vocabulary again."""
+    import torch.nn.functional as F
+
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForPreTraining
+    from bertkit.pretraining.shards import ShardReader
+    from bertkit.train.loop import pretraining_step
+
+    reader = ShardReader(data / "shards", 8, vocab_size=600)
+    batch = next(iter(reader))
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=600, hidden_dropout_prob=0.0,
+                                                 attention_probs_dropout_prob=0.0))
+    model.masked_logits_only = True
+    labels = batch["labels"][batch["labels"] != -100]
+    ids = torch.unique(torch.cat([labels, torch.arange(5, 300)]))          # every label, and others
+    full = model(**batch)
+    model.cls.predictions.restrict_to(ids)
+    out = model(**batch)
+    assert out.prediction_logits.shape == (labels.numel(), ids.numel())
+    torch.testing.assert_close(out.prediction_logits, full.prediction_logits[:, ids])
+    columns = torch.searchsorted(ids, labels)
+    want = F.cross_entropy(full.prediction_logits[:, ids].float(), columns)
+    torch.testing.assert_close(out.mlm_loss, want)
+    step = pretraining_step(model, batch)
+    right, n = step.metrics["mlm_acc"]
+    assert int(right) == int((ids[full.prediction_logits[:, ids].argmax(-1)] == labels).sum()) and n == labels.numel()
+    model.zero_grad()
+    out.mlm_loss.backward()
+    grad = model.bert.embeddings.word_embeddings.weight.grad
+    outside = torch.ones(600, dtype=torch.bool)
+    outside[ids] = False
+    outside[batch["input_ids"].unique()] = False                              # input rows get their own gradient
+    assert outside.any() and float(grad[outside].abs().max()) == 0.0
+    model.eval()
+    with torch.no_grad():
+        assert model(**batch).prediction_logits.shape[-1] == 600 and model(**batch).logit_ids is None
+
+
+def test_plan_trains_the_corpus_vocabulary_and_a_flag_keeps_the_full_one(data, tmp_path, capsys):
+    out = tmp_path / "corpus"
+    assert cli(["pretrain", str(data / "shards"), *TINY, "--budget", "3s", "--precision", "fp32", "--out",
+                str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["settings"]["output_vocab"] == "corpus" and "never a target" in plan["reasons"]["output_vocab"]
+    assert "MLM softmax in training scores the" in capsys.readouterr().err
+    out2 = tmp_path / "full"
+    assert cli(["pretrain", str(data / "shards"), *TINY, "--budget", "3s", "--precision", "fp32", "--out",
+                str(out2), "--output-vocab", "full"]) == 0
+    plan = json.loads((out2 / "plan.json").read_text())
+    assert plan["settings"]["output_vocab"] == "full" and "output_vocab" in plan["flags"]
+    assert "MLM softmax in training" not in capsys.readouterr().err

@@ -54,6 +54,7 @@ class PreTrainingOutput(ModelOutput):
     mlm_loss: Tensor | None = extra_field()
     nsp_loss: Tensor | None = extra_field()
     masked_positions: Tensor | None = extra_field()  # (n_masked,) flat indices into batch * seq, with labels
+    logit_ids: Tensor | None = extra_field()          # training on a vocabulary subset: each logits column's id
 
 
 @dataclass
@@ -63,6 +64,7 @@ class MaskedLMOutput(ModelOutput):
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
     masked_positions: Tensor | None = extra_field()
+    logit_ids: Tensor | None = extra_field()          # as in PreTrainingOutput
 
 
 @dataclass
@@ -112,9 +114,31 @@ class BertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         # a plain attribute (not a submodule): tied, so it is not registered twice
         self.__dict__["_word_embeddings"] = word_embeddings
+        # restrict_to: in training, the vocabulary ids scored (None: all) and each id's logits column (-1: none)
+        self.register_buffer("candidates", None, persistent=False)
+        self.register_buffer("columns", None, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.restricted:                                # (..., n_candidates): column j is id candidates[j]
+            return F.linear(self.transform(x), self._word_embeddings.weight.index_select(0, self.candidates),
+                            self.bias.index_select(0, self.candidates))
         return F.linear(self.transform(x), self._word_embeddings.weight, self.bias)   # (..., vocab)
+
+    @property
+    def restricted(self) -> bool:
+        return self.training and self.candidates is not None
+
+    def restrict_to(self, ids: Tensor | None) -> None:
+        """In training mode score only the vocabulary ids `ids` (a pre-training corpus uses a fraction of a 30k
+        vocabulary; the others are never a target, and their softmax columns cost as much as the encoder). Labels
+        are then mapped to columns by the loss; eval mode and `restrict_to(None)` score the whole vocabulary."""
+        if ids is None:
+            self.candidates = self.columns = None
+            return
+        ids = torch.unique(ids.to(device=self.bias.device, dtype=torch.long))            # sorted
+        columns = torch.full((self.bias.numel(),), -1, dtype=torch.long, device=self.bias.device)
+        columns[ids] = torch.arange(ids.numel(), device=self.bias.device)
+        self.candidates, self.columns = ids, columns
 
     def tie_to(self, word_embeddings: nn.Embedding) -> None:
         """Decode with `word_embeddings` (replaced or resized): the bias keeps its rows, new ones start at zero."""
@@ -160,7 +184,15 @@ def _masked_lm(predictions: BertLMPredictionHead, sequence_output: Tensor, label
             sequence_output = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, positions)
     logits = predictions(sequence_output)                         # (n_masked, vocab) or (batch, seq, vocab)
     masked = logits if masked_only else logits.reshape(-1, logits.shape[-1]).index_select(0, positions)
-    return logits, _mlm_loss(masked, flat.index_select(0, positions)), positions
+    target = flat.index_select(0, positions)                      # (n_masked,) vocabulary ids
+    if predictions.restricted:                                    # ids -> their logits columns
+        target = predictions.columns.index_select(0, target)
+    return logits, _mlm_loss(masked, target), positions
+
+
+def _logit_ids(predictions: BertLMPredictionHead) -> Tensor | None:
+    """The vocabulary id of each logits column when the head scores a subset (restrict_to), else None."""
+    return predictions.candidates if predictions.restricted else None
 
 
 def _mlm_loss(logits: Tensor, target: Tensor) -> Tensor:
@@ -225,6 +257,7 @@ class BertForPreTraining(_HeadModel):
             loss = nsp_loss
         return finish(PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, prediction_logits=logits,
                                         seq_relationship_logits=nsp_logits, masked_positions=positions,
+                                        logit_ids=_logit_ids(self.cls.predictions),
                                         hidden_states=out.hidden_states, attentions=out.attentions), flags)
 
 
@@ -249,6 +282,7 @@ class BertForMaskedLM(_HeadModel):
                         output_hidden_states=output_hidden_states, output_rows=rows)
         logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows, masked_only)
         return finish(MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
+                                     logit_ids=_logit_ids(self.cls.predictions),
                                      hidden_states=out.hidden_states, attentions=out.attentions), flags)
 
 

@@ -46,6 +46,9 @@ def register(subparsers) -> None:
                    help="hidden + attention dropout override (default: the model's; planned)")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
                    help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
+    m.add_argument("--output-vocab", choices=("full", "corpus"), default=None,
+                   help="the MLM softmax in training: every vocabulary id (default) or only those the training "
+                        "shards hold (faster with a large vocabulary; evaluation scores all; planned)")
     p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
                    help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
     p.add_argument("--electra-weight", type=checks.nonneg_float, default=50.0, help="discriminator loss weight (paper: 50)")

@@ -192,7 +192,10 @@ def pretraining_step(model: nn.Module, batch: dict, token_weight: float = 1.0) -
     if labels is not None and logits is not None:
         masked = labels != IGNORE_INDEX
         target = labels[masked]                                    # (n_masked,)
-        pred = logits.argmax(-1)
+        pred = logits.max(-1).indices                              # argmax over a vocab is ~7x slower on CPU
+        ids = getattr(out, "logit_ids", None)
+        if ids is not None:                                        # columns of a vocabulary subset -> ids
+            pred = ids[pred]
         if pred.dim() > 1:                                         # full (batch, seq) logits
             pred = pred[masked]
         metrics["mlm_acc"] = ((pred == target).sum(), target.numel())

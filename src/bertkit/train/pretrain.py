@@ -62,6 +62,8 @@ class PretrainConfig:
     mask_prob: float | None = None
     unigram_bias: bool = True                   # a fresh MLM output bias starts at log unigram frequencies of the
                                                 # shards: the model starts at the unigram loss, not log(vocab)
+    output_vocab: str = "full"                  # "corpus": the training softmax scores only the ids the training
+                                                # shards hold (evaluation: the whole vocabulary)
     objective: str = "auto"                     # auto (the shards' task) | mlm | electra
     electra_weight: float = 50.0
     # batch
@@ -193,6 +195,18 @@ def unigram_bias_init(model, shards) -> bool:
     return True
 
 
+def _restrict_output_vocab(model, readers) -> int:
+    """Train the MLM softmax over the ids the training shards hold (BertLMPredictionHead.restrict_to); returns
+    how many. Every rank counts every shard, so the columns agree across processes."""
+    import numpy as np
+    import torch
+
+    used = sum(((r.source if isinstance(r, _DropKeys) else r).token_counts() > 0 for r in readers))
+    ids = torch.from_numpy(np.flatnonzero(used))
+    model.cls.predictions.restrict_to(ids)
+    return ids.numel()
+
+
 def _check_vocab(config, vocab_size: int, where) -> None:
     if config.vocab_size != vocab_size:
         raise DataError(f"the shards hold ids of a {vocab_size}-token vocab, the model ({where}) has "
@@ -252,6 +266,14 @@ def pretrain(pc: PretrainConfig):
         "missing_keys", ())
     if pc.unigram_bias and fresh_head:
         unigram_bias_init(model, data.source if isinstance(data, _DropKeys) else data)
+    phase2 = None
+    if pc.phase2_shards:
+        phase2 = _reader(pc, pc.phase2_shards, config, objective, rank=d.rank, world_size=d.world)
+    if pc.output_vocab == "corpus" and objective != "electra":
+        n = _restrict_output_vocab(model, [r for r in (data, phase2) if r is not None])
+        if d.main:
+            print(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
+                  f"{config.vocab_size:,}); evaluation scores them all", file=sys.stderr)
     if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
         from bertkit.train.recipe import probe_times
         pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)))
@@ -259,9 +281,7 @@ def pretrain(pc: PretrainConfig):
         cfg.validate()
     batches = data
     if pc.phase2_shards:
-        batches = [Phase(data, pc.phase1_fraction, "phase1"),
-                   Phase(_reader(pc, pc.phase2_shards, config, objective, rank=d.rank, world_size=d.world),
-                         1 - pc.phase1_fraction, "phase2")]
+        batches = [Phase(data, pc.phase1_fraction, "phase1"), Phase(phase2, 1 - pc.phase1_fraction, "phase2")]
     eval_fn = None
     if pc.eval_shards:
         held_out = _reader(pc, pc.eval_shards, config, objective, shuffle=False, masked=False)
@@ -287,6 +307,8 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
     if pc.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
+    if pc.output_vocab not in ("full", "corpus"):
+        raise ConfigError(f"--output-vocab {pc.output_vocab}: choose full or corpus")
     if pc.masking not in ("shards", *MASK_MODES):
         raise ConfigError(f"--masking {pc.masking}: choose one of shards, {', '.join(MASK_MODES)}")
     if pc.mask_prob is not None and not 0 < pc.mask_prob < 1:

@@ -45,8 +45,8 @@ _LR_WHY = {1e-3: "measured: mini left the plateau at 1e-3 with this warmup and s
 # the settings a plan chooses -> their flag; PretrainConfig fields first, then TrainConfig fields
 FLAGS = {"masking": "--masking", "mask_prob": "--mask-prob", "batch_size": "--batch-size", "dropout": "--dropout",
          "eval_batches": "--eval-batches", "lr": "--lr", "warmup": "--warmup", "schedule": "--schedule",
-         "decay_fraction": "--decay-fraction", "eval_every_steps": "--eval-every"}
-_PRETRAIN_FIELDS = ("masking", "mask_prob", "batch_size", "dropout", "eval_batches")
+         "decay_fraction": "--decay-fraction", "eval_every_steps": "--eval-every", "output_vocab": "--output-vocab"}
+_PRETRAIN_FIELDS = ("masking", "mask_prob", "batch_size", "dropout", "eval_batches", "output_vocab")
 PLANNED = tuple(FLAGS)
 
 
@@ -205,6 +205,8 @@ def _plan_shape(plan: RecipePlan, given: dict, evaluate: bool) -> None:
         why = f"the largest micro-batch up to {STEP_TOKENS // seq} that divides your --global-batch"
     _choose(plan, given, "batch_size", batch, why)
     _choose(plan, given, "dropout", 0.0, "a few passes over the data: nothing to regularise yet (and it costs time)")
+    _choose(plan, given, "output_vocab", "corpus", "the softmax scores only the ids the training shards hold (the "
+            "others are never a target): with a 30k vocabulary it is as costly as the encoder")
     if evaluate:
         rows = plan.value("batch_size") * seq
         _choose(plan, given, "eval_batches", max(1, math.ceil(EVAL_TOKENS / rows)),
