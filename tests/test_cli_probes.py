@@ -138,7 +138,7 @@ _BASE = {"tokenize": ["tokenize"], "vocab": ["vocab"], "prepare": ["prepare"], "
          "finetune": ["finetune"], "evaluate": ["evaluate"], "predict": ["predict"], "task-data": ["task-data", "x"],
          "fill-mask": ["fill-mask", "W/mlm", "the [MASK]"], "embed": ["embed", "W/mlm", "x"],
          "attention": ["attention", "W/mlm", "x"], "serve": ["serve", "W/mlm"], "export": ["export", "W/mlm", "o"],
-         "demo": ["demo"]}
+         "demo": ["demo"], "distill": ["distill"]}
 POS_INT = ["0", "-3", "abc", "1.5"]
 NONNEG_INT = ["-1", "x"]
 PROB = ["1.5", "-0.1", "nan"]
@@ -169,6 +169,8 @@ _RANGES = {
               "--threads": ["-1", "99999999"]},
     "export": {"--opset": ["999", "5", "x"], "--tolerance": NONNEG_FLOAT[:1]},
     "demo": {"--seed": NONNEG_INT[:1], "--pretrain-budget": POS_FLOAT[:2], "--vocab-size": POS_INT[:1]},
+    "distill": {"--temperature": POS_FLOAT, "--alpha": PROB, "--student-layers": POS_INT[:2],
+                "--hidden-weight": NONNEG_FLOAT, "--attention-weight": NONNEG_FLOAT[:1], "--batch-size": POS_INT[:1]},
 }
 
 
@@ -190,8 +192,10 @@ _DIR_CMDS = {
     "attention": ["attention", "W/mlm", "the man", "--out", "OUT"],
     "convert": ["convert", "W/tf", "OUT"],
     "demo": ["demo", "--out", "OUT", "--quiet"],
+    "distill": ["distill", "--teacher", "W/clf", "--student-layers", "1", "--train", "W/data/train.csv", "--dev",
+                "W/data/dev.csv", "--out", "OUT", "--epochs", "1", "--quiet"],
 }
-_DIR_INPUT = {"finetune": "W/mlm", "evaluate": "W/clf", "prepare": "W/vocab", "pretrain": "W/shards",
+_DIR_INPUT = {"finetune": "W/mlm", "evaluate": "W/clf", "distill": "W/clf", "prepare": "W/vocab", "pretrain": "W/shards",
               "attention": "W/mlm", "convert": "W/tf"}
 _REUSE = ("pretrain", "attention", "demo")          # their earlier run is reused, not refused
 _OVERWRITE = {"demo": "--force", "pretrain": "--overwrite"}

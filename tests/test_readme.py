@@ -126,6 +126,13 @@ CASES: dict[str, Case] = {
         Case(json_out=True, setup=_copy_finetuned),
     "bertkit predict --model runs/sentiment/seed-1 --data new.csv --out preds.jsonl":
         Case(setup=_copy_finetuned, files=("preds.jsonl",)),
+    # the tiny teacher has 2 layers: a 1-layer student
+    "bertkit distill --teacher runs/sentiment/seed-1 --student-layers 3 --train data/sentiment/train.csv "
+    "--dev data/sentiment/dev.csv --test data/sentiment/test.csv --out runs/sentiment-l3 --alpha 0.5":
+        Case(["distill", "--teacher", "runs/sentiment/seed-1", "--student-layers", "1", "--train",
+              "data/sentiment/train.csv", "--dev", "data/sentiment/dev.csv", "--test", "data/sentiment/test.csv",
+              "--out", "runs/sentiment-l3", "--alpha", "0.5", "--epochs", "1", "--quiet"], json_out=True,
+             setup=_copy_finetuned, files=("runs/sentiment-l3/config.json", "runs/sentiment-l3/summary.json")),
     'bertkit fill-mask MODEL "Paris is the [MASK] of France."': Case(),
     "bertkit embed MODEL --file sentences.txt --pooling mean --out emb.npy": Case(files=("emb.npy",)),
     'bertkit embed MODEL --file sentences.txt --search "a man is eating"': Case(json_out=True),

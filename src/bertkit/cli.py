@@ -21,8 +21,8 @@ from bertkit.textfiles import stdin_inputs
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
 # partial install still runs the stages it has.
-STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "infer", "embed", "serve", "export", "convert",
-          "quantize", "demo")
+STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "distill", "infer", "embed", "serve", "export",
+          "convert", "quantize", "demo")
 
 
 class _AnyOrder(argparse.ArgumentParser):

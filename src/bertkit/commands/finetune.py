@@ -39,20 +39,9 @@ def register(sub) -> None:
     p.add_argument("--dev", required=True, help="dev file: scored during training, picks the best checkpoint")
     p.add_argument("--test", help="test file, scored once with the best checkpoint")
     p.add_argument("--out", required=True, help="output directory (model, metrics, predictions, summary.json)")
-    p.add_argument("--lr", type=checks.positive_float, default=5e-5)
-    p.add_argument("--batch-size", type=checks.positive_int, default=32)
-    p.add_argument("--epochs", type=checks.positive_float, default=3.0)
-    p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps (default 0.1)")
-    p.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
-    p.add_argument("--dropout", type=checks.probability, default=0.1)
+    add_recipe_args(p)
     p.add_argument("--max-length", type=checks.positive_int, help="max pieces per example (default 128; qa 384)")
-    p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
     p.add_argument("--grid", action="store_true", help="search lr {5e-5,3e-5,2e-5} x batch {16,32} on dev first")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
-                   help="steps between dev evaluations (default: every epoch)")
-    p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
-    _precision_args(p, "train")
-    p.add_argument("--max-train-examples", type=checks.positive_int, help="use only the first N training examples")
     p.add_argument("--bucket-batches", type=checks.positive_int, default=50,
                    help="length-bucketing window in batches (1: plain random batches)")
     p.add_argument("--full-embedding-table", dest="compact_embeddings", action="store_false",
@@ -103,6 +92,23 @@ def register(sub) -> None:
     d.add_argument("--seed", type=checks.nonneg_int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace an earlier build (or other files) in --out")
     d.set_defaults(func=_task_data)
+
+
+def add_recipe_args(p, lr: float = 5e-5) -> None:
+    """The fine-tuning recipe's flags (shared with `bertkit distill`): each dest names a TrainConfig or
+    FinetuneConfig field."""
+    p.add_argument("--lr", type=checks.positive_float, default=lr)
+    p.add_argument("--batch-size", type=checks.positive_int, default=32)
+    p.add_argument("--epochs", type=checks.positive_float, default=3.0)
+    p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps (default 0.1)")
+    p.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
+    p.add_argument("--dropout", type=checks.probability, default=0.1)
+    p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
+                   help="steps between dev evaluations (default: every epoch)")
+    p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
+    _precision_args(p, "train")
+    p.add_argument("--max-train-examples", type=checks.positive_int, help="use only the first N training examples")
 
 
 def _precision_args(p, verb: str) -> None:

@@ -43,7 +43,7 @@ from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.train.loop import TrainConfig, seed_everything, train
 
-__all__ = ["FinetuneConfig", "finetune", "finetune_recipe", "evaluate", "predict", "load_task", "make_task",
+__all__ = ["FinetuneConfig", "FinetuneHooks", "finetune", "finetune_recipe", "evaluate", "predict", "load_task", "make_task",
            "TASK_KINDS", "PAPER_GRID"]
 
 TASK_KINDS = ("classify", "pair", "regress", "multilabel", "tag", "qa")
@@ -224,6 +224,33 @@ def _build_model(cfg: FinetuneConfig, task, seed: int):
     return cls(config)
 
 
+class FinetuneHooks:
+    """What `finetune` builds, each overridable: the plain recipe here; distillation (bertkit.distill) swaps in
+    the teacher's task and tokenizer, a layer-truncated student, teacher targets on the data and its own loss."""
+    step_fn = None                          # the loop's step function; None: the model's own loss
+
+    def setup(self, cfg: FinetuneConfig):
+        """(task, tokenizer) for the run."""
+        return make_task(cfg.task, cfg), _tokenizer(cfg)
+
+    def extend(self, cfg: FinetuneConfig, task, tok, data: "_Data") -> None:
+        """Change the prepared data in place (more training features, targets) before any training."""
+
+    def build_model(self, cfg: FinetuneConfig, task, seed: int):
+        return _build_model(cfg, task, seed)
+
+    def batches(self, cfg: FinetuneConfig, data: "_Data", seed: int, pad_id: int) -> "_Batches":
+        return _Batches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches)
+
+    def trained(self, model):
+        """The model to evaluate and save, from the trained one (at its best dev state)."""
+        return model
+
+    def summary(self) -> dict:
+        """Entries added to summary.json."""
+        return {}
+
+
 def _tokenizer(cfg: FinetuneConfig):
     from bertkit.tokenizer import Tokenizer
     if Path(cfg.model).is_dir() and (Path(cfg.model) / "vocab.txt").exists():
@@ -313,13 +340,15 @@ def _compact(cfg: FinetuneConfig, model, data: _Data, tok) -> bool:
     return True
 
 
-def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: Path, log_prefix: str = "") -> dict:
+def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: Path, log_prefix: str = "",
+               hooks: FinetuneHooks | None = None) -> dict:
     """Fine-tune one model with the shared loop (cfg.training, cfg.batch_size); returns the best dev report, the
     model at its best dev state, and timing figures (train time excludes dev evaluations)."""
+    hooks = hooks or FinetuneHooks()
     seed_everything(seed)
-    model = _build_model(cfg, task, seed)
+    model = hooks.build_model(cfg, task, seed)
     compacted = _compact(cfg, model, data, tok)
-    batches = _Batches(data.train_feats, cfg.batch_size, seed, tok.pad_token_id, cfg.bucket_batches)
+    batches = hooks.batches(cfg, data, seed, tok.pad_token_id)
     total_steps = max(1, math.ceil(len(batches) * cfg.training.epochs))
     eval_every = cfg.training.eval_every_steps or len(batches)
     metric = task.main_metric
@@ -349,9 +378,10 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: 
     tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, save_final=False,
                    tensorboard=False, plot=False, overwrite=True)
     t0 = time.perf_counter()
-    train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval)
+    train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval, step_fn=hooks.step_fn)
     train_s = time.perf_counter() - t0 - state["eval_s"]
     model.load_state_dict(state["best_state"])
+    model = hooks.trained(model)
     if compacted:
         from bertkit.train.compact import restore_word_embeddings
         restore_word_embeddings(model)
@@ -368,17 +398,18 @@ def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
     return replace(cfg, batch_size=batch_size, training=replace(cfg.training, lr=lr))
 
 
-def finetune(cfg: FinetuneConfig) -> dict:
+def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None) -> dict:
     """Train per the config (grid search and seeds included), evaluate on dev (and test), save models and reports.
-    Returns the summary also written to OUT/summary.json."""
+    Returns the summary also written to OUT/summary.json. `hooks`: what to build instead of the plain recipe."""
+    hooks = hooks or FinetuneHooks()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     # auto precision resolved once, so the summary records what ran
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
-    tok = _tokenizer(cfg)
-    task = make_task(cfg.task, cfg)
+    task, tok = hooks.setup(cfg)
     data = _prepare(cfg, task, tok)
+    hooks.extend(cfg, task, tok, data)
     _log(cfg, f"finetune {cfg.task}: {json.dumps(data.counts)}")
 
     lr, bs = cfg.training.lr, cfg.batch_size
@@ -387,7 +418,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         for g_lr in PAPER_GRID["lr"]:
             for g_bs in PAPER_GRID["batch_size"]:
                 r = _train_one(_with(cfg, g_lr, g_bs), task, tok, data, cfg.seeds[0],
-                               out / f"grid-lr{g_lr}-bs{g_bs}", f"[grid lr={g_lr} bs={g_bs}] ")
+                               out / f"grid-lr{g_lr}-bs{g_bs}", f"[grid lr={g_lr} bs={g_bs}] ", hooks)
                 grid_results.append({"lr": g_lr, "batch_size": g_bs, task.main_metric: r["dev"][task.main_metric]})
                 del r
         best = max(grid_results, key=lambda g: g[task.main_metric])
@@ -399,7 +430,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         run_dir = out if len(cfg.seeds) == 1 else out / f"seed-{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
         r = _train_one(_with(cfg, lr, bs), task, tok, data, seed, run_dir,
-                       f"[seed {seed}] " if len(cfg.seeds) > 1 else "")
+                       f"[seed {seed}] " if len(cfg.seeds) > 1 else "", hooks)
         model = r.pop("model")
         # the dev report at the best state was computed during training; recompute dev outputs for the files
         dev_report, dev_raw = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
@@ -430,6 +461,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
             summary[split] = {k: _mean_std([_numeric(r[split])[k] for r in runs]) for k in keys if k != "n"}
     from bertkit.textfiles import shown_all
     summary["config"] = shown_all(asdict(cfg))
+    summary.update(hooks.summary())
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
 

@@ -1,0 +1,144 @@
+"""Distillation: a 3-layer student of a fine-tuned MiniLM-L6 teacher against the teacher and against the same
+student fine-tuned without it.
+
+Run (one JSON line per run, then one line with every figure):
+
+    flock /tmp/bertkit-bench.lock nice -n 19 .venv/bin/python benchmarks/distill.py --cases accuracy --work /tmp/q-acc
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/distill.py --cases speed --work /tmp/q-acc
+
+The teachers are the fine-tuned MiniLM-L6 runs of `benchmarks/quantize.py --cases accuracy` (WORK/runs/sentiment,
+max_length 64; WORK/runs/topic, 128) on WORK/data/{sentiment,topic}.
+
+accuracy: per task and seed, `bertkit distill --student-layers 3` (layers 1, 3, 5 of the teacher, the embeddings
+and the head copied; soft targets at --temperature with weight --alpha, optional hidden-state transfer and
+--unlabeled text) and the same student with --alpha 0 (plain fine-tuning of the truncated student, no teacher), the
+same lr / epochs / seed; both scored on test.csv (the best dev epoch's model), the teacher too. The final line: the
+distilled student's test accuracy (mean +- std over the seeds) against the teacher's and the no-teacher student's.
+
+speed: teacher and student (bertkit fp32, frozen for inference as `bertkit evaluate` loads them) over the task's
+test texts in batches of 32, interleaved in one run (median of --repeats), sequences/s and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quantize import emit, interleaved  # noqa: E402
+
+from bertkit.hardware import cpu_model  # noqa: E402
+
+TASKS = ("sentiment", "topic")
+
+
+def _mean_std(values: list[float]) -> dict:
+    return {"mean": round(statistics.fmean(values), 4),
+            "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0, "values": values}
+
+
+def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
+    from bertkit.distill import DistillConfig, distill_task
+    from bertkit.tasks.runner import FinetuneConfig, finetune_recipe
+    teacher, data = work / "runs" / task, work / "data" / task
+    with_teacher = alpha > 0
+    name = "distilled" if with_teacher else "no_teacher"
+    out = work / "distill" / args.tag / task / f"{name}-seed{seed}"
+    settings = json.loads((teacher / "config.json").read_text())["bertkit_task"]
+    dcfg = DistillConfig(teacher=str(teacher), student_layers=3, temperature=args.temperature, alpha=alpha,
+                         hidden_weight=args.hidden_weight if with_teacher else 0.0,
+                         unlabeled=(args.unlabeled or {}).get(task) if with_teacher else None)
+    cfg = FinetuneConfig(task="classify", model=str(teacher), train=str(data / "train.csv"),
+                         dev=str(data / "dev.csv"), test=str(data / "test.csv"), out=str(out), seeds=(seed,),
+                         max_length=settings["max_length"], batch_size=32, quiet=True,
+                         training=finetune_recipe(lr=args.lr, epochs=args.epochs, precision="fp32"))
+    summary = distill_task(dcfg, cfg)
+    return emit({"case": "accuracy", "task": task, "student": name, "seed": seed, "layers": 3,
+                 "test_accuracy": summary["test"]["accuracy"]["mean"], "dev_accuracy": summary["dev"]["accuracy"]["mean"],
+                 "teacher_test_accuracy": summary["distill"]["teacher_scores"]["test"]["accuracy"],
+                 "settings": {k: summary["distill"][k] for k in ("temperature", "alpha", "hidden_weight", "unlabeled")},
+                 "lr": args.lr, "epochs": args.epochs, "examples_per_s": round(summary["examples_per_s"]["mean"], 1),
+                 "out": str(out)})
+
+
+def accuracy(args, work: Path) -> list[dict]:
+    records, final = [], []
+    for task in args.tasks.split(","):
+        runs = {"distilled": [], "no_teacher": []}
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for alpha in (args.alpha, 0.0):
+                r = train_student(args, work, task, seed, alpha)
+                records.append(r)
+                runs[r["student"]].append(r["test_accuracy"])
+        teacher = records[-1]["teacher_test_accuracy"]
+        ours, plain = _mean_std(runs["distilled"]), _mean_std(runs["no_teacher"])
+        final.append(emit({"case": "accuracy-summary", "task": task, "teacher": round(teacher, 4),
+                           "distilled": ours, "no_teacher": plain,
+                           "gap_to_teacher_points": round(100 * (teacher - ours["mean"]), 2),
+                           "gain_over_no_teacher_points": round(100 * (ours["mean"] - plain["mean"]), 2)}))
+    return final
+
+
+def speed(args, work: Path) -> list[dict]:
+    from bertkit.tasks.runner import load_task
+    records = []
+    for task in args.tasks.split(","):
+        teacher_dir = work / "runs" / task
+        student_dir = next(iter(sorted((work / "distill" / args.tag / task).glob("distilled-seed*"))), None)
+        if student_dir is None:
+            raise SystemExit(f"no distilled student under {work / 'distill' / args.tag / task}: run --cases accuracy")
+        models = {"teacher": load_task(teacher_dir), "student": load_task(student_dir)}
+        task_obj, _, tok = models["teacher"]
+        examples = task_obj.read(work / "data" / task / "test.csv")
+        feats = task_obj.features(tok, examples)
+        fns = {name: m for name, (_, m, _) in models.items()}
+
+        def run_all(model):
+            with torch.no_grad():
+                task_obj.logits(model, feats, 32, "fp32")
+        t = interleaved(fns, run_all, args.repeats)
+        seq_s = {k: round(len(feats) / v, 2) for k, v in t.items()}
+        records.append(emit({"case": "speed", "task": task, "batch": 32, "sequences": len(feats),
+                             "max_length": task_obj.max_length, "seq_per_s": seq_s,
+                             "student_vs_teacher": round(seq_s["student"] / seq_s["teacher"], 2)}))
+    return records
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="accuracy,speed")
+    p.add_argument("--work", default="/tmp/q-acc", help="holds runs/{task} (the teachers) and data/{task}")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--temperature", type=float, default=2.0)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--hidden-weight", type=float, default=0.0)
+    p.add_argument("--unlabeled", type=json.loads, default=None, help='{"sentiment": "file.csv"}: extra texts')
+    p.add_argument("--tag", default="default", help="names this configuration's run directories")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    records = []
+    for case in args.cases.split(","):
+        records += {"speed": speed, "accuracy": accuracy}[case](args, work)
+    emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
+          "settings": {k: getattr(args, k) for k in ("lr", "epochs", "temperature", "alpha", "hidden_weight",
+                                                     "unlabeled", "seeds")},
+          "records": records})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""`bertkit distill`: a smaller student trained on a teacher's outputs (bertkit.distill, bertkit.distill_mlm).
+
+    # task distillation: the teacher is a `bertkit finetune` directory; the student is a fine-tuned directory too
+    bertkit distill --teacher runs/sentiment/seed-1 --student-layers 3 --train data/sentiment/train.csv \\
+        --dev data/sentiment/dev.csv --out runs/sentiment-l3 --temperature 2 --alpha 0.5
+    # the same student without the teacher (plain fine-tuning of the 3 copied layers): --alpha 0
+    # general distillation: raw text, one document per line, the MLM objective of a pre-trained teacher
+    bertkit distill --teacher MODEL --student-layers 3 --text corpus.txt --out models/student-l3
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bertkit import progress
+from bertkit.commands import checks
+from bertkit.commands.finetune import _brief, _precision, _readable, add_recipe_args
+from bertkit.errors import ConfigError
+
+_TASK_ONLY = ("train", "dev", "test", "unlabeled", "student", "attention_weight")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("distill", help="train a smaller student on a teacher's outputs (task or general)",
+                       description="Task distillation (--train/--dev): soft targets of a fine-tuned teacher at "
+                                   "temperature T plus the gold labels, optional hidden-state and attention "
+                                   "transfer; writes a fine-tuned model directory. General distillation (--text): "
+                                   "the MLM outputs of a pre-trained teacher on raw text; writes a pre-trained one.")
+    p.add_argument("--teacher", required=True,
+                   help="task: a directory written by `bertkit finetune`; general: a pre-trained MLM model")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--student-layers", type=checks.positive_int,
+                     help="K teacher layers, evenly spaced (6 -> 3: layers 1, 3, 5), embeddings and head copied")
+    who.add_argument("--student-preset", help="a random student of this preset size (tiny/mini/small/...)")
+    who.add_argument("--student", help="task: a pre-trained student directory (same vocabulary as the teacher)")
+    p.add_argument("--train", help="task: training file (the teacher's task format)")
+    p.add_argument("--dev", help="task: dev file, picks the best evaluation")
+    p.add_argument("--test", help="task: test file, scored once with the best student")
+    p.add_argument("--unlabeled", help="task: more texts in the task's format without labels (soft targets only)")
+    p.add_argument("--text", help="general: raw text, one document per line")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--temperature", type=checks.number(float, 0, low_open=True), default=2.0)
+    p.add_argument("--alpha", type=checks.probability, default=0.5,
+                   help="weight of the soft loss; 1 - alpha weighs the gold labels (0: plain fine-tuning)")
+    p.add_argument("--hidden-weight", type=checks.nonneg_float, default=0.0, help="hidden-state transfer; 0: off")
+    p.add_argument("--attention-weight", type=checks.nonneg_float, default=0.0,
+                   help="task: attention transfer; 0: off")
+    add_recipe_args(p)
+    p.add_argument("--max-length", type=checks.positive_int, default=128, help="general: pieces per document")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
+    p.add_argument("--quiet", action="store_true", help="no log lines")
+    progress.add_arguments(p)
+    p.set_defaults(func=_distill)
+
+
+def _distill(args) -> int:
+    inputs = (args.teacher, args.student, args.train, args.dev, args.test, args.unlabeled, args.text)
+    if args.text is not None:
+        given = [f"--{n.replace('_', '-')}" for n in _TASK_ONLY if getattr(args, n)]
+        if given:
+            raise ConfigError(f"--text (general distillation) does not take {', '.join(given)}")
+    elif args.train is None or args.dev is None:
+        raise ConfigError("give --train and --dev (task distillation) or --text (general distillation)")
+    checks.out_dir(args.out, "distill", inputs=inputs, overwrite=args.overwrite, writes_model=True)
+    summary = _general(args) if args.text is not None else _task(args)
+    print(json.dumps({**summary, "summary": str(Path(args.out) / "summary.json")}, default=float))
+    return 0
+
+
+def _teacher_task(teacher: str) -> dict:
+    path = Path(teacher) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--teacher {teacher}: no config.json (not a model directory)")
+    settings = json.loads(path.read_text()).get("bertkit_task")
+    if not isinstance(settings, dict) or "kind" not in settings:
+        raise ConfigError(f"--teacher {teacher}: not fine-tuned by `bertkit finetune` (config.json has no "
+                          f"bertkit_task); task distillation needs a fine-tuned teacher (or use --text)")
+    return settings
+
+
+def _task(args) -> dict:
+    from bertkit.distill import DistillConfig, distill_task
+    from bertkit.tasks.runner import FinetuneConfig, finetune_recipe
+    from bertkit.train.loop import TrainConfig
+    settings = _teacher_task(args.teacher)
+    dcfg = DistillConfig(teacher=args.teacher, student_layers=args.student_layers, student=args.student,
+                         student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
+                         hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
+                         unlabeled=args.unlabeled)
+    training, rest = TrainConfig.split(_recipe_values(args), base=finetune_recipe())
+    cfg = FinetuneConfig(task=settings["kind"], model=args.teacher, train=args.train, dev=args.dev, test=args.test,
+                         out=args.out, training=training, max_length=settings.get("max_length"),
+                         quiet=args.quiet, **rest)
+    brief = _brief(distill_task(dcfg, cfg))
+    if not args.quiet:
+        for line in _readable(brief):
+            print(line, file=sys.stderr)
+    return brief
+
+
+def _recipe_values(args) -> dict:
+    keys = ("lr", "batch_size", "epochs", "warmup", "weight_decay", "dropout", "seeds", "eval_every_steps",
+            "patience", "max_train_examples")
+    values = {k: getattr(args, k) for k in keys}
+    values["precision"] = _precision(args)
+    values["progress"] = progress.wanted(args.progress) if args.progress is not None or not args.quiet else False
+    return values
+
+
+def _general(args) -> dict:
+    from dataclasses import replace
+
+    from bertkit.distill_mlm import MlmDistillConfig, distill_mlm
+    if args.student_preset is None and args.student_layers is None:
+        raise ConfigError("general distillation: choose the student with --student-layers or --student-preset")
+    values = _recipe_values(args)
+    if len(values["seeds"]) != 1:
+        raise ConfigError("general distillation trains one student: give one --seeds value")
+    base = MlmDistillConfig(teacher=args.teacher, text=args.text, out=args.out, student_layers=args.student_layers,
+                            student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
+                            hidden_weight=args.hidden_weight, max_length=args.max_length,
+                            batch_size=args.batch_size)
+    training = replace(base.training, lr=args.lr, epochs=args.epochs, warmup=args.warmup,
+                       weight_decay=args.weight_decay, precision=values["precision"], seed=values["seeds"][0],
+                       progress=values["progress"], overwrite=True)
+    summary = distill_mlm(replace(base, training=training))
+    return {k: summary[k] for k in ("teacher", "documents", "steps", "train_s", "final_loss")}

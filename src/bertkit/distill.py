@@ -1,0 +1,366 @@
+"""Knowledge distillation: a smaller student trained on a teacher's outputs (the library behind `bertkit distill`).
+
+    summary = distill_task(DistillConfig(teacher="runs/sst", student_layers=3, temperature=2.0, alpha=0.5),
+                           FinetuneConfig(task="classify", model="runs/sst", train=..., dev=..., out="runs/sst-3"))
+
+Task distillation (DistilBERT, Sanh et al. 2019; TinyBERT, Jiao et al. 2020; MiniLM, Wang et al. 2020): the teacher
+is a model directory written by `bertkit finetune`; the loss per batch is
+
+    alpha * soft + (1 - alpha) * gold + hidden_weight * hidden + attention_weight * attention
+
+  soft       KL(teacher / T || student / T) * T^2 (Hinton et al.: the T^2 keeps the gradient scale as T changes);
+             classify / pair: per example; tag: per labelled token; qa: start and end distributions, averaged;
+             regress: MSE to the teacher's output (no temperature); multilabel: BCE to sigmoid(teacher / T) * T^2
+  gold       the task's own loss on the gold labels (rows from --unlabeled have none: soft targets only)
+  hidden     MSE between mapped hidden states (embeddings and layer outputs) over real tokens, through a learned
+             projection only when the widths differ (TinyBERT)
+  attention  KL between the mapped layers' attention probabilities over real query rows (TinyBERT / MiniLM)
+
+Layer mapping: student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map), so the
+student's last layer meets the teacher's last; the embeddings (j = 0) meet the teacher's embeddings.
+
+Student initialisation (`select_layers`): K teacher layers evenly spaced from the bottom, 0-based i * L // K
+(6 -> 3: layers 1, 3, 5 counted from 1, every second one, as DistilBERT does), with the embeddings, the pooler and
+the task head copied from the teacher; or a preset (random init, the teacher's vocabulary size); or a directory
+(e.g. a student from general distillation, `bertkit.distill_mlm`) whose vocabulary must be the teacher's.
+
+Training is `bertkit finetune`'s (runner.finetune with FinetuneHooks): the same batches, dev selection of the best
+evaluation, files and model directory, so evaluate / predict / serve / quantize load the student unchanged. With
+alpha = 0 and no transfer loss the teacher is not used at all: that run *is* plain fine-tuning of the student (the
+comparison without the teacher). Without transfer losses the teacher's logits are computed once for the training set
+(eval mode, no dropout: the same for every epoch); with them the teacher runs per batch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertkit.errors import ConfigError
+from bertkit.heads import IGNORE_INDEX
+from bertkit.tasks.batching import collate, predict_batches
+from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, _Batches, _evaluate_task, _model_class, _numeric,
+                                  finetune, load_task)
+from bertkit.train.loop import StepOutput
+
+__all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
+           "hidden_loss", "attention_loss"]
+
+_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+_SEQUENCE_KINDS = ("classify", "pair", "regress", "multilabel")
+
+
+@dataclass
+class DistillConfig:
+    teacher: str                           # a model directory written by `bertkit finetune`
+    student_layers: int | None = None      # K teacher layers, evenly spaced (select_layers)
+    student_preset: str | None = None      # or a random student of this preset size
+    student: str | None = None             # or this model directory (same vocabulary as the teacher)
+    temperature: float = 2.0
+    alpha: float = 0.5                     # weight of the soft loss; 1 - alpha: the gold labels
+    hidden_weight: float = 0.0             # hidden-state transfer; 0: off
+    attention_weight: float = 0.0          # attention transfer; 0: off
+    unlabeled: str | None = None           # more training texts (the task's format, no labels): soft targets only
+
+    def __post_init__(self):
+        given = [n for n in ("student_layers", "student_preset", "student") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ConfigError("choose the student with exactly one of --student-layers, --student-preset, --student")
+        if self.temperature <= 0:
+            raise ConfigError(f"--temperature must be > 0, got {self.temperature}")
+        if not 0 <= self.alpha <= 1:
+            raise ConfigError(f"--alpha must be in [0, 1], got {self.alpha}")
+        if self.hidden_weight < 0 or self.attention_weight < 0:
+            raise ConfigError("--hidden-weight and --attention-weight must be >= 0")
+
+    @property
+    def transfer(self) -> bool:
+        return self.hidden_weight > 0 or self.attention_weight > 0
+
+    @property
+    def uses_teacher(self) -> bool:
+        return self.alpha > 0 or self.transfer
+
+
+# ---------------------------------------------------------------------------------------------- students
+
+def select_layers(teacher_layers: int, k: int) -> list[int]:
+    """0-based teacher layers a K-layer student starts from: i * L // K, evenly spaced from the bottom."""
+    if not 1 <= k <= teacher_layers:
+        raise ConfigError(f"--student-layers {k}: the teacher has {teacher_layers} layers; choose 1..{teacher_layers}")
+    return [i * teacher_layers // k for i in range(k)]
+
+
+def layer_map(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
+    """(student, teacher) hidden-state indices for transfer: 0 = embeddings, j -> j * L / K (rounded)."""
+    return [(j, round(j * teacher_layers / student_layers)) for j in range(student_layers + 1)]
+
+
+_LAYER = re.compile(r"^(.*encoder\.layer\.)(\d+)\.(.*)$")
+
+
+def truncated_student(teacher: nn.Module, k: int) -> nn.Module:
+    """A K-layer copy of `teacher` (any bertkit head model): layers select_layers(L, K), everything else copied."""
+    from bertkit.config import BertConfig
+    chosen = select_layers(teacher.config.num_hidden_layers, k)
+    config = BertConfig.from_dict({**teacher.config.to_dict(), "num_hidden_layers": k})
+    student = type(teacher)(config)
+    state = {}
+    for name, value in teacher.state_dict().items():
+        m = _LAYER.match(name)
+        if m is None:
+            state[name] = value.clone()
+        elif int(m[2]) in chosen:
+            state[f"{m[1]}{chosen.index(int(m[2]))}.{m[3]}"] = value.clone()
+    student.load_state_dict(state, strict=True)
+    return student
+
+
+def check_same_vocab(teacher_dir, student_dir) -> None:
+    """Refuse a student whose vocabulary is not the teacher's (the soft targets are over the same token ids)."""
+    a, b = Path(teacher_dir) / "vocab.txt", Path(student_dir) / "vocab.txt"
+    if not b.is_file():
+        raise ConfigError(f"--student {student_dir}: no vocab.txt (not a model directory)")
+    if a.is_file() and a.read_bytes() != b.read_bytes():
+        raise ConfigError(f"--student {student_dir}: its vocab.txt differs from the teacher's ({a}); "
+                          f"distillation needs the same vocabulary")
+
+
+def build_student(dcfg: DistillConfig, cls, overrides: dict):
+    """The untrained student (a `cls` head model) per dcfg: truncated teacher, preset, or a directory."""
+    from bertkit.config import BertConfig
+    if dcfg.student_layers is not None:
+        return truncated_student(cls.from_pretrained(dcfg.teacher, **overrides), dcfg.student_layers)
+    if dcfg.student is not None:
+        check_same_vocab(dcfg.teacher, dcfg.student)
+        return cls.from_pretrained(dcfg.student, **overrides)
+    teacher_cfg = BertConfig.from_json(Path(dcfg.teacher) / "config.json")
+    return cls(BertConfig.preset(dcfg.student_preset, vocab_size=teacher_cfg.vocab_size, **overrides))
+
+
+# ---------------------------------------------------------------------------------------------- losses
+
+def _kl_rows(p: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p || q) along the last axis, 0 * log 0 = 0 (padding's probabilities)."""
+    return (torch.xlogy(p, p) - p * log_q).sum(-1)
+
+
+def soft_loss(student: Tensor, teacher: Tensor, temperature: float, mask: Tensor | None = None) -> Tensor:
+    """KL(softmax(teacher / T) || softmax(student / T)) * T^2, averaged over the rows (where `mask`)."""
+    t = temperature
+    p = torch.softmax(teacher.float() / t, -1)
+    kl = _kl_rows(p, torch.log_softmax(student.float() / t, -1))
+    return _masked_mean(kl, mask) * t * t
+
+
+def _masked_mean(values: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return values.mean()
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def hidden_loss(student: tuple, teacher: tuple, pairs, attention_mask: Tensor, projection: nn.Module | None
+                ) -> Tensor:
+    """Mean over the mapped (student, teacher) pairs of the MSE between hidden states at real tokens."""
+    real = attention_mask.unsqueeze(-1).float()                                     # (batch, seq, 1)
+    total = 0.0
+    for s, t in pairs:
+        h = student[s].float()
+        if projection is not None:
+            h = projection(h)
+        err = ((h - teacher[t].float()) ** 2 * real).sum() / (real.sum() * h.shape[-1]).clamp_min(1.0)
+        total = total + err
+    return total / len(pairs)
+
+
+def attention_loss(student: tuple, teacher: tuple, pairs, attention_mask: Tensor) -> Tensor:
+    """Mean over mapped layers of KL(teacher's attention || student's) per real query row and head."""
+    real = attention_mask.float()[:, None, :].expand(-1, student[0].shape[1], -1)   # (batch, heads, seq)
+    total = 0.0
+    for s, t in pairs:
+        log_q = student[s - 1].float().clamp_min(1e-12).log()
+        total = total + _masked_mean(_kl_rows(teacher[t - 1].float(), log_q), real)
+    return total / len(pairs)
+
+
+def _sequence_losses(kind: str, student: Tensor, teacher: Tensor, batch: dict, t: float) -> tuple[Tensor, Tensor]:
+    """(soft, gold) for classify / pair / regress / multilabel; gold over the labelled rows only."""
+    labelled, labels = batch["labelled"].float(), batch["labels"]
+    if kind == "regress":
+        soft = F.mse_loss(student.float(), teacher.float())
+        gold = (student.float().squeeze(-1) - labels.float()) ** 2
+    elif kind == "multilabel":
+        target = torch.sigmoid(teacher.float() / t)
+        soft = F.binary_cross_entropy_with_logits(student.float() / t, target) * t * t
+        gold = F.binary_cross_entropy_with_logits(student.float(), labels.float(), reduction="none").mean(-1)
+    else:
+        soft = soft_loss(student, teacher, t)
+        gold = F.cross_entropy(student.float(), labels.long(), reduction="none")
+    return soft, _masked_mean(gold, labelled)
+
+
+def _outputs(kind: str, out) -> Tensor:
+    """The logits distillation matches: (batch, C) or (batch, seq, C); qa: (batch, seq, 2) start / end."""
+    return torch.stack([out.start_logits, out.end_logits], -1) if kind == "qa" else out.logits
+
+
+# ---------------------------------------------------------------------------------------------- task distillation
+
+class _TargetBatches(_Batches):
+    """finetune's batches plus `labelled` (rows with gold labels) and, when precomputed, `teacher` (logits)."""
+
+    def __iter__(self):
+        for idx in self.sampler:
+            self.examples += len(idx)
+            feats = [self.feats[i] for i in idx]
+            batch = collate(feats, self.pad_id)
+            batch["labelled"] = torch.tensor([f.get("labelled", True) for f in feats])
+            if "teacher" in feats[0]:
+                batch["teacher"] = _stack_targets(feats, batch["input_ids"].shape[1])
+            yield batch
+
+
+def _stack_targets(feats: list[dict], seq: int) -> Tensor:
+    first = feats[0]["teacher"]
+    if first.ndim == 1:
+        return torch.from_numpy(np.stack([f["teacher"] for f in feats]))
+    out = torch.zeros(len(feats), seq, first.shape[-1])
+    for i, f in enumerate(feats):
+        out[i, :len(f["teacher"])] = torch.from_numpy(f["teacher"])
+    return out
+
+
+class TaskDistiller(FinetuneHooks):
+    """FinetuneHooks for task distillation: the teacher's task and tokenizer, the student, the targets, the loss."""
+
+    def __init__(self, dcfg: DistillConfig):
+        self.dcfg = dcfg
+        self.teacher = None
+        self.teacher_scores: dict = {}
+        self.step_fn = self._step if dcfg.uses_teacher else None     # alpha 0, no transfer: plain fine-tuning
+
+    def setup(self, cfg: FinetuneConfig):
+        task, teacher, tok = load_task(self.dcfg.teacher)
+        if task.kind != cfg.task:
+            raise ConfigError(f"--teacher {self.dcfg.teacher}: fine-tuned for {task.kind!r}, not {cfg.task!r}")
+        task.fit_labels = lambda train: None          # the teacher's label ids, whatever order the file has
+        self.teacher = teacher
+        self.kind = task.kind
+        return task, tok
+
+    def extend(self, cfg: FinetuneConfig, task, tok, data) -> None:
+        for split, examples, feats in (("dev", data.dev, data.dev_feats), ("test", data.test, data.test_feats)):
+            if examples is not None:
+                report, _ = _evaluate_task(task, self.teacher, examples, feats, cfg.eval_batch_size,
+                                           cfg.training.precision)
+                self.teacher_scores[split] = _numeric(report)
+        if self.dcfg.unlabeled:
+            data.train_feats += self._unlabeled(task, tok, data)
+            data.counts["unlabeled_features"] = sum(1 for f in data.train_feats if not f.get("labelled", True))
+        if self.dcfg.uses_teacher and not self.dcfg.transfer:
+            self._precompute(data.train_feats, cfg)
+
+    def _unlabeled(self, task, tok, data) -> list[dict]:
+        if self.kind not in _SEQUENCE_KINDS:
+            raise ConfigError(f"--unlabeled: supported for {', '.join(_SEQUENCE_KINDS)} teachers, not {self.kind!r}")
+        feats = task.features(tok, task.read(self.dcfg.unlabeled, require_label=False), with_labels=False)
+        dummy = data.train_feats[0]["labels"]
+        for f in feats:
+            f["labels"], f["labelled"] = (dummy, False)
+        return feats
+
+    def _precompute(self, feats: list[dict], cfg: FinetuneConfig) -> None:
+        """The teacher's logits for every training feature, once (eval mode: the same every epoch)."""
+        for idx, out in predict_batches(self.teacher, feats, cfg.eval_batch_size, cfg.training.precision):
+            logits = _outputs(self.kind, out).float().cpu().numpy()
+            for row, i in enumerate(idx):
+                feats[i]["teacher"] = logits[row] if logits.ndim == 2 else logits[row, :len(feats[i]["input_ids"])]
+
+    def build_model(self, cfg: FinetuneConfig, task, seed: int):
+        torch.manual_seed(seed)
+        over = dict(task.config_overrides(), hidden_dropout_prob=cfg.dropout,
+                    attention_probs_dropout_prob=cfg.dropout)
+        if cfg.attn_implementation:
+            over["attn_implementation"] = cfg.attn_implementation
+        student = build_student(self.dcfg, _model_class(task), over)
+        self._check_transfer(student)
+        return student
+
+    def _check_transfer(self, student) -> None:
+        t, s = self.teacher.config, student.config
+        self.pairs = layer_map(s.num_hidden_layers, t.num_hidden_layers)
+        if self.dcfg.attention_weight > 0 and s.num_attention_heads != t.num_attention_heads:
+            raise ConfigError(f"--attention-weight: the student has {s.num_attention_heads} attention heads, the "
+                              f"teacher {t.num_attention_heads}; attention transfer needs the same number")
+        if self.dcfg.hidden_weight > 0 and s.hidden_size != t.hidden_size:
+            student.distill_projection = nn.Linear(s.hidden_size, t.hidden_size)   # trained with the student
+
+    def batches(self, cfg: FinetuneConfig, data, seed: int, pad_id: int):
+        if not self.dcfg.uses_teacher:
+            return super().batches(cfg, data, seed, pad_id)
+        return _TargetBatches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches)
+
+    def trained(self, model):
+        if hasattr(model, "distill_projection"):
+            del model.distill_projection
+        return model
+
+    def _step(self, model, batch: dict) -> StepOutput:
+        d = self.dcfg
+        inputs = {k: batch[k] for k in _INPUTS if k in batch}
+        flags = {"output_hidden_states": d.hidden_weight > 0, "output_attentions": d.attention_weight > 0}
+        target, t_out = batch.get("teacher"), None
+        if target is None:
+            self.teacher.to(batch["input_ids"].device)
+            with torch.no_grad():
+                t_out = self.teacher(**inputs, **flags)
+            target = _outputs(self.kind, t_out)
+        s_out = model(**inputs, **flags)
+        soft, gold = self._task_losses(_outputs(self.kind, s_out), target, s_out, batch)
+        loss = d.alpha * soft + (1 - d.alpha) * gold
+        metrics = {"soft_loss": soft.detach(), "gold_loss": gold.detach()}
+        if d.hidden_weight > 0:
+            h = hidden_loss(s_out.hidden_states, t_out.hidden_states, self.pairs, batch["attention_mask"],
+                            getattr(model, "distill_projection", None))
+            loss, metrics["hidden_loss"] = loss + d.hidden_weight * h, h.detach()
+        if d.attention_weight > 0:
+            a = attention_loss(s_out.attentions, t_out.attentions, self.pairs[1:], batch["attention_mask"])
+            loss, metrics["attention_loss"] = loss + d.attention_weight * a, a.detach()
+        return StepOutput(loss=loss, metrics=metrics)
+
+    def _task_losses(self, student: Tensor, target: Tensor, s_out, batch: dict) -> tuple[Tensor, Tensor]:
+        t = self.dcfg.temperature
+        if self.kind in _SEQUENCE_KINDS:
+            return _sequence_losses(self.kind, student, target, batch, t)
+        if self.kind == "tag":
+            labels = batch["labels"]
+            gold = F.cross_entropy(student.float().reshape(-1, student.shape[-1]), labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+            return soft_loss(student, target, t, labels != IGNORE_INDEX), gold
+        pad = (batch["attention_mask"] == 0).unsqueeze(-1)          # qa: padding is never an answer
+        target = target.float().masked_fill(pad, torch.finfo(torch.float32).min)
+        soft = soft_loss(student.transpose(1, 2), target.transpose(1, 2), t)   # rows: (example, start / end)
+        s = student.shape[1]
+        gold = sum(F.cross_entropy(student[..., i].float(), batch[k].reshape(-1).clamp(0, s), ignore_index=s)
+                   for i, k in enumerate(("start_positions", "end_positions"))) / 2
+        return soft, gold
+
+    def summary(self) -> dict:
+        return {"distill": {**asdict(self.dcfg), "layer_map": self.pairs,
+                            "student_init_layers": (select_layers(self.teacher.config.num_hidden_layers,
+                                                                  self.dcfg.student_layers)
+                                                    if self.dcfg.student_layers else None),
+                            "teacher_scores": self.teacher_scores}}
+
+
+def distill_task(dcfg: DistillConfig, cfg: FinetuneConfig) -> dict:
+    """Train the student of `dcfg` with finetune's recipe `cfg` (its `model` is ignored; the task is the teacher's);
+    returns the summary written to OUT/summary.json (with a `distill` entry: settings, teacher scores)."""
+    return finetune(cfg, TaskDistiller(dcfg))
