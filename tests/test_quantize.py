@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from test_tasks_finetune import NEG, POS, WORDS, one_thread  # noqa: F401  (the same synthetic sentiment data)
+from test_tasks_finetune import NEG, POS, WORDS, one_thread, tiny_dir  # noqa: F401  (the same synthetic data)
+from test_tasks_finetune import _cfg, _qa_examples, _tag_sentences
 from test_tasks_finetune import _sentiment_rows as _rows
 
 from bertkit.cli import main
@@ -55,6 +56,33 @@ def test_quantize_check_writes_int8_that_inference_loads(finetuned, tmp_path, ca
     with pytest.raises(Exception, match="already quantized"):
         from bertkit.quantize import quantize_dir
         quantize_dir(out, tmp_path / "again")
+
+
+@pytest.mark.parametrize("kind", ["tag", "qa"])
+def test_check_scores_tag_and_qa_in_points(kind, tiny_dir, tmp_path, capsys):  # noqa: F811
+    """The gate reads entity F1 (a fraction, reported x100) for tag and SQuAD F1 (already percent) for qa, with
+    precision / recall and EM beside them: each figure is what `bertkit evaluate` reports for that directory."""
+    from bertkit.tasks.readers import write_conll, write_squad
+    from bertkit.tasks.runner import evaluate, finetune
+    if kind == "tag":
+        train = str(write_conll(tmp_path / "train.conll", _tag_sentences(300, 0)))
+        dev = str(write_conll(tmp_path / "dev.conll", _tag_sentences(60, 1)))
+        finetune(_cfg(tiny_dir, tmp_path, "tag", train, dev, max_length=16))
+        scale, also = 100.0, ("precision", "recall")
+    else:
+        train = str(write_squad(tmp_path / "train.json", _qa_examples(300, 0), "1.1"))
+        dev = str(write_squad(tmp_path / "dev.json", _qa_examples(60, 1), "1.1"))
+        finetune(_cfg(tiny_dir, tmp_path, "qa", train, dev, max_length=48, doc_stride=16, epochs=4))
+        scale, also = 1.0, ("exact",)
+    run, out = tmp_path / "run", tmp_path / "int8"
+    assert main(["quantize", str(run), str(out), "--check", dev, "--max-drop", "100", "--precision", "fp32",
+                 "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)["check"]
+    fp, q = evaluate(run, dev, precision="fp32"), evaluate(out, dev, precision="fp32")
+    assert c["metric"] == "f1" and c["fp32"] >= 60.0 and set(c["also"]) == set(also)
+    for k, got in (("f1", c), *((k, c["also"][k]) for k in also)):
+        assert got["fp32"] == pytest.approx(scale * fp[k], abs=1e-3), k
+        assert got["int8"] == pytest.approx(scale * q[k], abs=1e-3), k
 
 
 def test_quality_gate_refuses_with_exit_2(finetuned, tmp_path, capsys, monkeypatch):

@@ -49,11 +49,16 @@ def _check_out(model_dir: Path, out: Path, overwrite: bool) -> None:
         raise ConfigError(f"OUT {out} exists and is not empty: choose a new directory or pass --overwrite")
 
 
-def _score(task, model, examples, feats, precision: str) -> float:
+# reported beside the main metric: SQuAD's EM with its F1, entity precision / recall with their F1
+_ALSO = {"qa": ("exact",), "tag": ("precision", "recall")}
+
+
+def _score(task, model, examples, feats, precision: str) -> dict[str, float]:
+    """The task's main metric and its `_ALSO` companions, in points."""
     from bertkit.tasks.runner import _evaluate_task
     report, _ = _evaluate_task(task, runtime.freeze(model), examples, feats, 128, precision)
-    value = float(report[task.main_metric])
-    return value if task.kind == "qa" else 100.0 * value            # points: QA reports percent already
+    scale = 1.0 if task.kind == "qa" else 100.0                     # points: QA reports percent already
+    return {k: scale * float(report[k]) for k in (task.main_metric, *_ALSO.get(task.kind, ()))}
 
 
 def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision: str) -> dict:
@@ -63,11 +68,13 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     task, _, tok = load_task(model_dir)
     examples = task.read(dev_file)
     feats = task.features(tok, examples)
-    fp = _score(task, fp32, examples, feats, precision)
-    q = _score(task, copy.deepcopy(quantized), examples, feats, precision)
+    fp_all = _score(task, fp32, examples, feats, precision)
+    q_all = _score(task, copy.deepcopy(quantized), examples, feats, precision)
+    fp, q = fp_all.pop(task.main_metric), q_all.pop(task.main_metric)
     from bertkit.textfiles import shown
     figures = {"dev_file": shown(dev_file), "metric": task.main_metric, "fp32": round(fp, 3), "int8": round(q, 3),
-               "drop_points": round(fp - q, 3), "max_drop": max_drop, "precision": precision, "n": len(examples)}
+               "drop_points": round(fp - q, 3), "max_drop": max_drop, "precision": precision, "n": len(examples),
+               "also": {k: {"fp32": round(v, 3), "int8": round(q_all[k], 3)} for k, v in fp_all.items()}}
     if fp - q > max_drop:
         raise QualityGateError(f"{dev_file}: int8 {task.main_metric} {q:.2f} is {fp - q:.2f} points below fp32 "
                                f"{fp:.2f} (--max-drop {max_drop:g}): nothing written; try --keep-float for the "

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
           f"{size['int8'] / 1e6:.1f} MB ({100 * size['ratio']:.0f}% of fp32 {size['fp32'] / 1e6:.1f} MB)")
     if "check" in report:
         c = report["check"]
+        also = "".join(f"; {k} fp32 {v['fp32']:.2f}, int8 {v['int8']:.2f}" for k, v in c.get("also", {}).items())
         print(f"{c['dev_file']}: {c['metric']} fp32 {c['fp32']:.2f}, int8 {c['int8']:.2f} "
-              f"(drop {c['drop_points']:.2f} points, allowed {c['max_drop']:g})")
+              f"(drop {c['drop_points']:.2f} points, allowed {c['max_drop']:g}){also}")
     return 0
