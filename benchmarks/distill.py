@@ -11,7 +11,7 @@ max_length 64; WORK/runs/topic, 128) on WORK/data/{sentiment,topic}.
 
 accuracy: per task and seed, `bertkit distill --student-layers 3` (layers 1, 3, 5 of the teacher, the embeddings
 and the head copied; soft targets at --temperature with weight --alpha, optional hidden-state transfer and
---unlabeled text) and the same student with --alpha 0 (plain fine-tuning of the truncated student, no teacher), the
+--unlabeled-bbc: BBC News sentences as unlabeled text for sentiment) and the same student with --alpha 0 (plain fine-tuning of the truncated student, no teacher), the
 same lr / epochs / seed; both scored on test.csv (the best dev epoch's model), the teacher too. The final line: the
 distilled student's test accuracy (mean +- std over the seeds) against the teacher's and the no-teacher student's.
 
@@ -55,18 +55,32 @@ def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
     settings = json.loads((teacher / "config.json").read_text())["bertkit_task"]
     dcfg = DistillConfig(teacher=str(teacher), student_layers=3, temperature=args.temperature, alpha=alpha,
                          hidden_weight=args.hidden_weight if with_teacher else 0.0,
-                         unlabeled=(args.unlabeled or {}).get(task) if with_teacher else None)
+                         unlabeled=unlabeled_file(args, work) if with_teacher and task == "sentiment" else None)
     cfg = FinetuneConfig(task="classify", model=str(teacher), train=str(data / "train.csv"),
                          dev=str(data / "dev.csv"), test=str(data / "test.csv"), out=str(out), seeds=(seed,),
                          max_length=settings["max_length"], batch_size=32, quiet=True,
                          training=finetune_recipe(lr=args.lr, epochs=args.epochs, precision="fp32"))
     summary = distill_task(dcfg, cfg)
     return emit({"case": "accuracy", "task": task, "student": name, "seed": seed, "layers": 3,
-                 "test_accuracy": summary["test"]["accuracy"]["mean"], "dev_accuracy": summary["dev"]["accuracy"]["mean"],
+                 "test_accuracy": summary["test"]["accuracy"]["mean"],
+                 "dev_accuracy": summary["dev"]["accuracy"]["mean"],
                  "teacher_test_accuracy": summary["distill"]["teacher_scores"]["test"]["accuracy"],
                  "settings": {k: summary["distill"][k] for k in ("temperature", "alpha", "hidden_weight", "unlabeled")},
                  "lr": args.lr, "epochs": args.epochs, "examples_per_s": round(summary["examples_per_s"]["mean"], 1),
                  "out": str(out)})
+
+
+def unlabeled_file(args, work: Path) -> str | None:
+    """--unlabeled-bbc N: N BBC News sentences (bertkit.datasets) as unlabeled text for the sentiment student."""
+    if not args.unlabeled_bbc:
+        return None
+    from inference import bbc_sentences
+    from bertkit.tasks.readers import write_table
+    path = work / "distill" / f"bbc-{args.unlabeled_bbc}.csv"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_table(path, [{"text": t} for t in bbc_sentences(args.unlabeled_bbc)])
+    return str(path)
 
 
 def accuracy(args, work: Path) -> list[dict]:
@@ -123,7 +137,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=2.0)
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--hidden-weight", type=float, default=0.0)
-    p.add_argument("--unlabeled", type=json.loads, default=None, help='{"sentiment": "file.csv"}: extra texts')
+    p.add_argument("--unlabeled-bbc", type=int, default=0, help="BBC sentences as unlabeled text for sentiment")
     p.add_argument("--tag", default="default", help="names this configuration's run directories")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
@@ -136,7 +150,7 @@ def main() -> None:
         records += {"speed": speed, "accuracy": accuracy}[case](args, work)
     emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
           "settings": {k: getattr(args, k) for k in ("lr", "epochs", "temperature", "alpha", "hidden_weight",
-                                                     "unlabeled", "seeds")},
+                                                     "unlabeled_bbc", "seeds")},
           "records": records})
 
 
