@@ -59,7 +59,7 @@ def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
     cfg = FinetuneConfig(task="classify", model=str(teacher), train=str(data / "train.csv"),
                          dev=str(data / "dev.csv"), test=str(data / "test.csv"), out=str(out), seeds=(seed,),
                          max_length=settings["max_length"], batch_size=32, quiet=True,
-                         training=finetune_recipe(lr=args.lr, epochs=args.epochs, precision="fp32"))
+                         training=finetune_recipe(lr=args.lr, epochs=args.epochs, precision=args.precision))
     summary = distill_task(dcfg, cfg)
     return emit({"case": "accuracy", "task": task, "student": name, "seed": seed, "layers": 3,
                  "test_accuracy": summary["test"]["accuracy"]["mean"],
@@ -138,6 +138,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--hidden-weight", type=float, default=0.0)
     p.add_argument("--unlabeled-bbc", type=int, default=0, help="BBC sentences as unlabeled text for sentiment")
+    p.add_argument("--precision", default="auto", help="training precision of the students (auto: bf16 where native)")
     p.add_argument("--tag", default="default", help="names this configuration's run directories")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
