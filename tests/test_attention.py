@@ -52,7 +52,8 @@ def _batch():
 
 
 ALL_ON = ExecutionOptions(explicit_train_attention=True, explicit_train_short=True,
-                          explicit_masked_inference=True, fast_dropout=True, bf16_residual=True)
+                          explicit_masked_inference=True, fast_dropout=True, bf16_residual=True,
+                          bucket_overhead=1.0)          # cheap buckets: inference splits the 6 rows into several
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "unpadded", "auto"])
@@ -114,3 +115,22 @@ def test_plan_choices():
     assert no_grad_train.dropout_p == 0.1 and no_grad_train.masked == "sdpa"
     assert build(plain, False, maps=True).masked == "eager"
     assert build(plain, False, impl="auto").layout.kind == "unpadded"   # 75% real tokens
+    # buckets by cost in inference only; training steps keep length_buckets (one bucket below 32 rows)
+    assert len(build(ALL_ON, False, impl="unpadded").layout.buckets) == 2
+    assert len(build(ALL_ON, True, impl="unpadded").layout.buckets) == 1
+    assert len(build(plain, False, impl="unpadded").layout.buckets) == 1
+
+
+def test_cost_buckets():
+    """The bucket count minimises rows * length^2 plus the per-bucket cost."""
+    from bertkit.padding import Layout, cost_buckets
+    assert cost_buckets([50] * 32, 0.0) == 1                                  # nothing to save
+    assert cost_buckets([90, 90, 10, 10], 10.0) == 2                          # 2*8100 + 2*100 + 20 < 4*8100 + 10
+    assert cost_buckets([90, 90, 10, 10], 1e6) == 1
+    assert cost_buckets(list(range(64, 0, -1)), 0.0) == 32                    # capped at MAX_COST_BUCKETS
+    lengths = torch.tensor([7, 30, 2, 19, 30, 11])
+    mask = torch.arange(30)[None] < lengths[:, None]
+    layout = Layout.build("unpadded", mask, 6, 30, bucket_overhead=300.0)
+    assert [b.length for b in layout.buckets] == [30, 19, 7]                  # 6 rows, k = 3: 2 rows a bucket
+    x = torch.randn(int(lengths.sum()), 5)
+    assert torch.equal(layout.from_buckets(layout.to_buckets(x)), x)

@@ -103,12 +103,16 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
     na = {"fast": None, "plain": None, "why": "n/a"}
     monkeypatch.setattr(probe, "measure", lambda bf16: calls.append(bf16) or {
         "packed_linear_fp32": slow, "packed_linear_bf16": na, "int8_linear": {**fake, "engine": "onednn"}, "fast_dropout": fake,
-        "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": na})
+        "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": na,
+        "cost_buckets": {**fake, "overhead": 3.0e5}})
     first = runtime.plan()
     second = runtime.plan()
     assert len(calls) == 1 and first == second
     assert first.options.fast_dropout and first.options.explicit_train_attention
     assert not first.options.explicit_train_short and not first.packed_dtypes and first.int8_engine == "onednn"
+    assert first.bucket_overhead == 3.0e5
+    model = runtime.apply(_tiny(), first)
+    assert model.execution.bucket_overhead == 3.0e5 / model.config.hidden_size      # per model: row * length^2
     lines = runtime.describe(first)
     assert any(line.startswith("fast_dropout: on (1000.00 ms vs plain 2000.00 ms)") for line in lines)
     assert any(line.startswith("packed_linear_fp32: off") for line in lines)

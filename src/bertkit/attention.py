@@ -106,6 +106,8 @@ class ExecutionOptions:
     fast_dropout: bool = False            # CPU dropout masks from 16 random bits per element
     bf16_residual: bool = False           # CPU training under bf16 autocast: the residual stream in bf16
     checkpoint_layers: bool = False       # training: recompute each encoder layer in backward (memory for time)
+    bucket_overhead: float | None = None  # inference: unpadded attention buckets by padding.cost_buckets with this
+                                          # per-bucket cost (row * length^2 units, measured); None: length_buckets
 
     def with_(self, **changes) -> "ExecutionOptions":
         return replace(self, **changes)
@@ -156,7 +158,8 @@ class ExecutionPlan:
         dropout_p = dropout_p if mode.training else 0.0
         masked, unmasked = (kernel, kernel) if kernel == "eager" else _kernels(options, mode, shape[1], dropout_p)
         layout = Layout.build(kind, attention_mask, *shape, device=mode.device,
-                              drop_full_mask=cpu and kind == "padded" and kernel != "eager")
+                              drop_full_mask=cpu and kind == "padded" and kernel != "eager",
+                              bucket_overhead=None if mode.step else options.bucket_overhead)
         residual = None
         if options.bf16_residual and cpu and mode.step and mode.autocast:
             residual = mode.dtype        # CPU autocast keeps LayerNorm outputs fp32: one cast instead of many

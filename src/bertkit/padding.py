@@ -15,13 +15,14 @@ A padded batch is (batch, seq) ids plus a 0/1 attention mask. The encoder runs i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Bucket", "Layout", "Rows", "fill", "length_buckets"]
+__all__ = ["Bucket", "Layout", "Rows", "cost_buckets", "fill", "length_buckets"]
 
 
 def fill(attention_mask: Tensor | None) -> float:
@@ -35,6 +36,23 @@ def length_buckets(batch: int) -> int:
     """How many attention buckets an unpadded batch of `batch` sequences is split into (equal row counts, each
     padded to its own longest row). One below 32 rows: the per-bucket launch cost outweighs the saved padding."""
     return 1 if batch < 32 else 2 if batch < 64 else 4
+
+
+MAX_COST_BUCKETS = 32
+
+
+def cost_buckets(sorted_len: list[int], overhead: float) -> int:
+    """The bucket count k (equal row counts) minimising the modelled attention cost of lengths `sorted_len`
+    (descending): sum over buckets of rows * length^2, plus `overhead` (a bucket's fixed cost, in the same
+    row * length^2 units) per bucket."""
+    n = len(sorted_len)
+    best, best_k = math.inf, 1
+    for k in range(1, min(n, MAX_COST_BUCKETS) + 1):
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        cost = k * overhead + sum((hi - lo) * sorted_len[lo] ** 2 for lo, hi in zip(bounds[:-1], bounds[1:]))
+        if cost < best:
+            best, best_k = cost, k
+    return best_k
 
 
 @dataclass
@@ -80,9 +98,11 @@ class Layout:
 
     @classmethod
     def build(cls, kind: str, attention_mask: Tensor | None, batch: int, seq: int,
-              device: torch.device | None = None, drop_full_mask: bool = False) -> "Layout":
+              device: torch.device | None = None, drop_full_mask: bool = False,
+              bucket_overhead: float | None = None) -> "Layout":
         """kind "padded" or "unpadded". drop_full_mask: a padded batch with no padding gets no mask at all (so SDPA
-        takes its unmasked kernel); only worth its host sync on CPU."""
+        takes its unmasked kernel); only worth its host sync on CPU. bucket_overhead: unpadded attention buckets by
+        `cost_buckets` with this per-bucket cost (row * length^2 units); None: `length_buckets`."""
         if kind != "unpadded":
             if attention_mask is None:
                 return cls(kind, batch, seq)
@@ -92,17 +112,17 @@ class Layout:
             return cls(kind, batch, seq, mask=mask[:, None, None, :])
         if attention_mask is None:
             attention_mask = torch.ones(batch, seq, dtype=torch.bool, device=device)
-        return cls._unpadded(attention_mask.bool(), batch, seq)
+        return cls._unpadded(attention_mask.bool(), batch, seq, bucket_overhead)
 
     @classmethod
-    def _unpadded(cls, mask: Tensor, batch: int, seq: int) -> "Layout":
+    def _unpadded(cls, mask: Tensor, batch: int, seq: int, bucket_overhead: float | None) -> "Layout":
         lengths = mask.sum(1)                                          # (batch,)
         indices = mask.reshape(-1).nonzero().squeeze(1)                # (tokens,)
         rank = mask.cumsum(1, dtype=torch.long) - 1                    # position of each token inside its row
         cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
         order = torch.argsort(lengths, descending=True, stable=True)   # (batch,) rows by decreasing length
         sorted_len = lengths[order].tolist()                           # the one host sync: bucket shapes
-        k = min(length_buckets(batch), batch)
+        k = min(length_buckets(batch), batch) if bucket_overhead is None else cost_buckets(sorted_len, bucket_overhead)
         bounds = [round(i * batch / k) for i in range(k + 1)]
         buckets, base_sorted, offset = [], [], 0
         for lo, hi in zip(bounds[:-1], bounds[1:]):

@@ -30,6 +30,7 @@ from bertkit.runtime.linear import FrozenLinear, freeze_linears
 __all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "is_frozen", "plan"]
 
 FORCES = ("measure", "all", "none")
+FORCED_BUCKET_OVERHEAD = 2.5e5                      # force="all": ~20 us a bucket at ~0.08 ns a unit (Zen 4, 1 thread)
 # probe name -> the ExecutionOptions field it decides
 _OPTION_PROBES = {"explicit_train_attention": "explicit_train_attention",
                   "explicit_train_short": "explicit_train_short",
@@ -44,6 +45,8 @@ class RuntimePlan:
     int8_engine: str | None = None                  # int8 linears (runtime.int8) through this library: measured
                                                     # faster than fp32 here (None: int8 is not worth it here)
     reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
+    bucket_overhead: float | None = None            # inference attention buckets by cost (padding.cost_buckets):
+                                                    # the per-bucket cost in row * length^2 * hidden units
 
 
 class FastDropout(nn.Dropout):
@@ -83,7 +86,10 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     int8_probe = probes["int8_linear"]
     engine = int8_probe.get("engine") if _won(int8_probe) else None
     reasons["int8_linear"] = _why(int8_probe) + (f", {engine}" if engine else "")
-    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, reasons)
+    buckets = probes["cost_buckets"]
+    overhead = buckets["overhead"] if _won(buckets) else None
+    reasons["cost_buckets"] += f", per-bucket cost {buckets['overhead']:.3g}" if "overhead" in buckets else ""
+    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, reasons, overhead)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -97,7 +103,7 @@ def plan(device="cpu", force: str | None = None) -> RuntimePlan:
     if force == "all":
         on = {opt: True for opt in _OPTION_PROBES.values()}
         return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
-                           default_engine(), {"all": "every fast path (forced)"})
+                           default_engine(), {"all": "every fast path (forced)"}, FORCED_BUCKET_OVERHEAD)
     return _measured_plan(native_bf16("cpu"), torch.get_num_threads())
 
 
@@ -109,7 +115,9 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     for m in berts:
         if isinstance(m, BertModel):
             # gradient checkpointing is the caller's choice, not a measured fast path: it stays as it was
-            m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers)
+            per_model = None if runtime.bucket_overhead is None else runtime.bucket_overhead / m.config.hidden_size
+            m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers,
+                                                bucket_overhead=per_model)
     for bert in berts:
         for module in list(bert.modules()):
             for name, child in list(module.named_children()):
@@ -140,7 +148,7 @@ def describe(runtime: RuntimePlan) -> list[str]:
     o = runtime.options
     state = {"packed_linear_fp32": torch.float32 in runtime.packed_dtypes,
              "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes,
-             "int8_linear": runtime.int8_engine is not None,
+             "int8_linear": runtime.int8_engine is not None, "cost_buckets": runtime.bucket_overhead is not None,
              "bf16_residual": o.bf16_residual, **{n: getattr(o, f) for n, f in _OPTION_PROBES.items()}}
     if "all" in runtime.reasons:
         return [f"{name}: {'on' if on else 'off'} ({runtime.reasons['all']})" for name, on in state.items()]

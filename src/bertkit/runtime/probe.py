@@ -120,9 +120,43 @@ def _probe_masked_inference_attention() -> dict:
     return {"fast": t["fast"], "plain": t["plain"]}
 
 
+def _bucket_attention(qkv: torch.Tensor, mask, heads: int) -> torch.Tensor:
+    """One bucket's inference attention as the encoder runs it (BertSelfAttention._attend with SDPA)."""
+    b, s, three_h = qkv.shape
+    q, k, v = qkv.view(b, s, 3, heads, three_h // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+    return sdpa_attention(q, k, v, mask, q.shape[-1] ** -0.5, 0.0, None)[0].transpose(1, 2).reshape(b, s, -1)
+
+
+def _probe_cost_buckets() -> dict:
+    """Unpadded inference attention of 32 ragged MiniLM-shaped rows (6-90 tokens, mostly short, as sentences are):
+    buckets by `padding.cost_buckets` against `padding.length_buckets`. The cost model's per-bucket cost, "overhead"
+    (row * length^2 * hidden units), is measured first: a 1 x 8 bucket's time over the time per unit of a 16 x 64
+    one."""
+    from bertkit.padding import Layout
+    g = torch.Generator().manual_seed(0)
+    heads, hidden = 12, 384
+    small, big = torch.randn(1, 8, 3 * hidden, generator=g), torch.randn(16, 64, 3 * hidden, generator=g)
+    lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()
+    mask = torch.arange(int(lengths.max()))[None] < lengths[:, None]
+    x = torch.randn(int(lengths.sum()), 3 * hidden, generator=g)
+
+    def run(overhead):
+        layout = Layout.build("unpadded", mask, *mask.shape, bucket_overhead=overhead)
+        grids = layout.to_buckets(x)
+        return layout.from_buckets([_bucket_attention(t, b.mask, heads) for t, b in zip(grids, layout.buckets)])
+
+    with torch.no_grad():
+        t = _time({"small": lambda: _bucket_attention(small, None, heads),
+                   "big": lambda: _bucket_attention(big, None, heads)})
+        per_unit = max(t["big"] - t["small"], 1e-12) / ((16 * 64 ** 2 - 8 ** 2) * hidden)
+        overhead = t["small"] / per_unit
+        t = _time({"fast": lambda: run(overhead / hidden), "plain": lambda: run(None)})
+    return {"fast": t["fast"], "plain": t["plain"], "overhead": overhead}
+
+
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
-          "explicit_train_short", "explicit_masked_inference")
-SCHEMA = 6                # bump when a probe is added or changes: older cache files are measured again
+          "explicit_train_short", "explicit_masked_inference", "cost_buckets")
+SCHEMA = 7                # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
@@ -141,6 +175,7 @@ def _measure(bf16_native: bool) -> dict[str, dict]:
         "fast_dropout": _probe_dropout(),
         "explicit_train_attention": _probe_train_attention(train_dtype, 0.1),
         "explicit_train_short": _probe_train_attention(train_dtype, 0.0),
+        "cost_buckets": _probe_cost_buckets(),
     }
     if bf16_native:
         out["packed_linear_bf16"] = _probe_packed_linear(torch.bfloat16)
