@@ -46,6 +46,9 @@ def register(subparsers) -> None:
                    help="hidden + attention dropout override (default: the model's; planned)")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
                    help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
+    m.add_argument("--attention-init", choices=("random", "local"), default=None,
+                   help="a fresh model's attention: BERT's random init (default) or local, the first layer's heads "
+                        "starting on the neighbouring tokens (leaves the MLM plateau far sooner; planned)")
     m.add_argument("--output-vocab", choices=("full", "corpus"), default=None,
                    help="the MLM softmax in training: every vocabulary id (default) or only those the training "
                         "shards hold (faster with a large vocabulary; evaluation scores all; planned)")

@@ -64,6 +64,8 @@ class PretrainConfig:
                                                 # shards: the model starts at the unigram loss, not log(vocab)
     output_vocab: str = "full"                  # "corpus": the training softmax scores only the ids the training
                                                 # shards hold (evaluation: the whole vocabulary)
+    attention_init: str = "random"              # "local": a fresh model's first layer starts attending to its
+                                                # neighbours (bertkit.pretraining.local_init)
     objective: str = "auto"                     # auto (the shards' task) | mlm | electra
     electra_weight: float = 50.0
     # batch
@@ -256,6 +258,9 @@ def pretrain(pc: PretrainConfig):
     seed_everything(cfg.seed)
     model, config = build_model(pc, manifests["shards"], objective)
     model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
+    if pc.attention_init == "local" and not pc.init and objective != "electra":
+        from bertkit.pretraining.local_init import local_attention_init
+        local_attention_init(model, seed=cfg.seed)
     for name, m in manifests.items():
         if int(m["seq_len"]) > config.max_position_embeddings:
             raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's "
@@ -307,6 +312,8 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
     if pc.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
+    if pc.attention_init not in ("random", "local"):
+        raise ConfigError(f"--attention-init {pc.attention_init}: choose random or local")
     if pc.output_vocab not in ("full", "corpus"):
         raise ConfigError(f"--output-vocab {pc.output_vocab}: choose full or corpus")
     if pc.masking not in ("shards", *MASK_MODES):
