@@ -345,3 +345,13 @@ def test_plan_trains_the_corpus_vocabulary_and_a_flag_keeps_the_full_one(data, t
     plan = json.loads((out2 / "plan.json").read_text())
     assert plan["settings"]["output_vocab"] == "full" and "output_vocab" in plan["flags"]
     assert "MLM softmax in training" not in capsys.readouterr().err
+
+
+def test_local_attention_init_refuses_a_trained_start(data, tmp_path, capsys):
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForPreTraining
+    BertForPreTraining(BertConfig.preset("tiny", vocab_size=600)).save_pretrained(tmp_path / "model")
+    out = tmp_path / "run"
+    _fails(["pretrain", str(data / "shards"), "--init", str(tmp_path / "model"), "--attention-init", "local",
+            "--steps", "2", "--no-progress", "--out", str(out)], capsys, "--attention-init local initialises a fresh",
+           out)

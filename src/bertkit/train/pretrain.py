@@ -314,6 +314,9 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
     if pc.attention_init not in ("random", "local"):
         raise ConfigError(f"--attention-init {pc.attention_init}: choose random or local")
+    if pc.attention_init == "local" and pc.init:
+        raise ConfigError(f"--attention-init local initialises a fresh model; --init {pc.init} starts from trained "
+                          "weights (drop one of them)")
     if pc.output_vocab not in ("full", "corpus"):
         raise ConfigError(f"--output-vocab {pc.output_vocab}: choose full or corpus")
     if pc.masking not in ("shards", *MASK_MODES):
