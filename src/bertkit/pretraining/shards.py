@@ -336,6 +336,7 @@ class ShardReader:
         if self.tables.vocab_size != m["vocab_size"]:
             raise DataError(f"{self.dir / 'vocab.txt'} has {self.tables.vocab_size} tokens, manifest says {m['vocab_size']}")
         self._shards = [_open_shard(self.dir, e, opts.verify, self.seq_len) for e in m["shards"]]
+        self._token_counts: np.ndarray | None = None        # token_counts(), read once (unigram bias, softmax ids)
         counts = np.array([e["examples"] for e in m["shards"]], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_examples = int(self._starts[-1])
@@ -392,14 +393,17 @@ class ShardReader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def token_counts(self, chunk: int = 4096) -> np.ndarray:
-        """(V,) int64: how often each id occurs in the rows of every shard (padding excluded, all ranks' rows)."""
-        counts = np.zeros(self.tables.vocab_size, dtype=np.int64)
-        for sh in self._shards:
-            for a in range(0, len(sh.meta), chunk):
-                tokens = np.asarray(sh.tokens[a:a + chunk], dtype=np.int64)               # (rows, S)
-                inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh.meta[a:a + chunk, 0])[:, None]
-                counts += np.bincount(tokens[inside], minlength=len(counts))[:len(counts)]
-        return counts
+        """(V,) int64: how often each id occurs in the rows of every shard (padding excluded, all ranks' rows).
+        Read once per reader; each call returns its own copy."""
+        if self._token_counts is None:
+            counts = np.zeros(self.tables.vocab_size, dtype=np.int64)
+            for sh in self._shards:
+                for a in range(0, len(sh.meta), chunk):
+                    tokens = np.asarray(sh.tokens[a:a + chunk], dtype=np.int64)               # (rows, S)
+                    inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh.meta[a:a + chunk, 0])[:, None]
+                    counts += np.bincount(tokens[inside], minlength=len(counts))[:len(counts)]
+            self._token_counts = counts
+        return self._token_counts.copy()
 
     # ------------------------------------------------------------------------------------------------- batches
 
