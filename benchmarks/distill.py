@@ -55,6 +55,7 @@ def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
     settings = json.loads((teacher / "config.json").read_text())["bertkit_task"]
     dcfg = DistillConfig(teacher=str(teacher), student_layers=3, temperature=args.temperature, alpha=alpha,
                          hidden_weight=args.hidden_weight if with_teacher else 0.0,
+                         augment=args.augment if with_teacher else 0,
                          unlabeled=(unlabeled_reviews(args, work) or unlabeled_file(args, work))
                          if with_teacher and task == "sentiment" else None)
     cfg = FinetuneConfig(task="classify", model=str(teacher), train=str(data / "train.csv"),
@@ -66,7 +67,8 @@ def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
                  "test_accuracy": summary["test"]["accuracy"]["mean"],
                  "dev_accuracy": summary["dev"]["accuracy"]["mean"],
                  "teacher_test_accuracy": summary["distill"]["teacher_scores"]["test"]["accuracy"],
-                 "settings": {k: summary["distill"][k] for k in ("temperature", "alpha", "hidden_weight", "unlabeled")},
+                 "settings": {k: summary["distill"][k] for k in ("temperature", "alpha", "hidden_weight", "unlabeled",
+                                                                  "augment")},
                  "lr": args.lr, "epochs": args.epochs, "examples_per_s": round(summary["examples_per_s"]["mean"], 1),
                  "out": str(out)})
 
@@ -113,16 +115,17 @@ def accuracy(args, work: Path) -> list[dict]:
     for task in args.tasks.split(","):
         runs = {"distilled": [], "no_teacher": []}
         for seed in (int(s) for s in args.seeds.split(",")):
-            for alpha in (args.alpha, 0.0):
+            for alpha in [{"distilled": args.alpha, "no_teacher": 0.0}[s] for s in args.students.split(",")]:
                 r = train_student(args, work, task, seed, alpha)
                 records.append(r)
                 runs[r["student"]].append(r["test_accuracy"])
         teacher = records[-1]["teacher_test_accuracy"]
-        ours, plain = _mean_std(runs["distilled"]), _mean_std(runs["no_teacher"])
+        ours, plain = (_mean_std(runs[k]) if runs[k] else None for k in ("distilled", "no_teacher"))
         final.append(emit({"case": "accuracy-summary", "task": task, "teacher": round(teacher, 4),
                            "distilled": ours, "no_teacher": plain,
-                           "gap_to_teacher_points": round(100 * (teacher - ours["mean"]), 2),
-                           "gain_over_no_teacher_points": round(100 * (ours["mean"] - plain["mean"]), 2)}))
+                           "gap_to_teacher_points": round(100 * (teacher - ours["mean"]), 2) if ours else None,
+                           "gain_over_no_teacher_points": round(100 * (ours["mean"] - plain["mean"]), 2)
+                           if ours and plain else None}))
     return final
 
 
@@ -157,6 +160,7 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/q-acc", help="holds runs/{task} (the teachers) and data/{task}")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--students", default="distilled,no_teacher", help="which students to train, per seed")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--temperature", type=float, default=2.0)
@@ -165,6 +169,7 @@ def main() -> None:
     p.add_argument("--unlabeled-bbc", type=int, default=0, help="BBC sentences as unlabeled text for sentiment")
     p.add_argument("--unlabeled-vader", type=int, default=0,
                    help="vaderSentiment's Amazon / tweet / NYT snippets as unlabeled text for sentiment (wins over bbc)")
+    p.add_argument("--augment", type=int, default=0, help="noisy copies of each training text (soft targets only)")
     p.add_argument("--precision", default="auto", help="training precision of the students (auto: bf16 where native)")
     p.add_argument("--tag", default="default", help="names this configuration's run directories")
     p.add_argument("--repeats", type=int, default=5)
@@ -178,7 +183,8 @@ def main() -> None:
         records += {"speed": speed, "accuracy": accuracy}[case](args, work)
     emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
           "settings": {k: getattr(args, k) for k in ("lr", "epochs", "temperature", "alpha", "hidden_weight",
-                                                     "unlabeled_bbc", "seeds")},
+                                                     "unlabeled_bbc", "unlabeled_vader", "augment", "seeds",
+                                                     "precision")},
           "records": records})
 
 

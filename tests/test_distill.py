@@ -91,6 +91,29 @@ def test_soft_loss_is_the_hand_computed_kl():
     assert float(soft_loss(torch.tensor(t), torch.tensor(t), temp)) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_augmented_copies_mask_words_and_cut_spans_deterministically():
+    from bertkit.distill import augment_examples
+    from bertkit.tasks.readers import TextExample
+    words = [f"w{i}" for i in range(40)]
+    examples = [TextExample(" ".join(words), None, "pos", "train.csv:2"),
+                TextExample("a b c", "d e", "neg", "train.csv:3")]
+    copies = augment_examples(examples, 50, seed=3)
+    assert len(copies) == 100 and all(c.label is None for c in copies)
+    assert copies == augment_examples(examples, 50, seed=3) and copies != augment_examples(examples, 50, seed=4)
+    assert copies[0].source == "train.csv:2 (augmented copy 1)"
+    singles = [c.text.split() for c in copies[::2]]
+    masked = sum(w == "[MASK]" for c in singles for w in c) / sum(map(len, singles))
+    assert 0.06 < masked < 0.14                                    # each word with p 0.1
+    cut = [c for c in singles if len(c) < 40]
+    assert 5 <= len(cut) <= 22                                     # one copy in four, on average
+    for c in cut:                                                  # a contiguous span of at least half the words
+        assert len(c) >= 20
+        kept = [int(w[1:]) for w in c if w != "[MASK]"]
+        assert kept == sorted(kept) and kept[-1] - kept[0] < len(c)
+    pairs = copies[1::2]
+    assert all(len(c.text.split()) == 3 and len(c.text_pair.split()) == 2 for c in pairs)   # pairs are never cut
+
+
 def test_layer_selection_is_evenly_spaced_from_the_bottom():
     from bertkit.distill import layer_map, select_layers
     from bertkit.errors import ConfigError
@@ -153,7 +176,7 @@ def _run(argv, capsys):
 
 
 @pytest.mark.parametrize("kind,extra", [
-    ("classify", ["--hidden-weight", "1", "--attention-weight", "1", "--unlabeled", "UNLABELED"]),
+    ("classify", ["--hidden-weight", "1", "--attention-weight", "1", "--unlabeled", "UNLABELED", "--augment", "2"]),
     ("pair", []),
     ("regress", []),
     ("tag", ["--temperature", "3"]),
@@ -180,7 +203,7 @@ def test_each_task_kind_distills_and_evaluate_loads_the_student(kind, extra, tea
     assert rc == 0, err
     assert json.loads(stdout)
     if "--unlabeled" in extra:
-        assert summary["data"]["unlabeled_features"] == 20
+        assert summary["data"]["unlabeled_features"] == 20 + 2 * 64     # the file's 20, two copies of 64
 
 
 def test_general_distillation_writes_a_model_finetune_takes(base_dir, teachers, tmp_path, capsys):
@@ -221,6 +244,10 @@ def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
          "does not take --train"),
         (["--teacher", teacher, "--student-preset", "mini", "--attention-weight", 1, *task, tmp_path / "o6"],
          "attention heads"),
+        (["--teacher", teacher, "--student-layers", 2, "--alpha", 0, "--augment", 1, *task, tmp_path / "o7"],
+         "give --alpha > 0"),
+        (["--teacher", teachers("tag")[0], "--student-layers", 2, "--augment", 1, "--train", teachers("tag")[1],
+          "--dev", teachers("tag")[2], "--out", tmp_path / "o9"], "--augment: supported for classify"),
     ]
     for argv, message in cases:
         rc, _, err = _run(["distill", *argv, "--epochs", 1, "--fp32", "--quiet"], capsys)

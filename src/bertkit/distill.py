@@ -11,7 +11,8 @@ is a model directory written by `bertkit finetune`; the loss per batch is
   soft       KL(teacher / T || student / T) * T^2 (Hinton et al.: the T^2 keeps the gradient scale as T changes);
              classify / pair: per example; tag: per labelled token; qa: start and end distributions, averaged;
              regress: MSE to the teacher's output (no temperature); multilabel: BCE to sigmoid(teacher / T) * T^2
-  gold       the task's own loss on the gold labels (rows from --unlabeled have none: soft targets only)
+  gold       the task's own loss on the gold labels (rows from --unlabeled or --augment have none: soft targets
+             only)
   hidden     MSE between mapped hidden states (embeddings and layer outputs) over real tokens, through a learned
              projection only when the widths differ (TinyBERT)
   attention  KL between the mapped layers' attention probabilities over real query rows (TinyBERT / MiniLM)
@@ -50,7 +51,7 @@ from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, _Batches, _eval
 from bertkit.train.loop import StepOutput
 
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
-           "hidden_loss", "attention_loss"]
+           "hidden_loss", "attention_loss", "augment_examples"]
 
 _INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 _SEQUENCE_KINDS = ("classify", "pair", "regress", "multilabel")
@@ -67,6 +68,7 @@ class DistillConfig:
     hidden_weight: float = 0.0             # hidden-state transfer; 0: off
     attention_weight: float = 0.0          # attention transfer; 0: off
     unlabeled: str | None = None           # more training texts (the task's format, no labels): soft targets only
+    augment: int = 0                       # noisy copies of each training text, soft targets only (augment_examples)
 
     def __post_init__(self):
         given = [n for n in ("student_layers", "student_preset", "student") if getattr(self, n) is not None]
@@ -78,6 +80,11 @@ class DistillConfig:
             raise ConfigError(f"--alpha must be in [0, 1], got {self.alpha}")
         if self.hidden_weight < 0 or self.attention_weight < 0:
             raise ConfigError("--hidden-weight and --attention-weight must be >= 0")
+        if self.augment < 0:
+            raise ConfigError(f"--augment must be >= 0, got {self.augment}")
+        if self.adds_texts and not self.uses_teacher:
+            raise ConfigError("--unlabeled / --augment texts have no gold labels, only the teacher's soft targets: "
+                              "give --alpha > 0")
 
     @property
     def transfer(self) -> bool:
@@ -86,6 +93,10 @@ class DistillConfig:
     @property
     def uses_teacher(self) -> bool:
         return self.alpha > 0 or self.transfer
+
+    @property
+    def adds_texts(self) -> bool:
+        return bool(self.unlabeled) or self.augment > 0
 
 
 # ---------------------------------------------------------------------------------------------- students
@@ -211,6 +222,32 @@ def _outputs(kind: str, out) -> Tensor:
     return torch.stack([out.start_logits, out.end_logits], -1) if kind == "qa" else out.logits
 
 
+# ---------------------------------------------------------------------------------------------- augmentation
+
+def augment_examples(examples: list, copies: int, seed: int, mask_prob: float = 0.1, span_prob: float = 0.25,
+                     mask_token: str = "[MASK]") -> list:
+    """`copies` noisy, unlabelled copies of each example, for the teacher to label (Tang et al. 2019, "Distilling
+    task-specific knowledge from BERT into simple neural networks"): each word becomes [MASK] with `mask_prob`;
+    with `span_prob` a single text is first cut to a random contiguous span of at least half its words (a long
+    document thus shows the student text from beyond its first max_length pieces). Deterministic per seed."""
+    from bertkit.tasks.readers import TextExample
+    rng = np.random.default_rng(seed)
+
+    def noisy(text: str | None, may_cut: bool) -> str | None:
+        if text is None:
+            return None
+        words = text.split()
+        if may_cut and len(words) > 1 and rng.random() < span_prob:
+            n = int(rng.integers((len(words) + 1) // 2, len(words) + 1))
+            start = int(rng.integers(0, len(words) - n + 1))
+            words = words[start:start + n]
+        return " ".join(mask_token if rng.random() < mask_prob else w for w in words)
+
+    return [TextExample(noisy(e.text, e.text_pair is None), noisy(e.text_pair, False), None,
+                        f"{e.source} (augmented copy {c + 1})")
+            for c in range(copies) for e in examples]
+
+
 # ---------------------------------------------------------------------------------------------- task distillation
 
 class _TargetBatches(_Batches):
@@ -261,16 +298,20 @@ class TaskDistiller(FinetuneHooks):
                 report, _ = _evaluate_task(task, self.teacher, examples, feats, cfg.eval_batch_size,
                                            cfg.training.precision)
                 self.teacher_scores[split] = _numeric(report)
-        if self.dcfg.unlabeled:
-            data.train_feats += self._unlabeled(task, tok, data)
+        if self.dcfg.adds_texts:
+            data.train_feats += self._unlabeled(task, tok, data, cfg.seeds[0])
             data.counts["unlabeled_features"] = sum(1 for f in data.train_feats if not f.get("labelled", True))
         if self.dcfg.uses_teacher and not self.dcfg.transfer:
             self._precompute(data.train_feats, cfg)
 
-    def _unlabeled(self, task, tok, data) -> list[dict]:
+    def _unlabeled(self, task, tok, data, seed: int) -> list[dict]:
+        """Features of the texts with soft targets only: --unlabeled's file, then --augment's copies."""
         if self.kind not in _SEQUENCE_KINDS:
-            raise ConfigError(f"--unlabeled: supported for {', '.join(_SEQUENCE_KINDS)} teachers, not {self.kind!r}")
-        feats = task.features(tok, task.read(self.dcfg.unlabeled, require_label=False), with_labels=False)
+            flag = "--unlabeled" if self.dcfg.unlabeled else "--augment"
+            raise ConfigError(f"{flag}: supported for {', '.join(_SEQUENCE_KINDS)} teachers, not {self.kind!r}")
+        examples = task.read(self.dcfg.unlabeled, require_label=False) if self.dcfg.unlabeled else []
+        examples += augment_examples(data.train, self.dcfg.augment, seed)
+        feats = task.features(tok, examples, with_labels=False)
         dummy = data.train_feats[0]["labels"]
         for f in feats:
             f["labels"], f["labelled"] = (dummy, False)

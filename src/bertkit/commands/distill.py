@@ -19,7 +19,7 @@ from bertkit.commands import checks
 from bertkit.commands.finetune import _brief, _precision, _readable, add_recipe_args
 from bertkit.errors import ConfigError
 
-_TASK_ONLY = ("train", "dev", "test", "unlabeled", "student", "attention_weight")
+_TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight")
 
 
 def register(sub) -> None:
@@ -39,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("--dev", help="task: dev file, picks the best evaluation")
     p.add_argument("--test", help="task: test file, scored once with the best student")
     p.add_argument("--unlabeled", help="task: more texts in the task's format without labels (soft targets only)")
+    p.add_argument("--augment", type=checks.nonneg_int, default=0, metavar="N",
+                   help="task: N noisy copies of each training text (each word masked with p 0.1; one in four cut to "
+                        "a random span of at least half its words), soft targets only; 0: off")
     p.add_argument("--text", help="general: raw text, one document per line")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--temperature", type=checks.number(float, 0, low_open=True), default=2.0)
@@ -88,7 +91,7 @@ def _task(args) -> dict:
     dcfg = DistillConfig(teacher=args.teacher, student_layers=args.student_layers, student=args.student,
                          student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
                          hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
-                         unlabeled=args.unlabeled)
+                         unlabeled=args.unlabeled, augment=args.augment)
     training, rest = TrainConfig.split(_recipe_values(args), base=finetune_recipe())
     cfg = FinetuneConfig(task=settings["kind"], model=args.teacher, train=args.train, dev=args.dev, test=args.test,
                          out=args.out, training=training, max_length=settings.get("max_length"),
