@@ -43,7 +43,7 @@ from bertkit import datasets
 from bertkit.precision import autocast
 from bertkit.tasks import data as task_data
 from bertkit.tasks.batching import BucketBatchSampler, collate
-from bertkit.tasks.runner import (FinetuneConfig, _build_model, _evaluate_task, _prepare, finetune, finetune_recipe,
+from bertkit.tasks.runner import (FinetuneConfig, _build_model, evaluate_task, _prepare, finetune, finetune_recipe,
                                   make_task)
 
 # benchmark name -> (data set builder name, task kind, default max_length, file extension)
@@ -140,8 +140,8 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
         train_s += time.perf_counter() - t0
         epoch += 1
         with autocast(cfg.training.precision, "cpu"):
-            report, _ = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
-                                       cfg.training.precision, tune_null=True)
+            report, _ = evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
+                                      cfg.training.precision, tune_null=True)
         history.append({"step": step, task.main_metric: report[task.main_metric]})
         if report[task.main_metric] > best["value"]:
             best = {"value": report[task.main_metric], "dev": report, "step": step,
@@ -154,8 +154,8 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     rec = {"seed": seed, "dev": best["dev"], "best_step": best["step"], "history": history, "train_s": train_s,
            "train_examples": examples, "examples_per_s": examples / train_s}
     if data.test is not None:
-        rec["test"], _ = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
-                                        cfg.training.precision)
+        rec["test"], _ = evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
+                                       cfg.training.precision)
     return rec
 
 

@@ -46,8 +46,8 @@ from torch import Tensor, nn
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.tasks.batching import collate, predict_batches
-from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, _Batches, _evaluate_task, _model_class, _numeric,
-                                  finetune, load_task)
+from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, TrainBatches, evaluate_task, finetune, load_task,
+                                  model_class, numeric_metrics)
 from bertkit.train.loop import StepOutput
 
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
@@ -250,7 +250,7 @@ def augment_examples(examples: list, copies: int, seed: int, mask_prob: float = 
 
 # ---------------------------------------------------------------------------------------------- task distillation
 
-class _TargetBatches(_Batches):
+class _TargetBatches(TrainBatches):
     """finetune's batches plus `labelled` (rows with gold labels) and, when precomputed, `teacher` (logits)."""
 
     def __iter__(self):
@@ -295,9 +295,9 @@ class TaskDistiller(FinetuneHooks):
     def extend(self, cfg: FinetuneConfig, task, tok, data) -> None:
         for split, examples, feats in (("dev", data.dev, data.dev_feats), ("test", data.test, data.test_feats)):
             if examples is not None:
-                report, _ = _evaluate_task(task, self.teacher, examples, feats, cfg.eval_batch_size,
-                                           cfg.training.precision)
-                self.teacher_scores[split] = _numeric(report)
+                report, _ = evaluate_task(task, self.teacher, examples, feats, cfg.eval_batch_size,
+                                          cfg.training.precision)
+                self.teacher_scores[split] = numeric_metrics(report)
         if self.dcfg.adds_texts:
             data.train_feats += self._unlabeled(task, tok, data, cfg.seeds[0])
             data.counts["unlabeled_features"] = sum(1 for f in data.train_feats if not f.get("labelled", True))
@@ -330,7 +330,7 @@ class TaskDistiller(FinetuneHooks):
                     attention_probs_dropout_prob=cfg.dropout)
         if cfg.attn_implementation:
             over["attn_implementation"] = cfg.attn_implementation
-        student = build_student(self.dcfg, _model_class(task), over)
+        student = build_student(self.dcfg, model_class(task), over)
         self._check_transfer(student)
         return student
 

@@ -55,8 +55,8 @@ _ALSO = {"qa": ("exact",), "tag": ("precision", "recall")}
 
 def _score(task, model, examples, feats, precision: str) -> dict[str, float]:
     """The task's main metric and its `_ALSO` companions, in points."""
-    from bertkit.tasks.runner import _evaluate_task
-    report, _ = _evaluate_task(task, runtime.freeze(model), examples, feats, 128, precision)
+    from bertkit.tasks.runner import evaluate_task
+    report, _ = evaluate_task(task, runtime.freeze(model), examples, feats, 128, precision)
     scale = 1.0 if task.kind == "qa" else 100.0                     # points: QA reports percent already
     return {k: scale * float(report[k]) for k in (task.main_metric, *_ALSO.get(task.kind, ()))}
 

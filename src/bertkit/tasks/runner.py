@@ -43,8 +43,8 @@ from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.train.loop import TrainConfig, seed_everything, train
 
-__all__ = ["FinetuneConfig", "FinetuneHooks", "finetune", "finetune_recipe", "evaluate", "predict", "load_task", "make_task",
-           "TASK_KINDS", "PAPER_GRID"]
+__all__ = ["FinetuneConfig", "FinetuneHooks", "finetune", "finetune_recipe", "evaluate", "predict", "load_task",
+           "make_task", "TASK_KINDS", "PAPER_GRID", "TrainBatches", "evaluate_task", "model_class", "numeric_metrics"]
 
 TASK_KINDS = ("classify", "pair", "regress", "multilabel", "tag", "qa")
 PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32)}   # appendix A.3 (epochs kept as configured)
@@ -140,7 +140,7 @@ def _task_settings(task) -> dict:
     return {"kind": task.kind, **{k: getattr(task, k) for k in keys if hasattr(task, k)}}
 
 
-def _model_class(task):
+def model_class(task):
     import bertkit.heads as heads
     return getattr(heads, task.model_class_name)
 
@@ -167,15 +167,15 @@ def load_task(model_dir: str | Path):
     config = BertConfig.from_json(cfg_path)
     if config.id2label and task.kind != "qa" and settings["kind"] != "regress":
         task.labels = LabelMap([config.id2label[i] for i in sorted(config.id2label)])
-    model = runtime.freeze(_model_class(task).from_pretrained(model_dir))     # evaluate / predict only
+    model = runtime.freeze(model_class(task).from_pretrained(model_dir))     # evaluate / predict only
     tok = Tokenizer.from_pretrained(model_dir)
     return task, model, tok
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
 
-def _evaluate_task(task, model, examples, feats, batch_size: int, precision: str,
-                   tune_null: bool = False) -> tuple[dict, object]:
+def evaluate_task(task, model, examples, feats, batch_size: int, precision: str,
+                  tune_null: bool = False) -> tuple[dict, object]:
     """Metrics of `model` on (examples, feats); returns (report, raw predictions for writing)."""
     if task.kind == "qa":
         decoded = task.decode(examples, feats, task.logits(model, feats, batch_size, precision))
@@ -211,7 +211,7 @@ def _build_model(cfg: FinetuneConfig, task, seed: int):
     over = dict(task.config_overrides(), hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if cfg.attn_implementation:
         over["attn_implementation"] = cfg.attn_implementation
-    cls = _model_class(task)
+    cls = model_class(task)
     path = Path(cfg.model)
     if path.is_dir() and cfg.random_init:
         return cls(BertConfig.from_dict({**BertConfig.from_json(path / "config.json").to_dict(), **over}))
@@ -239,8 +239,8 @@ class FinetuneHooks:
     def build_model(self, cfg: FinetuneConfig, task, seed: int):
         return _build_model(cfg, task, seed)
 
-    def batches(self, cfg: FinetuneConfig, data: "_Data", seed: int, pad_id: int) -> "_Batches":
-        return _Batches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches)
+    def batches(self, cfg: FinetuneConfig, data: "_Data", seed: int, pad_id: int) -> "TrainBatches":
+        return TrainBatches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches)
 
     def trained(self, model):
         """The model to evaluate and save, from the trained one (at its best dev state)."""
@@ -265,7 +265,7 @@ def _mean_std(values: list[float]) -> dict:
             "values": values}
 
 
-def _numeric(report: dict) -> dict[str, float]:
+def numeric_metrics(report: dict) -> dict[str, float]:
     return {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -305,7 +305,7 @@ def _prepare(cfg: FinetuneConfig, task, tok) -> _Data:
     return _Data(train, dev, test, train_feats, dev_feats, test_feats, counts)
 
 
-class _Batches:
+class TrainBatches:
     """The training batches of one run: length-bucketed, reshuffled per epoch (`set_epoch`, called by the loop),
     padded per batch. Counts the examples it hands out, for examples/s."""
 
@@ -360,8 +360,8 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: 
         t0 = time.perf_counter()
         state["evals"] += 1
         step = min(state["evals"] * eval_every, total_steps)
-        report, _ = _evaluate_task(task, m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision,
-                                   tune_null=True)
+        report, _ = evaluate_task(task, m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision,
+                                  tune_null=True)
         value = report[metric]
         state["history"].append({"step": step, metric: value})
         _log(cfg, f"{log_prefix}step {step}/{total_steps} dev {metric} {value:.4f}")
@@ -373,7 +373,7 @@ def _train_one(cfg: FinetuneConfig, task, tok, data: _Data, seed: int, run_dir: 
             state["bad"] += 1
         state["eval_s"] += time.perf_counter() - t0
         state["stopped"] = bool(cfg.patience and state["bad"] >= cfg.patience)
-        return {**_numeric(report), "stop": state["stopped"]}   # patience exhausted: the loop ends the run
+        return {**numeric_metrics(report), "stop": state["stopped"]}   # patience exhausted: the loop ends the run
 
     tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, save_final=False,
                    tensorboard=False, plot=False, overwrite=True)
@@ -433,14 +433,14 @@ def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None) -> dict:
                        f"[seed {seed}] " if len(cfg.seeds) > 1 else "", hooks)
         model = r.pop("model")
         # the dev report at the best state was computed during training; recompute dev outputs for the files
-        dev_report, dev_raw = _evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
-                                             cfg.training.precision)
+        dev_report, dev_raw = evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
+                                            cfg.training.precision)
         files = _write_outputs(task, run_dir, "dev", data.dev, data.dev_feats, dev_raw, dev_report)
         rec = {"seed": seed, "dev": dev_report, **{k: r[k] for k in ("best_step", "steps", "stopped_early",
                "history", "train_s", "train_examples", "examples_per_s")}}
         if data.test is not None:
-            test_report, test_raw = _evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
-                                                   cfg.training.precision)
+            test_report, test_raw = evaluate_task(task, model, data.test, data.test_feats, cfg.eval_batch_size,
+                                                  cfg.training.precision)
             files += _write_outputs(task, run_dir, "test", data.test, data.test_feats, test_raw, test_report)
             rec["test"] = test_report
         if cfg.save_model:
@@ -457,8 +457,8 @@ def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None) -> dict:
                "examples_per_s": _mean_std([r["examples_per_s"] for r in runs])}
     for split in ("dev", "test"):
         if split in runs[0]:
-            keys = _numeric(runs[0][split])
-            summary[split] = {k: _mean_std([_numeric(r[split])[k] for r in runs]) for k in keys if k != "n"}
+            keys = numeric_metrics(runs[0][split])
+            summary[split] = {k: _mean_std([numeric_metrics(r[split])[k] for r in runs]) for k in keys if k != "n"}
     from bertkit.textfiles import shown_all
     summary["config"] = shown_all(asdict(cfg))
     summary.update(hooks.summary())
@@ -476,7 +476,7 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
     examples = task.read(path)
     feats = task.features(tok, examples)
     with forward_bar(model, math.ceil(len(feats) / batch_size), "evaluate", progress):
-        report, raw = _evaluate_task(task, model, examples, feats, batch_size, precision)
+        report, raw = evaluate_task(task, model, examples, feats, batch_size, precision)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
