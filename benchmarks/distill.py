@@ -9,7 +9,7 @@ Run (one JSON line per run, then one line with every figure):
 The teachers are the fine-tuned MiniLM-L6 runs of `benchmarks/quantize.py --cases accuracy` (WORK/runs/sentiment,
 max_length 64; WORK/runs/topic, 128) on WORK/data/{sentiment,topic}.
 
-accuracy: per task and seed, `bertkit distill --student-layers 3` (layers 1, 3, 5 of the teacher, the embeddings
+accuracy: per task and seed, `bertkit distill --student-layers 3` (layers 2, 4, 6 of the teacher, the embeddings
 and the head copied; soft targets at --temperature with weight --alpha, optional hidden-state transfer and
 --unlabeled-bbc: BBC News sentences as unlabeled text for sentiment) and the same student with --alpha 0 (plain fine-tuning of the truncated student, no teacher), the
 same lr / epochs / seed; both scored on test.csv (the best dev epoch's model), the teacher too. The final line: the

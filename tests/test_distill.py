@@ -114,12 +114,13 @@ def test_augmented_copies_mask_words_and_cut_spans_deterministically():
     assert all(len(c.text.split()) == 3 and len(c.text_pair.split()) == 2 for c in pairs)   # pairs are never cut
 
 
-def test_layer_selection_is_evenly_spaced_from_the_bottom():
+def test_layer_selection_is_evenly_spaced_up_to_the_top():
     from bertkit.distill import layer_map, select_layers
     from bertkit.errors import ConfigError
-    assert select_layers(6, 3) == [0, 2, 4]            # 1-based 1, 3, 5: DistilBERT's every second layer
-    assert select_layers(12, 6) == [0, 2, 4, 6, 8, 10]
-    assert select_layers(6, 6) == list(range(6)) and select_layers(4, 1) == [0]
+    assert select_layers(6, 3) == [1, 3, 5]            # 1-based 2, 4, 6: every second layer, the last kept
+    assert select_layers(12, 6) == [1, 3, 5, 7, 9, 11]
+    assert select_layers(6, 2) == [2, 5] and select_layers(4, 3) == [0, 1, 3]
+    assert select_layers(6, 6) == list(range(6)) and select_layers(4, 1) == [3]
     assert layer_map(3, 6) == [(0, 0), (1, 2), (2, 4), (3, 6)]
     with pytest.raises(ConfigError, match="the teacher has 6 layers"):
         select_layers(6, 7)
@@ -133,9 +134,10 @@ def test_the_truncated_student_copies_the_chosen_layers_exactly(teachers):
     assert student.config.num_hidden_layers == 2
     t, s = teacher.state_dict(), student.state_dict()
     for name, value in s.items():
-        src = name.replace("encoder.layer.1.", "encoder.layer.2.")    # layers 0, 2 of 4
-        assert torch.equal(value, t[src]), name
+        src = name.replace("encoder.layer.1.", "encoder.layer.3.").replace("encoder.layer.0.", "encoder.layer.1.")
+        assert torch.equal(value, t[src]), name                        # layers 1, 3 of 0..3
     assert not torch.equal(s["bert.encoder.layer.1.output.dense.weight"], t["bert.encoder.layer.1.output.dense.weight"])
+    assert not torch.equal(s["bert.encoder.layer.0.output.dense.weight"], t["bert.encoder.layer.0.output.dense.weight"])
     assert torch.equal(s["classifier.weight"], t["classifier.weight"])
 
 
@@ -195,7 +197,7 @@ def test_each_task_kind_distills_and_evaluate_loads_the_student(kind, extra, tea
     brief = json.loads(stdout)
     assert brief["task"] == kind and "dev" in brief
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["distill"]["teacher"] == str(teacher) and summary["distill"]["student_init_layers"] == [0, 2]
+    assert summary["distill"]["teacher"] == str(teacher) and summary["distill"]["student_init_layers"] == [1, 3]
     assert summary["distill"]["teacher_scores"]["dev"]
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 2 and config["bertkit_task"]["kind"] == kind

@@ -20,8 +20,10 @@ is a model directory written by `bertkit finetune`; the loss per batch is
 Layer mapping: student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map), so the
 student's last layer meets the teacher's last; the embeddings (j = 0) meet the teacher's embeddings.
 
-Student initialisation (`select_layers`): K teacher layers evenly spaced from the bottom, 0-based i * L // K
-(6 -> 3: layers 1, 3, 5 counted from 1, every second one, as DistilBERT does), with the embeddings, the pooler and
+Student initialisation (`select_layers`): K teacher layers evenly spaced and ending at the top, 0-based
+(i + 1) * L // K - 1 (6 -> 3: layers 2, 4, 6 counted from 1, every second one; DistilBERT took 1, 3, 5 of a
+pre-trained teacher, but a fine-tuned teacher's head reads its last layer: measured in docs/performance.md), with
+the embeddings, the pooler and
 the task head copied from the teacher; or a preset (random init, the teacher's vocabulary size); or a directory
 (e.g. a student from general distillation, `bertkit.distill_mlm`) whose vocabulary must be the teacher's.
 
@@ -102,10 +104,11 @@ class DistillConfig:
 # ---------------------------------------------------------------------------------------------- students
 
 def select_layers(teacher_layers: int, k: int) -> list[int]:
-    """0-based teacher layers a K-layer student starts from: i * L // K, evenly spaced from the bottom."""
+    """0-based teacher layers a K-layer student starts from: (i + 1) * L // K - 1, evenly spaced, ending at the top
+    (the head and pooler copied with them were trained on the last layer's output)."""
     if not 1 <= k <= teacher_layers:
         raise ConfigError(f"--student-layers {k}: the teacher has {teacher_layers} layers; choose 1..{teacher_layers}")
-    return [i * teacher_layers // k for i in range(k)]
+    return [(i + 1) * teacher_layers // k - 1 for i in range(k)]
 
 
 def layer_map(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:

@@ -32,7 +32,8 @@ def register(sub) -> None:
                    help="task: a directory written by `bertkit finetune`; general: a pre-trained MLM model")
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--student-layers", type=checks.positive_int,
-                     help="K teacher layers, evenly spaced (6 -> 3: layers 1, 3, 5), embeddings and head copied")
+                     help="K teacher layers, evenly spaced up to the last (6 -> 3: layers 2, 4, 6), embeddings and "
+                          "head copied")
     who.add_argument("--student-preset", help="a random student of this preset size (tiny/mini/small/...)")
     who.add_argument("--student", help="task: a pre-trained student directory (same vocabulary as the teacher)")
     p.add_argument("--train", help="task: training file (the teacher's task format)")
