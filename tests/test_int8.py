@@ -110,6 +110,36 @@ def test_freeze_warns_where_int8_measured_slower(caplog):
     assert "slower than fp32" in caplog.text
 
 
+def test_short_inputs_run_the_float_gemm_where_int8_lost_on_them(caplog):
+    """A plan whose probe found int8 slower on short inputs: under `int8_float_below` rows the layers multiply
+    their dequantized weights in float (the same weights), longer inputs keep the int8 kernel; the user is told."""
+    lin = torch.nn.Linear(32, 16)
+    torch.manual_seed(0)
+    q = Int8Linear.from_float(lin)
+    w, b = q.dequantized()
+    short, long = torch.randn(2, 5, 32), torch.randn(4, 20, 32)         # 10 rows, 80 rows
+    with torch.no_grad():
+        int8_short, int8_long = q(short), q(long)
+        q.float_below = 64
+        assert torch.equal(q(short), torch.nn.functional.linear(short, w, b))
+        assert not torch.equal(q(short), int8_short)
+        assert torch.equal(q(long), int8_long)
+    plan = runtime.RuntimePlan(runtime.plan(force="none").options, int8_engine=int8.default_engine(),
+                               int8_float_below=64)
+    ids, mask = _batch()                                               # 90 real tokens: int8 throughout
+    with caplog.at_level("WARNING", logger="bertkit.runtime.int8"):
+        model = runtime.freeze(int8.quantize(_tiny()), plan)
+    assert "slower than fp32 on short inputs" in caplog.text and "under 64 tokens" in caplog.text
+    assert {m.float_below for m in model.modules() if isinstance(m, Int8Linear)} == {64}
+    one = ids[4:5, :12], mask[4:5, :12]                                # one sentence of 12 tokens: float GEMMs
+    reference = copy.deepcopy(model)
+    for m in reference.modules():
+        if isinstance(m, Int8Linear):
+            m.float_below = 0
+    assert not torch.equal(_hidden(model, *one), _hidden(reference, *one))
+    assert torch.equal(_hidden(model, ids, mask), _hidden(reference, ids, mask))
+
+
 def test_predictor_loads_an_int8_directory(tmp_path):
     """What every inference command and `serve` use (Predictor.load) reads the int8 directory as it is."""
     from bertkit import Tokenizer

@@ -110,7 +110,7 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
     assert len(calls) == 1 and first == second
     assert first.options.fast_dropout and first.options.explicit_train_attention
     assert not first.options.explicit_train_short and not first.packed_dtypes and first.int8_engine == "onednn"
-    assert first.bucket_overhead == 3.0e5
+    assert first.bucket_overhead == 3.0e5 and first.int8_float_below == 0      # no short-input figures: int8
     model = runtime.apply(_tiny(), first)
     assert model.execution.bucket_overhead == 3.0e5 / model.config.hidden_size      # per model: row * length^2
     lines = runtime.describe(first)
@@ -119,6 +119,19 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="BERTKIT_FAST_PATHS"):
         monkeypatch.setenv("BERTKIT_FAST_PATHS", "fastest")
         runtime.plan()
+    monkeypatch.delenv("BERTKIT_FAST_PATHS")
+    # int8 that wins on batches but loses on one short sentence: int8 stays on, short inputs run the float GEMM
+    for short, below in (({"short_fast": 2.0, "short_plain": 1.0}, 64), ({"short_fast": 1.0, "short_plain": 2.0}, 0)):
+        runtime._measured_plan.cache_clear()
+        monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path / str(below)))
+        monkeypatch.setattr(probe, "measure", lambda bf16, short=short: {
+            "packed_linear_fp32": slow, "packed_linear_bf16": na, "fast_dropout": fake,
+            "int8_linear": {**fake, "engine": "fbgemm", **short}, "explicit_train_attention": fake,
+            "explicit_train_short": slow, "explicit_masked_inference": na, "cost_buckets": {**fake, "overhead": 3.0e5}})
+        got = runtime.plan()
+        assert got.int8_engine == "fbgemm" and got.int8_float_below == below
+        line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
+        assert ("under 64 rows the int8 layers run a float GEMM" in line) == bool(below), line
     runtime._measured_plan.cache_clear()                       # later tests measure with the real probes
 
 

@@ -44,6 +44,8 @@ class RuntimePlan:
     packed_dtypes: frozenset = frozenset()          # frozen linears through prepacked oneDNN GEMMs in these dtypes
     int8_engine: str | None = None                  # int8 linears (runtime.int8) through this library: measured
                                                     # faster than fp32 here (None: int8 is not worth it here)
+    int8_float_below: int = 0                       # inputs of fewer rows run int8 layers' float GEMM: int8 lost on
+                                                    # short sequences here (0: int8 at every length)
     reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
     bucket_overhead: float | None = None            # inference attention buckets by cost (padding.cost_buckets):
                                                     # the per-bucket cost in row * length^2 * hidden units
@@ -86,10 +88,17 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     int8_probe = probes["int8_linear"]
     engine = int8_probe.get("engine") if _won(int8_probe) else None
     reasons["int8_linear"] = _why(int8_probe) + (f", {engine}" if engine else "")
+    short = {"fast": int8_probe.get("short_fast"), "plain": int8_probe.get("short_plain")}
+    float_below = 0
+    if engine and short["fast"] is not None and not _won(short):
+        from bertkit.runtime.probe import SHORT_ROWS
+        float_below = SHORT_ROWS.stop + 4       # the short case's rows and a margin: one sentence, batch 1
+        reasons["int8_linear"] += (f"; short inputs {_why(short)}: under {float_below} rows the int8 layers "
+                                   f"run a float GEMM")
     buckets = probes["cost_buckets"]
     overhead = buckets["overhead"] if _won(buckets) else None
     reasons["cost_buckets"] += f", per-bucket cost {buckets['overhead']:.3g}" if "overhead" in buckets else ""
-    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, reasons, overhead)
+    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -103,7 +112,7 @@ def plan(device="cpu", force: str | None = None) -> RuntimePlan:
     if force == "all":
         on = {opt: True for opt in _OPTION_PROBES.values()}
         return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
-                           default_engine(), {"all": "every fast path (forced)"}, FORCED_BUCKET_OVERHEAD)
+                           default_engine(), 0, {"all": "every fast path (forced)"}, FORCED_BUCKET_OVERHEAD)
     return _measured_plan(native_bf16("cpu"), torch.get_num_threads())
 
 
@@ -134,7 +143,8 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     apply(model, runtime)
     freeze_linears(model, runtime.packed_dtypes)
     # int8 layers (a quantized model): the library measured faster, or a warning where fp32 won here
-    set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons)
+    set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons,
+               runtime.int8_float_below, runtime.packed_dtypes)
     return model.eval()
 
 

@@ -103,7 +103,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.act = act
         self.engine = default_engine()                # runtime.freeze sets the one measured fastest here
+        self.float_below = 0                          # fewer rows: the float GEMM (runtime.freeze, where int8 lost)
+        self.float_packed: frozenset = frozenset()    # ... prepacked in these dtypes, as frozen fp32 layers are
         self._packed: tuple = (None, None)           # (stamp of weight / scale / bias + engine, prepacked weight)
+        self._float: tuple = (None, None)            # (stamp, FrozenLinear of the dequantized weights)
 
     @classmethod
     def from_float(cls, linear: nn.Module, act: str | None = None) -> "Int8Linear":
@@ -138,6 +141,11 @@ class Int8Linear(nn.Module):
         if _tracing() or x.device.type != "cpu" or not int8_kernel_ok():
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+        elif x.numel() < self.float_below * x.shape[-1]:
+            stamp = _stamp(self.parts())             # int8 measured slower than fp32 at this few rows here
+            if self._float[0] != stamp:
+                self._float = (stamp, FrozenLinear(*self.dequantized(), self.act, self.float_packed))
+            return self._float[1](x)
         else:
             q, s, b = self.parts()
             stamp = (_stamp((q, s, b)), self.engine)
@@ -150,7 +158,7 @@ class Int8Linear(nn.Module):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_packed"] = (None, None)              # derived; prepacked weights cannot be copied
+        state["_packed"] = state["_float"] = (None, None)    # derived; prepacked weights cannot be copied
         return state
 
 
@@ -163,7 +171,9 @@ class Int8Fused(Int8Linear):
         self.names = names
         self.act = None
         self.engine = default_engine()
-        self._packed = (None, None)
+        self.float_below = 0
+        self.float_packed = frozenset()
+        self._packed = self._float = (None, None)
         self._fused: tuple = (None, None)
 
     def parts(self) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -180,15 +190,22 @@ class Int8Fused(Int8Linear):
         return state
 
 
-def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False) -> None:
+def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False, float_below: int = 0,
+               float_packed: frozenset = frozenset()) -> None:
     """Run every int8 layer of `model` through `engine` (None: the default one); `measured_slower`: this CPU's
-    int8 path lost to fp32, which the user is told once."""
+    int8 path lost to fp32, which the user is told once; `float_below`: inputs of fewer rows take the layers'
+    float GEMM (a FrozenLinear of the dequantized weights, prepacked in `float_packed` dtypes, built on first use),
+    where int8 lost on short inputs here."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if layers and measured_slower:
         log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the fp32 model "
                     "would run faster here")
+    if layers and float_below and float_below != layers[0].float_below:
+        log.warning(f"this CPU's int8 path measured slower than fp32 on short inputs (python -m bertkit.hardware): "
+                    f"inputs under {float_below} tokens run the int8 layers' weights in float")
     for m in layers:
         m.engine = engine or default_engine()
+        m.float_below, m.float_packed = float_below, float_packed
 
 
 def _matches(name: str, patterns) -> bool:

@@ -55,11 +55,15 @@ def _probe_packed_linear(dtype: torch.dtype) -> dict:
     return {"fast": fast, "plain": plain}
 
 
+SHORT_ROWS = range(12, 60, 3)     # rows of the int8 probe's short case: one sentence of 12-57 pieces
+
+
 def _probe_int8_linear() -> dict:
     """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the fp32 GEMM,
     at batch-32 rows and at short sequences of changing lengths (the libraries differ most there: oneDNN pays
     per new shape; fbgemm ran MiniLM at batch 1 1.46x faster on Zen 4, docs/performance.md); "engine": the one
-    with the best mean log speed-up."""
+    with the best mean log speed-up; "short_fast" / "short_plain": its time and fp32's on the short sequences alone
+    (one sentence at batch 1: where int8 can lose while batches win, e.g. oneDNN without VNNI)."""
     import math
     from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
@@ -69,7 +73,7 @@ def _probe_int8_linear() -> dict:
     total = dict.fromkeys(engines + ["plain"], 0.0)
     score = dict.fromkeys(engines, 0.0)
     with torch.no_grad():
-        for rows, k, n in (((1024,), 384, 1536), ((512,), 768, 3072), (range(12, 60, 3), 384, 1536)):
+        for rows, k, n in (((1024,), 384, 1536), ((512,), 768, 3072), (SHORT_ROWS, 384, 1536)):
             xs, lin = [torch.randn(r, k, generator=g) for r in rows], torch.nn.Linear(k, n)   # MiniLM, base; short
             fns = {"plain": lambda: [lin(x) for x in xs]}
             for e in engines:
@@ -82,7 +86,8 @@ def _probe_int8_linear() -> dict:
             for e in engines:
                 score[e] += math.log(t[e] / t["plain"])
     engine = min(engines, key=score.get)
-    return {"fast": total[engine], "plain": total["plain"], "engine": engine}
+    return {"fast": total[engine], "plain": total["plain"], "engine": engine, "short_fast": t[engine],
+            "short_plain": t["plain"]}                                  # t: the short case, the last one timed
 
 
 def _probe_dropout() -> dict:
@@ -156,7 +161,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 7                # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 8                # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
