@@ -13,7 +13,7 @@ import torch
 from bertkit.errors import ConfigError
 from bertkit.hardware import PRECISIONS, resolve_precision
 
-__all__ = ["PRECISIONS", "as_precision", "resolve", "autocast"]
+__all__ = ["PRECISIONS", "as_precision", "resolve", "autocast", "for_model"]
 
 
 def as_precision(value: str | bool | None) -> str:
@@ -30,6 +30,16 @@ def as_precision(value: str | bool | None) -> str:
 def resolve(value: str | bool | None, device="cpu") -> str:
     """"bf16" or "fp32": what `value` means on `device` (an explicit bf16 where it is emulated warns once)."""
     return resolve_precision(as_precision(value), device)
+
+
+def for_model(value: str | bool | None, model: torch.nn.Module) -> str:
+    """`value`, except that "auto" runs an int8 model (runtime.int8) with fp32 activations: its GEMMs take fp32
+    input, and bf16 autocast only adds casts around them (slower in every run, docs/performance.md)."""
+    from bertkit.runtime.int8 import Int8Linear
+    value = as_precision(value)
+    if value == "auto" and any(isinstance(m, Int8Linear) for m in model.modules()):
+        return "fp32"
+    return value
 
 
 def autocast(value: str | bool | None, device="cpu") -> torch.autocast:

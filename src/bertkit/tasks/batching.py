@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from bertkit.heads import IGNORE_INDEX
-from bertkit.precision import autocast
+from bertkit.precision import autocast, for_model
 from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["BucketBatchSampler", "collate", "predict_batches", "iterate_batches"]
@@ -110,10 +110,11 @@ _MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 def predict_batches(model, features: list[dict], batch_size: int = 64, precision: str | bool | None = "auto",
                     pad_token_id: int = 0, model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
     """Run `model` in eval mode over `features` sorted by length, under `precision` ("auto" | "bf16" | "fp32", or
-    a bf16 flag); yields (original indices, model output)."""
+    a bf16 flag; "auto" is fp32 for an int8 model: precision.for_model); yields (original indices, model output)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    precision = for_model(precision, model)
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     try:
         for s in range(0, len(order), batch_size):
