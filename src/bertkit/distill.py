@@ -47,9 +47,9 @@ from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX
-from bertkit.tasks.batching import collate, predict_batches
+from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, TrainBatches, evaluate_task, finetune, load_task,
-                                  model_class, numeric_metrics)
+                                  model_class, model_overrides, numeric_metrics)
 from bertkit.train.loop import StepOutput
 
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
@@ -256,15 +256,12 @@ def augment_examples(examples: list, copies: int, seed: int, mask_prob: float = 
 class _TargetBatches(TrainBatches):
     """finetune's batches plus `labelled` (rows with gold labels) and, when precomputed, `teacher` (logits)."""
 
-    def __iter__(self):
-        for idx in self.sampler:
-            self.examples += len(idx)
-            feats = [self.feats[i] for i in idx]
-            batch = collate(feats, self.pad_id)
-            batch["labelled"] = torch.tensor([f.get("labelled", True) for f in feats])
-            if "teacher" in feats[0]:
-                batch["teacher"] = _stack_targets(feats, batch["input_ids"].shape[1])
-            yield batch
+    def batch(self, feats: list[dict]) -> dict:
+        batch = super().batch(feats)
+        batch["labelled"] = torch.tensor([f.get("labelled", True) for f in feats])
+        if "teacher" in feats[0]:
+            batch["teacher"] = _stack_targets(feats, batch["input_ids"].shape[1])
+        return batch
 
 
 def _stack_targets(feats: list[dict], seq: int) -> Tensor:
@@ -302,8 +299,9 @@ class TaskDistiller(FinetuneHooks):
                                           cfg.training.precision)
                 self.teacher_scores[split] = numeric_metrics(report)
         if self.dcfg.adds_texts:
-            data.train_feats += self._unlabeled(task, tok, data, cfg.seeds[0])
-            data.counts["unlabeled_features"] = sum(1 for f in data.train_feats if not f.get("labelled", True))
+            added = self._unlabeled(task, tok, data, cfg.seeds[0])
+            data.train_feats += added
+            data.counts["unlabeled_features"] = len(added)
         if self.dcfg.uses_teacher and not self.dcfg.transfer:
             self._precompute(data.train_feats, cfg)
 
@@ -329,11 +327,7 @@ class TaskDistiller(FinetuneHooks):
 
     def build_model(self, cfg: FinetuneConfig, task, seed: int):
         torch.manual_seed(seed)
-        over = dict(task.config_overrides(), hidden_dropout_prob=cfg.dropout,
-                    attention_probs_dropout_prob=cfg.dropout)
-        if cfg.attn_implementation:
-            over["attn_implementation"] = cfg.attn_implementation
-        student = build_student(self.dcfg, model_class(task), over)
+        student = build_student(self.dcfg, model_class(task), model_overrides(cfg, task))
         self._check_transfer(student)
         return student
 

@@ -111,7 +111,6 @@ def _documents(cfg: MlmDistillConfig, tok) -> list[list[int]]:
 def _student(cfg: MlmDistillConfig, teacher: BertForMaskedLM) -> nn.Module:
     from bertkit.config import BertConfig
     if cfg.student_layers is not None:
-        select_layers(teacher.config.num_hidden_layers, cfg.student_layers)       # the range check
         return truncated_student(teacher, cfg.student_layers).requires_grad_(True)
     return BertForMaskedLM(BertConfig.preset(cfg.student_preset, vocab_size=teacher.config.vocab_size))
 

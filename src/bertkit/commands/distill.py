@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
-from bertkit.commands.finetune import _brief, _precision, _readable, add_recipe_args
+from bertkit.commands.finetune import RECIPE_DESTS, _brief, _readable, add_recipe_args, run_values
 from bertkit.errors import ConfigError
 
 _TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight")
@@ -105,12 +105,7 @@ def _task(args) -> dict:
 
 
 def _recipe_values(args) -> dict:
-    keys = ("lr", "batch_size", "epochs", "warmup", "weight_decay", "dropout", "seeds", "eval_every_steps",
-            "patience", "max_train_examples")
-    values = {k: getattr(args, k) for k in keys}
-    values["precision"] = _precision(args)
-    values["progress"] = progress.wanted(args.progress) if args.progress is not None or not args.quiet else False
-    return values
+    return {**{k: getattr(args, k) for k in RECIPE_DESTS}, **run_values(args)}
 
 
 def _general(args) -> dict:

@@ -94,10 +94,14 @@ def register(sub) -> None:
     d.set_defaults(func=_task_data)
 
 
-def add_recipe_args(p, lr: float = 5e-5) -> None:
-    """The fine-tuning recipe's flags (shared with `bertkit distill`): each dest names a TrainConfig or
-    FinetuneConfig field."""
-    p.add_argument("--lr", type=checks.positive_float, default=lr)
+RECIPE_DESTS = ("lr", "batch_size", "epochs", "warmup", "weight_decay", "dropout", "seeds", "eval_every_steps",
+                "patience", "max_train_examples")                 # add_recipe_args' flags, besides the precision
+
+
+def add_recipe_args(p) -> None:
+    """The fine-tuning recipe's flags (shared with `bertkit distill`, RECIPE_DESTS and the precision): each dest
+    names a TrainConfig or FinetuneConfig field."""
+    p.add_argument("--lr", type=checks.positive_float, default=5e-5)
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--epochs", type=checks.positive_float, default=3.0)
     p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps (default 0.1)")
@@ -123,6 +127,12 @@ def _precision(args) -> str:
     return "fp32" if args.fp32 else args.precision
 
 
+def run_values(args) -> dict:
+    """precision (--fp32 folded in) and progress (off under --quiet unless asked for): TrainConfig fields."""
+    return {"precision": _precision(args),
+            "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
+
+
 def _finetune(args) -> int:
     checks.out_dir(args.out, "finetune", inputs=(args.model, args.vocab, args.train, args.dev, args.test),
                    overwrite=args.overwrite, writes_model=True)
@@ -133,8 +143,7 @@ def _finetune(args) -> int:
     embed_cmd.refuse_embed_flags(args)
     values = {k: v for k, v in vars(args).items()
               if k not in ("func", "command", "fp32", "no_save", "overwrite") and k not in embed_cmd.FINETUNE_DESTS}
-    values["precision"] = _precision(args)
-    values["progress"] = progress.wanted(args.progress) if args.progress is not None or not args.quiet else False
+    values.update(run_values(args))
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)

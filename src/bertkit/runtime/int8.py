@@ -102,8 +102,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.act = act
-        self.engine = default_engine()                # runtime.freeze sets the one measured fastest here
-        self.float_below = 0                          # fewer rows: the float GEMM (runtime.freeze, where int8 lost)
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        """What runtime.freeze sets (set_engine) and the derived data built on first use."""
+        self.engine = default_engine()                # the library measured fastest here
+        self.float_below = 0                          # fewer rows: the float GEMM (where int8 lost on short inputs)
         self.float_packed: frozenset = frozenset()    # ... prepacked in these dtypes, as frozen fp32 layers are
         self._packed: tuple = (None, None)           # (stamp of weight / scale / bias + engine, prepacked weight)
         self._float: tuple = (None, None)            # (stamp, FrozenLinear of the dequantized weights)
@@ -170,10 +174,7 @@ class Int8Fused(Int8Linear):
         self.__dict__["owner"] = owner                # the parts are registered where they live
         self.names = names
         self.act = None
-        self.engine = default_engine()
-        self.float_below = 0
-        self.float_packed = frozenset()
-        self._packed = self._float = (None, None)
+        self._init_runtime()
         self._fused: tuple = (None, None)
 
     def parts(self) -> tuple[Tensor, Tensor, Tensor | None]:

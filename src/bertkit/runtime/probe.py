@@ -62,8 +62,9 @@ def _probe_int8_linear() -> dict:
     """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the fp32 GEMM,
     at batch-32 rows and at short sequences of changing lengths (the libraries differ most there: oneDNN pays
     per new shape; fbgemm ran MiniLM at batch 1 1.46x faster on Zen 4, docs/performance.md); "engine": the first
-    of ENGINES unless another has a mean log speed-up better by the margin; "short_fast" / "short_plain": its time and fp32's on the short sequences alone
-    (one sentence at batch 1: where int8 can lose while batches win, e.g. oneDNN without VNNI)."""
+    of ENGINES unless another has a mean log speed-up better by the margin; "short_fast" / "short_plain": its time
+    and fp32's on the short sequences alone (one sentence at batch 1: where int8 can lose while batches win, e.g.
+    oneDNN without VNNI)."""
     import math
     from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
@@ -72,9 +73,10 @@ def _probe_int8_linear() -> dict:
     g = torch.Generator().manual_seed(0)
     total = dict.fromkeys(engines + ["plain"], 0.0)
     score = dict.fromkeys(engines, 0.0)
+    cases = (((1024,), 384, 1536), ((512,), 768, 3072), (SHORT_ROWS, 384, 1536))      # MiniLM, base; short
     with torch.no_grad():
-        for rows, k, n in (((1024,), 384, 1536), ((512,), 768, 3072), (SHORT_ROWS, 384, 1536)):
-            xs, lin = [torch.randn(r, k, generator=g) for r in rows], torch.nn.Linear(k, n)   # MiniLM, base; short
+        for rows, k, n in cases:
+            xs, lin = [torch.randn(r, k, generator=g) for r in rows], torch.nn.Linear(k, n)
             fns = {"plain": lambda: [lin(x) for x in xs]}
             for e in engines:
                 q = Int8Linear.from_float(lin)
@@ -89,7 +91,7 @@ def _probe_int8_linear() -> dict:
     # near tie measured under other load once cached oneDNN, which ran batch 1 1.5x slower (docs/performance.md)
     engine = engines[0]
     for e in engines[1:]:
-        if (score[e] - score[engine]) / 3 < math.log(MARGIN):
+        if (score[e] - score[engine]) / len(cases) < math.log(MARGIN):
             engine = e
     return {"fast": total[engine], "plain": total["plain"], "engine": engine, "short_fast": t[engine],
             "short_plain": t["plain"]}                                  # t: the short case, the last one timed

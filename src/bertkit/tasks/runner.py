@@ -44,7 +44,8 @@ from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.train.loop import TrainConfig, seed_everything, train
 
 __all__ = ["FinetuneConfig", "FinetuneHooks", "finetune", "finetune_recipe", "evaluate", "predict", "load_task",
-           "make_task", "TASK_KINDS", "PAPER_GRID", "TrainBatches", "evaluate_task", "model_class", "numeric_metrics"]
+           "make_task", "TASK_KINDS", "PAPER_GRID", "TrainBatches", "evaluate_task", "model_class", "model_overrides",
+           "numeric_metrics"]
 
 TASK_KINDS = ("classify", "pair", "regress", "multilabel", "tag", "qa")
 PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32)}   # appendix A.3 (epochs kept as configured)
@@ -205,12 +206,18 @@ def _log(cfg: FinetuneConfig, msg: str) -> None:
         say(msg)
 
 
-def _build_model(cfg: FinetuneConfig, task, seed: int):
-    from bertkit.config import BertConfig
-    torch.manual_seed(seed)  # the new head's initialisation depends on the seed
+def model_overrides(cfg: FinetuneConfig, task) -> dict:
+    """The config fields a fine-tuned model takes from the run: the task's head, dropout, the attention backend."""
     over = dict(task.config_overrides(), hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if cfg.attn_implementation:
         over["attn_implementation"] = cfg.attn_implementation
+    return over
+
+
+def _build_model(cfg: FinetuneConfig, task, seed: int):
+    from bertkit.config import BertConfig
+    torch.manual_seed(seed)  # the new head's initialisation depends on the seed
+    over = model_overrides(cfg, task)
     cls = model_class(task)
     path = Path(cfg.model)
     if path.is_dir() and cfg.random_init:
@@ -324,7 +331,11 @@ class TrainBatches:
     def __iter__(self):
         for idx in self.sampler:
             self.examples += len(idx)
-            yield collate([self.feats[i] for i in idx], self.pad_id)
+            yield self.batch([self.feats[i] for i in idx])
+
+    def batch(self, feats: list[dict]) -> dict:
+        """One padded batch of these features."""
+        return collate(feats, self.pad_id)
 
 
 def _compact(cfg: FinetuneConfig, model, data: _Data, tok) -> bool:

@@ -203,7 +203,7 @@ def _restrict_output_vocab(model, readers) -> int:
     import numpy as np
     import torch
 
-    used = sum(((r.source if isinstance(r, _DropKeys) else r).token_counts() > 0 for r in readers))
+    used = sum(r.token_counts() > 0 for r in readers)
     ids = torch.from_numpy(np.flatnonzero(used))
     model.cls.predictions.restrict_to(ids)
     return ids.numel()
@@ -216,11 +216,16 @@ def _check_vocab(config, vocab_size: int, where) -> None:
 
 
 class _DropKeys:
-    """A batch source without some keys (MLM-only training on NSP shards), keeping the reader's resume API."""
+    """A batch source without some keys (MLM-only training on NSP shards), keeping the reader's resume API and
+    what the head initialisation reads (tables, token_counts)."""
 
     def __init__(self, source, keys: tuple[str, ...]):
         self.source, self.keys = source, keys
         self.seq_len = getattr(source, "seq_len", None)
+        self.tables = getattr(source, "tables", None)
+
+    def token_counts(self):
+        return self.source.token_counts()
 
     def __iter__(self):
         for batch in self.source:
@@ -270,7 +275,7 @@ def pretrain(pc: PretrainConfig):
     fresh_head = not pc.init or "cls.predictions.bias" in (getattr(model, "loading_info", None) or {}).get(
         "missing_keys", ())
     if pc.unigram_bias and fresh_head:
-        unigram_bias_init(model, data.source if isinstance(data, _DropKeys) else data)
+        unigram_bias_init(model, data)
     phase2 = None
     if pc.phase2_shards:
         phase2 = _reader(pc, pc.phase2_shards, config, objective, rank=d.rank, world_size=d.world)
