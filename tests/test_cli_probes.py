@@ -471,6 +471,8 @@ def test_probe(probe, world, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("probe", SERVE, ids=[p.name for p in SERVE])
 def test_serve_probe(probe, world, busy_port, tmp_path, capsys):
+    for extra in ("fastapi", "uvicorn"):   # without the serve extra, serve stops at the install hint before the port
+        pytest.importorskip(extra)
     probe = Probe(probe.name, [busy_port if a == "PORT" else a for a in probe.argv], probe.match)
     _check(probe, world, tmp_path / "T", capsys)
 

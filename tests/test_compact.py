@@ -53,7 +53,9 @@ def _train(model, batches, tmp_path, steps, name, eval_fn=None):
 def _logit_probe(batch, store):
     """An eval_fn that records the logits of a batch holding ids training never sees (a dev set's)."""
     def fn(model):
-        store.append(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.clone())
+        device = next(model.parameters()).device                 # the loop puts the model on CUDA where there is one
+        store.append(model(input_ids=batch["input_ids"].to(device),
+                           attention_mask=batch["attention_mask"].to(device)).logits.cpu())
         return {}
     return fn
 
@@ -134,7 +136,7 @@ def test_training_matches_the_full_table(tmp_path):
     for a, b in zip(seen_full, seen_comp):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(seen_full[0], seen_full[-1], atol=1e-4)
-    a, b = full.state_dict(), compact.state_dict()
+    a, b = full.cpu().state_dict(), compact.cpu().state_dict()          # the loop may have left them on CUDA
     assert list(a) == list(b)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)

@@ -119,6 +119,7 @@ def _step_fn(cfg: MlmDistillConfig, teacher: BertForMaskedLM, pairs):
     def step(model, batch: dict) -> StepOutput:
         inputs = {k: batch[k] for k in _INPUTS if k in batch}
         hidden = cfg.hidden_weight > 0
+        teacher.to(batch["input_ids"].device)       # the loop placed the student (and the batch) on its device
         with torch.no_grad():
             t_out = teacher(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)
         s_out = model(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)

@@ -172,7 +172,7 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
 
     def on_eval(m) -> dict:
         best["evals"] += 1
-        acc = accuracy(y_dev, m(Xd).logits.argmax(-1).numpy())
+        acc = accuracy(y_dev, m(Xd.to(next(m.parameters()).device)).logits.argmax(-1).cpu().numpy())
         best["history"].append(acc)
         if acc > best["acc"]:
             best.update(acc=acc, step=best["evals"] * len(batches),
@@ -186,5 +186,5 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
     with tempfile.TemporaryDirectory() as tmp:
         train(probe, batches, tcfg, out_dir or tmp, eval_fn=on_eval)
     probe.load_state_dict(best["state"])
-    probe.eval()
+    probe.cpu().eval()            # the loop may have placed it on CUDA; callers score numpy features on the CPU
     return probe, {"dev_accuracy": best["acc"], "best_step": best["step"], "history": best["history"]}
