@@ -15,6 +15,7 @@ from bertkit import Tokenizer
 from bertkit.errors import BertkitError, ConfigError
 
 transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
 
 WORDS = ("the a an man woman is are was eating drinking food bread water piece of in on at to and paris london "
          "capital city france england river big small good bad film great movie loved hated it this that very "
@@ -134,6 +135,11 @@ def _reference_qa(directory, question, context, max_seq_len=384, doc_stride=128,
     with torch.no_grad():
         out = model(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"],
                     attention_mask=enc["attention_mask"])
+    last = enc["offset_mapping"][-1][[i for i, s in enumerate(enc.sequence_ids(len(enc["input_ids"]) - 1)) if s == 1][-1]]
+    if int(last[1]) < len(context.rstrip()):
+        # tokenizers 0.23.2 returned only the first two overflow windows; the oracle cannot judge the rest
+        pytest.skip(f"tokenizers {tokenizers.__version__}: its windows stop at character {int(last[1])} of "
+                    f"{len(context)}, the oracle is broken")
     answers = {}
     for w in range(len(enc["input_ids"])):
         seq = enc.sequence_ids(w)
