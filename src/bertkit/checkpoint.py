@@ -87,13 +87,14 @@ def load_state_dict_file(path: Path, allow_non_finite: bool | None = None) -> di
 
 
 def _pickle_refusal(path: Path, message: str) -> str:
-    """torch's multi-line weights_only refusal as one line: what was refused and how to convert the file."""
+    """torch's multi-line weights_only refusal as one line: what was refused and the safe way forward (a
+    safetensors copy made where the file came from; bertkit never suggests unpickling it)."""
     found = re.search(r"GLOBAL ([\w.]+)", message)
     what = f"the Python object {found.group(1)}" if found else "a Python object that is not a tensor"
     return (f"{path}: refused to unpickle {what} (bertkit reads .bin weights with torch.load(weights_only=True), "
-            f"which runs no code). If you trust the file, convert it once: python -c \"import torch; from "
-            f"safetensors.torch import save_file; sd = torch.load('{path}', weights_only=False); save_file("
-            f"{{k: v.contiguous() for k, v in sd.items()}}, '{path.with_name(WEIGHTS_NAME)}')\"")
+            f"which runs no code, and never unpickles more). Ask the model's source for {WEIGHTS_NAME}, or re-save "
+            f"it where it was made (transformers: model.save_pretrained(DIR) writes {WEIGHTS_NAME}) and put that "
+            f"file at {path.with_name(WEIGHTS_NAME)}")
 
 
 def check_finite(sd: dict[str, Tensor], source: Path, allow: bool) -> None:
