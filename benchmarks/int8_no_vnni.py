@@ -51,7 +51,7 @@ def main() -> None:
     int8._vnni = lambda: False                      # 7-bit activations, as runtime.int8 runs without VNNI
     int8.ENGINES = ("onednn",)
     measured = probe._probe_int8_linear()
-    below = 64 if not runtime._won({"fast": measured["short_fast"], "plain": measured["short_plain"]}) else 0
+    below = runtime.int8_float_below(measured)     # the plan's rule on the emulated probe
     d = minilm_dir()
     fp32 = runtime.freeze(BertModel.from_pretrained(d))
     plain = runtime.freeze(int8.quantize(BertModel.from_pretrained(d)))

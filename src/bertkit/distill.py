@@ -101,6 +101,14 @@ class DistillConfig:
         return bool(self.unlabeled) or self.augment > 0
 
 
+def teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:
+    """The teacher on the device the training loop put the student and the batch on, moved once (`.to()` every step
+    would walk every parameter)."""
+    if next(teacher.parameters()).device != device:
+        teacher.to(device)
+    return teacher
+
+
 # ---------------------------------------------------------------------------------------------- students
 
 def select_layers(teacher_layers: int, k: int) -> list[int]:
@@ -356,7 +364,7 @@ class TaskDistiller(FinetuneHooks):
         flags = {"output_hidden_states": d.hidden_weight > 0, "output_attentions": d.attention_weight > 0}
         target, t_out = batch.get("teacher"), None
         if target is None:
-            self.teacher.to(batch["input_ids"].device)
+            teacher_on(self.teacher, batch["input_ids"].device)
             with torch.no_grad():
                 t_out = self.teacher(**inputs, **flags)
             target = _outputs(self.kind, t_out)

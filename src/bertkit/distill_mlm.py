@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.distill import hidden_loss, layer_map, select_layers, soft_loss, truncated_student
+from bertkit.distill import hidden_loss, layer_map, select_layers, soft_loss, teacher_on, truncated_student
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
@@ -119,7 +119,7 @@ def _step_fn(cfg: MlmDistillConfig, teacher: BertForMaskedLM, pairs):
     def step(model, batch: dict) -> StepOutput:
         inputs = {k: batch[k] for k in _INPUTS if k in batch}
         hidden = cfg.hidden_weight > 0
-        teacher.to(batch["input_ids"].device)       # the loop placed the student (and the batch) on its device
+        teacher_on(teacher, batch["input_ids"].device)
         with torch.no_grad():
             t_out = teacher(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)
         s_out = model(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)

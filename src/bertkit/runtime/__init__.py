@@ -27,7 +27,8 @@ from bertkit.model import BertModel, BertPreTrainedModel
 from bertkit.runtime.int8 import default_engine, set_engine
 from bertkit.runtime.linear import FrozenLinear, freeze_linears
 
-__all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "is_frozen", "plan"]
+__all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "int8_float_below",
+           "is_frozen", "plan"]
 
 FORCES = ("measure", "all", "none")
 FORCED_BUCKET_OVERHEAD = 2.5e5                      # force="all": ~20 us a bucket at ~0.08 ns a unit (Zen 4, 1 thread)
@@ -69,6 +70,16 @@ def _why(probe: dict) -> str:
     return f"{probe['fast'] * 1e3:.2f} ms vs plain {probe['plain'] * 1e3:.2f} ms"
 
 
+def int8_float_below(int8_probe: dict) -> int:
+    """Rows under which int8 layers run their float GEMM: the probe's short case (one sentence) and a margin, where
+    int8 won on batches but lost there; 0 where it did not lose there (or lost everywhere: no int8 at all)."""
+    short = {"fast": int8_probe.get("short_fast"), "plain": int8_probe.get("short_plain")}
+    if not _won(int8_probe) or short["fast"] is None or _won(short):
+        return 0
+    from bertkit.runtime.probe import SHORT_ROWS
+    return SHORT_ROWS.stop + 4
+
+
 @functools.cache
 def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     """Once per process and thread count (the probes run under the current thread count)."""
@@ -88,11 +99,9 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     int8_probe = probes["int8_linear"]
     engine = int8_probe.get("engine") if _won(int8_probe) else None
     reasons["int8_linear"] = _why(int8_probe) + (f", {engine}" if engine else "")
-    short = {"fast": int8_probe.get("short_fast"), "plain": int8_probe.get("short_plain")}
-    float_below = 0
-    if engine and short["fast"] is not None and not _won(short):
-        from bertkit.runtime.probe import SHORT_ROWS
-        float_below = SHORT_ROWS.stop + 4       # the short case's rows and a margin: one sentence, batch 1
+    float_below = int8_float_below(int8_probe)
+    if float_below:
+        short = {"fast": int8_probe["short_fast"], "plain": int8_probe["short_plain"]}
         reasons["int8_linear"] += (f"; short inputs {_why(short)}: under {float_below} rows the int8 layers "
                                    f"run a float GEMM")
     buckets = probes["cost_buckets"]
