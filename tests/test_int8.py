@@ -81,6 +81,55 @@ def test_keep_float_patterns():
     assert q.config.extra["quantization_config"]["keep_float"] == ["classifier", "bert.encoder.layer.1.output.*"]
 
 
+def test_int8_layers_cannot_go_stale():
+    """Prepacked int8 weights (and the fused Q/K/V rows they come from) are derived data: new weights through an
+    in-place copy, load_state_dict (copy or assign), `.to()` or a replaced layer reach the output."""
+    ids, mask = _batch()
+    other = _tiny()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    state = int8.quantize(other).state_dict()
+    expected = _hidden(runtime.freeze(int8.quantize(_tiny()), runtime.plan(force="all")).eval(), ids, mask)
+    for how in ("copy", "assign", "to", "in_place", "replaced"):
+        q = runtime.freeze(int8.quantize(_tiny()), runtime.plan(force="all"))
+        before = _hidden(q, ids, mask)                                 # prepacked weights built
+        assert torch.equal(before, expected)
+        if how in ("copy", "assign", "to"):
+            if how == "to":
+                q = q.to(torch.float64).to(torch.float32)
+            q.load_state_dict(state, assign=how == "assign")
+            target = state
+        else:
+            att = q.encoder.layer[0].attention.self
+            if how == "in_place":
+                with torch.no_grad():
+                    att.key.weight.copy_(-att.key.weight)
+            else:
+                att.key = Int8Linear.from_float(torch.nn.Linear(att.key.in_features, att.key.out_features))
+            target = q.state_dict()
+        fresh = int8.quantize(_tiny())
+        fresh.load_state_dict(target)
+        fresh = runtime.freeze(fresh, runtime.plan(force="all"))
+        after = _hidden(q, ids, mask)
+        assert not torch.equal(after, before), how
+        assert torch.equal(after, _hidden(fresh, ids, mask)), how
+
+
+def test_graphs_get_the_float_product_of_the_int8_weights():
+    """Under torch.export (as under ONNX export's tracing) an int8 layer runs plain aten ops on its dequantized
+    weights: graphs cannot hold the prepacked kernel."""
+    torch.manual_seed(0)
+    q = Int8Linear.from_float(torch.nn.Linear(32, 16), act="gelu")
+    x = torch.randn(4, 32)
+    program = torch.export.export(q, (x,))
+    assert "quantized" not in str(program.graph)
+    w, b = q.dequantized()
+    assert torch.allclose(program.module()(x), torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)))
+    traced = torch.jit.trace(q, (x,), check_trace=False)
+    assert "quantized" not in str(traced.graph)
+
+
 def test_quantize_a_frozen_model_keeps_the_fused_activation():
     ids, mask = _batch()
     frozen = runtime.freeze(_tiny(), runtime.plan(force="all"))

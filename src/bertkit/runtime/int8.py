@@ -135,7 +135,12 @@ class Int8Linear(nn.Module):
         return super().train(False)
 
     def parts(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        return self.weight, self.weight_scale, self.bias
+        b = self._buffers                            # not self.weight: nn.Module.__getattr__ on every call is slow
+        return b["weight"], b["weight_scale"], b["bias"]
+
+    def stamp(self) -> tuple:
+        """What derived copies of this layer's weights depend on (runtime.linear._stamp)."""
+        return _stamp(self.parts())
 
     def dequantized(self) -> tuple[Tensor, Tensor | None]:
         q, s, b = self.parts()
@@ -146,15 +151,14 @@ class Int8Linear(nn.Module):
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
         elif x.numel() < self.float_below * x.shape[-1]:
-            stamp = _stamp(self.parts())             # int8 measured slower than fp32 at this few rows here
+            stamp = self.stamp()                     # int8 measured slower than fp32 at this few rows here
             if self._float[0] != stamp:
                 self._float = (stamp, FrozenLinear(*self.dequantized(), self.act, self.float_packed))
             return self._float[1](x)
         else:
-            q, s, b = self.parts()
-            stamp = (_stamp((q, s, b)), self.engine)
+            stamp = (self.stamp(), self.engine)
             if self._packed[0] != stamp:
-                self._packed = (stamp, _prepack(q, s, b, self.engine))
+                self._packed = (stamp, _prepack(*self.parts(), self.engine))
             shape = x.shape
             y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(), self._packed[1],
                                                    not _vnni()).reshape(*shape[:-1], -1).to(x.dtype)
@@ -177,11 +181,16 @@ class Int8Fused(Int8Linear):
         self._init_runtime()
         self._fused: tuple = (None, None)
 
+    def _sources(self) -> list[Int8Linear]:
+        return [self.owner._modules[n] for n in self.names]     # as they are now: a load may have replaced one
+
+    def stamp(self) -> tuple:
+        return tuple([m.stamp() for m in self._sources()])
+
     def parts(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        mods = [getattr(self.owner, n) for n in self.names]
-        stamp = _stamp([t for m in mods for t in m.parts()])
+        stamp = self.stamp()
         if self._fused[0] != stamp:
-            cat = [torch.cat(ts) for ts in zip(*(m.parts() for m in mods))]
+            cat = [torch.cat(ts) for ts in zip(*(m.parts() for m in self._sources()))]
             self._fused = (stamp, tuple(cat))
         return self._fused[1]
 

@@ -55,14 +55,20 @@ def packed_linear(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> Te
 
 
 def _tracing() -> bool:
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+    # ONNX export traces (TorchScript) or runs torch.export (dynamo), which these two flags show;
+    # torch.onnx.is_in_onnx_export() would add two imports to every layer call
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def _tensor_stamp(t: Tensor | None) -> tuple | None:
+    # inference-mode tensors have no version counter, and no in-place change outside inference mode either
+    return None if t is None else (t.data_ptr(), -1 if t.is_inference() else t._version, t.dtype, t.device)
 
 
 def _stamp(tensors) -> tuple:
-    """What derived copies of `tensors` depend on: which tensor each is and its in-place version."""
-    # inference-mode tensors have no version counter, and no in-place change outside inference mode either
-    return tuple(None if t is None else (t.data_ptr(), -1 if t.is_inference() else t._version, t.dtype, t.device)
-                 for t in tensors)
+    """What derived copies of `tensors` depend on: which tensor each is and its in-place version. Checked on every
+    call of a layer, so kept cheap."""
+    return tuple(map(_tensor_stamp, tensors))
 
 
 class _Derived:
@@ -117,7 +123,8 @@ class FrozenLinear(nn.Module):
         return super().train(False)
 
     def weights(self) -> tuple[Tensor, Tensor | None]:
-        return self.weight, self.bias
+        b = self._buffers                            # not self.weight: nn.Module.__getattr__ on every call is slow
+        return b["weight"], b["bias"]
 
     def forward(self, x: Tensor) -> Tensor:
         weight, bias = self.weights()
@@ -145,16 +152,20 @@ class FrozenFused(FrozenLinear):
         self._fused: tuple = (None, None, None)       # (stamp of the parts, weight, bias)
 
     def weights(self) -> tuple[Tensor, Tensor | None]:
-        parts = [getattr(self.owner, n) for n in self.names]
-        stamp = _stamp([t for p in parts for t in (p.weight, p.bias)])
+        pairs = [_weights(self.owner._modules[n]) for n in self.names]       # the parts as they are now
+        stamp = _stamp([t for pair in pairs for t in pair])
         if self._fused[0] != stamp:
-            self._fused = (stamp, torch.cat([p.weight for p in parts]), torch.cat([p.bias for p in parts]))
+            self._fused = (stamp, torch.cat([w for w, _ in pairs]), torch.cat([b for _, b in pairs]))
         return self._fused[1], self._fused[2]
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_fused"] = (None, None, None)
         return state
+
+
+def _weights(m: nn.Module) -> tuple[Tensor, Tensor | None]:
+    return m.weights() if isinstance(m, FrozenLinear) else (m.weight, m.bias)
 
 
 def _frozen(linear: nn.Linear, packed: frozenset[torch.dtype], act: str | None = None) -> FrozenLinear:
