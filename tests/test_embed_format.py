@@ -136,3 +136,15 @@ def test_unsupported_module_is_named(minilm_dir, tmp_path):
     (tmp_path / "modules.json").write_text(json.dumps(spec))
     with pytest.raises(CheckpointError, match="LSTM"):
         load_sentence_encoder(tmp_path)
+
+
+def test_missing_pooling_config_is_named_not_guessed(tmp_path):
+    """modules.json names a Pooling folder without its config: sentence-transformers cannot load it, and bertkit
+    does not guess mean pooling for what may be a [CLS]-pooled model."""
+    from bertkit.tokenizer import Tokenizer
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world"]
+    enc = SentenceEncoder(_tiny_encoder(max_seq_length=32).bert, Pooling("cls"), normalize=True, max_seq_length=32)
+    save_sentence_encoder(enc, Tokenizer({t: i for i, t in enumerate(vocab)}), tmp_path)
+    (tmp_path / "1_Pooling" / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="1_Pooling.config.json: missing"):
+        load_sentence_encoder(tmp_path)

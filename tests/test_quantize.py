@@ -109,3 +109,32 @@ def test_quantize_refuses_existing_output_and_slow_cpus(finetuned, tmp_path, cap
     monkeypatch.setattr(runtime, "plan", lambda *a, **k: slow)
     assert main(["quantize", str(run), str(tmp_path / "new")]) == 2
     assert "keeping fp32" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+def test_quantize_keeps_a_sentence_transformers_pipeline(tmp_path):
+    """An embedding model's directory keeps its pooling, dense and normalize folders: the int8 copy embeds as the
+    fp32 one does ([CLS] pooling and the projection included), not with a guessed mean pooling."""
+    import numpy as np
+    from bertkit.config import BertConfig
+    from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
+    from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
+    from bertkit.model import BertModel
+    from bertkit.quantize import quantize_dir
+    from bertkit.tokenizer import Tokenizer
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS + POS + NEG))
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=128, max_position_embeddings=64))
+    enc = SentenceEncoder(bert, Pooling("cls"), normalize=True, dense=Dense(64, 16, activation="tanh"),
+                          max_seq_length=64)
+    tok = Tokenizer({t: i for i, t in enumerate(vocab)})
+    save_sentence_encoder(enc, tok, tmp_path / "st")
+    quantize_dir(tmp_path / "st", tmp_path / "int8", force=True)
+    assert (tmp_path / "int8" / "2_Dense" / "model.safetensors").is_file()
+    q, _ = load_sentence_encoder(tmp_path / "int8")
+    assert q.pooling.modes == ("cls",) and len(q.dense) == 1 and q.normalize
+    assert any(isinstance(m, int8.Int8Linear) for m in q.bert.modules())
+    texts = [" ".join(WORDS[i:i + 6]) for i in range(0, 30, 3)]
+    a, b = load_sentence_encoder(tmp_path / "st")[0].encode(tok, texts), q.encode(tok, texts)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() > 0.98

@@ -8,7 +8,8 @@
 3. With `check` (a labelled dev file of the model's task; the model must come from `bertkit finetune`): scores fp32
    and int8 on it and refuses to write when the drop of the task's main metric exceeds `max_drop` points.
 4. Writes config.json (with `quantization_config`: method, kept layers, the check's figures and the sizes),
-   model.safetensors (int8 weights + scales) and the tokenizer files, into `out` (which must be new or empty).
+   model.safetensors (int8 weights + scales), the tokenizer files and a sentence-transformers directory's module
+   folders (pooling, dense, normalize: as they are, a Dense stays float), into `out` (which must be new or empty).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from bertkit import runtime
 from bertkit.checkpoint import _atomic_write
+from bertkit.embed.st_format import module_dirs
 from bertkit.errors import BertkitError, ConfigError
 from bertkit.runtime import int8
 
@@ -107,6 +109,8 @@ def quantize_dir(model_dir, out, check=None, max_drop: float = 1.0, keep_float=(
     for f in model_dir.iterdir():                    # tokenizer and other side files, as they are
         if f.is_file() and f.name not in _WEIGHT_FILES:
             shutil.copy2(f, out / f.name)
+    for sub in module_dirs(model_dir):              # sentence-transformers' pooling / dense / normalize, as they are
+        shutil.copytree(sub, out / sub.relative_to(model_dir), dirs_exist_ok=True)
     quantized.save_pretrained(out)
     sizes["int8"] = (out / "model.safetensors").stat().st_size
     qc["size_bytes"] = {**sizes, "ratio": round(sizes["int8"] / max(sizes["fp32"], 1), 4)}

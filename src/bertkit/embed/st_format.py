@@ -31,7 +31,8 @@ from bertkit.tokenizer import Tokenizer
 
 from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
 
-__all__ = ["load_sentence_encoder", "save_sentence_encoder", "is_sentence_transformers_dir", "POOLING_FLAGS"]
+__all__ = ["load_sentence_encoder", "save_sentence_encoder", "is_sentence_transformers_dir", "module_dirs",
+           "POOLING_FLAGS"]
 
 # the legacy flag of each pooling mode, in sentence-transformers' concatenation order
 POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
@@ -95,8 +96,27 @@ def _module_list(directory: Path) -> list[tuple[str, Path]]:
     return out
 
 
+def module_dirs(directory) -> list[Path]:
+    """The subdirectories a sentence-transformers directory's modules.json names (Pooling, Dense, Normalize...),
+    as they are: what a copy of the model must carry besides the encoder's own files. [] without modules.json."""
+    directory = Path(directory)
+    if not is_sentence_transformers_dir(directory):
+        return []
+    spec = _read_json(directory / "modules.json")
+    paths = [str(m.get("path") or "") for m in spec if isinstance(m, dict)] if isinstance(spec, list) else []
+    root = directory.resolve()
+    out = []
+    for rel in paths:
+        sub = (directory / rel).resolve()
+        if rel and sub.is_dir() and sub != root and root in sub.parents:     # never a path outside the model
+            out.append(directory / rel)
+    return out
+
+
 def _pooling_from(path: Path, hidden: int) -> Pooling:
-    cfg = _read_json(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else {}
+    if not (path / CONFIG_NAME).is_file():          # sentence-transformers cannot load it either; no silent "mean"
+        raise CheckpointError(f"{path / CONFIG_NAME}: missing; modules.json names a Pooling module there")
+    cfg = _read_json(path / CONFIG_NAME)
     dim = cfg.get("word_embedding_dimension", cfg.get("embedding_dimension", hidden))
     if dim != hidden:
         raise CheckpointError(f"{path / CONFIG_NAME}: pooling dimension {dim} differs from the encoder's "
