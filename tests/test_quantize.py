@@ -58,6 +58,26 @@ def test_quantize_check_writes_int8_that_inference_loads(finetuned, tmp_path, ca
         quantize_dir(out, tmp_path / "again")
 
 
+def test_a_failed_gate_keeps_the_earlier_int8_model(finetuned, tmp_path, monkeypatch, capsys):
+    """--overwrite replaces an earlier int8 model only when the new one is written: a gate that refuses leaves the
+    earlier directory as it was."""
+    import bertkit.quantize as q
+    run, dev = finetuned
+    out = tmp_path / "int8"
+    assert main(["quantize", str(run), str(out)]) == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+
+    def refuse(*a, **k):
+        raise q.QualityGateError(f"{dev}: int8 accuracy 80.00 is 20.00 points below fp32 100.00")
+    monkeypatch.setattr(q, "gate", refuse)
+    assert main(["quantize", str(run), str(out), "--check", dev, "--overwrite"]) == 2
+    assert "points below fp32" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == before
+    monkeypatch.undo()
+    assert main(["quantize", str(run), str(out), "--check", dev, "--overwrite"]) == 0   # a passing gate replaces it
+    assert "check" in json.loads((out / "config.json").read_text())["quantization_config"]
+
+
 @pytest.mark.parametrize("kind", ["tag", "qa"])
 def test_check_scores_tag_and_qa_in_points(kind, tiny_dir, tmp_path, capsys):  # noqa: F811
     """The gate reads entity F1 (a fraction, reported x100) for tag and SQuAD F1 (already percent) for qa, with
@@ -138,3 +158,15 @@ def test_quantize_keeps_a_sentence_transformers_pipeline(tmp_path):
     a, b = load_sentence_encoder(tmp_path / "st")[0].encode(tok, texts), q.encode(tok, texts)
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert cos.min() > 0.98
+
+
+@pytest.mark.parametrize("pattern,message", [("Classifier", "matches no linear layer"),
+                                             ("", "matches no linear layer"),
+                                             ("*", "nothing would be quantized")])
+def test_keep_float_patterns_that_match_nothing_or_everything_are_refused(finetuned, tmp_path, capsys, pattern,
+                                                                           message):
+    run, _ = finetuned
+    assert main(["quantize", str(run), str(tmp_path / "out"), "--keep-float", pattern]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """`bertkit quantize MODEL OUT`: an int8 copy of a model directory, gated on accuracy.
 
     quantize_dir(model, out, check=None, max_drop=1.0, keep_float=())
+    write(quantize_model(model, check=...), out)     # the same in two steps (the CLI clears an earlier run between)
 
 1. Refuses where this CPU's int8 path did not measure faster than fp32 (runtime.plan's `int8_linear` probe): the
    model stays fp32 and the message says so; `force=True` writes int8 anyway.
@@ -17,7 +18,10 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from torch import nn
 
 from bertkit import runtime
 from bertkit.checkpoint import _atomic_write
@@ -25,7 +29,7 @@ from bertkit.embed.st_format import module_dirs
 from bertkit.errors import BertkitError, ConfigError
 from bertkit.runtime import int8
 
-__all__ = ["quantize_dir", "QualityGateError"]
+__all__ = ["quantize_dir", "quantize_model", "write", "Quantized", "QualityGateError"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json")
 
@@ -84,6 +88,21 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     return figures
 
 
+def _check_keep_float(model, patterns) -> None:
+    """Every --keep-float pattern names some linear layer, and some layer is left to quantize: a typo would
+    otherwise quantize what the user meant to keep, or write a "quantized" model with nothing in int8."""
+    import torch.nn as nn
+    from bertkit.runtime.linear import FrozenLinear
+    layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, FrozenLinear))]
+    for p in patterns:
+        if not p.strip() or not any(int8._matches(n, [p]) for n in layers):
+            raise ConfigError(f"--keep-float {p!r} matches no linear layer (names look like {layers[0]!r}, "
+                              f"{layers[-1]!r})")
+    if patterns and all(int8._matches(n, patterns) for n in layers):
+        raise ConfigError(f"--keep-float {' '.join(map(repr, patterns))} keeps every linear layer in float: "
+                          f"nothing would be quantized")
+
+
 def _refuse_without_int8(force: bool) -> None:
     plan = runtime.plan("cpu")
     if plan.int8_engine is None and not force:
@@ -92,31 +111,54 @@ def _refuse_without_int8(force: bool) -> None:
                           f"nothing written (--force writes int8 anyway)")
 
 
-def quantize_dir(model_dir, out, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
-                 overwrite: bool = False, force: bool = False) -> dict:
-    """The int8 model directory `out` from `model_dir` (see the module docstring); returns what was written."""
-    model_dir, out = Path(model_dir), Path(out)
-    _check_out(model_dir, out, overwrite)
+@dataclass
+class Quantized:
+    """An int8 model in memory, gated, not yet written: what `write` puts in a directory."""
+    model_dir: Path                    # the fp32 directory it came from (side files are copied from there)
+    model: nn.Module                   # Int8Linear layers, quantization_config (with the check) in its config
+    fp32_bytes: int                    # the fp32 weight files' size, for the size ratio
+
+
+def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
+                   force: bool = False) -> Quantized:
+    """Load, quantize and (with `check`) gate the model of `model_dir`; nothing is written."""
+    model_dir = Path(model_dir)
     _refuse_without_int8(force)
     fp32 = _load(model_dir)
-    sizes = {"fp32": sum(f.stat().st_size for f in model_dir.iterdir()
-                         if f.name.endswith(".safetensors") or f.name == "pytorch_model.bin")}
+    size = sum(f.stat().st_size for f in model_dir.iterdir()
+               if f.name.endswith(".safetensors") or f.name == "pytorch_model.bin")
+    _check_keep_float(fp32, keep_float)
     quantized = int8.quantize(copy.deepcopy(fp32), keep_float)
-    qc = quantized.config.extra["quantization_config"]
     if check is not None:
+        qc = quantized.config.extra["quantization_config"]
         qc["check"] = gate(model_dir, fp32, quantized, check, max_drop, precision)
+    return Quantized(model_dir, quantized, size)
+
+
+def write(q: Quantized, out) -> dict:
+    """The int8 model directory `out`: the weights, config.json with `quantization_config` (sizes included), and
+    the fp32 directory's side files and sentence-transformers module folders as they are. Returns the report."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for f in model_dir.iterdir():                    # tokenizer and other side files, as they are
+    for f in q.model_dir.iterdir():                  # tokenizer and other side files, as they are
         if f.is_file() and f.name not in _WEIGHT_FILES:
             shutil.copy2(f, out / f.name)
-    for sub in module_dirs(model_dir):              # sentence-transformers' pooling / dense / normalize, as they are
-        shutil.copytree(sub, out / sub.relative_to(model_dir), dirs_exist_ok=True)
-    quantized.save_pretrained(out)
-    sizes["int8"] = (out / "model.safetensors").stat().st_size
-    qc["size_bytes"] = {**sizes, "ratio": round(sizes["int8"] / max(sizes["fp32"], 1), 4)}
+    for sub in module_dirs(q.model_dir):             # sentence-transformers' pooling / dense / normalize, as they are
+        shutil.copytree(sub, out / sub.relative_to(q.model_dir), dirs_exist_ok=True)
+    q.model.save_pretrained(out)
+    qc = q.model.config.extra["quantization_config"]
+    size = (out / "model.safetensors").stat().st_size
+    qc["size_bytes"] = {"fp32": q.fp32_bytes, "int8": size, "ratio": round(size / max(q.fp32_bytes, 1), 4)}
     cfg_path = out / "config.json"                   # the int8 file's own size is known only once written
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg["quantization_config"] = qc
     _atomic_write(cfg_path, lambda p: p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
-    n = sum(type(m) is int8.Int8Linear for m in quantized.modules())
+    n = sum(type(m) is int8.Int8Linear for m in q.model.modules())
     return {"out": str(out), "int8_layers": n, **qc}
+
+
+def quantize_dir(model_dir, out, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
+                 overwrite: bool = False, force: bool = False) -> dict:
+    """The int8 model directory `out` from `model_dir` (see the module docstring); returns what was written."""
+    _check_out(Path(model_dir), Path(out), overwrite)
+    return write(quantize_model(model_dir, check, max_drop, keep_float, precision, force), out)

@@ -216,14 +216,16 @@ def _clear(entries: list[Path]) -> None:
 
 
 def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
-            reuse: bool = False, known: tuple[str, ...] = ()) -> Path:
+            reuse: bool = False, known: tuple[str, ...] = (), dry_run: bool = False) -> Path:
     """Check (and create) the output directory of `bertkit COMMAND`, before any work.
 
     Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
     holding one that --overwrite would clear; another command's run; a model directory unless the command writes
     models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
     command's earlier run is cleared first (the files that were there before it stay). `reuse`: the command's earlier run is kept as it is (its outputs are
-    a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed."""
+    a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed.
+    `dry_run`: the checks only, nothing cleared or created (a command that can still refuse after its work, such as
+    a quality gate, calls it again when it is about to write)."""
     shown = str(path)
     d = _resolved(path)
     if d.exists() and not d.is_dir():
@@ -254,7 +256,11 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         inside = [name for name, r in ins for e in gone if e == r or e in r.parents]
         if inside:
             raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
+        if dry_run:
+            return d
         _clear(gone)
+    if dry_run:
+        return d
     made = d
     while not made.parent.exists():
         made = made.parent

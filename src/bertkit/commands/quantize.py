@@ -35,13 +35,17 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertkit.quantize import quantize_dir
+    from bertkit.quantize import quantize_model, write
 
-    # checked (and an earlier quantize run cleared) before any work; the directory then holds only the marker
-    checks.out_dir(args.out, "quantize", inputs=(args.model, args.check), overwrite=args.overwrite, writes_model=True)
-    report = quantize_dir(args.model, args.out, check=args.check, max_drop=args.max_drop,
-                          keep_float=tuple(args.keep_float), precision=args.precision, overwrite=True,
-                          force=args.force)
+    def claim(dry_run: bool):
+        checks.out_dir(args.out, "quantize", inputs=(args.model, args.check), overwrite=args.overwrite,
+                       writes_model=True, dry_run=dry_run)
+
+    claim(dry_run=True)         # checked before any work; an earlier run is cleared only once the gate has passed
+    q = quantize_model(args.model, check=args.check, max_drop=args.max_drop, keep_float=tuple(args.keep_float),
+                       precision=args.precision, force=args.force)
+    claim(dry_run=False)
+    report = write(q, args.out)
     if args.json:
         print(json.dumps(report))
         return 0
