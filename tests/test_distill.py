@@ -172,7 +172,10 @@ def test_alpha_zero_without_transfer_is_plain_finetuning_of_the_truncated_studen
 
 def _run(argv, capsys):
     from bertkit.cli import main
-    rc = main([str(a) for a in argv])
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:                           # argparse's own usage errors
+        rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -229,12 +232,15 @@ def test_general_distillation_writes_a_model_finetune_takes(base_dir, teachers, 
 
 
 def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
+    from bertkit.quantize import quantize_dir
     teacher, train, dev = teachers("classify")
     other = tmp_path / "other-vocab"
     other.mkdir()
     (other / "vocab.txt").write_text("\n".join(SPECIALS + ["x", "y"]) + "\n")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "f.txt").write_text("x")
+    int8_teacher = tmp_path / "int8-teacher"
+    quantize_dir(teacher, int8_teacher, force=True)
     task = ["--train", train, "--dev", dev, "--out"]
     cases = [
         (["--teacher", base_dir, "--student-layers", 2, *task, tmp_path / "o1"], "not fine-tuned"),
@@ -250,6 +256,16 @@ def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
          "give --alpha > 0"),
         (["--teacher", teachers("tag")[0], "--student-layers", 2, "--augment", 1, "--train", teachers("tag")[1],
           "--dev", teachers("tag")[2], "--out", tmp_path / "o9"], "--augment: supported for classify"),
+        (["--teacher", teacher, "--student-layers", 2, "--augment", 1000000, *task, tmp_path / "o10"],
+         "--augment: must be"),
+        (["--teacher", teacher, "--student-layers", 2, "--max-length", 8, *task, tmp_path / "o11"],
+         "--max-length is general distillation's"),
+        (["--teacher", base_dir, "--student-layers", 2, "--text", train, "--patience", 2, "--out", tmp_path / "o12"],
+         "does not take --patience"),
+        (["--teacher", base_dir, "--student-layers", 2, "--text", train, "--max-length", 100000,
+          "--out", tmp_path / "o13"], "more than the teacher's max_position_embeddings"),
+        (["--teacher", int8_teacher, "--student-layers", 2, *task, tmp_path / "o14"], "is int8 (bertkit quantize)"),
+        (["--teacher", teacher, "--student", int8_teacher, *task, tmp_path / "o15"], "cannot train"),
     ]
     for argv, message in cases:
         rc, _, err = _run(["distill", *argv, "--epochs", 1, "--fp32", "--quiet"], capsys)

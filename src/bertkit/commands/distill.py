@@ -19,7 +19,8 @@ from bertkit.commands import checks
 from bertkit.commands.finetune import RECIPE_DESTS, _brief, _readable, add_recipe_args, run_values
 from bertkit.errors import ConfigError
 
-_TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight")
+_TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight", "patience")
+MAX_AUGMENT = 64                # copies per training text, all held in memory: beyond this a typo, not a recipe
 
 
 def register(sub) -> None:
@@ -40,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--dev", help="task: dev file, picks the best evaluation")
     p.add_argument("--test", help="task: test file, scored once with the best student")
     p.add_argument("--unlabeled", help="task: more texts in the task's format without labels (soft targets only)")
-    p.add_argument("--augment", type=checks.nonneg_int, default=0, metavar="N",
+    p.add_argument("--augment", type=checks.number(int, 0, MAX_AUGMENT), default=0, metavar="N",
                    help="task: N noisy copies of each training text (each word masked with p 0.1; one in four cut to "
                         "a random span of at least half its words), soft targets only; 0: off")
     p.add_argument("--text", help="general: raw text, one document per line")
@@ -52,7 +53,8 @@ def register(sub) -> None:
     p.add_argument("--attention-weight", type=checks.nonneg_float, default=0.0,
                    help="task: attention transfer; 0: off")
     add_recipe_args(p)
-    p.add_argument("--max-length", type=checks.positive_int, default=128, help="general: pieces per document")
+    p.add_argument("--max-length", type=checks.positive_int,
+                   help="general: pieces per document (default 128); task distillation uses the teacher's")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
     p.add_argument("--quiet", action="store_true", help="no log lines")
     progress.add_arguments(p)
@@ -65,12 +67,43 @@ def _distill(args) -> int:
         given = [f"--{n.replace('_', '-')}" for n in _TASK_ONLY if getattr(args, n)]
         if given:
             raise ConfigError(f"--text (general distillation) does not take {', '.join(given)}")
+        limit = _config(args.teacher).get("max_position_embeddings")
+        if args.max_length is not None and isinstance(limit, int) and args.max_length > limit:
+            raise ConfigError(f"--max-length {args.max_length} is more than the teacher's max_position_embeddings "
+                              f"({limit})")
     elif args.train is None or args.dev is None:
         raise ConfigError("give --train and --dev (task distillation) or --text (general distillation)")
+    elif args.max_length is not None:
+        raise ConfigError("--max-length is general distillation's (--text); task distillation reads the teacher's "
+                          "max_length, which the student keeps")
+    _refuse_int8(args)
     checks.out_dir(args.out, "distill", inputs=inputs, overwrite=args.overwrite, writes_model=True)
     summary = _general(args) if args.text is not None else _task(args)
     print(json.dumps({**summary, "summary": str(Path(args.out) / "summary.json")}, default=float))
     return 0
+
+
+def _config(model_dir) -> dict:
+    """config.json of a model directory, or {} where it cannot be read (the loaders then name the problem)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _int8(model_dir) -> bool:
+    return "quantization_config" in _config(model_dir)
+
+
+def _refuse_int8(args) -> None:
+    """int8 models (bertkit quantize) run inference only: a teacher, yes; copied layers or a student, no."""
+    if args.student_layers is not None and _int8(args.teacher):
+        raise ConfigError(f"--teacher {args.teacher} is int8 (bertkit quantize): --student-layers copies the "
+                          f"teacher's float layers; give the fp32 teacher, or --student-preset")
+    if args.student is not None and _int8(args.student):
+        raise ConfigError(f"--student {args.student} is int8 (bertkit quantize), which cannot train; start the "
+                          f"student from the fp32 model")
 
 
 def _teacher_task(teacher: str) -> dict:
@@ -119,7 +152,7 @@ def _general(args) -> dict:
         raise ConfigError("general distillation trains one student: give one --seeds value")
     base = MlmDistillConfig(teacher=args.teacher, text=args.text, out=args.out, student_layers=args.student_layers,
                             student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
-                            hidden_weight=args.hidden_weight, max_length=args.max_length,
+                            hidden_weight=args.hidden_weight, max_length=args.max_length or 128,
                             batch_size=args.batch_size)
     training = replace(base.training, lr=args.lr, epochs=args.epochs, warmup=args.warmup,
                        weight_decay=args.weight_decay, precision=values["precision"], seed=values["seeds"][0],
