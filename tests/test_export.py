@@ -86,3 +86,27 @@ def test_export_int8_has_dynamic_axes_and_matches_bertkit_int8(tmp_path, capsys)
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in graph.node}
     assert [x.dim_param for x in graph.input[0].type.tensor_type.shape.dim] == ["batch", "seq"]
     assert (tmp_path / "int8.onnx").stat().st_size < 0.5 * (tmp_path / "fp32.onnx").stat().st_size
+
+
+def test_a_failed_check_writes_nothing_and_int8_models_need_the_flag(tmp_path, capsys):
+    """A check that fails leaves no file and keeps an earlier one; an int8 model is refused without --int8 before
+    any work; --int8 into a directory that does not exist yet writes there."""
+    import json
+
+    from bertkit.cli import main
+    from bertkit.quantize import quantize_dir
+    from bertkit.runtime.int8 import int8_kernel_ok
+    if not int8_kernel_ok():
+        pytest.skip("no int8 linear kernel in this PyTorch build")
+    d = _save("BertForQuestionAnswering", tmp_path / "m")
+    quantize_dir(d, tmp_path / "q", force=True)
+    out = tmp_path / "out" / "qa.onnx"
+    assert main(["export", str(tmp_path / "q"), str(out)]) == 2
+    assert "export it with --int8" in capsys.readouterr().err and not out.parent.exists()
+    assert main(["export", str(tmp_path / "q"), str(out), "--int8"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["int8"]["onnx_vs_float"] > 0 and report["int8"]["bertkit_vs_float"] > 0
+    before = out.read_bytes()
+    assert main(["export", str(d), str(out), "--int8", "--overwrite", "--tolerance", "0"]) == 2   # diff > 0
+    assert "nothing written" in capsys.readouterr().err
+    assert out.read_bytes() == before and sorted(p.name for p in out.parent.iterdir()) == ["qa.onnx"]

@@ -22,6 +22,8 @@ onnx / onnxruntime are optional: they are imported only here, lazily, with an in
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -121,6 +123,17 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
     return out_path
 
 
+@contextlib.contextmanager
+def _quiet_root_logger():
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def _int8_dir(model_dir: Path, tmp: Path) -> Path:
     """`model_dir` itself when bertkit quantized it already, else an int8 copy in `tmp` (bertkit quantize)."""
     import json
@@ -146,8 +159,8 @@ def export_onnx_int8(model_dir: str | Path, out_path: str | Path, opset: int = 1
         float_graph = export_onnx(reference, Path(tmp) / "float.onnx", opset=opset)
         part = out_path.with_name(out_path.name + ".tmp")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(), _quiet_root_logger():
+                warnings.simplefilter("ignore")    # it also logs a pre-processing hint to the root logger
                 quantize_dynamic(str(float_graph), str(part), weight_type=QuantType.QInt8, per_channel=True,
                                  extra_options={"MatMulConstBOnly": True})      # attention stays float, as ours
             part.replace(out_path)
@@ -166,32 +179,59 @@ def onnx_session(onnx_path: str | Path, threads: int | None = None):
     return ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
 
 
+def _float_product(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A copy of an int8 model that multiplies its int8 weights in float (no activation rounding): what bertkit's
+    int8 layers and an int8 ONNX graph of the same weights both approximate. None for a float model."""
+    import copy
+    import sys
+    from bertkit.runtime.int8 import Int8Linear
+    if not any(isinstance(m, Int8Linear) for m in model.modules()):
+        return None
+    floated = copy.deepcopy(model)
+    for m in floated.modules():
+        if isinstance(m, Int8Linear):
+            m.float_below = sys.maxsize              # every input "short": the dequantized weights' float GEMM
+    return floated
+
+
 def check_onnx(model_dir: str | Path, onnx_path: str | Path,
                shapes: Sequence[tuple[int, int]] = ((1, 7), (3, 33), (8, 64))) -> dict:
     """Run PyTorch and onnxruntime on random batches of several shapes (rows after the first padded);
-    return {"max_abs_diff": float, "per_output": {...}, "shapes": [...]}."""
+    return {"max_abs_diff": float, "per_output": {...}, "shapes": [...], "max_abs_output": float}. For an int8
+    model also {"int8": {"onnx_vs_float", "bertkit_vs_float"}}: how far each int8 implementation is from the float
+    product of the same int8 weights (two independent roundings differ from each other by up to their sum)."""
     from bertkit.infer import Predictor
     pred = Predictor.load(model_dir)
     sess = onnx_session(onnx_path)
     wrapped = _Wrapped(pred.model.eval(), pred.task)
+    floated = _float_product(pred.model)
+    floated = None if floated is None else _Wrapped(floated, pred.task)
     names = OUTPUTS[pred.task]
     worst = {n: 0.0 for n in names}
+    vs_float = {"onnx_vs_float": 0.0, "bertkit_vs_float": 0.0}
     scale = 0.0                                      # the largest |PyTorch output|: what a relative tolerance uses
     for i, (b, s) in enumerate(shapes):
         x = _sample_inputs(pred.tokenizer, b, s, pad_from=max(1, s * 2 // 3), seed=i + 1)
+        args = (x["input_ids"], x["attention_mask"], x["token_type_ids"])
         with torch.no_grad():
-            ref = wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
+            ref = wrapped(*args)
+            flt = floated(*args) if floated is not None else ref
         got = sess.run(names, {k: v.numpy() for k, v in x.items()})
         mask = x["attention_mask"].bool()
-        for n, r, g in zip(names, ref, got):
-            r = r.float()
+        for n, r, g, f in zip(names, ref, got, flt):
+            r, f = r.float(), f.float()
             g = torch.from_numpy(g).float()
             if r.dim() >= 2 and r.shape[:2] == mask.shape:   # per-token outputs: compare real tokens only
-                r, g = r[mask], g[mask]
+                r, g, f = r[mask], g[mask], f[mask]
             worst[n] = max(worst[n], float((r - g).abs().max()))
             scale = max(scale, float(r.abs().max()))
-    return {"max_abs_diff": max(worst.values()), "per_output": worst, "shapes": [list(s) for s in shapes],
-            "task": pred.task, "max_abs_output": scale}
+            vs_float["onnx_vs_float"] = max(vs_float["onnx_vs_float"], float((g - f).abs().max()))
+            vs_float["bertkit_vs_float"] = max(vs_float["bertkit_vs_float"], float((r - f).abs().max()))
+    report = {"max_abs_diff": max(worst.values()), "per_output": worst, "shapes": [list(s) for s in shapes],
+              "task": pred.task, "max_abs_output": scale}
+    if floated is not None:
+        report["int8"] = vs_float
+    return report
 
 
 def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq: int = 128, repeats: int = 10,
