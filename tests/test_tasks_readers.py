@@ -113,3 +113,21 @@ def test_squad(tmp_path):
     assert d.version_2 and d.examples[0].is_impossible and d.examples[0].answers == []
     with pytest.raises(DataError, match="has no answers and is not marked is_impossible"):
         read_squad(_squad(tmp_path, []))
+
+
+def test_a_file_of_another_task_format_says_what_it_is(tmp_path):
+    """A SQuAD document read as a table or as CoNLL, a table read as SQuAD, a directory: the message names what the
+    file is, not only the line that failed."""
+    from bertkit.tasks.readers import read_conll, read_squad, read_table
+    squad = tmp_path / "dev.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": []}]}, indent=1))
+    with pytest.raises(DataError, match="one JSON document, not JSON Lines.*SQuAD file"):
+        read_table(squad)
+    with pytest.raises(DataError, match="JSON, not CoNLL"):
+        read_conll(squad)
+    table = tmp_path / "dev.csv"
+    table.write_text("text,label\nnice,pos\n")
+    with pytest.raises(DataError, match="a qa model reads SQuAD JSON"):
+        read_squad(table)
+    with pytest.raises(DataError, match="is a directory"):
+        read_table(tmp_path)

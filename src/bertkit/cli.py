@@ -32,6 +32,12 @@ class _AnyOrder(argparse.ArgumentParser):
 
     _intermixed = False
 
+    def _get_values(self, action, arg_strings):
+        # `--max-drop=--`: argparse drops the "--" and hands the option an empty list, skipping its type check
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return super()._get_values(action, arg_strings)
+
     def parse_known_args(self, args=None, namespace=None):
         # parse_known_intermixed_args calls parse_known_args twice itself: those inner calls parse plainly
         if self._intermixed or not self._get_positional_actions():

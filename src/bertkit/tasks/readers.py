@@ -42,6 +42,8 @@ def _open_text(path: Path):
     for a file that cannot be read or is not UTF-8."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a data file")
     try:
         data = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as e:   # a directory, no permission, a broken .gz
@@ -55,6 +57,8 @@ def _open_text(path: Path):
 
 
 def _table_format(path: Path) -> str:
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a data file")
     suffixes = [s for s in path.suffixes if s != ".gz"]
     ext = suffixes[-1].lower() if suffixes else ""
     if ext in (".jsonl", ".json", ".ndjson"):
@@ -87,7 +91,7 @@ def _rows(path: Path):
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+                    raise DataError(f"{path}:{i}: not valid JSON ({e.msg}){_json_document_hint(path, i)}") from None
                 except RecursionError:
                     raise DataError(f"{path}:{i}: JSON nested too deeply") from None
                 if not isinstance(row, dict):
@@ -274,6 +278,9 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
                 continue
             if n_cols is None:
                 n_cols = len(cols)
+                if line.strip() in ("{", "[") or line.lstrip().startswith(('{"', '[{')):
+                    raise DataError(f"{path}:{i}: JSON, not CoNLL (one token and its tag per line, blank lines "
+                                    f"between sentences), which tag models read")
                 if require_tags and n_cols < 2:
                     raise DataError(f"{path}:{i}: a token line needs a tag column (token<TAB>tag), got {line!r}")
             if len(cols) != n_cols:
@@ -339,6 +346,19 @@ def _id_lines(raw: str) -> dict[str, int]:
     return out
 
 
+def _json_document_hint(path: Path, line: int) -> str:
+    """Why line 1 of a .json table is not JSON: often the file is one indented JSON document (a SQuAD file)."""
+    if line != 1:
+        return ""
+    try:
+        doc = json.loads(_open_text(path).read())
+    except (json.JSONDecodeError, RecursionError, DataError):
+        return ""
+    squad = isinstance(doc, dict) and isinstance(doc.get("data"), list)
+    return ("; the file is one JSON document, not JSON Lines (one object per line)"
+            + (": a SQuAD file, which qa models read" if squad else ""))
+
+
 def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: bool = True) -> SquadData:
     """SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
     "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}.
@@ -353,7 +373,7 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); a qa model reads SQuAD JSON") from None
     except RecursionError:
         raise DataError(f"{path}: not SQuAD JSON (nested too deeply)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
