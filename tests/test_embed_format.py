@@ -148,3 +148,18 @@ def test_missing_pooling_config_is_named_not_guessed(tmp_path):
     (tmp_path / "1_Pooling" / "config.json").unlink()
     with pytest.raises(CheckpointError, match="1_Pooling.config.json: missing"):
         load_sentence_encoder(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["/etc", "../elsewhere", "x/../1_Pooling"])
+def test_module_paths_that_leave_the_directory_are_refused(tmp_path, bad):
+    from bertkit.embed.st_format import module_dirs
+    from bertkit.tokenizer import Tokenizer
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello"]
+    enc = SentenceEncoder(_tiny_encoder(max_seq_length=32).bert, Pooling("mean"), max_seq_length=32)
+    save_sentence_encoder(enc, Tokenizer({t: i for i, t in enumerate(vocab)}), tmp_path)
+    assert module_dirs(tmp_path) == [__import__("pathlib").Path("1_Pooling")]
+    spec = json.loads((tmp_path / "modules.json").read_text())
+    spec[1]["path"] = bad
+    (tmp_path / "modules.json").write_text(json.dumps(spec))
+    with pytest.raises(CheckpointError, match="leaves the model directory"):
+        module_dirs(tmp_path)

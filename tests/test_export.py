@@ -110,3 +110,14 @@ def test_a_failed_check_writes_nothing_and_int8_models_need_the_flag(tmp_path, c
     assert main(["export", str(d), str(out), "--int8", "--overwrite", "--tolerance", "0"]) == 2   # diff > 0
     assert "nothing written" in capsys.readouterr().err
     assert out.read_bytes() == before and sorted(p.name for p in out.parent.iterdir()) == ["qa.onnx"]
+
+
+def test_a_refused_export_into_new_directories_leaves_none(tmp_path, capsys):
+    from bertkit.cli import main
+    from bertkit.runtime.int8 import int8_kernel_ok
+    if not int8_kernel_ok():
+        pytest.skip("no int8 linear kernel in this PyTorch build")
+    d = _save("BertModel", tmp_path / "m")
+    out = tmp_path / "new" / "sub" / "m.onnx"
+    assert main(["export", str(d), str(out), "--int8", "--tolerance", "0"]) == 2       # int8 never matches exactly
+    assert "nothing written" in capsys.readouterr().err and not (tmp_path / "new").exists()

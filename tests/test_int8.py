@@ -205,3 +205,20 @@ def test_predictor_loads_an_int8_directory(tmp_path):
     assert isinstance(b.model.classifier, Int8Linear)
     ea, eb = a.embed(texts), b.embed(texts)
     assert torch.nn.functional.cosine_similarity(torch.as_tensor(ea), torch.as_tensor(eb)).min() > 0.99
+
+
+def test_keep_float_can_name_one_of_query_key_value():
+    """A kept key (or query, value) stays float and runs on its own beside its int8 siblings; the model loads back
+    the same way from its quantization_config."""
+    ids, mask = _batch()
+    q = int8.quantize(_tiny(), keep_float=["encoder.layer.0.attention.self.key"])
+    att = q.encoder.layer[0].attention.self
+    assert type(att.key) is torch.nn.Linear
+    assert isinstance(att.query, Int8Linear) and isinstance(att.value, Int8Linear)
+    assert isinstance(q.encoder.layer[1].attention.self.key, Int8Linear)
+    a = _hidden(runtime.freeze(copy.deepcopy(q), runtime.plan(force="all")), ids, mask)
+    assert torch.nn.functional.cosine_similarity(a, _hidden(_tiny(), ids, mask), dim=-1).min() > 0.995
+    loaded = int8.prepare(_tiny(), q.config)
+    loaded.load_state_dict(q.state_dict())
+    assert type(loaded.encoder.layer[0].attention.self.key) is torch.nn.Linear
+    assert torch.equal(_hidden(loaded, ids, mask), _hidden(q, ids, mask))

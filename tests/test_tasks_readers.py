@@ -131,3 +131,10 @@ def test_a_file_of_another_task_format_says_what_it_is(tmp_path):
         read_squad(table)
     with pytest.raises(DataError, match="is a directory"):
         read_table(tmp_path)
+
+
+def test_conll_whose_first_token_is_a_bracket_is_still_conll(tmp_path):
+    from bertkit.tasks.readers import read_conll
+    f = tmp_path / "p.conll"
+    f.write_text("[ O\nBBC B-ORG\n] O\n\n{ O\n")
+    assert [s.words for s in read_conll(f)] == [["[", "BBC", "]"], ["{"]]

@@ -136,9 +136,9 @@ def _quiet_root_logger():
 
 def _int8_dir(model_dir: Path, tmp: Path) -> Path:
     """`model_dir` itself when bertkit quantized it already, else an int8 copy in `tmp` (bertkit quantize)."""
-    import json
     from bertkit.quantize import quantize_dir
-    if "quantization_config" in json.loads((model_dir / "config.json").read_text(encoding="utf-8")):
+    from bertkit.runtime.int8 import is_int8_dir
+    if is_int8_dir(model_dir):
         return model_dir
     quantize_dir(model_dir, tmp, force=True)
     return tmp
@@ -198,8 +198,9 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
                shapes: Sequence[tuple[int, int]] = ((1, 7), (3, 33), (8, 64))) -> dict:
     """Run PyTorch and onnxruntime on random batches of several shapes (rows after the first padded);
     return {"max_abs_diff": float, "per_output": {...}, "shapes": [...], "max_abs_output": float}. For an int8
-    model also {"int8": {"onnx_vs_float", "bertkit_vs_float"}}: how far each int8 implementation is from the float
-    product of the same int8 weights (two independent roundings differ from each other by up to their sum)."""
+    model also {"int8": {"onnx_vs_float", "bertkit_vs_float", "worst_ratio"}}: how far each int8 implementation is
+    from the float product of the same int8 weights (the largest over every batch and output), and the largest
+    ratio of the two on any one batch and output (two independent roundings differ by up to their sum)."""
     from bertkit.infer import Predictor
     pred = Predictor.load(model_dir)
     sess = onnx_session(onnx_path)
@@ -208,7 +209,7 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
     floated = None if floated is None else _Wrapped(floated, pred.task)
     names = OUTPUTS[pred.task]
     worst = {n: 0.0 for n in names}
-    vs_float = {"onnx_vs_float": 0.0, "bertkit_vs_float": 0.0}
+    vs_float = {"onnx_vs_float": 0.0, "bertkit_vs_float": 0.0, "worst_ratio": 0.0}
     scale = 0.0                                      # the largest |PyTorch output|: what a relative tolerance uses
     for i, (b, s) in enumerate(shapes):
         x = _sample_inputs(pred.tokenizer, b, s, pad_from=max(1, s * 2 // 3), seed=i + 1)
@@ -225,8 +226,10 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
                 r, g, f = r[mask], g[mask], f[mask]
             worst[n] = max(worst[n], float((r - g).abs().max()))
             scale = max(scale, float(r.abs().max()))
-            vs_float["onnx_vs_float"] = max(vs_float["onnx_vs_float"], float((g - f).abs().max()))
-            vs_float["bertkit_vs_float"] = max(vs_float["bertkit_vs_float"], float((r - f).abs().max()))
+            onnx_far, ours_far = float((g - f).abs().max()), float((r - f).abs().max())
+            vs_float["onnx_vs_float"] = max(vs_float["onnx_vs_float"], onnx_far)
+            vs_float["bertkit_vs_float"] = max(vs_float["bertkit_vs_float"], ours_far)
+            vs_float["worst_ratio"] = max(vs_float["worst_ratio"], onnx_far / max(ours_far, 1e-6 * (1 + scale)))
     report = {"max_abs_diff": max(worst.values()), "per_output": worst, "shapes": [list(s) for s in shapes],
               "task": pred.task, "max_abs_output": scale}
     if floated is not None:

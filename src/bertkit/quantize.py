@@ -10,7 +10,8 @@
    and int8 on it and refuses to write when the drop of the task's main metric exceeds `max_drop` points.
 4. Writes config.json (with `quantization_config`: method, kept layers, the check's figures and the sizes),
    model.safetensors (int8 weights + scales), the tokenizer files and a sentence-transformers directory's module
-   folders (pooling, dense, normalize: as they are, a Dense stays float), into `out` (which must be new or empty).
+   folders (pooling, dense, normalize: as they are, a Dense stays float), into `out` (new or empty; the CLI's
+   --overwrite replaces an earlier quantize run there once the new model passed its gate).
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
 def _check_keep_float(model, patterns) -> None:
     """Every --keep-float pattern names some linear layer, and some layer is left to quantize: a typo would
     otherwise quantize what the user meant to keep, or write a "quantized" model with nothing in int8."""
-    import torch.nn as nn
     from bertkit.runtime.linear import FrozenLinear
     layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, FrozenLinear))]
     for p in patterns:
@@ -113,10 +113,12 @@ def _refuse_without_int8(force: bool) -> None:
 
 @dataclass
 class Quantized:
-    """An int8 model in memory, gated, not yet written: what `write` puts in a directory."""
+    """An int8 model in memory (gated where a check file was given), not yet written: what `write` puts in a
+    directory. Everything that can be refused has been checked by the time one exists."""
     model_dir: Path                    # the fp32 directory it came from (side files are copied from there)
     model: nn.Module                   # Int8Linear layers, quantization_config (with the check) in its config
     fp32_bytes: int                    # the fp32 weight files' size, for the size ratio
+    module_dirs: list[Path]            # sentence-transformers module folders, relative to model_dir
 
 
 def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
@@ -132,7 +134,7 @@ def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), 
     if check is not None:
         qc = quantized.config.extra["quantization_config"]
         qc["check"] = gate(model_dir, fp32, quantized, check, max_drop, precision)
-    return Quantized(model_dir, quantized, size)
+    return Quantized(model_dir, quantized, size, module_dirs(model_dir))
 
 
 def write(q: Quantized, out) -> dict:
@@ -143,8 +145,8 @@ def write(q: Quantized, out) -> dict:
     for f in q.model_dir.iterdir():                  # tokenizer and other side files, as they are
         if f.is_file() and f.name not in _WEIGHT_FILES:
             shutil.copy2(f, out / f.name)
-    for sub in module_dirs(q.model_dir):             # sentence-transformers' pooling / dense / normalize, as they are
-        shutil.copytree(sub, out / sub.relative_to(q.model_dir), dirs_exist_ok=True)
+    for sub in q.module_dirs:                        # sentence-transformers' pooling / dense / normalize, as they are
+        shutil.copytree(q.model_dir / sub, out / sub, dirs_exist_ok=True)
     q.model.save_pretrained(out)
     qc = q.model.config.extra["quantization_config"]
     size = (out / "model.safetensors").stat().st_size

@@ -339,13 +339,21 @@ def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: boo
 def staged(directory) -> Iterator[Path]:
     """A temporary directory inside `directory` for a command's output files: on success each file moves into
     `directory` (os.replace, so no reader sees half a file); on any error (a full disk) they are removed and the
-    files there before stay as they were."""
+    files there before stay as they were, and directories it created for them are removed again."""
     d = Path(directory)
+    made = d
+    while not made.parent.exists():
+        made = made.parent
+    made = None if d.exists() else made             # the topmost directory this call creates
     d.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=d, prefix=".bertkit-tmp-"))
+    ok = False
     try:
         yield tmp
         for f in sorted(tmp.iterdir()):
             os.replace(f, d / f.name)
+        ok = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not ok and made is not None and not any(p.is_file() for p in made.rglob("*")):
+            shutil.rmtree(made, ignore_errors=True)

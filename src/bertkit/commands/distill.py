@@ -83,6 +83,11 @@ def _distill(args) -> int:
     return 0
 
 
+def _default_length(args) -> int:
+    limit = _config(args.teacher).get("max_position_embeddings")
+    return min(128, limit) if isinstance(limit, int) and limit > 0 else 128
+
+
 def _config(model_dir) -> dict:
     """config.json of a model directory, or {} where it cannot be read (the loaders then name the problem)."""
     try:
@@ -92,16 +97,13 @@ def _config(model_dir) -> dict:
     return cfg if isinstance(cfg, dict) else {}
 
 
-def _int8(model_dir) -> bool:
-    return "quantization_config" in _config(model_dir)
-
-
 def _refuse_int8(args) -> None:
     """int8 models (bertkit quantize) run inference only: a teacher, yes; copied layers or a student, no."""
-    if args.student_layers is not None and _int8(args.teacher):
+    from bertkit.runtime.int8 import is_int8_dir
+    if args.student_layers is not None and is_int8_dir(args.teacher):
         raise ConfigError(f"--teacher {args.teacher} is int8 (bertkit quantize): --student-layers copies the "
                           f"teacher's float layers; give the fp32 teacher, or --student-preset")
-    if args.student is not None and _int8(args.student):
+    if args.student is not None and is_int8_dir(args.student):
         raise ConfigError(f"--student {args.student} is int8 (bertkit quantize), which cannot train; start the "
                           f"student from the fp32 model")
 
@@ -152,7 +154,7 @@ def _general(args) -> dict:
         raise ConfigError("general distillation trains one student: give one --seeds value")
     base = MlmDistillConfig(teacher=args.teacher, text=args.text, out=args.out, student_layers=args.student_layers,
                             student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
-                            hidden_weight=args.hidden_weight, max_length=args.max_length or 128,
+                            hidden_weight=args.hidden_weight, max_length=args.max_length or _default_length(args),
                             batch_size=args.batch_size)
     training = replace(base.training, lr=args.lr, epochs=args.epochs, warmup=args.warmup,
                        weight_decay=args.weight_decay, precision=values["precision"], seed=values["seeds"][0],

@@ -98,18 +98,21 @@ def _module_list(directory: Path) -> list[tuple[str, Path]]:
 
 def module_dirs(directory) -> list[Path]:
     """The subdirectories a sentence-transformers directory's modules.json names (Pooling, Dense, Normalize...),
-    as they are: what a copy of the model must carry besides the encoder's own files. [] without modules.json."""
+    relative to it: what a copy of the model must carry besides the encoder's own files. [] without modules.json;
+    a module path that leaves the directory (absolute, or with '..') is an error."""
     directory = Path(directory)
     if not is_sentence_transformers_dir(directory):
         return []
     spec = _read_json(directory / "modules.json")
-    paths = [str(m.get("path") or "") for m in spec if isinstance(m, dict)] if isinstance(spec, list) else []
-    root = directory.resolve()
+    if not isinstance(spec, list):
+        raise CheckpointError(f"{directory / 'modules.json'}: expected a list of {{type, path}} objects")
     out = []
-    for rel in paths:
-        sub = (directory / rel).resolve()
-        if rel and sub.is_dir() and sub != root and root in sub.parents:     # never a path outside the model
-            out.append(directory / rel)
+    for m in spec:
+        rel = Path(str(m.get("path") or "")) if isinstance(m, dict) else Path()
+        if rel.is_absolute() or ".." in rel.parts:
+            raise CheckpointError(f"{directory / 'modules.json'}: module path {str(rel)!r} leaves the model directory")
+        if rel.parts and (directory / rel).is_dir():
+            out.append(rel)
     return out
 
 

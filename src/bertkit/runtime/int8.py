@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import logging
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +32,11 @@ from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
-from bertkit.model import BertIntermediate, BertSelfAttention, activation
+from bertkit.model import BertIntermediate, BertSelfAttention, Projection, activation
 from bertkit.runtime.linear import FrozenLinear, _stamp, _tracing
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
-           "METHOD", "EMBEDDING_KEY"]
+           "is_int8_dir", "METHOD", "EMBEDDING_KEY"]
 
 log = logging.getLogger("bertkit.runtime.int8")
 
@@ -244,8 +246,17 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
             continue
         if isinstance(module, BertSelfAttention) and all(_linear_like(getattr(module, n))
                                                          for n in ("query", "key", "value")):
-            _swap_attention(module)
-            done += [f"{path}.{n}" for n in ("query", "key", "value")]
+            kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
+            if not kept:
+                _swap_attention(module)
+            else:                                     # some stay float: no fused int8 GEMM, each runs on its own
+                for name in ("query", "key", "value"):
+                    if name not in kept:
+                        setattr(module, name, Int8Linear.from_float(getattr(module, name)))
+                module.qkv = Projection(module, ("query", "key", "value"))
+                module.kv = Projection(module, ("key", "value"))
+                module.q = Projection(module, ("query",))
+            done += [f"{path}.{n}" for n in ("query", "key", "value") if n not in kept]
             continue
         for name, child in list(module.named_children()):
             full = f"{path}.{name}" if path else name
@@ -260,6 +271,17 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
     for p in model.parameters():                      # what is left (embeddings, LayerNorms): read-only
         p.requires_grad_(False)
     return done
+
+
+def is_int8_dir(model_dir) -> bool:
+    """Whether `model_dir`'s config.json names bertkit's int8 method; False where it cannot be read (the loaders
+    then name what is wrong with it)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    return isinstance(qc, dict) and qc.get("method") == METHOD
 
 
 def prepare(model: nn.Module, config) -> nn.Module:

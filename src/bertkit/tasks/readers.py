@@ -46,7 +46,7 @@ def _open_text(path: Path):
         raise DataError(f"{path}: is a directory, expected a data file")
     try:
         data = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:   # a directory, no permission, a broken .gz
+    except (OSError, EOFError, zlib.error) as e:   # no permission, a broken .gz
         raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
         return io.StringIO(data.decode("utf-8"), newline="")
@@ -278,7 +278,7 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
                 continue
             if n_cols is None:
                 n_cols = len(cols)
-                if line.strip() in ("{", "[") or line.lstrip().startswith(('{"', '[{')):
+                if line.lstrip()[:1] in ("{", "[") and _is_json(path):
                     raise DataError(f"{path}:{i}: JSON, not CoNLL (one token and its tag per line, blank lines "
                                     f"between sentences), which tag models read")
                 if require_tags and n_cols < 2:
@@ -346,13 +346,22 @@ def _id_lines(raw: str) -> dict[str, int]:
     return out
 
 
+def _json_document(path: Path):
+    """The file parsed as one JSON document, or None where it is not one."""
+    try:
+        return json.loads(_open_text(path).read())
+    except (json.JSONDecodeError, RecursionError, DataError):
+        return None
+
+
+def _is_json(path: Path) -> bool:
+    return _json_document(path) is not None
+
+
 def _json_document_hint(path: Path, line: int) -> str:
     """Why line 1 of a .json table is not JSON: often the file is one indented JSON document (a SQuAD file)."""
-    if line != 1:
-        return ""
-    try:
-        doc = json.loads(_open_text(path).read())
-    except (json.JSONDecodeError, RecursionError, DataError):
+    doc = _json_document(path) if line == 1 else None
+    if doc is None:
         return ""
     squad = isinstance(doc, dict) and isinstance(doc.get("data"), list)
     return ("; the file is one JSON document, not JSON Lines (one object per line)"
