@@ -155,6 +155,42 @@ def test_tokenize_and_info(mlm):
     assert spec["paths"]["/info"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
 
 
+def test_a_sentence_transformers_directory_is_served_with_its_own_pipeline(tmp_path):
+    """/embed and /v1/embeddings run the directory's pooling ([CLS] here), Dense projection and normalisation, as
+    `bertkit embed` and sentence-transformers do (not the encoder's mean); /info gives the projected width and says
+    when the encoder is int8."""
+    import torch
+    from bertkit import BertConfig, BertModel, Tokenizer
+    from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
+    from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
+    from bertkit.infer import Predictor
+    from bertkit.quantize import quantize_dir
+    torch.manual_seed(0)
+    tok = Tokenizer({t: i for i, t in enumerate(VOCAB)})
+    bert = BertModel(BertConfig.preset("tiny", vocab_size=len(VOCAB), max_position_embeddings=64))
+    save_sentence_encoder(SentenceEncoder(bert, Pooling("cls"), normalize=True, dense=Dense(bert.config.hidden_size,
+                                          24, activation="tanh"), max_seq_length=64), tok, tmp_path / "st")
+    quantize_dir(tmp_path / "st", tmp_path / "st8", force=True)
+    for name, method in (("st", None), ("st8", "bertkit-int8")):
+        encoder, tok = load_sentence_encoder(tmp_path / name)
+        ref = encoder.encode(tok, TEXTS)
+        pred = Predictor.load(tmp_path / name)
+        srv = _serve(pred)
+        try:
+            status, got = _request(srv.port, "POST", "/embed", {"inputs": TEXTS})
+            assert status == 200 and np.array(got).shape == (4, 24), name
+            tol = 1e-5 if method is None else 0.05            # int8: one activation scale per batch (README)
+            assert np.abs(np.array(got) - ref).max() < tol, name
+            status, res = _request(srv.port, "POST", "/v1/embeddings", {"input": TEXTS[:1], "model": "m"})
+            assert status == 200 and np.abs(np.array(res["data"][0]["embedding"]) - ref[0]).max() < tol
+            status, info = _request(srv.port, "GET", "/info")
+            assert info["dims"] == 24 and info["quantization"] == method
+            status, res = _request(srv.port, "POST", "/embed", {"text": TEXTS[0], "pooling": "mean"})
+            assert status == 200 and len(res["embedding"]) == bert.config.hidden_size   # asked: the encoder's mean
+        finally:
+            srv.stop()
+
+
 def _pair_prob(pred, query: str, text: str) -> float:
     return pred.classify([query], pairs=[text])[0]["scores"]["pos"]
 

@@ -3,7 +3,7 @@
     p = Predictor.load("runs/demo/pretrain/final")       # any HF-format BERT directory
     p.fill_mask("Paris is the [MASK] of France.")        # top-k words with probabilities
     p.fill_mask("The [MASK] [MASK] said on Monday.")     # both masks decoded jointly
-    p.embed(["A man is eating food."], pooling="mean")   # (n, hidden) numpy, L2-normalised by default
+    p.embed(["A man is eating food."])                    # (n, dims) numpy, the model's pooling, L2-normalised
     p.attention("Bert notices the hat ...")               # tokens + per-layer (heads, seq, seq) maps
 
 Fill-mask, one mask. The masked-LM head gives a distribution over the vocabulary at the [MASK]; its top-k word-start
@@ -24,9 +24,11 @@ filled), summed; the answer is the beam with the highest PLL (the independent gu
 the joint answer's PLL is never below it). `independent_fill` gives the per-mask argmax baseline
 that `benchmarks/fillmask.py` compares against.
 
-Embeddings. [CLS] vector or the mean of the token vectors under the attention mask (special tokens included, as
-sentence-transformers does), from the last layer or the average of chosen layers (`layers=[-1, -2]`), optionally
-L2-normalised so a dot product is the cosine similarity.
+Embeddings. By default the model's own pipeline: a sentence-transformers directory's pooling and Dense modules
+(modules.json), else the mean of the token vectors; `pooling="mean"` / `"cls"` asks for the mean under the attention
+mask (special tokens included, as sentence-transformers does) or the [CLS] vector of the encoder itself. From the
+last layer or the average of chosen layers (`layers=[-1, -2]`), optionally L2-normalised so a dot product is the
+cosine similarity.
 """
 
 from __future__ import annotations
@@ -109,8 +111,10 @@ class FillResult:
 class Predictor:
     """A loaded model + tokenizer with the inference entry points. `task` is mlm | classify | tag | answer | encoder."""
 
-    def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model"):
+    def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model",
+                 pipeline=None):
         self.model = model.eval()
+        self.pipeline = pipeline            # a SentenceEncoder around self.encoder: the directory's pooling / Dense
         self.tokenizer = tokenizer
         self.task = task
         self.labels = labels
@@ -132,6 +136,7 @@ class Predictor:
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "Predictor":
         import bertkit
+        from bertkit.embed.st_format import is_sentence_transformers_dir, sentence_pipeline
         from bertkit.hub import resolve_model_dir
         from bertkit.tokenizer import Tokenizer
         model_dir = resolve_model_dir(path)
@@ -146,7 +151,15 @@ class Predictor:
         id2label = getattr(model.config, "id2label", None)
         if task in ("classify", "tag") and id2label:
             labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
-        return cls(model, tok, task, labels=labels, name=model_dir.name)
+        pipeline = None
+        if is_sentence_transformers_dir(model_dir):
+            pipeline = sentence_pipeline(model_dir, getattr(model, "bert", model), tok).to(device).eval()
+        return cls(model, tok, task, labels=labels, name=model_dir.name, pipeline=pipeline)
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of `embed`'s default vectors (after a sentence-transformers Dense projection, if any)."""
+        return self.pipeline.dim if self.pipeline is not None else self.encoder.config.hidden_size
 
     @property
     def has_mlm(self) -> bool:
@@ -348,14 +361,17 @@ class Predictor:
 
     # ---------------------------------------------------------------------------------------------- embeddings
     @torch.inference_mode()
-    def embed(self, texts: Sequence[str], pooling: str = "mean", layers: Sequence[int] | None = None,
+    def embed(self, texts: Sequence[str], pooling: str | None = None, layers: Sequence[int] | None = None,
               normalize: bool = True, max_length: int = 256, batch_size: int = 32, progress: bool = False) -> np.ndarray:
-        """(n, hidden) float32 sentence vectors; see the module docstring for pooling / layers / normalize."""
-        if pooling not in ("mean", "cls"):
+        """(n, dims) float32 sentence vectors; see the module docstring for pooling / layers / normalize."""
+        if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        pipe = self.pipeline if pooling is None else None
         texts = list(texts)
+        if pipe is not None and pipe.do_lower_case:
+            texts = [t.lower() if isinstance(t, str) else t for t in texts]
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))    # similar lengths share a batch: less padding
-        out = np.zeros((len(texts), self.encoder.config.hidden_size), dtype=np.float32)
+        out = np.zeros((len(texts), pipe.dim if pipe else self.encoder.config.hidden_size), dtype=np.float32)
         starts = range(0, len(texts), batch_size)
         if progress:
             from tqdm import tqdm
@@ -375,7 +391,11 @@ class Predictor:
             else:
                 h = enc.last_hidden_state                    # (batch, seq, hidden)
             h = h.float()
-            if pooling == "cls":
+            if pipe is not None:
+                v = pipe.pooling(h, batch["attention_mask"])                # (batch, pooled)
+                for layer in pipe.dense:
+                    v = layer(v)                                            # (batch, out)
+            elif pooling == "cls":
                 v = h[:, 0]
             else:
                 m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)       # (batch, seq, 1)

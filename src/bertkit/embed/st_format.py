@@ -31,7 +31,8 @@ from bertkit.tokenizer import Tokenizer
 
 from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
 
-__all__ = ["load_sentence_encoder", "save_sentence_encoder", "is_sentence_transformers_dir", "module_dirs",
+__all__ = ["load_sentence_encoder", "sentence_pipeline", "save_sentence_encoder", "is_sentence_transformers_dir",
+           "module_dirs",
            "POOLING_FLAGS"]
 
 # the legacy flag of each pooling mode, in sentence-transformers' concatenation order
@@ -172,10 +173,21 @@ def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None
     directory = Path(path)
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
-    modules = _module_list(directory) if is_sentence_transformers_dir(directory) else [("transformer", directory)]
-    tdir = modules[0][1]
+    tdir = _module_list(directory)[0][1] if is_sentence_transformers_dir(directory) else directory
     bert = BertModel.from_pretrained(tdir)
     tokenizer = Tokenizer.from_pretrained(tdir)  # vocab.txt, or the tokenizer.json sentence-transformers 6 saves
+    encoder = sentence_pipeline(directory, bert, tokenizer)
+    if device is not None or dtype is not None:
+        encoder.to(device=device, dtype=dtype)
+    return encoder.eval(), tokenizer
+
+
+def sentence_pipeline(path, bert: BertModel, tokenizer: Tokenizer) -> SentenceEncoder:
+    """The directory's pooling / Dense / Normalize modules around an encoder already loaded from it (mean pooling,
+    no normalisation for a plain HF directory): what `serve` embeds with, sharing the model it loaded."""
+    directory = Path(path)
+    modules = _module_list(directory) if is_sentence_transformers_dir(directory) else [("transformer", directory)]
+    tdir = modules[0][1]
     max_len, lower = _seq_settings(tdir, tokenizer, bert.config.max_position_embeddings)
     hidden = bert.config.hidden_size
     pooling = _pooling_from(modules[1][1], hidden) if len(modules) > 1 else Pooling("mean", hidden)
@@ -186,9 +198,7 @@ def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None
     if dense and dense[0].in_features != pooling.output_dim():
         raise CheckpointError(f"{directory}: the first Dense takes {dense[0].in_features} features but pooling "
                               f"gives {pooling.output_dim()}")
-    if device is not None or dtype is not None:
-        encoder.to(device=device, dtype=dtype)
-    return encoder.eval(), tokenizer
+    return encoder
 
 
 # ---------------------------------------------------------------------------------------------------- writing

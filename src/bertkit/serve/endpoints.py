@@ -46,7 +46,7 @@ def _too_long(counts: list[int], max_length: int) -> RequestError | None:
 @dataclass
 class _EmbedJob:
     texts: list[str]
-    pooling: str = "mean"
+    pooling: str | None = None          # None: the model's own (sentence-transformers modules, else mean)
     normalize: bool = True
     truncate: bool = True
 
@@ -92,7 +92,7 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 
 def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    dims = predictor.encoder.config.hidden_size
+    dims = predictor.embedding_dim
 
     def shape(r: S.OpenAIEmbedRequest, vecs: np.ndarray, counts: list[int]) -> dict:
         if r.encoding_format == "base64":
@@ -332,11 +332,17 @@ def absent_routes(predictor) -> dict[str, str]:
     return why
 
 
+def _quantization(predictor) -> str | None:
+    qc = getattr(predictor.model.config, "extra", {}).get("quantization_config")
+    return qc.get("method") if isinstance(qc, dict) else None
+
+
 def model_info(predictor, config: ServeConfig) -> dict:
     import bertkit
     kind = {"classify": "classifier", "tag": "tagger", "answer": "question-answering"}.get(predictor.task, "embedding")
     labels = predictor.labels if predictor.task in ("classify", "tag") else None
     return {"model_id": predictor.name, "model_type": kind, "task": predictor.task,
-            "dims": predictor.encoder.config.hidden_size, "max_input_length": config.max_length,
+            "dims": predictor.embedding_dim, "quantization": _quantization(predictor),
+            "max_input_length": config.max_length,
             "max_client_batch_size": config.max_inputs, "max_batch_requests": config.max_batch,
             "max_concurrent_requests": config.max_connections, "labels": labels, "version": bertkit.__version__}

@@ -43,7 +43,8 @@ class ErrorBody(Response):
 class EmbedRequest(Request):
     model_config = ConfigDict(json_schema_extra={"example": {"text": "A man is eating food."}})
     text: Text = Field(description="input text")
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: Literal["mean", "cls"] | None = Field(None, description="the encoder's mean or [CLS] vector; default: "
+                                                      "the model's own pooling (and Dense layers)")
     normalize: bool = True
 
 
@@ -212,6 +213,7 @@ class Info(Response):
     model_type: str
     task: str
     dims: int
+    quantization: str | None = None          # "bertkit-int8" for a model written by `bertkit quantize`
     max_input_length: int
     max_client_batch_size: int
     max_batch_requests: int
