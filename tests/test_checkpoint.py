@@ -185,3 +185,18 @@ def test_save_with_real_tokenizer_round_trip(tmp_path, bert_vocab_file):
     ids = torch.tensor([tok.encode("the model and its tokenizer travel together")])
     with torch.no_grad():
         assert torch.equal(back(ids).logits, model.eval()(ids).logits)
+
+
+def test_saved_files_are_readable_as_the_umask_allows(tmp_path):
+    """safetensors creates owner-only files; a saved model directory gets the modes any new file would."""
+    import os
+    import stat
+
+    from bertkit import BertConfig, BertModel
+    mask = os.umask(0o022)
+    try:
+        BertModel(BertConfig.preset("tiny", vocab_size=50)).save_pretrained(tmp_path / "m")
+    finally:
+        os.umask(mask)
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((tmp_path / "m" / name).stat().st_mode) == 0o644, name

@@ -50,6 +50,8 @@ def test_quantize_check_writes_int8_that_inference_loads(finetuned, tmp_path, ca
     assert qc["check"]["drop_points"] <= 1.0 and report["check"] == qc["check"]
     assert qc["size_bytes"]["int8"] == (out / "model.safetensors").stat().st_size
     assert (out / "vocab.txt").is_file() and cfg["bertkit_task"]["kind"] == "classify"
+    assert (run / "metrics.json").is_file() and not (out / "metrics.json").exists()      # the fp32 run's figures
+    assert not list(out.glob("predictions_*")) and not (out / "summary.json").exists()
     # `bertkit evaluate` (load_task -> from_pretrained -> runtime.freeze) reads the int8 directory as it is
     rep = evaluate(out, dev, precision="fp32")
     assert 100 * rep["accuracy"] == pytest.approx(qc["check"]["int8"], abs=1e-3)

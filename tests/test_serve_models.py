@@ -381,3 +381,28 @@ def test_mixed_load_no_5xx(mlm):
     assert not [b for b in bad if isinstance(b[2], str) or b[2] >= 500], bad[:10]
     assert not bad, bad[:10]
     assert p99_mixed <= 2 * p99_alone, (p99_mixed, p99_alone)
+
+
+def test_a_single_text_classifier_does_not_rerank(tmp_path):
+    """A classifier bertkit fine-tuned on single texts (sentiment) would score (query, document) pairs without
+    meaning: rerank refuses it in one line, and serve has no /rerank for it (the 404 says why)."""
+    import torch
+    import bertkit
+    from bertkit import BertConfig, Tokenizer
+    from bertkit.embed.rerank import CrossEncoder
+    from bertkit.errors import ConfigError
+    from bertkit.infer import Predictor
+    torch.manual_seed(0)
+    model = bertkit.BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=len(VOCAB),
+                                                                    id2label={0: "neg", 1: "pos"}))
+    model.config.extra["bertkit_task"] = {"kind": "classify", "max_length": 64}
+    model.save_pretrained(tmp_path / "sentiment", tokenizer=Tokenizer({t: i for i, t in enumerate(VOCAB)}))
+    with pytest.raises(ConfigError, match="fine-tuned on single texts"):
+        CrossEncoder.load(tmp_path / "sentiment")
+    srv = _serve(Predictor.load(tmp_path / "sentiment"))
+    try:
+        status, res = _request(srv.port, "POST", "/rerank", {"query": "the cat", "texts": ["a dog", "the mat"]})
+        assert status == 404 and "single texts" in res["error"]
+        assert _request(srv.port, "POST", "/classify", {"text": "the cat"})[0] == 200
+    finally:
+        srv.stop()

@@ -314,12 +314,20 @@ def _load_into(model, sd: dict[str, Tensor], source: Path, ignore_mismatched_siz
 
 
 # ---------------------------------------------------------------------------------------------- save
+def _file_mode() -> int:
+    """What open() gives a new file under this process's umask (rw for whom the umask allows)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write(path: Path, write) -> None:
     """write(temp name), then rename over `path`: a failure (a full disk) leaves `path` as it was and no temp file,
     and is one CheckpointError line."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        os.chmod(tmp, _file_mode())      # safetensors creates its files owner-only; a model is for sharing
         os.replace(tmp, path)
     except OSError as e:
         raise CheckpointError(f"cannot write {path}: {e.strerror or e}; the previous file, if any, is unchanged"

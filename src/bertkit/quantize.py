@@ -20,6 +20,7 @@ import copy
 import json
 import shutil
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from torch import nn
@@ -33,6 +34,8 @@ from bertkit.runtime import int8
 __all__ = ["quantize_dir", "quantize_model", "write", "Quantized", "QualityGateError"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json")
+# what `bertkit finetune` / `distill` wrote about the fp32 model: not true of the int8 one (its check is in config.json)
+_RUN_FILES = ("metrics.json", "summary.json", "predictions_*", "confusion_*")
 
 
 class QualityGateError(BertkitError):
@@ -143,7 +146,7 @@ def write(q: Quantized, out) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for f in q.model_dir.iterdir():                  # tokenizer and other side files, as they are
-        if f.is_file() and f.name not in _WEIGHT_FILES:
+        if f.is_file() and f.name not in _WEIGHT_FILES and not any(fnmatch(f.name, p) for p in _RUN_FILES):
             shutil.copy2(f, out / f.name)
     for sub in q.module_dirs:                        # sentence-transformers' pooling / dense / normalize, as they are
         shutil.copytree(q.model_dir / sub, out / sub, dirs_exist_ok=True)

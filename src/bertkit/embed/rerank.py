@@ -17,9 +17,16 @@ import torch
 
 from bertkit.errors import ConfigError, DataError
 
-__all__ = ["CrossEncoder", "rerank", "POSITIVE_LABELS"]
+__all__ = ["CrossEncoder", "rerank", "single_text_kind", "POSITIVE_LABELS"]
 
 POSITIVE_LABELS = ("1", "positive", "pos", "relevant", "true", "yes", "entailment")
+
+
+def single_text_kind(predictor) -> str | None:
+    """The bertkit task kind of a classifier fine-tuned on single texts ("classify", "multilabel"), to which a
+    (query, document) pair means nothing; None for pair models and for models bertkit did not fine-tune."""
+    kind = (getattr(predictor.model.config, "extra", {}).get("bertkit_task") or {}).get("kind")
+    return kind if kind in ("classify", "multilabel") else None
 
 
 class CrossEncoder:
@@ -33,8 +40,12 @@ class CrossEncoder:
         from bertkit.infer import Predictor
         p = Predictor.load(path, device=device)
         if p.task != "classify":
-            raise ConfigError(f"{path}: a {p.task} model; reranking needs a pair classification or regression model "
-                              f"(bertkit finetune --task pair | regress)")
+            raise ConfigError(f"{path}: its head is {p.task!r}; reranking needs a pair classification or regression "
+                              f"model (bertkit finetune --task pair | regress)")
+        kind = single_text_kind(p)
+        if kind is not None:
+            raise ConfigError(f"{path}: fine-tuned on single texts (bertkit_task kind {kind!r}); reranking needs a "
+                              f"model fine-tuned on pairs (bertkit finetune --task pair | regress)")
         return cls(p, str(path))
 
     @torch.inference_mode()

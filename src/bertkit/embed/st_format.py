@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.checkpoint import CONFIG_NAME, load_state_dict_file
+from bertkit.checkpoint import CONFIG_NAME, _atomic_write, load_state_dict_file
 from bertkit.errors import CheckpointError
 from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer
@@ -237,7 +237,7 @@ def save_sentence_encoder(encoder: SentenceEncoder, tokenizer: Tokenizer, path) 
                                         "bias": layer.bias,
                                         "activation_function": _ACTIVATION_PATHS[layer.activation_name]})
         sd = {k: v.detach().to("cpu").contiguous() for k, v in layer.state_dict().items()}
-        save_file(sd, str(sub / "model.safetensors"), metadata={"format": "pt"})
+        _atomic_write(sub / "model.safetensors", lambda p, sd=sd: save_file(sd, str(p), metadata={"format": "pt"}))
         modules.append((idx, f"{idx}_Dense", "Dense"))
     if encoder.normalize:
         idx = str(len(modules))

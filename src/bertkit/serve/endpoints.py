@@ -272,7 +272,9 @@ def _inputs_check(field: str, config: ServeConfig) -> Callable:
 
 
 def _reranks(predictor) -> bool:
-    return predictor.task == "classify" and predictor.model.config.num_labels in (1, 2)
+    from bertkit.embed.rerank import single_text_kind
+    return (predictor.task == "classify" and predictor.model.config.num_labels in (1, 2)
+            and single_text_kind(predictor) is None)
 
 
 def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, Endpoint]:
@@ -315,6 +317,7 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
 
 def absent_routes(predictor) -> dict[str, str]:
     """Why a known route is missing for this model: the 404 says so instead of just 'not found'."""
+    from bertkit.embed.rerank import single_text_kind
     why = {}
     if not predictor.has_mlm:
         why["fill-mask"] = f"this is a {predictor.task} model: /fill-mask needs a masked-LM head"
@@ -323,8 +326,9 @@ def absent_routes(predictor) -> dict[str, str]:
             why[name] = (f"this is a {predictor.task} model: /{name} needs a sequence-classification "
                          f"(cross-encoder) head")
     elif not _reranks(predictor):
-        why["rerank"] = (f"/rerank needs a cross-encoder with one or two labels; this classifier has "
-                         f"{predictor.model.config.num_labels}")
+        why["rerank"] = (f"/rerank needs a cross-encoder (fine-tuned on pairs) with one or two labels; this "
+                         f"classifier has {predictor.model.config.num_labels}, fine-tuned on "
+                         f"{'single texts' if single_text_kind(predictor) else 'pairs'}")
     if predictor.task != "tag":
         why["tag"] = f"this is a {predictor.task} model: /tag needs a token-classification head"
     if predictor.task != "answer":
