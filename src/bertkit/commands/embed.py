@@ -22,7 +22,6 @@ from bertkit import progress
 from bertkit.errors import ConfigError, DataError
 from bertkit.commands import add_model_argument, checks
 
-INDEX_SOURCE = "bertkit_source.json"       # the index's model and encoder settings (queries must use the same)
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
 _VECTOR_SUFFIXES = (".npy", ".jsonl", ".json")
 
@@ -257,7 +256,7 @@ def write_vectors(out: Path | None, texts, vecs) -> int:
 
 
 def _write_index(args, encoder, texts, ids, vecs) -> int:
-    from bertkit.embed.index import model_hash, write_index
+    from bertkit.embed.index import INDEX_SOURCE, model_hash, write_index
     out = Path(args.out)
     index = write_index(out, vecs, ids, model_hash(encoder), dtype=args.dtype, normalized=True)
     (out / INDEX_TEXTS).write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
@@ -277,7 +276,7 @@ def _index_texts(directory: Path) -> list[str] | None:
 
 
 def search(args) -> int:
-    from bertkit.embed.index import EmbeddingIndex, model_hash
+    from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash
     from bertkit.embed.runner import load_encoder
     if args.top_k <= 0 or args.rerank_depth <= 0:
         raise ConfigError(f"--top-k and --rerank-depth must be positive, got {args.top_k}, {args.rerank_depth}")

@@ -35,8 +35,10 @@ from torch import nn
 
 from bertkit.errors import ConfigError, DataError
 
-__all__ = ["EmbeddingIndex", "IndexWriter", "IndexMismatch", "SearchResult", "write_index", "model_hash",
+__all__ = ["INDEX_SOURCE", "EmbeddingIndex", "IndexWriter", "IndexMismatch", "SearchResult", "write_index", "model_hash",
            "search_vectors", "DTYPES"]
+
+INDEX_SOURCE = "bertkit_source.json"       # beside an index `bertkit embed` built: its model and encoder settings
 
 FORMAT = "bertkit-embedding-index"
 VERSION = 1
@@ -217,7 +219,15 @@ class EmbeddingIndex:
             raise IndexMismatch(f"query vectors have dim {dim}, the index {self.directory} has dim {self.dim}")
         if model_hash is not None and model_hash != self.manifest["model_hash"]:
             raise IndexMismatch(f"query model {model_hash} is not the model that built {self.directory} "
-                                f"({self.manifest['model_hash']})")
+                                f"({self.manifest['model_hash']}{self._built_with()})")
+
+    def _built_with(self) -> str:
+        """", MODEL" from the source note `bertkit embed` leaves beside an index, if there is one."""
+        try:
+            source = json.loads((Path(self.directory) / INDEX_SOURCE).read_text(encoding="utf-8"))
+            return f", {source['model']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
 
     def search(self, queries: np.ndarray, k: int = 10, model_hash: str | None = None, corpus_block: int = 32768,
                query_block: int = 256) -> SearchResult:
