@@ -268,6 +268,7 @@ def file_out_probes() -> list[Probe]:
         Probe("fout:quantize:not-empty", ["quantize", "W/clf", "T/q"], "not empty", {"T/q/x": b""}),
         Probe("fout:quantize:a-file", ["quantize", "W/clf", "W/file.txt"], "is a file"),
         Probe("in:quantize:check-missing", ["quantize", "W/clf", "T/q", "--check", "W/none.csv"], "none.csv"),
+        Probe("in:quantize:model-is-a-file", ["quantize", "W/file.txt", "T/q"], "is a file; expected"),
         Probe("arg:quantize:max-drop-dashes", ["quantize", "W/clf", "T/q", "--max-drop=--"], "expected one argument"),
         Probe("arg:quantize:keep-float-typo", ["quantize", "W/clf", "T/q", "--keep-float", "Classifier"],
               "matches no linear layer"),

@@ -66,6 +66,8 @@ _ARCHS = {
 def _detect_architecture(model_dir: Path) -> str:
     """The head a checkpoint carries: config.json "architectures", else the weight names."""
     cfg_path = model_dir / "config.json"
+    if model_dir.is_file():
+        raise CheckpointError(f"{model_dir}: is a file; expected an HF-format model directory (config.json + weights)")
     if not cfg_path.is_file():
         raise CheckpointError(f"{model_dir}: no config.json (expected an HF-format model directory)")
     cfg = read_json_config(cfg_path, CheckpointError)
