@@ -163,3 +163,21 @@ def test_module_paths_that_leave_the_directory_are_refused(tmp_path, bad):
     (tmp_path / "modules.json").write_text(json.dumps(spec))
     with pytest.raises(CheckpointError, match="leaves the model directory"):
         module_dirs(tmp_path)
+
+
+def test_only_embeddings_read_the_module_list(tmp_path):
+    """A directory whose modules.json bertkit cannot run still loads for everything else (export, fill-mask, a
+    head's predictions); embedding it is the one-line error naming the module."""
+    from bertkit.infer import Predictor
+    from bertkit.tokenizer import Tokenizer
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world"]
+    enc = SentenceEncoder(_tiny_encoder(max_seq_length=32).bert, Pooling("mean"), max_seq_length=32)
+    save_sentence_encoder(enc, Tokenizer({t: i for i, t in enumerate(vocab)}), tmp_path)
+    spec = json.loads((tmp_path / "modules.json").read_text())
+    spec.insert(2, {"idx": 2, "name": "2", "path": "2_LSTM", "type": "sentence_transformers.models.LSTM"})
+    (tmp_path / "modules.json").write_text(json.dumps(spec))
+    p = Predictor.load(tmp_path)
+    assert p.encoder.config.hidden_size == 16
+    with pytest.raises(CheckpointError, match="LSTM"):
+        p.embed(["hello world"])
+    assert p.embed(["hello world"], pooling="mean").shape == (1, 16)      # asked for the encoder's mean: no modules

@@ -114,9 +114,10 @@ class Predictor:
     """A loaded model + tokenizer with the inference entry points. `task` is mlm | classify | tag | answer | encoder."""
 
     def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model",
-                 pipeline=None):
+                 st_dir: Path | None = None):
         self.model = model.eval()
-        self.pipeline = pipeline            # a SentenceEncoder around self.encoder: the directory's pooling / Dense
+        self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
+        self._pipeline = None
         self.tokenizer = tokenizer
         self.task = task
         self.labels = labels
@@ -138,7 +139,7 @@ class Predictor:
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "Predictor":
         import bertkit
-        from bertkit.embed.st_format import is_sentence_transformers_dir, sentence_pipeline
+        from bertkit.embed.st_format import is_sentence_transformers_dir
         from bertkit.hub import resolve_model_dir
         from bertkit.tokenizer import Tokenizer
         model_dir = resolve_model_dir(path)
@@ -153,10 +154,17 @@ class Predictor:
         id2label = getattr(model.config, "id2label", None)
         if task in ("classify", "tag") and id2label:
             labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
-        pipeline = None
-        if is_sentence_transformers_dir(model_dir):
-            pipeline = sentence_pipeline(model_dir, getattr(model, "bert", model), tok).to(device).eval()
-        return cls(model, tok, task, labels=labels, name=model_dir.name, pipeline=pipeline)
+        st_dir = model_dir if is_sentence_transformers_dir(model_dir) else None
+        return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir)
+
+    @property
+    def pipeline(self):
+        """A SentenceEncoder around self.encoder with the directory's pooling / Dense / Normalize modules, built on
+        first use (only embeddings read modules.json: export, fill-mask or a head's predictions never need it)."""
+        if self._pipeline is None and self._st_dir is not None:
+            from bertkit.embed.st_format import sentence_pipeline
+            self._pipeline = sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
+        return self._pipeline
 
     @property
     def embedding_dim(self) -> int:
