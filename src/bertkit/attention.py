@@ -30,7 +30,7 @@ from torch import Tensor
 from bertkit.padding import Layout, fill
 
 __all__ = ["ATTENTION_FUNCTIONS", "ExecutionOptions", "ExecutionPlan", "Mode", "dropout_drop_mask",
-           "eager_attention", "explicit_attention", "sdpa_attention"]
+           "eager_attention", "explicit_attention", "sdpa_attention", "tracing"]
 
 
 # ---------------------------------------------------------------------------------------------- dropout masks
@@ -113,6 +113,13 @@ class ExecutionOptions:
         return replace(self, **changes)
 
 
+def tracing() -> bool:
+    """torch.jit.trace, torch.export / torch.compile: graphs want plain aten ops. ONNX export traces (TorchScript) or
+    runs torch.export, which these two flags show; torch.onnx.is_in_onnx_export() imports twice a call, and
+    layers call this on every forward."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
 @dataclass(frozen=True)
 class Mode:
     """What torch says about this forward, read once."""
@@ -130,9 +137,8 @@ class Mode:
     @classmethod
     def current(cls, device: torch.device, weight_dtype: torch.dtype, training: bool) -> "Mode":
         autocast = torch.is_autocast_enabled(device.type)
-        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
         return cls(device, torch.get_autocast_dtype(device.type) if autocast else weight_dtype,
-                   training, tracing, autocast, torch.is_grad_enabled())
+                   training, tracing(), autocast, torch.is_grad_enabled())
 
 
 @dataclass

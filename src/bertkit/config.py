@@ -245,6 +245,14 @@ def read_json_config(p: Path, error=ConfigError) -> dict:
     return d
 
 
+def peek_json_config(p: Path) -> dict:
+    """`read_json_config`, or {} where it would refuse: a look before loading (the loader then names the problem)."""
+    try:
+        return read_json_config(p)
+    except ConfigError:
+        return {}
+
+
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Check/convert one JSON value against the annotated type of field `key` (annotations are strings here)."""
     t = str(typ)

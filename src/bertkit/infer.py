@@ -402,9 +402,7 @@ class Predictor:
                 h = enc.last_hidden_state                    # (batch, seq, hidden)
             h = h.float()
             if pipe is not None:
-                v = pipe.pooling(h, batch["attention_mask"])                # (batch, pooled)
-                for layer in pipe.dense:
-                    v = layer(v)                                            # (batch, out)
+                v = pipe.pool(h, batch["attention_mask"])                   # (batch, dims)
             elif pooling == "cls":
                 v = h[:, 0]
             else:

@@ -92,20 +92,6 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     return figures
 
 
-def _check_keep_float(model, patterns) -> None:
-    """Every --keep-float pattern names some linear layer, and some layer is left to quantize: a typo would
-    otherwise quantize what the user meant to keep, or write a "quantized" model with nothing in int8."""
-    from bertkit.runtime.linear import FrozenLinear
-    layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, FrozenLinear))]
-    for p in patterns:
-        if not p.strip() or not any(int8._matches(n, [p]) for n in layers):
-            raise ConfigError(f"--keep-float {p!r} matches no linear layer (names look like {layers[0]!r}, "
-                              f"{layers[-1]!r})")
-    if patterns and all(int8._matches(n, patterns) for n in layers):
-        raise ConfigError(f"--keep-float {' '.join(map(repr, patterns))} keeps every linear layer in float: "
-                          f"nothing would be quantized")
-
-
 def _refuse_without_int8(force: bool) -> None:
     plan = runtime.plan("cpu")
     if plan.int8_engine is None and not force:
@@ -132,7 +118,7 @@ def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), 
     fp32 = _load(model_dir)
     size = sum(f.stat().st_size for f in model_dir.iterdir()
                if f.name.endswith(".safetensors") or f.name == "pytorch_model.bin")
-    _check_keep_float(fp32, keep_float)
+    int8.check_keep_float(fp32, keep_float)
     quantized = int8.quantize(copy.deepcopy(fp32), keep_float)
     if check is not None:
         qc = quantized.config.extra["quantization_config"]

@@ -256,18 +256,24 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         inside = [name for name, r in ins for e in gone if e == r or e in r.parents]
         if inside:
             raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
-        if dry_run:
-            return d
-        _clear(gone)
+        if not dry_run:
+            _clear(gone)
     if dry_run:
         return d
-    made = d
-    while not made.parent.exists():
-        made = made.parent
-    made = "" if d.exists() else str(made)
+    made = _first_missing(d)
+    made = "" if made is None else str(made)
     d.mkdir(parents=True, exist_ok=True)
     (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made, "keep": keep}) + "\n",
                             encoding="utf-8")
+    return d
+
+
+def _first_missing(d: Path) -> Path | None:
+    """The topmost directory that `d.mkdir(parents=True)` would create, or None where `d` exists."""
+    if d.exists():
+        return None
+    while not d.parent.exists():
+        d = d.parent
     return d
 
 
@@ -341,10 +347,7 @@ def staged(directory) -> Iterator[Path]:
     `directory` (os.replace, so no reader sees half a file); on any error (a full disk) they are removed and the
     files there before stay as they were, and directories it created for them are removed again."""
     d = Path(directory)
-    made = d
-    while not made.parent.exists():
-        made = made.parent
-    made = None if d.exists() else made             # the topmost directory this call creates
+    made = _first_missing(d)
     d.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=d, prefix=".bertkit-tmp-"))
     ok = False

@@ -17,6 +17,7 @@ from pathlib import Path
 from bertkit import progress
 from bertkit.commands import checks
 from bertkit.commands.finetune import RECIPE_DESTS, _brief, _readable, add_recipe_args, run_values
+from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 
 _TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight", "patience")
@@ -67,10 +68,12 @@ def _distill(args) -> int:
         given = [f"--{n.replace('_', '-')}" for n in _TASK_ONLY if getattr(args, n)]
         if given:
             raise ConfigError(f"--text (general distillation) does not take {', '.join(given)}")
-        limit = _config(args.teacher).get("max_position_embeddings")
-        if args.max_length is not None and isinstance(limit, int) and args.max_length > limit:
+        limit = peek_json_config(Path(args.teacher) / "config.json").get("max_position_embeddings")
+        limit = limit if isinstance(limit, int) and limit > 0 else None
+        if args.max_length is not None and limit and args.max_length > limit:
             raise ConfigError(f"--max-length {args.max_length} is more than the teacher's max_position_embeddings "
                               f"({limit})")
+        args.max_length = args.max_length or min(128, limit or 128)
     elif args.train is None or args.dev is None:
         raise ConfigError("give --train and --dev (task distillation) or --text (general distillation)")
     elif args.max_length is not None:
@@ -81,20 +84,6 @@ def _distill(args) -> int:
     summary = _general(args) if args.text is not None else _task(args)
     print(json.dumps({**summary, "summary": str(Path(args.out) / "summary.json")}, default=float))
     return 0
-
-
-def _default_length(args) -> int:
-    limit = _config(args.teacher).get("max_position_embeddings")
-    return min(128, limit) if isinstance(limit, int) and limit > 0 else 128
-
-
-def _config(model_dir) -> dict:
-    """config.json of a model directory, or {} where it cannot be read (the loaders then name the problem)."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
 
 
 def _refuse_int8(args) -> None:
@@ -154,7 +143,7 @@ def _general(args) -> dict:
         raise ConfigError("general distillation trains one student: give one --seeds value")
     base = MlmDistillConfig(teacher=args.teacher, text=args.text, out=args.out, student_layers=args.student_layers,
                             student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
-                            hidden_weight=args.hidden_weight, max_length=args.max_length or _default_length(args),
+                            hidden_weight=args.hidden_weight, max_length=args.max_length,
                             batch_size=args.batch_size)
     training = replace(base.training, lr=args.lr, epochs=args.epochs, warmup=args.warmup,
                        weight_decay=args.weight_decay, precision=values["precision"], seed=values["seeds"][0],

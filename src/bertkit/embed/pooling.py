@@ -171,10 +171,15 @@ class SentenceEncoder(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> Tensor:
         hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state   # (batch, seq, hidden)
+        x = self.pool(hidden, attention_mask)
+        return F.normalize(x, p=2, dim=-1) if self.normalize else x
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(batch, seq, hidden) encoder output -> (batch, dim): pooling, then the Dense layers (no normalisation)."""
         x = self.pooling(hidden, attention_mask)                                          # (batch, pooled)
         for layer in self.dense:
             x = layer(x)                                                                  # (batch, out)
-        return F.normalize(x, p=2, dim=-1) if self.normalize else x
+        return x
 
     def tokenize(self, tokenizer, texts: Sequence[str], max_length: int | None = None) -> dict[str, Tensor]:
         """Model inputs for `texts`: truncated to max_length (default max_seq_length), padded to the longest,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -30,13 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertkit.attention import tracing
+from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
 from bertkit.model import BertIntermediate, BertSelfAttention, Projection, activation
-from bertkit.runtime.linear import FrozenLinear, _stamp, _tracing
+from bertkit.runtime.linear import FrozenLinear, _stamp
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
-           "is_int8_dir", "METHOD", "EMBEDDING_KEY"]
+           "is_int8_dir", "check_keep_float", "METHOD", "EMBEDDING_KEY"]
 
 log = logging.getLogger("bertkit.runtime.int8")
 
@@ -149,7 +150,7 @@ class Int8Linear(nn.Module):
         return q.float() * s.float()[:, None], b
 
     def forward(self, x: Tensor) -> Tensor:
-        if _tracing() or x.device.type != "cpu" or not int8_kernel_ok():
+        if tracing() or x.device.type != "cpu" or not int8_kernel_ok():
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
         elif x.numel() < self.float_below * x.shape[-1]:
@@ -237,6 +238,19 @@ def _swap_attention(m: BertSelfAttention) -> None:
     m.q = Int8Fused(m, ("query",))
 
 
+def check_keep_float(model: nn.Module, patterns) -> None:
+    """Every `keep_float` pattern names some linear layer of `model`, and some layer is left to quantize: a typo
+    would otherwise quantize what the user meant to keep, or write a "quantized" model with nothing in int8."""
+    layers = [n for n, m in model.named_modules() if _linear_like(m)]
+    for p in patterns:
+        if not p.strip() or not any(_matches(n, [p]) for n in layers):
+            raise ConfigError(f"--keep-float {p!r} matches no linear layer (names look like {layers[0]!r}, "
+                              f"{layers[-1]!r})")
+    if patterns and all(_matches(n, patterns) for n in layers):
+        raise ConfigError(f"--keep-float {' '.join(map(repr, patterns))} keeps every linear layer in float: "
+                          f"nothing would be quantized")
+
+
 def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
     """Swap the model's linear layers for Int8Linear in place, except those whose module name matches a pattern in
     `keep_float` (fnmatch, e.g. "classifier" or "bert.encoder.layer.5.output.*"). Returns the names quantized."""
@@ -276,11 +290,7 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
 def is_int8_dir(model_dir) -> bool:
     """Whether `model_dir`'s config.json names bertkit's int8 method; False where it cannot be read (the loaders
     then name what is wrong with it)."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    qc = peek_json_config(Path(model_dir) / "config.json").get("quantization_config")
     return isinstance(qc, dict) and qc.get("method") == METHOD
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertkit.attention import tracing
 from bertkit.errors import ConfigError
 from bertkit.model import BertIntermediate, BertSelfAttention, activation
 
@@ -52,12 +53,6 @@ def pack(weight: Tensor, dtype: torch.dtype) -> Tensor:
 def packed_linear(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> Tensor:
     attr, algorithm = _ONEDNN_ACT[act] if act else ("none", "")
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, attr, [], algorithm)
-
-
-def _tracing() -> bool:
-    # ONNX export traces (TorchScript) or runs torch.export (dynamo), which these two flags show;
-    # torch.onnx.is_in_onnx_export() would add two imports to every layer call
-    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
 def _tensor_stamp(t: Tensor | None) -> tuple | None:
@@ -128,7 +123,7 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         weight, bias = self.weights()
-        if _tracing():                                # graphs want plain aten ops (ONNX has no oneDNN ones)
+        if tracing():                                 # graphs want plain aten ops (ONNX has no oneDNN ones)
             y = F.linear(x, weight, bias)
             return y if self.act is None else activation(self.act)(y)
         w, b, packed = self._derived.get(x, weight, bias, self.packed, _stamp((weight, bias)))

@@ -278,7 +278,7 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
                 continue
             if n_cols is None:
                 n_cols = len(cols)
-                if line.lstrip()[:1] in ("{", "[") and _is_json(path):
+                if line.lstrip()[:1] in ("{", "[") and _json_document(path) is not None:
                     raise DataError(f"{path}:{i}: JSON, not CoNLL (one token and its tag per line, blank lines "
                                     f"between sentences), which tag models read")
                 if require_tags and n_cols < 2:
@@ -352,10 +352,6 @@ def _json_document(path: Path):
         return json.loads(_open_text(path).read())
     except (json.JSONDecodeError, RecursionError, DataError):
         return None
-
-
-def _is_json(path: Path) -> bool:
-    return _json_document(path) is not None
 
 
 def _json_document_hint(path: Path, line: int) -> str:
