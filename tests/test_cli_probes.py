@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bertkit.commands.checks import MARKER
+from bertkit.commands.checks import MARKER, REPLACED
 
 WORDS = "the a man is eating food bread dog run paris france great awful film plot was very".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -541,11 +541,12 @@ def test_a_full_disk_is_one_line_and_keeps_the_earlier_output(case, world, tmp_p
                         (json, "dumps")),
         "plot": (["plot", str(W / "data/preds.jsonl"), "--confusion", "--out", str(out / earlier), "--overwrite"],
                  (plots, "plot_confusion")),
-        "attention": (["attention", str(W / "mlm"), "the man", "--out", str(out)], (plots, "plot_attention")),
+        "attention": (["attention", str(W / "mlm"), "the man", "--out", str(out), "--overwrite"],
+                      (plots, "plot_attention")),
         "vocab": (["vocab", "--files", str(W / "corpus.txt"), "--vocab-size", "60", "--out", str(out),
                    "--overwrite", "--no-progress"], (os, "replace")),
     }[case]
-    before = _digest(out) if case != "vocab" else None
+    before = _digest(out)
     monkeypatch.setattr(*target, _enospc)
     rc, _, err = run_cli(argv, capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -585,9 +586,77 @@ def test_overwrite_keeps_files_it_did_not_write(world, tmp_path, capsys):
     rc, _, err = run_cli(argv, capsys)
     assert rc == 2 and "earlier `bertkit vocab` run" in err
     (out / "stale.txt").write_text("left by the earlier run")
+    info = json.loads((out / MARKER).read_text())
+    wrote = info.pop("wrote")
+    assert "vocab.txt" in wrote and "notes.txt" not in wrote
+    (out / MARKER).write_text(json.dumps(info))     # a run that crashed: all but the kept files are its own
     rc, _, err = run_cli([*argv, "--overwrite"], capsys)
     assert rc == 0, err
     assert not (out / "stale.txt").exists() and (out / "notes.txt").read_text() == "someone's notes"
+
+
+def _vocab_argv(world, out, *extra):
+    return ["vocab", "--files", str(world / "corpus.txt"), "--vocab-size", "60", "--out", str(out), "--no-progress",
+            *extra]
+
+
+@pytest.mark.parametrize("bad", [["--files", "nope.txt"], ["--vocab-size", "3"]])
+def test_a_refused_overwrite_keeps_the_earlier_run(bad, world, tmp_path, capsys):
+    out = tmp_path / "v"
+    assert run_cli(_vocab_argv(world, out), capsys)[0] == 0
+    before = _digest(out)
+    argv = _vocab_argv(world, out, "--overwrite")
+    argv[argv.index(bad[0]) + 1] = bad[1]
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert _digest(out) == before and not (out / REPLACED).exists()
+
+
+def test_overwrite_replaces_only_what_the_earlier_run_wrote(world, tmp_path, capsys):
+    out = tmp_path / "v"
+    assert run_cli(_vocab_argv(world, out), capsys)[0] == 0
+    (out / "notes.txt").write_text("mine")          # added after the run: not the run's to delete
+    (out / "vocab.txt").write_text("stale")
+    rc, _, err = run_cli(_vocab_argv(world, out, "--overwrite"), capsys)
+    assert rc == 0, err
+    assert (out / "notes.txt").read_text() == "mine" and "the" in (out / "vocab.txt").read_text().split()
+    assert not (out / REPLACED).exists()
+
+
+def test_a_run_that_fails_after_writing_keeps_the_replaced_run_aside(tmp_path):
+    from bertkit.commands.checks import out_dir, settle_out
+    out = tmp_path / "run"
+    out_dir(out, "finetune")
+    (out / "model.txt").write_text("earlier")
+    assert settle_out(out, True) is None
+    out_dir(out, "finetune", overwrite=True)
+    (out / "model.txt").write_text("half")
+    note = settle_out(out, False)
+    assert REPLACED in note and (out / REPLACED / "model.txt").read_text() == "earlier"
+    out_dir(out, "finetune", overwrite=True)        # the complete run stays the one to put back
+    assert (out / REPLACED / "model.txt").read_text() == "earlier" and not (out / "model.txt").exists()
+    assert settle_out(out, False) is None
+    assert (out / "model.txt").read_text() == "earlier" and not (out / REPLACED).exists()
+
+
+def test_a_crash_leaves_no_empty_output_behind(world, tmp_path, capsys, monkeypatch):
+    from bertkit import vocab
+    def bug(*a, **k):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(vocab, "learn_vocab", bug)
+    out = tmp_path / "new" / "v"
+    rc, _, _ = run_cli(_vocab_argv(world, out), capsys)
+    assert str(rc).startswith("traceback") and not (tmp_path / "new").exists()
+
+
+def test_attention_keeps_an_earlier_map_unless_overwrite(world, tmp_path, capsys):
+    argv = ["attention", str(world / "mlm"), "the man", "--out", str(tmp_path / "a")]
+    assert run_cli(argv, capsys)[0] == 0
+    before = _digest(tmp_path / "a")
+    rc, _, err = run_cli(argv[:2] + ["a man"] + argv[3:], capsys)
+    assert rc == 2 and "attention_grid.png: exists; pass --overwrite" in err
+    assert _digest(tmp_path / "a") == before
+    assert run_cli(argv + ["--overwrite"], capsys)[0] == 0
 
 
 def test_vocab_reads_stdin(world, tmp_path):

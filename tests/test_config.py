@@ -78,6 +78,18 @@ def test_bad_json_files(tmp_path):
         BertConfig.from_json(tmp_path / "typed.json")
 
 
+def test_another_architecture_is_refused_by_name(tmp_path):
+    """A RoBERTa config has BERT's fields: read as BERT it would load and compute wrong outputs without a word."""
+    from bertkit.model import BertModel
+    BertModel(BertConfig.preset("tiny")).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "roberta"}))
+    with pytest.raises(ConfigError, match=r"config.json: model_type 'roberta' is not a BERT model"):
+        BertModel.from_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="roberta"):
+        BertConfig.from_json(tmp_path)
+
+
 def test_transformers_reads_our_config(tmp_path):
     transformers = pytest.importorskip("transformers")
     BertConfig.preset("mini", num_labels=4).to_json(tmp_path)

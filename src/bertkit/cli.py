@@ -15,7 +15,7 @@ import sys
 
 from bertkit import __version__
 from bertkit.commands import settle_model
-from bertkit.commands.checks import error_line, one_line_errors, undo_empty
+from bertkit.commands.checks import error_line, one_line_errors, settle_out
 from bertkit.errors import BertkitError
 from bertkit.textfiles import stdin_inputs
 
@@ -88,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         from bertkit.checkpoint import ALLOW_NON_FINITE_ENV
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     stdin_spec, stdin_format = vars(args).pop("_stdin", {}), vars(args).pop("stdin_format", None)
+    ok = False
     try:
         settle_model(args)
         _resolve_model_args(args)
         with stdin_inputs(args, stdin_spec, stdin_format):
             rc = args.func(args)
+        ok = not rc
     except KeyboardInterrupt:
         print(f"bertkit {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -102,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         line = error_line(e)
         if line is None:    # a bug: keep the traceback
             raise
-        undo_empty(getattr(args, "out", None))
         print(f"bertkit {args.command}: error: {line}", file=sys.stderr)
         return 2
+    finally:    # every way out, a bug's traceback included: the output directory settled (checks.settle_out)
+        note = settle_out(getattr(args, "out", None), ok)
+        if note:
+            print(f"bertkit {args.command}: {note}", file=sys.stderr)
     return int(rc or 0)
 
 

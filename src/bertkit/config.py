@@ -143,6 +143,8 @@ class BertConfig:
     def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
         """Build from a dict of HF config keys; unknown keys go to `extra`, wrongly typed values raise ConfigError."""
         d = dict(d)
+        if d.get("model_type", "bert") != "bert":   # RoBERTa, ELECTRA, ... would load as BERT and compute wrong outputs
+            raise ConfigError(f"model_type {d['model_type']!r} is not a BERT model; bertkit reads model_type 'bert'")
         names = {f.name: f for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {}
         extra: dict[str, Any] = dict(d.pop("extra", None) or {})

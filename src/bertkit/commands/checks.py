@@ -5,8 +5,10 @@
     out = checks.out_file(args.out, "predict", inputs=(args.data,), default_name="predictions.jsonl")
 
 Output rules: the path is writable and of the right kind (file vs directory); it is never one of the command's
-inputs; a non-empty directory is refused unless --overwrite, and --overwrite clears a directory only when it holds
+inputs; a non-empty directory is refused unless --overwrite, and --overwrite replaces a directory only when it holds
 this command's earlier run (recognised by MARKER), never files someone else put there (MARKER lists them to keep).
+The earlier run is set aside (REPLACED) and deleted only when the new one succeeds (settle_out): a run that fails
+before writing anything puts it back.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made"}: a command's own output
+MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made", "wrote"}: a command's output
+REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
 
 
 class OutputError(BertkitError):
@@ -215,6 +218,29 @@ def _clear(entries: list[Path]) -> None:
             entry.unlink()
 
 
+def _set_aside(d: Path, gone: list[Path]) -> None:
+    """Move the earlier run (`gone` and its MARKER) into d/REPLACED. Where REPLACED is already there a run failed
+    after writing and could not put it back: that complete run stays the one to restore, the failed run's files go."""
+    held = d / REPLACED
+    if held.is_dir():
+        _clear(gone)
+        return
+    held.mkdir()
+    moved = []
+    try:
+        for entry in [*gone, d / MARKER]:
+            if entry.exists() or entry.is_symlink():
+                os.replace(entry, held / entry.name)
+                moved.append(entry)
+    except OSError:     # the directory as it was, then the one-line error
+        for entry in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.replace(held / entry.name, entry)
+        with contextlib.suppress(OSError):
+            held.rmdir()
+        raise
+
+
 def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
             reuse: bool = False, known: tuple[str, ...] = (), dry_run: bool = False) -> Path:
     """Check (and create) the output directory of `bertkit COMMAND`, before any work.
@@ -222,7 +248,8 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
     Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
     holding one that --overwrite would clear; another command's run; a model directory unless the command writes
     models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
-    command's earlier run is cleared first (the files that were there before it stay). `reuse`: the command's earlier run is kept as it is (its outputs are
+    command's earlier run (what it wrote: files put there later by anyone else stay, as do the files there before
+    it) is set aside until this run succeeds (settle_out). `reuse`: the command's earlier run is kept as it is (its outputs are
     a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed.
     `dry_run`: the checks only, nothing cleared or created (a command that can still refuse after its work, such as
     a quality gate, calls it again when it is about to write)."""
@@ -235,7 +262,7 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         if r == d:
             raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
     _check_writable(shown, d)
-    entries = [e for e in d.iterdir() if e.name != MARKER] if d.is_dir() else []
+    entries = [e for e in d.iterdir() if e.name not in (MARKER, REPLACED)] if d.is_dir() else []
     info = _marker(d) if d.is_dir() else None
     if info is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
         info = {"command": command}
@@ -252,12 +279,15 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
             raise OutputError(f"{shown}: is a model directory; `bertkit {command}` would break it, write elsewhere")
         if earlier is None:     # someone else's files: kept now and by every later --overwrite
             keep = sorted(e.name for e in entries)
+        wrote = (info or {}).get("wrote")
+        if isinstance(wrote, list):     # what the earlier run wrote; anything added since is someone else's
+            keep = sorted({*keep, *(e.name for e in entries if e.name not in wrote)})
         gone = [e for e in entries if e.name not in keep]
         inside = [name for name, r in ins for e in gone if e == r or e in r.parents]
         if inside:
             raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
         if not dry_run:
-            _clear(gone)
+            _set_aside(d, gone)
     if dry_run:
         return d
     made = _first_missing(d)
@@ -277,22 +307,43 @@ def _first_missing(d: Path) -> Path | None:
     return d
 
 
-def undo_empty(path) -> None:
-    """After a failed command: remove an output directory this process created and left empty but for MARKER
-    (so a refused run leaves nothing behind)."""
+def settle_out(path, ok: bool) -> str | None:
+    """After a command that wrote to the output directory `path` (out_dir): on success record what it wrote (a later
+    --overwrite replaces only that) and delete the run it replaced; on failure or interruption put the replaced run
+    back if this one wrote nothing, else leave it in REPLACED, and remove a directory this run created and left
+    empty. Acts only on a MARKER this process wrote. Returns a line for the user where the earlier run stays aside."""
+    if path is None:
+        return None
     try:
         d = _resolved(path)
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
-        keep = set(info.get("keep", [])) | {MARKER}
-        if info.get("pid") != os.getpid() or any(e.name not in keep for e in d.iterdir()):
-            return
+        if not isinstance(info, dict) or info.get("pid") != os.getpid():
+            return None
+        keep = set(info.get("keep", [])) | {MARKER, REPLACED}
+        new = [e.name for e in d.iterdir() if e.name not in keep]
+        held = d / REPLACED
+        if ok:
+            (d / MARKER).write_text(json.dumps({**info, "wrote": sorted(new)}) + "\n", encoding="utf-8")
+            shutil.rmtree(held, ignore_errors=True)
+            return None
+        if held.is_dir():
+            if new:
+                return f"{path}: the run --overwrite replaced is kept in {held}"
+            (d / MARKER).unlink()
+            for entry in held.iterdir():
+                os.replace(entry, d / entry.name)
+            held.rmdir()
+            return None
+        if new:
+            return None
         (d / MARKER).unlink()
         made = Path(info["made"]) if info.get("made") else None
         while made is not None and d != made.parent:
             d.rmdir()
             d = d.parent
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return
+        return None
+    return None
 
 
 def out_index(path, *, inputs=(), overwrite: bool = False) -> Path:

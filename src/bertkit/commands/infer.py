@@ -54,7 +54,8 @@ def register(sub) -> None:
     add_model_argument(p, "model directory")
     p.add_argument("text")
     p.add_argument("--out", default="attention", help="output directory (default: ./attention)")
-    p.add_argument("--overwrite", action="store_true", help="replace other files in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace maps of the same name (an earlier text's) or other files in --out")
     p.add_argument("--query", help="token whose attention to draw across all heads (e.g. 'he')")
     p.add_argument("--layers", type=checks.int_list, help="comma-separated layers for the grid (default: all)")
     p.set_defaults(func=attention)
@@ -135,6 +136,10 @@ def attention(args) -> int:
         raise ConfigError(f"--query {args.query!r} is not one of the text's tokens: {' '.join(tokens)}")
     safe = re.sub(r"[^\w#-]", "_", q or "")       # a token may be '/' or '.': not in a file name
     from_png = f"attention_from_{safe}.png"
+    names = ["attention_grid.png"] + ([from_png] if q is not None else [])
+    there = [n for n in names if (out / n).exists()]
+    if there and not args.overwrite:    # OUT gathers maps of several texts; one of the same name is an earlier text's
+        raise checks.OutputError(f"{out / there[0]}: exists; pass --overwrite to replace it, or choose another --out")
     with checks.staged(out) as tmp:
         plots.plot_attention(att, tokens, tmp / "attention_grid.png", layers=args.layers)
         if q is not None:
