@@ -108,6 +108,12 @@ def test_unknown_dev_label_names_file_and_line(tiny_dir, tmp_path):
         finetune(_cfg(tiny_dir, tmp_path, "classify", train, dev))
 
 
+def test_a_repeated_seed_is_refused(tiny_dir, tmp_path):
+    from bertkit.errors import ConfigError
+    with pytest.raises(ConfigError, match="seeds: 1, 2, 1 repeats a seed"):
+        _cfg(tiny_dir, tmp_path, "classify", "t.csv", "d.csv", seeds=(1, 2, 1))
+
+
 def test_regression_and_seeds(tiny_dir, tmp_path):
     from bertkit.tasks.runner import finetune
     rng = random.Random(0)

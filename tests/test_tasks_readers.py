@@ -138,3 +138,70 @@ def test_conll_whose_first_token_is_a_bracket_is_still_conll(tmp_path):
     f = tmp_path / "p.conll"
     f.write_text("[ O\nBBC B-ORG\n] O\n\n{ O\n")
     assert [s.words for s in read_conll(f)] == [["[", "BBC", "]"], ["{"]]
+
+
+def test_a_field_longer_than_csvs_default_limit_is_read(tmp_path):
+    long = "word " * 40000                       # 200000 characters: csv's default limit is 131072
+    for name, sep in (("long.csv", ","), ("long.tsv", "\t")):
+        ex = read_table(_write(tmp_path / name, f"text{sep}label\n{long}{sep}pos\nshort{sep}neg\n"))
+        assert ex[0].text == long and ex[1].label == "neg"
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    from bertkit.textfiles import read_text, sniff_suffix
+    bom = "\ufeff"
+    assert read_table(_write(tmp_path / "a.csv", bom + "text,label\nnice,pos\n"))[0].text == "nice"
+    assert read_table(_write(tmp_path / "a.tsv", bom + "text\tlabel\nnice\tpos\n"))[0].label == "pos"
+    assert read_table(_write(tmp_path / "a.jsonl", bom + '{"text": "nice", "label": "pos"}\n'))[0].label == "pos"
+    assert read_conll(_write(tmp_path / "a.conll", bom + "Paris B-LOC\n"))[0].words == ["Paris"]
+    squad = _squad(tmp_path, [{"text": "Paris", "answer_start": 11}])
+    squad.write_text(bom + squad.read_text(), encoding="utf-8")
+    assert read_squad(squad).examples[0].id == "q1"
+    assert read_text(_write(tmp_path / "a.txt", bom + "line\n")) == "line\n"
+    assert sniff_suffix((bom + '{"text": "nice"}\n').encode()) == ".jsonl"
+    # a bad byte after the mark is still reported at its own line
+    (tmp_path / "b.csv").write_bytes(bom.encode() + b"text,label\nnice,pos\ncaf\xe9,neg\n")
+    with pytest.raises(DataError, match=r"b\.csv:3: not UTF-8"):
+        read_table(tmp_path / "b.csv")
+
+
+def test_a_duplicate_column_is_refused(tmp_path):
+    with pytest.raises(DataError, match=r"d\.csv: duplicate column 'label' in the header"):
+        read_table(_write(tmp_path / "d.csv", "text,label,label\nnice,pos,neg\n"))
+    with pytest.raises(DataError, match=r"d\.tsv: duplicate column 'text' in the header"):
+        read_table(_write(tmp_path / "d.tsv", "text\tlabel\ttext\nnice\tpos\tawful\n"))
+
+
+def test_a_duplicate_squad_question_id_is_refused(tmp_path):
+    p = _squad(tmp_path, [{"text": "Paris", "answer_start": 11}])
+    doc = json.loads(p.read_text())
+    qas = doc["data"][0]["paragraphs"][0]["qas"]
+    qas.append({**qas[0], "question": "Which city?"})
+    p.write_text(json.dumps(doc, indent=1))
+    with pytest.raises(DataError, match=r"s\.json: duplicate question id 'q1' \(lines \d+, \d+\)"):
+        read_squad(p)
+
+
+def test_regression_labels_must_be_finite_numbers(tmp_path):
+    from bertkit.tasks.classify import SequenceTask
+    from bertkit.tokenizer import Tokenizer
+    tok = Tokenizer({t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "nice"])})
+    task = SequenceTask("regress")
+    assert task.features(tok, read_table(_write(tmp_path / "ok.csv", "text,label\nnice,0.5\n")))[0]["labels"] == 0.5
+    for i, bad in enumerate(("nan", "inf", "-inf", "NaN")):
+        rows = _write(tmp_path / f"r{i}.csv", f"text,label\nnice,1\nnice,{bad}\n")
+        with pytest.raises(DataError, match=rf"r{i}\.csv:3: regression label '{bad}' is not a finite number"):
+            task.features(tok, task.read(rows))
+    rows = _write(tmp_path / "r.jsonl", '{"text": "nice", "label": NaN}\n')     # Python's json reads NaN
+    with pytest.raises(DataError, match=r"r\.jsonl:1: regression label 'nan' is not a finite number"):
+        task.features(tok, task.read(rows))
+
+
+def test_a_list_label_is_for_multilabel_only(tmp_path):
+    from bertkit.tasks.classify import SequenceTask
+    rows = _write(tmp_path / "l.jsonl", '{"text": "nice", "label": "pos"}\n{"text": "bad", "label": ["neg"]}\n')
+    for kind in ("classify", "regress"):
+        with pytest.raises(DataError, match=rf"l\.jsonl:2: label \['neg'\] is a list; --task {kind} wants a single "
+                                            r"value \(lists of labels are for --task multilabel\)"):
+            SequenceTask(kind).read(rows)
+    assert SequenceTask("multilabel").read(rows)[1].label == ["neg"]

@@ -28,6 +28,11 @@ __all__ = ["read_text", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inpu
            "shown", "shown_all"]
 
 
+# The UTF-8 byte-order mark Excel and Notepad start files with: no part of the text. (Plain UTF-8 decoding, not
+# utf-8-sig, keeps a decoding error's offset counting the file's own bytes.)
+_BOM = "\ufeff"
+
+
 def _raw(path: Path) -> bytes:
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
         return f.read()
@@ -47,11 +52,12 @@ def utf8_error(path) -> DataError:
 
 
 def read_text(path) -> str:
-    """The whole of a UTF-8 text file (or of stdin for '-'); errors name the file (and line)."""
+    """The whole of a UTF-8 text file (or of stdin for '-'), a leading byte-order mark dropped; errors name the file
+    (and line)."""
     if str(path) == "-":
         data = sys.stdin.buffer.read()
         try:
-            return data.decode("utf-8")
+            return data.decode("utf-8").removeprefix(_BOM)
         except UnicodeDecodeError as e:
             line = data.count(b"\n", 0, e.start) + 1
             raise DataError(f"<stdin>:{line}: not UTF-8 text") from None
@@ -59,7 +65,7 @@ def read_text(path) -> str:
     if p.is_dir():
         raise DataError(f"{path}: is a directory, expected a text file")
     try:
-        return _raw(p).decode("utf-8")
+        return _raw(p).decode("utf-8").removeprefix(_BOM)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except UnicodeDecodeError:
@@ -105,7 +111,8 @@ def sniff_suffix(data: bytes) -> str:
             return sniff_suffix(gzip.decompress(data)) + ".gz"
         except (OSError, EOFError, zlib.error):
             return ".gz"
-    text = data[:1 << 20].decode("utf-8", errors="replace")      # a sample: enough to tell the layouts apart
+    # a sample: enough to tell the layouts apart
+    text = data[:1 << 20].decode("utf-8", errors="replace").removeprefix(_BOM)
     body = text.lstrip()
     if body.startswith("{"):
         first, _, rest = body.partition("\n")

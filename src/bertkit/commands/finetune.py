@@ -22,9 +22,13 @@ from bertkit.errors import ConfigError
 
 def _seeds(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seeds wants comma-separated integers, got {text!r}") from None
+    twice = next((s for i, s in enumerate(seeds) if s in seeds[:i]), None)
+    if twice is not None:   # the same run again: its mean +- std would count it twice
+        raise argparse.ArgumentTypeError(f"seed {twice} is given twice in {text!r}; give distinct seeds")
+    return seeds
 
 
 def register(sub) -> None:

@@ -14,6 +14,7 @@ config.json `id2label` / `label2id`. A dev/test label the model has never seen i
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,14 @@ class SequenceTask:
 
     # ------------------------------------------------------------------ data
     def read(self, path, require_label: bool = True) -> list[TextExample]:
-        return read_table(path, require_pair=self.kind == "pair", require_label=require_label,
-                          multilabel_sep=self.multilabel_sep)
+        examples = read_table(path, require_pair=self.kind == "pair", require_label=require_label,
+                              multilabel_sep=self.multilabel_sep)
+        if self.kind != "multilabel":   # a JSON list would otherwise become a label named "['pos']"
+            bad = next((e for e in examples if isinstance(e.label, list)), None)
+            if bad is not None:
+                raise DataError(f"{bad.source}: label {bad.label!r} is a list; --task {self.kind} wants a single "
+                                f"value (lists of labels are for --task multilabel)")
+        return examples
 
     def fit_labels(self, train: list[TextExample]) -> None:
         if self.kind == "regress":
@@ -82,9 +89,12 @@ class SequenceTask:
     def _target(self, e: TextExample):
         if self.kind == "regress":
             try:
-                return float(e.label)
+                value = float(e.label)
             except (TypeError, ValueError):
                 raise DataError(f"{e.source}: regression label {e.label!r} is not a number") from None
+            if not math.isfinite(value):   # a nan / inf loss makes the loop skip the whole batch
+                raise DataError(f"{e.source}: regression label {e.label!r} is not a finite number")
+            return value
         if self.kind == "multilabel":
             v = [0.0] * len(self.labels)
             for name in split_multilabel(e.label, self.multilabel_sep):

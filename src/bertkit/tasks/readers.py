@@ -38,8 +38,8 @@ __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "
 # ------------------------------------------------------------------------------------------------------ helpers
 
 def _open_text(path: Path):
-    """The file's text (.gz decompressed) as a stream with line endings kept; DataError naming the file and line
-    for a file that cannot be read or is not UTF-8."""
+    """The file's text (.gz decompressed, a leading UTF-8 byte-order mark dropped) as a stream with line endings
+    kept; DataError naming the file and line for a file that cannot be read or is not UTF-8."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
     if path.is_dir():
@@ -49,7 +49,9 @@ def _open_text(path: Path):
     except (OSError, EOFError, zlib.error) as e:   # no permission, a broken .gz
         raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        return io.StringIO(data.decode("utf-8"), newline="")
+        # Excel and Notepad start UTF-8 files with a BOM; left in, it would glue onto the first column's name.
+        # Decoded as plain UTF-8 (not utf-8-sig) so that an error's offset counts the file's own bytes.
+        return io.StringIO(data.decode("utf-8").removeprefix("\ufeff"), newline="")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); save the "
@@ -80,6 +82,11 @@ class TextExample:
     source: str = ""                                # "file:line", for error messages
 
 
+# csv's default field limit (131072 characters) refuses a long document; csv keeps the limit in a C long, and
+# 2**31 - 1 fits one on every platform (sys.maxsize overflows Windows' 32-bit long)
+_CSV_FIELD_LIMIT = 2**31 - 1
+
+
 def _rows(path: Path):
     """(line_number, dict row) of a CSV/TSV/JSONL file; line numbers are 1-based physical lines."""
     fmt = _table_format(path)
@@ -98,16 +105,26 @@ def _rows(path: Path):
                     raise DataError(f"{path}:{i}: expected a JSON object per line, got {type(row).__name__}")
                 yield i, row
             return
+        if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+            csv.field_size_limit(_CSV_FIELD_LIMIT)
         reader = csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",",
                                 quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL)
-        if reader.fieldnames is None:
-            return
-        for row in reader:
-            line = reader.line_num  # the physical line where this row ends
-            if None in row:  # more fields than the header
-                raise DataError(f"{path}:{line}: {len(reader.fieldnames) + len(row[None])} fields, the header has "
-                                f"{len(reader.fieldnames)} ({', '.join(reader.fieldnames)})")
-            yield line, row
+        try:
+            if reader.fieldnames is None:
+                return
+            seen: set[str] = set()
+            for name in reader.fieldnames:   # a dict row keeps only the last of two same-named columns
+                if name in seen:
+                    raise DataError(f"{path}: duplicate column {name!r} in the header")
+                seen.add(name)
+            for row in reader:
+                line = reader.line_num  # the physical line where this row ends
+                if None in row:  # more fields than the header
+                    raise DataError(f"{path}:{line}: {len(reader.fieldnames) + len(row[None])} fields, the header "
+                                    f"has {len(reader.fieldnames)} ({', '.join(reader.fieldnames)})")
+                yield line, row
+        except csv.Error as e:
+            raise DataError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
 
 
 def read_table(path: str | Path, *, text_column: str = "text", pair_column: str | None = "text_pair",
@@ -334,15 +351,15 @@ class SquadData:
     details: list[str] = field(default_factory=list)
 
 
-def _id_lines(raw: str) -> dict[str, int]:
-    """question id -> 1-based line of its `"id": ...` in the raw JSON: parsed JSON has no line numbers, and
+def _id_lines(raw: str) -> dict[str, list[int]]:
+    """question id -> 1-based lines of its `"id": ...` in the raw JSON: parsed JSON has no line numbers, and
     error messages should name one."""
-    out: dict[str, int] = {}
+    out: dict[str, list[int]] = {}
     line, last = 1, 0
     for m in re.finditer(r'"id"\s*:\s*"((?:[^"\\]|\\.)*)"', raw):
         line += raw.count("\n", last, m.start())
         last = m.start()
-        out.setdefault(m.group(1), line)
+        out.setdefault(m.group(1), []).append(line)
     return out
 
 
@@ -386,6 +403,7 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
     out: list[SquadExample] = []
     fixed: list[str] = []
     id_lines = _id_lines(raw)
+    seen: set[str] = set()
     for article in _objects({"data": doc["data"]}, "data", f"{path}"):
         title = str(article.get("title", ""))
         for para in _objects(article, "paragraphs", f"{path}: article {title!r}"):
@@ -394,8 +412,12 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
                 raise DataError(f"{path}: article {title!r} has a paragraph with an empty 'context'")
             for qa in _objects(para, "qas", f"{path}: article {title!r}"):
                 qid = str(qa.get("id", ""))
-                line = id_lines.get(qid, 0)
-                where = f"{path}:{line}" if line else f"{path} (question {qid!r})"
+                lines = id_lines.get(qid, [0])
+                where = f"{path}:{lines[0]}" if lines[0] else f"{path} (question {qid!r})"
+                if qid in seen:   # predictions and scores are keyed by id: the two would count as one
+                    at = f" (lines {', '.join(map(str, lines))})" if len(lines) > 1 else ""
+                    raise DataError(f"{path}: duplicate question id {qid!r}{at}")
+                seen.add(qid)
                 question = qa.get("question")
                 if not isinstance(question, str) or not question.strip():
                     raise DataError(f"{where}: question {qid!r} is empty")

@@ -102,6 +102,8 @@ class FinetuneConfig:
         self.seeds = tuple(int(s) for s in self.seeds)
         if not self.seeds:
             raise ConfigError("seeds: give at least one seed")
+        if len(set(self.seeds)) < len(self.seeds):   # the same run twice would shrink the reported std
+            raise ConfigError(f"seeds: {', '.join(map(str, self.seeds))} repeats a seed; give distinct seeds")
         values = {"lr": self.training.lr, "batch_size": self.batch_size, "epochs": self.training.epochs,
                   "max_length": self.max_length, "bucket_batches": self.bucket_batches}
         for name, value in values.items():
