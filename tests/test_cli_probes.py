@@ -661,6 +661,11 @@ def test_a_crash_leaves_no_empty_output_behind(world, tmp_path, capsys, monkeypa
     assert str(rc).startswith("traceback") and not (tmp_path / "new").exists()
 
 
+def test_attention_says_when_it_draws_part_of_the_text(world, tmp_path, capsys):
+    rc, _, err = run_cli(["attention", str(world / "mlm"), "the man " * 100, "--out", str(tmp_path / "a")], capsys)
+    assert rc == 0 and "the text is 202 tokens; the maps show its first 64" in err, err   # the model's positions
+
+
 def test_attention_keeps_an_earlier_map_unless_overwrite(world, tmp_path, capsys):
     argv = ["attention", str(world / "mlm"), "the man", "--out", str(tmp_path / "a")]
     assert run_cli(argv, capsys)[0] == 0

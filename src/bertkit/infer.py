@@ -515,8 +515,9 @@ class Predictor:
     # ---------------------------------------------------------------------------------------------- attention
     @torch.inference_mode()
     def attention(self, text: str, max_length: int = 128) -> tuple[list[str], list[np.ndarray]]:
-        """Tokens of `text` ([CLS] .. [SEP]) and each layer's attention probabilities (heads, seq, seq)."""
-        batch = self._batch([text], max_length=max_length)
+        """Tokens of `text` ([CLS] .. [SEP], at most `max_length` or the model's positions) and each layer's
+        attention probabilities (heads, seq, seq)."""
+        batch = self._batch([text], max_length=min(max_length, self.encoder.config.max_position_embeddings))
         out = self.encoder(**batch, output_attentions=True)
         atts = getattr(out, "attentions", None)
         if not atts:

@@ -125,6 +125,10 @@ def attention(args) -> int:
     out = checks.out_dir(args.out, "attention", inputs=(args.model,), overwrite=args.overwrite, reuse=True)
     p = Predictor.load(args.model)
     tokens, att = p.attention(args.text)
+    whole = len(p.tokenizer.tokenize(args.text)) + 2
+    if whole > len(tokens):     # a grid of more tokens than this cannot be read
+        print(f"bertkit attention: the text is {whole} tokens; the maps show its first {len(tokens)}",
+              file=sys.stderr)
     n = len(att)
     bad = [i for i in args.layers or () if not -n <= i < n]
     if bad:
