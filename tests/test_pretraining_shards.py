@@ -356,3 +356,25 @@ def test_cli(small_corpus, vocab, tmp_path, capsys):
     assert m["masking"]["mask_prob"] == 0.3 and m["dupe_factor"] == 2 and m["task"] == "sop" and m["seed"] == 3
     rc = main(["prepare", "--corpus", str(tmp_path / "nothing*"), "--vocab", str(vocab), "--out", str(tmp_path / "p")])
     assert rc == 2 and "matches no file" in capsys.readouterr().err
+
+
+def test_max_predictions_beyond_the_maskable_positions_is_refused_before_any_work(tmp_path, capsys):
+    from bertkit.cli import main
+    # a row of seq_len 32 holds at most 29 (nsp / sop: [CLS] A [SEP] B [SEP]) or 30 (none) maskable tokens
+    assert PrepareConfig("c.txt", "v.txt", tmp_path / "ok", seq_len=32, max_predictions=29).max_predictions == 29
+    assert PrepareConfig("c.txt", "v.txt", tmp_path / "ok", seq_len=32, task="none", max_predictions=30)
+    with pytest.raises(ConfigError, match="max_predictions=30 .*29 maskable positions"):
+        PrepareConfig("c.txt", "v.txt", tmp_path / "a", seq_len=32, max_predictions=30)
+    with pytest.raises(ConfigError, match="max_predictions=31 .*30 maskable positions"):
+        PrepareConfig("c.txt", "v.txt", tmp_path / "a", seq_len=32, task="none", max_predictions=31)
+    # the command: one line, exit 2, nothing left behind (it used to crash in numpy after building the examples)
+    words = "the cat sat on a mat while dogs ran fast over green hills and rivers".split()
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]) + "\n")
+    (tmp_path / "corpus.txt").write_text("".join(" ".join(words[i:i + 6]) + ".\n" + ("\n" if i % 3 == 2 else "")
+                                                 for i in range(9)))
+    rc = main(["prepare", "--corpus", str(tmp_path / "corpus.txt"), "--vocab", str(tmp_path / "vocab.txt"),
+               "--out", str(tmp_path / "sh"), "--seq-len", "32", "--max-predictions", "1000", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--max-predictions" in err and "1000" in err and "29" in err, err
+    assert not (tmp_path / "sh" / "manifest.json").exists()

@@ -355,3 +355,93 @@ def test_local_attention_init_refuses_a_trained_start(data, tmp_path, capsys):
     _fails(["pretrain", str(data / "shards"), "--init", str(tmp_path / "model"), "--attention-init", "local",
             "--steps", "2", "--no-progress", "--out", str(out)], capsys, "--attention-init local initialises a fresh",
            out)
+
+
+# ------------------------------------------------------------------------------------ a finished tiny run, misused
+
+TINY_RUN = ["--preset", "tiny", "--batch-size", "4", "--device", "cpu", "--precision", "fp32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A 4-step run (checkpoints at 2 and 4, summary) on shards of seq 32 from a 75-token vocab."""
+    import random
+    from bertkit.pretraining import PrepareConfig, prepare
+    from bertkit.vocab import train_vocab
+    root = tmp_path_factory.mktemp("tiny_run")
+    rng = random.Random(0)
+    words = "the cat sat on a mat while dogs ran fast over green hills and rivers".split()
+    (root / "corpus.txt").write_text("".join(
+        "".join(" ".join(rng.choice(words) for _ in range(rng.randint(5, 14))) + ".\n" for _ in range(6)) + "\n"
+        for _ in range(8)))
+    train_vocab([str(root / "corpus.txt")], vocab_size=120).save(root / "vocab")
+    prepare(PrepareConfig(str(root / "corpus.txt"), str(root / "vocab"), str(root / "shards"), seq_len=32))
+    assert cli(["pretrain", str(root / "shards"), "--out", str(root / "run"), *TINY_RUN, "--steps", "4",
+                "--save-every", "2"]) == 0
+    assert (root / "run" / "summary.json").exists()
+    return root
+
+
+def _digest(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "error:" in line or line.startswith(("Traceback", "\t", "  "))]
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(tiny_run, tmp_path, capsys):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run / "run", run)
+    before = _digest(run)
+    shards = str(tiny_run / "shards")
+    for argv, match in (
+            # the data position does not fit another batch size
+            (["--batch-size", "8", "--steps", "12"], "batch_size=4"),
+            # another model: named in one line from the configs, before any weight is loaded
+            (["--preset", "mini", "--steps", "12"], "was trained with hidden_size 128, num_hidden_layers 2, "
+                                                    "num_attention_heads 2, intermediate_size 512; --preset mini "
+                                                    "has hidden_size 256"),
+            # another head (MLM only on an NSP run): the weights' mismatch summarised in one line
+            (["--objective", "mlm", "--steps", "12"], "the weights do not fit the model"),
+    ):
+        rc = cli(["pretrain", shards, "--out", str(run), *TINY_RUN, *argv, "--resume"])
+        err = capsys.readouterr().err
+        lines = _error_lines(err)
+        assert rc == 2 and len(lines) == 1 and match in lines[0], err
+        assert _digest(run) == before, argv          # summary, pretrain_config.json, metrics, checkpoints
+
+
+def test_resuming_a_run_already_past_its_steps_trains_nothing_and_says_so(tiny_run, tmp_path, capsys):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run / "run", run)
+    before = _digest(run)
+    rc = cli(["pretrain", str(tiny_run / "shards"), "--out", str(run), *TINY_RUN, "--steps", "2", "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "is already at step 4 (>= --steps 2): nothing trained" in err, err
+    assert _digest(run) == before
+
+
+def test_a_vocab_that_is_not_the_shards_is_refused_before_training(tiny_run, tmp_path, capsys):
+    tokens = (tiny_run / "vocab" / "vocab.txt").read_text().splitlines()
+    tokens[10], tokens[11] = tokens[11], tokens[10]            # same size, ids meaning other tokens
+    (tmp_path / "swapped.txt").write_text("\n".join(tokens) + "\n")
+    out = tmp_path / "run"
+    _fails(["pretrain", str(tiny_run / "shards"), "--out", str(out), *TINY_RUN, "--steps", "2", "--vocab",
+            str(tmp_path / "swapped.txt")], capsys, "token ids would mean other tokens", out)
+    assert not (out / "model").exists()
+
+
+def test_a_diverged_run_fails_without_saving_a_model(tiny_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    # step 1's update (lr 1e30) leaves finite but absurd weights; step 2's loss is NaN and skipped
+    rc = cli(["pretrain", str(tiny_run / "shards"), "--out", str(out), *TINY_RUN, "--steps", "2", "--lr", "1e30",
+              "--warmup", "0"])
+    err = capsys.readouterr().err
+    lines = _error_lines(err)
+    assert rc == 2 and len(lines) == 1, err
+    assert "training diverged at step 1" in lines[0] and "lower --lr" in lines[0], err
+    assert not (out / "model").exists() and not (out / "summary.json").exists()
+    assert (out / "checkpoints" / "step-00000002").is_dir()     # kept as they are

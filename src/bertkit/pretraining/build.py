@@ -64,6 +64,14 @@ class PrepareConfig:
     def __post_init__(self):
         self.example_config()                # ExampleConfig and MaskingConfig check their own fields
         self.masking_config()
+        if self.max_predictions is not None:
+            # static masks are stored max_predictions wide, and a row can never offer more positions than these:
+            # [CLS] and the [SEP]s are never masked (examples.py fills at most seq_len - 3 / - 2 tokens)
+            maskable = self.seq_len - (2 if self.task == "none" else 3)
+            if self.max_predictions > maskable:
+                raise ConfigError(f"max_predictions={self.max_predictions} (--max-predictions) exceeds the "
+                                  f"{maskable} maskable positions of a seq_len={self.seq_len} {self.task!r} example "
+                                  f"([CLS] and [SEP] are never masked): use at most {maskable}")
         if self.dynamic and self.dupe_factor != 1 and self.task == "none":
             # nsp / sop copies differ in their sentence pairs and target lengths, so they still add data
             raise ConfigError(f"dupe_factor={self.dupe_factor} with dynamic masking and task 'none': masks are "

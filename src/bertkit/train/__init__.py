@@ -38,6 +38,8 @@ Public API (stable; the fine-tuning tasks code against it)
 * `eval_fn(model) -> dict[str, float]`: held-out evaluation, called every `cfg.eval_every_steps` steps and at the
   end with the unwrapped model in eval mode, under no_grad and the training autocast. Called on every rank. A true
   `"stop"` entry in the dict (not logged) ends the run there (early stopping; `result.stop_reason == "early_stop"`).
+* `on_start(state) -> bool | None` (optional): called on every rank after the resume (or the fresh start) was
+  accepted and before anything is logged, for the caller's own files; returning False ends the call untrained.
 * `out_dir` gets:
       metrics.jsonl                one JSON object per logged step ({"split": "train", "step", "loss", "lr", ...})
                                    and per evaluation ({"split": "eval", "step", ...})

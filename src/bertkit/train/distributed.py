@@ -145,5 +145,29 @@ def load_full_state(model: nn.Module, optimizer, fsdp: bool, model_state: dict, 
     try:
         unwrap(model).load_state_dict(model_state, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(f"{source}: the weights do not fit the model: {e}") from None
+        raise CheckpointError(f"{source}: the weights do not fit the model: "
+                              f"{_mismatch(unwrap(model), model_state, e)}") from None
     optimizer.load_state_dict(optim_state)
+
+
+def _mismatch(model: nn.Module, state: dict, error: Exception) -> str:
+    """What differs between `state` and the model's own state dict, in one line (torch's message lists every key on
+    a line of its own, dozens for a model of another shape)."""
+    own = model.state_dict()
+    shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items()
+              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    parts = []
+    if shapes:
+        k, theirs, ours = shapes[0]
+        parts.append(f"{len(shapes)} tensors of another shape (first {k}: {list(theirs)} in the checkpoint, "
+                     f"{list(ours)} in the model)")
+    if missing:
+        parts.append(f"{len(missing)} tensors missing from the checkpoint (first {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensors the model does not have (first {unexpected[0]})")
+    if not parts:
+        text = str(error).strip()
+        parts.append(text.splitlines()[0] if text else type(error).__name__)
+    return "; ".join(parts)

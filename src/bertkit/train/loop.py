@@ -156,7 +156,8 @@ class TrainResult:
     history: list[dict]                   # the train records of this session (as in metrics.jsonl)
     eval_history: list[dict]              # the eval records of this session
     skipped_steps: int                    # NaN/inf steps skipped, whole run
-    stop_reason: str                      # "max_steps" | "epochs" | "budget" | "early_stop" (eval_fn asked)
+    stop_reason: str                      # "max_steps" | "epochs" | "budget" | "early_stop" (eval_fn asked) |
+                                          # "on_start" (its on_start returned False with the run not over)
     checkpoint: Path | None               # the last checkpoint written
 
 
@@ -289,14 +290,24 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 # ---------------------------------------------------------------------------------------------- the loop
 def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainConfig, out_dir: str | os.PathLike,
           eval_fn: Callable[[nn.Module], dict] | None = None,
-          step_fn: Callable[[nn.Module, dict], StepOutput] | None = None) -> TrainResult:
+          step_fn: Callable[[nn.Module, dict], StepOutput] | None = None,
+          on_start: Callable[[RunState], bool | None] | None = None) -> TrainResult:
     """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. See the package
-    docstring for the contract; raises ConfigError / CheckpointError before the first step for bad settings."""
+    docstring for the contract; raises ConfigError / CheckpointError before the first step for bad settings.
+
+    `on_start(state)` runs on every rank once the run is set up (resumed or started fresh) and before anything is
+    logged: a caller writes its own files there, so a refused resume leaves them as they were. It returning False
+    ends the call at once, nothing trained, evaluated or written (`stop_reason` says why the run is over)."""
     out = Path(out_dir)
     run, checkpoints = _setup(model, batches, cfg, out, step_fn)
     state = run.state
     _start(run, checkpoints, out)
     start_step, last_save = state.step, state.elapsed
+    if on_start is not None and on_start(state) is False:
+        return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
+                           losses=[], start_step=start_step, history=[], eval_history=[],
+                           skipped_steps=state.skipped, stop_reason=_stop_reason(cfg, state) or "on_start",
+                           checkpoint=state.last_checkpoint)
     run.model.train()
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
     dtype = torch.bfloat16 if run.precision == "bf16" else torch.float32

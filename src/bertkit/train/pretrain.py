@@ -148,12 +148,7 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
         overrides = {**(_config_overrides(pc.config) if pc.config else {}), **drop}
         vocab_file = init / "vocab.txt"
         if vocab_file.is_file():
-            from bertkit.tokenizer import Tokenizer
-            h = Tokenizer(str(vocab_file)).vocab_hash
-            if h != manifest["vocab_hash"]:
-                raise DataError(f"the shards were built with vocab {manifest['vocab_hash'][:12]}… but {vocab_file} "
-                                f"is {h[:12]}…: token ids would mean other tokens; rebuild the shards with "
-                                f"--vocab {vocab_file}")
+            _check_vocab_file(vocab_file, manifest, str(vocab_file), f"rebuild the shards with --vocab {vocab_file}")
         if objective == "electra":
             from bertkit.model import BertModel
             body = BertModel.from_pretrained(init, **overrides)
@@ -209,6 +204,87 @@ def _restrict_output_vocab(model, readers) -> int:
     return ids.numel()
 
 
+def _check_vocab_file(path, manifest: dict, what: str, fix: str) -> None:
+    """A DataError unless the vocabulary file `path` is the one the shards were built with (same hash)."""
+    from bertkit.tokenizer import Tokenizer
+    tok = Tokenizer(str(path))
+    if tok.vocab_hash != manifest["vocab_hash"]:
+        raise DataError(f"the shards were built with vocab {manifest['vocab_hash'][:12]}… but {what} is "
+                        f"{tok.vocab_hash[:12]}…: token ids would mean other tokens; {fix}")
+
+
+# the fields that decide the weights' shapes and what they compute: a resumed run must keep them
+_ARCHITECTURE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size", "hidden_act", "position_embedding_type")
+
+
+def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
+    """With resume, the checkpoint's config.json against the model asked for, before any weight is loaded (a
+    mismatch would otherwise surface as torch's list of every tensor that does not fit)."""
+    from bertkit.train.checkpointing import latest_checkpoint
+    resume = pc.train.resume
+    ckpt = latest_checkpoint(out) if resume is True else Path(resume) if resume else None
+    if ckpt is None or not (ckpt / "config.json").is_file():
+        return
+    try:
+        saved = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return                                  # resume itself names an unreadable checkpoint
+    if not isinstance(saved, dict):
+        return
+    ours = config.to_dict()
+    differ = [k for k in _ARCHITECTURE if k in saved and k in ours and saved[k] != ours[k]]
+    if not differ:
+        return
+    asked = (f"--init {pc.init}" + (f" with --config {pc.config}" if pc.config else "") if pc.init
+             else f"--preset {pc.preset}" if pc.preset else f"--config {pc.config}")
+    raise ConfigError(f"{out} was trained with {', '.join(f'{k} {saved[k]}' for k in differ)}; {asked} has "
+                      f"{', '.join(f'{k} {ours[k]}' for k in differ)}: resume with the run's model settings "
+                      f"({out / 'pretrain_config.json'}) or start a new run in another --out")
+
+
+def _divergence(model, result, data, d, fsdp: bool) -> str | None:
+    """Where training diverged when the trained model is broken (NaN/inf weights, or a NaN/inf loss on a training
+    batch in fp32), else None. The loop skips a step whose loss or gradient is not finite, but one finite step with
+    a huge update can leave weights of 1e30 or NaN: every later step is then skipped and the run would end
+    "successfully" with a useless model."""
+    import math
+
+    import torch
+
+    from bertkit.train.loop import _to_device, pretraining_step
+    bad = 0.0
+    with torch.no_grad():
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p      # FSDP: this rank's shard
+            if not bool(torch.isfinite(local).all()):
+                bad = 1.0
+                break
+        # finite weights can still be absurd (a huge lr): one forward tells. FSDP: every rank runs it (collectives)
+        batch = next(iter(data), None) if (not bad or fsdp) else None
+        if batch is not None:
+            model.eval()
+            try:
+                loss = float(pretraining_step(model, _to_device(batch, d.device)).loss)
+            finally:
+                model.train()
+            bad = max(bad, 0.0 if math.isfinite(loss) else 1.0)
+    if d.world > 1:          # batches (and FSDP shards) differ per rank: every rank must take the same decision
+        bad = float(d.all_reduce_sum(torch.tensor(bad, dtype=torch.float64)))
+    if not bad:
+        return None
+    losses = result.losses
+    k = len(losses)
+    while k > 0 and not math.isfinite(losses[k - 1]):
+        k -= 1
+    # the update of the last step with a finite loss broke the weights; every step after it was skipped
+    step = result.start_step + k
+    if step <= result.start_step:
+        return f"before step {result.start_step + 1} (the checkpoint resumed from was already broken)"
+    return f"at step {step} (its update broke the weights" + ("; every later step was skipped)" if k < len(losses)
+                                                             else ")")
+
+
 def _check_vocab(config, vocab_size: int, where) -> None:
     if config.vocab_size != vocab_size:
         raise DataError(f"the shards hold ids of a {vocab_size}-token vocab, the model ({where}) has "
@@ -253,6 +329,9 @@ def pretrain(pc: PretrainConfig):
     _check_settings(pc)
     _check_out(out)
     manifests = _manifests(pc)
+    if pc.vocab:         # saved with the model at the end: a wrong one would only fail then, after the training
+        _check_vocab_file(pc.vocab, manifests["shards"], f"--vocab {pc.vocab}", "leave --vocab out (the shards' "
+                          "own vocab.txt is saved with the model) or rebuild the shards with it")
     objective = _objective(pc, manifests["shards"]["task"])
     d = Dist.setup(pc.train.device)
     if not (pc.train.resume or pc.train.overwrite):     # an earlier run is refused before a file of it is replaced
@@ -262,6 +341,8 @@ def pretrain(pc: PretrainConfig):
     cfg = _train_config(pc, d.world)
     seed_everything(cfg.seed)
     model, config = build_model(pc, manifests["shards"], objective)
+    if pc.train.resume:
+        _check_resume_model(pc, config, out)
     model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
     if pc.attention_init == "local" and not pc.init and objective != "electra":
         from bertkit.pretraining.local_init import local_attention_init
@@ -297,11 +378,37 @@ def pretrain(pc: PretrainConfig):
         held_out = _reader(pc, pc.eval_shards, config, objective, shuffle=False, masked=False)
         eval_fn = pretraining_eval(held_out, max_batches=pc.eval_batches)
     if d.main:
-        _write_start(pc, plan, out)
         log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
                  objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
-    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step)
+    trained = []
+
+    def on_start(state) -> bool:
+        # after the resume was accepted: a refused one (another batch size, model, world size) leaves the run's
+        # pretrain_config.json, plan.json and summary as they were
+        from bertkit.train.loop import _stop_reason
+        stop = _stop_reason(cfg, state)
+        if stop is not None:                        # resumed at (or past) the run's end: nothing to do
+            if d.main:
+                end = (f">= --steps {state.total}" if stop == "max_steps" else "its --budget is spent"
+                       if stop == "budget" else f">= the {state.total} steps of its --epochs")
+                print(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, the run "
+                      "is left as it was", file=sys.stderr, flush=True)
+            return False
+        if d.main:
+            _write_start(pc, plan, out)
+        trained.append(True)
+        return True
+
+    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step, on_start=on_start)
+    if not trained:
+        return result
+    where = _divergence(model, result, data, d, pc.train.fsdp)
+    if where is not None:
+        from bertkit.train.loop import TrainingDiverged
+        raise TrainingDiverged(f"training diverged {where}: the model gives NaN/inf, so {out / 'model'} "
+                               f"was not written (checkpoints kept as they are); try a lower --lr than "
+                               f"{cfg.lr:g}, more --warmup, or --precision fp32")
     if d.main:
         _save_final(model, result, pc, out)
         from bertkit.train.summary import write_summary
