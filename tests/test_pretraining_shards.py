@@ -307,6 +307,23 @@ def test_parallel_build_merges_and_is_deterministic(small_corpus, vocab, tmp_pat
     assert [e["files"]["mask_pos"]["sha256"] for e in m_cli["shards"]] == [e["files"]["mask_pos"]["sha256"] for e in m2["shards"]]
 
 
+def test_workers_with_a_single_document_each_are_warned_about(bbc_articles, vocab, tmp_path, capsys):
+    """A worker draws NotNext segments only from its own documents: 2 documents over 2 workers make IsNext pairs
+    only, which one stderr line says, naming the cause and the fix; 1 worker over the same 2 documents does not."""
+    corpus = tmp_path / "two.txt"
+    corpus.write_text("".join(a.title + "\n" + "\n".join(a.paragraphs) + "\n\n" for a in bbc_articles[:2]))
+    one = prepare(PrepareConfig(corpus, vocab, tmp_path / "w1", seq_len=64, task="nsp"))
+    assert one.build.not_next > 0 and capsys.readouterr().err == ""
+    two = prepare(PrepareConfig(corpus, vocab, tmp_path / "w2", seq_len=64, task="nsp", workers=2))
+    assert two.build.not_next == 0 and two.build.no_other_document > 0
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bertkit prepare: warning:"), lines
+    assert "2 of 2 workers got a single document" in lines[0] and "use fewer --workers" in lines[0], lines
+    corpus.write_text("\n".join(bbc_articles[0].paragraphs) + "\n")
+    prepare(PrepareConfig(corpus, vocab, tmp_path / "doc1", seq_len=64, task="nsp"))
+    assert "the corpus holds a single document" in capsys.readouterr().err
+
+
 def test_bad_input_end_to_end(vocab, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

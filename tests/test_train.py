@@ -465,3 +465,75 @@ def test_checkpoint_without_checksums_still_resumes(tmp_path):
     state.write_text(json.dumps(saved))
     res = train(TinyMLM(), Batches(), _cfg(max_steps=6, resume=True), run, step_fn=pretraining_step)
     assert res.start_step == 4 and res.steps == 6
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+def _interrupting_step(at_step: int, times: int = 1):
+    """pretraining_step that sends this process SIGINT `times` times during optimizer step `at_step` (grad_accum 1),
+    as Ctrl-C in a terminal would."""
+    calls = [0]
+
+    def step(model, batch):
+        calls[0] += 1
+        if calls[0] == at_step:
+            for _ in range(times):
+                signal.raise_signal(signal.SIGINT)
+        return pretraining_step(model, batch)
+    return step
+
+
+def test_ctrl_c_finishes_the_step_saves_and_resume_is_exact(tmp_path, capsys):
+    """SIGINT during step 6 (periodic checkpoints every 4): step 6 completes, step-6 is written and named in one
+    line, KeyboardInterrupt propagates with Python's handler back in place; resuming gives the losses and the final
+    weights of an uninterrupted run, bit for bit."""
+    from bertkit.train.checkpointing import load_model_weights
+    cfg = dict(max_steps=10, save_every_steps=4, deterministic=True)
+    handler = signal.getsignal(signal.SIGINT)
+    _deterministic_train(Batches(), _cfg(**cfg), tmp_path / "ref")
+    assert signal.getsignal(signal.SIGINT) is handler
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _deterministic_train(Batches(), _cfg(**cfg), run, step_fn=_interrupting_step(6))
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert latest_checkpoint(run).name == "step-00000006" and _steps(run) == list(range(1, 7))
+    err = capsys.readouterr().err
+    assert "interrupted after step 6: checkpoint" in err and "step-00000006" in err and "--resume" in err, err
+    res = _deterministic_train(Batches(), _cfg(resume=True, **cfg), run)
+    assert res.start_step == 6 and res.steps == 10
+    assert _losses(run) == _losses(tmp_path / "ref")
+    final = [load_model_weights(latest_checkpoint(r) / "model.safetensors") for r in (tmp_path / "ref", run)]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_second_ctrl_c_and_runs_without_checkpoints_stop_at_once(tmp_path):
+    """Two SIGINTs stop inside the step, as Python's handler does: only the periodic checkpoint stays. A run that
+    writes no checkpoints (fine-tuning) stops at the first. Ctrl-C on the last step lets the run finish."""
+    run = tmp_path / "twice"
+    with pytest.raises(KeyboardInterrupt):
+        train(TinyMLM(), Batches(), _cfg(max_steps=10, save_every_steps=4), run, step_fn=_interrupting_step(6, 2))
+    assert latest_checkpoint(run).name == "step-00000004" and _steps(run) == list(range(1, 6))
+    run = tmp_path / "finetune"
+    with pytest.raises(KeyboardInterrupt):
+        train(TinyMLM(), Batches(), _cfg(max_steps=10, save_final=False), run, step_fn=_interrupting_step(3))
+    assert latest_checkpoint(run) is None and _steps(run) == [1, 2]
+    res = train(TinyMLM(), Batches(), _cfg(max_steps=4), tmp_path / "last", step_fn=_interrupting_step(4))
+    assert res.steps == 4 and latest_checkpoint(tmp_path / "last").name == "step-00000004"
+
+
+def test_train_outside_the_main_thread_leaves_sigint_alone(tmp_path):
+    """signal.signal works in the main thread only: train() in another thread runs as before."""
+    import threading
+    handler = signal.getsignal(signal.SIGINT)
+    result, errors = [], []
+
+    def work():
+        try:
+            result.append(train(TinyMLM(), Batches(), _cfg(max_steps=2), tmp_path / "run", step_fn=pretraining_step))
+        except BaseException as e:     # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(60)
+    assert not errors and result[0].steps == 2
+    assert signal.getsignal(signal.SIGINT) is handler

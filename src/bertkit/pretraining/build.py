@@ -7,7 +7,9 @@ Parallel building: with `workers > 1` each process takes a share of the input an
 worker has finished. Shares: whole files (balanced by size) when there are at least as many files as workers,
 otherwise every worker reads the stream and keeps documents `index % workers == rank` (reading and sentence
 splitting are cheap next to WordPiece, which is split). Each worker's output depends only on (seed, worker rank,
-workers), so a build is deterministic for a seed and worker count.
+workers), so a build is deterministic for a seed and worker count. A worker draws NotNext segments from its own
+documents only: one given a single document makes IsNext pairs instead, and prepare warns on stderr when more than a
+few percent of the NotNext pairs were lost that way (fewer workers is the fix).
 
 Memory stays flat in the corpus size: one document at a time, the NotNext buffer (bounded), one shard being filled
 (`examples_per_shard` rows), and a batch of examples waiting for masking.
@@ -337,6 +339,9 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
                                                        "no_other_document": bstats.no_other_document}},
         "shards": sorted(shards, key=lambda e: e["name"]),
     })
+    warning = _lone_document_warning(results, bstats, cstats.documents)
+    if warning is not None:
+        print(f"bertkit prepare: warning: {warning}", file=sys.stderr, flush=True)
     return summary
 
 
@@ -354,6 +359,25 @@ def _merge_results(results: list[dict], counted_once: bool) -> tuple[CorpusStats
                      "long_lines", "split_documents"):
             setattr(cstats, name, getattr(cstats, name) // len(results))
     return cstats, bstats, mstats, shards
+
+
+_LONE_DOCUMENT_SHARE = 0.02     # of the NotNext pairs wanted; below it the labels stay within a point of 50/50
+
+
+def _lone_document_warning(results: list[dict], bstats: BuildStats, documents: int) -> str | None:
+    """Why NotNext pairs are missing, when too many of them could not be made: a worker pairs only the documents
+    it reads, so one that got a single document has no other to draw B from and makes IsNext pairs instead."""
+    wanted = bstats.not_next + bstats.no_other_document
+    if not wanted or bstats.no_other_document <= _LONE_DOCUMENT_SHARE * wanted:
+        return None
+    pairs = bstats.is_next + bstats.not_next
+    lost = (f"{bstats.no_other_document:,} of {wanted:,} NotNext pairs could not be made and became IsNext "
+            f"(label 0 is {bstats.is_next / max(1, pairs):.0%} of the pairs)")
+    if len(results) == 1:
+        return f"{lost}: the corpus holds a single document; separate documents with a blank line"
+    alone = sum(1 for r in results if r["corpus"]["documents"] == 1)
+    return (f"{lost}: {alone} of {len(results)} workers got a single document of the corpus's {documents:,}, and "
+            f"a worker draws NotNext only from its own; use fewer --workers (each needs at least 2 documents)")
 
 
 def _prepare_out_dir(out: Path, overwrite: bool) -> None:

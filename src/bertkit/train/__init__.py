@@ -58,6 +58,12 @@ Public API (stable; the fine-tuning tasks code against it)
 * A step whose loss or gradient norm is NaN/inf changes no weight (skipped, counted in `result.skipped_steps`);
   `cfg.max_bad_steps` of them in a row raise `TrainingDiverged` with the step numbers, before any checkpoint of
   the bad state is written.
+* Ctrl-C (SIGINT) during the steps of a run that writes checkpoints: the step in progress finishes, a checkpoint
+  is written at that step like a periodic one (so resume continues from it exactly), one line on stderr names it,
+  and KeyboardInterrupt propagates. A second Ctrl-C stops at once. Under torchrun the ranks learn of it through the
+  step's all-reduce, so all stop at the same step. Ctrl-C during the last step lets the run finish; outside the
+  steps, in a run that writes no checkpoint (fine-tuning) or in train() outside the main thread it is Python's
+  KeyboardInterrupt at once.
 * Length: `cfg.max_steps` optimizer steps, or `cfg.epochs` passes over a sized `batches`, or a wall-clock
   `cfg.budget_s`: the schedule's total is re-estimated each step from the measured time per step (as cramming
   does), so warmup and decay fit the time; with phases, their fractions are shares of the budget.

@@ -2,9 +2,9 @@
 
 One optimizer step = `grad_accum` micro-batches: forward under autocast, `(loss / grad_accum).backward()`
 (gradient all-reduce only on the last micro-batch, `no_sync` before), one small all-reduce of the step's sums
-(loss, metric sums and counts, tokens), then clip, `optimizer.step()`, the lr for the next step. Every decision
-that must agree across ranks (skip, save on a timer, stop on the budget or at an evaluation's request) is taken
-from all-reduced or broadcast numbers, so ranks never diverge.
+(loss, metric sums and counts, tokens, whether Ctrl-C was pressed), then clip, `optimizer.step()`, the lr for the
+next step. Every decision that must agree across ranks (skip, save on a timer, stop on the budget, at an
+evaluation's request or on Ctrl-C) is taken from all-reduced or broadcast numbers, so ranks never diverge.
 
 `train()` below reads top to bottom: set up, start fresh or resume, then step / log / evaluate / checkpoint until
 the run's length is reached. Checkpoints live in checkpointing.py, the process group and model wrapping in
@@ -17,6 +17,9 @@ import inspect
 import math
 import os
 import random
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -316,33 +319,46 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     history: list[dict] = []
     evals: list[dict] = []
     session_t0, prior_elapsed = time.perf_counter(), state.elapsed
+    # Ctrl-C stops after the step in progress with a checkpoint (_Interrupt); a run that writes none (fine-tuning)
+    # has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
+    # would: stopping there instead would leave a finished run that no resume can complete.
+    keeps_checkpoints = bool(cfg.save_every_steps or cfg.save_every_minutes or cfg.save_final)
     try:
-        while (stop_reason := _stop_reason(cfg, state)) is None:
-            _phase_by_steps(run)
-            t0 = time.perf_counter()
-            rec = _train_step(run)
-            dt = time.perf_counter() - t0
-            _tick(run, prior_elapsed + time.perf_counter() - session_t0)
-            finite = rec.pop("finite")
-            losses.append(rec["loss"])
-            if not finite and len(state.bad_run) >= cfg.max_bad_steps:
-                raise _diverged(state)
-            rec.update(step=state.step, split="train", tokens_per_s=rec["tokens"] / max(dt, 1e-9),
-                       elapsed_s=round(state.elapsed, 3), skipped=state.skipped)
-            flops.add(rec, dt, run.raw, getattr(run.stream.source, "seq_len", None))
-            history.append(rec)
-            log.train(rec, dt, state.total)
-            if _stop_reason(cfg, state) is not None:
-                continue                                   # the final evaluation and checkpoint follow the loop
-            if cfg.eval_every_steps and state.step % cfg.eval_every_steps == 0:
-                eval_rec, stop = _eval_and_log(run, eval_fn, log)
-                evals.append(eval_rec)
-                if stop:
-                    stop_reason = "early_stop"
-                    break
-            if _save_due(cfg, state, last_save):
-                checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
-                last_save = state.elapsed
+        with _Interrupt(run, enabled=keeps_checkpoints):
+            while (stop_reason := _stop_reason(cfg, state)) is None:
+                _phase_by_steps(run)
+                t0 = time.perf_counter()
+                rec = _train_step(run)
+                dt = time.perf_counter() - t0
+                _tick(run, prior_elapsed + time.perf_counter() - session_t0)
+                finite = rec.pop("finite")
+                interrupted = rec.pop("interrupted")
+                losses.append(rec["loss"])
+                if not finite and len(state.bad_run) >= cfg.max_bad_steps:
+                    raise _diverged(state)
+                rec.update(step=state.step, split="train", tokens_per_s=rec["tokens"] / max(dt, 1e-9),
+                           elapsed_s=round(state.elapsed, 3), skipped=state.skipped)
+                flops.add(rec, dt, run.raw, getattr(run.stream.source, "seq_len", None))
+                history.append(rec)
+                log.train(rec, dt, state.total)
+                if _stop_reason(cfg, state) is not None:
+                    continue                                   # the final evaluation and checkpoint follow the loop
+                if cfg.eval_every_steps and state.step % cfg.eval_every_steps == 0:
+                    eval_rec, stop = _eval_and_log(run, eval_fn, log)
+                    evals.append(eval_rec)
+                    if stop:
+                        stop_reason = "early_stop"
+                        break
+                if _save_due(cfg, state, last_save):
+                    checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+                    last_save = state.elapsed
+                if interrupted:
+                    # after the evaluation and at the place of a periodic save: resuming from here replays exactly
+                    saved = checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+                    if run.d.main:
+                        print(f"bertkit: interrupted after step {state.step}: checkpoint {saved} written; "
+                              "--resume continues from it", file=sys.stderr, flush=True)
+                    raise KeyboardInterrupt
         if eval_fn is not None and stop_reason != "early_stop":
             evals.append(_eval_and_log(run, eval_fn, log)[0])
         if cfg.save_final and state.step > start_step:
@@ -366,6 +382,7 @@ class _Run:
     weighted: bool                        # step_fn takes `token_weight` (see _token_weights)
     precision: str                        # "bf16" | "fp32": cfg.precision resolved on this device
     state: RunState
+    interrupt_requested: bool = False     # this rank got Ctrl-C (SIGINT) during the run (see _Interrupt)
 
     @property
     def raw(self) -> nn.Module:
@@ -495,12 +512,13 @@ def _train_step(run: _Run) -> dict:
     for g in run.optimizer.param_groups:
         g["lr"] = lr
     loss_sum, metric_sums, tokens = _forward_backward(run)
-    loss, metrics, global_tokens = _all_reduce(run.d, loss_sum, metric_sums, tokens, run.cfg.grad_accum)
+    loss, metrics, global_tokens, interrupted = _all_reduce(run.d, loss_sum, metric_sums, tokens,
+                                                            run.cfg.grad_accum, run.interrupt_requested)
     finite, grad_norm = _clip_and_step(run, loss)
     state.step += 1
     state.tokens += global_tokens
     return {"loss": loss if finite else float("nan"), "lr": lr, "grad_norm": grad_norm, **metrics,
-            "tokens": global_tokens, "finite": finite}
+            "tokens": global_tokens, "finite": finite, "interrupted": interrupted}
 
 
 def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
@@ -546,18 +564,21 @@ def _token_weights(run: _Run, micro: list[dict]) -> list[float]:
     return [c / mean if mean > 0 else 1.0 for c in counts]
 
 
-def _all_reduce(d: Dist, loss_sum: Tensor, metric_sums: dict[str, list], tokens: int,
-                grad_accum: int) -> tuple[float, dict[str, float], int]:
-    """One all-reduce for everything ranks must agree on: (mean loss, metrics, tokens) of the global batch."""
+def _all_reduce(d: Dist, loss_sum: Tensor, metric_sums: dict[str, list], tokens: int, grad_accum: int,
+                interrupted: bool) -> tuple[float, dict[str, float], int, bool]:
+    """One all-reduce for everything ranks must agree on: (mean loss, metrics, tokens) of the global batch, and
+    whether any rank was interrupted. The interrupt rides along so that agreeing on the step to stop at costs no
+    collective of its own (a per-step one costs real time on gloo)."""
     names = sorted(metric_sums)
     vec = [loss_sum, torch.tensor(float(grad_accum), dtype=torch.float64)]
     for n in names:
         vec += [torch.as_tensor(metric_sums[n][0], dtype=torch.float64),
                 torch.as_tensor(metric_sums[n][1], dtype=torch.float64)]
     vec.append(torch.tensor(float(tokens), dtype=torch.float64))
+    vec.append(torch.tensor(float(interrupted), dtype=torch.float64))
     red = d.all_reduce_sum(torch.stack([v.reshape(()) for v in vec])).tolist()
     metrics = {n: red[2 + 2 * k] / max(red[3 + 2 * k], 1e-12) for k, n in enumerate(names)}
-    return red[0] / red[1], metrics, int(red[-1])
+    return red[0] / red[1], metrics, int(red[-2]), red[-1] > 0
 
 
 def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
@@ -578,6 +599,45 @@ def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
         state.bad_run.append(state.step)
     run.optimizer.zero_grad(set_to_none=True)
     return finite, grad_norm
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+class _Interrupt:
+    """SIGINT while the steps run: the first one only marks the run (`run.interrupt_requested`), so the step in
+    progress finishes, the ranks agree through the step's all-reduce, and the loop writes a checkpoint there and
+    raises KeyboardInterrupt; a second one raises KeyboardInterrupt at once, as Python's default handler does.
+
+    Installed for the steps only and restored after them: outside the loop (setup, the final evaluation and
+    checkpoint) Ctrl-C acts as it always has. Only the main thread may set a signal handler, so train() called from
+    another thread, or where SIGINT is ignored (a background job), leaves SIGINT alone."""
+
+    def __init__(self, run: _Run, enabled: bool):
+        self.run = run
+        self.previous = None
+        self.installed = (enabled and threading.current_thread() is threading.main_thread()
+                          and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+
+    def __enter__(self) -> "_Interrupt":
+        if self.installed:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.installed:
+            # None: the handler was set outside Python, which getsignal cannot hand back; the default is the closest
+            signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)
+
+    def _handle(self, signum, frame) -> None:
+        if self.run.interrupt_requested:
+            raise KeyboardInterrupt
+        self.run.interrupt_requested = True
+        if self.run.d.main:
+            line = ("\n" if self.run.cfg.progress else "") + ("bertkit: interrupted: finishing this step to save a "
+                    "checkpoint (Ctrl-C again stops at once, losing the steps since the last checkpoint)\n")
+            try:    # os.write: print() from a handler can re-enter a write to stderr in progress (the progress bar)
+                os.write(2, line.encode())
+            except OSError:
+                pass        # no stderr: the checkpoint matters, not the notice
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
