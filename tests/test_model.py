@@ -169,6 +169,28 @@ def test_unpadded_handles_holes_and_left_padding():
     assert (a.last_hidden_state - b.last_hidden_state)[real].abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("empty", [[0, 1, 2, 3, 4], [1, 3], list(range(40, 70))])
+def test_rows_of_padding_only_give_finite_outputs(empty):
+    """A row with no real token (a whole batch of them, or a bucket of them: 30 of 70 rows) has no token to unpad:
+    the forward still runs, the other rows are eager's, and nothing is NaN."""
+    g = torch.Generator().manual_seed(4)
+    b, s = (5, 17) if len(empty) < 30 else (70, 40)
+    lengths = torch.randint(1, s + 1, (b,), generator=g)
+    lengths[empty] = 0
+    mask = (torch.arange(s)[None] < lengths[:, None]).long()
+    ids = torch.randint(1, 99, (b, s), generator=g) * mask
+    eager, unp = _tiny(attn_implementation="eager"), _tiny(attn_implementation="unpadded")
+    with torch.no_grad():
+        a, u = eager(ids, None, mask), unp(ids, None, mask)
+    real = mask.bool()
+    assert torch.isfinite(u.last_hidden_state).all() and torch.isfinite(u.pooler_output).all()
+    if real.any():
+        assert (a.last_hidden_state - u.last_hidden_state)[real].abs().max() < 1e-5
+    full = [i for i in range(b) if i not in empty]
+    if full:
+        assert (a.pooler_output[full] - u.pooler_output[full]).abs().max() < 1e-5
+
+
 def test_auto_rule():
     m = _tiny()
     ones = torch.ones(4, 10, dtype=torch.long)

@@ -126,10 +126,12 @@ class Layout:
         bounds = [round(i * batch / k) for i in range(k + 1)]
         buckets, base_sorted, offset = [], [], 0
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            n, length = hi - lo, sorted_len[lo]
+            # a row of padding only has no token: it keeps one zero slot, so a grid of such rows has a shape and
+            # its attention a key (never a row of NaN); nothing is read back from that slot
+            n, length = hi - lo, max(sorted_len[lo], 1)
             bmask = None
             if sorted_len[hi - 1] != length:
-                blen = lengths[order[lo:hi]]
+                blen = lengths[order[lo:hi]].clamp(min=1)
                 bmask = (torch.arange(length, device=mask.device)[None, :] < blen[:, None])[:, None, None, :]
             buckets.append(Bucket(offset, n, length, bmask))
             base_sorted += [offset + j * length for j in range(n)]
