@@ -160,6 +160,10 @@ def test_decode_matches_reference(tok, ref, bbc_lines):
         ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(0, 12))]
         for skip in (True, False):
             assert tok.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+    ids = tok.encode("Hello , world !")
+    assert tok.decode(ids) == ref.decode(ids) and "[CLS]" in tok.decode(ids)        # transformers' default: kept
+    assert tok.batch_decode([ids, ids[:3]]) == ref.batch_decode([ids, ids[:3]])
+    assert tok.decode(101) == ref.decode(101) == "[CLS]"                              # one id
 
 
 # ---------------------------------------------------------------------------------------------------- semantics

@@ -349,10 +349,11 @@ class Tokenizer:
                 if offsets is not None:
                     offsets[i].extend([(0, 0)] * n)
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Text of ids as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces, "##" continuations
-        glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," -> ",", " 's" ->
-        "'s", ...). Lowercasing / accent stripping is not undone."""
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
+        "##" continuations glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," ->
+        ",", " 's" -> "'s", ...). Special tokens stay unless skip_special_tokens, as in transformers. Lowercasing /
+        accent stripping is not undone."""
         tokens = []
         for i in _as_id_list(ids):
             i = int(i)
@@ -360,7 +361,7 @@ class Tokenizer:
                 tokens.append(self._id_to_token(i))
         return decode_pieces(tokens)
 
-    def batch_decode(self, sequences, skip_special_tokens: bool = True) -> list[str]:
+    def batch_decode(self, sequences, skip_special_tokens: bool = False) -> list[str]:
         """decode for each row of sequences (lists, or a 2-D tensor / array)."""
         return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in _as_id_list(sequences)]
 
@@ -542,4 +543,4 @@ def _worker_encode(texts: list[str]) -> PieceArrays:
 def _as_id_list(ids) -> list[int]:
     if hasattr(ids, "tolist"):  # torch / numpy
         ids = ids.tolist()
-    return list(ids)
+    return [ids] if isinstance(ids, int) else list(ids)     # decode(101): one id, as transformers takes it
