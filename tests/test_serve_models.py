@@ -191,6 +191,51 @@ def test_a_sentence_transformers_directory_is_served_with_its_own_pipeline(tmp_p
             srv.stop()
 
 
+def test_embeddings_read_as_many_tokens_as_the_model_says(tmp_path):
+    """A sentence-transformers directory's max_seq_length (8 here) cuts every text, as SentenceTransformer and
+    `bertkit embed` cut it: Predictor.embed, /embed and /v1/embeddings by default (was: 256 for all), /info says
+    it; --max-length given still rules. One string embeds as one vector, as SentenceTransformer.encode gives it."""
+    import torch
+    from bertkit import BertConfig, BertModel, Tokenizer
+    from bertkit.embed.pooling import Pooling, SentenceEncoder
+    from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
+    from bertkit.errors import BertkitError
+    from bertkit.infer import Predictor
+    torch.manual_seed(0)
+    tok = Tokenizer({t: i for i, t in enumerate(VOCAB)})
+    bert = BertModel(BertConfig.preset("tiny", vocab_size=len(VOCAB), max_position_embeddings=64))
+    save_sentence_encoder(SentenceEncoder(bert, Pooling("mean"), normalize=True, max_seq_length=8), tok,
+                          tmp_path / "st")
+    texts = [" ".join(["the cat sat"] * 6), "the dog"]                 # 20 tokens and 4
+    encoder, tok = load_sentence_encoder(tmp_path / "st")
+    ref = encoder.encode(tok, texts)
+    pred = Predictor.load(tmp_path / "st")
+    assert pred.embed_max_length == 8 and np.abs(pred.embed(texts) - ref).max() < 1e-5
+    assert np.abs(pred.embed(texts[0]) - ref[0]).max() < 1e-5 and pred.embed(texts[0]).shape == ref[0].shape
+    with pytest.raises(BertkitError, match=r"texts\[1\] is int"):
+        pred.embed(["a", 5])
+    srv = _serve(pred)
+    try:
+        status, got = _request(srv.port, "POST", "/embed", {"inputs": texts, "truncate": True})
+        assert status == 200 and np.abs(np.array(got) - ref).max() < 1e-5
+        status, res = _request(srv.port, "POST", "/embed", {"inputs": texts})              # TEI: no cut unasked
+        assert status == 422 and "input 0 is 20 tokens; the limit is 8" in json.dumps(res)
+        status, res = _request(srv.port, "POST", "/v1/embeddings", {"input": texts[1:], "model": "m"})
+        assert status == 200 and np.abs(np.array(res["data"][0]["embedding"]) - ref[1]).max() < 1e-5
+        status, res = _request(srv.port, "POST", "/v1/embeddings", {"input": texts[:1], "model": "m"})
+        assert status == 422 and "the limit is 8" in json.dumps(res)
+        assert _request(srv.port, "GET", "/info")[1]["max_input_length"] == 8
+    finally:
+        srv.stop()
+    srv = _serve(pred, max_length=32)
+    try:
+        status, got = _request(srv.port, "POST", "/embed", {"inputs": texts})             # 20 tokens fit in 32
+        assert status == 200 and np.abs(np.array(got[0]) - pred.embed(texts[0], max_length=32)).max() < 1e-5
+        assert np.abs(np.array(got[0]) - ref[0]).max() > 1e-3            # 20 tokens read, not 8
+    finally:
+        srv.stop()
+
+
 def _pair_prob(pred, query: str, text: str) -> float:
     return pred.classify([query], pairs=[text])[0]["scores"]["pos"]
 

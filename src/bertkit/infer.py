@@ -172,6 +172,12 @@ class Predictor:
         return self.pipeline.dim if self.pipeline is not None else self.encoder.config.hidden_size
 
     @property
+    def embed_max_length(self) -> int:
+        """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length (as
+        SentenceTransformer and `bertkit embed` read it), else 256."""
+        return self.pipeline.max_seq_length if self.pipeline is not None else 256
+
+    @property
     def has_mlm(self) -> bool:
         return self.task == "mlm"
 
@@ -371,15 +377,24 @@ class Predictor:
 
     # ---------------------------------------------------------------------------------------------- embeddings
     @torch.inference_mode()
-    def embed(self, texts: Sequence[str], pooling: str | None = None, layers: Sequence[int] | None = None,
-              normalize: bool = True, max_length: int = 256, batch_size: int = 32, progress: bool = False) -> np.ndarray:
-        """(n, dims) float32 sentence vectors; see the module docstring for pooling / layers / normalize."""
+    def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
+              normalize: bool = True, max_length: int | None = None, batch_size: int = 32,
+              progress: bool = False) -> np.ndarray:
+        """(n, dims) float32 sentence vectors, or (dims,) for one string as SentenceTransformer.encode gives it; see
+        the module docstring for pooling / layers / normalize. max_length: pieces per text, default
+        embed_max_length."""
+        if isinstance(texts, str):
+            return self.embed([texts], pooling, layers, normalize, max_length, batch_size, progress)[0]
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         pipe = self.pipeline if pooling is None else None
+        max_length = max_length or self.embed_max_length
         texts = list(texts)
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise BertkitError(f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r:.40}, expected a string")
         if pipe is not None and pipe.do_lower_case:
-            texts = [t.lower() if isinstance(t, str) else t for t in texts]
+            texts = [t.lower() for t in texts]
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))    # similar lengths share a batch: less padding
         out = np.zeros((len(texts), pipe.dim if pipe else self.encoder.config.hidden_size), dtype=np.float32)
         starts = range(0, len(texts), batch_size)

@@ -16,7 +16,8 @@ def register(sub) -> None:
     p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="how long a batch waits to fill")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--max-text-chars", type=int, default=d.max_text_chars)
-    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per text")
+    p.add_argument("--max-length", type=int, default=d.max_length,
+                   help="tokens per text (default: the model's max_seq_length for embeddings, 256 otherwise)")
     p.add_argument("--max-inputs", type=int, default=d.max_inputs, help="texts per request")
     p.add_argument("--max-masks", type=int, default=d.max_masks, help="[MASK]s per fill-mask request")
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds per request before 504")

@@ -15,7 +15,7 @@ import torch
 
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
-from bertkit.serve.limits import RequestError, ServeConfig
+from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
 from bertkit.tokenizer.inputs import wrap
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
@@ -39,6 +39,17 @@ def _too_long(counts: list[int], max_length: int) -> RequestError | None:
         if n > max_length:
             return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} (send truncate: true to cut it)")
     return None
+
+
+def _tokens(config: ServeConfig) -> int:
+    """Tokens per text for the heads' endpoints."""
+    return config.max_length or DEFAULT_MAX_LENGTH
+
+
+def _embed_tokens(predictor, config: ServeConfig) -> int:
+    """Tokens per text for embeddings: --max-length, else the model's own max_seq_length, so that the vectors are
+    SentenceTransformer's and `bertkit embed`'s."""
+    return config.max_length or predictor.embed_max_length
 
 
 # ------------------------------------------------------------------------------------------------------ embeddings
@@ -80,7 +91,7 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
         jobs = [_EmbedJob([r.text], r.pooling, r.normalize) if isinstance(r, S.EmbedRequest)
                 else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate) for r in reqs]
         out = []
-        for r, res in zip(reqs, _embed_jobs(predictor, jobs, config.max_length)):
+        for r, res in zip(reqs, _embed_jobs(predictor, jobs, _embed_tokens(predictor, config))):
             if isinstance(res, Exception):
                 out.append(res)
             elif isinstance(r, S.EmbedRequest):
@@ -106,7 +117,7 @@ def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def run(reqs: list) -> list:
         jobs = [_EmbedJob(r.input, truncate=False) for r in reqs]
         out = []
-        for r, res in zip(reqs, _embed_jobs(predictor, jobs, config.max_length)):
+        for r, res in zip(reqs, _embed_jobs(predictor, jobs, _embed_tokens(predictor, config))):
             if not isinstance(res, Exception) and r.dimensions not in (None, dims):
                 res = RequestError(422, f"dimensions={r.dimensions}: this model's embeddings have {dims}")
             out.append(res if isinstance(res, Exception) else shape(r, *res))
@@ -179,7 +190,7 @@ def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
         return preds if r.inputs.batch else preds[0]
 
     def run(reqs: list) -> list:
-        logits = _class_logits(predictor, [(r.inputs.items, r.truncate) for r in reqs], config.max_length)
+        logits = _class_logits(predictor, [(r.inputs.items, r.truncate) for r in reqs], _tokens(config))
         return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, logits)]
     return run
 
@@ -201,7 +212,7 @@ def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
     def run(reqs: list) -> list:
         logits = _class_logits(predictor, [([[r.query, t] for t in r.texts], r.truncate) for r in reqs],
-                               config.max_length)
+                               _tokens(config))
         return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, logits)]
     return run
 
@@ -241,7 +252,7 @@ def _fill_check(config: ServeConfig) -> Callable[[S.FillMaskRequest], None]:
 def _fill_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def one(r: S.FillMaskRequest):
         try:
-            return predictor.fill_mask(r.text, top_k=r.top_k, beam_size=r.beam_size, max_length=config.max_length)
+            return predictor.fill_mask(r.text, top_k=r.top_k, beam_size=r.beam_size, max_length=_tokens(config))
         except ValueError as e:   # e.g. no [MASK] in the text: that request alone gets 422
             return e
     return lambda reqs: [one(r) for r in reqs]
@@ -254,7 +265,7 @@ def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
             idx = [i for i, r in enumerate(reqs) if (r.pair is not None) == paired]
             if idx:
                 pairs = [reqs[i].pair for i in idx] if paired else None
-                res = predictor.classify([reqs[i].text for i in idx], max_length=config.max_length, pairs=pairs)
+                res = predictor.classify([reqs[i].text for i in idx], max_length=_tokens(config), pairs=pairs)
                 for i, x in zip(idx, res):
                     out[i] = x
         return out
@@ -280,7 +291,7 @@ def _reranks(predictor) -> bool:
 def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, Endpoint]:
     """Route name -> Endpoint for what the predictor's head supports (embed and tokenize always)."""
     config = config or ServeConfig()
-    L = config.max_length
+    L = _tokens(config)
     embed_weight = lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs)  # noqa: E731
     eps = [
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
@@ -347,6 +358,6 @@ def model_info(predictor, config: ServeConfig) -> dict:
     labels = predictor.labels if predictor.task in ("classify", "tag") else None
     return {"model_id": predictor.name, "model_type": kind, "task": predictor.task,
             "dims": predictor.embedding_dim, "quantization": _quantization(predictor),
-            "max_input_length": config.max_length,
+            "max_input_length": _embed_tokens(predictor, config) if kind == "embedding" else _tokens(config),
             "max_client_batch_size": config.max_inputs, "max_batch_requests": config.max_batch,
             "max_concurrent_requests": config.max_connections, "labels": labels, "version": bertkit.__version__}

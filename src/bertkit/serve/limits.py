@@ -33,6 +33,9 @@ def require_serve_extra() -> None:
         raise MissingServeExtra(f"serving needs {', '.join(missing)}: {INSTALL_HINT}")
 
 
+DEFAULT_MAX_LENGTH = 256                # tokens per text where neither --max-length nor the model says
+
+
 @dataclass
 class ServeConfig:
     host: str = "127.0.0.1"            # loopback by default: exposing a model is the user's explicit choice
@@ -40,7 +43,8 @@ class ServeConfig:
     max_batch: int = 32                # texts per forward; 1 = batching off
     max_wait_ms: float = 5.0           # how long the first request of a batch waits for company
     timeout_s: float = 30.0            # per request, queueing included -> 504 (and the queued work is dropped)
-    max_length: int = 256              # tokens per text
+    max_length: int | None = None      # tokens per text; None: DEFAULT_MAX_LENGTH, and for embeddings the model's
+                                       # max_seq_length (as SentenceTransformer and `bertkit embed` read it)
     max_body_bytes: int = 64 * 1024    # counted while the body streams in -> 413
     max_text_chars: int = 10_000       # per string in a body -> 413
     max_inputs: int = 32               # texts per request (TEI `inputs`, OpenAI `input`, rerank `texts`) -> 422
@@ -60,6 +64,8 @@ class ServeConfig:
                     "keep_alive_s": 1, "max_connections": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
+            if value is None and name == "max_length":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{flag(name)} must be an integer >= {low}, got {value!r}")
         for name in ("timeout_s", "read_timeout_s", "max_wait_ms"):
@@ -76,7 +82,8 @@ class ServeConfig:
 
     def describe(self) -> str:
         """The limits in one line, printed when the server starts."""
-        return "limits: " + " ".join(f"{k}={v}" for k, v in asdict(self).items() if k not in ("host", "port"))
+        shown = {**asdict(self), "max_length": self.max_length or f"model's (embeddings) / {DEFAULT_MAX_LENGTH}"}
+        return "limits: " + " ".join(f"{k}={v}" for k, v in shown.items() if k not in ("host", "port"))
 
 
 _FLAGS = {"timeout_s": "--timeout", "read_timeout_s": "--read-timeout", "keep_alive_s": "--keep-alive"}
