@@ -242,6 +242,10 @@ def test_rerank_scores_and_sorts(capsys, tiny_ce, data):
     top = rerank(tiny_ce, "the man is eating", docs, top_k=2)
     assert [r["index"] for r in top] == [r["index"] for r in results[:2]]
     assert "document 2 is empty" in str(pytest.raises(Exception, ce.score, "q", ["a man", " "]).value)
+    limit = ce.predictor.model.config.max_position_embeddings
+    line = _error(capsys, "rerank", tiny_ce, "--query", "q", "--file", data / "docs.txt", "--max-length", "100000")
+    assert f"--max-length 100000 exceeds the model's {limit} positions" in line
+    assert "is a directory" in _error(capsys, "rerank", tiny_ce, "--query", "q", "--file", data)
 
 
 def test_search_then_rerank(capsys, tmp_path, tiny_st, tiny_ce, data):

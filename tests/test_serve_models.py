@@ -132,6 +132,8 @@ def test_tei_embed_equals_bertkit_embed(mlm):
     assert status == 422 and "33 inputs" in res["error"]
     assert _request(srv.port, "POST", "/embed", {"inputs": []})[0] == 422
     assert _request(srv.port, "POST", "/embed", {"inputs": "a", "text": "b"})[0] == 400
+    status, res = _request(srv.port, "POST", "/embed", {})
+    assert status == 400 and "missing required field 'inputs'" in res["error"]           # what TEI clients send
 
 
 def test_tokenize_and_info(mlm):

@@ -557,9 +557,7 @@ def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 
 def read_lines(path: str | Path) -> list[str]:
     """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
     path = Path(path)
-    if str(path) != "-" and not path.is_file():
-        raise DataError(f"{path}: no such file")
-    from bertkit.textfiles import read_text
+    from bertkit.textfiles import read_text     # names a missing file, a directory, bytes that are not UTF-8
     lines = [ln.strip() for ln in read_text(path).splitlines()]
     lines = [ln for ln in lines if ln]
     if not lines:

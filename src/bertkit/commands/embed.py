@@ -44,7 +44,8 @@ def register(sub) -> None:
     p.add_argument("--file", required=True, help="documents, one per line")
     p.add_argument("--top-k", type=checks.positive_int, help="print only the best K (default: all)")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
-    p.add_argument("--max-length", type=checks.number(int, 2), default=256)
+    p.add_argument("--max-length", type=checks.number(int, 2),
+                   help="pieces per (query, document) pair (default 256, or the model's positions if fewer)")
     progress.add_arguments(p)
     checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=rerank)
@@ -319,10 +320,14 @@ def rerank(args) -> int:
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model)
+    limit = ce.predictor.model.config.max_position_embeddings
+    if args.max_length and args.max_length > limit:     # else only a long enough document would fail, later
+        raise ConfigError(f"--max-length {args.max_length} exceeds the model's {limit} positions")
+    max_length = args.max_length or min(256, limit)
     batches = len(args.query) * -(-len(docs) // args.batch_size)
     with progress.forward_bar(ce.predictor.model, batches, "rerank", progress.wanted(args.progress)) as bar:
         for q in args.query:
-            ranked = ce.rank(q, docs, args.top_k, args.batch_size, args.max_length)
+            ranked = ce.rank(q, docs, args.top_k, args.batch_size, max_length)
             bar.write(json.dumps({"query": q, "results": [{**r, "score": round(r["score"], 4)} for r in ranked]},
                                  ensure_ascii=False), file=sys.stdout)
     return 0

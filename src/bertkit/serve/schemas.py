@@ -136,7 +136,8 @@ class TeiEmbedRequest(Request):
 
 
 def _embed_shape(body: Any) -> str:
-    return "tei" if isinstance(body, dict) and "inputs" in body else "text"
+    # a body with neither field is read as TEI's, so the error names `inputs`: what a TEI client should send
+    return "text" if isinstance(body, dict) and "text" in body and "inputs" not in body else "tei"
 
 
 AnyEmbedRequest = Annotated[Union[Annotated[EmbedRequest, Tag("text")], Annotated[TeiEmbedRequest, Tag("tei")]],
