@@ -649,6 +649,29 @@ def test_a_run_that_fails_after_writing_keeps_the_replaced_run_aside(tmp_path):
     assert (out / REPLACED / "model.txt").read_text() == "earlier" and not (out / "model.txt").exists()
     assert settle_out(out, False) is None
     assert (out / "model.txt").read_text() == "earlier" and not (out / REPLACED).exists()
+    assert settle_out(out, True) is None                # nothing of this process's to settle: left alone
+    assert (out / "model.txt").read_text() == "earlier"
+
+
+def test_settling_acts_only_on_what_this_command_set_up(tmp_path):
+    """A PID can repeat (a container's PID 1, two commands in one process): a later command's success never takes
+    the directory an earlier one left for its own, and --overwrite over someone else's files holds nothing aside."""
+    from bertkit.commands.checks import out_dir, settle_out
+    out = tmp_path / "run"
+    out_dir(out, "finetune")
+    (out / "model.txt").write_text("earlier")
+    settle_out(out, True)
+    out_dir(out, "finetune", overwrite=True)
+    (out / "model.txt").write_text("half")
+    assert REPLACED in settle_out(out, False)
+    (out / "predictions.jsonl").write_text("{}")        # `predict --out run/` in the same process, then settled
+    assert settle_out(out, True) is None and (out / REPLACED / "model.txt").read_text() == "earlier"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    out_dir(theirs, "vocab", overwrite=True)
+    (theirs / "vocab.txt").write_text("half")
+    assert settle_out(theirs, False) is None and not (theirs / REPLACED).exists()
 
 
 def test_a_crash_leaves_no_empty_output_behind(world, tmp_path, capsys, monkeypatch):

@@ -299,7 +299,7 @@ def test_corpus_output_vocab_is_the_softmax_over_those_columns(data):
     from bertkit.config import BertConfig
     from bertkit.heads import BertForPreTraining
     from bertkit.pretraining.shards import ShardReader
-    from bertkit.train.loop import pretraining_step
+    from bertkit.train.steps import pretraining_step
 
     reader = ShardReader(data / "shards", 8, vocab_size=600)
     batch = next(iter(reader))
@@ -422,6 +422,11 @@ def test_resuming_a_run_already_past_its_steps_trains_nothing_and_says_so(tiny_r
     err = capsys.readouterr().err
     assert rc == 0 and "is already at step 4 (>= --steps 2): nothing trained" in err, err
     assert _digest(run) == before
+    shutil.rmtree(run / "model")               # lost to a full disk or an interrupt after the last checkpoint
+    rc = cli(["pretrain", str(tiny_run / "shards"), "--out", str(run), *TINY_RUN, "--steps", "4", "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "nothing trained, writing the missing" in err, err
+    assert (run / "model" / "config.json").is_file() and (run / "model" / "model.safetensors").is_file()
 
 
 def test_a_vocab_that_is_not_the_shards_is_refused_before_training(tiny_run, tmp_path, capsys):
@@ -432,6 +437,24 @@ def test_a_vocab_that_is_not_the_shards_is_refused_before_training(tiny_run, tmp
     _fails(["pretrain", str(tiny_run / "shards"), "--out", str(out), *TINY_RUN, "--steps", "2", "--vocab",
             str(tmp_path / "swapped.txt")], capsys, "token ids would mean other tokens", out)
     assert not (out / "model").exists()
+
+
+def test_a_failed_overwrite_keeps_the_earlier_run(tiny_run, tmp_path, capsys):
+    """--overwrite sets the earlier run aside; a run that fails before writing its own files puts it back whole, one
+    that fails later (diverged here) leaves it in .bertkit-replaced and says so."""
+    import shutil
+    from bertkit.commands.checks import REPLACED
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run / "run", run)
+    before = _digest(run)
+    _fails(["pretrain", str(tiny_run / "nope"), "--out", str(run), *TINY_RUN, "--steps", "2", "--overwrite"], capsys,
+           "nope", None)
+    assert _digest(run) == before
+    rc = cli(["pretrain", str(tiny_run / "shards"), "--out", str(run), *TINY_RUN, "--steps", "2", "--lr", "1e30",
+              "--warmup", "0", "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "kept in" in err and (run / REPLACED / "model" / "config.json").is_file(), err
+    assert (run / REPLACED / "summary.json").is_file()
 
 
 def test_a_diverged_run_fails_without_saving_a_model(tiny_run, tmp_path, capsys):

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bertkit {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `bertkit tokenize ... | head`
+    except BrokenPipeError:  # `bertkit tokenize ... | head`: the reader had enough, the command's work is done
+        ok = True
         return 0
     except (BertkitError, OSError, MemoryError, UnicodeDecodeError) as e:
         line = error_line(e)

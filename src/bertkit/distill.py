@@ -50,7 +50,7 @@ from bertkit.heads import IGNORE_INDEX
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, TrainBatches, evaluate_task, finetune, load_task,
                                   model_class, model_overrides, numeric_metrics)
-from bertkit.train.loop import StepOutput
+from bertkit.train.steps import StepOutput
 
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
            "hidden_loss", "attention_loss", "augment_examples"]

@@ -33,7 +33,8 @@ from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
 from bertkit.tasks.batching import BucketBatchSampler
 from bertkit.tokenizer.inputs import pad_batch
-from bertkit.train.loop import StepOutput, TrainConfig, train
+from bertkit.train.loop import TrainConfig, train
+from bertkit.train.steps import StepOutput
 
 __all__ = ["MlmDistillConfig", "distill_mlm"]
 

@@ -29,6 +29,7 @@ from bertkit.errors import BertkitError
 
 MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made", "wrote"}: a command's output
 REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
+_CLAIMED: set[Path] = set()     # output directories out_dir set up in this process and settle_out has not settled
 
 
 class OutputError(BertkitError):
@@ -225,6 +226,8 @@ def _set_aside(d: Path, gone: list[Path]) -> None:
     if held.is_dir():
         _clear(gone)
         return
+    if not gone and not (d / MARKER).exists():
+        return
     held.mkdir()
     moved = []
     try:
@@ -295,6 +298,7 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
     d.mkdir(parents=True, exist_ok=True)
     (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made, "keep": keep}) + "\n",
                             encoding="utf-8")
+    _CLAIMED.add(d)
     return d
 
 
@@ -311,13 +315,17 @@ def settle_out(path, ok: bool) -> str | None:
     """After a command that wrote to the output directory `path` (out_dir): on success record what it wrote (a later
     --overwrite replaces only that) and delete the run it replaced; on failure or interruption put the replaced run
     back if this one wrote nothing, else leave it in REPLACED, and remove a directory this run created and left
-    empty. Acts only on a MARKER this process wrote. Returns a line for the user where the earlier run stays aside."""
+    empty. Acts only on a directory out_dir set up in this process (a PID can repeat; a path cannot be claimed
+    twice). Returns a line for the user where the earlier run stays aside."""
     if path is None:
         return None
     try:
         d = _resolved(path)
+        if d not in _CLAIMED:
+            return None
+        _CLAIMED.discard(d)
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
-        if not isinstance(info, dict) or info.get("pid") != os.getpid():
+        if not isinstance(info, dict):
             return None
         keep = set(info.get("keep", [])) | {MARKER, REPLACED}
         new = [e.name for e in d.iterdir() if e.name not in keep]
@@ -326,6 +334,8 @@ def settle_out(path, ok: bool) -> str | None:
             (d / MARKER).write_text(json.dumps({**info, "wrote": sorted(new)}) + "\n", encoding="utf-8")
             shutil.rmtree(held, ignore_errors=True)
             return None
+        if held.is_dir() and not any(held.iterdir()):
+            held.rmdir()
         if held.is_dir():
             if new:
                 return f"{path}: the run --overwrite replaced is kept in {held}"

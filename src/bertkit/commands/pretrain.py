@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 from bertkit import progress
@@ -137,9 +138,11 @@ def run(args) -> int:
     from bertkit.train.pretrain import pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    # the run directory's resume / overwrite rules are the trainer's; here only its kind and the inputs
+    # --resume and a refused earlier run are the trainer's; --overwrite sets the earlier run aside until this one
+    # succeeds (checks.settle_out), on rank 0 only: the other ranks of a torchrun launch check and move nothing
     checks.out_dir(args.out, "pretrain", inputs=(args.shards, args.phase2_shards, args.eval_shards, args.init,
-                                                  args.config), overwrite=args.overwrite or args.resume, reuse=True)
+                                                  args.config), overwrite=args.overwrite or args.resume,
+                   reuse=not args.overwrite, dry_run=int(os.environ.get("RANK", "0")) != 0)
     if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
         from bertkit.textfiles import read_text
         text = read_text(args.config)
@@ -153,7 +156,6 @@ def run(args) -> int:
                "stop": result.stop_reason, "skipped_steps": result.skipped_steps,
                **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)},
                "summary": f"{pc.out}/summary.md"}
-    import os
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary))
     return 0

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import _rows
-from bertkit.train.loop import StepOutput
+from bertkit.train.steps import StepOutput
 
 from bertkit.embed.gradcache import cached_loss
 from bertkit.embed.index import search_vectors

@@ -85,10 +85,10 @@ the network itself; set NCCL_SOCKET_IFNAME if the nodes have several interfaces.
 import sys
 import types
 
-from bertkit.train.loop import (TrainConfig, TrainResult, StepOutput, Phase, TrainingDiverged, train, default_step,
-                                pretraining_step, pretraining_eval, seed_everything, distributed_context,
-                                latest_checkpoint, load_model_weights, save_model_weights, estimate_flops_per_token,
-                                peak_flops, parse_duration)
+from bertkit.train.loop import (TrainConfig, TrainResult, Phase, TrainingDiverged, train, seed_everything,
+                                distributed_context, latest_checkpoint, load_model_weights, save_model_weights,
+                                estimate_flops_per_token, peak_flops, parse_duration)
+from bertkit.train.steps import StepOutput, default_step, pretraining_step, pretraining_eval
 
 __all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverged", "train", "default_step",
            "pretraining_step", "pretraining_eval", "seed_everything", "distributed_context", "latest_checkpoint",

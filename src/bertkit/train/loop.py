@@ -7,8 +7,8 @@ next step. Every decision that must agree across ranks (skip, save on a timer, s
 evaluation's request or on Ctrl-C) is taken from all-reduced or broadcast numbers, so ranks never diverge.
 
 `train()` below reads top to bottom: set up, start fresh or resume, then step / log / evaluate / checkpoint until
-the run's length is reached. Checkpoints live in checkpointing.py, the process group and model wrapping in
-distributed.py, the data position in stream.py, metrics and FLOP/s in monitor.py.
+the run's length is reached. What a step computes lives in steps.py, checkpoints in checkpointing.py, the process
+group and model wrapping in distributed.py, the data position in stream.py, metrics and FLOP/s in monitor.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -39,11 +39,11 @@ from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoin
                                          save_model_weights)
 from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
 from bertkit.train.monitor import FlopMeter, RunLog, estimate_flops_per_token, peak_flops
+from bertkit.train.steps import StepOutput, default_step, pretraining_eval, pretraining_step, to_device
 from bertkit.train.stream import Phase, Stream
 
-__all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverged", "train", "default_step",
-           "pretraining_step", "seed_everything", "latest_checkpoint", "load_model_weights", "save_model_weights",
-           "estimate_flops_per_token", "peak_flops", "parse_duration", "pretraining_eval",
+__all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "seed_everything", "latest_checkpoint",
+           "load_model_weights", "save_model_weights", "estimate_flops_per_token", "peak_flops", "parse_duration",
            "distributed_context"]
 
 
@@ -140,15 +140,6 @@ class TrainConfig:
 
 
 @dataclass
-class StepOutput:
-    """What a step function returns for one micro-batch: the loss to backpropagate and summable metrics, each a
-    (sum, count) pair such as "mlm_acc": (correct predictions, masked tokens), reported as sum / count over the
-    global batch; a plain value v means (v, 1), i.e. averaged over micro-batches."""
-    loss: Tensor
-    metrics: dict[str, Any] = field(default_factory=dict)  # name -> (sum, count), or a value meaning (value, 1)
-
-
-@dataclass
 class TrainResult:
     steps: int                            # optimizer steps done in total (including before a resume)
     total_steps: int                      # the schedule's total (estimated in budget mode)
@@ -162,92 +153,6 @@ class TrainResult:
     stop_reason: str                      # "max_steps" | "epochs" | "budget" | "early_stop" (eval_fn asked) |
                                           # "on_start" (its on_start returned False with the run not over)
     checkpoint: Path | None               # the last checkpoint written
-
-
-# ---------------------------------------------------------------------------------------------- step functions
-def default_step(model: nn.Module, batch: dict) -> StepOutput:
-    """`model(**batch).loss`."""
-    out = model(**batch)
-    loss = out["loss"] if isinstance(out, dict) else out.loss
-    if loss is None:
-        raise ConfigError("the model returned no loss: does the batch carry labels?")
-    return StepOutput(loss=loss)
-
-
-def pretraining_step(model: nn.Module, batch: dict, token_weight: float = 1.0) -> StepOutput:
-    """BertForPreTraining / BertForMaskedLM / ELECTRA: loss plus MLM, NSP/SOP and replaced-token accuracies.
-
-    The loss is `token_weight * token-level loss + sentence-level loss`, where the token-level part is the MLM
-    loss (ELECTRA: generator MLM + weighted discriminator loss) and the sentence-level part NSP/SOP. The loop
-    passes the weight that turns the mean over this micro-batch's masked tokens into its share of the mean over
-    the global batch's masked tokens (1.0 when there is one micro-batch on one process)."""
-    out = model(**batch)
-    loss = out.loss
-    mlm_loss = getattr(out, "mlm_loss", None)
-    if token_weight != 1.0 and mlm_loss is not None:
-        sentence = getattr(out, "nsp_loss", None)
-        token_level = loss - sentence if sentence is not None else loss
-        loss = token_level * token_weight + (sentence if sentence is not None else 0.0)
-    metrics: dict[str, Any] = {}
-    labels = batch.get("labels")
-    logits = getattr(out, "prediction_logits", None)
-    if logits is None:
-        logits = getattr(out, "logits", None)
-    if labels is not None and logits is not None:
-        masked = labels != IGNORE_INDEX
-        target = labels[masked]                                    # (n_masked,)
-        pred = logits.max(-1).indices                              # argmax over a vocab is ~7x slower on CPU
-        ids = getattr(out, "logit_ids", None)
-        if ids is not None:                                        # columns of a vocabulary subset -> ids
-            pred = ids[pred]
-        if pred.dim() > 1:                                         # full (batch, seq) logits
-            pred = pred[masked]
-        metrics["mlm_acc"] = ((pred == target).sum(), target.numel())
-    if mlm_loss is not None:
-        metrics["mlm_loss"] = (mlm_loss.detach() * token_weight, 1)
-    nsp_label = batch.get("next_sentence_label")
-    nsp_logits = getattr(out, "seq_relationship_logits", None)
-    if nsp_label is not None and nsp_logits is not None:
-        metrics["nsp_acc"] = ((nsp_logits.argmax(-1) == nsp_label.reshape(-1)).sum(), nsp_label.numel())
-        if getattr(out, "nsp_loss", None) is not None:
-            metrics["nsp_loss"] = out.nsp_loss.detach()
-    if getattr(out, "rtd_loss", None) is not None:                  # ELECTRA discriminator
-        metrics["rtd_loss"] = out.rtd_loss.detach()
-        metrics["rtd_acc"] = (out.rtd_correct, out.rtd_count)
-    return StepOutput(loss=loss, metrics=metrics)
-
-
-def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None,
-                     step_fn: Callable = pretraining_step) -> Callable[[nn.Module], dict]:
-    """An eval_fn over held-out pre-training batches: MLM loss (mean over every masked token) and accuracy, NSP/SOP
-    loss and accuracy, ELECTRA's replaced-token accuracy, and `masked_tokens`, how many masked tokens were scored.
-    The same batches each time (`set_epoch(0)` first when the source has it, so dynamic masks repeat too)."""
-    def evaluate(model: nn.Module) -> dict:
-        if hasattr(batches, "set_epoch"):
-            batches.set_epoch(0)
-        device = next(model.parameters()).device
-        pairs: dict[str, list[float]] = {}
-        masked_tokens = 0
-        for i, batch in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
-            batch = _to_device(batch, device)
-            out = step_fn(model, batch)
-            n_masked = float((batch["labels"] != IGNORE_INDEX).sum()) if "labels" in batch else 1.0
-            masked_tokens += int(n_masked) if "labels" in batch else 0
-            for name, value in out.metrics.items():
-                s, c = value if isinstance(value, tuple) else (value, 1)
-                s, c = float(s), float(c)
-                if name == "mlm_loss":        # a mean over this batch's masked tokens -> weight by their number
-                    s, c = s * n_masked, n_masked
-                acc = pairs.setdefault(name, [0.0, 0.0])
-                acc[0] += s
-                acc[1] += c
-            acc = pairs.setdefault("loss", [0.0, 0.0])
-            acc[0] += float(out.loss)
-            acc[1] += 1
-        return {**{name: s / c for name, (s, c) in pairs.items() if c > 0}, "masked_tokens": masked_tokens}
-    return evaluate
 
 
 # ---------------------------------------------------------------------------------------------- small utilities
@@ -282,12 +187,6 @@ def _tokens_in(batch: dict) -> int:
         return int(mask.sum())
     ids = batch.get("input_ids")
     return int(ids.numel()) if isinstance(ids, Tensor) else 0
-
-
-def _to_device(batch: dict, device: torch.device) -> dict:
-    if device.type == "cpu":
-        return batch
-    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -531,7 +430,7 @@ def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
     weights = _token_weights(run, micro)
     for i, batch in enumerate(micro):
         tokens += _tokens_in(batch)
-        batch = _to_device(batch, d.device)
+        batch = to_device(batch, d.device)
         with grad_sync(run.model, d, last=i == cfg.grad_accum - 1):
             with autocast(run.precision, d.device):
                 if run.weighted:

@@ -30,6 +30,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from bertkit.errors import CheckpointError, ConfigError, DataError
 from bertkit.pretraining.masking import MODES as MASK_MODES
@@ -252,7 +253,7 @@ def _divergence(model, result, data, d, fsdp: bool) -> str | None:
 
     import torch
 
-    from bertkit.train.loop import _to_device, pretraining_step
+    from bertkit.train.steps import pretraining_step, to_device
     bad = 0.0
     with torch.no_grad():
         for p in model.parameters():
@@ -261,11 +262,12 @@ def _divergence(model, result, data, d, fsdp: bool) -> str | None:
                 bad = 1.0
                 break
         # finite weights can still be absurd (a huge lr): one forward tells. FSDP: every rank runs it (collectives)
-        batch = next(iter(data), None) if (not bad or fsdp) else None
+        # a reader that stopped at its epoch's end starts the next one on a second iter()
+        batch = (next(iter(data), None) or next(iter(data), None)) if (not bad or fsdp) else None
         if batch is not None:
             model.eval()
             try:
-                loss = float(pretraining_step(model, _to_device(batch, d.device)).loss)
+                loss = float(pretraining_step(model, to_device(batch, d.device)).loss)
             finally:
                 model.train()
             bad = max(bad, 0.0 if math.isfinite(loss) else 1.0)
@@ -323,7 +325,8 @@ class _DropKeys:
 def pretrain(pc: PretrainConfig):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
     from bertkit.train.distributed import Dist
-    from bertkit.train.loop import Phase, pretraining_eval, pretraining_step, seed_everything, train
+    from bertkit.train.loop import Phase, seed_everything, train
+    from bertkit.train.steps import pretraining_eval, pretraining_step
 
     out = Path(pc.out)
     _check_settings(pc)
@@ -381,39 +384,52 @@ def pretrain(pc: PretrainConfig):
         log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
                  objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
-    trained = []
+    on_start, status = _starter(pc, plan, cfg, out, d)
+    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step, on_start=on_start)
+    if status["trained"] or status["model_missing"]:
+        _finish(model, result, data, d, pc, plan, out, objective)
+    return result
+
+
+def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> tuple[Callable, dict]:
+    """train()'s on_start: the run's own files are written only once the resume was accepted, so a refused one
+    (another batch size, model, world size) leaves pretrain_config.json, plan.json and the summary as they were. A
+    run resumed at (or past) its end trains nothing; it still writes model/ if that is missing (a full disk or an
+    interrupt after the last checkpoint)."""
+    from bertkit.train.loop import _stop_reason
+    status = {"trained": False, "model_missing": False}
 
     def on_start(state) -> bool:
-        # after the resume was accepted: a refused one (another batch size, model, world size) leaves the run's
-        # pretrain_config.json, plan.json and summary as they were
-        from bertkit.train.loop import _stop_reason
         stop = _stop_reason(cfg, state)
-        if stop is not None:                        # resumed at (or past) the run's end: nothing to do
+        if stop is None:
             if d.main:
-                end = (f">= --steps {state.total}" if stop == "max_steps" else "its --budget is spent"
-                       if stop == "budget" else f">= the {state.total} steps of its --epochs")
-                print(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, the run "
-                      "is left as it was", file=sys.stderr, flush=True)
-            return False
+                _write_start(pc, plan, out)
+            status["trained"] = True
+            return True
+        status["model_missing"] = not (out / "model" / "config.json").is_file()
         if d.main:
-            _write_start(pc, plan, out)
-        trained.append(True)
-        return True
+            end = (f">= --steps {state.total}" if stop == "max_steps" else "its --budget is spent"
+                   if stop == "budget" else f">= the {state.total} steps of its --epochs")
+            then = (f"writing the missing {out / 'model'}" if status["model_missing"]
+                    else "the run is left as it was")
+            print(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, {then}",
+                  file=sys.stderr, flush=True)
+        return False
+    return on_start, status
 
-    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step, on_start=on_start)
-    if not trained:
-        return result
+
+def _finish(model, result, data, d, pc: PretrainConfig, plan, out: Path, objective: str) -> None:
+    """After training: refuse to save a model training broke, else write model/ and the summary."""
     where = _divergence(model, result, data, d, pc.train.fsdp)
     if where is not None:
         from bertkit.train.loop import TrainingDiverged
         raise TrainingDiverged(f"training diverged {where}: the model gives NaN/inf, so {out / 'model'} "
                                f"was not written (checkpoints kept as they are); try a lower --lr than "
-                               f"{cfg.lr:g}, more --warmup, or --precision fp32")
+                               f"{pc.train.lr:g}, more --warmup, or --precision fp32")
     if d.main:
         _save_final(model, result, pc, out)
         from bertkit.train.summary import write_summary
         write_summary(out, result, plan, pc.eval_shards or pc.shards, objective)
-    return result
 
 
 def _check_settings(pc: PretrainConfig) -> None:

@@ -299,7 +299,7 @@ def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, flo
     from bertkit import runtime
     from bertkit.optim import build_optimizer
     from bertkit.precision import autocast, resolve
-    from bertkit.train.loop import _to_device, pretraining_step
+    from bertkit.train.steps import pretraining_step, to_device
 
     probe = runtime.apply(copy.deepcopy(model).to(device)).train()
     opt = build_optimizer(probe, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),
@@ -317,7 +317,7 @@ def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, flo
     def step() -> None:
         for _ in range(cfg.grad_accum):
             with autocast(precision, device):
-                loss = pretraining_step(probe, _to_device(next(source), device)).loss
+                loss = pretraining_step(probe, to_device(next(source), device)).loss
             (loss / cfg.grad_accum).backward()
         if cfg.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(probe.parameters(), cfg.max_grad_norm)
@@ -326,7 +326,7 @@ def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, flo
 
     def evaluate() -> None:
         with torch.no_grad(), autocast(precision, device):
-            pretraining_step(probe, _to_device(next(source), device))
+            pretraining_step(probe, to_device(next(source), device))
 
     step_s = statistics.median([timed(step) for _ in range(steps + 1)][1:])   # the first pays one-off costs
     probe.eval()
