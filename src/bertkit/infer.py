@@ -174,8 +174,13 @@ class Predictor:
     @property
     def embed_max_length(self) -> int:
         """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length (as
-        SentenceTransformer and `bertkit embed` read it), else 256."""
-        return self.pipeline.max_seq_length if self.pipeline is not None else 256
+        SentenceTransformer and `bertkit embed` read it), else 256 (also where its module list cannot be run: the
+        encoder's own pooling, asked for, still can)."""
+        try:
+            pipe = self.pipeline
+        except CheckpointError:
+            return 256
+        return pipe.max_seq_length if pipe is not None else 256
 
     @property
     def has_mlm(self) -> bool:
@@ -388,7 +393,7 @@ class Predictor:
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         pipe = self.pipeline if pooling is None else None
-        max_length = max_length or self.embed_max_length
+        max_length = max_length or (pipe.max_seq_length if pipe is not None else 256)
         texts = list(texts)
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if bad is not None:
