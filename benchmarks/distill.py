@@ -1,5 +1,5 @@
-"""Distillation: a 3-layer student of a fine-tuned MiniLM-L6 teacher against the teacher and against the same
-student fine-tuned without it.
+"""Distillation: a 3-layer student of a fine-tuned MiniLM-L6 teacher against the teacher and against 3-layer students
+fine-tuned without it.
 
 Run (one JSON line per run, then one line with every figure):
 
@@ -9,12 +9,18 @@ Run (one JSON line per run, then one line with every figure):
 The teachers are the fine-tuned MiniLM-L6 runs of `benchmarks/quantize.py --cases accuracy` (WORK/runs/sentiment,
 max_length 64; WORK/runs/topic, 128) on WORK/data/{sentiment,topic}.
 
-accuracy: per task and seed, `bertkit distill --student-layers 3` (layers 2, 4, 6 of the teacher, the embeddings
-and the head copied; soft targets at --temperature with weight --alpha, optional hidden-state transfer and
---unlabeled-bbc: BBC News sentences as unlabeled text for sentiment) and the same student with --alpha 0 (plain fine-tuning of the truncated student, no teacher), the
-same lr / epochs / seed; both scored on test.csv (the best dev epoch's model), the teacher too. The final line: the
-distilled student's test accuracy (mean +- std over the seeds) against the teacher's and the no-teacher student's,
-and the two students paired by seed (mean difference; seeds better / equal / worse).
+accuracy: per task and seed, three students (--students), the same lr / epochs / seed, each scored on test.csv
+with the best dev epoch's model:
+  distilled   `bertkit distill --student-layers 3`: layers 2, 4, 6 of the teacher, its embeddings and head copied;
+              soft targets at --temperature with weight --alpha, optional hidden-state transfer, --augment copies
+              and unlabeled text for sentiment (--unlabeled-vader, --unlabeled-bbc)
+  no_teacher  the same truncated teacher with --alpha 0: plain fine-tuning, no soft targets (it still starts from
+              the fine-tuned teacher's weights)
+  pretrained  layers 2, 4, 6 of the pre-trained MiniLM-L6 the teacher was fine-tuned from and a new head,
+              fine-tuned on the task: the 3-layer model a user without a teacher has
+  distilled_pretrained  that pre-trained student (new head) trained as `distilled` is: the teacher's part alone
+The final line per task: the distilled student's test accuracy (mean +- std over the seeds) against the teacher's
+and the other students', and the students paired by seed (mean difference; seeds better / equal / worse).
 
 speed: teacher and student (bertkit fp32, frozen for inference as `bertkit evaluate` loads them) over the task's
 test texts in batches of 32, interleaved in one run (median of --repeats), sequences/s and the ratio.
@@ -27,6 +33,7 @@ import json
 import platform
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,26 +53,56 @@ def _mean_std(values: list[float]) -> dict:
             "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0, "values": values}
 
 
-def _paired(runs: dict) -> dict | None:
-    """Distilled minus no-teacher test accuracy, seed by seed: on a small test set (207 topic articles, 0.48 points
+def _paired(runs: dict, other: str, ours: str = "distilled") -> dict | None:
+    """`ours` minus `other`'s test accuracy, seed by seed: on a small test set (207 topic articles, 0.48 points
     each) the count of seeds each way says more than two means an article or two apart."""
-    seeds = sorted(set(runs["distilled"]) & set(runs["no_teacher"]))
+    seeds = sorted(set(runs[ours]) & set(runs[other]))
     if not seeds:
         return None
-    diffs = [100 * (runs["distilled"][s] - runs["no_teacher"][s]) for s in seeds]
+    diffs = [100 * (runs[ours][s] - runs[other][s]) for s in seeds]
     return {"seeds": seeds, "mean_diff_points": round(statistics.fmean(diffs), 2),
             "better": sum(d > 0 for d in diffs), "equal": sum(d == 0 for d in diffs), "worse": sum(d < 0 for d in diffs)}
 
 
-def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
+STUDENTS = ("distilled", "no_teacher", "pretrained", "distilled_pretrained")
+
+
+def pretrained_student(work: Path) -> Path:
+    """Layers 2, 4, 6 of the pre-trained MiniLM-L6 the teachers were fine-tuned from (no task head): the 3-layer
+    model a user without a fine-tuned teacher would start from."""
+    from bertkit.datasets import minilm_dir
+    from bertkit.distill import truncated_student
+    from bertkit.model import BertModel
+    from bertkit.tokenizer import Tokenizer
+    out = work / "distill" / "pretrained-minilm-3"
+    if not (out / "config.json").is_file():
+        truncated_student(BertModel.from_pretrained(minilm_dir()), 3).save_pretrained(
+            out, tokenizer=Tokenizer.from_pretrained(minilm_dir()))
+    return out
+
+
+def teacher_test_accuracy(work: Path, task: str, precision: str) -> float:
+    """The teacher on test.csv, scored as the distilled students score it (distill.TaskDistiller.extend)."""
+    from bertkit.precision import resolve
+    from bertkit.tasks.runner import evaluate_task, load_task
+    task_obj, model, tok = load_task(work / "runs" / task)
+    examples = task_obj.read(work / "data" / task / "test.csv")
+    report, _ = evaluate_task(task_obj, model, examples, task_obj.features(tok, examples), 64,
+                              resolve(precision, "cpu"))
+    return float(report["accuracy"])
+
+
+def train_student(args, work: Path, task: str, seed: int, name: str) -> dict:
     from bertkit.distill import DistillConfig, distill_task
-    from bertkit.tasks.runner import FinetuneConfig, finetune_recipe
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     teacher, data = work / "runs" / task, work / "data" / task
-    with_teacher = alpha > 0
-    name = "distilled" if with_teacher else "no_teacher"
+    with_teacher = name.startswith("distilled")
+    alpha = args.alpha if with_teacher else 0.0
     out = work / "distill" / args.tag / task / f"{name}-seed{seed}"
     settings = json.loads((teacher / "config.json").read_text())["bertkit_task"]
-    dcfg = DistillConfig(teacher=str(teacher), student_layers=3, temperature=args.temperature, alpha=alpha,
+    start = ({"student": str(pretrained_student(work))} if name == "distilled_pretrained"
+             else {"student_layers": 3})
+    dcfg = DistillConfig(teacher=str(teacher), **start, temperature=args.temperature, alpha=alpha,
                          hidden_weight=args.hidden_weight if with_teacher else 0.0,
                          augment=args.augment if with_teacher else 0,
                          unlabeled=(unlabeled_reviews(args, work) or unlabeled_file(args, work))
@@ -74,13 +111,18 @@ def train_student(args, work: Path, task: str, seed: int, alpha: float) -> dict:
                          dev=str(data / "dev.csv"), test=str(data / "test.csv"), out=str(out), seeds=(seed,),
                          max_length=settings["max_length"], batch_size=32, quiet=True,
                          training=finetune_recipe(lr=args.lr, epochs=args.epochs, precision=args.precision))
-    summary = distill_task(dcfg, cfg)
+    if name == "pretrained":
+        summary = finetune(replace(cfg, model=str(pretrained_student(work))))
+        summary["distill"] = {"settings": "no teacher: pre-trained MiniLM layers 2, 4, 6, a new head",
+                              "teacher_scores": {"test": {"accuracy": teacher_test_accuracy(work, task, args.precision)}}}
+    else:
+        summary = distill_task(dcfg, cfg)
     return emit({"case": "accuracy", "task": task, "student": name, "seed": seed, "layers": 3,
                  "test_accuracy": summary["test"]["accuracy"]["mean"],
                  "dev_accuracy": summary["dev"]["accuracy"]["mean"],
                  "teacher_test_accuracy": summary["distill"]["teacher_scores"]["test"]["accuracy"],
-                 "settings": {k: summary["distill"][k] for k in ("temperature", "alpha", "hidden_weight", "unlabeled",
-                                                                  "augment")},
+                 "settings": summary["distill"].get("settings") or {
+                     k: summary["distill"][k] for k in ("temperature", "alpha", "hidden_weight", "unlabeled", "augment")},
                  "lr": args.lr, "epochs": args.epochs, "examples_per_s": round(summary["examples_per_s"]["mean"], 1),
                  "out": str(out)})
 
@@ -125,19 +167,25 @@ def unlabeled_reviews(args, work: Path) -> str | None:
 def accuracy(args, work: Path) -> list[dict]:
     records, final = [], []
     for task in args.tasks.split(","):
-        runs = {"distilled": {}, "no_teacher": {}}                          # student -> seed -> test accuracy
+        runs = {name: {} for name in STUDENTS}                              # student -> seed -> test accuracy
         for seed in (int(s) for s in args.seeds.split(",")):
-            for alpha in [{"distilled": args.alpha, "no_teacher": 0.0}[s] for s in args.students.split(",")]:
-                r = train_student(args, work, task, seed, alpha)
+            for name in args.students.split(","):
+                r = train_student(args, work, task, seed, name)
                 records.append(r)
-                runs[r["student"]][seed] = r["test_accuracy"]
+                runs[name][seed] = r["test_accuracy"]
         teacher = records[-1]["teacher_test_accuracy"]
-        ours, plain = (_mean_std(list(runs[k].values())) if runs[k] else None for k in ("distilled", "no_teacher"))
+        ours, plain, pre, pre_distilled = (_mean_std(list(runs[k].values())) if runs[k] else None
+                                           for k in STUDENTS)
         final.append(emit({"case": "accuracy-summary", "task": task, "teacher": round(teacher, 4),
-                           "distilled": ours, "no_teacher": plain,
+                           "distilled": ours, "no_teacher": plain, "pretrained": pre,
+                           "distilled_pretrained": pre_distilled,
                            "gap_to_teacher_points": round(100 * (teacher - ours["mean"]), 2) if ours else None,
                            "gain_over_no_teacher_points": round(100 * (ours["mean"] - plain["mean"]), 2)
-                           if ours and plain else None, "paired": _paired(runs)}))
+                           if ours and plain else None,
+                           "gain_over_pretrained_points": round(100 * (ours["mean"] - pre["mean"]), 2)
+                           if ours and pre else None,
+                           "paired": _paired(runs, "no_teacher"), "paired_pretrained": _paired(runs, "pretrained"),
+                           "paired_pretrained_init": _paired(runs, "pretrained", "distilled_pretrained")}))
     return final
 
 
@@ -146,7 +194,7 @@ def speed(args, work: Path) -> list[dict]:
     records = []
     for task in args.tasks.split(","):
         teacher_dir = work / "runs" / task
-        student_dir = next(iter(sorted((work / "distill" / args.tag / task).glob("distilled-seed*"))), None)
+        student_dir = next(iter(sorted((work / "distill" / args.tag / task).glob("distilled*-seed*"))), None)
         if student_dir is None:
             raise SystemExit(f"no distilled student under {work / 'distill' / args.tag / task}: run --cases accuracy")
         models = {"teacher": load_task(teacher_dir), "student": load_task(student_dir)}
@@ -172,7 +220,8 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/q-acc", help="holds runs/{task} (the teachers) and data/{task}")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--students", default="distilled,no_teacher", help="which students to train, per seed")
+    p.add_argument("--students", default="distilled,no_teacher,pretrained",
+                   help="which students to train, per seed: " + ", ".join(STUDENTS))
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--temperature", type=float, default=2.0)
@@ -187,6 +236,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
+    unknown = set(args.students.split(",")) - set(STUDENTS)
+    if unknown:
+        p.error(f"--students: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STUDENTS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(args.work)

@@ -231,6 +231,26 @@ def test_general_distillation_writes_a_model_finetune_takes(base_dir, teachers, 
     assert rc == 0, err
 
 
+def test_a_student_of_layers_of_a_pretrained_model(base_dir, teachers, tmp_path, capsys):
+    """--student DIR --student-layers K: K evenly spaced layers of a pre-trained model (its head new), trained
+    against the teacher: the student a user would otherwise fine-tune alone."""
+    from bertkit.distill import DistillConfig, build_student
+    from bertkit.heads import BertForSequenceClassification
+    teacher, train, dev = teachers("classify")
+    dcfg = DistillConfig(teacher=str(teacher), student=str(base_dir), student_layers=2)
+    student = build_student(dcfg, BertForSequenceClassification, {"num_labels": 2})
+    base = BertForSequenceClassification.from_pretrained(base_dir, num_labels=2).state_dict()
+    got = student.state_dict()
+    assert student.config.num_hidden_layers == 2
+    assert torch.equal(got["bert.encoder.layer.0.output.dense.weight"], base["bert.encoder.layer.1.output.dense.weight"])
+    assert torch.equal(got["bert.encoder.layer.1.output.dense.weight"], base["bert.encoder.layer.3.output.dense.weight"])
+    rc, out, err = _run(["distill", "--teacher", teacher, "--student", base_dir, "--student-layers", 2, "--train",
+                         train, "--dev", dev, "--out", tmp_path / "s", "--epochs", 1, "--fp32", "--quiet"], capsys)
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["distill"]["student"] == str(base_dir) and summary["distill"]["student_layers"] == 2
+
+
 def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
     from bertkit.quantize import quantize_dir
     teacher, train, dev = teachers("classify")
@@ -266,6 +286,11 @@ def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
           "--out", tmp_path / "o13"], "more than the teacher's max_position_embeddings"),
         (["--teacher", int8_teacher, "--student-layers", 2, *task, tmp_path / "o14"], "is int8 (bertkit quantize)"),
         (["--teacher", teacher, "--student", int8_teacher, *task, tmp_path / "o15"], "cannot train"),
+        (["--teacher", teacher, *task, tmp_path / "o16"], "choose the student"),
+        (["--teacher", teacher, "--student-layers", 2, "--student-preset", "mini", *task, tmp_path / "o17"],
+         "give one of them"),
+        (["--teacher", teacher, "--student", base_dir, "--student-layers", 9, *task, tmp_path / "o18"],
+         f"--student {base_dir} has 4 layers"),
     ]
     for argv, message in cases:
         rc, _, err = _run(["distill", *argv, "--epochs", 1, "--fp32", "--quiet"], capsys)

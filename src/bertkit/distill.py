@@ -62,7 +62,7 @@ _SEQUENCE_KINDS = ("classify", "pair", "regress", "multilabel")
 @dataclass
 class DistillConfig:
     teacher: str                           # a model directory written by `bertkit finetune`
-    student_layers: int | None = None      # K teacher layers, evenly spaced (select_layers)
+    student_layers: int | None = None      # K layers, evenly spaced (select_layers): of the teacher, or of `student`
     student_preset: str | None = None      # or a random student of this preset size
     student: str | None = None             # or this model directory (same vocabulary as the teacher)
     temperature: float = 2.0
@@ -74,8 +74,9 @@ class DistillConfig:
 
     def __post_init__(self):
         given = [n for n in ("student_layers", "student_preset", "student") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ConfigError("choose the student with exactly one of --student-layers, --student-preset, --student")
+        if given not in (["student_layers"], ["student_preset"], ["student"], ["student_layers", "student"]):
+            raise ConfigError("choose the student with one of --student-layers (of the teacher), --student-preset, "
+                              "--student DIR (with --student-layers: that many of its layers)")
         if self.temperature <= 0:
             raise ConfigError(f"--temperature must be > 0, got {self.temperature}")
         if not 0 <= self.alpha <= 1:
@@ -111,11 +112,11 @@ def teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:
 
 # ---------------------------------------------------------------------------------------------- students
 
-def select_layers(teacher_layers: int, k: int) -> list[int]:
+def select_layers(teacher_layers: int, k: int, source: str = "the teacher") -> list[int]:
     """0-based teacher layers a K-layer student starts from: (i + 1) * L // K - 1, evenly spaced, ending at the top
     (the head and pooler copied with them were trained on the last layer's output)."""
     if not 1 <= k <= teacher_layers:
-        raise ConfigError(f"--student-layers {k}: the teacher has {teacher_layers} layers; choose 1..{teacher_layers}")
+        raise ConfigError(f"--student-layers {k}: {source} has {teacher_layers} layers; choose 1..{teacher_layers}")
     return [(i + 1) * teacher_layers // k - 1 for i in range(k)]
 
 
@@ -127,10 +128,10 @@ def layer_map(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]
 _LAYER = re.compile(r"^(.*encoder\.layer\.)(\d+)\.(.*)$")
 
 
-def truncated_student(teacher: nn.Module, k: int) -> nn.Module:
+def truncated_student(teacher: nn.Module, k: int, source: str = "the teacher") -> nn.Module:
     """A K-layer copy of `teacher` (any bertkit head model): layers select_layers(L, K), everything else copied."""
     from bertkit.config import BertConfig
-    chosen = select_layers(teacher.config.num_hidden_layers, k)
+    chosen = select_layers(teacher.config.num_hidden_layers, k, source)
     config = BertConfig.from_dict({**teacher.config.to_dict(), "num_hidden_layers": k})
     student = type(teacher)(config)
     state = {}
@@ -155,13 +156,16 @@ def check_same_vocab(teacher_dir, student_dir) -> None:
 
 
 def build_student(dcfg: DistillConfig, cls, overrides: dict):
-    """The untrained student (a `cls` head model) per dcfg: truncated teacher, preset, or a directory."""
+    """The untrained student (a `cls` head model) per dcfg: truncated teacher, preset, a directory, or K layers of
+    a directory (a pre-trained model: its head is new)."""
     from bertkit.config import BertConfig
-    if dcfg.student_layers is not None:
-        return truncated_student(cls.from_pretrained(dcfg.teacher, **overrides), dcfg.student_layers)
     if dcfg.student is not None:
         check_same_vocab(dcfg.teacher, dcfg.student)
-        return cls.from_pretrained(dcfg.student, **overrides)
+        student = cls.from_pretrained(dcfg.student, **overrides)
+        return (student if dcfg.student_layers is None
+                else truncated_student(student, dcfg.student_layers, f"--student {dcfg.student}"))
+    if dcfg.student_layers is not None:
+        return truncated_student(cls.from_pretrained(dcfg.teacher, **overrides), dcfg.student_layers)
     teacher_cfg = BertConfig.from_json(Path(dcfg.teacher) / "config.json")
     return cls(BertConfig.preset(dcfg.student_preset, vocab_size=teacher_cfg.vocab_size, **overrides))
 
@@ -402,7 +406,7 @@ class TaskDistiller(FinetuneHooks):
         return {"distill": {**asdict(self.dcfg), "layer_map": self.pairs,
                             "student_init_layers": (select_layers(self.teacher.config.num_hidden_layers,
                                                                   self.dcfg.student_layers)
-                                                    if self.dcfg.student_layers else None),
+                                                    if self.dcfg.student_layers and not self.dcfg.student else None),
                             "teacher_scores": self.teacher_scores}}
 
 

@@ -32,10 +32,10 @@ def register(sub) -> None:
                                    "the MLM outputs of a pre-trained teacher on raw text; writes a pre-trained one.")
     p.add_argument("--teacher", required=True,
                    help="task: a directory written by `bertkit finetune`; general: a pre-trained MLM model")
-    who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--student-layers", type=checks.positive_int,
-                     help="K teacher layers, evenly spaced up to the last (6 -> 3: layers 2, 4, 6), embeddings and "
-                          "head copied")
+    p.add_argument("--student-layers", type=checks.positive_int,
+                   help="K teacher layers, evenly spaced up to the last (6 -> 3: layers 2, 4, 6), embeddings and "
+                        "head copied; with --student, K layers of that model (its head new)")
+    who = p.add_mutually_exclusive_group()
     who.add_argument("--student-preset", help="a random student of this preset size (tiny/mini/small/...)")
     who.add_argument("--student", help="task: a pre-trained student directory (same vocabulary as the teacher)")
     p.add_argument("--train", help="task: training file (the teacher's task format)")
@@ -64,6 +64,12 @@ def register(sub) -> None:
 
 def _distill(args) -> int:
     inputs = (args.teacher, args.student, args.train, args.dev, args.test, args.unlabeled, args.text)
+    if args.student_layers is None and args.student_preset is None and args.student is None:
+        raise ConfigError("choose the student: --student-layers K (of the teacher), --student-preset NAME or "
+                          "--student DIR (with --student-layers K: K of its layers)")
+    if args.student_layers is not None and args.student_preset is not None:
+        raise ConfigError("--student-layers takes layers of the teacher (or of --student); a --student-preset "
+                          "student is built new: give one of them")
     if args.text is not None:
         given = [f"--{n.replace('_', '-')}" for n in _TASK_ONLY if getattr(args, n)]
         if given:
@@ -89,7 +95,7 @@ def _distill(args) -> int:
 def _refuse_int8(args) -> None:
     """int8 models (bertkit quantize) run inference only: a teacher, yes; copied layers or a student, no."""
     from bertkit.runtime.int8 import is_int8_dir
-    if args.student_layers is not None and is_int8_dir(args.teacher):
+    if args.student_layers is not None and args.student is None and is_int8_dir(args.teacher):
         raise ConfigError(f"--teacher {args.teacher} is int8 (bertkit quantize): --student-layers copies the "
                           f"teacher's float layers; give the fp32 teacher, or --student-preset")
     if args.student is not None and is_int8_dir(args.student):
