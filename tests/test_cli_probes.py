@@ -674,6 +674,73 @@ def test_settling_acts_only_on_what_this_command_set_up(tmp_path):
     assert settle_out(theirs, False) is None and not (theirs / REPLACED).exists()
 
 
+def test_files_added_after_a_failed_run_survive_the_next_overwrite(tmp_path):
+    """A failed run records what it wrote too: the next --overwrite deletes that, not a user's file added since."""
+    from bertkit.commands.checks import out_dir, settle_out
+    out = tmp_path / "run"
+    out_dir(out, "finetune")
+    (out / "model.txt").write_text("earlier")
+    settle_out(out, True)
+    out_dir(out, "finetune", overwrite=True)
+    (out / "half.txt").write_text("half")
+    assert REPLACED in settle_out(out, False)
+    (out / "notes.txt").write_text("mine")
+    out_dir(out, "finetune", overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine" and not (out / "half.txt").exists()
+    settle_out(out, True)
+    assert (out / "notes.txt").read_text() == "mine" and not (out / REPLACED).exists()
+
+
+def test_a_users_folder_named_like_the_held_run_is_refused(tmp_path):
+    from bertkit.commands.checks import OutputError, out_dir, settle_out
+    out = tmp_path / "run"
+    out_dir(out, "vocab")
+    (out / "vocab.txt").write_text("earlier")
+    settle_out(out, True)
+    (out / REPLACED).mkdir()
+    (out / REPLACED / "mine.txt").write_text("precious")
+    with pytest.raises(OutputError, match="is not bertkit's"):
+        out_dir(out, "vocab", overwrite=True)
+    assert (out / REPLACED / "mine.txt").read_text() == "precious" and (out / "vocab.txt").read_text() == "earlier"
+
+
+def test_a_file_the_run_rewrote_is_its_own_from_then_on(tmp_path):
+    """A user's file the run wrote over (the same name) is the run's output now: the next --overwrite replaces it
+    instead of keeping the old run's copy beside the new run."""
+    from bertkit.commands.checks import out_dir, settle_out
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "predictions_test.jsonl").write_text("{}")
+    out_dir(out, "finetune", overwrite=True)
+    (out / "predictions_test.jsonl").write_text('{"run": 1}')
+    (out / "model.txt").write_text("run 1")
+    settle_out(out, True)
+    out_dir(out, "finetune", overwrite=True)
+    assert not (out / "predictions_test.jsonl").exists() and not (out / "model.txt").exists()
+
+
+def test_sigterm_puts_the_replaced_run_back(world, tmp_path):
+    """SIGTERM (kill, a scheduler, timeout) ends the command through its finally: an --overwrite that had written
+    nothing yet puts the earlier run back, as an error or Ctrl-C would."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "o"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "bertkit", "vocab", "--files", "-", "--vocab-size", "60", "--out", str(out),
+            "--no-progress"]
+    assert subprocess.run(base, input=(world / "corpus.txt").read_bytes(), env=env, timeout=120).returncode == 0
+    before = _digest(out)
+    proc = subprocess.Popen([*base, "--overwrite"], stdin=subprocess.PIPE, env=env)   # waits on stdin: nothing written
+    deadline = time.time() + 60
+    while not (out / REPLACED).exists() and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert _digest(out) == before
+
+
 def test_a_crash_leaves_no_empty_output_behind(world, tmp_path, capsys, monkeypatch):
     from bertkit import vocab
     def bug(*a, **k):

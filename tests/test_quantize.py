@@ -80,6 +80,21 @@ def test_a_failed_gate_keeps_the_earlier_int8_model(finetuned, tmp_path, monkeyp
     assert "check" in json.loads((out / "config.json").read_text())["quantization_config"]
 
 
+def test_the_fp32_runs_marker_is_not_copied(finetuned, tmp_path, capsys):
+    """A run directory `bertkit finetune` wrote carries its marker: copied, the int8 directory would be a finetune
+    run that `quantize --overwrite` refuses to replace."""
+    import shutil
+    from bertkit.commands.checks import MARKER
+    run, _ = finetuned
+    src = tmp_path / "run"
+    shutil.copytree(run, src)
+    (src / MARKER).write_text(json.dumps({"command": "finetune", "keep": []}))
+    out = tmp_path / "int8"
+    assert main(["quantize", str(src), str(out)]) == 0
+    assert json.loads((out / MARKER).read_text())["command"] == "quantize"
+    assert main(["quantize", str(src), str(out), "--overwrite"]) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind", ["tag", "qa"])
 def test_check_scores_tag_and_qa_in_points(kind, tiny_dir, tmp_path, capsys):  # noqa: F811
     """The gate reads entity F1 (a fraction, reported x100) for tag and SQuAD F1 (already percent) for qa, with

@@ -455,6 +455,8 @@ def test_a_failed_overwrite_keeps_the_earlier_run(tiny_run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "kept in" in err and (run / REPLACED / "model" / "config.json").is_file(), err
     assert (run / REPLACED / "summary.json").is_file()
+    _fails(["pretrain", str(tiny_run / "shards"), "--out", str(run), *TINY_RUN, "--steps", "2", "--overwrite",
+            "--resume"], capsys, "give one of them", None)
 
 
 def test_a_diverged_run_fails_without_saving_a_model(tiny_run, tmp_path, capsys):

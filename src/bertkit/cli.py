@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from bertkit import __version__
 from bertkit.commands import settle_model
@@ -78,6 +80,10 @@ def _resolve_model_args(args: argparse.Namespace) -> None:
             setattr(args, name, cli_model_arg(value, keep=tuple(PRESETS)))
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -89,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     stdin_spec, stdin_format = vars(args).pop("_stdin", {}), vars(args).pop("stdin_format", None)
     ok = False
+    # SIGTERM (a scheduler, `kill`, `timeout`) ends the command like an error would, so the finally below settles
+    # its output directory: a replaced run goes back or stays aside with a note, as on Ctrl-C
+    installed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if installed else None
     try:
         settle_model(args)
         _resolve_model_args(args)
@@ -108,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertkit {args.command}: error: {line}", file=sys.stderr)
         return 2
     finally:    # every way out, a bug's traceback included: the output directory settled (checks.settle_out)
+        if installed:   # None: a handler set outside Python, which cannot be handed back; the default is closest
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         note = settle_out(getattr(args, "out", None), ok)
         if note:
             print(f"bertkit {args.command}: {note}", file=sys.stderr)

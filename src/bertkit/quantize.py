@@ -35,7 +35,8 @@ __all__ = ["quantize_dir", "quantize_model", "write", "Quantized", "QualityGateE
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json")
 # what `bertkit finetune` / `distill` wrote about the fp32 model: not true of the int8 one (its check is in config.json)
-_RUN_FILES = ("metrics.json", "summary.json", "predictions_*", "confusion_*")
+_RUN_FILES = ("metrics.json", "summary.json", "predictions_*", "confusion_*", ".bertkit-*")   # .bertkit-*: the CLI's
+# marker of the fp32 run: copied, it would label the int8 directory another command's run
 
 
 class QualityGateError(BertkitError):

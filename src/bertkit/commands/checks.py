@@ -29,6 +29,7 @@ from bertkit.errors import BertkitError
 
 MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made", "wrote"}: a command's output
 REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
+_HELD = ".bertkit-held"         # inside REPLACED: it is bertkit's (a user's own folder of that name is refused)
 _CLAIMED: set[Path] = set()     # output directories out_dir set up in this process and settle_out has not settled
 
 
@@ -229,6 +230,7 @@ def _set_aside(d: Path, gone: list[Path]) -> None:
     if not gone and not (d / MARKER).exists():
         return
     held.mkdir()
+    (held / _HELD).write_text("the run --overwrite replaces; deleted when the new run succeeds\n", encoding="utf-8")
     moved = []
     try:
         for entry in [*gone, d / MARKER]:
@@ -240,7 +242,8 @@ def _set_aside(d: Path, gone: list[Path]) -> None:
             with contextlib.suppress(OSError):
                 os.replace(held / entry.name, entry)
         with contextlib.suppress(OSError):
-            held.rmdir()
+            (held / _HELD).unlink()
+            held.rmdir()            # only when every entry went back
         raise
 
 
@@ -265,6 +268,10 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         if r == d:
             raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
     _check_writable(shown, d)
+    held = d / REPLACED
+    if (held.exists() or held.is_symlink()) and not (held.is_dir() and (held / _HELD).is_file()):
+        raise OutputError(f"{held}: is not bertkit's (it holds a replaced run only when bertkit made it); move it "
+                          f"away or choose another directory")
     entries = [e for e in d.iterdir() if e.name not in (MARKER, REPLACED)] if d.is_dir() else []
     info = _marker(d) if d.is_dir() else None
     if info is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
@@ -277,6 +284,8 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
             return d
         if not overwrite:
             what = f"holds an earlier `bertkit {command}` run" if earlier else "is not empty"
+            if held.is_dir():
+                what += f" (and in {REPLACED}, the run a failed --overwrite was replacing)"
             raise OutputError(f"{shown}: {what}; pass --overwrite to replace it, or choose another directory")
         if earlier is None and _is_model_dir(d) and not writes_model:
             raise OutputError(f"{shown}: is a model directory; `bertkit {command}` would break it, write elsewhere")
@@ -300,6 +309,10 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
                             encoding="utf-8")
     _CLAIMED.add(d)
     return d
+
+
+def _names(d: Path) -> list[str]:
+    return [e.name for e in d.iterdir()]
 
 
 def _first_missing(d: Path) -> Path | None:
@@ -327,25 +340,33 @@ def settle_out(path, ok: bool) -> str | None:
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
         if not isinstance(info, dict):
             return None
-        keep = set(info.get("keep", [])) | {MARKER, REPLACED}
+        since = (d / MARKER).stat().st_mtime_ns
+        rewrote = [n for n in info.get("keep", []) if (d / n).exists() and (d / n).stat().st_mtime_ns > since]
+        keep = (set(info.get("keep", [])) - set(rewrote)) | {MARKER, REPLACED}
         new = [e.name for e in d.iterdir() if e.name not in keep]
         held = d / REPLACED
+        # what this run wrote, success or not: a later --overwrite replaces that and leaves files added since
+        (d / MARKER).write_text(json.dumps({**info, "keep": sorted(keep - {MARKER, REPLACED}),
+                                            "wrote": sorted(new)}) + "\n", encoding="utf-8")
         if ok:
-            (d / MARKER).write_text(json.dumps({**info, "wrote": sorted(new)}) + "\n", encoding="utf-8")
             shutil.rmtree(held, ignore_errors=True)
             return None
-        if held.is_dir() and not any(held.iterdir()):
-            held.rmdir()
+        new = [n for n in new if any(p.is_file() for p in [d / n, *(d / n).rglob("*")])]   # empty dirs: nothing
+        if held.is_dir() and all(e.name == _HELD for e in held.iterdir()):
+            shutil.rmtree(held)
         if held.is_dir():
             if new:
                 return f"{path}: the run --overwrite replaced is kept in {held}"
+            _clear([d / n for n in _names(d) if n not in keep])         # empty directories this run made
             (d / MARKER).unlink()
             for entry in held.iterdir():
-                os.replace(entry, d / entry.name)
-            held.rmdir()
+                if entry.name != _HELD:
+                    os.replace(entry, d / entry.name)
+            shutil.rmtree(held)
             return None
         if new:
             return None
+        _clear([d / n for n in _names(d) if n not in keep])             # empty directories this run made
         (d / MARKER).unlink()
         made = Path(info["made"]) if info.get("made") else None
         while made is not None and d != made.parent:

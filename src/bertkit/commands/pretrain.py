@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
+from bertkit.errors import ConfigError
 
 
 def register(subparsers) -> None:
@@ -138,6 +139,8 @@ def run(args) -> int:
     from bertkit.train.pretrain import pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.resume and args.overwrite:      # one continues the run, the other replaces it
+        raise ConfigError("--resume continues the run in --out, --overwrite replaces it: give one of them")
     # --resume and a refused earlier run are the trainer's; --overwrite sets the earlier run aside until this one
     # succeeds (checks.settle_out), on rank 0 only: the other ranks of a torchrun launch check and move nothing
     checks.out_dir(args.out, "pretrain", inputs=(args.shards, args.phase2_shards, args.eval_shards, args.init,
