@@ -635,15 +635,22 @@ def test_overwrite_replaces_only_what_the_earlier_run_wrote(world, tmp_path, cap
     assert not (out / REPLACED).exists()
 
 
+def _failed_overwrite(out: Path, name: str = "model.txt") -> str:
+    """A finished finetune run in `out` (model.txt = 'earlier'), then an --overwrite run that wrote `name` and
+    failed: returns settle_out's note."""
+    from bertkit.commands.checks import out_dir, settle_out
+    out_dir(out, "finetune")
+    (out / "model.txt").write_text("earlier")
+    settle_out(out, True)
+    out_dir(out, "finetune", overwrite=True)
+    (out / name).write_text("half")
+    return settle_out(out, False)
+
+
 def test_a_run_that_fails_after_writing_keeps_the_replaced_run_aside(tmp_path):
     from bertkit.commands.checks import out_dir, settle_out
     out = tmp_path / "run"
-    out_dir(out, "finetune")
-    (out / "model.txt").write_text("earlier")
-    assert settle_out(out, True) is None
-    out_dir(out, "finetune", overwrite=True)
-    (out / "model.txt").write_text("half")
-    note = settle_out(out, False)
+    note = _failed_overwrite(out)
     assert REPLACED in note and (out / REPLACED / "model.txt").read_text() == "earlier"
     out_dir(out, "finetune", overwrite=True)        # the complete run stays the one to put back
     assert (out / REPLACED / "model.txt").read_text() == "earlier" and not (out / "model.txt").exists()
@@ -658,12 +665,7 @@ def test_settling_acts_only_on_what_this_command_set_up(tmp_path):
     the directory an earlier one left for its own, and --overwrite over someone else's files holds nothing aside."""
     from bertkit.commands.checks import out_dir, settle_out
     out = tmp_path / "run"
-    out_dir(out, "finetune")
-    (out / "model.txt").write_text("earlier")
-    settle_out(out, True)
-    out_dir(out, "finetune", overwrite=True)
-    (out / "model.txt").write_text("half")
-    assert REPLACED in settle_out(out, False)
+    assert REPLACED in _failed_overwrite(out)
     (out / "predictions.jsonl").write_text("{}")        # `predict --out run/` in the same process, then settled
     assert settle_out(out, True) is None and (out / REPLACED / "model.txt").read_text() == "earlier"
     theirs = tmp_path / "theirs"
@@ -678,12 +680,7 @@ def test_files_added_after_a_failed_run_survive_the_next_overwrite(tmp_path):
     """A failed run records what it wrote too: the next --overwrite deletes that, not a user's file added since."""
     from bertkit.commands.checks import out_dir, settle_out
     out = tmp_path / "run"
-    out_dir(out, "finetune")
-    (out / "model.txt").write_text("earlier")
-    settle_out(out, True)
-    out_dir(out, "finetune", overwrite=True)
-    (out / "half.txt").write_text("half")
-    assert REPLACED in settle_out(out, False)
+    assert REPLACED in _failed_overwrite(out, "half.txt")
     (out / "notes.txt").write_text("mine")
     out_dir(out, "finetune", overwrite=True)
     assert (out / "notes.txt").read_text() == "mine" and not (out / "half.txt").exists()
