@@ -84,11 +84,9 @@ def pretrained_student(work: Path) -> Path:
 def teacher_test_accuracy(work: Path, task: str, precision: str) -> float:
     """The teacher on test.csv, scored as the distilled students score it (distill.TaskDistiller.extend)."""
     from bertkit.precision import resolve
-    from bertkit.tasks.runner import evaluate_task, load_task
-    task_obj, model, tok = load_task(work / "runs" / task)
-    examples = task_obj.read(work / "data" / task / "test.csv")
-    report, _ = evaluate_task(task_obj, model, examples, task_obj.features(tok, examples), 64,
-                              resolve(precision, "cpu"))
+    from bertkit.tasks.runner import evaluate
+    report = evaluate(work / "runs" / task, work / "data" / task / "test.csv", batch_size=64,
+                      precision=resolve(precision, "cpu"))
     return float(report["accuracy"])
 
 

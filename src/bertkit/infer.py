@@ -110,6 +110,16 @@ class FillResult:
                 "log_pll": round(math.log(max(self.score, 1e-300)), 4), "sequence": self.sequence}
 
 
+EMBED_MAX_LENGTH = 256      # pieces per text `embed` reads where the model does not say (no sentence-transformers config)
+
+
+def _require_strings(texts: list) -> list[str]:
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise BertkitError(f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r:.40}, expected a string")
+    return texts
+
+
 class Predictor:
     """A loaded model + tokenizer with the inference entry points. `task` is mlm | classify | tag | answer | encoder."""
 
@@ -174,13 +184,13 @@ class Predictor:
     @property
     def embed_max_length(self) -> int:
         """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length (as
-        SentenceTransformer and `bertkit embed` read it), else 256 (also where its module list cannot be run: the
+        SentenceTransformer and `bertkit embed` read it), else EMBED_MAX_LENGTH (also where its module list cannot be run: the
         encoder's own pooling, asked for, still can)."""
         try:
             pipe = self.pipeline
         except CheckpointError:
-            return 256
-        return pipe.max_seq_length if pipe is not None else 256
+            return EMBED_MAX_LENGTH
+        return pipe.max_seq_length if pipe is not None else EMBED_MAX_LENGTH
 
     @property
     def has_mlm(self) -> bool:
@@ -196,9 +206,8 @@ class Predictor:
         """[CLS] a [SEP] (b [SEP]) per text, truncated longest-first to max_length, padded to the longest row."""
         tok = self.tokenizer
         firsts, seconds = [], []
+        _require_strings(texts)
         for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise BertkitError(f"text {i} must be a string, got {type(t).__name__}")
             a = tok.convert_tokens_to_ids(tok.tokenize(t))
             b = tok.convert_tokens_to_ids(tok.tokenize(pairs[i])) if pairs is not None else None
             budget = max_length - (3 if b is not None else 2)
@@ -393,11 +402,8 @@ class Predictor:
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         pipe = self.pipeline if pooling is None else None
-        max_length = max_length or (pipe.max_seq_length if pipe is not None else 256)
-        texts = list(texts)
-        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-        if bad is not None:
-            raise BertkitError(f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r:.40}, expected a string")
+        max_length = max_length or (pipe.max_seq_length if pipe is not None else EMBED_MAX_LENGTH)
+        texts = _require_strings(list(texts))              # before the length sort below reads them
         if pipe is not None and pipe.do_lower_case:
             texts = [t.lower() for t in texts]
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))    # similar lengths share a batch: less padding

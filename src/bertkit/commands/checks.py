@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "pid", "made", "wrote"}: a command's output
+MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "made", "wrote"}: a command's output
 REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
 _HELD = ".bertkit-held"         # inside REPLACED: it is bertkit's (a user's own folder of that name is refused)
 _CLAIMED: set[Path] = set()     # output directories out_dir set up in this process and settle_out has not settled
@@ -305,14 +305,14 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
     made = _first_missing(d)
     made = "" if made is None else str(made)
     d.mkdir(parents=True, exist_ok=True)
-    (d / MARKER).write_text(json.dumps({"command": command, "pid": os.getpid(), "made": made, "keep": keep}) + "\n",
-                            encoding="utf-8")
+    (d / MARKER).write_text(json.dumps({"command": command, "made": made, "keep": keep}) + "\n", encoding="utf-8")
     _CLAIMED.add(d)
     return d
 
 
-def _names(d: Path) -> list[str]:
-    return [e.name for e in d.iterdir()]
+def _holds_a_file(path: Path) -> bool:
+    """A file, or a directory with a file somewhere inside (empty directories hold nothing)."""
+    return path.is_file() or any(p.is_file() for p in path.rglob("*"))
 
 
 def _first_missing(d: Path) -> Path | None:
@@ -343,31 +343,24 @@ def settle_out(path, ok: bool) -> str | None:
         since = (d / MARKER).stat().st_mtime_ns
         rewrote = [n for n in info.get("keep", []) if (d / n).exists() and (d / n).stat().st_mtime_ns > since]
         keep = (set(info.get("keep", [])) - set(rewrote)) | {MARKER, REPLACED}
-        new = [e.name for e in d.iterdir() if e.name not in keep]
+        wrote = [e.name for e in d.iterdir() if e.name not in keep]
         held = d / REPLACED
         # what this run wrote, success or not: a later --overwrite replaces that and leaves files added since
         (d / MARKER).write_text(json.dumps({**info, "keep": sorted(keep - {MARKER, REPLACED}),
-                                            "wrote": sorted(new)}) + "\n", encoding="utf-8")
+                                            "wrote": sorted(wrote)}) + "\n", encoding="utf-8")
         if ok:
             shutil.rmtree(held, ignore_errors=True)
             return None
-        new = [n for n in new if any(p.is_file() for p in [d / n, *(d / n).rglob("*")])]   # empty dirs: nothing
-        if held.is_dir() and all(e.name == _HELD for e in held.iterdir()):
-            shutil.rmtree(held)
-        if held.is_dir():
-            if new:
-                return f"{path}: the run --overwrite replaced is kept in {held}"
-            _clear([d / n for n in _names(d) if n not in keep])         # empty directories this run made
-            (d / MARKER).unlink()
+        if any(_holds_a_file(d / n) for n in wrote):
+            return f"{path}: the run --overwrite replaced is kept in {held}" if held.is_dir() else None
+        _clear([d / n for n in wrote])                                  # empty directories this run made
+        (d / MARKER).unlink()
+        if held.is_dir():                                               # nothing written: the earlier run goes back
             for entry in held.iterdir():
                 if entry.name != _HELD:
                     os.replace(entry, d / entry.name)
             shutil.rmtree(held)
             return None
-        if new:
-            return None
-        _clear([d / n for n in _names(d) if n not in keep])             # empty directories this run made
-        (d / MARKER).unlink()
         made = Path(info["made"]) if info.get("made") else None
         while made is not None and d != made.parent:
             d.rmdir()
@@ -440,5 +433,5 @@ def staged(directory) -> Iterator[Path]:
         ok = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not ok and made is not None and not any(p.is_file() for p in made.rglob("*")):
+        if not ok and made is not None and not _holds_a_file(made):
             shutil.rmtree(made, ignore_errors=True)

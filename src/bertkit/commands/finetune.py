@@ -21,14 +21,15 @@ from bertkit.errors import ConfigError
 
 
 def _seeds(text: str) -> tuple[int, ...]:
+    from bertkit.train.loop import run_seeds
     try:
-        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+        seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seeds wants comma-separated integers, got {text!r}") from None
-    twice = next((s for i, s in enumerate(seeds) if s in seeds[:i]), None)
-    if twice is not None:   # the same run again: its mean +- std would count it twice
-        raise argparse.ArgumentTypeError(f"seed {twice} is given twice in {text!r}; give distinct seeds")
-    return seeds
+    try:                # at parse time, so the one line names the flag
+        return run_seeds(seeds)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("seeds: ")) from None
 
 
 def register(sub) -> None:

@@ -139,13 +139,14 @@ def run(args) -> int:
     from bertkit.train.pretrain import pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    main_rank = int(os.environ.get("RANK", "0")) == 0      # torchrun: every rank runs this command
     if args.resume and args.overwrite:      # one continues the run, the other replaces it
         raise ConfigError("--resume continues the run in --out, --overwrite replaces it: give one of them")
     # --resume and a refused earlier run are the trainer's; --overwrite sets the earlier run aside until this one
     # succeeds (checks.settle_out), on rank 0 only: the other ranks of a torchrun launch check and move nothing
     checks.out_dir(args.out, "pretrain", inputs=(args.shards, args.phase2_shards, args.eval_shards, args.init,
                                                   args.config), overwrite=args.overwrite or args.resume,
-                   reuse=not args.overwrite, dry_run=int(os.environ.get("RANK", "0")) != 0)
+                   reuse=not args.overwrite, dry_run=not main_rank)
     if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
         from bertkit.textfiles import read_text
         text = read_text(args.config)
@@ -159,6 +160,6 @@ def run(args) -> int:
                "stop": result.stop_reason, "skipped_steps": result.skipped_steps,
                **{f"eval_{k}": round(v, 4) for k, v in last.items() if isinstance(v, float)},
                "summary": f"{pc.out}/summary.md"}
-    if int(os.environ.get("RANK", "0")) == 0:
+    if main_rank:
         print(json.dumps(summary))
     return 0

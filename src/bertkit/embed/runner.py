@@ -31,7 +31,7 @@ import torch
 from bertkit.errors import ConfigError, DataError
 from bertkit.textfiles import shown_all
 from bertkit.tasks.readers import _rows
-from bertkit.train.loop import TrainConfig, seed_everything, train
+from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["EmbedFinetuneConfig", "finetune_embed", "evaluate_embed", "read_retrieval", "evaluator", "LOSSES",
            "load_encoder"]
@@ -74,9 +74,7 @@ class EmbedFinetuneConfig:
     quiet: bool = False
 
     def __post_init__(self):
-        self.seeds = tuple(int(s) for s in self.seeds)
-        if not self.seeds:
-            raise ConfigError("seeds: give at least one seed")
+        self.seeds = run_seeds(self.seeds)
         if self.loss is not None and self.loss not in LOSSES:
             raise ConfigError(f"--loss {self.loss!r}: choose one of {', '.join(LOSSES)}")
         for name in ("batch_size", "gradcache_batch", "projection", "max_length", "anchor_max_length",

@@ -33,7 +33,7 @@ from bertkit.attention import tracing
 from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
-from bertkit.model import BertIntermediate, BertSelfAttention, Projection, activation
+from bertkit.model import BertIntermediate, BertSelfAttention, activation
 from bertkit.runtime.linear import FrozenLinear, _stamp
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
@@ -263,13 +263,10 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
             kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
             if not kept:
                 _swap_attention(module)
-            else:                                     # some stay float: no fused int8 GEMM, each runs on its own
+            else:       # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
                 for name in ("query", "key", "value"):
                     if name not in kept:
                         setattr(module, name, Int8Linear.from_float(getattr(module, name)))
-                module.qkv = Projection(module, ("query", "key", "value"))
-                module.kv = Projection(module, ("key", "value"))
-                module.q = Projection(module, ("query",))
             done += [f"{path}.{n}" for n in ("query", "key", "value") if n not in kept]
             continue
         for name, child in list(module.named_children()):

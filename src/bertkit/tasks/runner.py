@@ -41,7 +41,7 @@ from bertkit.errors import ConfigError
 from bertkit.precision import resolve
 from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
-from bertkit.train.loop import TrainConfig, seed_everything, train
+from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["FinetuneConfig", "FinetuneHooks", "finetune", "finetune_recipe", "evaluate", "predict", "load_task",
            "make_task", "TASK_KINDS", "PAPER_GRID", "TrainBatches", "evaluate_task", "model_class", "model_overrides",
@@ -99,11 +99,7 @@ class FinetuneConfig:
             raise ConfigError(f"--task {self.task!r}: choose one of {', '.join(TASK_KINDS)}")
         if self.max_length is None:
             self.max_length = DEFAULT_MAX_LENGTH.get(self.task, 128)
-        self.seeds = tuple(int(s) for s in self.seeds)
-        if not self.seeds:
-            raise ConfigError("seeds: give at least one seed")
-        if len(set(self.seeds)) < len(self.seeds):   # the same run twice would shrink the reported std
-            raise ConfigError(f"seeds: {', '.join(map(str, self.seeds))} repeats a seed; give distinct seeds")
+        self.seeds = run_seeds(self.seeds)
         values = {"lr": self.training.lr, "batch_size": self.batch_size, "epochs": self.training.epochs,
                   "max_length": self.max_length, "bucket_batches": self.bucket_batches}
         for name, value in values.items():

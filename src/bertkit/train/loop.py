@@ -42,7 +42,8 @@ from bertkit.train.monitor import FlopMeter, RunLog, estimate_flops_per_token, p
 from bertkit.train.steps import StepOutput, default_step, pretraining_eval, pretraining_step, to_device
 from bertkit.train.stream import Phase, Stream
 
-__all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "seed_everything", "latest_checkpoint",
+__all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "seed_everything", "run_seeds",
+           "latest_checkpoint",
            "load_model_weights", "save_model_weights", "estimate_flops_per_token", "peak_flops", "parse_duration",
            "distributed_context"]
 
@@ -163,6 +164,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def run_seeds(seeds) -> tuple[int, ...]:
+    """The seeds of a run that reports mean +- std over seeds: integers, at least one, none twice (the same run twice
+    would count once more and shrink the std)."""
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds:
+        raise ConfigError("seeds: give at least one seed")
+    if len(set(seeds)) < len(seeds):
+        raise ConfigError(f"seeds: {', '.join(map(str, seeds))} repeats a seed; give distinct seeds")
+    return seeds
+
+
 def parse_duration(text: str | float | int) -> float:
     """'90s', '10m', '1.5h', '2d', or a number of seconds -> seconds (> 0)."""
     if isinstance(text, (int, float)):
@@ -248,12 +260,11 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                     if stop:
                         stop_reason = "early_stop"
                         break
-                if _save_due(cfg, state, last_save):
-                    checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+                # Ctrl-C saves where a periodic save would, after the evaluation: resuming from it replays exactly
+                if interrupted or _save_due(cfg, state, last_save):
+                    saved = checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
                     last_save = state.elapsed
                 if interrupted:
-                    # after the evaluation and at the place of a periodic save: resuming from here replays exactly
-                    saved = checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
                     if run.d.main:
                         print(f"bertkit: interrupted after step {state.step}: checkpoint {saved} written; "
                               "--resume continues from it", file=sys.stderr, flush=True)

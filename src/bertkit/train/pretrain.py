@@ -384,38 +384,35 @@ def pretrain(pc: PretrainConfig):
         log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
                  objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
-    on_start, status = _starter(pc, plan, cfg, out, d)
-    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step, on_start=on_start)
-    if status["trained"] or status["model_missing"]:
+    result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step,
+                   on_start=_starter(pc, plan, cfg, out, d))
+    if result.steps > result.start_step or not (out / "model" / "config.json").is_file():
         _finish(model, result, data, d, pc, plan, out, objective)
     return result
 
 
-def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> tuple[Callable, dict]:
+def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> Callable:
     """train()'s on_start: the run's own files are written only once the resume was accepted, so a refused one
     (another batch size, model, world size) leaves pretrain_config.json, plan.json and the summary as they were. A
     run resumed at (or past) its end trains nothing; it still writes model/ if that is missing (a full disk or an
     interrupt after the last checkpoint)."""
     from bertkit.train.loop import _stop_reason
-    status = {"trained": False, "model_missing": False}
 
     def on_start(state) -> bool:
         stop = _stop_reason(cfg, state)
         if stop is None:
             if d.main:
                 _write_start(pc, plan, out)
-            status["trained"] = True
             return True
-        status["model_missing"] = not (out / "model" / "config.json").is_file()
         if d.main:
             end = (f">= --steps {state.total}" if stop == "max_steps" else "its --budget is spent"
                    if stop == "budget" else f">= the {state.total} steps of its --epochs")
-            then = (f"writing the missing {out / 'model'}" if status["model_missing"]
-                    else "the run is left as it was")
+            then = ("the run is left as it was" if (out / "model" / "config.json").is_file()
+                    else f"writing the missing {out / 'model'}")
             print(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, {then}",
                   file=sys.stderr, flush=True)
         return False
-    return on_start, status
+    return on_start
 
 
 def _finish(model, result, data, d, pc: PretrainConfig, plan, out: Path, objective: str) -> None:
