@@ -277,7 +277,7 @@ def test_rerank_and_predict(models):
     with _serve(cross) as srv:
         status, ranks = _request(srv.port, "POST", "/rerank", {"query": "the cat", "texts": texts, "raw_scores": True})
         with torch.inference_mode():
-            logits = cross.model(**cross._batch(["the cat"] * 4, texts, 256)).logits[:, 0].tolist()
+            logits = cross.model(**cross.inputs(["the cat"] * 4, texts, 256)).logits[:, 0].tolist()
         assert status == 200 and [r["index"] for r in ranks] == sorted(range(4), key=lambda i: -logits[i])
         assert all(abs(r["score"] - logits[r["index"]]) < 1e-5 for r in ranks)
 

@@ -120,9 +120,9 @@ def _decode_cases(predictor: "Predictor", cases, opts: MultiMaskOptions) -> tupl
     for ids, positions, truth in it:
         joint = tok.convert_tokens_to_ids(
             predictor.joint_fill(ids, positions, top_k=1, beam_size=opts.beam_size)[0].tokens)
-        lp = predictor._log_probs([ids], positions)[0]                    # one forward for both baselines
-        indep = predictor._argmax_per_mask(lp, words=False)
-        indep_w = predictor._argmax_per_mask(lp, words=True)
+        lp = predictor.log_probs([ids], positions)[0]                    # one forward for both baselines
+        indep = predictor.argmax_per_mask(lp, words=False)
+        indep_w = predictor.argmax_per_mask(lp, words=True)
         for name, pred in (("joint", joint), ("independent", indep), ("independent_words", indep_w)):
             stats[name][0] += int(pred == truth)
             stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))

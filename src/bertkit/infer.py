@@ -42,54 +42,23 @@ import numpy as np
 import torch
 
 from bertkit import runtime
-from bertkit.config import read_json_config
+from bertkit.embed.pooling import Pooling
+from bertkit.embed.st_format import is_sentence_transformers_dir, sentence_pipeline
 from bertkit.errors import BertkitError, CheckpointError, DataError
-from bertkit.fillmask_eval import multi_mask_eval  # re-exported: it was defined here
 from bertkit.heads import IGNORE_INDEX
+from bertkit.hub import resolve_model_dir
+from bertkit.predict.answers import Windows, best_spans
+from bertkit.predict.decode import class_scores, pooled, score_function, word_ids, word_labels
+from bertkit.predict.load import head_of
+from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
+from bertkit.progress import bar as progress_bar
+from bertkit.textfiles import read_text
+from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import pad_batch
 
-__all__ = ["Predictor", "cosine_search", "multi_mask_eval", "read_lines", "MASK"]
+__all__ = ["Predictor", "cosine_search", "read_lines", "MASK"]
 
 MASK = "[MASK]"
-
-# config.json "architectures" -> (bertkit class name, task)
-_ARCHS = {
-    "BertForMaskedLM": ("BertForMaskedLM", "mlm"),
-    "BertForPreTraining": ("BertForPreTraining", "mlm"),
-    "BertForSequenceClassification": ("BertForSequenceClassification", "classify"),
-    "BertForTokenClassification": ("BertForTokenClassification", "tag"),
-    "BertForQuestionAnswering": ("BertForQuestionAnswering", "answer"),
-    "BertModel": ("BertModel", "encoder"),
-}
-
-
-def _detect_architecture(model_dir: Path) -> str:
-    """The head a checkpoint carries: config.json "architectures", else the weight names."""
-    cfg_path = model_dir / "config.json"
-    if model_dir.is_file():
-        raise CheckpointError(f"{model_dir}: is a file; expected an HF-format model directory (config.json + weights)")
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{model_dir}: no config.json (expected an HF-format model directory)")
-    cfg = read_json_config(cfg_path, CheckpointError)
-    for arch in cfg.get("architectures") or []:
-        if arch in _ARCHS:
-            return arch
-    keys: list[str] = []
-    st = model_dir / "model.safetensors"
-    if st.is_file():
-        from safetensors import safe_open
-        with safe_open(str(st), framework="pt") as f:
-            keys = list(f.keys())
-    if any(k.startswith("cls.seq_relationship") for k in keys):
-        return "BertForPreTraining"
-    if any(k.startswith("cls.predictions") for k in keys):
-        return "BertForMaskedLM"
-    if any(k.startswith("qa_outputs") for k in keys):
-        return "BertForQuestionAnswering"
-    if any(k.startswith("classifier") for k in keys):
-        return "BertForTokenClassification" if cfg.get("task") == "tag" else "BertForSequenceClassification"
-    return "BertModel"
-
 
 def _mlm_logits(out) -> torch.Tensor:
     for name in ("logits", "prediction_logits"):
@@ -124,7 +93,7 @@ class Predictor:
     """A loaded model + tokenizer with the inference entry points. `task` is mlm | classify | tag | answer | encoder."""
 
     def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model",
-                 st_dir: Path | None = None):
+                 st_dir: Path | None = None, precision: str = PRECISION):
         self.model = model.eval()
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
         self._pipeline = None
@@ -132,12 +101,12 @@ class Predictor:
         self.task = task
         self.labels = labels
         self.name = name
+        self.precision = precision          # every forward's: engine.PRECISION unless the user chose otherwise
         self.device = next(model.parameters()).device
         self._special = {tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
                          tokenizer.mask_token_id, tokenizer.unk_token_id}
         itos = tokenizer.ids_to_tokens
         self._is_cont = torch.tensor([t.startswith("##") for t in itos], dtype=torch.bool)
-        self._is_cont_list = self._is_cont.tolist()
         # pieces that can fill a word-start slot: not a continuation, not special, not "[unused..]"
         self._word_start = ~self._is_cont & torch.tensor([not (t.startswith("[") and t.endswith("]")) for t in itos])
         self._cont_ok = self._is_cont.clone()
@@ -147,32 +116,26 @@ class Predictor:
 
     # ---------------------------------------------------------------------------------------------- loading
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu") -> "Predictor":
-        import bertkit
-        from bertkit.embed.st_format import is_sentence_transformers_dir
-        from bertkit.hub import resolve_model_dir
-        from bertkit.tokenizer import Tokenizer
+    def load(cls, path: str | Path, device: str = "cpu", precision: str = PRECISION) -> "Predictor":
         model_dir = resolve_model_dir(path)
         if not model_dir.is_dir():
             raise CheckpointError(f"{model_dir}: no such model directory")
-        arch = _detect_architecture(model_dir)
-        cls_name, task = _ARCHS[arch]
+        model_class, task = head_of(model_dir)
         # frozen: fused, cast-once (and where this machine measured it faster, prepacked) inference weights
-        model = runtime.freeze(getattr(bertkit, cls_name).from_pretrained(str(model_dir)).to(device))
+        model = runtime.freeze(model_class.from_pretrained(str(model_dir)).to(device))
         tok = Tokenizer.from_pretrained(str(model_dir))
         labels = None
         id2label = getattr(model.config, "id2label", None)
         if task in ("classify", "tag") and id2label:
             labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
         st_dir = model_dir if is_sentence_transformers_dir(model_dir) else None
-        return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir)
+        return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir, precision=precision)
 
     @property
     def pipeline(self):
         """A SentenceEncoder around self.encoder with the directory's pooling / Dense / Normalize modules, built on
         first use (only embeddings read modules.json: export, fill-mask or a head's predictions never need it)."""
         if self._pipeline is None and self._st_dir is not None:
-            from bertkit.embed.st_format import sentence_pipeline
             self._pipeline = sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
         return self._pipeline
 
@@ -202,23 +165,24 @@ class Predictor:
         return getattr(self.model, "bert", self.model)
 
     # ---------------------------------------------------------------------------------------------- helpers
-    def _batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256) -> dict:
-        """[CLS] a [SEP] (b [SEP]) per text, truncated longest-first to max_length, padded to the longest row."""
-        tok = self.tokenizer
-        firsts, seconds = [], []
-        _require_strings(texts)
-        for i, t in enumerate(texts):
-            a = tok.convert_tokens_to_ids(tok.tokenize(t))
-            b = tok.convert_tokens_to_ids(tok.tokenize(pairs[i])) if pairs is not None else None
-            budget = max_length - (3 if b is not None else 2)
-            while len(a) + (len(b) if b is not None else 0) > budget:   # longest_first truncation
-                if b is not None and len(b) > len(a):
-                    b.pop()
-                else:
-                    a.pop()
-            firsts.append(a)
-            seconds.append(b)
-        return self._pad(firsts, seconds if pairs is not None else None)
+    def inputs(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256) -> dict:
+        """Model inputs on the device: [CLS] a [SEP] (b [SEP]) per text, cut longest-first to max_length."""
+        return encode(self.tokenizer, _require_strings(list(texts)), pairs, max_length, self.device)
+
+    def logits(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256,
+               batch_size: int = 64) -> np.ndarray:
+        """(n, labels) float32 logits of a sequence classifier for texts (or text pairs)."""
+        texts = _require_strings(list(texts))
+        pairs = None if pairs is None else _require_strings(list(pairs))
+        lengths = [len(t) + (len(pairs[i]) if pairs is not None else 0) for i, t in enumerate(texts)]
+        out = np.zeros((len(texts), self.model.config.num_labels), dtype=np.float32)
+
+        def batch(idx):
+            return encode(self.tokenizer, [texts[i] for i in idx], pairs and [pairs[i] for i in idx], max_length,
+                          self.device)
+        for idx, _, o in forward_batches(self.model, lengths, batch, batch_size, self.precision):
+            out[idx] = o.logits.float().cpu().numpy()
+        return out
 
     def _masked_ids(self, text: str, max_length: int) -> list[int]:
         """[CLS] text [SEP] with each literal "[MASK]" kept as the mask id (the text around it is tokenised)."""
@@ -237,17 +201,19 @@ class Predictor:
             raise BertkitError(f"text is {len(ids)} tokens; the limit is {max_length}")
         return ids
 
-    @torch.inference_mode()
-    def _log_probs(self, rows: list[list[int]], positions: Sequence[int]) -> torch.Tensor:
+    def log_probs(self, rows: list[list[int]], positions: Sequence[int]) -> torch.Tensor:
         """Masked-LM log-probabilities at `positions` of equal-length rows: (n, len(positions), vocab).
 
         The positions are passed to the head as labels, so it projects only those rows onto the vocabulary (the
         (hidden x vocab) matmul at every position would be most of the cost otherwise)."""
         order = sorted(set(positions))
-        batch = pad_batch(rows, None, self.tokenizer.pad_token_id, device=self.device)
-        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
-        labels[:, order] = 0                                 # any valid id: we only want the logits
-        out = self.model(**batch, labels=labels, masked_logits_only=True)
+
+        def batch(idx):
+            b = pad_batch([rows[i] for i in idx], None, self.tokenizer.pad_token_id, device=self.device)
+            labels = torch.full_like(b["input_ids"], IGNORE_INDEX)
+            labels[:, order] = 0                             # any valid id: we only want the logits
+            return {**b, "labels": labels}
+        out = forward(self.model, batch(range(len(rows))), self.precision, masked_logits_only=True)
         logits = _mlm_logits(out)
         if logits.dim() == 3:                                # a head that ignores labels: (n, seq, vocab)
             logits = logits[:, order]
@@ -282,7 +248,7 @@ class Predictor:
             raise BertkitError(f"{self.name} has no masked-LM head (it is a {self.task} model); fill-mask needs one")
 
     def _fill_one(self, ids: list[int], pos: int, top_k: int, beam_size: int, max_pieces: int) -> list[dict]:
-        lp = self._log_probs([ids], [pos])[0, 0]
+        lp = self.log_probs([ids], [pos])[0, 0]
         lp = lp.masked_fill(~self._word_start, -math.inf)
         vals, idx = lp.topk(top_k)
         cands: dict[str, tuple[float, list[int]]] = {}
@@ -313,7 +279,7 @@ class Predictor:
             if not beams:        # e.g. a vocabulary without "##" pieces
                 return []
             rows = [base[:pos] + p + base[pos + step:] for p, _ in beams]
-            lp = self._log_probs(rows, [pos + step])[:, 0]             # (beams, vocab)
+            lp = self.log_probs(rows, [pos + step])[:, 0]             # (beams, vocab)
             allowed = self._word_start if step == 0 else self._cont_ok
             lp = lp.masked_fill(~allowed, -math.inf)
             scores = lp + torch.tensor([s for _, s in beams]).unsqueeze(1)
@@ -326,9 +292,9 @@ class Predictor:
         """Baseline: the argmax of each mask from one forward pass with every mask still masked (transformers'
         fill-mask pipeline per mask). words=True: only pieces that start a word (no "##" pieces)."""
         self._require_mlm()
-        return self._argmax_per_mask(self._log_probs([ids], positions)[0], words)
+        return self.argmax_per_mask(self.log_probs([ids], positions)[0], words)
 
-    def _argmax_per_mask(self, lp: torch.Tensor, words: bool) -> list[int]:
+    def argmax_per_mask(self, lp: torch.Tensor, words: bool) -> list[int]:
         """(masks, vocab) log-probs -> each mask's best allowed piece."""
         return [int(row.argmax()) for row in lp.masked_fill(~self._allowed(words), -math.inf)]
 
@@ -345,7 +311,7 @@ class Predictor:
                 r = list(row)
                 r[p] = mask
                 probe.append(r)
-        lp = self._log_probs(probe, positions)                             # (rows * masks, masks, vocab)
+        lp = self.log_probs(probe, positions)                             # (rows * masks, masks, vocab)
         k = len(positions)
         out = []
         for b, row in enumerate(rows):
@@ -362,7 +328,7 @@ class Predictor:
         blocked = ~self._allowed(words)
         beams: list[tuple[list[int], float]] = [(list(ids), 0.0)]
         for _ in range(len(positions)):
-            lp = self._log_probs([b for b, _ in beams], positions).masked_fill(blocked, -math.inf)  # (beams, masks, V)
+            lp = self.log_probs([b for b, _ in beams], positions).masked_fill(blocked, -math.inf)  # (beams, masks, V)
             candidates: dict[tuple, float] = {}
             for bi, (row, score) in enumerate(beams):
                 open_j = [j for j, p in enumerate(positions) if row[p] == self.tokenizer.mask_token_id]
@@ -390,7 +356,7 @@ class Predictor:
                            score=math.exp(pll[i]), sequence=self._join(rows[i])) for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
-    @torch.inference_mode()
+    @torch.inference_mode()             # the pooling's Dense layers run here, outside the forward loop
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
               normalize: bool = True, max_length: int | None = None, batch_size: int = 32,
               progress: bool = False) -> np.ndarray:
@@ -403,55 +369,32 @@ class Predictor:
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         pipe = self.pipeline if pooling is None else None
         max_length = max_length or (pipe.max_seq_length if pipe is not None else EMBED_MAX_LENGTH)
-        texts = _require_strings(list(texts))              # before the length sort below reads them
+        texts = _require_strings(list(texts))
         if pipe is not None and pipe.do_lower_case:
             texts = [t.lower() for t in texts]
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))    # similar lengths share a batch: less padding
+        pool = pipe.pool if pipe is not None else Pooling(pooling or "mean")
+        layers = None if layers is None or list(layers) == [-1] else list(layers)
         out = np.zeros((len(texts), pipe.dim if pipe else self.encoder.config.hidden_size), dtype=np.float32)
-        starts = range(0, len(texts), batch_size)
-        if progress:
-            from tqdm import tqdm
-            starts = tqdm(starts, desc="embed", unit="batch")
-        for s in starts:
-            idx = order[s: s + batch_size]
-            batch = self._batch([texts[i] for i in idx], max_length=max_length)
-            want_layers = layers is not None and list(layers) != [-1]
-            enc = self.encoder(**batch, output_hidden_states=want_layers)
-            if want_layers:
-                hs = enc.hidden_states                       # (layers+1) x (batch, seq, hidden); 0 = embeddings
-                try:
-                    h = torch.stack([hs[l] for l in layers]).mean(0)
-                except IndexError:
-                    raise BertkitError(f"layers {list(layers)} out of range: the model has {len(hs) - 1} layers "
-                                       f"(0 = embeddings, -1 = last)") from None
-            else:
-                h = enc.last_hidden_state                    # (batch, seq, hidden)
-            h = h.float()
-            if pipe is not None:
-                v = pipe.pool(h, batch["attention_mask"])                   # (batch, dims)
-            elif pooling == "cls":
-                v = h[:, 0]
-            else:
-                m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)       # (batch, seq, 1)
-                v = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
-            if normalize:
-                v = torch.nn.functional.normalize(v, dim=-1)
-            out[idx] = v.cpu().numpy()
+        batches = forward_batches(
+            self.encoder, [len(t) for t in texts],
+            lambda idx: encode(self.tokenizer, [texts[i] for i in idx], max_length=max_length, device=self.device),
+            batch_size, self.precision, output_hidden_states=layers is not None)
+        with progress_bar(batches, show=progress, total=-(-len(texts) // batch_size), desc="embed",
+                          unit="batch") as bar:
+            for idx, batch, enc in bar:
+                out[idx] = pooled(enc, batch["attention_mask"], pool, normalize, layers).cpu().numpy()
         return out
 
     # ---------------------------------------------------------------------------------------------- task heads
-    @torch.inference_mode()
     def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None) -> list[dict]:
         """[{"label", "score", "scores": {label: p}}] (regression models: {"value"})."""
         if self.task != "classify":
             raise BertkitError(f"{self.name} is a {self.task} model, not a sequence classifier")
-        logits = self.model(**self._batch(texts, pairs, max_length)).logits.float()
-        if logits.shape[-1] == 1 and getattr(self.model.config, "problem_type", None) == "regression":
+        logits = self.logits(texts, pairs, max_length)
+        function = score_function(self.model.config)
+        if function == "none":
             return [{"value": round(float(v), 6)} for v in logits[:, 0]]
-        if getattr(self.model.config, "problem_type", None) == "multi_label_classification":
-            probs = torch.sigmoid(logits)
-        else:
-            probs = torch.softmax(logits, -1)
+        probs = class_scores(logits, function)
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
         out = []
         for row in probs.tolist():
@@ -460,91 +403,89 @@ class Predictor:
                         "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}})
         return out
 
-    def _words(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]], list[int]]]:
-        """Per text: WordPiece ids (no special tokens), each piece's (start, end) in the text, and the index of every
-        word's first piece (a word = a basic-tokenizer word: a piece that is not a `##` continuation starts one)."""
-        pieces = self.tokenizer.encode_pieces(texts)
-        out = []
-        for i in range(len(pieces)):
-            ids, offsets = pieces.text(i)
-            out.append((ids, offsets, [j for j, t in enumerate(ids) if not self._is_cont_list[t]]))
-        return out
-
-    def _pad(self, firsts: list[list[int]], seconds: list[list[int]] | None = None) -> dict:
-        """Model inputs on the device for piece ids already cut to fit: [CLS] a [SEP] (b [SEP]), padded to the
-        longest row."""
-        batch = self.tokenizer.build_inputs(firsts, seconds, padding=True, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in batch.items()}
-
-    @torch.inference_mode()
     def tag(self, texts: Sequence[str], max_length: int = 256) -> list[list[dict]]:
         """Per word (the tokenizer's basic words): [{"word", "start", "end", "label", "score"}]: the word as written
         in the text (original case and accents), its character span, and the label of its first piece. Words past
         `max_length` pieces get label None."""
         if self.task != "tag":
             raise BertkitError(f"{self.name} is a {self.task} model, not a token classifier")
-        encoded = self._words(texts)
-        batch = self._pad([ids[: max_length - 2] for ids, _, _ in encoded])
-        probs = torch.softmax(self.model(**batch).logits.float(), -1)            # (batch, seq, labels)
-        labels = self.labels or [str(i) for i in range(probs.shape[-1])]
-        out = []
-        for b, (text, (ids, offsets, firsts)) in enumerate(zip(texts, encoded)):
-            tags = []
-            for k, f in enumerate(firsts):
-                last = (firsts[k + 1] if k + 1 < len(firsts) else len(ids)) - 1
-                start, end = offsets[f][0], offsets[last][1]
-                item = {"word": text[start:end], "start": start, "end": end, "label": None, "score": None}
-                if f < max_length - 2:
-                    j = int(probs[b, f + 1].argmax())                             # +1: [CLS]
-                    item.update(label=labels[j], score=round(float(probs[b, f + 1, j]), 6))
-                tags.append(item)
-            out.append(tags)
+        texts = _require_strings(list(texts))
+        pieces = self.tokenizer.encode_pieces(texts)
+        encoded = [pieces.text(i) for i in range(len(texts))]          # (ids, offsets) per text, uncut
+        keep = max_length - 2                                           # pieces that fit beside [CLS] and [SEP]
+
+        def batch(idx):
+            b = self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True, return_tensors="pt")
+            return {k: v.to(self.device) for k, v in b.items()}
+        out: list = [None] * len(texts)
+        for idx, _, o in forward_batches(self.model, [len(ids) for ids, _ in encoded], batch, 64, self.precision):
+            probs = torch.softmax(o.logits.float(), -1).cpu()             # (batch, seq, labels)
+            for row, i in enumerate(idx):
+                out[i] = self._tagged_words(texts[i], *encoded[i], probs[row, 1:], keep)   # 1: after [CLS]
         return out
 
-    @torch.inference_mode()
+    def _tagged_words(self, text: str, ids: list[int], offsets: list, probs: torch.Tensor, keep: int) -> list[dict]:
+        words = word_ids(self.tokenizer.convert_ids_to_tokens(ids))
+        best = word_labels(probs, words[:keep])
+        labels = self.labels or [str(i) for i in range(probs.shape[-1])]
+        spans: dict[int, list[int]] = {}                                # word -> [first piece, last piece]
+        for pos, w in enumerate(words):
+            spans.setdefault(w, [pos, pos])[1] = pos
+        tagged = []
+        for w, (a, b) in spans.items():
+            start, end = offsets[a][0], offsets[b][1]
+            item = {"word": text[start:end], "start": start, "end": end, "label": None, "score": None}
+            if w in best:
+                j, p = best[w]
+                item.update(label=labels[j], score=round(p, 6))
+            tagged.append(item)
+        return tagged
+
     def answer(self, questions: Sequence[str], contexts: Sequence[str], max_length: int = 384,
                max_answer_pieces: int = 64) -> list[dict]:
         """The best context span: {"answer", "score", "start", "end"}: the answer as written in the context and its
-        character span (context[start:end]); spans start and end on word boundaries. Contexts longer than one
-        window are cut (use `bertkit.tasks` QA with doc_stride for long documents)."""
+        character span (context[start:end]); spans start and end on word boundaries. A context longer than one
+        window is read as windows of max_length pieces overlapping by up to 128; a question keeps its first
+        max_length // 3 pieces."""
         if self.task != "answer":
             raise BertkitError(f"{self.name} is a {self.task} model, not a question-answering model")
-        qs, cs, spans = [], [], []
-        for (q_ids, _, _), (c_ids, c_off, firsts) in zip(self._words(questions), self._words(contexts)):
-            q_ids = q_ids[: max_length // 3]
-            seg = len(q_ids) + 2
-            n = min(len(c_ids), max_length - 1 - seg)
-            qs.append(q_ids)
-            cs.append(c_ids[:n])
-            spans.append((c_off[:n], [f for f in firsts if f < n], seg))
-        out = self.model(**self._pad(qs, cs))
-        res = []
-        for b, ((offsets, firsts, seg), c) in enumerate(zip(spans, contexts)):
-            n = len(offsets)
-            if not firsts:
-                res.append({"answer": "", "score": 0.0, "start": None, "end": None})
-                continue
-            # a span starts at a word's first piece and ends at a word's last piece
-            lasts = [f - 1 for f in firsts[1:]] + [n - 1]
-            s = torch.log_softmax(out.start_logits[b].float(), -1)[seg: seg + n][firsts]
-            e = torch.log_softmax(out.end_logits[b].float(), -1)[seg: seg + n][lasts]
-            scores = s[:, None] + e[None, :]                                   # (words, words): start x end
-            first_t, last_t = torch.tensor(firsts), torch.tensor(lasts)
-            valid = (last_t[None, :] >= first_t[:, None]) & (last_t[None, :] - first_t[:, None] < max_answer_pieces)
-            scores = scores.masked_fill(~valid, -math.inf)
-            i, j = divmod(int(scores.argmax()), len(firsts))
-            start, end = offsets[firsts[i]][0], offsets[lasts[j]][1]
-            res.append({"answer": c[start:end], "score": round(math.exp(float(scores[i, j])), 6),
-                        "start": start, "end": end})
-        return res
+        questions, contexts = _require_strings(list(questions)), _require_strings(list(contexts))
+        stride = min(128, (max_length - max_length // 3 - 3) // 2)
+        windows = [Windows.build(self.tokenizer, q, c, max_length, stride, max_question=max_length // 3)
+                   for q, c in zip(questions, contexts)]
+        rows = [(k, w) for k, win in enumerate(windows) for w in range(len(win.rows))]
+        logits: list = [None] * len(rows)                               # (start, end) logits per window row
+
+        def batch(idx):
+            win = [windows[rows[i][0]] for i in idx]
+            return pad_batch([w.rows[rows[i][1]] for w, i in zip(win, idx)],
+                             [w.types[rows[i][1]] for w, i in zip(win, idx)], self.tokenizer.pad_token_id,
+                             device=self.device)
+        for idx, b, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, 64,
+                                         self.precision):
+            for r, i in enumerate(idx):
+                n = int(b["attention_mask"][r].sum())
+                logits[i] = (o.start_logits[r, :n].float().cpu(), o.end_logits[r, :n].float().cpu())
+        out, first = [], 0
+        for win in windows:
+            mine = logits[first: first + len(win.rows)]
+            first += len(win.rows)
+            starts = torch.nn.utils.rnn.pad_sequence([s for s, _ in mine], batch_first=True)
+            ends = torch.nn.utils.rnn.pad_sequence([e for _, e in mine], batch_first=True)
+            answers, _ = best_spans(win, starts, ends, 1, max_answer_pieces, True)
+            best = max(answers, key=lambda a: a["score"], default=None)
+            out.append({"answer": "", "score": 0.0, "start": None, "end": None} if best is None else
+                       {"answer": best["answer"], "score": round(best["score"], 6), "start": best["start"],
+                        "end": best["end"]})
+        return out
 
     # ---------------------------------------------------------------------------------------------- attention
-    @torch.inference_mode()
     def attention(self, text: str, max_length: int = 128) -> tuple[list[str], list[np.ndarray]]:
         """Tokens of `text` ([CLS] .. [SEP], at most `max_length` or the model's positions) and each layer's
         attention probabilities (heads, seq, seq)."""
-        batch = self._batch([text], max_length=min(max_length, self.encoder.config.max_position_embeddings))
-        out = self.encoder(**batch, output_attentions=True)
+        limit = min(max_length, self.encoder.config.max_position_embeddings)
+        batch = self.inputs([text], max_length=limit)
+        out = forward(self.encoder, batch, self.precision, output_attentions=True)
         atts = getattr(out, "attentions", None)
         if not atts:
             raise BertkitError("the model returned no attention maps (output_attentions=True unsupported?)")
@@ -568,7 +509,6 @@ def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 
 def read_lines(path: str | Path) -> list[str]:
     """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
     path = Path(path)
-    from bertkit.textfiles import read_text     # names a missing file, a directory, bytes that are not UTF-8
     lines = [ln.strip() for ln in read_text(path).splitlines()]
     lines = [ln for ln in lines if ln]
     if not lines:

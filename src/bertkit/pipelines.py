@@ -23,7 +23,11 @@ from typing import Any
 import torch
 
 from bertkit.errors import BertkitError, ConfigError
+from bertkit.hub import resolve_model_dir
 from bertkit.infer import Predictor
+from bertkit.predict.answers import Windows, best_spans
+from bertkit.predict.decode import class_scores, score_function
+from bertkit.predict.engine import PRECISION, encode, forward
 
 __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipeline", "TextClassificationPipeline",
            "TokenClassificationPipeline", "QuestionAnsweringPipeline", "TASKS"]
@@ -31,17 +35,18 @@ __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipelin
 _UNSET = object()          # "not given", where None is a meaningful value (top_k=None: every label)
 
 
-def pipeline(task: str, model, *, device: str = "cpu", revision: str | None = None, **options) -> "Pipeline":
+def pipeline(task: str, model, *, device: str = "cpu", revision: str | None = None, precision: str = PRECISION,
+             **options) -> "Pipeline":
     """A callable for `task` over `model`: a directory, a Hugging Face repo id (see bertkit.hub) or a Predictor.
-    `options` become the pipeline's defaults (e.g. top_k=3, aggregation_strategy="simple")."""
+    `options` become the pipeline's defaults (e.g. top_k=3, aggregation_strategy="simple"); `precision` is the
+    forwards' ("fp32", as every front door by default; "auto" / "bf16": bf16 autocast)."""
     name = _ALIASES.get(task, task)
     if name not in TASKS:
         raise ConfigError(f"pipeline task {task!r} is not supported; tasks: {', '.join(TASKS)}")
     if isinstance(model, Predictor):
         predictor = model
     else:
-        from bertkit.hub import resolve_model_dir
-        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device)
+        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device, precision=precision)
     return TASKS[name](predictor, **options)
 
 
@@ -98,19 +103,14 @@ class Pipeline:
 
     def _encode(self, texts: list[str], pairs: list[str] | None = None, offsets: bool = False,
                 truncation: bool = False) -> dict:
-        """Padded model inputs of a batch (tensors on the model's device), plus "offsets" when asked."""
+        """Padded model inputs of a batch (tensors on the model's device), plus "offsets" when asked; cut to the
+        model's length only with `truncation`, as transformers' pipelines do."""
         limit = self.model.config.max_position_embeddings
-        enc = self.tokenizer(texts, pairs, padding=True, return_offsets=offsets, truncation=truncation or None,
-                             max_length=min(self.tokenizer.model_max_length or limit, limit) if truncation else None)
-        batch = {k: torch.tensor(v, dtype=torch.long, device=self.predictor.device)
-                 for k, v in enc.items() if k != "offsets"}
-        if offsets:
-            batch["offsets"] = enc["offsets"]
-        return batch
+        max_length = min(self.tokenizer.model_max_length or limit, limit) if truncation else None
+        return encode(self.tokenizer, texts, pairs, max_length, self.predictor.device, offsets)
 
-    def _forward(self, batch: dict):
-        with torch.inference_mode():
-            return self.model(**{k: v for k, v in batch.items() if k != "offsets"})
+    def _forward(self, batch: dict, model=None):
+        return forward(model or self.model, batch, self.predictor.precision)
 
     def _decode(self, tokens: list[str]) -> str:
         """Token strings to text as transformers' WordPiece decoder joins them ("##" glued, clean-up spacing).
@@ -145,7 +145,7 @@ class FillMaskPipeline(Pipeline):
         positions = [i for i, t in enumerate(ids) if t == tok.mask_token_id]
         if not positions:
             raise BertkitError(f"fill-mask: no [MASK] in the text {text[:80]!r}")
-        probs = self.predictor._log_probs([ids], positions)[0].exp()                   # (masks, vocab)
+        probs = self.predictor.log_probs([ids], positions)[0].exp()                   # (masks, vocab)
         target_ids = self._target_ids(targets)
         if target_ids is not None:
             probs = probs[:, target_ids]
@@ -186,8 +186,7 @@ class FeatureExtractionPipeline(Pipeline):
 
     def _batch(self, texts: list[str], truncation: bool, return_tensors: bool) -> list:
         batch = self._encode(texts, truncation=truncation)
-        with torch.inference_mode():
-            hidden = self.predictor.encoder(**batch).last_hidden_state.float()       # (batch, seq, hidden)
+        hidden = self._forward(batch, self.predictor.encoder).last_hidden_state.float()   # (batch, seq, hidden)
         lengths = batch["attention_mask"].sum(1).tolist()
         out = [hidden[i: i + 1, :n].cpu() for i, n in enumerate(lengths)]
         return out if return_tensors else [h.tolist() for h in out]
@@ -213,7 +212,7 @@ class TextClassificationPipeline(Pipeline):
         logits = self._forward(self._encode(texts, pairs, truncation=truncation)).logits.float().cpu()
         labels = self._labels()
         out = []
-        for row in _apply(logits, function_to_apply or self._function()).tolist():
+        for row in class_scores(logits, function_to_apply or score_function(self.model.config)).tolist():
             ranked = [{"label": labels[i], "score": s} for i, s in enumerate(row)]
             if top_k is _UNSET:
                 out.append(max(ranked, key=lambda r: r["score"]))
@@ -221,14 +220,6 @@ class TextClassificationPipeline(Pipeline):
                 ranked.sort(key=lambda r: r["score"], reverse=True)
                 out.append(ranked if top_k is None else ranked[:top_k])
         return out
-
-    def _function(self) -> str:
-        config = self.model.config
-        if config.problem_type == "regression":
-            return "none"
-        if config.problem_type == "multi_label_classification" or config.num_labels == 1:
-            return "sigmoid"
-        return "softmax"
 
 
 def _split_pairs(inputs: list) -> tuple[list[str], list[str] | None]:
@@ -238,16 +229,6 @@ def _split_pairs(inputs: list) -> tuple[list[str], list[str] | None]:
     if all(isinstance(x, dict) and set(x) == {"text", "text_pair"} for x in inputs):
         return [x["text"] for x in inputs], [x["text_pair"] for x in inputs]
     raise BertkitError("text-classification takes texts or {'text': ..., 'text_pair': ...} dicts (not mixed)")
-
-
-def _apply(logits: torch.Tensor, function: str) -> torch.Tensor:
-    if function == "softmax":
-        return torch.softmax(logits, -1)
-    if function == "sigmoid":
-        return torch.sigmoid(logits)
-    if function == "none":
-        return logits
-    raise ConfigError(f"function_to_apply={function!r}: use 'softmax', 'sigmoid' or 'none'")
 
 
 # ---------------------------------------------------------------------------------------------- tokens
@@ -363,7 +344,6 @@ class QuestionAnsweringPipeline(Pipeline):
 
     def _one(self, item: dict, **opts):
         """max_question_len is accepted and unused, as in transformers' fast-tokenizer path."""
-        from bertkit.qa_spans import Windows, best_spans
         top_k, max_answer_len = opts["top_k"], opts["max_answer_len"]
         if top_k < 1 or max_answer_len < 1:
             raise ConfigError(f"question-answering: top_k and max_answer_len must be >= 1, got {top_k}, "

@@ -29,6 +29,7 @@ from bertkit import runtime
 from bertkit.checkpoint import _atomic_write
 from bertkit.embed.st_format import module_dirs
 from bertkit.errors import BertkitError, ConfigError
+from bertkit.predict.load import head_of
 from bertkit.runtime import int8
 
 __all__ = ["quantize_dir", "quantize_model", "write", "Quantized", "QualityGateError"]
@@ -44,10 +45,8 @@ class QualityGateError(BertkitError):
 
 
 def _load(model_dir: Path):
-    import bertkit
-    from bertkit.infer import _ARCHS, _detect_architecture
-    cls_name, _ = _ARCHS[_detect_architecture(model_dir)]
-    model = getattr(bertkit, cls_name).from_pretrained(str(model_dir))
+    model_class, _ = head_of(model_dir)
+    model = model_class.from_pretrained(str(model_dir))
     if "quantization_config" in model.config.extra:
         raise ConfigError(f"{model_dir}: already quantized (config.json has a quantization_config)")
     return model

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
+from bertkit.predict.engine import PRECISION, encode, forward_batches
 
 __all__ = ["MODES", "Pooling", "Dense", "Normalize", "SentenceEncoder", "ACTIVATIONS"]
 
@@ -185,23 +186,16 @@ class SentenceEncoder(nn.Module):
         """Model inputs for `texts`: truncated to max_length (default max_seq_length), padded to the longest,
         (batch, seq) tensors."""
         texts = [t.lower() for t in texts] if self.do_lower_case else list(texts)
-        return tokenizer(texts, max_length=max_length or self.max_seq_length, truncation=True, padding=True,
-                         return_tensors="pt")
+        return encode(tokenizer, texts, max_length=max_length or self.max_seq_length,
+                      device=next(self.parameters()).device)
 
-    @torch.inference_mode()
-    def encode(self, tokenizer, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    def encode(self, tokenizer, texts: Sequence[str], batch_size: int = 32,
+               precision: str | bool | None = PRECISION) -> np.ndarray:
         """(n, dim) float32 vectors; texts of similar length share a batch (less padding)."""
         texts = list(texts)
-        was_training = self.training
-        self.eval()
-        device = next(self.parameters()).device
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        try:
-            for start in range(0, len(texts), batch_size):
-                idx = order[start:start + batch_size]
-                batch = {k: v.to(device) for k, v in self.tokenize(tokenizer, [texts[i] for i in idx]).items()}
-                out[idx] = self(**batch).float().cpu().numpy()
-        finally:
-            self.train(was_training)
+        batches = forward_batches(self, [len(t) for t in texts],
+                                  lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx]), batch_size, precision)
+        for idx, _, vectors in batches:
+            out[idx] = vectors.float().cpu().numpy()
         return out

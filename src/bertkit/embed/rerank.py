@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from bertkit.errors import ConfigError, DataError
+from bertkit.infer import Predictor
+from bertkit.predict.decode import relevance
 
 __all__ = ["CrossEncoder", "rerank", "single_text_kind", "POSITIVE_LABELS"]
 
@@ -37,7 +38,6 @@ class CrossEncoder:
 
     @classmethod
     def load(cls, path, device: str = "cpu") -> "CrossEncoder":
-        from bertkit.infer import Predictor
         p = Predictor.load(path, device=device)
         if p.task != "classify":
             raise ConfigError(f"{path}: its head is {p.task!r}; reranking needs a pair classification or regression "
@@ -48,24 +48,18 @@ class CrossEncoder:
                               f"model fine-tuned on pairs (bertkit finetune --task pair | regress)")
         return cls(p, str(path))
 
-    @torch.inference_mode()
     def score(self, query: str, docs: Sequence[str], batch_size: int = 32, max_length: int = 256) -> np.ndarray:
-        """(len(docs),) float32 relevance scores of (query, doc) pairs."""
+        """(len(docs),) float32 relevance scores of (query, doc) pairs: a one-output model's value, else the
+        log-probability of the positive label."""
         docs = list(docs)
         if not str(query).strip():
             raise DataError("rerank: the query is empty")
         for i, d in enumerate(docs):
             if not isinstance(d, str) or not d.strip():
                 raise DataError(f"rerank: document {i + 1} is empty")
-        p = self.predictor
-        out = np.zeros(len(docs), dtype=np.float32)
-        for s in range(0, len(docs), batch_size):
-            chunk = docs[s:s + batch_size]
-            logits = p.model(**p._batch([query] * len(chunk), chunk, max_length)).logits.float()   # (n, labels)
-            if logits.shape[1] > 1:
-                logits = torch.log_softmax(logits, dim=-1)[:, self.positive:self.positive + 1]
-            out[s:s + len(chunk)] = logits[:, 0].cpu().numpy()
-        return out
+        logits = self.predictor.logits([query] * len(docs), docs, max_length, batch_size)     # (n, labels)
+        z = relevance(logits, self.positive)
+        return (z if logits.shape[1] == 1 else -np.logaddexp(0.0, -z)).astype(np.float32)    # log sigmoid(z)
 
     def rank(self, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int = 32,
              max_length: int = 256) -> list[dict]:

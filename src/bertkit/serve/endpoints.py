@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import torch
 
+from bertkit import __version__
+from bertkit.embed.rerank import single_text_kind
+from bertkit.predict.decode import class_scores, relevance, score_function
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
@@ -127,11 +129,6 @@ def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 # ------------------------------------------------------------------------------------------- classification heads
 
-@torch.inference_mode()
-def _logits(predictor, texts: list[str], pairs: list[str] | None, max_length: int) -> np.ndarray:
-    return predictor.model(**predictor._batch(texts, pairs, max_length)).logits.float().cpu().numpy()
-
-
 def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray:
     """(n, labels) logits of single texts ([a]) or pairs ([a, b]); rows of both kinds run as two forwards."""
     out = np.zeros((len(rows), predictor.model.config.num_labels), dtype=np.float32)
@@ -139,7 +136,7 @@ def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray
         idx = [i for i, row in enumerate(rows) if len(row) == n]
         if idx:
             pairs = [rows[i][1] for i in idx] if n == 2 else None
-            out[idx] = _logits(predictor, [rows[i][0] for i in idx], pairs, max_length)
+            out[idx] = predictor.logits([rows[i][0] for i in idx], pairs, max_length, batch_size=len(idx))
     return out
 
 
@@ -166,13 +163,9 @@ def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_l
 
 
 def _scores(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
-    """Per label: the logits (raw), else sigmoid for one label or a multi-label model, softmax otherwise."""
-    if raw:
-        return logits
-    if logits.shape[-1] == 1 or getattr(predictor.model.config, "problem_type", None) == "multi_label_classification":
-        return 1.0 / (1.0 + np.exp(-logits))
-    e = np.exp(logits - logits.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
+    """Per label: the logits (raw), else TEI's rule: sigmoid for one label or a multi-label model, softmax
+    otherwise."""
+    return class_scores(logits, "none" if raw else score_function(predictor.model.config, regression="sigmoid"))
 
 
 def _labels(predictor, n: int) -> list[str]:
@@ -196,8 +189,8 @@ def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 
 def _relevance(logits: np.ndarray, raw: bool) -> np.ndarray:
-    """One score per pair: a one-label cross-encoder's logit, or a two-label model's log-odds of label 1."""
-    z = logits[:, 0] if logits.shape[-1] == 1 else logits[:, 1] - logits[:, 0]
+    """One score per pair: the log-odds of label 1 (a one-label cross-encoder's logit), or its sigmoid."""
+    z = relevance(logits, positive=1)
     return z if raw else 1.0 / (1.0 + np.exp(-z))
 
 
@@ -283,7 +276,6 @@ def _inputs_check(field: str, config: ServeConfig) -> Callable:
 
 
 def _reranks(predictor) -> bool:
-    from bertkit.embed.rerank import single_text_kind
     return (predictor.task == "classify" and predictor.model.config.num_labels in (1, 2)
             and single_text_kind(predictor) is None)
 
@@ -328,7 +320,6 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
 
 def absent_routes(predictor) -> dict[str, str]:
     """Why a known route is missing for this model: the 404 says so instead of just 'not found'."""
-    from bertkit.embed.rerank import single_text_kind
     why = {}
     if not predictor.has_mlm:
         why["fill-mask"] = f"this is a {predictor.task} model: /fill-mask needs a masked-LM head"
@@ -353,11 +344,10 @@ def _quantization(predictor) -> str | None:
 
 
 def model_info(predictor, config: ServeConfig) -> dict:
-    import bertkit
     kind = {"classify": "classifier", "tag": "tagger", "answer": "question-answering"}.get(predictor.task, "embedding")
     labels = predictor.labels if predictor.task in ("classify", "tag") else None
     return {"model_id": predictor.name, "model_type": kind, "task": predictor.task,
             "dims": predictor.embedding_dim, "quantization": _quantization(predictor),
             "max_input_length": _embed_tokens(predictor, config) if kind == "embedding" else _tokens(config),
             "max_client_batch_size": config.max_inputs, "max_batch_requests": config.max_batch,
-            "max_concurrent_requests": config.max_connections, "labels": labels, "version": bertkit.__version__}
+            "max_concurrent_requests": config.max_connections, "labels": labels, "version": __version__, "precision": predictor.precision}

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from bertkit.heads import IGNORE_INDEX
-from bertkit.precision import autocast, for_model
+from bertkit.predict.engine import forward_batches
 from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["BucketBatchSampler", "collate", "predict_batches", "iterate_batches"]
@@ -106,23 +106,16 @@ def iterate_batches(features: list[dict], batch_size: int, seed: int, epoch: int
 _MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 
 
-@torch.no_grad()
 def predict_batches(model, features: list[dict], batch_size: int = 64, precision: str | bool | None = "auto",
                     pad_token_id: int = 0, model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
-    """Run `model` in eval mode over `features` sorted by length, under `precision` ("auto" | "bf16" | "fp32", or
-    a bf16 flag; "auto" is fp32 for an int8 model: precision.for_model); yields (original indices, model output)."""
-    was_training = model.training
-    model.eval()
+    """The inference engine's forward loop over task features (sorted by length, eval mode, no gradients) under
+    `precision` ("auto" | "bf16" | "fp32", or a bf16 flag: evaluation inside training follows the training's);
+    yields (original indices, model output)."""
     device = next(model.parameters()).device
-    precision = for_model(precision, model)
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
-    try:
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            batch = collate([features[i] for i in idx], pad_token_id)
-            inputs = {k: batch[k].to(device) for k in _MODEL_KEYS}
-            with autocast(precision, device):
-                out = model(**inputs, **(model_kwargs or {}))
-            yield idx, out
-    finally:
-        model.train(was_training)
+
+    def batch(idx: list[int]) -> dict:
+        b = collate([features[i] for i in idx], pad_token_id)
+        return {k: b[k].to(device) for k in _MODEL_KEYS}
+    lengths = [len(f["input_ids"]) for f in features]
+    for idx, _, out in forward_batches(model, lengths, batch, batch_size, precision, **(model_kwargs or {})):
+        yield idx, out

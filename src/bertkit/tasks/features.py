@@ -30,8 +30,8 @@ from torch import nn
 from bertkit import runtime
 from bertkit.errors import ConfigError
 from bertkit.options import with_options
-from bertkit.precision import autocast
-from bertkit.tasks.batching import collate
+from bertkit.embed.pooling import Pooling
+from bertkit.tasks.batching import predict_batches
 
 __all__ = ["extract_features", "FeatureOptions", "ProbeConfig", "Probe", "train_probe"]
 
@@ -52,7 +52,6 @@ class FeatureOptions:
             raise ConfigError(f"pooling={self.pooling!r}: use cls, mean or tokens")
 
 
-@torch.no_grad()
 def extract_features(model, tok, texts: list[str], pairs: list[str] | None = None,
                      options: FeatureOptions | None = None, **overrides):
     """Frozen-encoder features for `texts` (see module docstring); keywords override fields of `FeatureOptions`.
@@ -71,29 +70,20 @@ def extract_features(model, tok, texts: list[str], pairs: list[str] | None = Non
              for i in range(len(texts))]
     # a frozen inference copy: fused, cast-once weights; the caller's (perhaps training) model is left as it is
     encoder = encoder if runtime.is_frozen(encoder) else runtime.freeze(copy.deepcopy(encoder))
-    device = next(encoder.parameters()).device
-    order = sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
+    pool = None if pooling == "tokens" else Pooling(pooling)
     out: list = [None] * len(feats)
-    for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
-        batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], tok.pad_token_id).items()}
-        with autocast(opts.bf16, device):
-            o = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                        attention_mask=batch["attention_mask"], output_hidden_states=True)
+    for idx, o in predict_batches(encoder, feats, batch_size, opts.bf16, tok.pad_token_id,
+                                  {"output_hidden_states": True}):
         hs = [o.hidden_states[li].float() for li in layers]                  # each (batch, seq, hidden)
         h = torch.cat(hs, -1) if combine == "concat" else torch.stack(hs).sum(0)
         if combine == "mean":
             h = h / len(hs)
-        mask = batch["attention_mask"].unsqueeze(-1).float()                 # (batch, seq, 1)
-        if pooling == "cls":
-            pooled = h[:, 0]
-        elif pooling == "mean":
-            pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
-        for row, i in enumerate(idx):
-            if pooling == "tokens":
-                out[i] = h[row, :len(feats[i]["input_ids"])].cpu().numpy()
-            else:
-                out[i] = pooled[row].cpu().numpy()
+        lengths = [len(feats[i]["input_ids"]) for i in idx]
+        if pool is not None:
+            mask = (torch.arange(h.shape[1]) < torch.tensor(lengths)[:, None]).to(h.device)   # (batch, seq)
+            h = pool(h, mask)                                                   # (batch, dim)
+        for row, (i, n) in enumerate(zip(idx, lengths)):
+            out[i] = (h[row, :n] if pool is None else h[row]).cpu().numpy()
     return out if pooling == "tokens" else np.stack(out).astype(np.float32)
 
 

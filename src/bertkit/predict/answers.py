@@ -1,4 +1,4 @@
-"""Answer spans for the question-answering pipeline, found the way transformers' (4.x) pipeline finds them.
+"""Answer spans of a question-answering head, found the way transformers' (4.x) pipeline finds them.
 
 The context is cut into windows: [CLS] question [SEP] context[a:b] [SEP] of at most max_seq_len tokens, each window
 starting doc_stride tokens before the previous one ends (the question is never cut). In each window the start and
@@ -34,9 +34,11 @@ class Windows:
     first: int                            # position of the first context token in every window
 
     @classmethod
-    def build(cls, tok, question: str, context: str, max_seq_len: int, doc_stride: int) -> "Windows":
+    def build(cls, tok, question: str, context: str, max_seq_len: int, doc_stride: int,
+              max_question: int | None = None) -> "Windows":
+        """Windows of `context` under `question` (cut to its first `max_question` pieces, if given)."""
         pieces = tok.encode_pieces([question, context])
-        q_ids, _ = pieces.text(0)
+        q_ids = pieces.text(0)[0][:max_question]
         c_ids, offsets = pieces.text(1)
         room = max_seq_len - len(q_ids) - 3
         if room <= doc_stride or room <= 0:

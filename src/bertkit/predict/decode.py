@@ -1,0 +1,103 @@
+"""The heads' decoders: pure functions from model outputs to answers, one per head, shared by every front door.
+
+    class_scores(logits, score_function(config))   # (n, labels) -> probabilities (softmax / sigmoid) or as-is
+    relevance(logits, positive)                     # (n, labels) -> (n,) log-odds that a pair is relevant
+    word_ids(tokens)                                # WordPiece tokens -> the word each piece belongs to
+    word_labels(probs, words)                       # (seq, labels) + word of each position -> a label per word
+    pooled(hidden, mask, pool, normalize, layers)   # token states -> one vector per text
+
+Answer spans are `answers.best_spans` (windows over long contexts). Fill-mask decoding is a search that runs the
+model again per step, so it lives with the Predictor.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bertkit.errors import BertkitError, ConfigError
+
+__all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "word_ids", "word_labels", "pooled"]
+
+FUNCTIONS = ("softmax", "sigmoid", "none")
+
+
+def score_function(config, regression: str = "none") -> str:
+    """How a sequence classifier's logits become scores, as transformers' pipeline decides: the raw value for
+    regression (`regression` names another rule: TEI's /predict takes "sigmoid"), sigmoid for a multi-label model or
+    a single output, softmax otherwise."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression":
+        return regression
+    if problem == "multi_label_classification" or config.num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def class_scores(logits, function: str):
+    """(n, labels) logits -> scores by `function` (softmax / sigmoid / none), numpy in numpy out, torch in torch out."""
+    if function not in FUNCTIONS:
+        raise ConfigError(f"function_to_apply={function!r}: use 'softmax', 'sigmoid' or 'none'")
+    t = torch.as_tensor(logits).float()
+    if function == "softmax":
+        t = torch.softmax(t, -1)
+    elif function == "sigmoid":
+        t = torch.sigmoid(t)
+    return t.numpy() if isinstance(logits, np.ndarray) else t
+
+
+def relevance(logits, positive: int = 1):
+    """(n, labels) -> (n,) log-odds that label `positive` holds: a one-output cross-encoder's logit, else
+    logit[positive] - logsumexp(the other logits) (for two labels, l1 - l0). sigmoid() of it is the probability."""
+    t = torch.as_tensor(logits).float()
+    if t.shape[-1] == 1:
+        z = t[:, 0]
+    else:
+        others = torch.cat([t[:, :positive], t[:, positive + 1:]], dim=-1)
+        z = t[:, positive] - torch.logsumexp(others, dim=-1)
+    return z.numpy() if isinstance(logits, np.ndarray) else z
+
+
+def word_ids(tokens: Sequence[str | None]) -> list[int | None]:
+    """The word each WordPiece token belongs to (a "##" piece continues the word before it); None for None
+    (a special or padding position)."""
+    out: list[int | None] = []
+    word = -1
+    for t in tokens:
+        if t is None:
+            out.append(None)
+            continue
+        if not (t.startswith("##") and word >= 0):
+            word += 1
+        out.append(word)
+    return out
+
+
+def word_labels(probs: torch.Tensor, words: Sequence[int | None]) -> dict[int, tuple[int, float]]:
+    """(seq, labels) probabilities and the word of each position -> {word: (label index, score)} from the word's
+    first position (the paper's NER rule: a word is labelled by its first piece)."""
+    out: dict[int, tuple[int, float]] = {}
+    for pos, w in enumerate(words):
+        if w is not None and w not in out:
+            j = int(probs[pos].argmax())
+            out[w] = (j, float(probs[pos, j]))
+    return out
+
+
+def pooled(out, mask: torch.Tensor, pool: Callable, normalize: bool, layers: Sequence[int] | None = None):
+    """An encoder output -> (batch, dims) float vectors: the last layer's states or the mean of `layers`' (0 =
+    embeddings), pooled by `pool(hidden, mask)`, optionally L2-normalised."""
+    if layers is None:
+        hidden = out.last_hidden_state                                   # (batch, seq, hidden)
+    else:
+        hs = out.hidden_states                                           # (layers+1) x (batch, seq, hidden)
+        try:
+            hidden = torch.stack([hs[i] for i in layers]).mean(0)
+        except IndexError:
+            raise BertkitError(f"layers {list(layers)} out of range: the model has {len(hs) - 1} layers "
+                               f"(0 = embeddings, -1 = last)") from None
+    v = pool(hidden.float(), mask)
+    return F.normalize(v, dim=-1) if normalize else v

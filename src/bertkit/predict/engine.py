@@ -1,0 +1,66 @@
+"""Model inputs from text, and the one batched forward loop of inference.
+
+    batch = encode(tok, texts, pairs=None, max_length=256, device="cpu")     # (batch, seq) tensors
+    out = forward(model, batch, precision="fp32")                             # one batch, eval, no gradients
+    for idx, batch, out in forward_batches(model, lengths, make_batch, batch_size=32, precision="fp32"):
+        ...                                     # idx: the original positions of this batch's rows
+
+Inputs are sorted by length so that a batch holds similar lengths (little padding), and every batch runs in eval
+mode without gradients under one precision rule. Inference defaults to fp32 at every front door (`PRECISION`), so
+`predict`, `serve`, `embed`, `pipeline()` and `Predictor` give the same numbers for the same model and input, equal
+to transformers' and sentence-transformers'; "auto" (bf16 autocast where this CPU multiplies bf16 natively) and
+"bf16" are the user's choice (`--precision`, `precision=`), said where it is made.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from bertkit.precision import autocast, for_model
+
+__all__ = ["PRECISION", "encode", "forward", "forward_batches"]
+
+PRECISION = "fp32"          # inference's default precision, the same at every front door
+
+_MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def encode(tok, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int | None = 256,
+           device="cpu", offsets: bool = False) -> dict:
+    """[CLS] a [SEP] (b [SEP]) per text, cut longest-first to max_length (None: not cut), padded to the longest
+    row: (batch, seq) input_ids / token_type_ids / attention_mask on `device`, and with `offsets` each token's
+    (start, end) in its text ("offsets": nested lists)."""
+    enc = tok(list(texts), list(pairs) if pairs is not None else None, max_length=max_length,
+              truncation="longest_first" if max_length else None, padding=True, return_offsets=offsets)
+    batch = {k: torch.tensor(enc[k], dtype=torch.long, device=device) for k in _MODEL_KEYS}
+    if offsets:
+        batch["offsets"] = enc["offsets"]
+    return batch
+
+
+@torch.no_grad()
+def forward(model, batch: dict, precision: str | bool | None = PRECISION, **model_kwargs):
+    """One batch of model inputs through `model` in eval mode (put back after), without gradients, under
+    `precision` (an int8 model under "auto" keeps fp32 activations: precision.for_model). Keys the model does not
+    take (e.g. "offsets") stay out."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        with autocast(for_model(precision, model), device):
+            return model(**{k: v for k, v in batch.items() if k != "offsets"}, **model_kwargs)
+    finally:
+        model.train(was_training)
+
+
+def forward_batches(model, lengths: Sequence[int], make_batch: Callable[[list[int]], dict], batch_size: int = 32,
+                    precision: str | bool | None = PRECISION, **model_kwargs) -> Iterator[tuple[list[int], dict, object]]:
+    """Run `model` over len(lengths) inputs, shortest first, `batch_size` at a time: make_batch(indices) gives a
+    batch's model inputs; yields (indices, inputs, model output) of each `forward`."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        batch = make_batch(idx)
+        yield idx, batch, forward(model, batch, precision, **model_kwargs)
