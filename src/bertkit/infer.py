@@ -42,16 +42,15 @@ import numpy as np
 import torch
 
 from bertkit import runtime
-from bertkit.embed.pooling import Pooling
+from bertkit.embed.pooling import Pooling, SentenceEncoder
 from bertkit.embed.st_format import is_sentence_transformers_dir, sentence_pipeline
 from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, pooled, score_function, word_ids, word_labels
+from bertkit.predict.decode import class_scores, score_function, word_ids, word_labels
 from bertkit.predict.load import head_of
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
-from bertkit.progress import bar as progress_bar
 from bertkit.textfiles import read_text
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import pad_batch
@@ -356,7 +355,6 @@ class Predictor:
                            score=math.exp(pll[i]), sequence=self._join(rows[i])) for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
-    @torch.inference_mode()             # the pooling's Dense layers run here, outside the forward loop
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
               normalize: bool = True, max_length: int | None = None, batch_size: int = 32,
               progress: bool = False) -> np.ndarray:
@@ -368,22 +366,14 @@ class Predictor:
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         pipe = self.pipeline if pooling is None else None
-        max_length = max_length or (pipe.max_seq_length if pipe is not None else EMBED_MAX_LENGTH)
-        texts = _require_strings(list(texts))
-        if pipe is not None and pipe.do_lower_case:
-            texts = [t.lower() for t in texts]
-        pool = pipe.pool if pipe is not None else Pooling(pooling or "mean")
-        layers = None if layers is None or list(layers) == [-1] else list(layers)
-        out = np.zeros((len(texts), pipe.dim if pipe else self.encoder.config.hidden_size), dtype=np.float32)
-        batches = forward_batches(
-            self.encoder, [len(t) for t in texts],
-            lambda idx: encode(self.tokenizer, [texts[i] for i in idx], max_length=max_length, device=self.device),
-            batch_size, self.precision, output_hidden_states=layers is not None)
-        with progress_bar(batches, show=progress, total=-(-len(texts) // batch_size), desc="embed",
-                          unit="batch") as bar:
-            for idx, batch, enc in bar:
-                out[idx] = pooled(enc, batch["attention_mask"], pool, normalize, layers).cpu().numpy()
-        return out
+        limit = self.encoder.config.max_position_embeddings
+        # the directory's modules (or the pooling asked for) over this encoder, with this call's options
+        encoder = SentenceEncoder(self.encoder, pipe.pooling if pipe else Pooling(pooling or "mean"), normalize,
+                                  list(pipe.dense) if pipe else None,
+                                  pipe.max_seq_length if pipe else min(EMBED_MAX_LENGTH, limit),
+                                  pipe.do_lower_case if pipe else False, layers).eval()
+        return encoder.encode(self.tokenizer, _require_strings(list(texts)), batch_size, self.precision,
+                              max_length or (pipe.max_seq_length if pipe else EMBED_MAX_LENGTH), progress)
 
     # ---------------------------------------------------------------------------------------------- task heads
     def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None) -> list[dict]:

@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
+from bertkit.predict.decode import hidden_states
 from bertkit.predict.engine import PRECISION, encode, forward_batches
+from bertkit.progress import bar as progress_bar
 
 __all__ = ["MODES", "Pooling", "Dense", "Normalize", "SentenceEncoder", "ACTIVATIONS"]
 
@@ -144,11 +146,13 @@ class Normalize(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
-    """BertModel -> Pooling -> Dense layers (optional) -> Normalize (optional): tokenized text to (batch, dim)."""
+    """BertModel -> Pooling -> Dense layers (optional) -> Normalize (optional): tokenized text to (batch, dim).
+    The one path from text to vector: `bertkit embed`, Predictor.embed, serve and the embedding evaluations encode
+    through it. `layers`: hidden states to average before pooling (0 = embeddings; None = the last layer)."""
 
     def __init__(self, bert: nn.Module, pooling: Pooling, normalize: bool = False,
                  dense: Dense | Sequence[Dense] | None = None, max_seq_length: int = 256,
-                 do_lower_case: bool = False):
+                 do_lower_case: bool = False, layers: Sequence[int] | None = None):
         super().__init__()
         self.bert = bert
         if getattr(bert, "pooler", None) is not None:      # unused here: no gradient, so DDP must not wait for one
@@ -156,14 +160,14 @@ class SentenceEncoder(nn.Module):
         self.pooling = pooling
         if pooling.hidden_size is None:
             pooling.hidden_size = bert.config.hidden_size
-        layers = [] if dense is None else [dense] if isinstance(dense, Dense) else list(dense)
-        self.dense = nn.ModuleList(layers)
+        self.dense = nn.ModuleList([] if dense is None else [dense] if isinstance(dense, Dense) else list(dense))
         self.normalize = normalize
         limit = bert.config.max_position_embeddings
         if not 0 < max_seq_length <= limit:
             raise ConfigError(f"max_seq_length={max_seq_length} must be in 1..{limit} (max_position_embeddings)")
         self.max_seq_length = max_seq_length
         self.do_lower_case = do_lower_case          # lowercase texts before the tokenizer (the format's flag)
+        self.layers = None if layers is None or list(layers) == [-1] else list(layers)
 
     @property
     def dim(self) -> int:
@@ -171,8 +175,8 @@ class SentenceEncoder(nn.Module):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> Tensor:
-        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state   # (batch, seq, hidden)
-        x = self.pool(hidden, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=self.layers is not None)
+        x = self.pool(hidden_states(out, self.layers), attention_mask)                   # (batch, dim)
         return F.normalize(x, p=2, dim=-1) if self.normalize else x
 
     def pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -189,13 +193,18 @@ class SentenceEncoder(nn.Module):
         return encode(tokenizer, texts, max_length=max_length or self.max_seq_length,
                       device=next(self.parameters()).device)
 
-    def encode(self, tokenizer, texts: Sequence[str], batch_size: int = 32,
-               precision: str | bool | None = PRECISION) -> np.ndarray:
-        """(n, dim) float32 vectors; texts of similar length share a batch (less padding)."""
+    @torch.inference_mode()             # the pooling and Dense layers run outside the forward loop's no_grad too
+    def encode(self, tokenizer, texts: Sequence[str], batch_size: int = 32, precision: str | bool | None = PRECISION,
+               max_length: int | None = None, progress: bool = False) -> np.ndarray:
+        """(n, dim) float32 vectors; texts of similar length share a batch (less padding). max_length: pieces per
+        text (default max_seq_length)."""
         texts = list(texts)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         batches = forward_batches(self, [len(t) for t in texts],
-                                  lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx]), batch_size, precision)
-        for idx, _, vectors in batches:
-            out[idx] = vectors.float().cpu().numpy()
+                                  lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx], max_length),
+                                  batch_size, precision)
+        with progress_bar(batches, show=progress, total=-(-len(texts) // batch_size), desc="embed",
+                          unit="batch") as bar:
+            for idx, _, vectors in bar:
+                out[idx] = vectors.float().cpu().numpy()
         return out

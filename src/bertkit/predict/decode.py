@@ -4,9 +4,10 @@
     relevance(logits, positive)                     # (n, labels) -> (n,) log-odds that a pair is relevant
     word_ids(tokens)                                # WordPiece tokens -> the word each piece belongs to
     word_labels(probs, words)                       # (seq, labels) + word of each position -> a label per word
-    pooled(hidden, mask, pool, normalize, layers)   # token states -> one vector per text
+    hidden_states(out, layers)                      # the last layer, or chosen layers averaged, for pooling
 
-Answer spans are `answers.best_spans` (windows over long contexts). Fill-mask decoding is a search that runs the
+Answer spans are `answers.best_spans` (windows over long contexts); embeddings pool `hidden_states` with the
+sentence-transformers modules of `embed.pooling.SentenceEncoder`. Fill-mask decoding is a search that runs the
 model again per step, so it lives with the Predictor.
 """
 
@@ -16,11 +17,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from bertkit.errors import BertkitError, ConfigError
 
-__all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "word_ids", "word_labels", "pooled"]
+__all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "word_ids", "word_labels", "hidden_states"]
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
@@ -87,17 +87,14 @@ def word_labels(probs: torch.Tensor, words: Sequence[int | None]) -> dict[int, t
     return out
 
 
-def pooled(out, mask: torch.Tensor, pool: Callable, normalize: bool, layers: Sequence[int] | None = None):
-    """An encoder output -> (batch, dims) float vectors: the last layer's states or the mean of `layers`' (0 =
-    embeddings), pooled by `pool(hidden, mask)`, optionally L2-normalised."""
+def hidden_states(out, layers: Sequence[int] | None = None) -> torch.Tensor:
+    """An encoder output -> (batch, seq, hidden) token states: the last layer's, or the mean of `layers`' (0 =
+    embeddings, -1 = last; the output must carry hidden_states)."""
     if layers is None:
-        hidden = out.last_hidden_state                                   # (batch, seq, hidden)
-    else:
-        hs = out.hidden_states                                           # (layers+1) x (batch, seq, hidden)
-        try:
-            hidden = torch.stack([hs[i] for i in layers]).mean(0)
-        except IndexError:
-            raise BertkitError(f"layers {list(layers)} out of range: the model has {len(hs) - 1} layers "
-                               f"(0 = embeddings, -1 = last)") from None
-    v = pool(hidden.float(), mask)
-    return F.normalize(v, dim=-1) if normalize else v
+        return out.last_hidden_state
+    hs = out.hidden_states                                               # (layers+1) x (batch, seq, hidden)
+    try:
+        return torch.stack([hs[i] for i in layers]).mean(0)
+    except IndexError:
+        raise BertkitError(f"layers {list(layers)} out of range: the model has {len(hs) - 1} layers "
+                           f"(0 = embeddings, -1 = last)") from None
