@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from bertkit.errors import ConfigError, DataError
+from bertkit.infer import Predictor
+from bertkit.progress import bar as progress_bar
 
-if TYPE_CHECKING:
-    from bertkit.infer import Predictor
 
 __all__ = ["MultiMaskOptions", "multi_mask_eval", "SPANS"]
 
@@ -109,10 +109,7 @@ def _choose_words(ok: list[bool], k: int, span: str, rng: random.Random) -> list
 def _decode_cases(predictor: "Predictor", cases, opts: MultiMaskOptions) -> tuple[dict, list[dict]]:
     """Per decoder [exact matches, correct masks], and up to 8 sentences where joint and independent differ."""
     tok = predictor.tokenizer
-    it = cases
-    if opts.progress:
-        from tqdm import tqdm
-        it = tqdm(cases, desc=f"fill-mask eval ({opts.span})", unit="sent")
+    it = progress_bar(cases, show=opts.progress, desc=f"fill-mask eval ({opts.span})", unit="sent")
     # "independent_words": the per-mask argmax with joint's word-start constraint, so what joint decoding adds
     # shows apart from what the constraint adds
     stats = {"joint": [0, 0], "independent": [0, 0], "independent_words": [0, 0]}

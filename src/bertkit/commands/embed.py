@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.errors import ConfigError, DataError
-from bertkit.commands import add_model_argument, checks
+from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
 _VECTOR_SUFFIXES = (".npy", ".jsonl", ".json")
@@ -36,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first --rerank-depth hits with this pair "
                                                              "classification / regression model")
     p.add_argument("--rerank-depth", type=checks.positive_int, default=50)
+    add_precision_argument(p)
     p.set_defaults(func=search)
 
     p = sub.add_parser("rerank", help="score (query, document) pairs with a cross-encoder and sort")
@@ -46,6 +47,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--max-length", type=checks.number(int, 2),
                    help="pieces per (query, document) pair (default 256, or the model's positions if fewer)")
+    add_precision_argument(p)
     progress.add_arguments(p)
     checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=rerank)
@@ -214,13 +216,14 @@ def embed_encoder(args) -> int:
     out = None if index else vector_out(args)
     texts, ids = _texts_and_ids(args)
     encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
+    precision = inference_precision(args, "embed")
     show = progress.wanted(args.progress) and len(texts) > args.batch_size
     with progress.forward_bar(encoder, -(-len(texts) // args.batch_size), "embed", show):
-        vecs = encoder.encode(tok, texts, args.batch_size)                             # (n, dim) float32
+        vecs = encoder.encode(tok, texts, args.batch_size, precision)                  # (n, dim) float32
     if index:
         return _write_index(args, encoder, texts, ids, vecs)
     if args.search:
-        queries = encoder.encode(tok, args.search, args.batch_size)
+        queries = encoder.encode(tok, args.search, args.batch_size, precision)
         for q, hits in zip(args.search, cosine_search(queries, vecs, args.top_k)):
             print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
                              ensure_ascii=False))
@@ -292,7 +295,8 @@ def search(args) -> int:
     if model is None:
         raise ConfigError(f"{directory}: no {INDEX_SOURCE} naming its model: give --model")
     encoder, tok = load_encoder(model, source.get("pooling"), True, source.get("max_length"))
-    queries = encoder.encode(tok, args.query)
+    precision = inference_precision(args, "search")
+    queries = encoder.encode(tok, args.query, precision=precision)
     depth = max(args.top_k, args.rerank_depth) if args.rerank else args.top_k
     result = index.search(queries, k=depth, model_hash=model_hash(encoder))
     texts = _index_texts(directory)
@@ -301,7 +305,7 @@ def search(args) -> int:
         from bertkit.embed.rerank import CrossEncoder
         if texts is None:
             raise DataError(f"{directory}: no {INDEX_TEXTS}, so the hits cannot be reranked")
-        ce = CrossEncoder.load(args.rerank)
+        ce = CrossEncoder.load(args.rerank, precision=precision)
     for qi, q in enumerate(args.query):
         hits = [{"id": i, "score": round(float(s), 4), **({"text": texts[r]} if texts else {})}
                 for i, s, r in zip(result.ids[qi], result.scores[qi], result.rows[qi])]
@@ -319,7 +323,7 @@ def rerank(args) -> int:
     from bertkit.embed.rerank import CrossEncoder
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
-    ce = CrossEncoder.load(args.model)
+    ce = CrossEncoder.load(args.model, precision=inference_precision(args, "rerank"))
     limit = ce.predictor.model.config.max_position_embeddings
     if args.max_length and args.max_length > limit:     # else only a long enough document would fail, later
         raise ConfigError(f"--max-length {args.max_length} exceeds the model's {limit} positions")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bertkit import progress
-from bertkit.commands import add_model_argument, checks
+from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 
 
 def register(sub) -> None:
@@ -22,6 +22,7 @@ def register(sub) -> None:
                    help="beams per joint decoding of several masks (1-1000)")
     p.add_argument("--no-whole-word", action="store_true", help="one mask = one piece (skip multi-piece words)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    add_precision_argument(p)
     progress.add_arguments(p)
     checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=fill_mask)
@@ -46,6 +47,7 @@ def register(sub) -> None:
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    add_precision_argument(p)
     progress.add_arguments(p)
     checks.stdin_ok(p, "file", suffix=".txt")
     p.set_defaults(func=embed)
@@ -83,7 +85,7 @@ def _texts(given: list[str], file: str | None) -> list[str]:
 def fill_mask(args) -> int:
     from bertkit.infer import Predictor
     texts = _texts(args.text, args.file)
-    p = Predictor.load(args.model)
+    p = Predictor.load(args.model, precision=inference_precision(args, "fill-mask"))
     show = progress.wanted(args.progress) and len(texts) > 1
     with progress.bar(texts, show=show, desc="fill-mask", unit="text") as bar:
         write = bar.write if show else print      # a result line that does not tear the bar on stderr
@@ -105,7 +107,7 @@ def embed(args) -> int:
         return embed_encoder(args)
     texts = _texts(args.texts, args.file)
     out = vector_out(args)
-    p = Predictor.load(args.model)
+    p = Predictor.load(args.model, precision=inference_precision(args, "embed"))
     kw = dict(pooling=args.pooling or "mean", layers=args.layers or [-1], normalize=not args.no_normalize,
               max_length=args.max_length or 256, batch_size=args.batch_size)
     vecs = p.embed(texts, progress=progress.wanted(args.progress) and len(texts) > kw["batch_size"], **kw)

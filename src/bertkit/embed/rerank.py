@@ -17,6 +17,7 @@ import numpy as np
 from bertkit.errors import ConfigError, DataError
 from bertkit.infer import Predictor
 from bertkit.predict.decode import relevance
+from bertkit.predict.engine import PRECISION
 
 __all__ = ["CrossEncoder", "rerank", "single_text_kind", "POSITIVE_LABELS"]
 
@@ -37,8 +38,8 @@ class CrossEncoder:
         self.positive = next((labels.index(l) for l in POSITIVE_LABELS if l in labels), max(len(labels) - 1, 0))
 
     @classmethod
-    def load(cls, path, device: str = "cpu") -> "CrossEncoder":
-        p = Predictor.load(path, device=device)
+    def load(cls, path, device: str = "cpu", precision: str = PRECISION) -> "CrossEncoder":
+        p = Predictor.load(path, device=device, precision=precision)
         if p.task != "classify":
             raise ConfigError(f"{path}: its head is {p.task!r}; reranking needs a pair classification or regression "
                               f"model (bertkit finetune --task pair | regress)")
