@@ -32,7 +32,7 @@ from pathlib import Path
 from bertkit.errors import DataError
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
-           "read_squad", "write_table", "write_conll", "write_squad"]
+           "read_squad", "table_rows", "write_table", "write_conll", "write_squad"]
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -87,7 +87,7 @@ class TextExample:
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
-def _rows(path: Path):
+def table_rows(path: Path):
     """(line_number, dict row) of a CSV/TSV/JSONL file; line numbers are 1-based physical lines."""
     fmt = _table_format(path)
     with _open_text(path) as f:
@@ -140,7 +140,7 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
     path = Path(path)
     out: list[TextExample] = []
     checked_columns = False
-    for line, row in _rows(path):
+    for line, row in table_rows(path):
         if not checked_columns:
             cols = list(row)
             needed = [text_column] + ([pair_column] if require_pair else []) + ([label_column] if require_label else [])
