@@ -11,10 +11,16 @@ import collections
 import json
 import random
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
 from bertkit.errors import DataError
+from bertkit.heads import BertForSequenceClassification
+from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.readers import LabelMap, read_table
+from bertkit.tasks.task import Feature, Task, write_jsonl
 
 WORDS = "the a film movie plot actor story scene was is and but very quite really rather show music end".split()
 POS, NEG = ["great", "superb", "lovely"], ["awful", "boring", "dull"]
@@ -423,3 +429,63 @@ def test_multilabel(tiny_dir, tmp_path):
     assert s["dev"]["exact_match"]["mean"] > top_set + 0.1, (s["dev"], top_set)
     preds = [json.loads(x) for x in predict(tmp_path / "run", dev, tmp_path / "p.jsonl").read_text().splitlines()]
     assert all(set(p["prediction"]) <= {"pos", "neg"} for p in preds)
+
+
+# ------------------------------------------------------------------------------ a new task head, as documented
+# docs/architecture.md "Adding a task head": a task module and one registry line; the runner, evaluate and
+# predict need nothing else. The task here: is the text's first word a positive one (a head of its own).
+
+@dataclass
+class FirstWordTask(Task):
+    max_length: int = 16
+    labels: LabelMap | None = None
+    kind = "firstword"
+    model_class = BertForSequenceClassification
+    main_metric = "accuracy"
+
+    def read(self, path, require_label=True):
+        return read_table(path, require_label=require_label)
+
+    def fit_labels(self, train):
+        self.labels = LabelMap.from_labels(e.label for e in train)
+
+    def restore_labels(self, names):
+        self.labels = LabelMap(names)
+
+    def config_overrides(self):
+        return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels.labels))}
+
+    def features(self, tok, examples, with_labels=True):
+        enc = tok([e.text.split()[0] for e in examples], max_length=self.max_length, truncation=True)
+        return [Feature(input_ids=list(ids), token_type_ids=list(types),
+                        labels=self.labels.id(e.label, e.source) if with_labels else None)
+                for ids, types, e in zip(enc["input_ids"], enc["token_type_ids"], examples)]
+
+    def predict(self, model, examples, feats, batch_size, precision):
+        out = np.zeros((len(feats), len(self.labels)), dtype=np.float32)
+        for idx, o in predict_batches(model, feats, batch_size, precision):
+            out[idx] = o.logits.float().numpy()
+        return out
+
+    def score(self, examples, feats, raw):
+        gold = np.array([f.labels for f in feats])
+        return {"accuracy": float((raw.argmax(-1) == gold).mean()), "n": len(feats)}
+
+    def write_predictions(self, path, examples, feats, raw):
+        return write_jsonl(path, ({"text": e.text, "prediction": self.labels.name(int(j))}
+                                  for e, j in zip(examples, raw.argmax(-1))))
+
+
+def test_a_new_task_is_a_module_and_a_registry_line(tiny_dir, tmp_path, monkeypatch):
+    from bertkit.tasks import registry
+    from bertkit.tasks.runner import evaluate, finetune, predict
+    monkeypatch.setitem(registry.TASKS, "firstword", f"{__name__}.FirstWordTask")
+    train = _write_csv(tmp_path / "train.csv", _sentiment_rows(64, 0))
+    dev = _write_csv(tmp_path / "dev.csv", _sentiment_rows(16, 1))
+    s = finetune(_cfg(tiny_dir, tmp_path, "firstword", train, dev, epochs=1))
+    assert s["task"] == "firstword" and 0 <= s["dev"]["accuracy"]["mean"] <= 1
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["bertkit_task"] == {"kind": "firstword", "max_length": 16}
+    assert evaluate(run, dev)["accuracy"] == pytest.approx(s["dev"]["accuracy"]["mean"])
+    preds = predict(run, dev, tmp_path / "p.jsonl").read_text().splitlines()
+    assert len(preds) == 16 and json.loads(preds[0])["prediction"] in ("pos", "neg")

@@ -58,6 +58,7 @@ __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "trunc
 
 _INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 _SEQUENCE_KINDS = ("classify", "pair", "regress", "multilabel")
+_KINDS = (*_SEQUENCE_KINDS, "tag", "qa")                      # the kinds `_task_losses` has a soft loss for
 
 
 @dataclass
@@ -300,6 +301,9 @@ class TaskDistiller(FinetuneHooks):
         task, teacher, tok = load_task(self.dcfg.teacher)
         if task.kind != cfg.task:
             raise ConfigError(f"--teacher {self.dcfg.teacher}: fine-tuned for {task.kind!r}, not {cfg.task!r}")
+        if task.kind not in _KINDS:
+            raise ConfigError(f"--teacher {self.dcfg.teacher}: distillation supports {', '.join(_KINDS)}, "
+                              f"not {task.kind!r}")
         task.fit_labels = lambda train: None          # the teacher's label ids, whatever order the file has
         self.teacher = teacher
         self.kind = task.kind
