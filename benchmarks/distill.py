@@ -203,7 +203,7 @@ def speed(args, work: Path) -> list[dict]:
 
         def run_all(model):
             with torch.no_grad():
-                task_obj.logits(model, feats, 32, "fp32")
+                task_obj.predict(model, examples, feats, 32, "fp32")
         t = interleaved(fns, run_all, args.repeats)
         seq_s = {k: round(len(feats) / v, 2) for k, v in t.items()}
         records.append(emit({"case": "speed", "task": task, "batch": 32, "sequences": len(feats),

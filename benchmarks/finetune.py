@@ -43,8 +43,8 @@ from bertkit import datasets
 from bertkit.precision import autocast
 from bertkit.tasks import data as task_data
 from bertkit.tasks.batching import BucketBatchSampler, collate
-from bertkit.tasks.runner import (FinetuneConfig, _build_model, evaluate_task, _prepare, finetune, finetune_recipe,
-                                  make_task)
+from bertkit.tasks.runner import (FinetuneConfig, _build_model, evaluate_task, _prepare, _task, finetune,
+                                  finetune_recipe)
 
 # benchmark name -> (data set builder name, task kind, default max_length, file extension)
 TASKS = {
@@ -106,11 +106,11 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     per_epoch = -(-len(feats) // cfg.batch_size)
     total = max(1, math.ceil(per_epoch * cfg.training.epochs))
     sched = tf.get_linear_schedule_with_warmup(opt, int(cfg.training.warmup * total), total)
-    label_keys = [k for k in ("labels", "start_positions", "end_positions") if k in feats[0]]
+    label_keys = [k for k in ("labels", "start_positions", "end_positions") if getattr(feats[0], k) is not None]
     g = torch.Generator().manual_seed(seed)
     # order "same": exactly our batches (our sampler, same seed, reshuffled per epoch), so the two sides differ only
     # in dropout masks and the new head's random init; "own": random batches of its own (torch.randperm)
-    sampler = BucketBatchSampler([len(f["input_ids"]) for f in feats], cfg.batch_size, seed,
+    sampler = BucketBatchSampler([len(f.input_ids) for f in feats], cfg.batch_size, seed,
                                  bucket_batches=cfg.bucket_batches)
     step, epoch, train_s, examples = 0, 0, 0.0, 0
     best = {"value": -math.inf}
@@ -140,8 +140,9 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
         train_s += time.perf_counter() - t0
         epoch += 1
         with autocast(cfg.training.precision, "cpu"):
-            report, _ = evaluate_task(task, model, data.dev, data.dev_feats, cfg.eval_batch_size,
-                                      cfg.training.precision, tune_null=True)
+            raw = task.predict(model, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision)
+            task.tune(data.dev, raw)                        # qa 2.0: the null threshold, before scoring
+            report = task.score(data.dev, data.dev_feats, raw)
         history.append({"step": step, task.main_metric: report[task.main_metric]})
         if report[task.main_metric] > best["value"]:
             best = {"value": report[task.main_metric], "dev": report, "step": step,
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
     # the reference trains on exactly our features
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)
-    ref_task = make_task(kind, cfg)
+    ref_task = _task(cfg)
     data = _prepare(cfg, ref_task, tok)
 
     if args.feature_based:

@@ -278,8 +278,8 @@ def test_mine_hard_negatives_then_train_on_them(capsys, tmp_path, tiny_st, data)
     pairs = tmp_path / "ce.csv"
     assert _run(capsys, "mine", tiny_st, "--data", data / "pairs.jsonl", "--out", pairs, "--negatives", "2",
                 "--format", "pair")[0] == 0
-    from bertkit.tasks.readers import _rows
-    labels = [row["label"] for _, row in _rows(pairs)]
+    from bertkit.tasks.readers import table_rows
+    labels = [row["label"] for _, row in table_rows(pairs)]
     assert labels.count("1") == 24 and labels.count("0") == 48
 
 

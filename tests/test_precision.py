@@ -36,13 +36,14 @@ def test_auto_runs_an_int8_model_with_fp32_activations():
     from bertkit.precision import for_model
     from bertkit.runtime import int8
     from bertkit.tasks.batching import predict_batches
+    from bertkit.tasks.task import Feature
     cfg = BertConfig.preset("tiny", vocab_size=100, max_position_embeddings=32, num_labels=2)
     fp, q = BertForSequenceClassification(cfg), int8.quantize(BertForSequenceClassification(cfg))
     assert for_model("auto", q) == "fp32" and for_model(None, q) == "fp32" and for_model("bf16", q) == "bf16"
     assert for_model("auto", fp) == "auto" and for_model(False, fp) == "fp32"
     seen = []
     q.classifier.register_forward_pre_hook(lambda m, args: seen.append(torch.is_autocast_enabled("cpu")))
-    feats = [{"input_ids": [2, 5, 7, 3], "token_type_ids": [0] * 4}]
+    feats = [Feature(input_ids=[2, 5, 7, 3], token_type_ids=[0] * 4)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         list(predict_batches(q, feats, precision="auto"))

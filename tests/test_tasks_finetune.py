@@ -11,10 +11,16 @@ import collections
 import json
 import random
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
 from bertkit.errors import DataError
+from bertkit.heads import BertForSequenceClassification
+from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.readers import LabelMap, read_table
+from bertkit.tasks.task import Feature, Task, write_jsonl
 
 WORDS = "the a film movie plot actor story scene was is and but very quite really rather show music end".split()
 POS, NEG = ["great", "superb", "lovely"], ["awful", "boring", "dull"]
@@ -178,11 +184,11 @@ def test_first_piece_labels_and_all_pieces(tiny_dir):
     task = TokenTask(max_length=32)
     task.fit_labels(s)
     f = task.features(tok, s)[0]
-    lab = [task.labels.name(t) if t >= 0 else None for t in f["labels"]]
+    lab = [task.labels.name(t) if t >= 0 else None for t in f.labels]
     assert lab == [None, "B-PER", "O", None, None, "B-PER", None]
     task2 = TokenTask(max_length=32, label_all_pieces=True, labels=LabelMap(task.labels.labels))
     f2 = task2.features(tok, [Sentence(["x.y"], ["B-PER"])])[0]
-    assert [task2.labels.name(t) for t in f2["labels"][1:-1]] == ["B-PER", "I-PER", "I-PER"]
+    assert [task2.labels.name(t) for t in f2.labels[1:-1]] == ["B-PER", "I-PER", "I-PER"]
 
 
 def _qa_examples(n, seed, impossible_every=0):
@@ -212,19 +218,19 @@ def test_qa_windows_cover_long_contexts(tiny_dir):
     feats = task.features(tok, ex)
     assert task.stats["truncated_questions"] == 30 and task.stats["multi_window_examples"] > 0
     for i, e in enumerate(ex):
-        fs = [f for f in feats if f["example"] == i]
-        n_ctx = len(fs[0]["ctx_offsets"])
+        fs = [f for f in feats if f.example == i]
+        n_ctx = len(fs[0].ctx_offsets)
         covered = set()
         for f in fs:
-            assert len(f["input_ids"]) <= 24
-            covered |= set(range(f["ctx_start"], f["ctx_end"]))
-            if f["start_positions"]:  # the labelled span is the answer text
-                offs = f["ctx_offsets"]
-                a = offs[f["start_positions"] - f["offset"] + f["ctx_start"]][0]
-                b = offs[f["end_positions"] - f["offset"] + f["ctx_start"]][1]
+            assert len(f.input_ids) <= 24
+            covered |= set(range(f.ctx_start, f.ctx_end))
+            if f.start_positions:  # the labelled span is the answer text
+                offs = f.ctx_offsets
+                a = offs[f.start_positions - f.offset + f.ctx_start][0]
+                b = offs[f.end_positions - f.offset + f.ctx_start][1]
                 assert e.context[a:b] == e.answers[0][0]
         assert covered == set(range(n_ctx))
-        assert any(f["start_positions"] for f in fs)
+        assert any(f.start_positions for f in fs)
 
 
 def test_qa_decode_nbest_and_null(tiny_dir):
@@ -235,9 +241,9 @@ def test_qa_decode_nbest_and_null(tiny_dir):
     ex = _qa_examples(1, 0)
     feats = task.features(tok, ex)
     f = feats[0]
-    n = len(f["input_ids"])
+    n = len(f.input_ids)
     s, e = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    p = f["start_positions"]
+    p = f.start_positions
     s[p], e[p] = 5.0, 5.0
     e[p + 3] = 9.0            # a longer span scores higher but exceeds max_answer_length
     s[0], e[0] = 1.0, 1.0     # null score 2
@@ -301,10 +307,45 @@ def test_cli_finetune_evaluate_errors(tiny_dir, tmp_path, capsys):
     assert "not a model fine-tuned by bertkit" in capsys.readouterr().err
 
 
+def test_overwrite_replaces_a_link_in_out_and_leaves_its_target(tiny_dir, tmp_path, capsys):
+    """Outputs are written whole under their own name: a hard link or symlink of that name in --out is replaced,
+    never written through to the file it points at (here the training data)."""
+    import os
+    from bertkit.cli import main
+    train = _write_csv(tmp_path / "train.csv", _sentiment_rows(64, 0))
+    dev = _write_csv(tmp_path / "dev.csv", _sentiment_rows(16, 1))
+    before = (tmp_path / "train.csv").read_bytes()
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(train, out / "predictions_dev.jsonl")
+    os.symlink(train, out / "metrics.json")
+    rc = main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train", train, "--dev", dev,
+               "--out", str(out), "--epochs", "1", "--fp32", "--quiet", "--overwrite"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "train.csv").read_bytes() == before
+    assert not (out / "metrics.json").is_symlink() and json.loads((out / "metrics.json").read_text())["seed"] == 1
+    assert os.stat(out / "predictions_dev.jsonl").st_ino != os.stat(train).st_ino
+    assert json.loads((out / "predictions_dev.jsonl").read_text().splitlines()[0])["prediction"] in ("pos", "neg")
+
+
+def test_every_registered_task_meets_the_protocol():
+    from dataclasses import fields
+    from bertkit.tasks.registry import TASKS, make_task
+    from bertkit.tasks.task import Task
+    members = [n for n in vars(Task) if not n.startswith("_")] + list(Task.__annotations__)
+    for kind in TASKS:
+        task = make_task(kind)
+        assert task.kind == kind and isinstance(task, Task) and task.settings()["kind"] == kind
+        assert all(hasattr(task, n) for n in members), kind
+        assert make_task(kind, task.settings()).settings() == task.settings()
+        assert {f.name for f in fields(task)} >= set(task.settings()) - {"kind"}
+
+
 def test_random_init_keeps_architecture_not_weights(tiny_dir, tmp_path):
     import torch
     from bertkit.heads import BertForSequenceClassification
-    from bertkit.tasks.runner import FinetuneConfig, _build_model, make_task
+    from bertkit.tasks.registry import make_task
+    from bertkit.tasks.runner import FinetuneConfig, _build_model
     from bertkit.tasks.readers import LabelMap
     task = make_task("classify")
     task.labels = LabelMap(["neg", "pos"])
@@ -388,3 +429,63 @@ def test_multilabel(tiny_dir, tmp_path):
     assert s["dev"]["exact_match"]["mean"] > top_set + 0.1, (s["dev"], top_set)
     preds = [json.loads(x) for x in predict(tmp_path / "run", dev, tmp_path / "p.jsonl").read_text().splitlines()]
     assert all(set(p["prediction"]) <= {"pos", "neg"} for p in preds)
+
+
+# ------------------------------------------------------------------------------ a new task head, as documented
+# docs/architecture.md "Adding a task head": a task module and one registry line; the runner, evaluate and
+# predict need nothing else. The task here: is the text's first word a positive one (a head of its own).
+
+@dataclass
+class FirstWordTask(Task):
+    max_length: int = 16
+    labels: LabelMap | None = None
+    kind = "firstword"
+    model_class = BertForSequenceClassification
+    main_metric = "accuracy"
+
+    def read(self, path, require_label=True):
+        return read_table(path, require_label=require_label)
+
+    def fit_labels(self, train):
+        self.labels = LabelMap.from_labels(e.label for e in train)
+
+    def restore_labels(self, names):
+        self.labels = LabelMap(names)
+
+    def config_overrides(self):
+        return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels.labels))}
+
+    def features(self, tok, examples, with_labels=True):
+        enc = tok([e.text.split()[0] for e in examples], max_length=self.max_length, truncation=True)
+        return [Feature(input_ids=list(ids), token_type_ids=list(types),
+                        labels=self.labels.id(e.label, e.source) if with_labels else None)
+                for ids, types, e in zip(enc["input_ids"], enc["token_type_ids"], examples)]
+
+    def predict(self, model, examples, feats, batch_size, precision):
+        out = np.zeros((len(feats), len(self.labels)), dtype=np.float32)
+        for idx, o in predict_batches(model, feats, batch_size, precision):
+            out[idx] = o.logits.float().numpy()
+        return out
+
+    def score(self, examples, feats, raw):
+        gold = np.array([f.labels for f in feats])
+        return {"accuracy": float((raw.argmax(-1) == gold).mean()), "n": len(feats)}
+
+    def write_predictions(self, path, examples, feats, raw):
+        return write_jsonl(path, ({"text": e.text, "prediction": self.labels.name(int(j))}
+                                  for e, j in zip(examples, raw.argmax(-1))))
+
+
+def test_a_new_task_is_a_module_and_a_registry_line(tiny_dir, tmp_path, monkeypatch):
+    from bertkit.tasks import registry
+    from bertkit.tasks.runner import evaluate, finetune, predict
+    monkeypatch.setitem(registry.TASKS, "firstword", f"{__name__}.FirstWordTask")
+    train = _write_csv(tmp_path / "train.csv", _sentiment_rows(64, 0))
+    dev = _write_csv(tmp_path / "dev.csv", _sentiment_rows(16, 1))
+    s = finetune(_cfg(tiny_dir, tmp_path, "firstword", train, dev, epochs=1))
+    assert s["task"] == "firstword" and 0 <= s["dev"]["accuracy"]["mean"] <= 1
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["bertkit_task"] == {"kind": "firstword", "max_length": 16}
+    assert evaluate(run, dev)["accuracy"] == pytest.approx(s["dev"]["accuracy"]["mean"])
+    preds = predict(run, dev, tmp_path / "p.jsonl").read_text().splitlines()
+    assert len(preds) == 16 and json.loads(preds[0])["prediction"] in ("pos", "neg")

@@ -187,7 +187,7 @@ def test_regression_labels_must_be_finite_numbers(tmp_path):
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer({t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "nice"])})
     task = SequenceTask("regress")
-    assert task.features(tok, read_table(_write(tmp_path / "ok.csv", "text,label\nnice,0.5\n")))[0]["labels"] == 0.5
+    assert task.features(tok, read_table(_write(tmp_path / "ok.csv", "text,label\nnice,0.5\n")))[0].labels == 0.5
     for i, bad in enumerate(("nan", "inf", "-inf", "NaN")):
         rows = _write(tmp_path / f"r{i}.csv", f"text,label\nnice,1\nnice,{bad}\n")
         with pytest.raises(DataError, match=rf"r{i}\.csv:3: regression label '{bad}' is not a finite number"):

@@ -49,7 +49,8 @@ from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, TrainBatches, evaluate_task, finetune, load_task,
-                                  model_class, model_overrides, numeric_metrics)
+                                  model_overrides, numeric_metrics)
+from bertkit.tasks.task import Feature
 from bertkit.train.steps import StepOutput
 
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
@@ -57,6 +58,7 @@ __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "trunc
 
 _INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 _SEQUENCE_KINDS = ("classify", "pair", "regress", "multilabel")
+_KINDS = (*_SEQUENCE_KINDS, "tag", "qa")                      # the kinds `_task_losses` has a soft loss for
 
 
 @dataclass
@@ -268,21 +270,21 @@ def augment_examples(examples: list, copies: int, seed: int, mask_prob: float = 
 class _TargetBatches(TrainBatches):
     """finetune's batches plus `labelled` (rows with gold labels) and, when precomputed, `teacher` (logits)."""
 
-    def batch(self, feats: list[dict]) -> dict:
+    def batch(self, feats: list[Feature]) -> dict:
         batch = super().batch(feats)
-        batch["labelled"] = torch.tensor([f.get("labelled", True) for f in feats])
-        if "teacher" in feats[0]:
+        batch["labelled"] = torch.tensor([f.labelled for f in feats])
+        if feats[0].teacher is not None:
             batch["teacher"] = _stack_targets(feats, batch["input_ids"].shape[1])
         return batch
 
 
-def _stack_targets(feats: list[dict], seq: int) -> Tensor:
-    first = feats[0]["teacher"]
+def _stack_targets(feats: list[Feature], seq: int) -> Tensor:
+    first = feats[0].teacher
     if first.ndim == 1:
-        return torch.from_numpy(np.stack([f["teacher"] for f in feats]))
+        return torch.from_numpy(np.stack([f.teacher for f in feats]))
     out = torch.zeros(len(feats), seq, first.shape[-1])
     for i, f in enumerate(feats):
-        out[i, :len(f["teacher"])] = torch.from_numpy(f["teacher"])
+        out[i, :len(f.teacher)] = torch.from_numpy(f.teacher)
     return out
 
 
@@ -299,6 +301,9 @@ class TaskDistiller(FinetuneHooks):
         task, teacher, tok = load_task(self.dcfg.teacher)
         if task.kind != cfg.task:
             raise ConfigError(f"--teacher {self.dcfg.teacher}: fine-tuned for {task.kind!r}, not {cfg.task!r}")
+        if task.kind not in _KINDS:
+            raise ConfigError(f"--teacher {self.dcfg.teacher}: distillation supports {', '.join(_KINDS)}, "
+                              f"not {task.kind!r}")
         task.fit_labels = lambda train: None          # the teacher's label ids, whatever order the file has
         self.teacher = teacher
         self.kind = task.kind
@@ -317,7 +322,7 @@ class TaskDistiller(FinetuneHooks):
         if self.dcfg.uses_teacher and not self.dcfg.transfer:
             self._precompute(data.train_feats, cfg)
 
-    def _unlabeled(self, task, tok, data, seed: int) -> list[dict]:
+    def _unlabeled(self, task, tok, data, seed: int) -> list[Feature]:
         """Features of the texts with soft targets only: --unlabeled's file, then --augment's copies."""
         if self.kind not in _SEQUENCE_KINDS:
             flag = "--unlabeled" if self.dcfg.unlabeled else "--augment"
@@ -325,21 +330,21 @@ class TaskDistiller(FinetuneHooks):
         examples = task.read(self.dcfg.unlabeled, require_label=False) if self.dcfg.unlabeled else []
         examples += augment_examples(data.train, self.dcfg.augment, seed)
         feats = task.features(tok, examples, with_labels=False)
-        dummy = data.train_feats[0]["labels"]
+        dummy = data.train_feats[0].labels
         for f in feats:
-            f["labels"], f["labelled"] = (dummy, False)
+            f.labels, f.labelled = dummy, False
         return feats
 
-    def _precompute(self, feats: list[dict], cfg: FinetuneConfig) -> None:
+    def _precompute(self, feats: list[Feature], cfg: FinetuneConfig) -> None:
         """The teacher's logits for every training feature, once (eval mode: the same every epoch)."""
         for idx, out in predict_batches(self.teacher, feats, cfg.eval_batch_size, cfg.training.precision):
             logits = _outputs(self.kind, out).float().cpu().numpy()
             for row, i in enumerate(idx):
-                feats[i]["teacher"] = logits[row] if logits.ndim == 2 else logits[row, :len(feats[i]["input_ids"])]
+                feats[i].teacher = logits[row] if logits.ndim == 2 else logits[row, :len(feats[i].input_ids)]
 
     def build_model(self, cfg: FinetuneConfig, task, seed: int):
         torch.manual_seed(seed)
-        student = build_student(self.dcfg, model_class(task), model_overrides(cfg, task))
+        student = build_student(self.dcfg, task.model_class, model_overrides(cfg, task))
         self._check_transfer(student)
         return student
 

@@ -18,6 +18,7 @@ from bertkit import progress
 from bertkit.commands import checks
 from bertkit.commands import embed as embed_cmd
 from bertkit.errors import ConfigError
+from bertkit.tasks.registry import TASKS
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -33,11 +34,11 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a model on a task (classify/pair/regress/multilabel/tag/qa/embed)",
+    p = sub.add_parser("finetune", help=f"fine-tune a model on a task ({'/'.join(TASKS)}/embed)",
                        description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
                                    "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
                                    "3 epochs, 10% warmup, dropout 0.1, bf16 autocast where native.")
-    p.add_argument("--task", required=True, choices=("classify", "pair", "regress", "multilabel", "tag", "qa", "embed"))
+    p.add_argument("--task", required=True, choices=(*TASKS, "embed"))
     p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
     p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
     p.add_argument("--train", required=True, help="training file (.csv/.tsv/.jsonl, CoNLL, SQuAD .json)")

@@ -10,31 +10,33 @@ queries and corpus rows: id, text; qrels rows: query_id, corpus_id[, score]) sco
 nDCG@10, or a scored-pair file (text, text_pair, score) scored with Spearman / Pearson of the cosines, or a pair
 file (anchor, positive): its anchors retrieve among its distinct positives.
 
-Training runs through `bertkit.train` (embed_step, GradCache with `gradcache_batch`), bf16 autocast where native
-and, as in the classification runner, a compact word-embedding table (only the rows the training texts use are
-trained: the same maths, see bertkit.train.compact). Each seed's model is saved as a sentence-transformers
-directory (`load_sentence_encoder` and `SentenceTransformer` both read it); the report holds every split's metrics
-before and after training.
+Fine-tuning's one driver (tasks.runner.run: seeds, metrics.json, summary.json) runs `EmbedRun`. Training runs
+through `bertkit.train` (embed_step, GradCache with `gradcache_batch`), bf16 autocast where native and a compact
+word-embedding table (only the rows the training texts use are trained: the same maths, see
+bertkit.train.compact). Each seed's model is saved as a sentence-transformers directory (`load_sentence_encoder`
+and `SentenceTransformer` both read it); the report holds every split's metrics before and after training.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
-
+from bertkit.embed.losses import CoSENTLoss, CosineMSELoss, MultipleNegativesRankingLoss
+from bertkit.embed.pooling import Dense, Pooling
+from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
+from bertkit.embed.train import EmbedDataset, EmbedModel, embed_step, retrieval_eval, similarity_eval
 from bertkit.errors import ConfigError, DataError
-from bertkit.textfiles import shown_all
-from bertkit.tasks.readers import _rows
+from bertkit.tasks.readers import table_rows
+from bertkit.tasks.runner import compact, log, run, spread, spread_metrics
+from bertkit.train.compact import restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
-__all__ = ["EmbedFinetuneConfig", "finetune_embed", "evaluate_embed", "read_retrieval", "evaluator", "LOSSES",
-           "load_encoder"]
+__all__ = ["EmbedFinetuneConfig", "EmbedRun", "finetune_embed", "evaluate_embed", "read_retrieval", "evaluator",
+           "LOSSES", "load_encoder"]
 
 LOSSES = ("mnrl", "cosent", "cosine")
 _ID = ("id", "_id")
@@ -109,7 +111,7 @@ def _table(directory: Path, stem: str) -> Path:
 
 def _texts(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
-    for line, row in _rows(path):
+    for line, row in table_rows(path):
         key = _field(path, line, row, _ID)
         if key in out:
             raise DataError(f"{path}:{line}: id {key!r} appears twice")
@@ -126,7 +128,7 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
     queries, corpus = _texts(_table(directory, "queries")), _texts(_table(directory, "corpus"))
     path = _table(directory, "qrels")
     qrels: dict[str, dict[str, float]] = {}
-    for line, row in _rows(path):
+    for line, row in table_rows(path):
         q, c = _field(path, line, row, _QID), _field(path, line, row, _CID)
         if q not in queries or c not in corpus:
             raise DataError(f"{path}:{line}: {'query' if q not in queries else 'corpus'} id "
@@ -143,7 +145,6 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
 
 def evaluator(path, tokenizer, batch_size: int = 128):
     """The eval_fn for an evaluation path (see the module docstring): model -> metrics."""
-    from bertkit.embed.train import EmbedDataset, retrieval_eval, similarity_eval
     path = Path(path)
     if path.is_dir():
         return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size)
@@ -164,8 +165,6 @@ def evaluator(path, tokenizer, batch_size: int = 128):
 def load_encoder(model, pooling: str | None = None, normalize: bool | None = None, max_length: int | None = None,
                  projection: int | None = None):
     """(SentenceEncoder, Tokenizer) of a directory, its settings changed where an argument is given."""
-    from bertkit.embed.pooling import Dense, Pooling
-    from bertkit.embed.st_format import load_sentence_encoder
     encoder, tok = load_sentence_encoder(model)
     if pooling is not None:
         encoder.pooling = Pooling(pooling.split("+"), hidden_size=encoder.bert.config.hidden_size)
@@ -185,7 +184,6 @@ def load_encoder(model, pooling: str | None = None, normalize: bool | None = Non
 
 
 def _loss(cfg: EmbedFinetuneConfig, kind: str, source: str):
-    from bertkit.embed.losses import CoSENTLoss, CosineMSELoss, MultipleNegativesRankingLoss
     name = cfg.loss or ("mnrl" if kind == "pairs" else "cosent")
     if (name == "mnrl") != (kind == "pairs"):
         want = "anchor, positive[, negative...]" if name == "mnrl" else "text, text_pair, score"
@@ -195,11 +193,8 @@ def _loss(cfg: EmbedFinetuneConfig, kind: str, source: str):
     return CoSENTLoss(cfg.scale) if name == "cosent" else CosineMSELoss()
 
 
-def _compact(cfg: EmbedFinetuneConfig, encoder, tok, data) -> bool:
-    import os
-    if not cfg.compact_embeddings or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return False
-    from bertkit.train.compact import compact_word_embeddings
+def _used_ids(encoder, tok, data) -> set[int]:
+    """The piece ids of every training text (and the pad id): the rows a compact embedding table trains."""
     texts = sorted({t for row in data.texts for t in row})
     ids = {tok.pad_token_id}
     for start in range(0, len(texts), 1024):
@@ -207,110 +202,76 @@ def _compact(cfg: EmbedFinetuneConfig, encoder, tok, data) -> bool:
         chunk = [t.lower() for t in chunk] if encoder.do_lower_case else chunk
         for row in tok(chunk, max_length=encoder.max_seq_length, truncation=True)["input_ids"]:
             ids.update(row)
-    try:
-        compact_word_embeddings(encoder, torch.tensor(sorted(ids), dtype=torch.long), cfg.training.optimizer)
-    except ConfigError:
-        return False
-    return True
+    return ids
 
 
 # ---------------------------------------------------------------------------------------------------- running
-def _log(cfg: EmbedFinetuneConfig, msg: str) -> None:
-    if not cfg.quiet:
-        import sys
-        print(msg, file=sys.stderr, flush=True)
+class EmbedRun:
+    """`tasks.runner.run` for a bi-encoder: per seed, every evaluation split before and after training, and the
+    model saved as a sentence-transformers directory."""
 
+    def prepare(self, cfg: EmbedFinetuneConfig) -> None:
+        data = EmbedDataset.read(cfg.train)
+        if cfg.max_train_examples:
+            data.texts = data.texts[:cfg.max_train_examples]
+            data.scores = data.scores[:cfg.max_train_examples] if data.scores else data.scores
+        _loss(cfg, data.kind, data.source)                  # a loss that does not fit the file fails before loading
+        self.splits = {s: p for s, p in (("dev", cfg.dev), ("test", cfg.test)) if p}
+        for p in self.splits.values():
+            if not Path(p).exists():
+                raise DataError(f"{p}: no such evaluation file or directory")
+        log(cfg, f"finetune embed: {len(data)} {data.kind} examples, columns {', '.join(data.columns)}")
+        self.data = data
 
-def _evaluate_all(evals: dict, encoder) -> dict:
-    return {split: fn(encoder) for split, fn in evals.items()}
+    def train_seed(self, cfg: EmbedFinetuneConfig, seed: int, run_dir: Path, log_prefix: str) -> dict:
+        """Train one seed; returns its record (before / after metrics, timing) and saves the model."""
+        data = self.data
+        seed_everything(seed)
+        encoder, tok = load_encoder(cfg.model, cfg.pooling, cfg.normalize, cfg.max_length, cfg.projection)
+        evals = {s: evaluator(p, tok, cfg.eval_batch_size) for s, p in self.splits.items()}
+        before = {split: fn(encoder) for split, fn in evals.items()}
+        model = EmbedModel(encoder, _loss(cfg, data.kind, data.source))
+        compacted = compact(cfg, encoder, _used_ids(encoder, tok, data))
+        batches = data.batches(encoder, tok, cfg.batch_size, seed=seed)
+        if cfg.anchor_max_length:
+            batches.max_lengths = {data.columns[0]: cfg.anchor_max_length}
+        total = max(1, math.ceil(len(batches) * cfg.training.epochs))
+        tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False, tensorboard=False,
+                       progress=cfg.training.progress and not cfg.quiet, plot=False, overwrite=True,
+                       eval_every_steps=None)
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()
+        result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
+        wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
+        cpu = time.process_time() - cpu0          # this process's CPU time: what other load on the machine leaves alone
+        if compacted:
+            restore_word_embeddings(encoder)
+        after = {split: fn(encoder) for split, fn in evals.items()}
+        examples = result.steps * cfg.batch_size
+        rec = {"seed": seed, "steps": result.steps, "train_examples": examples, "train_s": wall,
+               "loop_s": result.elapsed_s, "train_cpu_s": cpu, "examples_per_s": examples / wall,
+               "final_loss": result.losses[-1] if result.losses else None, "before": before, "after": after}
+        if cfg.save_model:
+            save_sentence_encoder(encoder, tok, run_dir)
+            rec["model_dir"] = str(run_dir)
+        log(cfg, f"seed {seed}: {json.dumps({'after': after}, default=float)}")
+        return rec
 
-
-def _train_seed(cfg: EmbedFinetuneConfig, data, seed: int, run_dir: Path, evals_of) -> dict:
-    """Train one seed; returns its record (before / after metrics, timing) and saves the model."""
-    from bertkit.embed.st_format import save_sentence_encoder
-    from bertkit.embed.train import EmbedModel, embed_step
-    from bertkit.train.compact import restore_word_embeddings
-    seed_everything(seed)
-    encoder, tok = load_encoder(cfg.model, cfg.pooling, cfg.normalize, cfg.max_length, cfg.projection)
-    evals = evals_of(tok)
-    before = _evaluate_all(evals, encoder)
-    model = EmbedModel(encoder, _loss(cfg, data.kind, data.source))
-    compacted = _compact(cfg, encoder, tok, data)
-    batches = data.batches(encoder, tok, cfg.batch_size, seed=seed)
-    if cfg.anchor_max_length:
-        batches.max_lengths = {data.columns[0]: cfg.anchor_max_length}
-    total = max(1, math.ceil(len(batches) * cfg.training.epochs))
-    tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False,
-                   progress=cfg.training.progress and not cfg.quiet, tensorboard=False, plot=False, overwrite=True, eval_every_steps=None)
-    t0 = time.perf_counter()
-    cpu0 = time.process_time()
-    result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
-    wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
-    cpu = time.process_time() - cpu0          # this process's CPU time: what other load on the machine leaves alone
-    if compacted:
-        restore_word_embeddings(encoder)
-    after = _evaluate_all(evals, encoder)
-    examples = result.steps * cfg.batch_size
-    rec = {"seed": seed, "steps": result.steps, "train_examples": examples, "train_s": wall,
-           "loop_s": result.elapsed_s, "train_cpu_s": cpu, "examples_per_s": examples / wall,
-           "final_loss": result.losses[-1] if result.losses else None, "before": before, "after": after}
-    if cfg.save_model:
-        save_sentence_encoder(encoder, tok, run_dir)
-        rec["model_dir"] = str(run_dir)
-    (run_dir / "metrics.json").write_text(json.dumps(rec, indent=1, default=float))
-    return rec
-
-
-def _mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values)}
-
-
-def _summarise(runs: list[dict], stage: str) -> dict:
-    out = {}
-    for split, metrics in runs[0][stage].items():
-        out[split] = {k: _mean_std([float(r[stage][split][k]) for r in runs]) for k, v in metrics.items()
-                      if isinstance(v, float)}
-    return out
+    def summary(self, cfg: EmbedFinetuneConfig, runs: list[dict]) -> dict:
+        """The before / after metrics of every evaluation split (mean +- std over seeds) and the throughput."""
+        data = self.data
+        return {"task": "embed", "model": cfg.model, "kind": data.kind,
+                "loss": cfg.loss or ("mnrl" if data.kind == "pairs" else "cosent"), "lr": cfg.training.lr,
+                "batch_size": cfg.batch_size, "epochs": cfg.training.epochs, "seeds": list(cfg.seeds),
+                "train_examples": len(data), "examples_per_s": spread([r["examples_per_s"] for r in runs]),
+                **{stage: {split: spread_metrics([r[stage][split] for r in runs]) for split in runs[0][stage]}
+                   for stage in ("before", "after")}}
 
 
 def finetune_embed(cfg: EmbedFinetuneConfig) -> dict:
     """Train a bi-encoder per the config for each seed; returns (and writes OUT/summary.json) the before / after
     metrics of every evaluation split (mean +- std over seeds) and the training throughput."""
-    from bertkit.embed.train import EmbedDataset
-    from bertkit.precision import resolve
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
-    data = EmbedDataset.read(cfg.train)
-    if cfg.max_train_examples:
-        data.texts = data.texts[:cfg.max_train_examples]
-        data.scores = data.scores[:cfg.max_train_examples] if data.scores else data.scores
-    _loss(cfg, data.kind, data.source)                      # a loss that does not fit the file fails before loading
-    splits = {s: p for s, p in (("dev", cfg.dev), ("test", cfg.test)) if p}
-    for p in splits.values():
-        if not Path(p).exists():
-            raise DataError(f"{p}: no such evaluation file or directory")
-    _log(cfg, f"finetune embed: {len(data)} {data.kind} examples, columns {', '.join(data.columns)}")
-
-    def evals_of(tok):
-        return {s: evaluator(p, tok, cfg.eval_batch_size) for s, p in splits.items()}
-
-    runs = []
-    for seed in cfg.seeds:
-        run_dir = out if len(cfg.seeds) == 1 else out / f"seed-{seed}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        runs.append(_train_seed(cfg, data, seed, run_dir, evals_of))
-        _log(cfg, f"seed {seed}: {json.dumps({'after': runs[-1]['after']}, default=float)}")
-    summary = {"task": "embed", "model": cfg.model, "kind": data.kind, "loss": cfg.loss or ("mnrl" if data.kind ==
-               "pairs" else "cosent"), "lr": cfg.training.lr, "batch_size": cfg.batch_size,
-               "epochs": cfg.training.epochs, "seeds": list(cfg.seeds), "train_examples": len(data),
-               "examples_per_s": _mean_std([r["examples_per_s"] for r in runs]),
-               "before": _summarise(runs, "before"), "after": _summarise(runs, "after"),
-               "config": shown_all(asdict(cfg))}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    return summary
+    return run(cfg, EmbedRun())
 
 
 def evaluate_embed(model, data, baseline=None, batch_size: int = 128) -> dict:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from bertkit.errors import ConfigError, DataError
-from bertkit.tasks.readers import _rows
+from bertkit.tasks.readers import table_rows
 from bertkit.train.steps import StepOutput
 
 from bertkit.embed.gradcache import cached_loss
@@ -65,7 +65,7 @@ class EmbedDataset:
         texts: list[tuple[str, ...]] = []
         scores: list[float] = []
         kind = None
-        for line, row in _rows(path):
+        for line, row in table_rows(path):
             if kind is None:
                 kind = _kind_of(path, line, row)
             if kind == "pairs":

@@ -10,7 +10,7 @@ Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one)
   * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference) and hands
     back per-batch outputs with the original indices, under the precision asked for (`bertkit.precision`).
 
-Features are plain dicts of python lists / ints (`input_ids`, `token_type_ids`, optional `labels`,
+Features are `tasks.task.Feature` dataclasses (`input_ids`, `token_type_ids`, optional `labels`,
 `start_positions`, ...); `collate` turns a list of them into a dict of tensors. Per-token labels (features flagged
 `token_labels`) are padded with -100, which the loss ignores.
 """
@@ -24,9 +24,10 @@ import torch
 
 from bertkit.heads import IGNORE_INDEX
 from bertkit.predict.engine import forward_batches
+from bertkit.tasks.task import Feature
 from bertkit.tokenizer.inputs import pad_batch
 
-__all__ = ["BucketBatchSampler", "collate", "predict_batches", "iterate_batches"]
+__all__ = ["BucketBatchSampler", "collate", "predict_batches"]
 
 
 
@@ -70,43 +71,31 @@ class BucketBatchSampler:
         yield from self.batches()
 
 
-def collate(features: list[dict], pad_token_id: int = 0, multiple_of: int = 8) -> dict[str, torch.Tensor]:
+def collate(features: list[Feature], pad_token_id: int = 0, multiple_of: int = 8) -> dict[str, torch.Tensor]:
     """Pad a list of features to the batch's longest sequence (rounded up to `multiple_of`)."""
-    out = pad_batch([f["input_ids"] for f in features], [f.get("token_type_ids") for f in features], pad_token_id,
+    out = pad_batch([f.input_ids for f in features], [f.token_type_ids for f in features], pad_token_id,
                     multiple_of)
     b, seq = out["input_ids"].shape
     first = features[0]
-    if "labels" in first:
-        lab = first["labels"]
-        if isinstance(lab, list) and first.get("token_labels", False):     # per-token: pad with -100
-            t = torch.full((b, seq), IGNORE_INDEX, dtype=torch.long)
-            for i, f in enumerate(features):
-                t[i, :len(f["labels"])] = torch.as_tensor(f["labels"])
-            out["labels"] = t
-        elif isinstance(lab, list):                                          # multi-label: (batch, num_labels)
-            out["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.float)
-        elif isinstance(lab, float):                                         # regression
-            out["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.float)
-        else:
-            out["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.long)
-    for key in ("start_positions", "end_positions"):
-        if key in first:
-            out[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
+    lab = first.labels
+    if first.token_labels:                                                   # per-token: pad with -100
+        t = torch.full((b, seq), IGNORE_INDEX, dtype=torch.long)
+        for i, f in enumerate(features):
+            t[i, :len(f.labels)] = torch.as_tensor(f.labels)
+        out["labels"] = t
+    elif lab is not None:                      # a multi-hot row or a number: float; a class id: long
+        dtype = torch.float if isinstance(lab, (list, float)) else torch.long
+        out["labels"] = torch.tensor([f.labels for f in features], dtype=dtype)
+    if first.start_positions is not None:
+        out["start_positions"] = torch.tensor([f.start_positions for f in features], dtype=torch.long)
+        out["end_positions"] = torch.tensor([f.end_positions for f in features], dtype=torch.long)
     return out
-
-
-def iterate_batches(features: list[dict], batch_size: int, seed: int, epoch: int, pad_token_id: int = 0,
-                    shuffle: bool = True) -> Iterator[dict[str, torch.Tensor]]:
-    sampler = BucketBatchSampler([len(f["input_ids"]) for f in features], batch_size, seed, shuffle)
-    sampler.set_epoch(epoch)
-    for batch in sampler:
-        yield collate([features[i] for i in batch], pad_token_id)
 
 
 _MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 
 
-def predict_batches(model, features: list[dict], batch_size: int = 64, precision: str | bool | None = "auto",
+def predict_batches(model, features: list[Feature], batch_size: int = 64, precision: str | bool | None = "auto",
                     pad_token_id: int = 0, model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
     """The inference engine's forward loop over task features (sorted by length, eval mode, no gradients) under
     `precision` ("auto" | "bf16" | "fp32", or a bf16 flag: evaluation inside training follows the training's);
@@ -116,6 +105,6 @@ def predict_batches(model, features: list[dict], batch_size: int = 64, precision
     def batch(idx: list[int]) -> dict:
         b = collate([features[i] for i in idx], pad_token_id)
         return {k: b[k].to(device) for k in _MODEL_KEYS}
-    lengths = [len(f["input_ids"]) for f in features]
+    lengths = [len(f.input_ids) for f in features]
     for idx, _, out in forward_batches(model, lengths, batch, batch_size, precision, **(model_kwargs or {})):
         yield idx, out

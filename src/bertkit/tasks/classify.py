@@ -13,7 +13,6 @@ config.json `id2label` / `label2id`. A dev/test label the model has never seen i
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,11 @@ import numpy as np
 import torch
 
 from bertkit.errors import DataError
+from bertkit.heads import BertForSequenceClassification
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, TextExample, read_table, split_multilabel
+from bertkit.tasks.task import Feature, Task, write_jsonl
 
 __all__ = ["SequenceTask", "encode_examples"]
 
@@ -33,7 +34,7 @@ PROBLEM = {"classify": "single_label_classification", "pair": "single_label_clas
            "regress": "regression", "multilabel": "multi_label_classification"}
 
 
-def encode_examples(tok, examples: list[TextExample], max_length: int) -> list[dict]:
+def encode_examples(tok, examples: list[TextExample], max_length: int) -> list[Feature]:
     """Tokenise (text[, text_pair]) with [CLS]/[SEP], truncating the longer side first to `max_length`."""
     texts = [e.text for e in examples]
     pairs = [e.text_pair for e in examples] if any(e.text_pair is not None for e in examples) else None
@@ -41,18 +42,18 @@ def encode_examples(tok, examples: list[TextExample], max_length: int) -> list[d
         bad = next(e for e in examples if e.text_pair is None)
         raise DataError(f"{bad.source}: empty text_pair (other rows have one)")
     enc = tok(texts, pairs, max_length=max_length, truncation="longest_first" if pairs else True)
-    return [{"input_ids": list(enc["input_ids"][i]), "token_type_ids": list(enc["token_type_ids"][i])}
+    return [Feature(input_ids=list(enc["input_ids"][i]), token_type_ids=list(enc["token_type_ids"][i]))
             for i in range(len(examples))]
 
 
 @dataclass
-class SequenceTask:
+class SequenceTask(Task):
     kind: str                      # classify | pair | regress | multilabel
     max_length: int = 128
     multilabel_sep: str = "|"
     labels: LabelMap | None = None
 
-    model_class_name = "BertForSequenceClassification"
+    model_class = BertForSequenceClassification
 
     # ------------------------------------------------------------------ data
     def read(self, path, require_label: bool = True) -> list[TextExample]:
@@ -75,6 +76,10 @@ class SequenceTask:
             if len(self.labels) < 2:
                 raise DataError(f"{train[0].source.rsplit(':', 1)[0]}: only one label ({self.labels.labels[0]!r}) "
                                 f"in the training data; classification needs two or more")
+
+    def restore_labels(self, names: list[str]) -> None:
+        if self.kind != "regress":
+            self.labels = LabelMap(names)
 
     @property
     def num_labels(self) -> int:
@@ -102,16 +107,17 @@ class SequenceTask:
             return v
         return self.labels.id(e.label, e.source)
 
-    def features(self, tok, examples: list[TextExample], with_labels: bool = True) -> list[dict]:
+    def features(self, tok, examples: list[TextExample], with_labels: bool = True) -> list[Feature]:
         feats = encode_examples(tok, examples, self.max_length)
         if with_labels:
             for f, e in zip(feats, examples):
-                f["labels"] = self._target(e)
+                f.labels = self._target(e)
         return feats
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64,
-               precision: str | bool | None = "auto") -> np.ndarray:
+    def predict(self, model, examples, feats: list[Feature], batch_size: int = 64,
+                precision: str | bool | None = "auto") -> np.ndarray:
+        """(n, num_labels) logits."""
         out = np.zeros((len(feats), self.num_labels), dtype=np.float32)
         for idx, o in predict_batches(model, feats, batch_size, precision):
             out[idx] = o.logits.float().cpu().numpy()
@@ -124,22 +130,22 @@ class SequenceTask:
             return [[self.labels.name(j) for j in np.nonzero(row > 0)[0]] for row in logits]
         return [self.labels.name(int(j)) for j in logits.argmax(-1)]
 
-    def score(self, examples: list[TextExample], feats: list[dict], logits: np.ndarray) -> dict:
+    def score(self, examples: list[TextExample], feats: list[Feature], logits: np.ndarray) -> dict:
         """Metrics of predictions `logits` against the gold labels in `feats`."""
         if self.kind == "regress":
-            gold = np.array([f["labels"] for f in feats])
+            gold = np.array([f.labels for f in feats])
             pred = logits[:, 0]
             return {"pearson": M.pearson(gold, pred), "spearman": M.spearman(gold, pred),
                     "mse": float(((gold - pred) ** 2).mean()), "n": len(gold)}
         if self.kind == "multilabel":
-            gold = np.array([f["labels"] for f in feats]) > 0.5
+            gold = np.array([f.labels for f in feats]) > 0.5
             pred = logits > 0
             tp = (gold & pred).sum(0)
             fp, fn = (~gold & pred).sum(0), (gold & ~pred).sum(0)
-            f1s = [M._prf(tp[k], fp[k], fn[k])[2] for k in range(gold.shape[1])]
-            return {"f1_micro": M._prf(tp.sum(), fp.sum(), fn.sum())[2], "f1_macro": float(np.mean(f1s)),
+            f1s = [M.prf(tp[k], fp[k], fn[k])[2] for k in range(gold.shape[1])]
+            return {"f1_micro": M.prf(tp.sum(), fp.sum(), fn.sum())[2], "f1_macro": float(np.mean(f1s)),
                     "exact_match": float((gold == pred).all(1).mean()), "n": len(gold)}
-        gold = [f["labels"] for f in feats]
+        gold = [f.labels for f in feats]
         rep = M.classification_report(gold, logits.argmax(-1).tolist(), self.labels.labels)
         rep["n"] = len(gold)
         return rep
@@ -148,20 +154,19 @@ class SequenceTask:
     def main_metric(self) -> str:
         return {"regress": "pearson", "multilabel": "f1_micro"}.get(self.kind, "accuracy")
 
-    def write_predictions(self, path: Path, examples: list[TextExample], logits: np.ndarray) -> Path:
-        preds = self.decode(logits)
-        with open(path, "w", encoding="utf-8") as f:
-            for e, p, row in zip(examples, preds, logits):
-                rec = {"text": e.text, "prediction": p}
-                if e.text_pair is not None:
-                    rec["text_pair"] = e.text_pair
-                if e.label is not None:
-                    rec["label"] = e.label
-                if self.kind in ("classify", "pair"):
-                    probs = torch.softmax(torch.from_numpy(row), -1).tolist()
-                    rec["probabilities"] = {self.labels.name(j): round(p_, 6) for j, p_ in enumerate(probs)}
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        return path
+    def write_predictions(self, path: Path, examples: list[TextExample], feats, logits: np.ndarray) -> Path:
+        return write_jsonl(path, (self._record(e, p, row) for e, p, row in zip(examples, self.decode(logits), logits)))
+
+    def _record(self, e: TextExample, prediction, row: np.ndarray) -> dict:
+        rec = {"text": e.text, "prediction": prediction}
+        if e.text_pair is not None:
+            rec["text_pair"] = e.text_pair
+        if e.label is not None:
+            rec["label"] = e.label
+        if self.kind in ("classify", "pair"):
+            probs = torch.softmax(torch.from_numpy(row), -1).tolist()
+            rec["probabilities"] = {self.labels.name(j): round(p, 6) for j, p in enumerate(probs)}
+        return rec
 
     def artifacts(self, out_dir: Path, split: str, report: dict) -> list[Path]:
         """Confusion-matrix PNG for classification (matplotlib Agg), when matplotlib is installed."""

@@ -27,14 +27,16 @@ counts what was dropped and why.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections import defaultdict
 from pathlib import Path
 
 from bertkit import datasets
+from bertkit.atomic import write_json
 from bertkit.errors import ConfigError, DataError
+from bertkit.tasks import ner_silver
+from bertkit.tasks.metrics import get_entities
 from bertkit.tasks.readers import SquadExample, read_conll, write_conll, write_squad, write_table
 
 __all__ = ["TASKS", "build", "first_sentence", "ner_file"]
@@ -58,7 +60,6 @@ def ner_file() -> Path:
     shipped annotations and the BBC corpus (fetched like every other data set)."""
     import hashlib
     import os
-    from bertkit.tasks import ner_silver
     env = os.environ.get("BERTKIT_NER_FILE")
     if env:
         if not Path(env).is_file():
@@ -177,7 +178,6 @@ def _ner(out: Path, seed: int) -> dict:
 
 def _entities_by_doc() -> dict[str, list[tuple[str, str]]]:
     """doc -> [(entity text, type)] from the silver NER file (tokens joined by spaces, then re-matched)."""
-    from bertkit.tasks.metrics import get_entities
     out = defaultdict(list)
     for s in read_conll(ner_file()):
         for typ, a, b in get_entities(s.tags):
@@ -278,7 +278,7 @@ def build(name: str, out_dir: str | Path, seed: int = 0) -> dict:
     else:
         stats = _qa(out, seed, version_2=name == "qa2")
     stats.update(task=name, seed=seed)
-    (out / "stats.json").write_text(json.dumps(stats, indent=1))
+    write_json(out / "stats.json", stats, indent=1)
     if not stats["files"]:
         raise DataError(f"task {name}: nothing written")
     return stats

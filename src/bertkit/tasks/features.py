@@ -32,6 +32,7 @@ from bertkit.errors import ConfigError
 from bertkit.options import with_options
 from bertkit.embed.pooling import Pooling
 from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.task import Feature
 
 __all__ = ["extract_features", "FeatureOptions", "ProbeConfig", "Probe", "train_probe"]
 
@@ -66,7 +67,7 @@ def extract_features(model, tok, texts: list[str], pairs: list[str] | None = Non
             raise ConfigError(f"layer {li} does not exist: the model has hidden states 0..{n_hidden - 1} "
                               f"(0 = embeddings) or -1..-{n_hidden}")
     enc = tok(texts, pairs, max_length=opts.max_length, truncation=True)
-    feats = [{"input_ids": list(enc["input_ids"][i]), "token_type_ids": list(enc["token_type_ids"][i])}
+    feats = [Feature(input_ids=list(enc["input_ids"][i]), token_type_ids=list(enc["token_type_ids"][i]))
              for i in range(len(texts))]
     # a frozen inference copy: fused, cast-once weights; the caller's (perhaps training) model is left as it is
     encoder = encoder if runtime.is_frozen(encoder) else runtime.freeze(copy.deepcopy(encoder))
@@ -78,7 +79,7 @@ def extract_features(model, tok, texts: list[str], pairs: list[str] | None = Non
         h = torch.cat(hs, -1) if combine == "concat" else torch.stack(hs).sum(0)
         if combine == "mean":
             h = h / len(hs)
-        lengths = [len(feats[i]["input_ids"]) for i in idx]
+        lengths = [len(feats[i].input_ids) for i in idx]
         if pool is not None:
             mask = (torch.arange(h.shape[1]) < torch.tensor(lengths)[:, None]).to(h.device)   # (batch, seq)
             h = pool(h, mask)                                                   # (batch, dim)

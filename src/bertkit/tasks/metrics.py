@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.atomic import replacing
+
 __all__ = ["accuracy", "f1_binary", "f1_macro", "mcc", "pearson", "spearman", "confusion_matrix",
            "plot_confusion_matrix", "classification_report", "get_entities", "convert_tags", "entity_scores",
            "normalize_answer", "squad_exact", "squad_f1", "squad_scores", "best_null_threshold"]
@@ -36,7 +38,7 @@ def accuracy(y_true, y_pred) -> float:
     return float((y_true == y_pred).mean()) if len(y_true) else 0.0
 
 
-def _prf(tp: float, fp: float, fn: float) -> tuple[float, float, float]:
+def prf(tp: float, fp: float, fn: float) -> tuple[float, float, float]:
     p = tp / (tp + fp) if tp + fp else 0.0
     r = tp / (tp + fn) if tp + fn else 0.0
     f = 2 * p * r / (p + r) if p + r else 0.0
@@ -48,7 +50,7 @@ def f1_binary(y_true, y_pred, positive: int = 1) -> float:
     tp = float(((y_pred == positive) & (y_true == positive)).sum())
     fp = float(((y_pred == positive) & (y_true != positive)).sum())
     fn = float(((y_pred != positive) & (y_true == positive)).sum())
-    return _prf(tp, fp, fn)[2]
+    return prf(tp, fp, fn)[2]
 
 
 def confusion_matrix(y_true, y_pred, num_labels: int | None = None) -> np.ndarray:
@@ -66,7 +68,7 @@ def f1_macro(y_true, y_pred, num_labels: int | None = None) -> float:
     tp = np.diag(cm).astype(float)
     fp, fn = cm.sum(0) - tp, cm.sum(1) - tp
     present = (cm.sum(0) + cm.sum(1)) > 0
-    f1s = [_prf(tp[k], fp[k], fn[k])[2] for k in range(len(cm)) if present[k]]
+    f1s = [prf(tp[k], fp[k], fn[k])[2] for k in range(len(cm)) if present[k]]
     return float(np.mean(f1s)) if f1s else 0.0
 
 
@@ -86,7 +88,7 @@ def classification_report(y_true, y_pred, labels: list[str]) -> dict:
     tp = np.diag(cm).astype(float)
     per = {}
     for k, name in enumerate(labels):
-        p, r, f = _prf(tp[k], cm[:, k].sum() - tp[k], cm[k].sum() - tp[k])
+        p, r, f = prf(tp[k], cm[:, k].sum() - tp[k], cm[k].sum() - tp[k])
         per[name] = {"precision": p, "recall": r, "f1": f, "support": int(cm[k].sum())}
     out = {"accuracy": accuracy(y_true, y_pred), "f1_macro": f1_macro(y_true, y_pred, len(labels)),
            "mcc": mcc(y_true, y_pred, len(labels)), "per_class": per, "confusion_matrix": cm.tolist()}
@@ -117,7 +119,8 @@ def plot_confusion_matrix(cm, labels: list[str], path: str | Path, title: str = 
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return path
 
@@ -240,10 +243,10 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
             tp[t] += 1
     per = {}
     for t in sorted(set(n_gold) | set(n_pred)):
-        p, r, f = _prf(tp[t], n_pred[t] - tp[t], n_gold[t] - tp[t])
+        p, r, f = prf(tp[t], n_pred[t] - tp[t], n_gold[t] - tp[t])
         per[t] = {"precision": p, "recall": r, "f1": f, "support": n_gold[t]}
     T, G, P = sum(tp.values()), sum(n_gold.values()), sum(n_pred.values())
-    p, r, f = _prf(T, P - T, G - T)
+    p, r, f = prf(T, P - T, G - T)
     n_tok = sum(len(g) for g in gold)
     acc = sum(a == b for g, q in zip(gold, pred) for a, b in zip(g, q)) / n_tok if n_tok else 0.0
     return {"precision": p, "recall": r, "f1": f, "support": G, "token_accuracy": acc, "per_type": per}

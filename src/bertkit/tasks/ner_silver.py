@@ -26,6 +26,8 @@ import os
 import re
 from pathlib import Path
 
+from bertkit import datasets
+from bertkit.atomic import replacing
 from bertkit.errors import DataError
 
 __all__ = ["ANNOTATIONS", "TYPES", "rebuild", "encode"]
@@ -104,19 +106,13 @@ def _article(line: str, root: Path) -> str:
 def rebuild(out: str | os.PathLike, bbc_root: str | os.PathLike | None = None) -> Path:
     """Write the silver NER CoNLL file to `out` (atomically) from the shipped annotations and the BBC corpus
     (default: `bertkit.datasets.bbc_dir()`, fetched when absent). DataError when the corpus does not match."""
-    from bertkit import datasets
     root = Path(bbc_root) if bbc_root is not None else datasets.bbc_dir()
     lines = lzma.decompress(ANNOTATIONS.read_bytes()).decode("utf-8").splitlines()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            for line in lines:
-                f.write(_article(line, root))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(out) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(_article(line, root))
     return out
 
 

@@ -26,12 +26,25 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.atomic import write_text
 from bertkit.errors import DataError
+from bertkit.heads import BertForQuestionAnswering
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import SquadExample, read_squad
+from bertkit.tasks.task import Feature, Task
 
-__all__ = ["QATask"]
+__all__ = ["QATask", "SpanFeature"]
+
+
+@dataclass(kw_only=True)
+class SpanFeature(Feature):
+    """One window of a context: [CLS] question [SEP] context[ctx_start:ctx_end] [SEP]."""
+    example: int                             # index of the example
+    ctx_start: int                           # the window's context pieces [ctx_start, ctx_end)
+    ctx_end: int
+    offset: int                              # position of context piece ctx_start in `input_ids`
+    ctx_offsets: list[tuple[int, int]]       # character offsets of every context piece (shared by the windows)
 
 
 def _context_pieces(tok, context: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -43,7 +56,7 @@ def _context_pieces(tok, context: str) -> tuple[list[int], list[tuple[int, int]]
 
 
 @dataclass
-class QATask:
+class QATask(Task):
     max_length: int = 384           # max_seq_length
     doc_stride: int = 128
     max_query_length: int = 64
@@ -56,12 +69,10 @@ class QATask:
                                                  "fixed_offsets": 0})
     kind = "qa"
     labels = None
-    model_class_name = "BertForQuestionAnswering"
+    model_class = BertForQuestionAnswering
     num_labels = 2
-
-    @property
-    def main_metric(self) -> str:
-        return "f1"
+    main_metric = "f1"
+    predictions_suffix = ".json"              # {id: answer}, as the official evaluation script reads it
 
     def read(self, path, require_label: bool = True) -> list[SquadExample]:
         data = read_squad(path, require_answers=require_label)
@@ -69,14 +80,15 @@ class QATask:
         self.stats["fixed_offsets"] += data.fixed_offsets
         return data.examples
 
-    def fit_labels(self, train) -> None:
-        pass
-
     def config_overrides(self) -> dict:
         return {"num_labels": 2}
 
     # ------------------------------------------------------------------ features
-    def features(self, tok, examples: list[SquadExample], with_labels: bool = True) -> list[dict]:
+    def counts(self) -> dict:
+        # unanswerable windows are the [CLS] targets; SQuAD 2.0 is decided by the data, not a flag
+        return {**super().counts(), "version_2": self.version_2}
+
+    def features(self, tok, examples: list[SquadExample], with_labels: bool = True) -> list[SpanFeature]:
         feats = []
         for ei, e in enumerate(examples):
             q = tok.convert_tokens_to_ids(tok.tokenize(e.question))
@@ -107,13 +119,13 @@ class QATask:
                 we = min(ws + window, len(ids))
                 row = tok.build_inputs([q], [ids[ws:we]])
                 off = len(q) + 2                                   # position of context piece ws in the feature
-                f = {"input_ids": row["input_ids"][0], "token_type_ids": row["token_type_ids"][0], "example": ei,
-                     "ctx_start": ws, "ctx_end": we, "offset": off, "ctx_offsets": offs}  # offs shared
+                f = SpanFeature(input_ids=row["input_ids"][0], token_type_ids=row["token_type_ids"][0], example=ei,
+                                ctx_start=ws, ctx_end=we, offset=off, ctx_offsets=offs)
                 if with_labels:
                     if a_start is not None and ws <= a_start and a_end < we:
-                        f["start_positions"], f["end_positions"] = a_start - ws + off, a_end - ws + off
+                        f.start_positions, f.end_positions = a_start - ws + off, a_end - ws + off
                     else:
-                        f["start_positions"] = f["end_positions"] = 0
+                        f.start_positions = f.end_positions = 0
                         if a_start is not None:
                             self.stats["answer_outside_window"] += 1
                 feats.append(f)
@@ -122,23 +134,29 @@ class QATask:
         return feats
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64,
+    def predict(self, model, examples: list[SquadExample], feats: list[SpanFeature], batch_size: int = 64,
+                precision: str | bool | None = "auto") -> list[dict]:
+        """Per example, the decoded answer (`decode`)."""
+        return self.decode(examples, feats, self.logits(model, feats, batch_size, precision))
+
+    def logits(self, model, feats: list[SpanFeature], batch_size: int = 64,
                precision: str | bool | None = "auto") -> list[tuple]:
+        """Per feature, (start, end) logits over its pieces."""
         out: list = [None] * len(feats)
         for idx, o in predict_batches(model, feats, batch_size, precision):
             s, e = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
             for row, i in enumerate(idx):
-                n = len(feats[i]["input_ids"])
+                n = len(feats[i].input_ids)
                 out[i] = (s[row, :n], e[row, :n])
         return out
 
-    def _max_context(self, feats_of_example: list[dict]) -> dict[int, int]:
+    def _max_context(self, feats_of_example: list[SpanFeature]) -> dict[int, int]:
         """context piece -> index (in the list) of the window where it has the most context on both sides."""
         best: dict[int, tuple[float, int]] = {}
         for k, f in enumerate(feats_of_example):
-            length = f["ctx_end"] - f["ctx_start"]
-            for p in range(f["ctx_start"], f["ctx_end"]):
-                score = min(p - f["ctx_start"], f["ctx_end"] - 1 - p) + 0.01 * length
+            length = f.ctx_end - f.ctx_start
+            for p in range(f.ctx_start, f.ctx_end):
+                score = min(p - f.ctx_start, f.ctx_end - 1 - p) + 0.01 * length
                 if p not in best or score > best[p][0]:
                     best[p] = (score, k)
         return {p: k for p, (_, k) in best.items()}
@@ -147,28 +165,28 @@ class QATask:
         """Per example: best span text, its score, the null score, the margin (null - best) and the n-best list."""
         by_ex: dict[int, list[int]] = {}
         for i, f in enumerate(feats):
-            by_ex.setdefault(f["example"], []).append(i)
+            by_ex.setdefault(f.example, []).append(i)
         out = []
         for ei, e in enumerate(examples):
             fis = by_ex.get(ei, [])
             fs = [feats[i] for i in fis]
-            offs = fs[0]["ctx_offsets"] if fs else []
+            offs = fs[0].ctx_offsets if fs else []
             maxctx = self._max_context(fs)
             cands, null = [], float("inf")
             for k, i in enumerate(fis):
                 f, (sl, el) = feats[i], logits[i]
                 null = min(null, float(sl[0] + el[0]))
-                lo, hi = f["offset"], f["offset"] + f["ctx_end"] - f["ctx_start"]   # context positions [lo, hi)
+                lo, hi = f.offset, f.offset + f.ctx_end - f.ctx_start   # context positions [lo, hi)
                 s_top = lo + np.argsort(-sl[lo:hi])[:self.n_best]
                 e_top = lo + np.argsort(-el[lo:hi])[:self.n_best]
                 for s in s_top:
-                    ps = f["ctx_start"] + s - lo
+                    ps = f.ctx_start + s - lo
                     if maxctx.get(ps) != k:
                         continue
                     for t in e_top:
                         if t < s or t - s + 1 > self.max_answer_length:
                             continue
-                        pe = f["ctx_start"] + t - lo
+                        pe = f.ctx_start + t - lo
                         cands.append((float(sl[s] + el[t]), offs[ps][0], offs[pe][1]))
             cands.sort(key=lambda c: -c[0])
             seen, nbest = set(), []
@@ -195,13 +213,16 @@ class QATask:
             return {d["id"]: d["text"] for d in decoded}
         return {d["id"]: ("" if d["margin"] > self.null_threshold else d["text"]) for d in decoded}
 
-    def tune_threshold(self, examples: list[SquadExample], decoded: list[dict]) -> float:
+    def tune(self, examples: list[SquadExample], decoded: list[dict]) -> dict:
+        """SQuAD 2.0: the null threshold that maximises dev F1."""
+        if not self.version_2:
+            return {}
         gold = {e.id: [t for t, _ in e.answers] for e in examples}
         self.null_threshold, _ = M.best_null_threshold({d["id"]: d["text"] for d in decoded},
                                                        {d["id"]: d["margin"] for d in decoded}, gold, "f1")
-        return self.null_threshold
+        return {"null_threshold": self.null_threshold}
 
-    def score_decoded(self, examples: list[SquadExample], decoded: list[dict]) -> dict:
+    def score(self, examples: list[SquadExample], feats, decoded: list[dict]) -> dict:
         gold = {e.id: [t for t, _ in e.answers] for e in examples}
         out = M.squad_scores(self.final_answers(decoded), gold)
         if self.version_2:
@@ -209,13 +230,10 @@ class QATask:
         out["n"] = len(examples)
         return out
 
-    def write_predictions(self, path: Path, examples, decoded: list[dict]) -> Path:
+    def write_predictions(self, path: Path, examples, feats, decoded: list[dict]) -> Path:
         """predictions.json ({id: answer}) as the official script reads it, plus nbest in a sibling file."""
-        path.write_text(json.dumps(self.final_answers(decoded), ensure_ascii=False, indent=1))
-        nb = path.with_name(path.stem + "_nbest.json")
-        nb.write_text(json.dumps({d["id"]: {"null_score": d["null_score"], "margin": d["margin"],
-                                            "nbest": d["nbest"][:5]} for d in decoded}, ensure_ascii=False))
+        write_text(path, json.dumps(self.final_answers(decoded), ensure_ascii=False, indent=1))
+        write_text(path.with_name(path.stem + "_nbest.json"),
+                   json.dumps({d["id"]: {"null_score": d["null_score"], "margin": d["margin"],
+                                         "nbest": d["nbest"][:5]} for d in decoded}, ensure_ascii=False))
         return path
-
-    def artifacts(self, out_dir, split, report) -> list:
-        return []

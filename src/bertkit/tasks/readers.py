@@ -29,10 +29,11 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bertkit.atomic import replacing, write_text
 from bertkit.errors import DataError
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
-           "read_squad", "write_table", "write_conll", "write_squad"]
+           "read_squad", "table_rows", "write_table", "write_conll", "write_squad"]
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -87,7 +88,7 @@ class TextExample:
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
-def _rows(path: Path):
+def table_rows(path: Path):
     """(line_number, dict row) of a CSV/TSV/JSONL file; line numbers are 1-based physical lines."""
     fmt = _table_format(path)
     with _open_text(path) as f:
@@ -140,7 +141,7 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
     path = Path(path)
     out: list[TextExample] = []
     checked_columns = False
-    for line, row in _rows(path):
+    for line, row in table_rows(path):
         if not checked_columns:
             cols = list(row)
             needed = [text_column] + ([pair_column] if require_pair else []) + ([label_column] if require_label else [])
@@ -180,12 +181,11 @@ def split_multilabel(label: str | list[str], sep: str = "|") -> list[str]:
 
 
 def write_table(path: str | Path, rows: list[dict]) -> Path:
-    """Write dict rows as CSV / TSV / JSONL (by extension); the builders in tasks.data use it."""
+    """Write dict rows as CSV / TSV / JSONL (by extension), whole; the builders in tasks.data use it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = _table_format(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         if fmt == "jsonl":
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -195,7 +195,6 @@ def write_table(path: str | Path, rows: list[dict]) -> Path:
                                escapechar="\\" if fmt == "tsv" else None)
             w.writeheader()
             w.writerows(rows)
-    tmp.replace(path)
     return path
 
 
@@ -318,7 +317,7 @@ def write_conll(path: str | Path, sentences: list[Sentence]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "wt", encoding="utf-8") as f:
+    with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8") as f:
         last_doc = None
         for s in sentences:
             if s.doc != last_doc:
@@ -480,6 +479,4 @@ def write_squad(path: str | Path, examples: list[SquadExample], version: str = "
                 qas.append(qa)
             ps.append({"context": context, "qas": qas})
         data.append({"title": title, "paragraphs": ps})
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"version": version, "data": data}, f, ensure_ascii=False, indent=1)
-    return path
+    return write_text(path, json.dumps({"version": version, "data": data}, ensure_ascii=False, indent=1))

@@ -17,21 +17,28 @@ scores follow the CoNLL/seqeval conventions for any of them (`metrics.entity_sco
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from bertkit.heads import IGNORE_INDEX
+from bertkit.heads import IGNORE_INDEX, BertForTokenClassification
 from bertkit.precision import autocast
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
+from bertkit.tasks.task import Feature, Task, write_jsonl
 from bertkit.tokenizer.inputs import token_types, wrap
 
-__all__ = ["TokenTask", "word_pieces", "tag_text"]
+__all__ = ["TokenTask", "WordsFeature", "word_pieces", "tag_text"]
 
+
+@dataclass(kw_only=True)
+class WordsFeature(Feature):
+    """A window of a sentence's words: predictions are read at each word's first piece."""
+    sentence: int                        # index of the sentence in the examples
+    word_start: int                      # its first word in the sentence
+    first_pieces: list[int]              # position of each word's first piece in `input_ids`
 
 
 def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[list[int]], int]:
@@ -51,14 +58,14 @@ def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[
 
 
 @dataclass
-class TokenTask:
+class TokenTask(Task):
     max_length: int = 128
     label_all_pieces: bool = False
     convert_to: str | None = None        # None: keep the file's scheme; "IOB2" | "IOB1" | "BIOES"
     labels: LabelMap | None = None
     stats: dict = field(default_factory=lambda: {"windows_split": 0, "empty_words": 0, "long_words_cut": 0})
     kind = "tag"
-    model_class_name = "BertForTokenClassification"
+    model_class = BertForTokenClassification
     main_metric = "f1"
 
     def read(self, path, require_label: bool = True) -> list[Sentence]:
@@ -76,6 +83,9 @@ class TokenTask:
                 tags.add("I-" + t[2:])
         self.labels = LabelMap(sorted(tags, key=lambda t: (t != "O", t[2:], t)))
 
+    def restore_labels(self, names: list[str]) -> None:
+        self.labels = LabelMap(names)
+
     @property
     def num_labels(self) -> int:
         return len(self.labels)
@@ -84,7 +94,7 @@ class TokenTask:
         return {"num_labels": self.num_labels, "id2label": {i: n for i, n in enumerate(self.labels.labels)}}
 
     # ------------------------------------------------------------------ features
-    def features(self, tok, sents: list[Sentence], with_labels: bool = True) -> list[dict]:
+    def features(self, tok, sents: list[Sentence], with_labels: bool = True) -> list[WordsFeature]:
         feats, cache = [], {}
         budget = self.max_length - 2
         for si, s in enumerate(sents):
@@ -111,11 +121,11 @@ class TokenTask:
                 if not first:
                     self.stats["windows_split"] += 1
                 first = False
-                f = {"input_ids": wrap(body, cls=tok.cls_token_id, sep=tok.sep_token_id),
-                     "token_type_ids": token_types(len(body)), "sentence": si, "word_start": start,
-                     "first_pieces": firsts}
+                f = WordsFeature(input_ids=wrap(body, cls=tok.cls_token_id, sep=tok.sep_token_id),
+                                 token_type_ids=token_types(len(body)), sentence=si, word_start=start,
+                                 first_pieces=firsts)
                 if tag_ids is not None:
-                    f["labels"], f["token_labels"] = wrap(labels, cls=IGNORE_INDEX, sep=IGNORE_INDEX), True
+                    f.labels, f.token_labels = wrap(labels, cls=IGNORE_INDEX, sep=IGNORE_INDEX), True
                 feats.append(f)
         return feats
 
@@ -126,48 +136,45 @@ class TokenTask:
         return tag_id
 
     # ------------------------------------------------------------------ inference
-    def logits(self, model, feats: list[dict], batch_size: int = 64,
-               precision: str | bool | None = "auto") -> list[np.ndarray]:
+    def predict(self, model, examples, feats: list[WordsFeature], batch_size: int = 64,
+                precision: str | bool | None = "auto") -> list[np.ndarray]:
         """Per feature: (n_words_in_window, num_labels) logits at the words' first pieces."""
         out: list[np.ndarray] = [None] * len(feats)  # type: ignore[list-item]
         for idx, o in predict_batches(model, feats, batch_size, precision):
             lg = o.logits.float().cpu().numpy()                               # (batch, seq, labels)
             for row, i in enumerate(idx):
-                out[i] = lg[row, feats[i]["first_pieces"]]
+                out[i] = lg[row, feats[i].first_pieces]
         return out
 
-    def word_tags(self, sents: list[Sentence], feats: list[dict], logits: list[np.ndarray]) -> list[list[str]]:
+    def word_tags(self, sents: list[Sentence], feats: list[WordsFeature], logits: list[np.ndarray]) -> list[list[str]]:
         tags = [[None] * len(s.words) for s in sents]
         for f, lg in zip(feats, logits):
             for j, k in enumerate(lg.argmax(-1)):
-                tags[f["sentence"]][f["word_start"] + j] = self.labels.name(int(k))
+                tags[f.sentence][f.word_start + j] = self.labels.name(int(k))
         return tags
 
-    def score(self, sents: list[Sentence], feats: list[dict], logits) -> dict:
+    def score(self, sents: list[Sentence], feats: list[WordsFeature], logits) -> dict:
         pred = self.word_tags(sents, feats, logits)
         out = M.entity_scores([s.tags for s in sents], pred)
         out["n"] = len(sents)
         return out
 
-    def write_predictions(self, path: Path, sents: list[Sentence], logits, feats: list[dict]) -> Path:
+    def write_predictions(self, path: Path, sents: list[Sentence], feats: list[WordsFeature], logits) -> Path:
         """JSONL: words, predicted tags, entities with word and character spans (words joined by one space)."""
-        pred = self.word_tags(sents, feats, logits)
-        with open(path, "w", encoding="utf-8") as f:
-            for s, tags in zip(sents, pred):
-                starts, pos = [], 0
-                for w in s.words:
-                    starts.append(pos)
-                    pos += len(w) + 1
-                ents = [{"type": t, "words": [a, b + 1], "chars": [starts[a], starts[b] + len(s.words[b])],
-                         "text": " ".join(s.words[a:b + 1])} for t, a, b in M.get_entities(tags)]
-                rec = {"words": s.words, "tags": tags, "entities": ents}
-                if s.tags is not None:
-                    rec["gold"] = s.tags
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        return path
+        return write_jsonl(path, (_record(s, tags) for s, tags in zip(sents, self.word_tags(sents, feats, logits))))
 
-    def artifacts(self, out_dir, split, report) -> list:
-        return []
+
+def _record(s: Sentence, tags: list[str]) -> dict:
+    starts, pos = [], 0
+    for w in s.words:
+        starts.append(pos)
+        pos += len(w) + 1
+    ents = [{"type": t, "words": [a, b + 1], "chars": [starts[a], starts[b] + len(s.words[b])],
+             "text": " ".join(s.words[a:b + 1])} for t, a, b in M.get_entities(tags)]
+    rec = {"words": s.words, "tags": tags, "entities": ents}
+    if s.tags is not None:
+        rec["gold"] = s.tags
+    return rec
 
 
 def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf16: bool = False) -> list[dict]:
