@@ -99,8 +99,8 @@ def _retrieval(ws: Path, rng: random.Random) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_workspace(tmp_path_factory) -> dict:
-    """A directory (`ws`) with tiny stand-ins at the paths README.md names (corpus/, my-vocab/, vocab.txt, shards128/,
-    tiny-bert/, data/sentiment/, ...), a model fine-tuned on that data (`finetuned`) and its run directory (`run`),
+    """A directory (`ws`) with tiny stand-ins at the paths README.md and docs/cli.md name (corpus/, my-vocab/,
+    vocab.txt, shards128/, tiny-bert/, data/sentiment/, ...), a model fine-tuned on that data (`finetuned`) and its run directory (`run`),
     for the command-line tests (tests/test_readme.py, tests/test_cli.py). Copy `ws` before writing into it."""
     import torch
     from bertkit import BertConfig, BertForPreTraining

@@ -1,7 +1,9 @@
-"""Every `bertkit ...` / `python -m bertkit ...` command README.md shows runs, on tiny data, so the README cannot drift.
+"""Every `bertkit ...` / `python -m bertkit ...` command README.md and its reference pages show runs, on tiny data,
+so the docs cannot drift; README's five examples run as written, on the real model and data.
 
-The commands are read from README.md itself (shell code blocks and inline code); each must have an entry in CASES,
-so a new README command fails here until it is given one. A command runs in a fresh copy of a workspace holding
+The commands are read from README.md and DOCS themselves (shell code blocks and inline code); each must have an entry
+in CASES, so a new command fails here until it is given one. README's examples section is run whole instead (see
+test_readme_example_runs_as_written). A command runs in a fresh copy of a workspace holding
 tiny stand-ins at the paths the README names (corpus/, my-vocab/, vocab.txt, shards128/, data/sentiment/, ...);
 PLACEHOLDERS names the model the README calls MODEL, and SWAPS shrinks settings that would run for long
 (`--preset base` -> tiny, `--budget 15m` -> 2s). Commands whose stdout is JSON must print JSON there and nothing else.
@@ -26,9 +28,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# the reference pages README links (performance.md and architecture.md cite commands as measurements, not as steps)
+DOCS = [REPO / "docs" / name for name in ("cli.md", "serving.md", "transformers.md")]
+EXAMPLES = "## Five examples"          # README's section of copy-paste examples, run whole
 TF_FIXTURE = REPO / "tests" / "fixtures" / "tf_bert_tiny"
 
-PLACEHOLDERS = {"MODEL": "tiny-bert", "MODEL_DIR": "tiny-bert", "MINILM_DIR": "tiny-bert", "path/to/hf-bert": "tiny-bert"}
+PLACEHOLDERS = {"MODEL": "tiny-bert", "$MINILM": "tiny-bert", "path/to/hf-bert": "tiny-bert"}
 # (flag, README value) -> tiny value: the same command, minutes of work cut to a second
 SWAPS = {("--preset", p): "tiny" for p in ("mini", "small", "medium", "base", "large")}
 SWAPS.update({("--budget", "15m"): "2s", ("--steps", "1000000"): "2", ("--steps", "20000"): "2",
@@ -72,8 +77,20 @@ def _index(ws: Path, assets: dict) -> None:
     assert main(["embed", "tiny-bert", "--file", "docs.jsonl", "--out", "index/"]) == 0
 
 
-def _run_dir(ws: Path, assets: dict) -> None:
-    shutil.copytree(assets["run"], ws / "runs" / "x")
+def _pair_files(ws: Path, assets: dict) -> None:
+    """data/pairs/{train,dev}.csv (text, text_pair, label) from the workspace's retrieval pairs; runs/pairs removed."""
+    import csv
+    shutil.rmtree(ws / "runs" / "pairs")
+    pairs = [json.loads(line) for line in (ws / "pairs.jsonl").read_text().splitlines()]
+    (ws / "data" / "pairs").mkdir(parents=True)
+    for split in ("train", "dev"):
+        with open(ws / "data" / "pairs" / f"{split}.csv", "w", newline="") as f:
+            rows = csv.writer(f)
+            rows.writerow(["text", "text_pair", "label"])
+            for i, pair in enumerate(pairs):
+                other = pairs[(i + 1) % len(pairs)]["positive"]
+                rows.writerow([pair["anchor"], pair["positive"], 1])
+                rows.writerow([pair["anchor"], other, 0])
 
 
 def _tf_prefix(ws: Path, assets: dict) -> None:
@@ -94,6 +111,8 @@ CASES: dict[str, Case] = {
     "python -m bertkit.hardware": Case(["bertkit.hardware"], runner="module"),
     "python -m bertkit ...": Case(["--version"], runner="process"),
     "bertkit COMMAND -h": Case(["-h"], runner="help"),          # every subcommand's -h, and bertkit -h
+    "bertkit -h": Case(["-h"], runner="help"),
+    "bertkit serve -h": Case(["-h"], runner="help"),
     "bertkit vocab --files corpus/*.txt --vocab-size 30522 --out my-vocab/":
         Case(setup=_absent("my-vocab"), files=("my-vocab/vocab.txt",)),
     'bertkit tokenize --model my-vocab/ "Paris is the capital of France."': Case(json_out=True),
@@ -119,7 +138,7 @@ CASES: dict[str, Case] = {
     "bertkit task-data sentiment --out data/sentiment/": Case(json_out=True, files=("data/sentiment/train.csv",),
                                                               setup=_absent("data"),
                                                               corpus="rotten_tomatoes"),
-    "bertkit finetune --task classify --model MODEL_DIR --train data/sentiment/train.csv --dev data/sentiment/dev.csv "
+    'bertkit finetune --task classify --model "$MINILM" --train data/sentiment/train.csv --dev data/sentiment/dev.csv '
     "--test data/sentiment/test.csv --out runs/sentiment --seeds 1,2,3":
         Case(json_out=True, files=("runs/sentiment/seed-1/config.json", "runs/sentiment/summary.json")),
     "bertkit evaluate --model runs/sentiment/seed-1 --data data/sentiment/test.csv":
@@ -133,14 +152,16 @@ CASES: dict[str, Case] = {
               "data/sentiment/train.csv", "--dev", "data/sentiment/dev.csv", "--test", "data/sentiment/test.csv",
               "--out", "runs/sentiment-l3", "--alpha", "0.5", "--epochs", "1", "--quiet"], json_out=True,
              setup=_copy_finetuned, files=("runs/sentiment-l3/config.json", "runs/sentiment-l3/summary.json")),
-    'bertkit fill-mask MODEL "Paris is the [MASK] of France."': Case(),
+    'bertkit fill-mask run/model "Paris is the [MASK] of France."': Case(setup=_earlier_pretrain),
     "bertkit embed MODEL --file sentences.txt --pooling mean --out emb.npy": Case(files=("emb.npy",)),
     'bertkit embed MODEL --file sentences.txt --search "a man is eating"': Case(json_out=True),
     'bertkit embed --pooling cls MODEL "some text"': Case(json_out=True),
     'bertkit attention MODEL "The cat sat because he was tired." --query he --out attention/':
         Case(files=("attention/attention_grid.png", "attention/attention_from_he.png")),
-    "bertkit plot runs/x": Case(setup=_run_dir, files=("runs/x/curves.png",)),
+    "bertkit plot runs/sentiment/seed-1/train": Case(setup=_copy_finetuned,
+                                                     files=("runs/sentiment/seed-1/train/curves.png",)),
     "bertkit serve MODEL --port 8080": Case(runner="serve", needs="fastapi"),
+    "bertkit serve": Case(["serve", "tiny-bert", "--port", "8080"], runner="serve", needs="fastapi"),
     "bertkit serve MODEL --port 8080 --max-batch 32 --max-wait-ms 5": Case(runner="serve", needs="fastapi"),
     "bertkit export MODEL model.onnx": Case(json_out=True, files=("model.onnx",), needs="onnxruntime"),
     "bertkit --allow-non-finite COMMAND": Case(["--allow-non-finite", "embed", "tiny-bert", "a text"], json_out=True),
@@ -148,26 +169,28 @@ CASES: dict[str, Case] = {
     "bertkit task-data retrieval --out data/retrieval": Case(json_out=True, corpus="bbc_articles",
                                                              setup=_absent("data"),
                                                              files=("data/retrieval/train.jsonl",)),
-    "bertkit finetune --task embed --model MINILM_DIR --train data/retrieval/train.jsonl --dev data/retrieval/dev "
+    'bertkit finetune --task embed --model "$MINILM" --train data/retrieval/train.jsonl --dev data/retrieval/dev '
     "--test data/retrieval/test --out runs/retrieval --lr 2e-5 --epochs 1 --seeds 1,2,3":
         Case(json_out=True, files=("runs/retrieval/seed-3/modules.json",)),
-    "bertkit evaluate --task embed --model runs/retrieval/seed-1 --baseline MINILM_DIR --data data/retrieval/test":
+    'bertkit evaluate --task embed --model runs/retrieval/seed-1 --baseline "$MINILM" --data data/retrieval/test':
         Case(json_out=True, setup=_embed_model),
-    "bertkit embed runs/retrieval/seed-1 --file docs.jsonl --out index/ --dtype float16":
+    "bertkit embed runs/retrieval/seed-1 --file data/retrieval/test/corpus.jsonl --out index/ --dtype float16":
         Case(setup=_embed_model, files=("index/texts.jsonl",)),
     'bertkit search index/ --query "oil prices rise" --top-k 5 --rerank runs/pairs': Case(json_out=True, setup=_index),
     'bertkit rerank runs/pairs --query "oil prices rise" --file docs.txt': Case(json_out=True),
-    "bertkit mine MINILM_DIR --data pairs.jsonl --out mined.jsonl --negatives 3": Case(files=("mined.jsonl",)),
+    'bertkit mine "$MINILM" --data data/retrieval/train.jsonl --out mined.jsonl --negatives 3':
+        Case(files=("mined.jsonl",)),
+    "bertkit task-data pairs --out data/pairs": Case(json_out=True, corpus="bbc_articles",
+                                                     files=("data/pairs/train.csv",)),
+    'bertkit finetune --task pair --model "$MINILM" --train data/pairs/train.csv --dev data/pairs/dev.csv '
+    "--out runs/pairs --epochs 1": Case(json_out=True, setup=_pair_files, files=("runs/pairs/config.json",)),
     # --force: the tiny model's int8 may not measure faster than fp32 on the machine running the tests
-    "bertkit quantize MODEL MODEL-int8 --check dev.csv --max-drop 0.5":
+    "bertkit quantize runs/sentiment/seed-1 sentiment-int8 --check data/sentiment/dev.csv --max-drop 0.5":
         Case(["quantize", "runs/sentiment/seed-1", "sentiment-int8", "--check", "data/sentiment/dev.csv",
               "--max-drop", "100", "--force"], setup=_copy_finetuned, files=("sentiment-int8/config.json",)),
     "bertkit quantize": Case(["quantize", "tiny-bert", "tiny-int8", "--force", "--json"], json_out=True,
                              files=("tiny-int8/config.json",)),
     "bertkit export MODEL model-int8.onnx --int8": Case(json_out=True, files=("model-int8.onnx",), needs="onnxruntime"),
-    "bertkit finetune": Case(["finetune", "--task", "classify", "--model", "tiny-bert", "--train",
-                              "data/sentiment/train.csv", "--dev", "data/sentiment/dev.csv", "--out", "runs/ft",
-                              "--epochs", "1", "--quiet"], json_out=True, files=("runs/ft/summary.json",)),
 }
 
 
@@ -203,7 +226,32 @@ def _normal(cmd: str) -> str:
     return " ".join(re.sub(r"\s+#\s.*$", "", cmd).split())
 
 
-COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+def split_examples(text: str) -> tuple[str, str]:
+    """README's text without its EXAMPLES section, and that section."""
+    start = text.index(EXAMPLES)
+    end = text.find("\n## ", start + len(EXAMPLES))
+    end = len(text) if end < 0 else end + 1
+    return text[:start] + text[end:], text[start:end]
+
+
+@dataclass
+class Example:
+    title: str
+    language: str      # sh | python
+    code: str
+
+
+def readme_examples(section: str) -> tuple[str, list[Example]]:
+    """The examples section's shell setup (its first code block) and each `### N. title` example's code block."""
+    blocks = re.findall(r"^(?:### (.+?)\n.*?)?```(\w+)\n(.*?)^```", section, re.M | re.S)
+    setup = blocks[0][2]
+    return setup, [Example(title, language, code) for title, language, code in blocks[1:]]
+
+
+_README_TEXT, _EXAMPLES_TEXT = split_examples(README.read_text(encoding="utf-8"))
+COMMANDS = list(dict.fromkeys(readme_commands(_README_TEXT)
+                              + [c for page in DOCS for c in readme_commands(page.read_text(encoding="utf-8"))]))
+SETUP, EXAMPLES_RUN = readme_examples(_EXAMPLES_TEXT)
 
 
 def _argv(readme: str) -> list[str]:
@@ -219,9 +267,40 @@ def _argv(readme: str) -> list[str]:
 def test_every_readme_command_has_a_case():
     assert len(COMMANDS) >= 25, COMMANDS
     missing = [c for c in COMMANDS if c not in CASES]
-    assert not missing, f"README.md commands with no entry in tests/test_readme.py CASES: {missing}"
+    assert not missing, f"README.md / docs commands with no entry in tests/test_readme.py CASES: {missing}"
     stale = [c for c in CASES if c not in COMMANDS]
-    assert not stale, f"CASES entries no longer in README.md: {stale}"
+    assert not stale, f"CASES entries no longer in README.md or docs: {stale}"
+
+
+def test_the_readme_is_a_door():
+    assert len(README.read_text(encoding="utf-8").split()) <= 1500
+    assert [e.title for e in EXAMPLES_RUN] == ["1. The Python API", "2. Fine-tune, then predict",
+                                               "3. Embed, then search", "4. Serve, then curl",
+                                               "5. Coming from transformers"]
+    text = README.read_text(encoding="utf-8")
+    assert "\n    make demo " in text and "\n    make test " in text      # the two commands .ci/run and Makefile keep
+
+
+def test_help_lists_subcommands_by_stage_and_every_option_default(capsys):
+    import argparse
+    from bertkit.cli import GROUPS, build_parser
+    parser = build_parser()
+    top = parser.format_help()
+    assert "commands, by stage:" in top and "other" not in top.split("commands, by stage:")[1]
+    for title in GROUPS:
+        assert f"\n  {title}\n" in top, title
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        text = command.format_help()
+        assert "default" in text, name
+        flat = " ".join(text.split())
+        for action in command._actions:   # every value default shows, unless the option's own help says it
+            valued = action.nargs != 0 and action.default not in (None, "", [], argparse.SUPPRESS)
+            if valued and "default" not in (action.help or "").lower():
+                value = ",".join(map(str, action.default)) if isinstance(action.default, (list, tuple)) \
+                    else str(action.default)
+                assert f"(default: {value})" in flat, (name, action.dest)
+    assert "--batch-size BATCH_SIZE\n                        (default: 128)" in sub.choices["predict"].format_help()
 
 
 def test_reading_the_readme_finds_blocks_continuations_and_inline_code():
@@ -361,6 +440,54 @@ def test_readme_command_runs(readme, assets, tmp_path, monkeypatch, capsys):
         _json_documents(out)
     for f in case.files:
         assert (ws / f).exists(), f"{readme}: no {f} (stderr: {err[-2000:]})"
+
+
+# ------------------------------------------------------------------------------------------ README's examples
+
+def _example_shell(tmp: Path) -> dict:
+    """The environment of a fresh clone after `make`: `. .venv/bin/activate` puts `python` and `bertkit` (this
+    checkout's, on this interpreter) first on PATH."""
+    import os
+    bin_dir = tmp / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, run in (("python", ""), ("bertkit", " -m bertkit")):   # scripts: a symlink would lose the venv
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}"{run} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "activate").write_text(f'PATH="{bin_dir}:$PATH"; export PATH\n')
+    return {**os.environ, "PYTHONPATH": str(REPO / "src")}
+
+
+# fine-tuning runs half a minute on 2 idle cores, minutes on busy ones: with the slow tests
+_EXAMPLE_PARAMS = [pytest.param(e, id=e.title, marks=[pytest.mark.slow] if "bertkit finetune" in e.code else [])
+                   for e in EXAMPLES_RUN]
+
+
+@pytest.mark.parametrize("example", _EXAMPLE_PARAMS)
+def test_readme_example_runs_as_written(example, tmp_path):
+    """Each example of README's examples section, after its shell setup, in an empty directory, exactly as written
+    (the port of the serve example aside: a free one, as other tests may hold 8080)."""
+    from bertkit import datasets
+    from bertkit.errors import DatasetUnavailable
+    try:
+        datasets.minilm_dir()
+    except DatasetUnavailable as e:
+        pytest.skip(f"MiniLM-L6 unavailable offline: {e}")
+    code = example.code
+    if "bertkit serve" in code:
+        pytest.importorskip("fastapi")
+        if shutil.which("curl") is None:
+            pytest.skip("no curl")
+        code = code.replace("8080", str(_free_port()))
+    if "task-data" in code:
+        _skip_without_corpus("rotten_tomatoes" if "sentiment" in code else "bbc_articles")
+    env = _example_shell(tmp_path)
+    if example.language == "python":
+        (tmp_path / "example.py").write_text(code)
+        code = "python example.py\n"
+    script = f"set -e\n{SETUP}\n{code}"
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{example.title}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-3000:]}"
+    assert r.stdout.strip(), example.title
 
 
 def _skip_without_corpus(name: str):

@@ -181,7 +181,7 @@ def test_a_sentence_transformers_directory_is_served_with_its_own_pipeline(tmp_p
         try:
             status, got = _request(srv.port, "POST", "/embed", {"inputs": TEXTS})
             assert status == 200 and np.array(got).shape == (4, 24), name
-            tol = 1e-5 if method is None else 0.05            # int8: one activation scale per batch (README)
+            tol = 1e-5 if method is None else 0.05            # int8: one activation scale per batch (docs/serving.md)
             assert np.abs(np.array(got) - ref).max() < tol, name
             status, res = _request(srv.port, "POST", "/v1/embeddings", {"input": TEXTS[:1], "model": "m"})
             assert status == 200 and np.abs(np.array(res["data"][0]["embedding"]) - ref[0]).max() < tol

@@ -9,6 +9,7 @@ bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import signal
@@ -26,6 +27,34 @@ from bertkit.textfiles import stdin_inputs
 STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "distill", "infer", "embed", "serve", "export",
           "convert", "quantize", "demo")
 
+# `bertkit -h` lists the subcommands by the stage of the pipeline they serve; one not listed here goes under "other"
+GROUPS = {
+    "vocabulary and tokens": ("vocab", "tokenize"),
+    "pre-training": ("prepare", "pretrain", "convert"),
+    "fine-tuning": ("task-data", "finetune", "evaluate", "distill"),
+    "inference": ("predict", "fill-mask", "embed", "search", "rerank", "mine", "attention", "plot"),
+    "serving, export, int8": ("serve", "export", "quantize"),
+    "the whole pipeline": ("demo",),
+}
+
+
+class _ShowDefaults(argparse.HelpFormatter):
+    """Every option's default after its help, said here once rather than in each option's help text: values only
+    (a flag's default is to be off), and not where the help already says it."""
+
+    def _format_action(self, action):
+        default = action.default
+        shown = action.nargs != 0 and default not in (None, "", argparse.SUPPRESS) and default != []
+        if shown and "default" not in (action.help or "").lower() and action.help != argparse.SUPPRESS:
+            action = copy.copy(action)
+            value = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+            action.help = f"{action.help or ''} (default: {value.replace('%', '%%')})".lstrip()
+        return super()._format_action(action)
+
+
+class _RawShowDefaults(argparse.RawDescriptionHelpFormatter, _ShowDefaults):
+    """The same, for a subcommand whose description is laid out by hand (pretrain's)."""
+
 
 class _AnyOrder(argparse.ArgumentParser):
     """A subcommand's parser taking options and positionals in any order (`embed --pooling cls MODEL "text"`,
@@ -33,6 +62,10 @@ class _AnyOrder(argparse.ArgumentParser):
     subcommand is a positional of its own) cannot use."""
 
     _intermixed = False
+
+    def __init__(self, **kwargs):
+        raw = kwargs.get("formatter_class") is argparse.RawDescriptionHelpFormatter
+        super().__init__(**{**kwargs, "formatter_class": _RawShowDefaults if raw else _ShowDefaults})
 
     def _get_values(self, action, arg_strings):
         # `--max-drop=--`: argparse drops the "--" and hands the option an empty list, skipping its type check
@@ -52,11 +85,14 @@ class _AnyOrder(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertkit", description="BERT, whole and fast: text -> vocab -> pre-training -> fine-tuning -> predictions")
+    parser = argparse.ArgumentParser(prog="bertkit", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="BERT, whole and fast: text -> vocab -> pre-training -> fine-tuning "
+                                                 "-> predictions")
     parser.add_argument("--version", action="version", version=f"bertkit {__version__}")
     parser.add_argument("--allow-non-finite", action="store_true",
                         help="load model weights holding NaN / Inf (with a warning) instead of refusing them")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_AnyOrder)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_AnyOrder,
+                                help="one of the commands below; `bertkit COMMAND -h` lists its options")
     for stage in STAGES:
         try:
             module = importlib.import_module(f"bertkit.commands.{stage}")
@@ -65,8 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    parser.epilog = _grouped(sub)
     one_line_errors(parser)
     return parser
+
+
+def _grouped(sub: argparse._SubParsersAction) -> str:
+    """The subcommands and their one-line helps under GROUPS' headings, replacing argparse's single list."""
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    sub._choices_actions.clear()
+    placed = {name for names in GROUPS.values() for name in names}
+    groups = {**GROUPS, "other": tuple(n for n in helps if n not in placed)}
+    width = max(map(len, helps)) + 2
+    lines = ["commands, by stage:"]
+    for title, names in groups.items():
+        if any(n in helps for n in names):
+            lines += [f"  {title}"] + [f"    {n:<{width}}{helps[n]}" for n in names if n in helps]
+    return "\n".join(lines)
 
 
 def _resolve_model_args(args: argparse.Namespace) -> None:
