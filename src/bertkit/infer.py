@@ -81,7 +81,11 @@ class FillResult:
 EMBED_MAX_LENGTH = 256      # pieces per text `embed` reads where the model does not say (no sentence-transformers config)
 
 
-def _require_strings(texts: list) -> list[str]:
+def _require_strings(texts) -> list[str]:
+    """`texts` as a list of strings; a bare string (not a list of them) or a non-string item is one error line."""
+    if isinstance(texts, str):
+        raise BertkitError(f"expected a list of texts, got the string {texts!r:.40}")
+    texts = list(texts)
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
         raise BertkitError(f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r:.40}, expected a string")
@@ -96,6 +100,7 @@ class Predictor:
         self.model = model.eval()
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
         self._pipeline = None
+        self._encoders: dict[tuple, SentenceEncoder] = {}     # embed's pooling pipelines, by their options
         self.tokenizer = tokenizer
         self.task = task
         self.labels = labels
@@ -166,13 +171,13 @@ class Predictor:
     # ---------------------------------------------------------------------------------------------- helpers
     def inputs(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256) -> dict:
         """Model inputs on the device: [CLS] a [SEP] (b [SEP]) per text, cut longest-first to max_length."""
-        return encode(self.tokenizer, _require_strings(list(texts)), pairs, max_length, self.device)
+        return encode(self.tokenizer, _require_strings(texts), pairs, max_length, self.device)
 
     def logits(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 256,
                batch_size: int = 64) -> np.ndarray:
         """(n, labels) float32 logits of a sequence classifier for texts (or text pairs)."""
-        texts = _require_strings(list(texts))
-        pairs = None if pairs is None else _require_strings(list(pairs))
+        texts = _require_strings(texts)
+        pairs = None if pairs is None else _require_strings(pairs)
         lengths = [len(t) + (len(pairs[i]) if pairs is not None else 0) for i, t in enumerate(texts)]
         out = np.zeros((len(texts), self.model.config.num_labels), dtype=np.float32)
 
@@ -206,13 +211,10 @@ class Predictor:
         The positions are passed to the head as labels, so it projects only those rows onto the vocabulary (the
         (hidden x vocab) matmul at every position would be most of the cost otherwise)."""
         order = sorted(set(positions))
-
-        def batch(idx):
-            b = pad_batch([rows[i] for i in idx], None, self.tokenizer.pad_token_id, device=self.device)
-            labels = torch.full_like(b["input_ids"], IGNORE_INDEX)
-            labels[:, order] = 0                             # any valid id: we only want the logits
-            return {**b, "labels": labels}
-        out = forward(self.model, batch(range(len(rows))), self.precision, masked_logits_only=True)
+        batch = pad_batch(rows, None, self.tokenizer.pad_token_id, device=self.device)
+        batch["labels"] = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        batch["labels"][:, order] = 0                        # any valid id: we only want the logits
+        out = forward(self.model, batch, self.precision, masked_logits_only=True)
         logits = _mlm_logits(out)
         if logits.dim() == 3:                                # a head that ignores labels: (n, seq, vocab)
             logits = logits[:, order]
@@ -366,24 +368,28 @@ class Predictor:
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         pipe = self.pipeline if pooling is None else None
-        limit = self.encoder.config.max_position_embeddings
-        # the directory's modules (or the pooling asked for) over this encoder, with this call's options
-        encoder = SentenceEncoder(self.encoder, pipe.pooling if pipe else Pooling(pooling or "mean"), normalize,
-                                  list(pipe.dense) if pipe else None,
-                                  pipe.max_seq_length if pipe else min(EMBED_MAX_LENGTH, limit),
-                                  pipe.do_lower_case if pipe else False, layers).eval()
-        return encoder.encode(self.tokenizer, _require_strings(list(texts)), batch_size, self.precision,
+        key = (pooling, normalize, None if layers is None else tuple(layers))
+        encoder = self._encoders.get(key)
+        if encoder is None:         # the directory's modules (or the pooling asked for) over this encoder, built once
+            limit = self.encoder.config.max_position_embeddings
+            encoder = self._encoders[key] = SentenceEncoder(
+                self.encoder, pipe.pooling if pipe else Pooling(pooling or "mean"), normalize,
+                list(pipe.dense) if pipe else None, pipe.max_seq_length if pipe else min(EMBED_MAX_LENGTH, limit),
+                pipe.do_lower_case if pipe else False, layers).eval()
+        return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision,
                               max_length or (pipe.max_seq_length if pipe else EMBED_MAX_LENGTH), progress)
 
     # ---------------------------------------------------------------------------------------------- task heads
-    def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None) -> list[dict]:
-        """[{"label", "score", "scores": {label: p}}] (regression models: {"value"})."""
+    def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None,
+                 batch_size: int = 64) -> list[dict]:
+        """[{"label", "score", "scores": {label: p}}] (regression models: {"value"}, a list for several outputs)."""
         if self.task != "classify":
             raise BertkitError(f"{self.name} is a {self.task} model, not a sequence classifier")
-        logits = self.logits(texts, pairs, max_length)
+        logits = self.logits(texts, pairs, max_length, batch_size)
         function = score_function(self.model.config)
         if function == "none":
-            return [{"value": round(float(v), 6)} for v in logits[:, 0]]
+            values = [[round(float(x), 6) for x in row] for row in logits]
+            return [{"value": v[0] if len(v) == 1 else v} for v in values]
         probs = class_scores(logits, function)
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
         out = []
@@ -393,13 +399,13 @@ class Predictor:
                         "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}})
         return out
 
-    def tag(self, texts: Sequence[str], max_length: int = 256) -> list[list[dict]]:
+    def tag(self, texts: Sequence[str], max_length: int = 256, batch_size: int = 64) -> list[list[dict]]:
         """Per word (the tokenizer's basic words): [{"word", "start", "end", "label", "score"}]: the word as written
         in the text (original case and accents), its character span, and the label of its first piece. Words past
         `max_length` pieces get label None."""
         if self.task != "tag":
             raise BertkitError(f"{self.name} is a {self.task} model, not a token classifier")
-        texts = _require_strings(list(texts))
+        texts = _require_strings(texts)
         pieces = self.tokenizer.encode_pieces(texts)
         encoded = [pieces.text(i) for i in range(len(texts))]          # (ids, offsets) per text, uncut
         keep = max_length - 2                                           # pieces that fit beside [CLS] and [SEP]
@@ -408,7 +414,8 @@ class Predictor:
             b = self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True, return_tensors="pt")
             return {k: v.to(self.device) for k, v in b.items()}
         out: list = [None] * len(texts)
-        for idx, _, o in forward_batches(self.model, [len(ids) for ids, _ in encoded], batch, 64, self.precision):
+        for idx, _, o in forward_batches(self.model, [len(ids) for ids, _ in encoded], batch, batch_size,
+                                         self.precision):
             probs = torch.softmax(o.logits.float(), -1).cpu()             # (batch, seq, labels)
             for row, i in enumerate(idx):
                 out[i] = self._tagged_words(texts[i], *encoded[i], probs[row, 1:], keep)   # 1: after [CLS]
@@ -432,14 +439,14 @@ class Predictor:
         return tagged
 
     def answer(self, questions: Sequence[str], contexts: Sequence[str], max_length: int = 384,
-               max_answer_pieces: int = 64) -> list[dict]:
+               max_answer_pieces: int = 64, batch_size: int = 64) -> list[dict]:
         """The best context span: {"answer", "score", "start", "end"}: the answer as written in the context and its
         character span (context[start:end]); spans start and end on word boundaries. A context longer than one
         window is read as windows of max_length pieces overlapping by up to 128; a question keeps its first
         max_length // 3 pieces."""
         if self.task != "answer":
             raise BertkitError(f"{self.name} is a {self.task} model, not a question-answering model")
-        questions, contexts = _require_strings(list(questions)), _require_strings(list(contexts))
+        questions, contexts = _require_strings(questions), _require_strings(contexts)
         stride = min(128, (max_length - max_length // 3 - 3) // 2)
         windows = [Windows.build(self.tokenizer, q, c, max_length, stride, max_question=max_length // 3)
                    for q, c in zip(questions, contexts)]
@@ -451,7 +458,7 @@ class Predictor:
             return pad_batch([w.rows[rows[i][1]] for w, i in zip(win, idx)],
                              [w.types[rows[i][1]] for w, i in zip(win, idx)], self.tokenizer.pad_token_id,
                              device=self.device)
-        for idx, b, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, 64,
+        for idx, b, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, batch_size,
                                          self.precision):
             for r, i in enumerate(idx):
                 n = int(b["attention_mask"][r].sum())
@@ -462,8 +469,8 @@ class Predictor:
             first += len(win.rows)
             starts = torch.nn.utils.rnn.pad_sequence([s for s, _ in mine], batch_first=True)
             ends = torch.nn.utils.rnn.pad_sequence([e for _, e in mine], batch_first=True)
-            answers, _ = best_spans(win, starts, ends, 1, max_answer_pieces, True)
-            best = max(answers, key=lambda a: a["score"], default=None)
+            answers, _ = best_spans(win, starts, ends, 1, max_answer_pieces, True, merge="max")
+            best = max((a for a in answers if a["answer"]), key=lambda a: a["score"], default=None)
             out.append({"answer": "", "score": 0.0, "start": None, "end": None} if best is None else
                        {"answer": best["answer"], "score": round(best["score"], 6), "start": best["start"],
                         "end": best["end"]})

@@ -35,18 +35,21 @@ __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipelin
 _UNSET = object()          # "not given", where None is a meaningful value (top_k=None: every label)
 
 
-def pipeline(task: str, model, *, device: str = "cpu", revision: str | None = None, precision: str = PRECISION,
+def pipeline(task: str, model, *, device: str = "cpu", revision: str | None = None, precision: str | None = None,
              **options) -> "Pipeline":
     """A callable for `task` over `model`: a directory, a Hugging Face repo id (see bertkit.hub) or a Predictor.
     `options` become the pipeline's defaults (e.g. top_k=3, aggregation_strategy="simple"); `precision` is the
-    forwards' ("fp32", as every front door by default; "auto" / "bf16": bf16 autocast)."""
+    forwards' (default "fp32", as at every front door; "auto" / "bf16": bf16 autocast); a Predictor keeps its own."""
     name = _ALIASES.get(task, task)
     if name not in TASKS:
         raise ConfigError(f"pipeline task {task!r} is not supported; tasks: {', '.join(TASKS)}")
     if isinstance(model, Predictor):
+        if precision not in (None, model.precision):
+            raise ConfigError(f"pipeline(precision={precision!r}): this Predictor runs {model.precision!r}; give it "
+                              f"to Predictor.load(..., precision=) instead")
         predictor = model
     else:
-        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device, precision=precision)
+        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device, precision=precision or PRECISION)
     return TASKS[name](predictor, **options)
 
 

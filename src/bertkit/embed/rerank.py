@@ -19,7 +19,7 @@ from bertkit.infer import Predictor
 from bertkit.predict.decode import relevance
 from bertkit.predict.engine import PRECISION
 
-__all__ = ["CrossEncoder", "rerank", "single_text_kind", "POSITIVE_LABELS"]
+__all__ = ["CrossEncoder", "rerank", "single_text_kind", "positive_label", "POSITIVE_LABELS"]
 
 POSITIVE_LABELS = ("1", "positive", "pos", "relevant", "true", "yes", "entailment")
 
@@ -31,11 +31,16 @@ def single_text_kind(predictor) -> str | None:
     return kind if kind in ("classify", "multilabel") else None
 
 
+def positive_label(labels: Sequence[str] | None) -> int:
+    """The index of the label that means "relevant": one of POSITIVE_LABELS, else the last."""
+    names = [str(l).lower() for l in (labels or [])]
+    return next((names.index(l) for l in POSITIVE_LABELS if l in names), max(len(names) - 1, 0))
+
+
 class CrossEncoder:
     def __init__(self, predictor, name: str = "model"):
         self.predictor, self.name = predictor, name
-        labels = [str(l).lower() for l in (predictor.labels or [])]
-        self.positive = next((labels.index(l) for l in POSITIVE_LABELS if l in labels), max(len(labels) - 1, 0))
+        self.positive = positive_label(predictor.labels)
 
     @classmethod
     def load(cls, path, device: str = "cpu", precision: str = PRECISION) -> "CrossEncoder":

@@ -13,6 +13,5 @@ from bertkit.predict.answers import Windows, best_spans
 from bertkit.predict.decode import class_scores, hidden_states, relevance, score_function, word_ids, word_labels
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
 
-__all__ = ["encode", "forward", "forward_batches", "PRECISION", "class_scores", "relevance", "score_function", "word_ids",
-           "word_labels", "hidden_states",
-           "Windows", "best_spans"]
+__all__ = ["encode", "forward", "forward_batches", "PRECISION", "class_scores", "relevance", "score_function",
+           "word_ids", "word_labels", "hidden_states", "Windows", "best_spans"]

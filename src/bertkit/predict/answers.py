@@ -67,9 +67,9 @@ class Windows:
         start = self.offsets[ps][0] if s else 0
         end = self.offsets[pe][1] if e else 0
         if align_to_words and s and e:
-            while ps > a and not self.word_starts[ps]:                     # the word's first piece in this window
+            while ps > 0 and not self.word_starts[ps]:                     # the word's first piece in the context
                 ps -= 1
-            while pe + 1 < b and not self.word_starts[pe + 1]:             # and its last
+            while pe + 1 < len(self.word_starts) and not self.word_starts[pe + 1]:     # and its last
                 pe += 1
             start, end = self.offsets[ps][0], self.offsets[pe][1]
         return start, end
@@ -80,8 +80,9 @@ def _probabilities(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def best_spans(windows: Windows, start_logits: torch.Tensor, end_logits: torch.Tensor, top_k: int,
-               max_answer_len: int, align_to_words: bool) -> tuple[list[dict], float]:
-    """The answers of every window (merged by text, unsorted) and the no-answer score (min over windows of
+               max_answer_len: int, align_to_words: bool, merge: str = "sum") -> tuple[list[dict], float]:
+    """The answers of every window (merged by text, unsorted: their scores added as transformers' pipeline does,
+    or merge="max": the best window's, a probability) and the no-answer score (min over windows of
     p_start([CLS]) * p_end([CLS]))."""
     answers: dict[str, dict] = {}
     null = 1000000.0
@@ -96,7 +97,10 @@ def best_spans(windows: Windows, start_logits: torch.Tensor, end_logits: torch.T
         ps[0] = pe[0] = 0.0
         scores = torch.triu(torch.tril(ps[:, None] * pe[None, :], max_answer_len - 1))   # end in [start, +len)
         flat = scores.flatten()
-        order = torch.sort(-flat, stable=True).indices[:top_k].tolist()
+        # the top_k of a stable sort, without sorting all n^2 spans: every span at or above the k-th best score
+        kth = flat.topk(min(top_k, flat.numel())).values[-1]
+        candidates = torch.nonzero(flat >= kth).flatten()
+        order = candidates[torch.sort(-flat[candidates], stable=True).indices][:top_k].tolist()
         for index in order:
             s, e = divmod(index, n)
             if not (allowed[s] and allowed[e]):
@@ -105,7 +109,8 @@ def best_spans(windows: Windows, start_logits: torch.Tensor, end_logits: torch.T
             text = windows.context[start:end]
             found = answers.get(text.lower())
             if found is not None:
-                found["score"] += float(flat[index])
+                score = float(flat[index])
+                found["score"] = found["score"] + score if merge == "sum" else max(found["score"], score)
             else:
                 answers[text.lower()] = {"score": float(flat[index]), "start": start, "end": end, "answer": text}
     return list(answers.values()), null

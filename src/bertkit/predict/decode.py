@@ -13,7 +13,7 @@ model again per step, so it lives with the Predictor.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch

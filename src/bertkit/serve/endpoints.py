@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from bertkit import __version__
-from bertkit.embed.rerank import single_text_kind
+from bertkit.embed.rerank import positive_label, single_text_kind
 from bertkit.predict.decode import class_scores, relevance, score_function
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
@@ -188,15 +188,16 @@ def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     return run
 
 
-def _relevance(logits: np.ndarray, raw: bool) -> np.ndarray:
-    """One score per pair: the log-odds of label 1 (a one-label cross-encoder's logit), or its sigmoid."""
-    z = relevance(logits, positive=1)
+def _relevance(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
+    """One score per pair: the log-odds of the positive label (as `bertkit rerank` picks it; a one-label
+    cross-encoder's logit), or its sigmoid."""
+    z = relevance(logits, positive_label(predictor.labels))
     return z if raw else 1.0 / (1.0 + np.exp(-z))
 
 
 def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def shape(r: S.RerankRequest, logits: np.ndarray):
-        scores = _relevance(logits, r.raw_scores)
+        scores = _relevance(predictor, logits, r.raw_scores)
         if not np.isfinite(scores).all():
             return RequestError(503, NON_FINITE)
         ranks = [{"index": i, "score": round(float(s), 6), **({"text": r.texts[i]} if r.return_text else {})}
@@ -258,7 +259,8 @@ def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
             idx = [i for i, r in enumerate(reqs) if (r.pair is not None) == paired]
             if idx:
                 pairs = [reqs[i].pair for i in idx] if paired else None
-                res = predictor.classify([reqs[i].text for i in idx], max_length=_tokens(config), pairs=pairs)
+                res = predictor.classify([reqs[i].text for i in idx], max_length=_tokens(config), pairs=pairs,
+                                         batch_size=len(idx))
                 for i, x in zip(idx, res):
                     out[i] = x
         return out
@@ -308,11 +310,13 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
                             "score (query, text) pairs with the cross-encoder, best first", _texts("texts"),
                             _inputs_check("texts", config)))
     if predictor.task == "tag":
-        eps.append(Endpoint("tag", S.TagRequest, lambda rs: predictor.tag([r.text for r in rs], max_length=L),
+        eps.append(Endpoint("tag", S.TagRequest,
+                            lambda rs: predictor.tag([r.text for r in rs], max_length=L, batch_size=len(rs)),
                             list[S.TaggedWord], "token classification (per word)"))
     if predictor.task == "answer":
         eps.append(Endpoint("answer", S.AnswerRequest,
-                            lambda rs: predictor.answer([r.question for r in rs], [r.context for r in rs], max_length=L),
+                            lambda rs: predictor.answer([r.question for r in rs], [r.context for r in rs], max_length=L,
+                                                        batch_size=len(rs)),
                             S.AnswerResult, "extractive question answering"))
     return {ep.name: ep for ep in eps}
 
@@ -350,4 +354,5 @@ def model_info(predictor, config: ServeConfig) -> dict:
             "dims": predictor.embedding_dim, "quantization": _quantization(predictor),
             "max_input_length": _embed_tokens(predictor, config) if kind == "embedding" else _tokens(config),
             "max_client_batch_size": config.max_inputs, "max_batch_requests": config.max_batch,
-            "max_concurrent_requests": config.max_connections, "labels": labels, "version": __version__, "precision": predictor.precision}
+            "max_concurrent_requests": config.max_connections, "labels": labels, "version": __version__,
+            "precision": predictor.precision}

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from bertkit.heads import IGNORE_INDEX
-from bertkit.predict.engine import forward_batches
+from bertkit.predict.engine import MODEL_KEYS, forward_batches
 from bertkit.tasks.task import Feature
 from bertkit.tokenizer.inputs import pad_batch
 
@@ -92,9 +92,6 @@ def collate(features: list[Feature], pad_token_id: int = 0, multiple_of: int = 8
     return out
 
 
-_MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
-
-
 def predict_batches(model, features: list[Feature], batch_size: int = 64, precision: str | bool | None = "auto",
                     pad_token_id: int = 0, model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
     """The inference engine's forward loop over task features (sorted by length, eval mode, no gradients) under
@@ -104,7 +101,7 @@ def predict_batches(model, features: list[Feature], batch_size: int = 64, precis
 
     def batch(idx: list[int]) -> dict:
         b = collate([features[i] for i in idx], pad_token_id)
-        return {k: b[k].to(device) for k in _MODEL_KEYS}
+        return {k: b[k].to(device) for k in MODEL_KEYS}
     lengths = [len(f.input_ids) for f in features]
     for idx, _, out in forward_batches(model, lengths, batch, batch_size, precision, **(model_kwargs or {})):
         yield idx, out
