@@ -21,9 +21,10 @@ Training runs through `bertkit.train` (the one loop shared with pre-training); t
 model, the batches and the dev evaluation. `run` is the one fine-tuning driver (seeds, metrics.json, summary.json)
 for every kind of run: `TaskRun` for the registry's tasks (tasks.registry), embed.runner's for bi-encoders.
 Throughput comes from bf16 autocast (where native), the encoder's unpadded attention ("auto" picks it for ragged
-batches) and length-bucketed batches padded only to their own longest sequence (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose
-config.json carries `id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned
-SQuAD 2.0 null threshold), so `evaluate` / `predict` need only the directory.
+batches) and length-bucketed batches padded only to their own longest sequence (`tasks.batching`). The saved
+model directory is an ordinary HF-format checkpoint whose config.json carries `id2label` / `label2id` and a
+`bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold), so `evaluate` / `predict`
+need only the directory.
 """
 
 from __future__ import annotations
@@ -214,8 +215,9 @@ def numeric_metrics(report: dict) -> dict[str, float]:
 
 
 def spread_metrics(reports: list[dict]) -> dict:
-    """`spread` of every numeric metric of the seeds' reports (not the example count)."""
-    return {k: spread([numeric_metrics(r)[k] for r in reports]) for k in numeric_metrics(reports[0]) if k != "n"}
+    """`spread` of every measurement (a float) in the seeds' reports; counts (n, support, queries) are the same
+    for every seed."""
+    return {k: spread([float(r[k]) for r in reports]) for k, v in reports[0].items() if isinstance(v, float)}
 
 
 def compact(cfg, model, used_ids: set[int]) -> bool:
