@@ -55,8 +55,8 @@ from bertkit.train.compact import compact_word_embeddings, restore_word_embeddin
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["FinetuneConfig", "FinetuneHooks", "FinetuneRun", "TaskRun", "run", "finetune", "finetune_recipe",
-           "evaluate", "predict", "load_task", "PAPER_GRID", "TrainBatches", "evaluate_task", "model_overrides",
-           "numeric_metrics", "spread", "spread_metrics", "compact", "log"]
+           "evaluate", "predict", "load_task", "check_recipe", "PAPER_GRID", "TrainBatches", "evaluate_task",
+           "model_overrides", "numeric_metrics", "spread", "spread_metrics", "compact", "log"]
 
 PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32)}   # appendix A.3 (epochs kept as configured)
 
@@ -109,13 +109,17 @@ class FinetuneConfig:
         if self.max_length is None:
             self.max_length = default(self.task, "max_length")
         self.seeds = run_seeds(self.seeds)
-        values = {"lr": self.training.lr, "batch_size": self.batch_size, "epochs": self.training.epochs,
-                  "max_length": self.max_length, "bucket_batches": self.bucket_batches}
-        for name, value in values.items():
-            if value is None or value <= 0:
-                raise ConfigError(f"{name} must be > 0, got {value!r}")
-        if not 0 <= self.training.warmup < 1:
-            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.training.warmup!r}")
+        check_recipe(self.training, batch_size=self.batch_size, max_length=self.max_length,
+                     bucket_batches=self.bucket_batches)
+
+
+def check_recipe(training: TrainConfig, **values) -> None:
+    """One ConfigError line for the first of lr, epochs and `values` that is not > 0, or a warmup outside [0, 1)."""
+    for name, value in {"lr": training.lr, "epochs": training.epochs, **values}.items():
+        if value is None or value <= 0:
+            raise ConfigError(f"{name} must be > 0, got {value!r}")
+    if not 0 <= training.warmup < 1:
+        raise ConfigError(f"warmup must be a fraction in [0, 1), got {training.warmup!r}")
 
 # ---------------------------------------------------------------------------------------------------- tasks
 
