@@ -31,7 +31,7 @@ from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
 from bertkit.embed.train import EmbedDataset, EmbedModel, embed_step, retrieval_eval, similarity_eval
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import table_rows
-from bertkit.tasks.runner import compact, log, run, spread, spread_metrics
+from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
 from bertkit.train.compact import restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
@@ -86,10 +86,7 @@ class EmbedFinetuneConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not (self.scale > 0 and math.isfinite(self.scale)):
             raise ConfigError(f"scale must be a positive number, got {self.scale!r}")
-        if not self.training.lr or self.training.lr <= 0 or not self.training.epochs or self.training.epochs <= 0:
-            raise ConfigError(f"lr and epochs must be > 0, got {self.training.lr!r}, {self.training.epochs!r}")
-        if not 0 <= self.training.warmup < 1:
-            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.training.warmup!r}")
+        check_recipe(self.training)
 
 
 # ---------------------------------------------------------------------------------------------------- data

@@ -27,6 +27,8 @@ counts what was dropped and why.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 import re
 from collections import defaultdict
@@ -58,8 +60,6 @@ def first_sentence(paragraph: str) -> str:
 def ner_file() -> Path:
     """The silver NER CoNLL file: $BERTKIT_NER_FILE when set, else rebuilt once into the bertkit cache from the
     shipped annotations and the BBC corpus (fetched like every other data set)."""
-    import hashlib
-    import os
     env = os.environ.get("BERTKIT_NER_FILE")
     if env:
         if not Path(env).is_file():

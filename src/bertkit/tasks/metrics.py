@@ -26,7 +26,7 @@ import numpy as np
 
 from bertkit.atomic import replacing
 
-__all__ = ["accuracy", "f1_binary", "f1_macro", "mcc", "pearson", "spearman", "confusion_matrix",
+__all__ = ["accuracy", "prf", "f1_binary", "f1_macro", "mcc", "pearson", "spearman", "confusion_matrix",
            "plot_confusion_matrix", "classification_report", "get_entities", "convert_tags", "entity_scores",
            "normalize_answer", "squad_exact", "squad_f1", "squad_scores", "best_null_threshold"]
 

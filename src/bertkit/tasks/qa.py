@@ -136,19 +136,14 @@ class QATask(Task):
     # ------------------------------------------------------------------ inference
     def predict(self, model, examples: list[SquadExample], feats: list[SpanFeature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> list[dict]:
-        """Per example, the decoded answer (`decode`)."""
-        return self.decode(examples, feats, self.logits(model, feats, batch_size, precision))
-
-    def logits(self, model, feats: list[SpanFeature], batch_size: int = 64,
-               precision: str | bool | None = "auto") -> list[tuple]:
-        """Per feature, (start, end) logits over its pieces."""
-        out: list = [None] * len(feats)
+        """Per example, the decoded answer (`decode`) of each window's start / end logits over its pieces."""
+        logits: list = [None] * len(feats)
         for idx, o in predict_batches(model, feats, batch_size, precision):
             s, e = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
             for row, i in enumerate(idx):
                 n = len(feats[i].input_ids)
-                out[i] = (s[row, :n], e[row, :n])
-        return out
+                logits[i] = (s[row, :n], e[row, :n])
+        return self.decode(examples, feats, logits)
 
     def _max_context(self, feats_of_example: list[SpanFeature]) -> dict[int, int]:
         """context piece -> index (in the list) of the window where it has the most context on both sides."""

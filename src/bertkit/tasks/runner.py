@@ -21,9 +21,10 @@ Training runs through `bertkit.train` (the one loop shared with pre-training); t
 model, the batches and the dev evaluation. `run` is the one fine-tuning driver (seeds, metrics.json, summary.json)
 for every kind of run: `TaskRun` for the registry's tasks (tasks.registry), embed.runner's for bi-encoders.
 Throughput comes from bf16 autocast (where native), the encoder's unpadded attention ("auto" picks it for ragged
-batches) and length-bucketed batches padded only to their own longest sequence (`tasks.batching`). The saved model directory is an ordinary HF-format checkpoint whose
-config.json carries `id2label` / `label2id` and a `bertkit_task` entry (task kind and its settings, the tuned
-SQuAD 2.0 null threshold), so `evaluate` / `predict` need only the directory.
+batches) and length-bucketed batches padded only to their own longest sequence (`tasks.batching`). The saved
+model directory is an ordinary HF-format checkpoint whose config.json carries `id2label` / `label2id` and a
+`bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold), so `evaluate` / `predict`
+need only the directory.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from bertkit.train.compact import compact_word_embeddings, restore_word_embeddin
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["FinetuneConfig", "FinetuneHooks", "FinetuneRun", "TaskRun", "run", "finetune", "finetune_recipe",
-           "evaluate", "predict", "load_task", "PAPER_GRID", "TrainBatches", "evaluate_task", "model_overrides",
-           "numeric_metrics", "spread", "spread_metrics", "compact", "log"]
+           "evaluate", "predict", "load_task", "check_recipe", "PAPER_GRID", "TrainBatches", "evaluate_task",
+           "model_overrides", "numeric_metrics", "spread", "spread_metrics", "compact", "log"]
 
 PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32)}   # appendix A.3 (epochs kept as configured)
 
@@ -108,13 +109,17 @@ class FinetuneConfig:
         if self.max_length is None:
             self.max_length = default(self.task, "max_length")
         self.seeds = run_seeds(self.seeds)
-        values = {"lr": self.training.lr, "batch_size": self.batch_size, "epochs": self.training.epochs,
-                  "max_length": self.max_length, "bucket_batches": self.bucket_batches}
-        for name, value in values.items():
-            if value is None or value <= 0:
-                raise ConfigError(f"{name} must be > 0, got {value!r}")
-        if not 0 <= self.training.warmup < 1:
-            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.training.warmup!r}")
+        check_recipe(self.training, batch_size=self.batch_size, max_length=self.max_length,
+                     bucket_batches=self.bucket_batches)
+
+
+def check_recipe(training: TrainConfig, **values) -> None:
+    """One ConfigError line for the first of lr, epochs and `values` that is not > 0, or a warmup outside [0, 1)."""
+    for name, value in {"lr": training.lr, "epochs": training.epochs, **values}.items():
+        if value is None or value <= 0:
+            raise ConfigError(f"{name} must be > 0, got {value!r}")
+    if not 0 <= training.warmup < 1:
+        raise ConfigError(f"warmup must be a fraction in [0, 1), got {training.warmup!r}")
 
 # ---------------------------------------------------------------------------------------------------- tasks
 
@@ -214,8 +219,9 @@ def numeric_metrics(report: dict) -> dict[str, float]:
 
 
 def spread_metrics(reports: list[dict]) -> dict:
-    """`spread` of every numeric metric of the seeds' reports (not the example count)."""
-    return {k: spread([numeric_metrics(r)[k] for r in reports]) for k in numeric_metrics(reports[0]) if k != "n"}
+    """`spread` of every measurement (a float) in the seeds' reports; counts (n, support, queries) are the same
+    for every seed."""
+    return {k: spread([float(r[k]) for r in reports]) for k, v in reports[0].items() if isinstance(v, float)}
 
 
 def compact(cfg, model, used_ids: set[int]) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bertkit.heads import IGNORE_INDEX, BertForTokenClassification
 from bertkit.precision import autocast
@@ -180,7 +181,6 @@ def _record(s: Sentence, tags: list[str]) -> dict:
 def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf16: bool = False) -> list[dict]:
     """Tag raw text: words are grouped from the tokenizer's pieces ("##" continues a word) and entities come back
     with character spans of `text`. For texts longer than the model's window use `TokenTask` on sentences."""
-    import torch
     enc = tok([text], max_length=max_length, truncation=True, return_offsets=True, return_tensors="pt")
     offsets = enc["offsets"][0]
     offsets = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
