@@ -358,15 +358,14 @@ def test_random_init_keeps_architecture_not_weights(tiny_dir, tmp_path):
     assert fresh.config.id2label == {0: "neg", 1: "pos"}
 
 
-def test_tag_text_char_spans(tiny_dir):
+def test_tagged_raw_text_char_spans(tiny_dir):
     """Raw text -> words from pieces -> entities whose character spans index the original string."""
     import torch
     from bertkit.heads import BertForTokenClassification
-    from bertkit.tasks.readers import LabelMap
-    from bertkit.tasks.tag import tag_text
+    from bertkit.infer import Predictor
+    from bertkit.tasks.metrics import get_entities
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(tiny_dir)
-    labels = LabelMap(["O", "B-PER", "I-PER"])
     model = BertForTokenClassification.from_pretrained(tiny_dir, num_labels=3)
     text = "the  winner is Alice Bob, said x.y"
     enc = tok([text], return_offsets=True)
@@ -379,8 +378,10 @@ def test_tag_text_char_spans(tiny_dir):
                 fake[0, i] = torch.tensor([0.0, 2.0, 1.0] if text[enc["offsets"][0][i][0]] == "A" else [0.0, 1.0, 2.0])
             return fake
         model.classifier.register_forward_hook(hook)
-    ents = tag_text(model, tok, text, labels)
-    assert ents == [{"type": "PER", "start": 15, "end": 24, "text": "Alice Bob"}]
+    words = Predictor(model, tok, "tag", labels=["O", "B-PER", "I-PER"]).tag([text])[0]
+    ents = [{"type": t, "start": words[a]["start"], "end": words[b]["end"]}
+            for t, a, b in get_entities([w["label"] for w in words])]
+    assert ents == [{"type": "PER", "start": 15, "end": 24}] and text[15:24] == "Alice Bob"
 
 
 def test_grid_search_picks_best_dev(tiny_dir, tmp_path):

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
+
 
 from bertkit.errors import DataError
 from bertkit.heads import BertForSequenceClassification
+from bertkit.predict.decode import class_scores
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, TextExample, read_table, split_multilabel
@@ -164,7 +165,7 @@ class SequenceTask(Task):
         if e.label is not None:
             rec["label"] = e.label
         if self.kind in ("classify", "pair"):
-            probs = torch.softmax(torch.from_numpy(row), -1).tolist()
+            probs = class_scores(row, "softmax").tolist()
             rec["probabilities"] = {self.labels.name(j): round(p, 6) for j, p in enumerate(probs)}
         return rec
 

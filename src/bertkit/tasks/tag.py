@@ -21,17 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from bertkit.heads import IGNORE_INDEX, BertForTokenClassification
-from bertkit.precision import autocast
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
 from bertkit.tasks.task import Feature, Task, write_jsonl
 from bertkit.tokenizer.inputs import token_types, wrap
 
-__all__ = ["TokenTask", "WordsFeature", "word_pieces", "tag_text"]
+__all__ = ["TokenTask", "WordsFeature", "word_pieces"]
 
 
 @dataclass(kw_only=True)
@@ -176,32 +174,3 @@ def _record(s: Sentence, tags: list[str]) -> dict:
     if s.tags is not None:
         rec["gold"] = s.tags
     return rec
-
-
-def tag_text(model, tok, text: str, labels: LabelMap, max_length: int = 512, bf16: bool = False) -> list[dict]:
-    """Tag raw text: words are grouped from the tokenizer's pieces ("##" continues a word) and entities come back
-    with character spans of `text`. For texts longer than the model's window use `TokenTask` on sentences."""
-    enc = tok([text], max_length=max_length, truncation=True, return_offsets=True, return_tensors="pt")
-    offsets = enc["offsets"][0]
-    offsets = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
-    ids = enc["input_ids"][0].tolist()
-    words: list[list[int]] = []          # piece positions per word
-    for i, t in enumerate(ids):
-        if t in (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id):
-            continue
-        if words and tok.ids_to_tokens[t].startswith("##"):
-            words[-1].append(i)
-        else:
-            words.append([i])
-    if not words:
-        return []
-    model.eval()
-    with torch.no_grad(), autocast(bf16, next(model.parameters()).device):
-        logits = model(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"],
-                       attention_mask=enc["attention_mask"]).logits[0].float()
-    tags = [labels.name(int(logits[w[0]].argmax())) for w in words]
-    out = []
-    for typ, a, b in M.get_entities(tags):
-        s, e = offsets[words[a][0]][0], offsets[words[b][-1]][1]
-        out.append({"type": typ, "start": s, "end": e, "text": text[s:e]})
-    return out
