@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from bertkit.atomic import write_text
 from bertkit.commands.pretrain import config_from_argv
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
+from bertkit.progress import say
 
 __all__ = ["DemoConfig", "run_demo", "STAGES"]
 
@@ -95,7 +95,7 @@ def _mark(path: Path, info: dict) -> dict:
 
 
 def _say(msg: str) -> None:
-    print(f"[demo] {msg}", file=sys.stderr, flush=True)
+    say(f"[demo] {msg}")
 
 
 # ------------------------------------------------------------------------------------------------- stages

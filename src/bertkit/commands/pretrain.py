@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from pathlib import Path
 
@@ -140,7 +139,7 @@ def config_from_argv(argv: list[str]):
 def run(args) -> int:
     from bertkit.train.pretrain import pretrain  # deferred: torch, off `bertkit -h`'s start path
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    progress.log_lines()
     main_rank = int(os.environ.get("RANK", "0")) == 0      # torchrun: every rank runs this command
     if args.resume and args.overwrite:      # one continues the run, the other replaces it
         raise ConfigError("--resume continues the run in --out, --overwrite replaces it: give one of them")

@@ -32,7 +32,7 @@ from bertkit.pretraining.corpus import CorpusStats, expand_corpus, iter_document
 from bertkit.pretraining.examples import BuildStats, ExampleBuilder, ExampleConfig, TokenizedDocument
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
 from bertkit.pretraining.shards import FORMAT_VERSION, MANIFEST, ShardWriter, remove_partial, write_manifest
-from bertkit.progress import bar as progress_bar
+from bertkit.progress import bar as progress_bar, say
 from bertkit.tokenizer import Tokenizer
 
 __all__ = ["prepare", "PrepareConfig", "PrepareSummary", "load_tokenizer"]
@@ -343,7 +343,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     })
     warning = _lone_document_warning(results, bstats, cstats.documents)
     if warning is not None:
-        print(f"bertkit prepare: warning: {warning}", file=sys.stderr, flush=True)
+        say(f"bertkit prepare: warning: {warning}")
     return summary
 
 

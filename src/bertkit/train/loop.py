@@ -18,7 +18,6 @@ import math
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -35,6 +34,7 @@ from bertkit.errors import BertkitError, ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 from bertkit.precision import PRECISIONS, autocast, resolve
+from bertkit.progress import say
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
                                          save_model_weights)
 from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
@@ -266,8 +266,8 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                     last_save = state.elapsed
                 if interrupted:
                     if run.d.main:
-                        print(f"bertkit: interrupted after step {state.step}: checkpoint {saved} written; "
-                              "--resume continues from it", file=sys.stderr, flush=True)
+                        say(f"bertkit: interrupted after step {state.step}: checkpoint {saved} written; "
+                            "--resume continues from it")
                     raise KeyboardInterrupt
         if eval_fn is not None and stop_reason != "early_stop":
             evals.append(_eval_and_log(run, eval_fn, log)[0])

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -41,6 +40,7 @@ from bertkit.pretraining.electra import ElectraForPreTraining
 from bertkit.pretraining.local_init import local_attention_init
 from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
 from bertkit.pretraining.shards import ShardReader, read_manifest
+from bertkit.progress import say
 from bertkit.tokenizer import Tokenizer
 from bertkit.train.checkpointing import Checkpoints, latest_checkpoint
 from bertkit.train.distributed import Dist
@@ -365,8 +365,8 @@ def pretrain(pc: PretrainConfig):
     if pc.output_vocab == "corpus" and objective != "electra":
         n = _restrict_output_vocab(model, [r for r in (data, phase2) if r is not None])
         if d.main:
-            print(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
-                  f"{config.vocab_size:,}); evaluation scores them all", file=sys.stderr)
+            say(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
+                f"{config.vocab_size:,}); evaluation scores them all")
     if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
         pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)))
         cfg = dataclasses.replace(pc.train, grad_accum=cfg.grad_accum)
@@ -405,8 +405,7 @@ def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> Callable:
                    if stop == "budget" else f">= the {state.total} steps of its --epochs")
             then = ("the run is left as it was" if (out / "model" / "config.json").is_file()
                     else f"writing the missing {out / 'model'}")
-            print(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, {then}",
-                  file=sys.stderr, flush=True)
+            say(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, {then}")
         return False
     return on_start
 
@@ -464,12 +463,11 @@ def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
         return pc, None
     if pc.init or objective == "electra":
         why = "--init continues pre-training" if pc.init else "the plan was measured on MLM"
-        print(f"bertkit pretrain: no plan for the budget ({why}): the flags' settings or their defaults",
-              file=sys.stderr)
+        say(f"bertkit pretrain: no plan for the budget ({why}): the flags' settings or their defaults")
         return pc, None
     plan = load_plan(Path(pc.out)) if t.resume else None
     if plan is not None:
-        print(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}", file=sys.stderr)
+        say(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}")
     else:
         plan = plan_recipe(t.budget_s, pc.preset, None, manifest, given_settings(pc), _heldout_rows(pc))
     return apply_plan(pc, plan), plan
@@ -491,7 +489,7 @@ def _write_start(pc: PretrainConfig, plan, out: Path) -> None:
     for stale in ("summary.json", "summary.md"):
         (out / stale).unlink(missing_ok=True)
     if plan is not None:
-        print(plan.block(), file=sys.stderr, flush=True)
+        say(plan.block())
         write_json(out / "plan.json", plan.to_dict(), indent=1)
 
 
