@@ -137,7 +137,7 @@ _CONFIG = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1, "num_at
 @FUZZ
 @given(data=st.data())
 def test_config_readers(work, data):
-    from bertkit.checkpoint import read_config
+    from bertkit.config import read_config
     from bertkit.config import BertConfig
     kind = data.draw(st.integers(0, 2))
     raw = (data.draw(st.binary(max_size=200)) if kind == 0 else json.dumps(data.draw(JSON)) if kind == 1

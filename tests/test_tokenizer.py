@@ -368,13 +368,13 @@ def test_cli_tokenize(tmp_path, minilm_dir, bert_vocab_file):
 # ---------------------------------------------------------------------------------------------------- internals
 
 def test_embedded_unicode_tables_match_their_definition():
-    """_PUNCT_UNICODE_8 (the fast path's regex class) is derived data: it must equal _is_punct over all code points."""
+    """PUNCT_UNICODE_8 (the fast path's regex class) is derived data: it must equal is_punct over all code points."""
     from bertkit.tokenizer import normalize as T
     listed = set()
-    for r in T._PUNCT_UNICODE_8.split():
+    for r in T.PUNCT_UNICODE_8.split():
         a, _, b = r.partition("-")
         listed.update(range(int(a, 16), int(b or a, 16) + 1))
-    computed = {cp for cp in range(0x80, 0x110000) if not 0xD800 <= cp <= 0xDFFF and T._is_punct(chr(cp))}
+    computed = {cp for cp in range(0x80, 0x110000) if not 0xD800 <= cp <= 0xDFFF and T.is_punct(chr(cp))}
     assert listed == computed
 
 

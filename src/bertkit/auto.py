@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from bertkit.checkpoint import read_config
+import bertkit
+from bertkit.config import read_config
 from bertkit.hub import resolve_model_dir
 
 __all__ = ["load", "ARCHITECTURES"]
@@ -26,7 +27,6 @@ ARCHITECTURES = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForS
 def load(name_or_path, *, revision: str | None = None, **kwargs):
     """The model in `name_or_path` (a directory or a Hugging Face repo id, see bertkit.hub), built as the class its
     config.json `architectures` names; `kwargs` go to from_pretrained (dtype, device, config fields...)."""
-    import bertkit
     directory = resolve_model_dir(name_or_path, revision=revision)
     names = read_config(directory, {}).extra.get("architectures") or []
     known = [n for n in names if n in ARCHITECTURES]

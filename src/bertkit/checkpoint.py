@@ -35,20 +35,23 @@ import re
 from pathlib import Path
 
 import torch
+import safetensors.torch
 from torch import Tensor
 
-from bertkit.config import BertConfig, read_json_config
+from bertkit.atomic import replacing, write_text
+from bertkit.config import CONFIG_NAME, BertConfig, read_config
 from bertkit.errors import CheckpointError, ConfigError
+from bertkit.hub import resolve_model_dir
+from bertkit.runtime import int8
 
-__all__ = ["load_pretrained", "save_pretrained", "load_state_dict_file", "read_weights", "read_config",
-           "normalize_keys", "parse_dtype", "check_finite", "check_vocab_rows", "WEIGHTS_NAME", "PT_WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = ["load_pretrained", "save_pretrained", "load_state_dict_file", "read_weights", "normalize_keys",
+           "parse_dtype", "check_finite", "check_vocab_rows", "WEIGHTS_NAME", "PT_WEIGHTS_NAME"]
 
 log = logging.getLogger("bertkit.checkpoint")
 
 WEIGHTS_NAME = "model.safetensors"
 SHARDED_INDEX_NAME = "model.safetensors.index.json"
 PT_WEIGHTS_NAME = "pytorch_model.bin"
-CONFIG_NAME = "config.json"
 
 # top-level parameter groups that belong to some task head (ignored when the model being loaded lacks them)
 _HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.")
@@ -69,8 +72,7 @@ def load_state_dict_file(path: Path, allow_non_finite: bool | None = None) -> di
     allowed (keyword, or BERTKIT_ALLOW_NON_FINITE=1), then loaded with a warning."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            sd = load_file(str(path))
+            sd = safetensors.torch.load_file(str(path))
         else:
             sd = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -232,28 +234,11 @@ def _auto_dtype(config: BertConfig, sd: dict[str, Tensor], cfg_path: Path) -> to
     return floats[0] if floats else torch.float32
 
 
-def read_config(directory: Path, overrides: dict) -> BertConfig:
-    """`directory`/config.json with `overrides` (BertConfig fields) applied; errors name the file or the field."""
-    cfg_path = directory / CONFIG_NAME
-    if not cfg_path.is_file():
-        raise CheckpointError(f"no {CONFIG_NAME} in {directory}")
-    raw = read_json_config(cfg_path, CheckpointError)
-    field_names = set(BertConfig.__dataclass_fields__)
-    for key in overrides:
-        if key not in field_names:
-            raise ConfigError(f"from_pretrained got {key}=..., which is not a BertConfig field")
-    try:
-        return BertConfig.from_dict({**raw, **overrides})
-    except ConfigError as e:
-        raise ConfigError(f"{cfg_path}: {e}") from None
-
-
 def load_pretrained(cls, path, *, dtype=None, device=None, ignore_mismatched_sizes: bool = False,
                     revision: str | None = None, allow_non_finite: bool | None = None, **config_overrides):
     """Build `cls` from the config in `path` (+ overrides) and load its weights (see module docstring). `path` is a
     directory or a Hugging Face repo id (see bertkit.hub); `dtype` a torch.dtype, a name ("bfloat16") or "auto";
     allow_non_finite: load NaN / Inf weights with a warning (default: refused; None reads BERTKIT_ALLOW_NON_FINITE)."""
-    from bertkit.hub import resolve_model_dir
     dtype = parse_dtype(dtype)
     directory = resolve_model_dir(path, revision=revision)
     if not directory.is_dir():
@@ -262,7 +247,6 @@ def load_pretrained(cls, path, *, dtype=None, device=None, ignore_mismatched_siz
     sd, source = read_weights(directory, allow_non_finite)
     model = cls(config)
     if "quantization_config" in config.extra:          # int8 layers first: the file holds their int8 weights
-        from bertkit.runtime import int8
         model, sd = int8.prepare(model, config), int8.from_storage(sd)
     _load_into(model, sd, source, ignore_mismatched_sizes)
     check_vocab_rows(directory, model.config.vocab_size, source)
@@ -314,43 +298,17 @@ def _load_into(model, sd: dict[str, Tensor], source: Path, ignore_mismatched_siz
 
 
 # ---------------------------------------------------------------------------------------------- save
-def _file_mode() -> int:
-    """What open() gives a new file under this process's umask (rw for whom the umask allows)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _atomic_write(path: Path, write) -> None:
-    """write(temp name), then rename over `path`: a failure (a full disk) leaves `path` as it was and no temp file,
-    and is one CheckpointError line."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.chmod(tmp, _file_mode())      # safetensors creates its files owner-only; a model is for sharing
-        os.replace(tmp, path)
-    except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {e.strerror or e}; the previous file, if any, is unchanged"
-                              ) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def save_pretrained(model, path, tokenizer=None) -> None:
     """config.json + model.safetensors (+ the tokenizer's files) into `path`, each written atomically."""
-    from safetensors.torch import save_file
-
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if "quantization_config" in model.config.extra:
-        from bertkit.runtime import int8
         sd = int8.to_storage(sd)
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(sd, str(p), metadata={"format": "pt"}))
+    with replacing(directory / WEIGHTS_NAME, CheckpointError) as tmp:
+        safetensors.torch.save_file(sd, str(tmp), metadata={"format": "pt"})
     cfg = model.config.to_dict()
     cfg["architectures"] = [type(model).__name__]
-    text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
-    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text, encoding="utf-8"))
+    write_text(directory / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n", CheckpointError)
     if tokenizer is not None:
         tokenizer.save(directory)

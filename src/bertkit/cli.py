@@ -19,7 +19,9 @@ import threading
 from bertkit import __version__
 from bertkit.commands import settle_model
 from bertkit.commands.checks import error_line, one_line_errors, settle_out
+from bertkit.config import PRESETS
 from bertkit.errors import BertkitError
+from bertkit.hub import cli_model_arg
 from bertkit.textfiles import stdin_inputs
 
 # Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
@@ -123,8 +125,6 @@ def _grouped(sub: argparse._SubParsersAction) -> str:
 def _resolve_model_args(args: argparse.Namespace) -> None:
     """Every command's model argument may name a Hugging Face repo (see bertkit.hub): made a directory here, once.
     Preset names (`finetune --model tiny`) stay as they are."""
-    from bertkit.config import PRESETS
-    from bertkit.hub import cli_model_arg
     for name in ("model", "init"):
         value = getattr(args, name, None)
         if isinstance(value, str):
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     if vars(args).pop("allow_non_finite", False):     # popped: commands pass their namespace on as keywords
-        from bertkit.checkpoint import ALLOW_NON_FINITE_ENV
+        from bertkit.checkpoint import ALLOW_NON_FINITE_ENV  # deferred: torch, off `bertkit -h`'s start path
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     stdin_spec, stdin_format = vars(args).pop("_stdin", {}), vars(args).pop("stdin_format", None)
     ok = False

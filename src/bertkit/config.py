@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertkit.errors import ConfigError
+from bertkit.atomic import write_text
+from bertkit.errors import CheckpointError, ConfigError
+from bertkit.hub import resolve_model_dir
 
-__all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES"]
+__all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES", "CONFIG_NAME",
+           "read_config"]
+
+CONFIG_NAME = "config.json"
 
 # "auto" picks per batch: eager when attention maps are requested, unpadded when the batch has enough padding
 # to be worth removing, sdpa otherwise (the rule and its measurement live in model.py).
@@ -186,8 +191,6 @@ class BertConfig:
                         **overrides: Any) -> "BertConfig":
         """The config.json of a model directory or of a Hugging Face repo id in the local cache (see bertkit.hub),
         with keyword overrides of its fields."""
-        from bertkit.checkpoint import read_config
-        from bertkit.hub import resolve_model_dir
         return read_config(resolve_model_dir(name_or_path, revision=revision), overrides)
 
     # ------------------------------------------------------------------ output
@@ -211,10 +214,8 @@ class BertConfig:
         """Write config.json atomically (temp file, then rename). A directory path gets `config.json` inside."""
         p = Path(path)
         if p.is_dir():
-            p = p / "config.json"
-        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, p)
+            p = p / CONFIG_NAME
+        write_text(p, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def replace(self, **changes: Any) -> "BertConfig":
         """A copy with some fields changed (validated)."""
@@ -282,3 +283,19 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         except (ValueError, TypeError):
             raise ConfigError(f"BertConfig.{key} keys must be integers, got {list(value)!r}") from None
     return value
+
+
+def read_config(directory: Path, overrides: dict) -> BertConfig:
+    """`directory`/config.json with `overrides` (BertConfig fields) applied; errors name the file or the field."""
+    cfg_path = directory / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise CheckpointError(f"no {CONFIG_NAME} in {directory}")
+    raw = read_json_config(cfg_path, CheckpointError)
+    field_names = set(BertConfig.__dataclass_fields__)
+    for key in overrides:
+        if key not in field_names:
+            raise ConfigError(f"from_pretrained got {key}=..., which is not a BertConfig field")
+    try:
+        return BertConfig.from_dict({**raw, **overrides})
+    except ConfigError as e:
+        raise ConfigError(f"{cfg_path}: {e}") from None

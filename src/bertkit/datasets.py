@@ -26,6 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.atomic import replacing
 from bertkit.errors import DatasetUnavailable
 
 __all__ = [
@@ -188,15 +189,12 @@ def bbc_corpus_file(articles: list[Article] | None = None, name: str = "bbc_corp
 
 def write_corpus(articles: list[Article], path: Path) -> None:
     """Write articles as plain text (title and paragraphs a line each, a blank line between articles), atomically."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for a in articles:
             f.write(a.title + "\n")
             for p in a.paragraphs:
                 f.write(p + "\n")
             f.write("\n")
-    tmp.replace(path)
 
 
 # ------------------------------------------------------------------------------------------- Rotten Tomatoes (VADER)

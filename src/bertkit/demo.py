@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bertkit import datasets, plots
+from bertkit.atomic import write_text
+from bertkit.commands.pretrain import config_from_argv
+from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
+from bertkit.progress import say
 
 __all__ = ["DemoConfig", "run_demo", "STAGES"]
 
@@ -86,20 +90,17 @@ def _done(path: Path) -> dict | None:
 
 def _mark(path: Path, info: dict) -> dict:
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "done.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1, default=str))
-    tmp.replace(path / "done.json")
+    write_text(path / "done.json", json.dumps(info, indent=1, default=str) + "\n")
     return info
 
 
 def _say(msg: str) -> None:
-    print(f"[demo] {msg}", file=sys.stderr, flush=True)
+    say(f"[demo] {msg}")
 
 
 # ------------------------------------------------------------------------------------------------- stages
 
 def stage_data(cfg: DemoConfig, out: Path) -> dict:
-    from bertkit import datasets
     arts = datasets.bbc_articles()
     train, dev, test = datasets.split_by_seed(arts, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,6 +111,7 @@ def stage_data(cfg: DemoConfig, out: Path) -> dict:
 
 
 def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
+    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     from bertkit.vocab import train_vocab
     tok = train_vocab([str(data / "bbc_train.txt")], vocab_size=cfg.vocab_size, lowercase=True, progress=cfg.progress)
     tok.save(out)
@@ -118,9 +120,10 @@ def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
 
 
 def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
+    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     from bertkit.pretraining import PrepareConfig, prepare
-    res = {}
     from bertkit.train.recipe import SHARDS
+    res = {}
     # held out: whole-word 15% static masks, BERT's evaluation and a fixed yardstick
     for split, masks in (("train", SHARDS), ("heldout", {**SHARDS, "masking": "wwm", "mask_prob": 0.15,
                                                          "dynamic": False})):
@@ -141,10 +144,10 @@ def _objective(task: str) -> str:
 def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
     """`bertkit pretrain TRAIN --preset mini --budget 12m --eval-shards HELDOUT` with its defaults: the budget's plan
     (out/plan.json), out/model, metrics.jsonl, curves.png, summary.md."""
+    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     import shutil
     import torch
-    from bertkit import BertConfig, BertForMaskedLM, BertForPreTraining
-    from bertkit.commands.pretrain import config_from_argv
+    from bertkit.heads import BertForMaskedLM, BertForPreTraining
     from bertkit.precision import resolve
     from bertkit.pretraining.shards import read_manifest
     from bertkit.train.pretrain import pretrain
@@ -187,6 +190,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
 
 
 def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> dict:
+    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
     from bertkit.infer import Predictor
     from bertkit.pretraining import split_sentences
@@ -206,7 +210,7 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
 
 
 def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
-    from bertkit import datasets, plots
+    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     from bertkit.infer import Predictor
     res = {}
     for name, path in (("minilm", datasets.minilm_dir()), ("ours", model_dir)):
@@ -228,7 +232,7 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
 
 
 def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
-    from bertkit import datasets, plots
+    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     from bertkit.infer import Predictor
     from bertkit.tasks.data import build
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
@@ -284,8 +288,7 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
         if info:
             lines += section(cfg, info)
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_text(path, "\n".join(lines) + "\n")
 
 
 def _header_section(cfg: DemoConfig) -> list[str]:

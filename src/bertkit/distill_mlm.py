@@ -27,11 +27,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertkit.atomic import write_text
+from bertkit.config import BertConfig
 from bertkit.distill import hidden_loss, layer_map, select_layers, soft_loss, teacher_on, truncated_student
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
 from bertkit.tasks.batching import BucketBatchSampler
+from bertkit.textfiles import read_text
+from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import pad_batch
 from bertkit.train.loop import TrainConfig, train
 from bertkit.train.steps import StepOutput
@@ -101,7 +105,6 @@ def _teacher(path: str) -> BertForMaskedLM:
 
 
 def _documents(cfg: MlmDistillConfig, tok) -> list[list[int]]:
-    from bertkit.textfiles import read_text
     lines = [line.strip() for line in read_text(cfg.text).splitlines() if line.strip()]
     if not lines:
         raise ConfigError(f"--text {cfg.text}: no text (one document per line)")
@@ -110,7 +113,6 @@ def _documents(cfg: MlmDistillConfig, tok) -> list[list[int]]:
 
 
 def _student(cfg: MlmDistillConfig, teacher: BertForMaskedLM) -> nn.Module:
-    from bertkit.config import BertConfig
     if cfg.student_layers is not None:
         return truncated_student(teacher, cfg.student_layers).requires_grad_(True)
     return BertForMaskedLM(BertConfig.preset(cfg.student_preset, vocab_size=teacher.config.vocab_size))
@@ -138,7 +140,6 @@ def _step_fn(cfg: MlmDistillConfig, teacher: BertForMaskedLM, pairs):
 def distill_mlm(cfg: MlmDistillConfig) -> dict:
     """Train the student on the teacher's masked-LM outputs; write it to cfg.out with the teacher's tokenizer and a
     summary.json; returns the summary."""
-    from bertkit.tokenizer import Tokenizer
     teacher = _teacher(cfg.teacher)
     tok = Tokenizer.from_pretrained(cfg.teacher)
     tables = VocabTables.from_vocab_file(Path(cfg.teacher) / "vocab.txt")
@@ -162,5 +163,5 @@ def distill_mlm(cfg: MlmDistillConfig) -> dict:
                                                                           cfg.student_layers)
                                                            if cfg.student_layers else None),
                "config": json.loads(json.dumps(asdict(cfg), default=str))}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_text(out / "summary.json", json.dumps(summary, indent=1))
     return summary

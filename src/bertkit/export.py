@@ -31,7 +31,11 @@ from typing import Sequence
 
 import torch
 
+from bertkit.atomic import replacing
 from bertkit.errors import BertkitError
+from bertkit.infer import Predictor
+from bertkit.quantize import quantize_dir
+from bertkit.runtime.int8 import Int8Linear, is_int8_dir
 from bertkit.tokenizer.inputs import pad_batch, token_types, wrap
 
 __all__ = ["export_onnx", "export_onnx_int8", "check_onnx", "onnx_session", "OUTPUTS"]
@@ -92,14 +96,12 @@ def _sample_inputs(tok, batch: int, seq: int, pad_from: int | None = None, seed:
 def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) -> Path:
     """Export the model in `model_dir` (head detected like bertkit.infer) to `out_path` (.onnx)."""
     _require("onnx")
-    from bertkit.infer import Predictor
     pred = Predictor.load(model_dir)
     model = pred.model.eval()
     old = pred.encoder.config.attn_implementation
     pred.encoder.config.attn_implementation = "eager"
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
     try:
         sample = _sample_inputs(pred.tokenizer, 2, 16, pad_from=10)
         names = OUTPUTS[pred.task]
@@ -107,7 +109,7 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
         for n in names:   # pooled / sequence-level outputs have no seq axis
             per_token = not (n == "pooler_output" or pred.task == "classify")
             dynamic_axes[n] = {0: "batch", 1: "seq"} if per_token else {0: "batch"}
-        with torch.no_grad(), warnings.catch_warnings():
+        with replacing(out_path) as tmp, torch.no_grad(), warnings.catch_warnings():
             # input checks in the model (ids in range, shapes) run once at trace time; they are not graph ops
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -115,11 +117,8 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
                                                           sample["token_type_ids"]),
                               str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
                               output_names=names, dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False)
-        tmp.replace(out_path)
     finally:
         pred.encoder.config.attn_implementation = old
-        if tmp.exists():
-            tmp.unlink()
     return out_path
 
 
@@ -136,8 +135,6 @@ def _quiet_root_logger():
 
 def _int8_dir(model_dir: Path, tmp: Path) -> Path:
     """`model_dir` itself when bertkit quantized it already, else an int8 copy in `tmp` (bertkit quantize)."""
-    from bertkit.quantize import quantize_dir
-    from bertkit.runtime.int8 import is_int8_dir
     if is_int8_dir(model_dir):
         return model_dir
     quantize_dir(model_dir, tmp, force=True)
@@ -157,16 +154,10 @@ def export_onnx_int8(model_dir: str | Path, out_path: str | Path, opset: int = 1
     with tempfile.TemporaryDirectory(prefix="bertkit-int8-") as tmp:
         reference = _int8_dir(Path(model_dir), Path(tmp) / "model")
         float_graph = export_onnx(reference, Path(tmp) / "float.onnx", opset=opset)
-        part = out_path.with_name(out_path.name + ".tmp")
-        try:
-            with warnings.catch_warnings(), _quiet_root_logger():
-                warnings.simplefilter("ignore")    # it also logs a pre-processing hint to the root logger
-                quantize_dynamic(str(float_graph), str(part), weight_type=QuantType.QInt8, per_channel=True,
-                                 extra_options={"MatMulConstBOnly": True})      # attention stays float, as ours
-            part.replace(out_path)
-        finally:
-            if part.exists():
-                part.unlink()
+        with replacing(out_path) as part, warnings.catch_warnings(), _quiet_root_logger():
+            warnings.simplefilter("ignore")    # it also logs a pre-processing hint to the root logger
+            quantize_dynamic(str(float_graph), str(part), weight_type=QuantType.QInt8, per_channel=True,
+                             extra_options={"MatMulConstBOnly": True})      # attention stays float, as ours
         return out_path, (check_onnx(reference, out_path) if check else None)
 
 
@@ -184,7 +175,6 @@ def _float_product(model: torch.nn.Module) -> torch.nn.Module | None:
     int8 layers and an int8 ONNX graph of the same weights both approximate. None for a float model."""
     import copy
     import sys
-    from bertkit.runtime.int8 import Int8Linear
     if not any(isinstance(m, Int8Linear) for m in model.modules()):
         return None
     floated = copy.deepcopy(model)
@@ -201,7 +191,6 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
     model also {"int8": {"onnx_vs_float", "bertkit_vs_float", "worst_ratio"}}: how far each int8 implementation is
     from the float product of the same int8 weights (the largest over every batch and output), and the largest
     ratio of the two on any one batch and output (two independent roundings differ by up to their sum)."""
-    from bertkit.infer import Predictor
     pred = Predictor.load(model_dir)
     sess = onnx_session(onnx_path)
     wrapped = _Wrapped(pred.model.eval(), pred.task)
@@ -245,7 +234,6 @@ def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq:
               threads: int | None = None) -> dict:
     """Median seconds per forward of PyTorch (our default backend) and onnxruntime, alternating, same inputs."""
     import statistics
-    from bertkit.infer import Predictor
     pred = Predictor.load(model_dir)
     sess = onnx_session(onnx_path, threads=threads)
     wrapped = _Wrapped(pred.model.eval(), pred.task)

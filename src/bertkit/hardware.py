@@ -137,16 +137,6 @@ def use_bf16(flag: bool | None, device=None) -> bool:
     return bool(flag)
 
 
-def main() -> None:
-    """python -m bertkit.hardware: what "auto" precision picks here, and the fast paths this CPU measured."""
-    from bertkit import runtime
-    flags = sorted(f for f in cpu_flags() if "bf16" in f or "amx" in f or f in ("avx2", "avx512f", "avx512_vnni"))
-    print(f"cpu: {cpu_signature()}; torch {torch.__version__}; {torch.get_num_threads()} threads; flags: {flags}")
-    print(f"native bf16: {native_bf16('cpu')}; auto precision: {resolve_precision('auto')}")
-    print("fast paths (each on only where it measured faster than plain PyTorch here):")
-    for line in runtime.describe(runtime.plan("cpu")):
-        print(f"  {line}")
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":        # `python -m bertkit.hardware`: the plan it prints is bertkit.runtime's, a layer up
+    from bertkit.runtime import main
     main()

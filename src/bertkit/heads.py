@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.config import BertConfig
-from bertkit.model import BertModel, BertPreTrainedModel, activation
+from bertkit.activations import activation
+from bertkit.model import BertModel, BertPreTrainedModel
 from bertkit.outputs import ModelOutput, extra_field, finish, forward_flags
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",

@@ -33,39 +33,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from bertkit.activations import Activation
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout
+from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.outputs import ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection", "activation"]
-
-
-def activation(name: str):
-    """The FFN non-linearity named in config.hidden_act (HF names)."""
-    if name == "gelu":
-        return F.gelu  # exact: 0.5 x (1 + erf(x / sqrt 2))
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    if name in ("silu", "swish"):
-        return F.silu
-    raise ConfigError(f"BertConfig.hidden_act={name!r} is not supported")
-
-
-class Activation(nn.Module):
-    """`activation(name)` as a module, so an execution path can fuse it into the preceding matmul."""
-
-    def __init__(self, name: str):
-        super().__init__()
-        self.name = name
-        self.fn = activation(name)                      # unknown names fail here, at build time
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x)
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection"]
 
 
 @dataclass
@@ -302,7 +279,6 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
         id from the local cache (see bertkit.hub). dtype / torch_dtype (transformers' older name): a torch.dtype, a
         name ("bfloat16") or "auto" (the checkpoint's). allow_non_finite=True loads NaN / Inf weights (with a warning)
         instead of refusing them. Keyword arguments that name BertConfig fields override the config."""
-        from bertkit.checkpoint import load_pretrained
         if torch_dtype is not None and dtype is not None and torch_dtype != dtype:
             raise ConfigError(f"from_pretrained got dtype={dtype!r} and torch_dtype={torch_dtype!r}: give one")
         return load_pretrained(cls, path, dtype=dtype if dtype is not None else torch_dtype, device=device,
@@ -310,7 +286,6 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
 
     def save_pretrained(self, path, tokenizer=None) -> None:
         """Write config.json + model.safetensors (atomically) and, if given, the tokenizer's files."""
-        from bertkit.checkpoint import save_pretrained
         save_pretrained(self, path, tokenizer=tokenizer)
 
     def shard_units(self) -> list[nn.Module]:

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from bertkit.atomic import replacing
 from bertkit.errors import DataError
 from bertkit.textfiles import utf8_errors
 
@@ -134,7 +135,8 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
 def _save(fig, out_png: str | Path) -> Path:
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    with replacing(out_png) as tmp:         # a viewer never sees half a png; the temp name has no image suffix
+        fig.savefig(tmp, dpi=110, format=out_png.suffix[1:] or "png")
     _pyplot().close(fig)
     return out_png
 

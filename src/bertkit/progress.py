@@ -6,6 +6,7 @@ them when stderr is a terminal, so a log file or a pipe gets none unless `--prog
 
 from __future__ import annotations
 
+import logging
 import sys
 from contextlib import contextmanager
 
@@ -36,6 +37,18 @@ def say(message: str) -> None:
     from tqdm.auto import tqdm
     tqdm.write(message, file=sys.stderr)
     sys.stderr.flush()
+
+
+class _SayHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        say(self.format(record))
+
+
+def log_lines(level: int = logging.INFO) -> None:
+    """The command's log records as plain lines on stderr, through `say` (a line does not tear a bar)."""
+    handler = _SayHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 @contextmanager

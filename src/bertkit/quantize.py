@@ -26,11 +26,13 @@ from pathlib import Path
 from torch import nn
 
 from bertkit import runtime
-from bertkit.checkpoint import _atomic_write
+from bertkit.atomic import write_text
 from bertkit.embed.st_format import module_dirs
-from bertkit.errors import BertkitError, ConfigError
+from bertkit.errors import BertkitError, CheckpointError, ConfigError
 from bertkit.predict.load import head_of
 from bertkit.runtime import int8
+from bertkit.tasks.runner import evaluate_task, load_task
+from bertkit.textfiles import shown
 
 __all__ = ["quantize_dir", "quantize_model", "write", "Quantized", "QualityGateError"]
 
@@ -65,7 +67,6 @@ _ALSO = {"qa": ("exact",), "tag": ("precision", "recall")}
 
 def _score(task, model, examples, feats, precision: str) -> dict[str, float]:
     """The task's main metric and its `_ALSO` companions, in points."""
-    from bertkit.tasks.runner import evaluate_task
     report, _ = evaluate_task(task, runtime.freeze(model), examples, feats, 128, precision)
     scale = 1.0 if task.kind == "qa" else 100.0                     # points: QA reports percent already
     return {k: scale * float(report[k]) for k in (task.main_metric, *_ALSO.get(task.kind, ()))}
@@ -74,14 +75,12 @@ def _score(task, model, examples, feats, precision: str) -> dict[str, float]:
 def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision: str) -> dict:
     """fp32 and int8 scores on `dev_file` in points of the task's main metric; raises QualityGateError (naming
     both) when int8 is more than `max_drop` points below."""
-    from bertkit.tasks.runner import load_task
     task, _, tok = load_task(model_dir)
     examples = task.read(dev_file)
     feats = task.features(tok, examples)
     fp_all = _score(task, fp32, examples, feats, precision)
     q_all = _score(task, copy.deepcopy(quantized), examples, feats, precision)
     fp, q = fp_all.pop(task.main_metric), q_all.pop(task.main_metric)
-    from bertkit.textfiles import shown
     figures = {"dev_file": shown(dev_file), "metric": task.main_metric, "fp32": round(fp, 3), "int8": round(q, 3),
                "drop_points": round(fp - q, 3), "max_drop": max_drop, "precision": precision, "n": len(examples),
                "also": {k: {"fp32": round(v, 3), "int8": round(q_all[k], 3)} for k, v in fp_all.items()}}
@@ -143,7 +142,7 @@ def write(q: Quantized, out) -> dict:
     cfg_path = out / "config.json"                   # the int8 file's own size is known only once written
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg["quantization_config"] = qc
-    _atomic_write(cfg_path, lambda p: p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
+    write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n", CheckpointError)
     n = sum(type(m) is int8.Int8Linear for m in q.model.modules())
     return {"out": str(out), "int8_layers": n, **qc}
 

@@ -22,7 +22,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from bertkit.errors import DataError
+from bertkit.errors import BertkitError, ConfigError, DataError
 
 __all__ = ["read_text", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy",
            "shown", "shown_all"]
@@ -152,7 +152,6 @@ def stdin_inputs(args, spec: dict, fmt: str | None = None):
     """Within the block, the one '-' among the input arguments `spec` names ({dest: (flag, suffix)}) is a
     temporary file holding stdin's bytes, removed afterwards. suffix None: sniffed (or `fmt`); "": the command reads
     '-' itself (counted, left as it is). A second '-' is a ConfigError; error messages name <stdin>, not the copy."""
-    from bertkit.errors import BertkitError, ConfigError
     dashed = [(dest, flag) for dest, (flag, _) in spec.items() for _ in range(_dashes(getattr(args, dest, None)))]
     if len(dashed) > 1:
         flags = ", ".join(dict.fromkeys(flag for _, flag in dashed))

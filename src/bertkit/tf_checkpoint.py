@@ -33,6 +33,9 @@ import numpy as np
 
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError, CheckpointError
+from bertkit.heads import BertForPreTraining
+from bertkit.model import BertModel
+from bertkit.tokenizer import Tokenizer, load_vocab
 
 __all__ = ["TFCheckpoint", "convert_tf_checkpoint", "resolve_prefix", "hf_name", "crc32c"]
 
@@ -381,10 +384,6 @@ def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool 
     a google-research/bert checkpoint `src` (see resolve_prefix); `config` / `vocab` default to bert_config.json /
     vocab.txt beside it. BertForPreTraining when the checkpoint has the MLM and NSP heads, else BertModel.
     `lowercase=None` infers the tokenizer's casing from the vocab. Returns a report: model, counts, unknowns."""
-    from bertkit.heads import BertForPreTraining
-    from bertkit.model import BertModel
-    from bertkit.tokenizer import Tokenizer, load_vocab
-
     prefix = resolve_prefix(src)
     out = _out_dir(out, overwrite)
     config_path = Path(config) if config is not None else prefix.parent / "bert_config.json"

@@ -70,6 +70,7 @@ from typing import Callable, Iterable, Iterator
 
 from bertkit.errors import ConfigError, DataError
 from bertkit.options import with_options
+from bertkit.progress import bar as progress_bar
 from bertkit.tokenizer import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, Tokenizer
 
 __all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
@@ -379,8 +380,7 @@ def _merge_until_full(pairs: _PairMerges, tokens: list[str], token_id: dict[str,
     budget = config.vocab_size - len(tokens)
     bar = None
     if progress and budget > 0:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=budget, desc="merges", unit="piece", dynamic_ncols=True)
+        bar = progress_bar(total=budget, desc="merges", unit="piece", show=True)
     n_merges = 0
     stop_reason = "vocab_size reached"
     while len(tokens) < config.vocab_size:
@@ -439,9 +439,8 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
     bar = None
     on_bytes = None
     if progress:
-        from tqdm.auto import tqdm
         total = sum(p.stat().st_size for p in paths)
-        bar = tqdm(total=total, desc="counting words", unit="B", unit_scale=True, dynamic_ncols=True)
+        bar = progress_bar(total=total, desc="counting words", unit="B", unit_scale=True, show=True)
         on_bytes = bar.update
 
     def texts() -> Iterator[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bertkit.errors import ConfigError
+
 
 def add_model_argument(parser, help: str) -> None:
     """MODEL as the first positional, or as `--model MODEL` like tokenize / finetune / evaluate / predict spell it
@@ -13,7 +15,6 @@ def add_model_argument(parser, help: str) -> None:
 def settle_model(args) -> None:
     """args.model from the positional or `--model`. With --model, the first positional word belongs to the texts
     that follow it (`embed --model M "a" "b"` parses as model "a", texts ["b"] until here)."""
-    from bertkit.errors import ConfigError
     if "model_option" not in vars(args):
         return
     option = vars(args).pop("model_option")

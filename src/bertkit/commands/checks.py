@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bertkit.errors import BertkitError
+from bertkit.textfiles import STDIN_FORMATS
 
 MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "made", "wrote"}: a command's output
 REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
@@ -122,7 +123,6 @@ def stdin_ok(parser: argparse.ArgumentParser, *dests: str, suffix: str | None = 
                 action.help += " ('-' = stdin)"
             spec[action.dest] = (action.option_strings[0] if action.option_strings else action.dest.upper(), suffix)
     if suffix is None and "--stdin-format" not in parser._option_string_actions:
-        from bertkit.textfiles import STDIN_FORMATS
         parser.add_argument("--stdin-format", choices=STDIN_FORMATS, help="the format of a '-' (stdin) data file "
                                                                           "(default: sniffed from its first lines)")
     parser.set_defaults(_stdin=spec)

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from bertkit.commands import checks
+from bertkit.textfiles import read_text
 
 
 def register(subparsers) -> None:
@@ -36,9 +37,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertkit.tf_checkpoint import convert_tf_checkpoint
+    from bertkit.tf_checkpoint import convert_tf_checkpoint  # deferred: torch, off `bertkit -h`'s start path
 
-    from bertkit.textfiles import read_text
     if args.config:     # read by the converter; a binary or non-UTF-8 file is refused here naming it
         read_text(args.config)
     checks.out_dir(args.out, "convert", inputs=(args.src, args.config, args.vocab), overwrite=args.overwrite,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from bertkit.commands import checks
+from bertkit.demo import DemoConfig, STAGES, run_demo
 
 
 def register(sub) -> None:
-    from bertkit.demo import STAGES, DemoConfig
     d = DemoConfig()
     p = sub.add_parser("demo", help="the whole pipeline on BBC News + Rotten Tomatoes, with a report (make demo)")
     p.add_argument("--out", default=d.out)
@@ -25,7 +25,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from bertkit.demo import STAGES, DemoConfig, run_demo
     # its stages are a cache: an earlier demo run is reused (--force redoes them); other files are refused
     checks.out_dir(args.out, "demo", overwrite=args.force, reuse=True, writes_model=True, known=STAGES)
     cfg = DemoConfig(out=args.out, seed=args.seed, force=args.force,

@@ -94,7 +94,7 @@ def _distill(args) -> int:
 
 def _refuse_int8(args) -> None:
     """int8 models (bertkit quantize) run inference only: a teacher, yes; copied layers or a student, no."""
-    from bertkit.runtime.int8 import is_int8_dir
+    from bertkit.runtime.int8 import is_int8_dir  # deferred: torch, off `bertkit -h`'s start path
     if args.student_layers is not None and args.student is None and is_int8_dir(args.teacher):
         raise ConfigError(f"--teacher {args.teacher} is int8 (bertkit quantize): --student-layers copies the "
                           f"teacher's float layers; give the fp32 teacher, or --student-preset")
@@ -115,7 +115,7 @@ def _teacher_task(teacher: str) -> dict:
 
 
 def _task(args) -> dict:
-    from bertkit.distill import DistillConfig, distill_task
+    from bertkit.distill import DistillConfig, distill_task  # deferred: torch, off `bertkit -h`'s start path
     from bertkit.tasks.runner import FinetuneConfig, finetune_recipe
     from bertkit.train.loop import TrainConfig
     settings = _teacher_task(args.teacher)
@@ -141,7 +141,7 @@ def _recipe_values(args) -> dict:
 def _general(args) -> dict:
     from dataclasses import replace
 
-    from bertkit.distill_mlm import MlmDistillConfig, distill_mlm
+    from bertkit.distill_mlm import MlmDistillConfig, distill_mlm  # deferred: torch, off `bertkit -h`'s start path
     if args.student_preset is None and args.student_layers is None:
         raise ConfigError("general distillation: choose the student with --student-layers or --student-preset")
     values = _recipe_values(args)

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertkit.pretraining import PrepareConfig, prepare
+    from bertkit.pretraining import PrepareConfig, prepare  # deferred: numpy, off `bertkit -h`'s start path
 
     checks.out_dir(args.out, "prepare", inputs=(*args.corpus, args.vocab), overwrite=args.overwrite)
     summary = prepare(PrepareConfig(

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from pathlib import Path
 
 from bertkit import progress
+from bertkit.atomic import write_text
 from bertkit.commands import checks
 from bertkit.errors import ConfigError
+from bertkit.textfiles import read_text
 
 
 def register(subparsers) -> None:
@@ -111,7 +112,7 @@ def register(subparsers) -> None:
 
 def config_from_args(args):
     """The PretrainConfig of parsed `bertkit pretrain` arguments; set_fields names the planned settings given."""
-    from bertkit.train.loop import TrainConfig, parse_duration
+    from bertkit.train.loop import TrainConfig, parse_duration  # deferred: torch, off `bertkit -h`'s start path
     from bertkit.train.pretrain import PretrainConfig
     from bertkit.train.recipe import PLANNED
 
@@ -136,9 +137,9 @@ def config_from_argv(argv: list[str]):
 
 
 def run(args) -> int:
-    from bertkit.train.pretrain import pretrain
+    from bertkit.train.pretrain import pretrain  # deferred: torch, off `bertkit -h`'s start path
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    progress.log_lines()
     main_rank = int(os.environ.get("RANK", "0")) == 0      # torchrun: every rank runs this command
     if args.resume and args.overwrite:      # one continues the run, the other replaces it
         raise ConfigError("--resume continues the run in --out, --overwrite replaces it: give one of them")
@@ -148,11 +149,10 @@ def run(args) -> int:
                                                   args.config), overwrite=args.overwrite or args.resume,
                    reuse=not args.overwrite, dry_run=not main_rank)
     if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
-        from bertkit.textfiles import read_text
         text = read_text(args.config)
         if args.config == "-":      # stdin: kept in the run directory, where the trainer reads it
             args.config = str(Path(args.out) / "config.stdin.json")
-            Path(args.config).write_text(text, encoding="utf-8")
+            write_text(args.config, text)
     pc = config_from_args(args)
     result = pretrain(pc)
     last = result.eval_history[-1] if result.eval_history else {}

@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertkit.quantize import quantize_model, write
+    from bertkit.quantize import quantize_model, write  # deferred: torch, off `bertkit -h`'s start path
 
     def claim(dry_run: bool):
         checks.out_dir(args.out, "quantize", inputs=(args.model, args.check), overwrite=args.overwrite,

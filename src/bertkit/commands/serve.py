@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from bertkit.commands import add_model_argument, checks
+from bertkit.serve.limits import ServeConfig, require_serve_extra
 
 
 def register(sub) -> None:
-    from bertkit.serve.limits import ServeConfig
     d = ServeConfig()
     p = sub.add_parser("serve", help="serve a model over HTTP/JSON with dynamic batching (pip install 'bertkit[serve]')")
     add_model_argument(p, "model directory (endpoints follow its head)")
@@ -32,13 +32,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from bertkit.serve.limits import ServeConfig, require_serve_extra
     cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                       max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
                       timeout_s=args.timeout, max_length=args.max_length, max_inputs=args.max_inputs,
                       max_masks=args.max_masks, read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive,
                       max_connections=args.max_connections).validate()
     require_serve_extra()
+    # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model
     if args.threads:
         import torch

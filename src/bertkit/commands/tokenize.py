@@ -16,6 +16,7 @@ import sys
 from itertools import islice
 
 from bertkit.commands import checks
+from bertkit.errors import BertkitError, DataError
 
 
 def register(sub) -> None:
@@ -49,7 +50,6 @@ def _one_line_error(message: str):
 
 def _lines(path: str):
     """Lines of a file (or stdin) without their newline, decoded as UTF-8 with invalid bytes replaced."""
-    from bertkit.errors import DataError
     if path == "-":
         stream = open(sys.stdin.fileno(), "r", encoding="utf-8", errors="replace", closefd=False)
     else:
@@ -67,8 +67,7 @@ def _lines(path: str):
 
 
 def run(args) -> int:
-    from bertkit.errors import BertkitError
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.tokenizer import Tokenizer  # deferred: numpy, off `bertkit -h`'s start path
     if not args.vocab and not args.model:
         raise BertkitError("give --vocab VOCAB.txt or --model MODEL_DIR")
     if args.file and args.text:

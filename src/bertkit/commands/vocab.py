@@ -36,6 +36,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: numpy, off `bertkit -h`'s start path
     from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
 
     out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bertkit.embed.index import search_vectors
 from bertkit.errors import ConfigError, DataError
 
 __all__ = ["mine_hard_negatives", "pair_label_rows"]
@@ -26,7 +27,6 @@ __all__ = ["mine_hard_negatives", "pair_label_rows"]
 
 def mine_hard_negatives(encoder, tokenizer, pairs: Sequence[tuple[str, str]], negatives: int = 1,
                         skip_top: int = 0, corpus: Sequence[str] = (), batch_size: int = 64) -> list[dict]:
-    from bertkit.embed.index import search_vectors
     if negatives <= 0 or skip_top < 0:
         raise ConfigError(f"negatives must be > 0 and skip_top >= 0, got {negatives}, {skip_top}")
     texts = list(dict.fromkeys([p for _, p in pairs] + [c for c in corpus if c.strip()]))

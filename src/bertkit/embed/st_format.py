@@ -19,12 +19,15 @@ Writing uses the flag format every sentence-transformers version reads. Module t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
+import safetensors.torch
 
-from bertkit.checkpoint import CONFIG_NAME, _atomic_write, load_state_dict_file
+from bertkit import __version__
+from bertkit.atomic import replacing, write_json
+from bertkit.checkpoint import load_state_dict_file
+from bertkit.config import CONFIG_NAME
 from bertkit.errors import CheckpointError
 from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer
@@ -202,22 +205,14 @@ def sentence_pipeline(path, bert: BertModel, tokenizer: Tokenizer) -> SentenceEn
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save_sentence_encoder(encoder: SentenceEncoder, tokenizer: Tokenizer, path) -> Path:
     """Write `encoder` + `tokenizer` as a sentence-transformers directory (which `SentenceTransformer(path)` and
     `load_sentence_encoder(path)` both read). Returns the directory."""
-    from safetensors.torch import save_file
-    from bertkit import __version__
-
     directory = Path(path)
     encoder.bert.save_pretrained(directory, tokenizer=tokenizer)
-    _write_json(directory / "sentence_bert_config.json",
-                {"max_seq_length": encoder.max_seq_length, "do_lower_case": encoder.do_lower_case})
+    write_json(directory / "sentence_bert_config.json",
+               {"max_seq_length": encoder.max_seq_length, "do_lower_case": encoder.do_lower_case},
+               error=CheckpointError)
     modules = [("0", "", "Transformer")]
     pool_dir = directory / "1_Pooling"
     pool_dir.mkdir(exist_ok=True)
@@ -227,26 +222,28 @@ def save_sentence_encoder(encoder: SentenceEncoder, tokenizer: Tokenizer, path) 
     if list(modes) != [m for m in POOLING_FLAGS if m in modes]:
         # flags concatenate in their fixed order; the newer list form (read first) keeps another order
         pool_cfg["pooling_mode"] = [_ST_MODE_NAMES.get(m, m) for m in modes]
-    _write_json(pool_dir / CONFIG_NAME, pool_cfg)
+    write_json(pool_dir / CONFIG_NAME, pool_cfg, error=CheckpointError)
     modules.append(("1", "1_Pooling", "Pooling"))
     for layer in encoder.dense:
         idx = str(len(modules))
         sub = directory / f"{idx}_Dense"
         sub.mkdir(exist_ok=True)
-        _write_json(sub / CONFIG_NAME, {"in_features": layer.in_features, "out_features": layer.out_features,
-                                        "bias": layer.bias,
-                                        "activation_function": _ACTIVATION_PATHS[layer.activation_name]})
+        write_json(sub / CONFIG_NAME, {"in_features": layer.in_features, "out_features": layer.out_features,
+                                       "bias": layer.bias,
+                                       "activation_function": _ACTIVATION_PATHS[layer.activation_name]},
+                   error=CheckpointError)
         sd = {k: v.detach().to("cpu").contiguous() for k, v in layer.state_dict().items()}
-        _atomic_write(sub / "model.safetensors", lambda p, sd=sd: save_file(sd, str(p), metadata={"format": "pt"}))
+        with replacing(sub / "model.safetensors", CheckpointError) as tmp:
+            safetensors.torch.save_file(sd, str(tmp), metadata={"format": "pt"})
         modules.append((idx, f"{idx}_Dense", "Dense"))
     if encoder.normalize:
         idx = str(len(modules))
         (directory / f"{idx}_Normalize").mkdir(exist_ok=True)
         modules.append((idx, f"{idx}_Normalize", "Normalize"))
-    _write_json(directory / "config_sentence_transformers.json",
-                {"__version__": {"bertkit": __version__, "pytorch": torch.__version__},
-                 "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
-    _write_json(directory / "modules.json",
-                [{"idx": int(i), "name": i, "path": p, "type": f"sentence_transformers.models.{t}"}
-                 for i, p, t in modules])
+    write_json(directory / "config_sentence_transformers.json",
+               {"__version__": {"bertkit": __version__, "pytorch": torch.__version__},
+                "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, error=CheckpointError)
+    write_json(directory / "modules.json",
+               [{"idx": int(i), "name": i, "path": p, "type": f"sentence_transformers.models.{t}"}
+                for i, p, t in modules], error=CheckpointError)
     return directory

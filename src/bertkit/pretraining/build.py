@@ -26,11 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.atomic import write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.pretraining.corpus import CorpusStats, expand_corpus, iter_documents
 from bertkit.pretraining.examples import BuildStats, ExampleBuilder, ExampleConfig, TokenizedDocument
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
 from bertkit.pretraining.shards import FORMAT_VERSION, MANIFEST, ShardWriter, remove_partial, write_manifest
+from bertkit.progress import bar as progress_bar, say
+from bertkit.tokenizer import Tokenizer
 
 __all__ = ["prepare", "PrepareConfig", "PrepareSummary", "load_tokenizer"]
 
@@ -160,7 +163,6 @@ class PrepareSummary:
 
 
 def load_tokenizer(vocab: str | Path):
-    from bertkit.tokenizer import Tokenizer
     return Tokenizer.from_pretrained(vocab)
 
 
@@ -306,7 +308,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     out = Path(cfg.out)
     _prepare_out_dir(out, cfg.overwrite)
     vocab_copy = out / "vocab.txt"
-    vocab_copy.write_text("\n".join(tok.ids_to_tokens) + "\n", encoding="utf-8")
+    write_text(vocab_copy, "\n".join(tok.ids_to_tokens) + "\n")
 
     by_files = len(files) >= cfg.workers
     shares = _split_files(files, cfg.workers) if by_files else [[str(f) for f in files]] * cfg.workers
@@ -341,7 +343,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     })
     warning = _lone_document_warning(results, bstats, cstats.documents)
     if warning is not None:
-        print(f"bertkit prepare: warning: {warning}", file=sys.stderr, flush=True)
+        say(f"bertkit prepare: warning: {warning}")
     return summary
 
 
@@ -392,8 +394,7 @@ def _prepare_out_dir(out: Path, overwrite: bool) -> None:
 def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
     bar = None
     if show:
-        from tqdm import tqdm
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1)
+        bar = progress_bar(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1, show=True)
     try:
         if len(jobs) == 1:
             counter = _BarCounter(bar)

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from bertkit.config import BertConfig
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
-from bertkit.model import BertModel, activation
+from bertkit.activations import activation
+from bertkit.model import BertModel
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from bertkit.errors import ConfigError, VocabError
 
-__all__ = ["MaskingConfig", "VocabTables", "mask_batch", "example_keys", "MODES"]
+__all__ = ["MaskingConfig", "VocabTables", "mask_batch", "example_keys", "splitmix64", "MODES"]
 
 MODES = ("token", "wwm", "ngram")
 
@@ -121,7 +121,7 @@ class VocabTables:
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: a good 64-bit hash, elementwise (uint64 arithmetic wraps)."""
     with np.errstate(over="ignore"):
         z = np.asarray(x, dtype=np.uint64) + _GOLD
@@ -132,18 +132,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def example_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
     """(n,) uint64 keys for examples `indices` in `epoch` under `seed`: the only input a row's mask depends on."""
-    base = _mix(_mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF)) ^ np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
-    return _mix(base ^ np.asarray(indices, dtype=np.uint64))
+    base = splitmix64(splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF)) ^ np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
+    return splitmix64(base ^ np.asarray(indices, dtype=np.uint64))
 
 
 def _uniform(keys: np.ndarray, stream: int, width: int | None = None) -> np.ndarray:
     """U[0,1) floats: (B,) when width is None, else (B, width); independent per (key, stream, column)."""
-    k = _mix(keys ^ np.uint64(stream * 0x632BE59BD9B4E019 & 0xFFFFFFFFFFFFFFFF))
+    k = splitmix64(keys ^ np.uint64(stream * 0x632BE59BD9B4E019 & 0xFFFFFFFFFFFFFFFF))
     if width is None:
-        bits = _mix(k)
+        bits = splitmix64(k)
     else:
         cols = np.arange(1, width + 1, dtype=np.uint64) * _GOLD   # (width,)
-        bits = _mix(k[:, None] ^ cols[None, :])                      # (B, width)
+        bits = splitmix64(k[:, None] ^ cols[None, :])                      # (B, width)
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 

@@ -31,45 +31,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from bertkit.atomic import replacing, write_json
 from bertkit.errors import DataError
 from bertkit.options import with_options
-from bertkit.pretraining.masking import MaskingConfig, VocabTables, _mix, example_keys, mask_batch
+from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch, splitmix64
 from bertkit.tokenizer.inputs import row_masks
 
 __all__ = ["ShardWriter", "ShardReader", "ReaderOptions", "read_manifest", "write_manifest", "MANIFEST",
-           "FORMAT_VERSION"]
+           "FORMAT_VERSION", "file_sha256"]
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _atomic_write_bytes(path: Path, write) -> None:
-    """Write via `write(fileobj)` to a temp name in the same directory, fsync, rename into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_json(path: Path, obj) -> None:
-    _atomic_write_bytes(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 # ---------------------------------------------------------------------------------------------------------- writer
@@ -136,10 +122,11 @@ class ShardWriter:
         files = {}
         for field, arr in arrays.items():
             path = self.out_dir / f"{name}.{field}.npy"
-            _atomic_write_bytes(path, lambda f, a=arr: np.save(f, np.ascontiguousarray(a), allow_pickle=False))
-            files[field] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+            with replacing(path) as tmp, open(tmp, "wb") as f:      # a file object: np.save adds .npy to a name
+                np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+            files[field] = {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
         entry = {"name": name, "examples": int(self._n), "files": files}
-        _atomic_json(self.out_dir / f"{name}.done.json", entry)
+        write_json(self.out_dir / f"{name}.done.json", entry, indent=1)
         self.shards.append(entry)
         self._reset()
 
@@ -150,7 +137,7 @@ class ShardWriter:
 
 def write_manifest(out_dir: str | Path, manifest: dict) -> Path:
     path = Path(out_dir) / MANIFEST
-    _atomic_json(path, manifest)
+    write_json(path, manifest, indent=1)
     return path
 
 
@@ -234,7 +221,7 @@ def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
         y = x[todo]
         for k in round_keys:
             left, right = y >> shift, y & mask
-            y = (right << shift) | (left ^ (_mix(right ^ k) & mask))
+            y = (right << shift) | (left ^ (splitmix64(right ^ k) & mask))
         x[todo] = y
         todo = x >= np.uint64(n)
     return x.astype(np.int64)
@@ -262,7 +249,7 @@ def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Sha
         if size != info["bytes"]:
             raise DataError(f"shard file {path} has {size} bytes, the manifest says {info['bytes']}: truncated or "
                             "overwritten; rebuild the shards")
-        if verify == "full" and _sha256(path) != info["sha256"]:
+        if verify == "full" and file_sha256(path) != info["sha256"]:
             raise DataError(f"shard file {path} fails its sha256 check: corrupt; rebuild the shards")
         try:
             arrays[field] = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -436,7 +423,7 @@ class ShardReader:
         """The batch dict (torch tensors) for global example `indices` in `epoch`."""
         import torch
 
-        from bertkit.heads import IGNORE_INDEX      # with torch: reading shards for a model
+        from bertkit.heads import IGNORE_INDEX      # deferred: torch; writing shards (prepare) needs numpy only
 
         tokens, meta, pos, ids = self.gather(indices)
         length, a_len, label = meta[:, 0], meta[:, 1], meta[:, 2]

@@ -21,11 +21,13 @@ import torch
 from torch import nn
 
 from bertkit.attention import ExecutionOptions, dropout
+from bertkit.compat import PreTrainedMixin
+from bertkit.datasets import cache_dir
 from bertkit.errors import ConfigError
-from bertkit.hardware import native_bf16
-from bertkit.model import BertModel, BertPreTrainedModel
+from bertkit.hardware import cpu_flags, cpu_signature, native_bf16, resolve_precision
 from bertkit.runtime.int8 import default_engine, set_engine
 from bertkit.runtime.linear import FrozenLinear, freeze_linears
+from bertkit.runtime.probe import MARGIN, SHORT_ROWS, cached_measurements
 
 __all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "int8_float_below",
            "is_frozen", "plan"]
@@ -60,7 +62,6 @@ class FastDropout(nn.Dropout):
 
 
 def _won(probe: dict) -> bool:
-    from bertkit.runtime.probe import MARGIN
     return probe.get("fast") is not None and probe["fast"] < MARGIN * probe["plain"]
 
 
@@ -76,16 +77,13 @@ def int8_float_below(int8_probe: dict) -> int:
     short = {"fast": int8_probe.get("short_fast"), "plain": int8_probe.get("short_plain")}
     if not _won(int8_probe) or short["fast"] is None or _won(short):
         return 0
-    from bertkit.runtime.probe import SHORT_ROWS
     return SHORT_ROWS.stop + 4
 
 
 @functools.cache
 def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     """Once per process and thread count (the probes run under the current thread count)."""
-    from bertkit.runtime.probe import cached_measurements
     try:
-        from bertkit.datasets import cache_dir
         root = cache_dir()
     except OSError:
         root = None                                  # no cache directory: measure, keep the result in memory
@@ -129,9 +127,9 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     """Give every bertkit model in `model` the plan's execution options, and fast dropout modules where they won
     (inside bertkit models only: other modules keep their own dropout)."""
     runtime = runtime or plan(next(model.parameters()).device)
-    berts = [m for m in model.modules() if isinstance(m, BertPreTrainedModel)]
+    berts = [m for m in model.modules() if isinstance(m, PreTrainedMixin)]     # BertModel and the heads
     for m in berts:
-        if isinstance(m, BertModel):
+        if isinstance(getattr(m, "execution", None), ExecutionOptions):       # a BertModel
             # gradient checkpointing is the caller's choice, not a measured fast path: it stays as it was
             per_model = None if runtime.bucket_overhead is None else runtime.bucket_overhead / m.config.hidden_size
             m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers,
@@ -172,3 +170,14 @@ def describe(runtime: RuntimePlan) -> list[str]:
     if "all" in runtime.reasons:
         return [f"{name}: {'on' if on else 'off'} ({runtime.reasons['all']})" for name, on in state.items()]
     return [f"{name}: {'on' if on else 'off'} ({runtime.reasons.get(name, '')})" for name, on in state.items()]
+
+
+def main() -> None:
+    """python -m bertkit.hardware: what "auto" precision picks here, and the fast paths this CPU measured."""
+    flags = sorted(f for f in cpu_flags() if "bf16" in f or "amx" in f or f in ("avx2", "avx512f", "avx512_vnni"))
+    print(f"cpu: {cpu_signature()}; torch {torch.__version__}; {torch.get_num_threads()} threads; flags: {flags}")
+    print(f"native bf16: {native_bf16('cpu')}; auto precision: {resolve_precision('auto')}")
+    print("fast paths (each on only where it measured faster than plain PyTorch here):")
+    for line in describe(plan("cpu")):
+        print(f"  {line}")
+

@@ -33,8 +33,8 @@ from bertkit.attention import tracing
 from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
-from bertkit.model import BertIntermediate, BertSelfAttention, activation
-from bertkit.runtime.linear import FrozenLinear, _stamp
+from bertkit.activations import activation
+from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, tensors_stamp
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
            "is_int8_dir", "check_keep_float", "METHOD", "EMBEDDING_KEY"]
@@ -143,7 +143,7 @@ class Int8Linear(nn.Module):
 
     def stamp(self) -> tuple:
         """What derived copies of this layer's weights depend on (runtime.linear._stamp)."""
-        return _stamp(self.parts())
+        return tensors_stamp(self.parts())
 
     def dequantized(self) -> tuple[Tensor, Tensor | None]:
         q, s, b = self.parts()
@@ -230,7 +230,7 @@ def _linear_like(m: nn.Module) -> bool:
         and m.weight.is_floating_point()
 
 
-def _swap_attention(m: BertSelfAttention) -> None:
+def _swap_attention(m: nn.Module) -> None:
     for name in ("query", "key", "value"):
         setattr(m, name, Int8Linear.from_float(getattr(m, name)))
     m.qkv = Int8Fused(m, ("query", "key", "value"))
@@ -258,7 +258,7 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
     for path, module in list(model.named_modules()):
         if _matches(path, keep_float):
             continue
-        if isinstance(module, BertSelfAttention) and all(_linear_like(getattr(module, n))
+        if is_attention(module) and all(_linear_like(getattr(module, n))
                                                          for n in ("query", "key", "value")):
             kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
             if not kept:
@@ -271,10 +271,10 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
             continue
         for name, child in list(module.named_children()):
             full = f"{path}.{name}" if path else name
-            if isinstance(module, BertSelfAttention) or not _linear_like(child) or _matches(full, keep_float):
+            if is_attention(module) or not _linear_like(child) or _matches(full, keep_float):
                 continue
             act = None
-            if isinstance(module, BertIntermediate) and name == "dense":
+            if is_ffn_input(module) and name == "dense":
                 act = getattr(child, "act", None) or module.intermediate_act_fn.name
                 module.intermediate_act_fn = nn.Identity()
             setattr(module, name, Int8Linear.from_float(child, act))

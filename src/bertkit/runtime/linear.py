@@ -21,9 +21,10 @@ from torch import Tensor, nn
 
 from bertkit.attention import tracing
 from bertkit.errors import ConfigError
-from bertkit.model import BertIntermediate, BertSelfAttention, activation
+from bertkit.activations import activation
 
-__all__ = ["FrozenLinear", "freeze_linears", "onednn_linear_ok"]
+__all__ = ["FrozenLinear", "freeze_linears", "onednn_linear_ok", "is_attention", "is_ffn_input",
+           "tensors_stamp"]
 
 _ONEDNN_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
                "relu": ("relu", "")}
@@ -55,12 +56,23 @@ def packed_linear(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> Te
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, attr, [], algorithm)
 
 
+def is_attention(m: nn.Module) -> bool:
+    """A self-attention block as bertkit.model builds it: query / key / value and their fused projections (the
+    runtime knows the model's modules by these names, as checkpoints do)."""
+    return all(hasattr(m, n) for n in ("query", "key", "value", "qkv"))
+
+
+def is_ffn_input(m: nn.Module) -> bool:
+    """The feed-forward's first layer as bertkit.model builds it: `dense`, then `intermediate_act_fn`."""
+    return hasattr(m, "dense") and hasattr(m, "intermediate_act_fn")
+
+
 def _tensor_stamp(t: Tensor | None) -> tuple | None:
     # inference-mode tensors have no version counter, and no in-place change outside inference mode either
     return None if t is None else (t.data_ptr(), -1 if t.is_inference() else t._version, t.dtype, t.device)
 
 
-def _stamp(tensors) -> tuple:
+def tensors_stamp(tensors) -> tuple:
     """What derived copies of `tensors` depend on: which tensor each is and its in-place version. Checked on every
     call of a layer, so kept cheap."""
     return tuple(map(_tensor_stamp, tensors))
@@ -126,7 +138,7 @@ class FrozenLinear(nn.Module):
         if tracing():                                 # graphs want plain aten ops (ONNX has no oneDNN ones)
             y = F.linear(x, weight, bias)
             return y if self.act is None else activation(self.act)(y)
-        w, b, packed = self._derived.get(x, weight, bias, self.packed, _stamp((weight, bias)))
+        w, b, packed = self._derived.get(x, weight, bias, self.packed, tensors_stamp((weight, bias)))
         if packed:
             return packed_linear(x.to(w.dtype), w, b, self.act)
         y = F.linear(x.to(w.dtype), w, b)
@@ -148,7 +160,7 @@ class FrozenFused(FrozenLinear):
 
     def weights(self) -> tuple[Tensor, Tensor | None]:
         pairs = [_weights(self.owner._modules[n]) for n in self.names]       # the parts as they are now
-        stamp = _stamp([t for pair in pairs for t in pair])
+        stamp = tensors_stamp([t for pair in pairs for t in pair])
         if self._fused[0] != stamp:
             self._fused = (stamp, torch.cat([w for w, _ in pairs]), torch.cat([b for _, b in pairs]))
         return self._fused[1], self._fused[2]
@@ -167,7 +179,7 @@ def _frozen(linear: nn.Linear, packed: frozenset[torch.dtype], act: str | None =
     return FrozenLinear(linear.weight, linear.bias, act, packed)
 
 
-def _freeze_attention(m: BertSelfAttention, packed: frozenset[torch.dtype]) -> None:
+def _freeze_attention(m: nn.Module, packed: frozenset[torch.dtype]) -> None:
     """Q, K and V frozen under their own names; the fused projections derive from them."""
     for name in ("query", "key", "value"):
         setattr(m, name, _frozen(getattr(m, name), frozenset()))
@@ -180,10 +192,10 @@ def freeze_linears(model: nn.Module, packed: frozenset[torch.dtype]) -> None:
     """Swap the model's linear layers for FrozenLinear in place (see the module docstring); `packed`: the compute
     dtypes that run through prepacked oneDNN weights on CPU."""
     for module in list(model.modules()):
-        if isinstance(module, BertSelfAttention):
+        if is_attention(module):
             if all(type(getattr(module, n)) is nn.Linear for n in ("query", "key", "value")):   # not int8 ones
                 _freeze_attention(module, packed)
-        elif isinstance(module, BertIntermediate) and isinstance(module.dense, nn.Linear):
+        elif is_ffn_input(module) and isinstance(module.dense, nn.Linear):
             module.dense = _frozen(module.dense, packed, module.intermediate_act_fn.name)
             module.intermediate_act_fn = nn.Identity()
         else:

@@ -9,15 +9,20 @@ $BERTKIT_CACHE/runtime/ as JSON; delete the file to measure again.
 from __future__ import annotations
 
 import json
-import os
+import math
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bertkit.atomic import write_json
 from bertkit.attention import dropout_drop_mask, explicit_attention, sdpa_attention
+from bertkit.errors import BertkitError
 from bertkit.hardware import cpu_signature
+from bertkit.padding import Layout
+from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
+from bertkit.runtime.linear import onednn_linear_ok, pack, packed_linear
 
 __all__ = ["MARGIN", "measure", "cached_measurements"]
 
@@ -39,7 +44,6 @@ def _time(fns: dict, repeats: int = 5) -> dict[str, float]:
 
 
 def _probe_packed_linear(dtype: torch.dtype) -> dict:
-    from bertkit.runtime.linear import onednn_linear_ok, pack, packed_linear
     if not onednn_linear_ok(dtype):
         return {"fast": None, "plain": None, "why": f"oneDNN linear unavailable for {dtype}"}
     g = torch.Generator().manual_seed(0)
@@ -65,8 +69,6 @@ def _probe_int8_linear() -> dict:
     of ENGINES unless another has a mean log speed-up better by the margin; "short_fast" / "short_plain": its time
     and fp32's on the short sequences alone (one sentence at batch 1: where int8 can lose while batches win, e.g.
     oneDNN without VNNI)."""
-    import math
-    from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
     if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
@@ -145,7 +147,6 @@ def _probe_cost_buckets() -> dict:
     buckets by `padding.cost_buckets` against `padding.length_buckets`. The cost model's per-bucket cost, "overhead"
     (row * length^2 * hidden units), is measured first: a 1 x 8 bucket's time over the time per unit of a 16 x 64
     one."""
-    from bertkit.padding import Layout
     g = torch.Generator().manual_seed(0)
     heads, hidden = 12, 384
     small, big = torch.randn(1, 8, 3 * hidden, generator=g), torch.randn(16, 64, 3 * hidden, generator=g)
@@ -235,10 +236,8 @@ def cached_measurements(root: Path | None, bf16_native: bool) -> dict[str, dict]
         return probes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")     # concurrent writers never share a temp file
-        tmp.write_text(json.dumps({"schema": SCHEMA, "cpu": cpu_signature(), "torch": torch.__version__,
-                                   "probes": probes}, indent=1))
-        tmp.replace(path)
-    except OSError:
+        write_json(path, {"schema": SCHEMA, "cpu": cpu_signature(), "torch": torch.__version__, "probes": probes},
+                   indent=1)
+    except (OSError, BertkitError):
         pass                                            # an unwritable cache only costs a probe next time
     return probes

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+import bertkit
 from bertkit.serve import schemas as S
 from bertkit.serve.batcher import Batcher
 from bertkit.serve.limits import RequestError, ServeConfig, parse_json
@@ -281,7 +282,6 @@ def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, 
         yield
         runtime.close()
 
-    import bertkit
     app = FastAPI(title=f"bertkit: {model_name}", version=bertkit.__version__, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
     app.state.runtime = runtime

@@ -18,6 +18,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from bertkit.errors import ConfigError
+from bertkit.infer import Predictor
+from bertkit.serve.app import make_app
+from bertkit.serve.endpoints import absent_routes, model_endpoints, model_info
 from bertkit.serve.limits import ServeConfig
 
 __all__ = ["listen", "uvicorn_config", "ServerThread", "serve_model"]
@@ -124,9 +127,6 @@ class ServerThread:
 
 def serve_model(model_path: str, config: ServeConfig, verbose: bool = False) -> None:
     """Load a model directory through `Predictor.load` and serve it until interrupted."""
-    from bertkit.infer import Predictor
-    from bertkit.serve.app import make_app
-    from bertkit.serve.endpoints import absent_routes, model_endpoints, model_info
     config.validate()
     sock = listen(config)          # before loading: a busy port fails at once, not after the model has loaded
     try:

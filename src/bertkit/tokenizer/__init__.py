@@ -21,7 +21,7 @@ BertTokenizerFast (the test oracle). The pipeline, a module per stage:
 Offsets are (start, end) character positions into the ORIGINAL text for every token, (0, 0) for [CLS] / [SEP] /
 [PAD]. A normalised character inherits the position of the original character it came from (an accent stripped from
 "é" leaves "e" covering the original "é"). The one exception, the Rust tokenizer's: when NFD reorders combining marks
-across characters, positions follow the sequence, not the characters (_Normalizer._normalize_reordered).
+across characters, positions follow the sequence, not the characters (Normalizer._normalize_reordered).
 
 Invalid input policy:
   * non-str text raises TypeError naming the type given; any str (any length, any code points, lone surrogates

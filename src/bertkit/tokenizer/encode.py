@@ -18,12 +18,13 @@ import numpy as np
 
 from bertkit.errors import BertkitError, VocabError
 from bertkit.hub import resolve_model_dir
-from bertkit.tokenizer.hfcall import BatchEncoding, hf_text_args, pad_encodings, split_words_pieces
+from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, pad_encodings, split_words_pieces,
+                                      to_tensors)
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
 from bertkit.tokenizer.hfjson import read_model_dir, write_model_dir
 from bertkit.tokenizer.inputs import token_types, wrap
 from bertkit.tokenizer.pretokenize import PreTokenizer
-from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, _PieceTable, decode_pieces
+from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, PieceTable, decode_pieces
 
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 
@@ -91,7 +92,7 @@ class Tokenizer:
         self.model_max_length = model_max_length
         self._pretok = PreTokenizer(self.lowercase, self.strip_accents, SPECIAL_TOKENS)
         self._wordpiece = WordPiece(vocab, self.unk_token_id, SPECIAL_TOKENS).pieces
-        self._pieces = _PieceTable(self._wordpiece, self.vocab)
+        self._pieces = PieceTable(self._wordpiece, self.vocab)
         self._encoder = PieceEncoder(self._pretok, self._wordpiece, self._pieces)
         # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
         self._small_batch_chars = 2048
@@ -274,7 +275,7 @@ class Tokenizer:
         if return_offsets:
             result["offset_mapping" if opts.return_offsets_mapping else "offsets"] = out_offsets
         if opts.return_tensors is not None:
-            result = _to_tensors(result, opts.return_tensors)
+            result = to_tensors(result, opts.return_tensors)
         elif single:
             result = {k: v[0] for k, v in result.items()}
         # what word_ids() needs, kept as it is: a _Layout is only built when asked for
@@ -355,7 +356,7 @@ class Tokenizer:
         ",", " 's" -> "'s", ...). Special tokens stay unless skip_special_tokens, as in transformers. Lowercasing /
         accent stripping is not undone."""
         tokens = []
-        for i in _as_id_list(ids):
+        for i in as_id_list(ids):
             i = int(i)
             if not (skip_special_tokens and i in self._special_ids):
                 tokens.append(self._id_to_token(i))
@@ -363,7 +364,7 @@ class Tokenizer:
 
     def batch_decode(self, sequences, skip_special_tokens: bool = False) -> list[str]:
         """decode for each row of sequences (lists, or a 2-D tensor / array)."""
-        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in _as_id_list(sequences)]
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in as_id_list(sequences)]
 
     def pad(self, encodings, padding: bool | str = True, max_length: int | None = None,
             pad_to_multiple_of: int | None = None, return_tensors: str | None = None) -> BatchEncoding:
@@ -424,7 +425,7 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
         if isinstance(ids, (int, np.integer)):
             return self._id_to_token(int(ids))
-        return [self._id_to_token(int(i)) for i in _as_id_list(ids)]
+        return [self._id_to_token(int(i)) for i in as_id_list(ids)]
 
     def _id_to_token(self, i: int) -> str:
         if not 0 <= i < self.vocab_size:
@@ -508,25 +509,6 @@ def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str, 
     return na, nb - excess
 
 
-def _to_tensors(result: dict, kind: str) -> dict:
-    if kind not in ("pt", "np"):
-        raise BertkitError(f"return_tensors must be 'pt' or 'np', got {kind!r}")
-    lengths = {len(x) for x in result["input_ids"]}
-    if len(lengths) > 1:
-        raise BertkitError("cannot make tensors from sequences of different lengths "
-                         f"({min(lengths)}..{max(lengths)}): pass padding=True or padding='max_length'")
-    out = {}
-    for k, v in result.items():
-        arr = np.asarray(v, dtype=np.int64)
-        if k == "offsets":
-            arr = arr.reshape(len(v), -1, 2)
-        out[k] = arr
-    if kind == "pt":
-        import torch
-        out = {k: torch.from_numpy(v) for k, v in out.items()}
-    return out
-
-
 _WORKER_TOKENIZER: "Tokenizer | None" = None
 
 
@@ -538,9 +520,3 @@ def _worker_init(tok: "Tokenizer") -> None:
 def _worker_encode(texts: list[str]) -> PieceArrays:
     gc.disable()
     return _WORKER_TOKENIZER._encoder.flat(texts)
-
-
-def _as_id_list(ids) -> list[int]:
-    if hasattr(ids, "tolist"):  # torch / numpy
-        ids = ids.tolist()
-    return [ids] if isinstance(ids, int) else list(ids)     # decode(101): one id, as transformers takes it

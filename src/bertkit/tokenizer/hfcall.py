@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from bertkit.errors import BertkitError
 
 
@@ -93,14 +95,13 @@ def split_words_pieces(tokenizer, sequences: Sequence[Sequence[str]], offsets: b
 
 def pad_encodings(tokenizer, encodings, padding, max_length, pad_to_multiple_of, return_tensors) -> BatchEncoding:
     """Tokenizer.pad: encodings made earlier, padded as one batch."""
-    from bertkit.tokenizer.encode import _as_id_list, _to_tensors
     if isinstance(encodings, dict):
-        batch = {k: [list(_as_id_list(r)) for r in v] for k, v in encodings.items()}
+        batch = {k: [list(as_id_list(r)) for r in v] for k, v in encodings.items()}
     else:
         encodings = list(encodings)
         if any("input_ids" not in e for e in encodings):
             raise BertkitError("pad: every encoding needs input_ids")
-        batch = {k: [list(_as_id_list(e[k])) for e in encodings] for k in encodings[0]} if encodings else {}
+        batch = {k: [list(as_id_list(e[k])) for e in encodings] for k in encodings[0]} if encodings else {}
     ids = batch.get("input_ids", [])
     types = batch.get("token_type_ids", [[0] * len(x) for x in ids])
     mask = batch.get("attention_mask", [[1] * len(x) for x in ids])
@@ -108,7 +109,7 @@ def pad_encodings(tokenizer, encodings, padding, max_length, pad_to_multiple_of,
     result = {"input_ids": ids, **({"token_type_ids": types} if "token_type_ids" in batch else {}),
               "attention_mask": mask}
     if return_tensors is not None:
-        result = _to_tensors(result, return_tensors)
+        result = to_tensors(result, return_tensors)
     return BatchEncoding(result)
 
 
@@ -125,3 +126,28 @@ def hf_text_args(texts, pairs, text, text_pair):
     if texts is None:
         raise TypeError("Tokenizer call needs a text (or a list of texts), got NoneType")
     return texts, pairs
+
+
+def to_tensors(result: dict, kind: str) -> dict:
+    if kind not in ("pt", "np"):
+        raise BertkitError(f"return_tensors must be 'pt' or 'np', got {kind!r}")
+    lengths = {len(x) for x in result["input_ids"]}
+    if len(lengths) > 1:
+        raise BertkitError("cannot make tensors from sequences of different lengths "
+                         f"({min(lengths)}..{max(lengths)}): pass padding=True or padding='max_length'")
+    out = {}
+    for k, v in result.items():
+        arr = np.asarray(v, dtype=np.int64)
+        if k == "offsets":
+            arr = arr.reshape(len(v), -1, 2)
+        out[k] = arr
+    if kind == "pt":
+        import torch
+        out = {k: torch.from_numpy(v) for k, v in out.items()}
+    return out
+
+
+def as_id_list(ids) -> list[int]:
+    if hasattr(ids, "tolist"):  # torch / numpy
+        ids = ids.tolist()
+    return [ids] if isinstance(ids, int) else list(ids)     # decode(101): one id, as transformers takes it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bertkit.atomic import write_json, write_text
 from bertkit.errors import VocabError
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, read_json_object, vocab_hash
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
@@ -89,14 +90,14 @@ def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], l
     """Write vocab.txt, tokenizer.json and tokenizer_config.json into directory (created); returns the files."""
     directory.mkdir(parents=True, exist_ok=True)
     files = directory / "vocab.txt", directory / "tokenizer.json", directory / "tokenizer_config.json"
-    files[0].write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    write_text(files[0], "\n".join(tokens) + "\n")
     spec = tokenizer_json(vocab, lowercase, strip_accents)
-    files[1].write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(files[1], json.dumps(spec, indent=2, ensure_ascii=False) + "\n")
     cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
            "tokenize_chinese_chars": True, **_SPECIAL_FIELDS, "tokenizer_class": "BertTokenizer",
            "model_max_length": _NO_LIMIT if model_max_length is None else model_max_length,
            "vocab_hash": vocab_hash(tokens)}
-    files[2].write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    write_json(files[2], cfg)
     return files
 
 

@@ -4,7 +4,7 @@ normalised character keeping the position of the original character it came from
 Character classes are those of the Rust tokenizer behind BertTokenizerFast (the test oracle), which differ from
 google-research's tokenization.py in places. Its category tables are Unicode 8.0, so a character assigned later is,
 to it, unassigned: kept, never punctuation, never a stripped mark (_ASSIGNED_IN_UNICODE_8, _CATEGORY_IN_UNICODE_8);
-its lowercasing uses newer tables (_NEW_LOWERCASE). The predicates here (_WHITESPACE, _is_punct, _is_cjk) also decide
+its lowercasing uses newer tables (_NEW_LOWERCASE). The predicates here (WHITESPACE, is_punct, is_cjk) also decide
 where pretokenize splits, which is how CJK ideographs become words of their own.
 """
 
@@ -16,11 +16,11 @@ import unicodedata
 import numpy as np
 
 # Unicode White_Space (Rust's char::is_whitespace); google-research uses Zs only, so keeps U+2028 / U+2029 as chars
-_WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
                         "\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 _ASCII_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 # CJK Unified Ideographs blocks (not Hangul or kana); Extension E from 0x2B920 as in Rust (google-research: 0x2B820)
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
                (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
@@ -91,12 +91,12 @@ def _is_removed(c: str) -> bool:
     return c == "\x00" or c == "\ufffd" or _category(c) in ("Cc", "Cf", "Cs", "Co")
 
 
-def _is_cjk(c: str) -> bool:
+def is_cjk(c: str) -> bool:
     cp = ord(c)
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+    return any(lo <= cp <= hi for lo, hi in CJK_RANGES)
 
 
-def _is_punct(c: str) -> bool:
+def is_punct(c: str) -> bool:
     """ASCII punctuation (every printable non-alphanumeric) or General_Category P* as Unicode 8.0 has it."""
     return c in _ASCII_PUNCT or _category(c)[0] == "P"
 
@@ -116,7 +116,7 @@ def _nfd(c: str) -> str:
     return unicodedata.normalize("NFD", c)
 
 
-class _LazyMap(dict):
+class LazyMap(dict):
     """A str.translate table filled on demand: fn(code point) -> replacement string, memoised."""
 
     def __init__(self, fn):
@@ -128,7 +128,7 @@ class _LazyMap(dict):
         return v
 
 
-class _Normalizer:
+class Normalizer:
     """Cleaning + accent stripping + lowercasing of arbitrary text, with alignment to the original characters.
 
     Lazily-filled str.translate tables keep the per-character work in C: `norm` (char -> normalised form, "" when
@@ -138,15 +138,15 @@ class _Normalizer:
 
     def __init__(self, lowercase: bool, strip_accents: bool):
         self.lowercase, self.strip_accents = lowercase, strip_accents
-        self.norm = _LazyMap(self._normalize_char)
-        self.width = _LazyMap(lambda c: chr(len(self.norm[ord(c)])))
+        self.norm = LazyMap(self._normalize_char)
+        self.width = LazyMap(lambda c: chr(len(self.norm[ord(c)])))
         # "m": NFD holds a nonzero-class mark, "" removed, else "o"; "mm" may need reordering (_normalize_reordered)
-        self.marks = _LazyMap(lambda c: "" if _is_removed(c) else "m" if any(_ccc(x) for x in _nfd(c)) else "o")
+        self.marks = LazyMap(lambda c: "" if _is_removed(c) else "m" if any(_ccc(x) for x in _nfd(c)) else "o")
 
     def _normalize_char(self, c: str) -> str:
         if _is_removed(c):
             return ""
-        if c in _WHITESPACE:
+        if c in WHITESPACE:
             return " "
         n = c
         if self.strip_accents:
@@ -192,7 +192,7 @@ class _Normalizer:
             if _is_removed(c):
                 continue
             src.append(i)
-            d = " " if c in _WHITESPACE else _nfd(c)
+            d = " " if c in WHITESPACE else _nfd(c)
             pairs.extend([x, 1 if k else 0] for k, x in enumerate(d))
         k = 0
         while k < len(pairs):  # canonical ordering: stable sort of each run of non-starters by class
@@ -282,8 +282,8 @@ _ASSIGNED_IN_UNICODE_8 = (
     "E0100-E01EF EFFFE-10FFFF "
 )
 
-# _is_punct's non-ASCII chars (hex ranges) for the fast regex; precomputed, deriving it is slow (docs/performance.md)
-_PUNCT_UNICODE_8 = (
+# is_punct's non-ASCII chars (hex ranges) for the fast regex; precomputed, deriving it is slow (docs/performance.md)
+PUNCT_UNICODE_8 = (
     "A1 A7 AB B6-B7 BB BF 37E 387 55A-55F 589-58A 5BE 5C0 5C3 5C6 5F3-5F4 609-60A 60C-60D 61B 61E-61F 66A-66D 6D4 "
     "700-70D 7F7-7F9 830-83E 85E 964-965 970 AF0 DF4 E4F E5A-E5B F04-F12 F14 F3A-F3D F85 FD0-FD4 FD9-FDA 104A-104F "
     "10FB 1360-1368 1400 166D-166E 169B-169C 16EB-16ED 1735-1736 17D4-17D6 17D8-17DA 1800-180A 1944-1945 1A1E-1A1F "

@@ -3,7 +3,7 @@
 Special tokens ("[MASK]", ...) found verbatim in the raw text are words first and never split. The rest is split on
 whitespace and punctuation, each punctuation or CJK character a word of its own. ASCII text without control
 characters needs no normalisation beyond lowercasing and is split by a regex; other text is normalised first
-(normalize._Normalizer), and its words carry the original position of each character. wordpiece then cuts each word
+(normalize.Normalizer), and its words carry the original position of each character. wordpiece then cuts each word
 into pieces.
 """
 
@@ -12,24 +12,24 @@ from __future__ import annotations
 import re
 from typing import Iterable, Sequence
 
-from bertkit.tokenizer.normalize import (_CJK_RANGES, _PUNCT_UNICODE_8, _WHITESPACE, _is_cjk, _is_punct, _LazyMap,
-                                        _Normalizer)
+from bertkit.tokenizer.normalize import (CJK_RANGES, PUNCT_UNICODE_8, WHITESPACE, is_cjk, is_punct, LazyMap,
+                                        Normalizer)
 
 # Each match is a word with the whitespace before it, so word ends are running sums of match lengths
-_ASCII_TOKEN_RE = re.compile(r"[ \t\n\r]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
+ASCII_TOKEN_RE = re.compile(r"[ \t\n\r]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
 # ASCII chars that cleaning removes (C0 controls other than tab / LF / CR, and DEL): such text takes the general path.
 _ASCII_REMOVED_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
 _UNICODE_TOKEN_RE: re.Pattern | None = None
 
 
-def _unicode_token_re() -> re.Pattern:
+def unicode_token_re() -> re.Pattern:
     """The fast path's regex for normalised non-ASCII text (whitespace is then only ' '): a word is a run of chars
     that are neither whitespace nor punctuation / CJK; each punctuation / CJK char is a word of its own."""
     global _UNICODE_TOKEN_RE
     if _UNICODE_TOKEN_RE is None:
-        ranges = [r.partition("-") for r in _PUNCT_UNICODE_8.split()]
-        ranges = [(int(a, 16), int(b or a, 16)) for a, _, b in ranges] + list(_CJK_RANGES)
+        ranges = [r.partition("-") for r in PUNCT_UNICODE_8.split()]
+        ranges = [(int(a, 16), int(b or a, 16)) for a, _, b in ranges] + list(CJK_RANGES)
         iso = "!-/:-@\\[-`{-~" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
         _UNICODE_TOKEN_RE = re.compile(f"[ \t\n\r]*(?:[^ \t\n\r{iso}]+|[{iso}])")
     return _UNICODE_TOKEN_RE
@@ -40,9 +40,9 @@ _CLASS_WORD_RE = re.compile(r"a+|\.")
 
 
 def _class_of(c: str) -> str:
-    if c in _WHITESPACE:
+    if c in WHITESPACE:
         return " "
-    return "." if (_is_punct(c) or _is_cjk(c)) else "a"
+    return "." if (is_punct(c) or is_cjk(c)) else "a"
 
 
 def tokens_with_space(text: str, pattern: re.Pattern) -> list[str]:
@@ -56,8 +56,8 @@ class PreTokenizer:
 
     def __init__(self, lowercase: bool, strip_accents: bool, special_tokens: Iterable[str]):
         self.lowercase = lowercase
-        self.normalizer = _Normalizer(lowercase, strip_accents)
-        self.cls = _LazyMap(_class_of)
+        self.normalizer = Normalizer(lowercase, strip_accents)
+        self.cls = LazyMap(_class_of)
         # special tokens are matched verbatim in the original text; longest first so a longer one wins
         self.special_re = re.compile("|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True)))
 
@@ -90,7 +90,7 @@ class PreTokenizer:
             if self.lowercase:
                 seg = seg.lower()
             pos = base
-            for tok in tokens_with_space(seg, _ASCII_TOKEN_RE):
+            for tok in tokens_with_space(seg, ASCII_TOKEN_RE):
                 pos += len(tok)
                 word = tok.lstrip(" \t\n\r")
                 words.append(word)
@@ -119,7 +119,7 @@ class PreTokenizer:
         """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split."""
         if text.isascii() and not _ASCII_REMOVED_RE.search(text) and "[" not in text:
             low = text.lower() if self.lowercase else text
-            return _ASCII_WORD_RE.findall(low)
+            return ASCII_WORD_RE.findall(low)
         return self.words(text)[0]
 
     def plain_ascii(self, text: str) -> bool:
@@ -129,7 +129,7 @@ class PreTokenizer:
     def route(self, texts: Sequence[str]) -> tuple[dict[str, list[int]], list[str | None]]:
         """Which splitter each text takes: (text indices per route, each fast-route text prepared for its regex).
 
-        "ascii": lowercased for _ASCII_TOKEN_RE; "unicode": normalised one char to one char, for _unicode_token_re();
+        "ascii": lowercased for ASCII_TOKEN_RE; "unicode": normalised one char to one char, for unicode_token_re();
         "general" (special tokens, removed chars, expansions, reordering): words().
         """
         routes: dict[str, list[int]] = {"ascii": [], "unicode": [], "general": []}

@@ -5,7 +5,7 @@ For each word, take the longest vocab entry that prefixes the rest of the word (
 piece); a word with no full segmentation, or longer than MAX_INPUT_CHARS_PER_WORD characters, becomes one [UNK]
 covering the word. Segmentation is a pure function of the word and words repeat (Zipf), so it is memoised. Large
 batches of text that pretokenize splits with one regex never loop over words in Python: a dict lookup per regex match
-(through `map`, a C loop) gives a word id, and numpy gathers piece ids and offsets from per-word tables (_PieceTable)
+(through `map`, a C loop) gives a word id, and numpy gathers piece ids and offsets from per-word tables (PieceTable)
 and splits them back per text. Other text takes the per-word general path; both give the same pieces.
 """
 
@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from bertkit.tokenizer.pretokenize import (_ASCII_TOKEN_RE, _ASCII_WORD_RE, PreTokenizer, _unicode_token_re,
+from bertkit.tokenizer.pretokenize import (ASCII_TOKEN_RE, ASCII_WORD_RE, PreTokenizer, unicode_token_re,
                                           tokens_with_space)
 
 # BERT's limit: a longer (normalised) word is one [UNK]; it also bounds the WordPiece loop.
@@ -68,13 +68,13 @@ class WordPiece:
                 starts.append(start)
                 start = end
             res = (tuple(ids), tuple(starts))
-        if len(self.cache) > 2 * _PieceTable.MAX_WORDS:  # bound memory on adversarial input
+        if len(self.cache) > 2 * PieceTable.MAX_WORDS:  # bound memory on adversarial input
             self.cache.clear()
         self.cache[word] = res
         return res
 
 
-class _PieceTable:
+class PieceTable:
     """The fast path's memo: ASCII token (word with its leading whitespace) -> word id, with numpy arrays per word id
     (piece count, index of its first piece, token length) and per piece (id, start and end relative to the token
     end). Lookups for a whole batch are one C-level `map` over the dict; misses run WordPiece once."""
@@ -121,7 +121,7 @@ class _PieceTable:
         """Enter every whole-word vocab entry the fast path can meet (ASCII letters/digits, or one punctuation char),
         alone and after a space: WordPiece maps a word that is a vocab entry to that one entry, so these
         need no WordPiece run (most running-text words are vocab entries)."""
-        entries = [(w, i) for w, i in vocab.items() if _ASCII_WORD_RE.fullmatch(w)]
+        entries = [(w, i) for w, i in vocab.items() if ASCII_WORD_RE.fullmatch(w)]
         rows_w, rows_p = [], []
         for prefix in ("", " "):
             for w, i in entries:
@@ -202,7 +202,7 @@ class PieceArrays:
 class PieceEncoder:
     """Texts -> pieces with offsets into each text, through the fast (whole-batch) or the general (per-word) path."""
 
-    def __init__(self, pretok: PreTokenizer, wordpiece: Callable[[str], tuple], table: _PieceTable):
+    def __init__(self, pretok: PreTokenizer, wordpiece: Callable[[str], tuple], table: PieceTable):
         self.pretok, self.wordpiece, self.table = pretok, wordpiece, table
 
     def general(self, text: str) -> tuple[list[int], list[int], list[int]]:
@@ -263,14 +263,14 @@ class PieceEncoder:
         """Pieces of every text, each text on the route pretokenize picks for it (see PreTokenizer.route)."""
         pretok = self.pretok
         if pretok.plain_ascii("\n".join(texts)):
-            return self.fast([t.lower() for t in texts] if pretok.lowercase else list(texts), _ASCII_TOKEN_RE)
+            return self.fast([t.lower() for t in texts] if pretok.lowercase else list(texts), ASCII_TOKEN_RE)
         routes, prepared = pretok.route(texts)
         parts: list = [None] * len(texts)
-        for route, pattern in (("ascii", _ASCII_TOKEN_RE), ("unicode", None)):
+        for route, pattern in (("ascii", ASCII_TOKEN_RE), ("unicode", None)):
             idx = routes[route]
             if not idx:
                 continue
-            f = self.fast([prepared[i] for i in idx], pattern or _unicode_token_re())
+            f = self.fast([prepared[i] for i in idx], pattern or unicode_token_re())
             b = f.bounds.tolist()
             for k, i in enumerate(idx):
                 parts[i] = (f.ids[b[k]:b[k + 1]], f.starts[b[k]:b[k + 1]], f.ends[b[k]:b[k + 1]])

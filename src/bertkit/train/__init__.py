@@ -98,6 +98,7 @@ __all__ = ["TrainConfig", "TrainResult", "StepOutput", "Phase", "TrainingDiverge
 
 def __getattr__(name):
     if name in ("pretrain", "PretrainConfig"):
+        # deferred: the pre-training driver (shards, heads) loads only when asked for
         from bertkit.train import pretrain as _p
         return getattr(_p, name)
     raise AttributeError(f"module 'bertkit.train' has no attribute {name!r}")

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bertkit.atomic import write_text
 from bertkit.errors import CheckpointError, ConfigError
-from bertkit.pretraining.shards import _sha256
+from bertkit.pretraining.shards import file_sha256
 from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
 from bertkit.train.monitor import jsonable
 
@@ -177,7 +178,7 @@ def _verify(path: Path) -> dict:
         if Path(name).name != name or name in ("", ".", ".."):
             raise CheckpointError(f"{path / 'state.json'}: {name!r} is not a file name of the checkpoint")
         try:
-            ok = _sha256(path / name) == digest
+            ok = file_sha256(path / name) == digest
         except OSError as e:
             raise CheckpointError(f"{path / name}: cannot read ({e.strerror or e})") from None
         if not ok:
@@ -202,9 +203,7 @@ def truncate_metrics(path: Path, step: int) -> None:
             continue  # a line cut by the crash
         if isinstance(rec, dict) and isinstance(rec.get("step", 0), int) and rec.get("step", 0) <= step:
             keep.append(line)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(l + "\n" for l in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, "".join(l + "\n" for l in keep))
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -301,7 +300,7 @@ class Checkpoints:
                  "config": jsonable(dataclasses.asdict(self.cfg))}
         for f in tmp.iterdir():
             _fsync_file(f)
-        saved["files"] = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        saved["files"] = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(json.dumps(saved, indent=1))
         _fsync_file(tmp / "state.json")
 

@@ -18,7 +18,6 @@ import math
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -35,6 +34,7 @@ from bertkit.errors import BertkitError, ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 from bertkit.precision import PRECISIONS, autocast, resolve
+from bertkit.progress import say
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
                                          save_model_weights)
 from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
@@ -43,7 +43,7 @@ from bertkit.train.steps import StepOutput, default_step, pretraining_eval, pret
 from bertkit.train.stream import Phase, Stream
 
 __all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "seed_everything", "run_seeds",
-           "latest_checkpoint",
+           "latest_checkpoint", "why_stopped",
            "load_model_weights", "save_model_weights", "estimate_flops_per_token", "peak_flops", "parse_duration",
            "distributed_context"]
 
@@ -220,7 +220,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     if on_start is not None and on_start(state) is False:
         return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
                            losses=[], start_step=start_step, history=[], eval_history=[],
-                           skipped_steps=state.skipped, stop_reason=_stop_reason(cfg, state) or "on_start",
+                           skipped_steps=state.skipped, stop_reason=why_stopped(cfg, state) or "on_start",
                            checkpoint=state.last_checkpoint)
     run.model.train()
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
@@ -236,7 +236,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     keeps_checkpoints = bool(cfg.save_every_steps or cfg.save_every_minutes or cfg.save_final)
     try:
         with _Interrupt(run, enabled=keeps_checkpoints):
-            while (stop_reason := _stop_reason(cfg, state)) is None:
+            while (stop_reason := why_stopped(cfg, state)) is None:
                 _phase_by_steps(run)
                 t0 = time.perf_counter()
                 rec = _train_step(run)
@@ -252,7 +252,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                 flops.add(rec, dt, run.raw, getattr(run.stream.source, "seq_len", None))
                 history.append(rec)
                 log.train(rec, dt, state.total)
-                if _stop_reason(cfg, state) is not None:
+                if why_stopped(cfg, state) is not None:
                     continue                                   # the final evaluation and checkpoint follow the loop
                 if cfg.eval_every_steps and state.step % cfg.eval_every_steps == 0:
                     eval_rec, stop = _eval_and_log(run, eval_fn, log)
@@ -266,8 +266,8 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                     last_save = state.elapsed
                 if interrupted:
                     if run.d.main:
-                        print(f"bertkit: interrupted after step {state.step}: checkpoint {saved} written; "
-                              "--resume continues from it", file=sys.stderr, flush=True)
+                        say(f"bertkit: interrupted after step {state.step}: checkpoint {saved} written; "
+                            "--resume continues from it")
                     raise KeyboardInterrupt
         if eval_fn is not None and stop_reason != "early_stop":
             evals.append(_eval_and_log(run, eval_fn, log)[0])
@@ -346,7 +346,7 @@ def _start(run: _Run, checkpoints: Checkpoints, out: Path) -> None:
         checkpoints.check_fresh()
 
 
-def _stop_reason(cfg: TrainConfig, state: RunState) -> str | None:
+def why_stopped(cfg: TrainConfig, state: RunState) -> str | None:
     """Why the run is over, or None while it goes on."""
     if state.step >= state.total:
         return "budget" if cfg.budget_s is not None else ("epochs" if cfg.max_steps is None else "max_steps")

@@ -13,7 +13,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.hardware import cpu_signature
+from bertkit.atomic import write_json
+from bertkit.errors import BertkitError
+from bertkit.hardware import cpu_signature, native_bf16
+from bertkit.plots import plot_run
+from bertkit.progress import bar as progress_bar
 
 __all__ = ["RunLog", "FlopMeter", "estimate_flops_per_token", "peak_flops", "jsonable"]
 
@@ -43,8 +47,7 @@ class RunLog:
         self.tb = self._tensorboard() if main else None
         self.bar = None
         if main and cfg.progress:
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, initial=step, desc="train", dynamic_ncols=True, mininterval=0.5)
+            self.bar = progress_bar(total=total, initial=step, desc="train", mininterval=0.5, show=True)
         self.window_tokens, self.window_time = 0, 0.0   # recent tokens/s for the bar
 
     def train(self, rec: dict, dt: float, total: int) -> None:
@@ -91,7 +94,6 @@ class RunLog:
 
     def plot(self) -> None:
         try:
-            from bertkit.plots import plot_run
             plot_run(self.out, self.out / "curves.png")
         except Exception as e:  # matplotlib missing or no records yet: the run itself is fine
             log.info("no curves.png: %s", e)
@@ -170,7 +172,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> flo
         name = torch.cuda.get_device_name(device)
         peak = next((v for k, v in _GPU_BF16_PEAK.items() if k in name), 312e12)
         return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
-    from bertkit.hardware import native_bf16
     dname = str(dtype).removeprefix("torch.")
     key = f"{cpu_signature()}|threads={torch.get_num_threads()}" + ("" if dtype == torch.bfloat16 else f"|{dname}")
     if key not in _measured_peak:
@@ -201,9 +202,7 @@ def _remember_peak(key: str, rate: float) -> float:
         rate = max(rate, float(known.get(key, 0.0)))
         known[key] = rate
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, cache)
-    except (OSError, ValueError):
+        write_json(cache, known, indent=None)
+    except (OSError, ValueError, BertkitError):
         pass
     return rate

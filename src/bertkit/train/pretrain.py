@@ -27,14 +27,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from bertkit.atomic import write_json, write_text
+from bertkit.config import BertConfig
 from bertkit.errors import CheckpointError, ConfigError, DataError
-from bertkit.pretraining.masking import MODES as MASK_MODES
-from bertkit.train.loop import TrainConfig
+from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.model import BertModel
+from bertkit.pretraining.electra import ElectraForPreTraining
+from bertkit.pretraining.local_init import local_attention_init
+from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
+from bertkit.pretraining.shards import ShardReader, read_manifest
+from bertkit.progress import say
+from bertkit.tokenizer import Tokenizer
+from bertkit.train.checkpointing import Checkpoints, latest_checkpoint
+from bertkit.train.distributed import Dist
+from bertkit.train.loop import (Phase, TrainConfig, TrainingDiverged, load_model_weights, seed_everything, train,
+                                why_stopped)
+from bertkit.train.recipe import apply_plan, given_settings, load_plan, plan_recipe, probe_times
+from bertkit.train.steps import pretraining_eval, pretraining_step, to_device
+from bertkit.train.summary import write_summary
 
 __all__ = ["PretrainConfig", "pretrain", "unigram_bias_init", "OBJECTIVES"]
 
@@ -91,7 +105,6 @@ def _check_out(out: Path) -> None:
 
 
 def _manifests(pc: PretrainConfig) -> dict[str, dict]:
-    from bertkit.pretraining.shards import read_manifest
     dirs = {"shards": pc.shards}
     if pc.phase2_shards:
         dirs["phase2_shards"] = pc.phase2_shards
@@ -131,10 +144,6 @@ def _config_overrides(path: str) -> dict:
 
 def build_model(pc: PretrainConfig, manifest: dict, objective: str):
     """(model, BertConfig): from a preset, a config.json or a checkpoint, checked against the shards' vocab."""
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
-    from bertkit.pretraining.electra import ElectraForPreTraining
-
     chosen = [n for n in ("preset", "init") if getattr(pc, n)]
     if len(chosen) > 1 or (not chosen and not pc.config):
         raise ConfigError("choose the model with one of --preset NAME, --config config.json or --init CHECKPOINT_DIR"
@@ -151,7 +160,6 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
         if vocab_file.is_file():
             _check_vocab_file(vocab_file, manifest, str(vocab_file), f"rebuild the shards with --vocab {vocab_file}")
         if objective == "electra":
-            from bertkit.model import BertModel
             body = BertModel.from_pretrained(init, **overrides)
             config = body.config
             _check_vocab(config, vocab_size, init)
@@ -207,7 +215,6 @@ def _restrict_output_vocab(model, readers) -> int:
 
 def _check_vocab_file(path, manifest: dict, what: str, fix: str) -> None:
     """A DataError unless the vocabulary file `path` is the one the shards were built with (same hash)."""
-    from bertkit.tokenizer import Tokenizer
     tok = Tokenizer(str(path))
     if tok.vocab_hash != manifest["vocab_hash"]:
         raise DataError(f"the shards were built with vocab {manifest['vocab_hash'][:12]}… but {what} is "
@@ -222,7 +229,6 @@ _ARCHITECTURE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
 def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
     """With resume, the checkpoint's config.json against the model asked for, before any weight is loaded (a
     mismatch would otherwise surface as torch's list of every tensor that does not fit)."""
-    from bertkit.train.checkpointing import latest_checkpoint
     resume = pc.train.resume
     ckpt = latest_checkpoint(out) if resume is True else Path(resume) if resume else None
     if ckpt is None or not (ckpt / "config.json").is_file():
@@ -253,7 +259,6 @@ def _divergence(model, result, data, d, fsdp: bool) -> str | None:
 
     import torch
 
-    from bertkit.train.steps import pretraining_step, to_device
     bad = 0.0
     with torch.no_grad():
         for p in model.parameters():
@@ -324,10 +329,6 @@ class _DropKeys:
 
 def pretrain(pc: PretrainConfig):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
-    from bertkit.train.distributed import Dist
-    from bertkit.train.loop import Phase, seed_everything, train
-    from bertkit.train.steps import pretraining_eval, pretraining_step
-
     out = Path(pc.out)
     _check_settings(pc)
     _check_out(out)
@@ -338,7 +339,6 @@ def pretrain(pc: PretrainConfig):
     objective = _objective(pc, manifests["shards"]["task"])
     d = Dist.setup(pc.train.device)
     if not (pc.train.resume or pc.train.overwrite):     # an earlier run is refused before a file of it is replaced
-        from bertkit.train.checkpointing import Checkpoints
         Checkpoints(out, pc.train, d).check_fresh()
     pc, plan = _start_plan(pc, manifests["shards"], objective)
     cfg = _train_config(pc, d.world)
@@ -348,7 +348,6 @@ def pretrain(pc: PretrainConfig):
         _check_resume_model(pc, config, out)
     model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
     if pc.attention_init == "local" and not pc.init and objective != "electra":
-        from bertkit.pretraining.local_init import local_attention_init
         local_attention_init(model, seed=cfg.seed)
     for name, m in manifests.items():
         if int(m["seq_len"]) > config.max_position_embeddings:
@@ -366,10 +365,9 @@ def pretrain(pc: PretrainConfig):
     if pc.output_vocab == "corpus" and objective != "electra":
         n = _restrict_output_vocab(model, [r for r in (data, phase2) if r is not None])
         if d.main:
-            print(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
-                  f"{config.vocab_size:,}); evaluation scores them all", file=sys.stderr)
+            say(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
+                f"{config.vocab_size:,}); evaluation scores them all")
     if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
-        from bertkit.train.recipe import probe_times
         pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)))
         cfg = dataclasses.replace(pc.train, grad_accum=cfg.grad_accum)
         cfg.validate()
@@ -396,10 +394,8 @@ def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> Callable:
     (another batch size, model, world size) leaves pretrain_config.json, plan.json and the summary as they were. A
     run resumed at (or past) its end trains nothing; it still writes model/ if that is missing (a full disk or an
     interrupt after the last checkpoint)."""
-    from bertkit.train.loop import _stop_reason
-
     def on_start(state) -> bool:
-        stop = _stop_reason(cfg, state)
+        stop = why_stopped(cfg, state)
         if stop is None:
             if d.main:
                 _write_start(pc, plan, out)
@@ -409,8 +405,7 @@ def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> Callable:
                    if stop == "budget" else f">= the {state.total} steps of its --epochs")
             then = ("the run is left as it was" if (out / "model" / "config.json").is_file()
                     else f"writing the missing {out / 'model'}")
-            print(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, {then}",
-                  file=sys.stderr, flush=True)
+            say(f"bertkit pretrain: {out} is already at step {state.step} ({end}): nothing trained, {then}")
         return False
     return on_start
 
@@ -419,13 +414,11 @@ def _finish(model, result, data, d, pc: PretrainConfig, plan, out: Path, objecti
     """After training: refuse to save a model training broke, else write model/ and the summary."""
     where = _divergence(model, result, data, d, pc.train.fsdp)
     if where is not None:
-        from bertkit.train.loop import TrainingDiverged
         raise TrainingDiverged(f"training diverged {where}: the model gives NaN/inf, so {out / 'model'} "
                                f"was not written (checkpoints kept as they are); try a lower --lr than "
                                f"{pc.train.lr:g}, more --warmup, or --precision fp32")
     if d.main:
         _save_final(model, result, pc, out)
-        from bertkit.train.summary import write_summary
         write_summary(out, result, plan, pc.eval_shards or pc.shards, objective)
 
 
@@ -465,49 +458,43 @@ def _train_config(pc: PretrainConfig, world: int):
 def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
     """(pc, plan): with a budget from scratch, the plan's settings that do not depend on the step time (a resumed
     run: its whole plan.json); else (pc, None)."""
-    from bertkit.train import recipe
     t = pc.train
     if pc.set_fields is None or t.budget_s is None:
         return pc, None
     if pc.init or objective == "electra":
         why = "--init continues pre-training" if pc.init else "the plan was measured on MLM"
-        print(f"bertkit pretrain: no plan for the budget ({why}): the flags' settings or their defaults",
-              file=sys.stderr)
+        say(f"bertkit pretrain: no plan for the budget ({why}): the flags' settings or their defaults")
         return pc, None
-    plan = recipe.load_plan(Path(pc.out)) if t.resume else None
+    plan = load_plan(Path(pc.out)) if t.resume else None
     if plan is not None:
-        print(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}", file=sys.stderr)
+        say(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}")
     else:
-        plan = recipe.plan_recipe(t.budget_s, pc.preset, None, manifest, recipe.given_settings(pc),
-                                  _heldout_rows(pc))
-    return recipe.apply_plan(pc, plan), plan
+        plan = plan_recipe(t.budget_s, pc.preset, None, manifest, given_settings(pc), _heldout_rows(pc))
+    return apply_plan(pc, plan), plan
 
 
 def _plan(pc: PretrainConfig, manifest: dict, times: tuple[float, float]):
-    from bertkit.train import recipe
-    plan = recipe.plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, recipe.given_settings(pc),
-                              _heldout_rows(pc), eval_batch_s=times[1])
-    return recipe.apply_plan(pc, plan), plan
+    plan = plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, given_settings(pc), _heldout_rows(pc),
+                       eval_batch_s=times[1])
+    return apply_plan(pc, plan), plan
 
 
 def _heldout_rows(pc: PretrainConfig) -> int:
-    from bertkit.pretraining.shards import read_manifest
     return int(read_manifest(pc.eval_shards)["counts"]["examples"]) if pc.eval_shards else 0
 
 
 def _write_start(pc: PretrainConfig, plan, out: Path) -> None:
     """pretrain_config.json, and the plan: printed (stderr) and written to plan.json."""
-    (out / "pretrain_config.json").write_text(json.dumps(dataclasses.asdict(pc), indent=1, default=str))
+    write_text(out / "pretrain_config.json", json.dumps(dataclasses.asdict(pc), indent=1, default=str))
     for stale in ("summary.json", "summary.md"):
         (out / stale).unlink(missing_ok=True)
     if plan is not None:
-        print(plan.block(), file=sys.stderr, flush=True)
-        (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+        say(plan.block())
+        write_json(out / "plan.json", plan.to_dict(), indent=1)
 
 
 def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool = True, **kw):
     """A ShardReader of `path` for the model (the training rows re-masked as pc.masking / mask_prob ask)."""
-    from bertkit.pretraining.shards import ShardReader
     masking = _masking(pc, path) if masked else None
     r = ShardReader(path, pc.batch_size, seed=pc.train.seed, vocab_size=config.vocab_size, verify=pc.verify,
                     masking=masking, **kw)
@@ -518,8 +505,6 @@ def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool 
 
 def _masking(pc: PretrainConfig, path: str):
     """The masks to draw at batch time instead of the shards' own, or None to keep theirs."""
-    from bertkit.pretraining.masking import MaskingConfig
-    from bertkit.pretraining.shards import read_manifest
     if pc.masking == "shards" and pc.mask_prob is None:
         return None
     stored = read_manifest(path)["masking"]
@@ -531,14 +516,11 @@ def _masking(pc: PretrainConfig, path: str):
 
 def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
     """out/model: the trained weights as an HF-format directory with the tokenizer (FSDP: from the checkpoint)."""
-    from bertkit.tokenizer import Tokenizer
-    from bertkit.train.loop import load_model_weights
     if pc.train.fsdp and result.checkpoint is not None:   # the trained model is sharded: rebuild it whole on rank 0
         model = type(model)(model.config)
         model.load_state_dict(load_model_weights(result.checkpoint / "model.safetensors"))
     vocab = pc.vocab or str(Path(pc.shards) / "vocab.txt")
     try:
-        from bertkit.pretraining.shards import read_manifest
         lowercase = bool(read_manifest(pc.shards).get("lowercase", True))
         tok = Tokenizer(vocab, lowercase=lowercase)
     except Exception as e:  # the model is still worth saving

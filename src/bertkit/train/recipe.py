@@ -24,6 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bertkit import runtime
+from bertkit.optim import build_optimizer
+from bertkit.precision import autocast, resolve
+from bertkit.train.steps import pretraining_step, to_device
+
 __all__ = ["Choice", "RecipePlan", "plan_recipe", "apply_plan", "given_settings", "probe_times", "load_plan",
            "PLANNED", "SHARDS"]
 
@@ -295,11 +300,6 @@ def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, flo
     import time
 
     import torch
-
-    from bertkit import runtime
-    from bertkit.optim import build_optimizer
-    from bertkit.precision import autocast, resolve
-    from bertkit.train.steps import pretraining_step, to_device
 
     probe = runtime.apply(copy.deepcopy(model).to(device)).train()
     opt = build_optimizer(probe, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),

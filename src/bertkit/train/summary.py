@@ -12,7 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.atomic import write_json, write_text
+from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.pretraining.shards import ShardReader
 from bertkit.tokenizer.inputs import wrap_array
+from bertkit.tokenizer.wordpiece import decode_pieces
 
 __all__ = ["write_summary", "fill_mask_sample"]
 
@@ -27,8 +31,8 @@ def write_summary(out: Path, result, plan, sample_dir: str, objective: str) -> d
                "plan": plan.to_dict() if plan is not None else None,
                "fill_mask": {"rows_from": str(sample_dir),
                              "examples": [] if objective == "electra" else fill_mask_sample(out / "model", sample_dir)}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "summary.md").write_text("\n".join(_markdown(summary)) + "\n", encoding="utf-8")
+    write_json(out / "summary.json", summary, indent=1)
+    write_text(out / "summary.md", "\n".join(_markdown(summary)) + "\n")
     return summary
 
 
@@ -62,10 +66,6 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
     """Up to `rows` rows of `shard_dir` spread over it, each with one whole word (a single piece) of its first
     segment masked: {"text" (around the mask), "truth", "top": [{"token", "score"}]}. [] without an MLM head."""
     import torch
-
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
-    from bertkit.pretraining.shards import ShardReader
-    from bertkit.tokenizer.wordpiece import decode_pieces
 
     reader = ShardReader(shard_dir, 1, shuffle=False, drop_last=False)
     model = (BertForMaskedLM if reader.task == "none" else BertForPreTraining).from_pretrained(model_dir).eval()
