@@ -229,7 +229,7 @@ def test_search_with_another_model_is_refused(capsys, tmp_path, tiny_st, tiny_ce
 
 
 def test_rerank_scores_and_sorts(capsys, tiny_ce, data):
-    from bertkit.embed.rerank import CrossEncoder, rerank
+    from bertkit.rerank import CrossEncoder, rerank
     docs = (data / "docs.txt").read_text().splitlines()
     rc, stdout, _ = _run(capsys, "rerank", tiny_ce, "--query", "the man is eating", "--file", data / "docs.txt")
     results = json.loads(stdout)["results"]

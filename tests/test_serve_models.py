@@ -436,7 +436,7 @@ def test_a_single_text_classifier_does_not_rerank(tmp_path):
     import torch
     import bertkit
     from bertkit import BertConfig, Tokenizer
-    from bertkit.embed.rerank import CrossEncoder
+    from bertkit.rerank import CrossEncoder
     from bertkit.errors import ConfigError
     from bertkit.infer import Predictor
     torch.manual_seed(0)

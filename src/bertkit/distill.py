@@ -45,9 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.readers import TextExample
 from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, TrainBatches, evaluate_task, finetune, load_task,
                                   model_overrides, numeric_metrics)
 from bertkit.tasks.task import Feature
@@ -132,7 +134,6 @@ _LAYER = re.compile(r"^(.*encoder\.layer\.)(\d+)\.(.*)$")
 
 def truncated_student(teacher: nn.Module, k: int, source: str = "the teacher") -> nn.Module:
     """A K-layer copy of `teacher` (any bertkit head model): layers select_layers(L, K), everything else copied."""
-    from bertkit.config import BertConfig
     chosen = select_layers(teacher.config.num_hidden_layers, k, source)
     config = BertConfig.from_dict({**teacher.config.to_dict(), "num_hidden_layers": k})
     student = type(teacher)(config)
@@ -160,7 +161,6 @@ def check_same_vocab(teacher_dir, student_dir) -> None:
 def build_student(dcfg: DistillConfig, cls, overrides: dict):
     """The untrained student (a `cls` head model) per dcfg: truncated teacher, preset, a directory, or K layers of
     a directory (a pre-trained model: its head is new)."""
-    from bertkit.config import BertConfig
     if dcfg.student is not None:
         check_same_vocab(dcfg.teacher, dcfg.student)
         student = cls.from_pretrained(dcfg.student, **overrides)
@@ -247,7 +247,6 @@ def augment_examples(examples: list, copies: int, seed: int, mask_prob: float = 
     task-specific knowledge from BERT into simple neural networks"): each word becomes [MASK] with `mask_prob`;
     with `span_prob` a single text is first cut to a random contiguous span of at least half its words (a long
     document thus shows the student text from beyond its first max_length pieces). Deterministic per seed."""
-    from bertkit.tasks.readers import TextExample
     rng = np.random.default_rng(seed)
 
     def noisy(text: str | None, may_cut: bool) -> str | None:

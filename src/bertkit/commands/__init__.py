@@ -41,7 +41,7 @@ def add_precision_argument(parser) -> None:
 def inference_precision(args, command: str) -> str:
     """args.precision, with one stderr line when it runs bf16 autocast."""
     import sys
-    from bertkit.precision import resolve
+    from bertkit.precision import resolve       # deferred: torch stays off `bertkit -h`'s path
     if resolve(args.precision) == "bf16":
         print(f"bertkit {command}: bf16 autocast (--precision {args.precision}); --precision fp32 for fp32 numbers",
               file=sys.stderr)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
-from bertkit.commands.finetune import RECIPE_DESTS, _brief, _readable, add_recipe_args, run_values
+from bertkit.commands.finetune import RECIPE_DESTS, run_brief, readable_lines, add_recipe_args, run_values
 from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 
@@ -127,9 +127,9 @@ def _task(args) -> dict:
     cfg = FinetuneConfig(task=settings["kind"], model=args.teacher, train=args.train, dev=args.dev, test=args.test,
                          out=args.out, training=training, max_length=settings.get("max_length"),
                          quiet=args.quiet, **rest)
-    brief = _brief(distill_task(dcfg, cfg))
+    brief = run_brief(distill_task(dcfg, cfg))
     if not args.quiet:
-        for line in _readable(brief):
+        for line in readable_lines(brief):
             print(line, file=sys.stderr)
     return brief
 

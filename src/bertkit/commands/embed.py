@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.errors import ConfigError, DataError
+from bertkit.tasks.readers import write_table
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
@@ -109,6 +110,7 @@ def _check_unused(args, names: dict[str, object]) -> None:
 
 
 def finetune(args) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
     from bertkit.train.loop import TrainConfig
     _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
@@ -152,6 +154,7 @@ def add_evaluate_args(e) -> None:
 
 
 def evaluate(args) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import evaluate_embed
     report = evaluate_embed(args.model, args.data, baseline=args.baseline, batch_size=args.batch_size)
     if args.out:
@@ -166,6 +169,7 @@ def evaluate(args) -> int:
 def wants_encoder(args) -> bool:
     """`bertkit embed` runs the model's sentence-transformers settings (pooling, normalisation, dense layers,
     max length) for a sentence-transformers directory, an index output or a pooling mode beyond mean / cls."""
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.st_format import is_sentence_transformers_dir
     return (is_index_out(args.out) or args.pooling not in (None, "mean", "cls")
             or is_sentence_transformers_dir(args.model))
@@ -178,7 +182,8 @@ def is_index_out(out: str | None) -> bool:
 def _texts_and_ids(args) -> tuple[list[str], list[str]]:
     """Texts (arguments, then --file) and their ids: a .jsonl / .csv / .tsv file gives `id` (or `_id`) and `text`
     columns, a text file a line each (ids: their order, from 0)."""
-    from bertkit.embed.runner import _texts
+    # deferred: torch stays off `bertkit -h`'s path
+    from bertkit.embed.runner import read_id_texts
     from bertkit.infer import read_lines
     texts = list(args.texts)
     for i, t in enumerate(texts):
@@ -186,7 +191,7 @@ def _texts_and_ids(args) -> tuple[list[str], list[str]]:
             raise DataError(f"text argument {i + 1} is empty")
     ids = [str(i) for i in range(len(texts))]
     if args.file and Path(args.file).suffix in (".jsonl", ".csv", ".tsv"):
-        table = _texts(Path(args.file))
+        table = read_id_texts(Path(args.file))
         ids += list(table)
         texts += list(table.values())
     elif args.file:
@@ -202,6 +207,7 @@ def _texts_and_ids(args) -> tuple[list[str], list[str]]:
 
 def embed_encoder(args) -> int:
     """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
     from bertkit.infer import cosine_search
     if args.layers not in (None, [-1]):
@@ -260,6 +266,7 @@ def write_vectors(out: Path | None, texts, vecs) -> int:
 
 
 def _write_index(args, encoder, texts, ids, vecs) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.index import INDEX_SOURCE, model_hash, write_index
     out = Path(args.out)
     index = write_index(out, vecs, ids, model_hash(encoder), dtype=args.dtype, normalized=True)
@@ -280,6 +287,7 @@ def _index_texts(directory: Path) -> list[str] | None:
 
 
 def search(args) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash
     from bertkit.embed.runner import load_encoder
     if args.top_k <= 0 or args.rerank_depth <= 0:
@@ -302,7 +310,8 @@ def search(args) -> int:
     texts = _index_texts(directory)
     ce = None
     if args.rerank:
-        from bertkit.embed.rerank import CrossEncoder
+        # deferred: torch stays off `bertkit -h`'s path
+        from bertkit.rerank import CrossEncoder
         if texts is None:
             raise DataError(f"{directory}: no {INDEX_TEXTS}, so the hits cannot be reranked")
         ce = CrossEncoder.load(args.rerank, precision=precision)
@@ -320,7 +329,8 @@ def search(args) -> int:
 
 # --------------------------------------------------------------------------------------------- rerank, mine
 def rerank(args) -> int:
-    from bertkit.embed.rerank import CrossEncoder
+    # deferred: torch stays off `bertkit -h`'s path
+    from bertkit.rerank import CrossEncoder
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model, precision=inference_precision(args, "rerank"))
@@ -338,11 +348,11 @@ def rerank(args) -> int:
 
 
 def mine(args) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.mine import mine_hard_negatives
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
     from bertkit.infer import read_lines
-    from bertkit.tasks.readers import write_table
     out = checks.out_file(args.out, "mine", inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
                           overwrite=args.overwrite)
     data = EmbedDataset.read(args.data)
@@ -354,6 +364,7 @@ def mine(args) -> int:
         rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
                                    args.batch_size)
     if args.format == "pair":
+        # deferred: torch stays off `bertkit -h`'s path
         from bertkit.embed.mine import pair_label_rows
         rows = pair_label_rows(rows)
     with checks.staged(out.parent) as tmp:

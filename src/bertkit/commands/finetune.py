@@ -22,6 +22,7 @@ from bertkit.tasks.registry import TASKS
 
 
 def _seeds(text: str) -> tuple[int, ...]:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.train.loop import run_seeds
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -144,6 +145,7 @@ def _finetune(args) -> int:
                    overwrite=args.overwrite, writes_model=True)
     if args.task == "embed":
         return embed_cmd.finetune(args)
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     from bertkit.train.loop import TrainConfig
     embed_cmd.refuse_embed_flags(args)
@@ -154,9 +156,9 @@ def _finetune(args) -> int:
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
     summary = finetune(cfg)
-    brief = _brief(summary)
+    brief = run_brief(summary)
     if not args.quiet:
-        for line in _readable(brief):
+        for line in readable_lines(brief):
             print(line, file=sys.stderr)
     print(json.dumps({**brief, "summary": str(Path(cfg.out) / "summary.json")}))
     return 0
@@ -166,7 +168,7 @@ _HEADLINE = ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact"
              "HasAns_f1", "NoAns_f1")
 
 
-def _brief(summary: dict) -> dict:
+def run_brief(summary: dict) -> dict:
     """The headline numbers: {"mean": .., "std": ..} per metric per split (numbers, not text)."""
     out = {"task": summary["task"], "lr": summary["lr"], "batch_size": summary["batch_size"],
            "seeds": summary["seeds"],
@@ -178,7 +180,7 @@ def _brief(summary: dict) -> dict:
     return out
 
 
-def _readable(brief: dict) -> list[str]:
+def readable_lines(brief: dict) -> list[str]:
     """The headline numbers for a person: `dev accuracy 0.4750 +- 0.0661`."""
     return [f"{split} {k} {v['mean']:.4f} +- {v['std']:.4f} ({len(brief['seeds'])} seed(s))"
             for split in ("dev", "test") for k, v in brief.get(split, {}).items()]
@@ -189,6 +191,7 @@ def _evaluate(args) -> int:
         return embed_cmd.evaluate(args)
     if args.baseline:
         raise ConfigError("--baseline applies to --task embed only")
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.tasks.runner import evaluate
     if args.out is not None:
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
@@ -200,6 +203,7 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.tasks.runner import predict
     out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
                           default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
@@ -211,7 +215,7 @@ def _predict(args) -> int:
 
 
 def _task_data(args) -> int:
-    from bertkit.tasks import data
+    from bertkit.tasks import data        # deferred: torch stays off `bertkit -h`'s path
     if args.name not in data.TASKS:
         raise ConfigError(f"unknown task data set {args.name!r}; choose from {', '.join(data.TASKS)}")
     checks.out_dir(args.out, "task-data", overwrite=args.overwrite)

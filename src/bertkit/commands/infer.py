@@ -10,6 +10,9 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
+from bertkit.commands.embed import embed_encoder, vector_out, wants_encoder, write_vectors
+from bertkit.errors import ConfigError, DataError
+from bertkit.textfiles import is_stdin_copy, read_text
 
 
 def register(sub) -> None:
@@ -74,7 +77,7 @@ def register(sub) -> None:
 
 def _texts(given: list[str], file: str | None) -> list[str]:
     """The texts given as arguments, then the lines of --file."""
-    from bertkit.errors import ConfigError
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import read_lines
     texts = list(given) + (read_lines(file) if file else [])
     if not texts:
@@ -83,6 +86,7 @@ def _texts(given: list[str], file: str | None) -> list[str]:
 
 
 def fill_mask(args) -> int:
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import Predictor
     texts = _texts(args.text, args.file)
     p = Predictor.load(args.model, precision=inference_precision(args, "fill-mask"))
@@ -101,7 +105,7 @@ def fill_mask(args) -> int:
 
 
 def embed(args) -> int:
-    from bertkit.commands.embed import embed_encoder, vector_out, wants_encoder, write_vectors
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import Predictor, cosine_search
     if wants_encoder(args):            # the model's own pooling / normalisation / dense layers, or an index
         return embed_encoder(args)
@@ -121,8 +125,9 @@ def embed(args) -> int:
 
 
 def attention(args) -> int:
+    # deferred: matplotlib is the plots extra
     from bertkit import plots
-    from bertkit.errors import ConfigError
+    # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import Predictor
     out = checks.out_dir(args.out, "attention", inputs=(args.model,), overwrite=args.overwrite, reuse=True)
     p = Predictor.load(args.model)
@@ -157,14 +162,13 @@ def attention(args) -> int:
 
 
 def plot(args) -> int:
+    # deferred: matplotlib is the plots extra
     from bertkit import plots
-    from bertkit.errors import DataError
     if args.confusion:
         path = Path(args.run)
         if not path.is_file():
             raise DataError(f"{path}: no such predictions file")
         pairs = []
-        from bertkit.textfiles import read_text
         for lineno, line in enumerate(read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
@@ -194,8 +198,6 @@ def plot(args) -> int:
 def _plot_out(args, default: Path) -> Path:
     """The picture's path: --out (an existing file only with --overwrite), else `default`, redrawn freely."""
     from matplotlib.backend_bases import FigureCanvasBase
-    from bertkit.errors import ConfigError
-    from bertkit.textfiles import is_stdin_copy
     if args.out is None and is_stdin_copy(args.run):
         raise ConfigError("plot -: give --out PNG (input from stdin has no directory to draw next to)")
     if args.out is None:

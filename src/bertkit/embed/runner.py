@@ -106,7 +106,7 @@ def _table(directory: Path, stem: str) -> Path:
     return found[0]
 
 
-def _texts(path: Path) -> dict[str, str]:
+def read_id_texts(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for line, row in table_rows(path):
         key = _field(path, line, row, _ID)
@@ -122,7 +122,7 @@ def _texts(path: Path) -> dict[str, str]:
 def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, float]]]:
     """(queries {id: text}, corpus {id: text}, qrels {query id: {corpus id: grade}}) from a retrieval directory."""
     directory = Path(directory)
-    queries, corpus = _texts(_table(directory, "queries")), _texts(_table(directory, "corpus"))
+    queries, corpus = read_id_texts(_table(directory, "queries")), read_id_texts(_table(directory, "corpus"))
     path = _table(directory, "qrels")
     qrels: dict[str, dict[str, float]] = {}
     for line, row in table_rows(path):

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from bertkit import __version__
-from bertkit.embed.rerank import positive_label, single_text_kind
+from bertkit.rerank import positive_label, single_text_kind
 from bertkit.predict.decode import class_scores, relevance, score_function
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint

@@ -32,7 +32,9 @@ from bertkit.errors import ConfigError
 from bertkit.options import with_options
 from bertkit.embed.pooling import Pooling
 from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.metrics import accuracy
 from bertkit.tasks.task import Feature
+from bertkit.train.loop import TrainConfig, seed_everything, train
 
 __all__ = ["extract_features", "FeatureOptions", "ProbeConfig", "Probe", "train_probe"]
 
@@ -151,8 +153,6 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
     the state with the best dev accuracy is kept. Returns (probe, {"dev_accuracy", "best_step", "history"})."""
     import tempfile
 
-    from bertkit.tasks.metrics import accuracy
-    from bertkit.train.loop import TrainConfig, seed_everything, train
 
     cfg = cfg or ProbeConfig()
     seed_everything(cfg.seed)
