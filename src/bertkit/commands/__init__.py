@@ -30,19 +30,26 @@ def settle_model(args) -> None:
     args.model = option
 
 
-def add_precision_argument(parser) -> None:
-    """--precision of an inference command: fp32 by default at every front door (the numbers transformers and
-    sentence-transformers give); bf16 autocast is the user's choice, said on stderr when made."""
-    parser.add_argument("--precision", choices=("fp32", "auto", "bf16"), default="fp32",
-                        help="forward precision: fp32; auto: bf16 autocast where this CPU multiplies bf16 natively "
-                             "(faster there, numbers differ by ~1e-3); bf16")
+def add_precision_argument(parser, default: str = "fp32", verb: str = "run") -> None:
+    """--precision (and --fp32, its short form). Inference commands default to fp32, as every front door does (the
+    numbers transformers and sentence-transformers give); training to auto. bf16 is said on stderr when chosen."""
+    parser.add_argument("--precision", choices=("fp32", "auto", "bf16"), default=default,
+                        help=f"{verb} in fp32 or bf16 autocast; auto: bf16 where the device multiplies bf16 natively "
+                             "(CUDA, AMX / AVX-512 BF16 CPUs: faster there, numbers differ by ~1e-3), else fp32")
+    parser.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
+
+
+def chosen_precision(args) -> str:
+    """--precision, or fp32 for --fp32."""
+    return "fp32" if getattr(args, "fp32", False) else args.precision
 
 
 def inference_precision(args, command: str) -> str:
-    """args.precision, with one stderr line when it runs bf16 autocast."""
+    """The chosen precision, with one stderr line when it runs bf16 autocast."""
     import sys
     from bertkit.precision import resolve       # deferred: torch stays off `bertkit -h`'s path
-    if resolve(args.precision) == "bf16":
-        print(f"bertkit {command}: bf16 autocast (--precision {args.precision}); --precision fp32 for fp32 numbers",
+    precision = chosen_precision(args)
+    if resolve(precision) == "bf16":
+        print(f"bertkit {command}: bf16 autocast (--precision {precision}); --precision fp32 for fp32 numbers",
               file=sys.stderr)
-    return args.precision
+    return precision

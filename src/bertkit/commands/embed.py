@@ -21,7 +21,7 @@ from pathlib import Path
 from bertkit import progress
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
-from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
+from bertkit.commands import add_model_argument, add_precision_argument, checks, chosen_precision, inference_precision
 
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
 _VECTOR_SUFFIXES = (".npy", ".jsonl", ".json")
@@ -114,7 +114,7 @@ def finetune(args) -> int:
     from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
     from bertkit.train.loop import TrainConfig
     _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
-    precision = "fp32" if getattr(args, "fp32", False) else args.precision
+    precision = chosen_precision(args)
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
                            precision=precision, log_every_steps=50, progress=progress.wanted(args.progress))
     cfg = EmbedFinetuneConfig(

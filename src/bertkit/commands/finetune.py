@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bertkit import progress
-from bertkit.commands import checks
+from bertkit.commands import add_precision_argument, checks, chosen_precision, inference_precision
 from bertkit.commands import embed as embed_cmd
 from bertkit.errors import ConfigError
 from bertkit.tasks.registry import TASKS
@@ -76,7 +76,7 @@ def register(sub) -> None:
     e.add_argument("--out", help="directory for predictions, metrics.json and the confusion matrix PNG")
     e.add_argument("--batch-size", type=checks.positive_int, default=128)
     e.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation (or other files) in --out")
-    _precision_args(e, "run")
+    add_precision_argument(e)
     progress.add_arguments(e)
     embed_cmd.add_evaluate_args(e)
     checks.stdin_ok(e, "data")
@@ -88,7 +88,7 @@ def register(sub) -> None:
     r.add_argument("--out", required=True, help="output file (.jsonl; .json for qa)")
     r.add_argument("--batch-size", type=checks.positive_int, default=128)
     r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    _precision_args(r, "run")
+    add_precision_argument(r)
     progress.add_arguments(r)
     checks.stdin_ok(r, "data")
     r.set_defaults(func=_predict)
@@ -118,25 +118,13 @@ def add_recipe_args(p) -> None:
     p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
                    help="steps between dev evaluations (default: every epoch)")
     p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
-    _precision_args(p, "train")
+    add_precision_argument(p, "auto", "train")
     p.add_argument("--max-train-examples", type=checks.positive_int, help="use only the first N training examples")
-
-
-def _precision_args(p, verb: str) -> None:
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                   help=f"{verb} in bf16 autocast or fp32; auto (default): bf16 where the device has native bf16 "
-                        "(CUDA, AMX / AVX-512 BF16 CPUs), else fp32")
-    p.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
-
-
-def _precision(args) -> str:
-    """--precision, or fp32 for --fp32."""
-    return "fp32" if args.fp32 else args.precision
 
 
 def run_values(args) -> dict:
     """precision (--fp32 folded in) and progress (off under --quiet unless asked for): TrainConfig fields."""
-    return {"precision": _precision(args),
+    return {"precision": chosen_precision(args),
             "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
 
 
@@ -195,7 +183,7 @@ def _evaluate(args) -> int:
     from bertkit.tasks.runner import evaluate
     if args.out is not None:
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
-    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=_precision(args),
+    report = evaluate(args.model, args.data, args.out, args.batch_size, precision=inference_precision(args, "evaluate"),
                       progress=progress.wanted(args.progress))
     report.pop("confusion_matrix", None)
     print(json.dumps(report, default=float))
@@ -208,7 +196,7 @@ def _predict(args) -> int:
     out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
                           default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
     with checks.staged(out.parent) as tmp:
-        predict(args.model, args.data, tmp / out.name, args.batch_size, precision=_precision(args),
+        predict(args.model, args.data, tmp / out.name, args.batch_size, precision=inference_precision(args, "predict"),
                 progress=progress.wanted(args.progress))
     print(out)
     return 0

@@ -63,6 +63,7 @@ def register(sub) -> None:
                    help="replace maps of the same name (an earlier text's) or other files in --out")
     p.add_argument("--query", help="token whose attention to draw across all heads (e.g. 'he')")
     p.add_argument("--layers", type=checks.int_list, help="comma-separated layers for the grid (default: all)")
+    add_precision_argument(p)
     p.set_defaults(func=attention)
 
     p = sub.add_parser("plot", help="loss / accuracy curves of a run directory, or a confusion matrix")
@@ -130,7 +131,7 @@ def attention(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import Predictor
     out = checks.out_dir(args.out, "attention", inputs=(args.model,), overwrite=args.overwrite, reuse=True)
-    p = Predictor.load(args.model)
+    p = Predictor.load(args.model, precision=inference_precision(args, "attention"))
     tokens, att = p.attention(args.text)
     whole = len(p.tokenizer.tokenize(args.text)) + 2
     if whole > len(tokens):     # a grid of more tokens than this cannot be read

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertkit.commands import add_model_argument, checks
+from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 from bertkit.serve.limits import ServeConfig, require_serve_extra
 
 
@@ -28,6 +28,7 @@ def register(sub) -> None:
     # the options above are checked by ServeConfig.validate (one line naming the flag); this one is not
     p.add_argument("--threads", type=checks.number(int, 0, 1024), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--verbose", action="store_true", help="log every request")
+    add_precision_argument(p)
     p.set_defaults(func=run)
 
 
@@ -43,5 +44,5 @@ def run(args) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    serve_model(args.model, cfg, verbose=args.verbose)
+    serve_model(args.model, cfg, verbose=args.verbose, precision=inference_precision(args, "serve"))
     return 0

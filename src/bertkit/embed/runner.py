@@ -29,6 +29,7 @@ from bertkit.embed.losses import CoSENTLoss, CosineMSELoss, MultipleNegativesRan
 from bertkit.embed.pooling import Dense, Pooling
 from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
 from bertkit.embed.train import EmbedDataset, EmbedModel, embed_step, retrieval_eval, similarity_eval
+from bertkit.predict.engine import PRECISION
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import table_rows
 from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
@@ -140,22 +141,23 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
     return queries, corpus, qrels
 
 
-def evaluator(path, tokenizer, batch_size: int = 128):
+def evaluator(path, tokenizer, batch_size: int = 128, precision: str = PRECISION):
     """The eval_fn for an evaluation path (see the module docstring): model -> metrics."""
     path = Path(path)
     if path.is_dir():
-        return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size)
+        return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size, precision=precision)
     if not path.is_file():
         raise DataError(f"{path}: no such evaluation file or directory")
     data = EmbedDataset.read(path)
     if data.kind == "scored":
         a, b = zip(*data.texts)
-        return similarity_eval(tokenizer, a, b, data.scores, batch_size)
+        return similarity_eval(tokenizer, a, b, data.scores, batch_size, precision)
     positives = list(dict.fromkeys(t[1] for t in data.texts))
     pid = {p: f"p{i}" for i, p in enumerate(positives)}
     queries = {f"q{i}": t[0] for i, t in enumerate(data.texts)}
     qrels = {f"q{i}": {pid[t[1]]: 1.0} for i, t in enumerate(data.texts)}
-    return retrieval_eval(tokenizer, queries, {v: k for k, v in pid.items()}, qrels, batch_size=batch_size)
+    return retrieval_eval(tokenizer, queries, {v: k for k, v in pid.items()}, qrels, batch_size=batch_size,
+                          precision=precision)
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -225,7 +227,7 @@ class EmbedRun:
         data = self.data
         seed_everything(seed)
         encoder, tok = load_encoder(cfg.model, cfg.pooling, cfg.normalize, cfg.max_length, cfg.projection)
-        evals = {s: evaluator(p, tok, cfg.eval_batch_size) for s, p in self.splits.items()}
+        evals = {s: evaluator(p, tok, cfg.eval_batch_size, cfg.training.precision) for s, p in self.splits.items()}
         before = {split: fn(encoder) for split, fn in evals.items()}
         model = EmbedModel(encoder, _loss(cfg, data.kind, data.source))
         compacted = compact(cfg, encoder, _used_ids(encoder, tok, data))

@@ -42,6 +42,7 @@ from bertkit.embed.index import search_vectors
 from bertkit.embed.losses import MultipleNegativesRankingLoss, text_keys
 from bertkit.embed.metrics import retrieval_metrics, similarity_metrics
 from bertkit.embed.pooling import SentenceEncoder
+from bertkit.predict.engine import PRECISION
 
 __all__ = ["EmbedDataset", "EmbedBatches", "EmbedModel", "embed_step", "retrieval_eval", "similarity_eval"]
 
@@ -229,14 +230,15 @@ def _encoder_of(model: nn.Module) -> SentenceEncoder:
 
 
 def retrieval_eval(tokenizer, queries: dict[str, str], corpus: dict[str, str], relevant, k: int = 10,
-                   batch_size: int = 64):
-    """An eval_fn: embed queries and corpus, exact top k, then retrieval_metrics (recall@k, MRR@10, nDCG@10)."""
+                   batch_size: int = 64, precision: str = PRECISION):
+    """An eval_fn: embed queries and corpus (in `precision`: a training run's evaluations follow its own), exact
+    top k, then retrieval_metrics (recall@k, MRR@10, nDCG@10)."""
     qids, cids = list(queries), list(corpus)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
         enc = _encoder_of(model)
-        q = enc.encode(tokenizer, [queries[i] for i in qids], batch_size)                # (queries, dim)
-        c = enc.encode(tokenizer, [corpus[i] for i in cids], batch_size)                 # (corpus, dim)
+        q = enc.encode(tokenizer, [queries[i] for i in qids], batch_size, precision)     # (queries, dim)
+        c = enc.encode(tokenizer, [corpus[i] for i in cids], batch_size, precision)      # (corpus, dim)
         if not enc.normalize:
             q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
         _, rows = search_vectors(q, c, k=k)
@@ -246,10 +248,10 @@ def retrieval_eval(tokenizer, queries: dict[str, str], corpus: dict[str, str], r
 
 
 def similarity_eval(tokenizer, texts: Sequence[str], text_pairs: Sequence[str], scores: Sequence[float],
-                    batch_size: int = 64):
+                    batch_size: int = 64, precision: str = PRECISION):
     """An eval_fn for scored pairs: Spearman and Pearson of the cosines against the gold scores."""
     def evaluate(model: nn.Module) -> dict[str, float]:
         enc = _encoder_of(model)
-        return similarity_metrics(enc.encode(tokenizer, texts, batch_size),
-                                  enc.encode(tokenizer, text_pairs, batch_size), scores)
+        return similarity_metrics(enc.encode(tokenizer, texts, batch_size, precision),
+                                  enc.encode(tokenizer, text_pairs, batch_size, precision), scores)
     return evaluate

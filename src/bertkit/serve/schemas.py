@@ -221,6 +221,7 @@ class Info(Response):
     max_concurrent_requests: int
     labels: list[str] | None = None
     version: str
+    precision: str = "fp32"                  # the forwards': fp32, or bf16 autocast when the server was started so
 
 
 # --------------------------------------------------------------------------------------------------------- OpenAI

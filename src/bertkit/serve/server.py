@@ -19,6 +19,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from bertkit.errors import ConfigError
 from bertkit.infer import Predictor
+from bertkit.predict.engine import PRECISION
 from bertkit.serve.app import make_app
 from bertkit.serve.endpoints import absent_routes, model_endpoints, model_info
 from bertkit.serve.limits import ServeConfig
@@ -125,12 +126,12 @@ class ServerThread:
         self.stop()
 
 
-def serve_model(model_path: str, config: ServeConfig, verbose: bool = False) -> None:
-    """Load a model directory through `Predictor.load` and serve it until interrupted."""
+def serve_model(model_path: str, config: ServeConfig, verbose: bool = False, precision: str = PRECISION) -> None:
+    """Load a model directory through `Predictor.load` (forwards in `precision`) and serve it until interrupted."""
     config.validate()
     sock = listen(config)          # before loading: a busy port fails at once, not after the model has loaded
     try:
-        predictor = Predictor.load(model_path)
+        predictor = Predictor.load(model_path, precision=precision)
         endpoints = model_endpoints(predictor, config)
         app = make_app(endpoints, config, model_name=str(model_path), info=model_info(predictor, config),
                        absent=absent_routes(predictor))
