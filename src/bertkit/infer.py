@@ -1,4 +1,6 @@
-"""Inference: fill-mask (jointly over several masks), embeddings, similarity search, predictions, attention maps.
+"""Predictor: the Python front door to inference: fill-mask (jointly over several masks), embeddings, similarity
+search, the heads' predictions, attention maps. It parses inputs and shapes outputs; loading, batching, the forward
+pass, precision (fp32 unless `precision=`) and the heads' decoders are the engine's (bertkit.predict).
 
     p = Predictor.load("runs/demo/pretrain/final")       # any HF-format BERT directory
     p.fill_mask("Paris is the [MASK] of France.")        # top-k words with probabilities
@@ -49,8 +51,8 @@ from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
 from bertkit.predict.answers import Windows, best_spans
 from bertkit.predict.decode import class_scores, score_function, word_ids, word_labels
-from bertkit.predict.load import head_of
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
+from bertkit.predict.load import head_of
 from bertkit.textfiles import read_text
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import pad_batch
