@@ -45,7 +45,8 @@ def _token_counts(predictor, texts: list[str]) -> list[int]:
 def _too_long(counts: list[int], max_length: int) -> RequestError | None:
     for i, n in enumerate(counts):
         if n > max_length:
-            return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} (send truncate: true to cut it)")
+            return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} "
+                                     f"(send truncate: true to cut it)")
     return None
 
 
