@@ -172,10 +172,6 @@ def _scores(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
     return class_scores(logits, "none" if raw else score_function(predictor.model.config, regression="sigmoid"))
 
 
-def _labels(predictor, n: int) -> list[str]:
-    return predictor.labels or [f"LABEL_{i}" for i in range(n)]
-
-
 def _class_run(predictor, config: ServeConfig, rows: Callable, scores: Callable, shape: Callable) -> Callable:
     """A route over a request's rows(request): scores(request, logits), then shape(request, scores) unless a score
     is not finite (503)."""
@@ -190,7 +186,7 @@ def _class_run(predictor, config: ServeConfig, rows: Callable, scores: Callable,
 
 def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def shape(r: S.PredictRequest, scores: np.ndarray):
-        labels = _labels(predictor, scores.shape[-1])
+        labels = predictor.labels or [f"LABEL_{i}" for i in range(scores.shape[-1])]
         preds = [sorted(({"label": labels[j], "score": round(float(s), 6)} for j, s in enumerate(row)),
                         key=lambda p: -p["score"]) for row in scores]
         return preds if r.inputs.batch else preds[0]
@@ -320,34 +316,26 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
 
 def absent_routes(predictor) -> dict[str, str]:
     """Why a known route is missing for this model: the 404 says so instead of just 'not found'."""
-    why = {}
-    if not predictor.has_mlm:
-        why["fill-mask"] = f"this is a {predictor.task} model: /fill-mask needs a masked-LM head"
-    if predictor.task != "classify":
-        for name in ("classify", "predict", "rerank"):
-            why[name] = (f"this is a {predictor.task} model: /{name} needs a sequence-classification "
-                         f"(cross-encoder) head")
-    elif not _reranks(predictor):
+    task = predictor.task
+    cross_encoder = ("classify", "a sequence-classification (cross-encoder) head")
+    needs = {"fill-mask": ("mlm", "a masked-LM head"), "classify": cross_encoder, "predict": cross_encoder,
+             "rerank": cross_encoder, "tag": ("tag", "a token-classification head"),
+             "answer": ("answer", "a question-answering head")}          # route -> (Predictor.task, its head)
+    why = {name: f"this is a {task} model: /{name} needs {head}" for name, (kind, head) in needs.items()
+           if not (predictor.has_mlm if kind == "mlm" else task == kind)}
+    if task == "classify" and not _reranks(predictor):
         why["rerank"] = (f"/rerank needs a cross-encoder (fine-tuned on pairs) with one or two labels; this "
                          f"classifier has {predictor.model.config.num_labels}, fine-tuned on "
                          f"{'single texts' if single_text_kind(predictor) else 'pairs'}")
-    if predictor.task != "tag":
-        why["tag"] = f"this is a {predictor.task} model: /tag needs a token-classification head"
-    if predictor.task != "answer":
-        why["answer"] = f"this is a {predictor.task} model: /answer needs a question-answering head"
     return why
-
-
-def _quantization(predictor) -> str | None:
-    qc = getattr(predictor.model.config, "extra", {}).get("quantization_config")
-    return qc.get("method") if isinstance(qc, dict) else None
 
 
 def model_info(predictor, config: ServeConfig) -> dict:
     kind = {"classify": "classifier", "tag": "tagger", "answer": "question-answering"}.get(predictor.task, "embedding")
     labels = predictor.labels if predictor.task in ("classify", "tag") else None
+    qc = getattr(predictor.model.config, "extra", {}).get("quantization_config")
     return {"model_id": predictor.name, "model_type": kind, "task": predictor.task,
-            "dims": predictor.embedding_dim, "quantization": _quantization(predictor),
+            "dims": predictor.embedding_dim, "quantization": qc.get("method") if isinstance(qc, dict) else None,
             "max_input_length": _embed_tokens(predictor, config) if kind == "embedding" else _tokens(config),
             "max_client_batch_size": config.max_inputs, "max_batch_requests": config.max_batch,
             "max_concurrent_requests": config.max_connections, "labels": labels, "version": __version__,
