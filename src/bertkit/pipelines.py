@@ -168,8 +168,7 @@ class FillMaskPipeline(Pipeline):
         tok = self.tokenizer
         ids = []
         for t in [targets] if isinstance(targets, str) else targets:
-            pieces = [tok.vocab[t]] if t in tok.vocab else tok.convert_tokens_to_ids(tok.tokenize(t))[:1]
-            ids.extend(pieces)
+            ids.extend([tok.vocab[t]] if t in tok.vocab else tok.convert_tokens_to_ids(tok.tokenize(t))[:1])
         if not ids:
             raise ConfigError(f"fill-mask: targets={targets!r} gives no vocabulary token")
         return sorted(set(ids))
