@@ -214,10 +214,9 @@ def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 def _tokenize_run(predictor) -> Callable[[list], list]:
     tok = predictor.tokenizer
-    itos = tok.ids_to_tokens
 
     def special(i: int) -> dict:
-        return {"id": i, "text": itos[i], "special": True, "start": None, "stop": None}
+        return {"id": i, "text": tok.ids_to_tokens[i], "special": True, "start": None, "stop": None}
 
     def one(r: S.TokenizeRequest) -> list:
         pieces = tok.encode_pieces(r.inputs)
