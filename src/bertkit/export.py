@@ -40,6 +40,7 @@ from bertkit.tokenizer.inputs import pad_batch, token_types, wrap
 
 __all__ = ["export_onnx", "export_onnx_int8", "check_onnx", "onnx_session", "OUTPUTS"]
 
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUTS = {
     "encoder": ["last_hidden_state", "pooler_output"],
     "mlm": ["logits"],
@@ -105,7 +106,7 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
     try:
         sample = _sample_inputs(pred.tokenizer, 2, 16, pad_from=10)
         names = OUTPUTS[pred.task]
-        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "token_type_ids")}
+        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in INPUTS}
         for n in names:   # pooled / sequence-level outputs have no seq axis
             per_token = not (n == "pooler_output" or pred.task == "classify")
             dynamic_axes[n] = {0: "batch", 1: "seq"} if per_token else {0: "batch"}
@@ -113,10 +114,9 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
             # input checks in the model (ids in range, shapes) run once at trace time; they are not graph ops
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(_Wrapped(model, pred.task), (sample["input_ids"], sample["attention_mask"],
-                                                          sample["token_type_ids"]),
-                              str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
-                              output_names=names, dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False)
+            torch.onnx.export(_Wrapped(model, pred.task), tuple(sample[n] for n in INPUTS), str(tmp),
+                              input_names=list(INPUTS), output_names=names, dynamic_axes=dynamic_axes,
+                              opset_version=opset, dynamo=False)
     finally:
         pred.encoder.config.attn_implementation = old
     return out_path
@@ -133,14 +133,6 @@ def _quiet_root_logger():
         root.setLevel(level)
 
 
-def _int8_dir(model_dir: Path, tmp: Path) -> Path:
-    """`model_dir` itself when bertkit quantized it already, else an int8 copy in `tmp` (bertkit quantize)."""
-    if is_int8_dir(model_dir):
-        return model_dir
-    quantize_dir(model_dir, tmp, force=True)
-    return tmp
-
-
 def export_onnx_int8(model_dir: str | Path, out_path: str | Path, opset: int = 17, check: bool = True
                      ) -> tuple[Path, dict | None]:
     """A dynamically quantized ONNX model (int8 weights per output channel, activations quantized in the graph,
@@ -152,7 +144,10 @@ def export_onnx_int8(model_dir: str | Path, out_path: str | Path, opset: int = 1
     from onnxruntime.quantization import QuantType, quantize_dynamic
     out_path = Path(out_path)
     with tempfile.TemporaryDirectory(prefix="bertkit-int8-") as tmp:
-        reference = _int8_dir(Path(model_dir), Path(tmp) / "model")
+        reference = Path(model_dir)
+        if not is_int8_dir(reference):               # an fp32 model: its int8 copy first (bertkit quantize)
+            reference = Path(tmp) / "model"
+            quantize_dir(model_dir, reference, force=True)
         float_graph = export_onnx(reference, Path(tmp) / "float.onnx", opset=opset)
         with replacing(out_path) as part, warnings.catch_warnings(), _quiet_root_logger():
             warnings.simplefilter("ignore")    # it also logs a pre-processing hint to the root logger
@@ -202,7 +197,7 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
     scale = 0.0                                      # the largest |PyTorch output|: what a relative tolerance uses
     for i, (b, s) in enumerate(shapes):
         x = _sample_inputs(pred.tokenizer, b, s, pad_from=max(1, s * 2 // 3), seed=i + 1)
-        args = (x["input_ids"], x["attention_mask"], x["token_type_ids"])
+        args = tuple(x[n] for n in INPUTS)
         with torch.no_grad():
             ref = wrapped(*args)
             flt = floated(*args) if floated is not None else [None] * len(ref)
@@ -219,10 +214,9 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
             if f is None:
                 continue
             f = f.float()[mask] if real else f.float()
-            onnx_far, ours_far = float((g - f).abs().max()), float((r - f).abs().max())
-            vs_float["onnx_vs_float"] = max(vs_float["onnx_vs_float"], onnx_far)
-            vs_float["bertkit_vs_float"] = max(vs_float["bertkit_vs_float"], ours_far)
-            vs_float["worst_ratio"] = max(vs_float["worst_ratio"], onnx_far / max(ours_far, 1e-6 * (1 + scale)))
+            far = {"onnx_vs_float": float((g - f).abs().max()), "bertkit_vs_float": float((r - f).abs().max())}
+            far["worst_ratio"] = far["onnx_vs_float"] / max(far["bertkit_vs_float"], 1e-6 * (1 + scale))
+            vs_float = {k: max(v, far[k]) for k, v in vs_float.items()}
     report = {"max_abs_diff": max(worst.values()), "per_output": worst, "shapes": [list(s) for s in shapes],
               "task": pred.task, "max_abs_output": scale}
     if floated is not None:
@@ -240,16 +234,13 @@ def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq:
     names = OUTPUTS[pred.task]
     x = _sample_inputs(pred.tokenizer, batch, seq)
     feed = {k: v.numpy() for k, v in x.items()}
-    ours, ort = [], []
+    runs = {"torch_s": lambda: wrapped(*(x[n] for n in INPUTS)), "onnxruntime_s": lambda: sess.run(names, feed)}
+    times: dict[str, list[float]] = {k: [] for k in runs}
     with torch.inference_mode():
-        for _ in range(2):  # warm-up
-            wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
-            sess.run(names, feed)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            wrapped(x["input_ids"], x["attention_mask"], x["token_type_ids"])
-            ours.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            sess.run(names, feed)
-            ort.append(time.perf_counter() - t0)
-    return {"torch_s": statistics.median(ours), "onnxruntime_s": statistics.median(ort)}
+        for i in range(2 + repeats):                 # the first two: warm-up
+            for key, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                if i >= 2:
+                    times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}

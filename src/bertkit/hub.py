@@ -38,12 +38,10 @@ _PT_FILES = ["pytorch_model.bin"]
 
 def hub_cache_dir() -> Path:
     """The Hugging Face hub cache this process would use, by huggingface_hub's environment rules."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.path.expandvars(os.environ["HF_HUB_CACHE"])).expanduser()
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):                     # the older spelling
-        return Path(os.path.expandvars(os.environ["HUGGINGFACE_HUB_CACHE"])).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    # HUGGINGFACE_HUB_CACHE: the older spelling of HF_HUB_CACHE
+    for var, below in (("HF_HUB_CACHE", ""), ("HUGGINGFACE_HUB_CACHE", ""), ("HF_HOME", "hub")):
+        if os.environ.get(var):
+            return Path(os.path.expandvars(os.environ[var])).expanduser() / below
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(xdg) / "huggingface" / "hub"
 
@@ -72,16 +70,12 @@ def _cached_snapshot(cache: Path, repo_id: str, revision: str) -> Path | None:
     return snapshot if (snapshot / "config.json").is_file() else None
 
 
-def _has_weights(directory: Path) -> bool:
-    return any((directory / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json",
-                                                   "pytorch_model.bin"))
-
-
 def _download(repo_id: str, revision: str, cache: Path) -> Path:
     """snapshot_download of what a BERT directory needs. Raises whatever huggingface_hub raises."""
     from huggingface_hub import snapshot_download
     path = Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache), allow_patterns=_FILES))
-    if not _has_weights(path):                   # an older repo: PyTorch pickles only
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    if not any((path / n).is_file() for n in weights):      # an older repo: PyTorch pickles only
         path = Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache), allow_patterns=_PT_FILES))
     return path
 

@@ -49,7 +49,8 @@ def pipeline(task: str, model, *, device: str = "cpu", revision: str | None = No
                               f"to Predictor.load(..., precision=) instead")
         predictor = model
     else:
-        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device, precision=precision or PRECISION)
+        predictor = Predictor.load(resolve_model_dir(model, revision=revision), device=device,
+                                   precision=precision or PRECISION)
     return TASKS[name](predictor, **options)
 
 
@@ -68,7 +69,6 @@ class Pipeline:
         self.model = predictor.model
         self.tokenizer = predictor.tokenizer
         self.defaults = self._checked(defaults)
-        self.given = set(defaults)
 
     def _checked(self, options: dict) -> dict:
         unknown = [k for k in options if k not in self.options and k != "batch_size"]
@@ -77,21 +77,16 @@ class Pipeline:
                               f"{', '.join([*self.options, 'batch_size'])}")
         return options
 
-    def _settings(self, call_options: dict) -> dict:
-        return {"batch_size": 8, **self.options, **self.defaults, **self._checked(call_options)}
-
     def __call__(self, inputs, **options):
-        opts = self._settings(options)
+        opts = {"batch_size": 8, **self.options, **self.defaults, **self._checked(options)}
         if isinstance(inputs, (list, tuple)):
             return self._many(list(inputs), opts)
         return self._many([inputs], opts)[0]
 
     def _many(self, inputs: list, opts: dict) -> list:
         size = opts.pop("batch_size")
-        out: list = []
-        for start in range(0, len(inputs), size):
-            out.extend(self._batch(inputs[start: start + size], **opts))
-        return out
+        return [out for start in range(0, len(inputs), size)
+                for out in self._batch(inputs[start: start + size], **opts)]
 
     def _batch(self, inputs: list, **opts) -> list:
         """A task gives `_batch` (one call for the batch) or `_one` (called per input, as here)."""
@@ -173,8 +168,7 @@ class FillMaskPipeline(Pipeline):
         tok = self.tokenizer
         ids = []
         for t in [targets] if isinstance(targets, str) else targets:
-            pieces = [tok.vocab[t]] if t in tok.vocab else tok.convert_tokens_to_ids(tok.tokenize(t))[:1]
-            ids.extend(pieces)
+            ids.extend([tok.vocab[t]] if t in tok.vocab else tok.convert_tokens_to_ids(tok.tokenize(t))[:1])
         if not ids:
             raise ConfigError(f"fill-mask: targets={targets!r} gives no vocabulary token")
         return sorted(set(ids))
@@ -286,15 +280,10 @@ class TokenClassificationPipeline(Pipeline):
                 entities.append({"entity": labels[best], "score": float(t["scores"][best]), "index": t["index"],
                                  "word": t["word"], "start": t["start"], "end": t["end"]})
             return entities if strategy == "none" else self._group(entities)
-        words, current = [], []
-        for t in tokens:
-            if current and not t["is_subword"]:
-                words.append(self._word(current, strategy, labels))
-                current = []
-            current.append(t)
-        if current:
-            words.append(self._word(current, strategy, labels))
-        return self._group(words)
+        # a word starts at the first token and at every token that does not continue one
+        starts = [i for i, t in enumerate(tokens) if i == 0 or not t["is_subword"]]
+        ends = starts[1:] + [len(tokens)]
+        return self._group([self._word(tokens[a:b], strategy, labels) for a, b in zip(starts, ends)])
 
     def _word(self, tokens: list[dict], strategy: str, labels: list[str]) -> dict:
         """One word from its tokens: the first token's label, the most confident token's, or the mean scores'."""

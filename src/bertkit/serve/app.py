@@ -228,7 +228,8 @@ class _MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            method = scope["method"] if scope["method"] in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD") else "other"
+            known = scope["method"] in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD")
+            method = scope["method"] if known else "other"
             route = scope["path"] if scope["path"] in self.paths else "other"
             self.metrics.request(route, method, status[0], time.perf_counter() - t0)
 

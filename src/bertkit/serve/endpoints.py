@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,9 +25,15 @@ __all__ = ["model_endpoints", "model_info", "absent_routes"]
 NON_FINITE = "the model produced non-finite values (NaN or Inf) for this input"
 
 
-def _too_many(n: int, config: ServeConfig) -> None:
-    if n > config.max_inputs:
-        raise RequestError(422, f"{n} inputs in one request; the limit is {config.max_inputs}")
+def _pieces(flat, sizes: list[int]) -> list:
+    """`flat` cut into consecutive pieces of the given sizes (one per request, or per row)."""
+    ends = np.cumsum(sizes).tolist()
+    return [flat[end - n: end] for n, end in zip(sizes, ends)]
+
+
+def _each(reqs: list, results: list, shape: Callable) -> list:
+    """shape(request, result) per request; a result that is an exception stays that request's failure."""
+    return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, results)]
 
 
 def _token_counts(predictor, texts: list[str]) -> list[int]:
@@ -39,7 +45,8 @@ def _token_counts(predictor, texts: list[str]) -> list[int]:
 def _too_long(counts: list[int], max_length: int) -> RequestError | None:
     for i, n in enumerate(counts):
         if n > max_length:
-            return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} (send truncate: true to cut it)")
+            return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} "
+                                     f"(send truncate: true to cut it)")
     return None
 
 
@@ -64,9 +71,10 @@ class _EmbedJob:
     truncate: bool = True
 
 
-def _embed_jobs(predictor, jobs: list[_EmbedJob], max_length: int) -> list:
+def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
     """Per job: (vectors (n, dims), tokens seen: None for a truncating job) or the exception that job alone fails
     with."""
+    max_length = _embed_tokens(predictor, config)
     out: list = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
@@ -80,34 +88,31 @@ def _embed_jobs(predictor, jobs: list[_EmbedJob], max_length: int) -> list:
         texts = [t for i in idx for t in jobs[i].texts]
         vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,
                                batch_size=len(texts))
-        start = 0
-        for i in idx:
-            v = vecs[start: start + len(jobs[i].texts)]
-            start += len(v)
+        for i, v in zip(idx, _pieces(vecs, [len(jobs[i].texts) for i in idx])):
             out[i] = (v, out[i]) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
     return out
 
 
 def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
+    def shape(r, res: tuple) -> dict | list:
+        if isinstance(r, S.EmbedRequest):
+            return {"embedding": np.round(res[0][0].astype(np.float64), 6).tolist()}
+        return res[0].astype(np.float64).round(7).tolist()
+
     def run(reqs: list) -> list:
         jobs = [_EmbedJob([r.text], r.pooling, r.normalize) if isinstance(r, S.EmbedRequest)
                 else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate) for r in reqs]
-        out = []
-        for r, res in zip(reqs, _embed_jobs(predictor, jobs, _embed_tokens(predictor, config))):
-            if isinstance(res, Exception):
-                out.append(res)
-            elif isinstance(r, S.EmbedRequest):
-                out.append({"embedding": np.round(res[0][0].astype(np.float64), 6).tolist()})
-            else:
-                out.append(res[0].astype(np.float64).round(7).tolist())
-        return out
+        return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
     return run
 
 
 def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     dims = predictor.embedding_dim
 
-    def shape(r: S.OpenAIEmbedRequest, vecs: np.ndarray, counts: list[int]) -> dict:
+    def shape(r: S.OpenAIEmbedRequest, res: tuple) -> dict | RequestError:
+        vecs, counts = res
+        if r.dimensions not in (None, dims):
+            return RequestError(422, f"dimensions={r.dimensions}: this model's embeddings have {dims}")
         if r.encoding_format == "base64":
             data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vecs]
         else:
@@ -117,36 +122,36 @@ def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                 "usage": {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}}
 
     def run(reqs: list) -> list:
-        jobs = [_EmbedJob(r.input, truncate=False) for r in reqs]
-        out = []
-        for r, res in zip(reqs, _embed_jobs(predictor, jobs, _embed_tokens(predictor, config))):
-            if not isinstance(res, Exception) and r.dimensions not in (None, dims):
-                res = RequestError(422, f"dimensions={r.dimensions}: this model's embeddings have {dims}")
-            out.append(res if isinstance(res, Exception) else shape(r, *res))
-        return out
+        return _each(reqs, _embed_jobs(predictor, [_EmbedJob(r.input, truncate=False) for r in reqs], config), shape)
     return run
 
 
 # ------------------------------------------------------------------------------------------- classification heads
 
-def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray:
-    """(n, labels) logits of single texts ([a]) or pairs ([a, b]); rows of both kinds run as two forwards."""
-    out = np.zeros((len(rows), predictor.model.config.num_labels), dtype=np.float32)
-    for n in (1, 2):
-        idx = [i for i, row in enumerate(rows) if len(row) == n]
+def _singles_then_pairs(items: list, paired: Callable[[Any], bool], run: Callable[[list[int], bool], Any]) -> list:
+    """run(indices, paired) on the single-text items, then on the pairs (two forwards where both come); per item its
+    result, in the items' order."""
+    out: list = [None] * len(items)
+    for kind in (False, True):
+        idx = [i for i, x in enumerate(items) if paired(x) == kind]
         if idx:
-            pairs = [rows[i][1] for i in idx] if n == 2 else None
-            out[idx] = predictor.logits([rows[i][0] for i in idx], pairs, max_length, batch_size=len(idx))
+            for i, res in zip(idx, run(idx, kind)):
+                out[i] = res
     return out
+
+
+def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray:
+    """(n, labels) logits of single texts ([a]) or pairs ([a, b])."""
+    def run(idx: list[int], paired: bool) -> np.ndarray:
+        pairs = [rows[i][1] for i in idx] if paired else None
+        return predictor.logits([rows[i][0] for i in idx], pairs, max_length, batch_size=len(idx))
+    return np.array(_singles_then_pairs(rows, lambda row: len(row) == 2, run), dtype=np.float32)
 
 
 def _rows_too_long(predictor, rows: list[list[str]], max_length: int) -> RequestError | None:
     counts = _token_counts(predictor, [t for row in rows for t in row])
-    k, joined = 0, []
-    for row in rows:
-        joined.append(sum(counts[k: k + len(row)]) - (len(row) - 1))   # a pair shares one [CLS]
-        k += len(row)
-    return _too_long(joined, max_length)
+    # a pair shares one [CLS]
+    return _too_long([sum(c) - (len(c) - 1) for c in _pieces(counts, [len(row) for row in rows])], max_length)
 
 
 def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_length: int) -> list:
@@ -154,11 +159,10 @@ def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_l
     the RequestError of a request with a row too long to serve untruncated."""
     out: list = [None if truncate else _rows_too_long(predictor, rows, max_length) for rows, truncate in requests]
     ok = [i for i, err in enumerate(out) if err is None]
-    logits = _row_logits(predictor, [row for i in ok for row in requests[i][0]], max_length) if ok else None
-    start = 0
-    for i in ok:
-        out[i] = logits[start: start + len(requests[i][0])]
-        start += len(requests[i][0])
+    if ok:
+        logits = _row_logits(predictor, [row for i in ok for row in requests[i][0]], max_length)
+        for i, z in zip(ok, _pieces(logits, [len(requests[i][0]) for i in ok])):
+            out[i] = z
     return out
 
 
@@ -168,24 +172,26 @@ def _scores(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
     return class_scores(logits, "none" if raw else score_function(predictor.model.config, regression="sigmoid"))
 
 
-def _labels(predictor, n: int) -> list[str]:
-    return predictor.labels or [f"LABEL_{i}" for i in range(n)]
+def _class_run(predictor, config: ServeConfig, rows: Callable, scores: Callable, shape: Callable) -> Callable:
+    """A route over a request's rows(request): scores(request, logits), then shape(request, scores) unless a score
+    is not finite (503)."""
+    def one(r, logits: np.ndarray):
+        z = scores(r, logits)
+        return shape(r, z) if np.isfinite(z).all() else RequestError(503, NON_FINITE)
+
+    def run(reqs: list) -> list:
+        return _each(reqs, _class_logits(predictor, [(rows(r), r.truncate) for r in reqs], _tokens(config)), one)
+    return run
 
 
 def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    def shape(r: S.PredictRequest, logits: np.ndarray):
-        scores = _scores(predictor, logits, r.raw_scores)
-        if not np.isfinite(scores).all():
-            return RequestError(503, NON_FINITE)
-        labels = _labels(predictor, scores.shape[-1])
+    def shape(r: S.PredictRequest, scores: np.ndarray):
+        labels = predictor.labels or [f"LABEL_{i}" for i in range(scores.shape[-1])]
         preds = [sorted(({"label": labels[j], "score": round(float(s), 6)} for j, s in enumerate(row)),
                         key=lambda p: -p["score"]) for row in scores]
         return preds if r.inputs.batch else preds[0]
-
-    def run(reqs: list) -> list:
-        logits = _class_logits(predictor, [(r.inputs.items, r.truncate) for r in reqs], _tokens(config))
-        return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, logits)]
-    return run
+    return _class_run(predictor, config, lambda r: r.inputs.items,
+                      lambda r, logits: _scores(predictor, logits, r.raw_scores), shape)
 
 
 def _relevance(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
@@ -196,29 +202,21 @@ def _relevance(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
 
 
 def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    def shape(r: S.RerankRequest, logits: np.ndarray):
-        scores = _relevance(predictor, logits, r.raw_scores)
-        if not np.isfinite(scores).all():
-            return RequestError(503, NON_FINITE)
+    def shape(r: S.RerankRequest, scores: np.ndarray):
         ranks = [{"index": i, "score": round(float(s), 6), **({"text": r.texts[i]} if r.return_text else {})}
                  for i, s in enumerate(scores)]
         return sorted(ranks, key=lambda x: -x["score"])
-
-    def run(reqs: list) -> list:
-        logits = _class_logits(predictor, [([[r.query, t] for t in r.texts], r.truncate) for r in reqs],
-                               _tokens(config))
-        return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, logits)]
-    return run
+    return _class_run(predictor, config, lambda r: [[r.query, t] for t in r.texts],
+                      lambda r, logits: _relevance(predictor, logits, r.raw_scores), shape)
 
 
 # ---------------------------------------------------------------------------------------------- other endpoints
 
 def _tokenize_run(predictor) -> Callable[[list], list]:
     tok = predictor.tokenizer
-    itos = tok.ids_to_tokens
 
     def special(i: int) -> dict:
-        return {"id": i, "text": itos[i], "special": True, "start": None, "stop": None}
+        return {"id": i, "text": tok.ids_to_tokens[i], "special": True, "start": None, "stop": None}
 
     def one(r: S.TokenizeRequest) -> list:
         pieces = tok.encode_pieces(r.inputs)
@@ -254,27 +252,22 @@ def _fill_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def run(reqs: list) -> list:
-        out: list = [None] * len(reqs)
-        for paired in (False, True):
-            idx = [i for i, r in enumerate(reqs) if (r.pair is not None) == paired]
-            if idx:
-                pairs = [reqs[i].pair for i in idx] if paired else None
-                res = predictor.classify([reqs[i].text for i in idx], max_length=_tokens(config), pairs=pairs,
-                                         batch_size=len(idx))
-                for i, x in zip(idx, res):
-                    out[i] = x
-        return out
+        def classify(idx: list[int], paired: bool) -> list:
+            pairs = [reqs[i].pair for i in idx] if paired else None
+            return predictor.classify([reqs[i].text for i in idx], max_length=_tokens(config), pairs=pairs,
+                                      batch_size=len(idx))
+        return _singles_then_pairs(reqs, lambda r: r.pair is not None, classify)
     return run
 
 
 # -------------------------------------------------------------------------------------------------------- wiring
 
-def _texts(field: str) -> Callable:
-    return lambda r: len(getattr(r, field))
-
-
-def _inputs_check(field: str, config: ServeConfig) -> Callable:
-    return lambda r: _too_many(len(getattr(r, field)), config)
+def _counted(texts: Callable[[Any], int], config: ServeConfig) -> tuple[Callable, Callable]:
+    """(weight, check) of a route whose requests carry texts(request) texts, at most max_inputs of them."""
+    def check(r) -> None:
+        if texts(r) > config.max_inputs:
+            raise RequestError(422, f"{texts(r)} inputs in one request; the limit is {config.max_inputs}")
+    return texts, check
 
 
 def _reranks(predictor) -> bool:
@@ -286,15 +279,14 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     """Route name -> Endpoint for what the predictor's head supports (embed and tokenize always)."""
     config = config or ServeConfig()
     L = _tokens(config)
-    embed_weight = lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs)  # noqa: E731
     eps = [
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
-                 "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]", embed_weight,
-                 lambda r: None if isinstance(r, S.EmbedRequest) else _too_many(len(r.inputs), config)),
+                 "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
+                 *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config)),
         Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor, config), S.OpenAIEmbedResponse,
-                 "OpenAI-compatible embeddings", _texts("input"), _inputs_check("input", config)),
+                 "OpenAI-compatible embeddings", *_counted(lambda r: len(r.input), config)),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
-                 "WordPiece tokens with their character offsets", _texts("inputs"), _inputs_check("inputs", config)),
+                 "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),
     ]
     if predictor.has_mlm:
         eps.append(Endpoint("fill-mask", S.FillMaskRequest, _fill_run(predictor, config), S.FillMaskResult,
@@ -304,11 +296,11 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
                             "sequence classification (of a text, or of a text pair)"))
         eps.append(Endpoint("predict", S.PredictRequest, _predict_run(predictor, config),
                             S.PredictResult, "classification, TEI's shape: labels by score",
-                            lambda r: len(r.inputs.items), lambda r: _too_many(len(r.inputs.items), config)))
+                            *_counted(lambda r: len(r.inputs.items), config)))
     if _reranks(predictor):
         eps.append(Endpoint("rerank", S.RerankRequest, _rerank_run(predictor, config), list[S.Rank],
-                            "score (query, text) pairs with the cross-encoder, best first", _texts("texts"),
-                            _inputs_check("texts", config)))
+                            "score (query, text) pairs with the cross-encoder, best first",
+                            *_counted(lambda r: len(r.texts), config)))
     if predictor.task == "tag":
         eps.append(Endpoint("tag", S.TagRequest,
                             lambda rs: predictor.tag([r.text for r in rs], max_length=L, batch_size=len(rs)),
@@ -321,37 +313,28 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     return {ep.name: ep for ep in eps}
 
 
-
 def absent_routes(predictor) -> dict[str, str]:
     """Why a known route is missing for this model: the 404 says so instead of just 'not found'."""
-    why = {}
-    if not predictor.has_mlm:
-        why["fill-mask"] = f"this is a {predictor.task} model: /fill-mask needs a masked-LM head"
-    if predictor.task != "classify":
-        for name in ("classify", "predict", "rerank"):
-            why[name] = (f"this is a {predictor.task} model: /{name} needs a sequence-classification "
-                         f"(cross-encoder) head")
-    elif not _reranks(predictor):
+    task = predictor.task
+    cross_encoder = ("classify", "a sequence-classification (cross-encoder) head")
+    needs = {"fill-mask": ("mlm", "a masked-LM head"), "classify": cross_encoder, "predict": cross_encoder,
+             "rerank": cross_encoder, "tag": ("tag", "a token-classification head"),
+             "answer": ("answer", "a question-answering head")}          # route -> (Predictor.task, its head)
+    why = {name: f"this is a {task} model: /{name} needs {head}" for name, (kind, head) in needs.items()
+           if not (predictor.has_mlm if kind == "mlm" else task == kind)}
+    if task == "classify" and not _reranks(predictor):
         why["rerank"] = (f"/rerank needs a cross-encoder (fine-tuned on pairs) with one or two labels; this "
                          f"classifier has {predictor.model.config.num_labels}, fine-tuned on "
                          f"{'single texts' if single_text_kind(predictor) else 'pairs'}")
-    if predictor.task != "tag":
-        why["tag"] = f"this is a {predictor.task} model: /tag needs a token-classification head"
-    if predictor.task != "answer":
-        why["answer"] = f"this is a {predictor.task} model: /answer needs a question-answering head"
     return why
-
-
-def _quantization(predictor) -> str | None:
-    qc = getattr(predictor.model.config, "extra", {}).get("quantization_config")
-    return qc.get("method") if isinstance(qc, dict) else None
 
 
 def model_info(predictor, config: ServeConfig) -> dict:
     kind = {"classify": "classifier", "tag": "tagger", "answer": "question-answering"}.get(predictor.task, "embedding")
     labels = predictor.labels if predictor.task in ("classify", "tag") else None
+    qc = getattr(predictor.model.config, "extra", {}).get("quantization_config")
     return {"model_id": predictor.name, "model_type": kind, "task": predictor.task,
-            "dims": predictor.embedding_dim, "quantization": _quantization(predictor),
+            "dims": predictor.embedding_dim, "quantization": qc.get("method") if isinstance(qc, dict) else None,
             "max_input_length": _embed_tokens(predictor, config) if kind == "embedding" else _tokens(config),
             "max_client_batch_size": config.max_inputs, "max_batch_requests": config.max_batch,
             "max_concurrent_requests": config.max_connections, "labels": labels, "version": __version__,

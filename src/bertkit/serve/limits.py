@@ -68,11 +68,10 @@ class ServeConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{flag(name)} must be an integer >= {low}, got {value!r}")
-        for name in ("timeout_s", "read_timeout_s", "max_wait_ms"):
+        for name, bound in (("timeout_s", "> 0"), ("read_timeout_s", "> 0"), ("max_wait_ms", ">= 0")):
             value = getattr(self, name)
-            low_ok = value >= 0 if name == "max_wait_ms" else value > 0
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or not low_ok:
-                bound = ">= 0" if name == "max_wait_ms" else "> 0"
+            finite = isinstance(value, (int, float)) and math.isfinite(value)
+            if not finite or not (value >= 0 if bound == ">= 0" else value > 0):
                 raise ConfigError(f"{flag(name)} must be a finite number {bound}, got {value!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in 0..65535, got {self.port!r}")
@@ -160,9 +159,6 @@ def _check_strings(value, limit: int, where: str) -> None:
     if isinstance(value, str):
         if len(value) > limit:
             raise RequestError(413, f"field {where or 'body'!r} has {len(value)} characters; the limit is {limit}")
-    elif isinstance(value, dict):
-        for k, v in value.items():
+    elif isinstance(value, (dict, list)):
+        for k, v in value.items() if isinstance(value, dict) else enumerate(value):
             _check_strings(v, limit, f"{where}.{k}" if where else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_strings(v, limit, f"{where}.{i}" if where else str(i))

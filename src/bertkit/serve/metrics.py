@@ -138,8 +138,7 @@ def _histogram(name: str, label_names: tuple, series: dict[tuple, _Histogram]) -
         total = 0
         for le, n in zip([*h.buckets, "+Inf"], h.counts):
             total += n
-            bound = le if le == "+Inf" else _fmt(float(le))
-            le_label = f'le="{bound}"'
+            le_label = f'le="{le if le == "+Inf" else _fmt(float(le))}"'
             lines.append(f"{name}_bucket{_labels(label_names, key, le_label)} {total}")
         lines.append(f"{name}_sum{_labels(label_names, key)} {_fmt(float(h.sum))}")
         lines.append(f"{name}_count{_labels(label_names, key)} {total}")

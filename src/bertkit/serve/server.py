@@ -51,7 +51,7 @@ class _ReadDeadline(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             self._disarm()        # the request is in (or the connection is done): the batcher's timeout governs
 
     def on_response_complete(self) -> None:
@@ -105,11 +105,10 @@ class ServerThread:
 
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
-        deadline = threading.Event()
         for _ in range(int(timeout / 0.02)):
             if self.server.started or not self.thread.is_alive():
                 break
-            deadline.wait(0.02)
+            self.thread.join(0.02)                   # a pause that ends early if the server thread dies
         if not self.server.started:
             raise RuntimeError("the server did not start")
         return self
