@@ -1,7 +1,7 @@
 """Evaluation metrics for the fine-tuning tasks, in plain Python / numpy (no scikit-learn, no seqeval).
 
 Classification: accuracy, F1 (binary for label 1, macro over classes), Matthews correlation (the multi-class form
-of Gorodkin 2004, = the binary MCC for two classes), confusion matrix (+ PNG via matplotlib's Agg backend).
+of Gorodkin 2004, = the binary MCC for two classes), confusion matrix (its PNG: bertkit.plots.plot_confusion).
 Regression: Pearson and Spearman correlation (Spearman = Pearson of average ranks, so ties are handled as scipy does).
 
 Sequence labelling follows the CoNLL `conlleval` / seqeval (default, non-strict) conventions: a chunk ends when the
@@ -20,14 +20,11 @@ import collections
 import math
 import re
 import string
-from pathlib import Path
 
 import numpy as np
 
-from bertkit.atomic import replacing
-
 __all__ = ["accuracy", "prf", "f1_binary", "f1_macro", "mcc", "pearson", "spearman", "confusion_matrix",
-           "plot_confusion_matrix", "classification_report", "get_entities", "convert_tags", "entity_scores",
+           "classification_report", "get_entities", "convert_tags", "entity_scores",
            "normalize_answer", "squad_exact", "squad_f1", "squad_scores", "best_null_threshold"]
 
 
@@ -95,34 +92,6 @@ def classification_report(y_true, y_pred, labels: list[str]) -> dict:
     if len(labels) == 2:
         out["f1"] = f1_binary(y_true, y_pred, 1)
     return out
-
-
-def plot_confusion_matrix(cm, labels: list[str], path: str | Path, title: str = "confusion matrix") -> Path:
-    """Confusion matrix as a PNG (counts in the cells, rows = gold)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cm = np.asarray(cm)
-    size = max(3.5, 0.6 * len(labels) + 2)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(cm, cmap="Blues")
-    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("gold")
-    ax.set_title(title)
-    top = cm.max() if cm.size else 0
-    for i in range(cm.shape[0]):
-        for j in range(cm.shape[1]):
-            ax.text(j, i, str(cm[i, j]), ha="center", va="center", color="white" if cm[i, j] > top / 2 else "black")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    return path
 
 
 # ------------------------------------------------------------------------------------------------- regression
