@@ -128,9 +128,10 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
     qrels: dict[str, dict[str, float]] = {}
     for line, row in table_rows(path):
         q, c = _field(path, line, row, _QID), _field(path, line, row, _CID)
-        if q not in queries or c not in corpus:
-            raise DataError(f"{path}:{line}: {'query' if q not in queries else 'corpus'} id "
-                            f"{q if q not in queries else c!r} is not in the {'queries' if q not in queries else 'corpus'} file")
+        if q not in queries:
+            raise DataError(f"{path}:{line}: query id {q!r} is not in the queries file")
+        if c not in corpus:
+            raise DataError(f"{path}:{line}: corpus id {c!r} is not in the corpus file")
         try:
             grade = float(row.get("score", 1) or 1)
         except ValueError:
