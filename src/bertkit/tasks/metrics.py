@@ -105,18 +105,10 @@ def pearson(x, y) -> float:
 
 def _ranks(x) -> np.ndarray:
     """1-based ranks, ties get the average of the ranks they span."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    xs = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and xs[j + 1] == xs[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    _, which, counts = np.unique(np.asarray(x, dtype=np.float64), return_inverse=True, return_counts=True,
+                                 equal_nan=False)
+    last = np.cumsum(counts)            # the rank of each distinct value's last copy; its copies average down
+    return (last - (counts - 1) / 2)[which]
 
 
 def spearman(x, y) -> float:
@@ -204,12 +196,9 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
         if len(g) != len(p):
             raise ValueError(f"a sentence has {len(g)} gold tags but {len(p)} predicted")
         ge, pe = set(get_entities(g)), set(get_entities(p))
-        for t, *_ in ge:
-            n_gold[t] += 1
-        for t, *_ in pe:
-            n_pred[t] += 1
-        for t, *_ in ge & pe:
-            tp[t] += 1
+        n_gold.update(t for t, *_ in ge)
+        n_pred.update(t for t, *_ in pe)
+        tp.update(t for t, *_ in ge & pe)
     per = {}
     for t in sorted(set(n_gold) | set(n_pred)):
         p, r, f = prf(tp[t], n_pred[t] - tp[t], n_gold[t] - tp[t])
@@ -288,7 +277,7 @@ def best_null_threshold(span_predictions: dict[str, str], null_margins: dict[str
     answer; the running score changes by (span score - null score) for that question.
     """
     score_fn = squad_f1 if metric == "f1" else squad_exact
-    qids = [q for q in gold]
+    qids = list(gold)
     cur = 0.0
     span_gain = {}
     for q in qids:
