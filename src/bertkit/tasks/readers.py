@@ -457,17 +457,14 @@ def write_squad(path: str | Path, examples: list[SquadExample], version: str = "
     articles: dict[str, dict[str, list]] = {}
     for e in examples:
         articles.setdefault(e.title, {}).setdefault(e.context, []).append(e)
-    data = []
-    for title, paras in articles.items():
-        ps = []
-        for context, exs in paras.items():
-            qas = []
-            for e in exs:
-                qa = {"id": e.id, "question": e.question,
-                      "answers": [{"text": t, "answer_start": s} for t, s in e.answers]}
-                if version.startswith("2"):
-                    qa["is_impossible"] = e.is_impossible
-                qas.append(qa)
-            ps.append({"context": context, "qas": qas})
-        data.append({"title": title, "paragraphs": ps})
+
+    def qa(e: SquadExample) -> dict:
+        out = {"id": e.id, "question": e.question, "answers": [{"text": t, "answer_start": s} for t, s in e.answers]}
+        if version.startswith("2"):
+            out["is_impossible"] = e.is_impossible
+        return out
+
+    data = [{"title": title, "paragraphs": [{"context": context, "qas": [qa(e) for e in exs]}
+                                            for context, exs in paras.items()]}
+            for title, paras in articles.items()]
     return write_text(path, json.dumps({"version": version, "data": data}, ensure_ascii=False, indent=1))
