@@ -249,18 +249,12 @@ def build(name: str, out_dir: str | Path, seed: int = 0) -> dict:
         raise ConfigError(f"unknown task data set {name!r}; choose from {', '.join(TASKS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("sentiment", "sentiment-regress"):
-        stats = _sentiment(out, seed, regress=name == "sentiment-regress")
-    elif name == "topic":
-        stats = _topic(out, seed)
-    elif name == "pairs":
-        stats = _pairs(out, seed)
-    elif name == "retrieval":
-        stats = _retrieval(out, seed)
-    elif name == "ner":
-        stats = _ner(out, seed)
-    else:
-        stats = _qa(out, seed, version_2=name == "qa2")
+    builders = {"sentiment": lambda: _sentiment(out, seed, regress=False),
+                "sentiment-regress": lambda: _sentiment(out, seed, regress=True),
+                "topic": lambda: _topic(out, seed), "pairs": lambda: _pairs(out, seed),
+                "retrieval": lambda: _retrieval(out, seed), "ner": lambda: _ner(out, seed),
+                "qa": lambda: _qa(out, seed, version_2=False), "qa2": lambda: _qa(out, seed, version_2=True)}
+    stats = builders[name]()
     stats.update(task=name, seed=seed)
     write_json(out / "stats.json", stats, indent=1)
     if not stats["files"]:
