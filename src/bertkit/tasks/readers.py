@@ -258,17 +258,14 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
     path = Path(path)
     out: list[Sentence] = []
     n_cols: int | None = None
-    first_line = 0
-    words: list[str] = []
-    tags: list[str] = []
+    rows: list[tuple[int, list[str]]] = []       # the sentence so far: (line number, columns) per token
     doc, n_docs = "", 0
 
     def flush():
-        nonlocal words, tags
-        if words:
-            out.append(Sentence(words, tags if n_cols and n_cols > 1 else None, doc or f"doc{n_docs}",
-                                f"{path}:{first_line}"))
-        words, tags = [], []
+        if rows:
+            tags = [cols[tag_column] for _, cols in rows] if n_cols > 1 else None
+            out.append(Sentence([cols[0] for _, cols in rows], tags, doc or f"doc{n_docs}", f"{path}:{rows[0][0]}"))
+            rows.clear()
 
     with _open_text(path) as f:
         for i, raw in enumerate(f, 1):
@@ -293,11 +290,7 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
             if len(cols) != n_cols:
                 raise DataError(f"{path}:{i}: {len(cols)} column(s), expected {n_cols} like line 1 of the data "
                                 f"({line!r})")
-            if not words:
-                first_line = i
-            words.append(cols[0])
-            if n_cols > 1:
-                tags.append(cols[tag_column])
+            rows.append((i, cols))
         flush()
     if not out:
         raise DataError(f"{path}: no sentences")
