@@ -209,10 +209,8 @@ def _qa(out: Path, seed: int, version_2: bool) -> dict:
                 skipped["article missing from corpus"] += 1
                 continue
             e_texts = [t for t, _ in ents.get(name, [])]
-            body = "\n".join(a.paragraphs)
-            rest = "\n".join(a.paragraphs[1:])
-            for kind, q_text, ctx in (("headline", a.title, body),
-                                      ("lead", first_sentence(a.paragraphs[0]), rest)):
+            for kind, q_text, ctx in (("headline", a.title, "\n".join(a.paragraphs)),
+                                      ("lead", first_sentence(a.paragraphs[0]), "\n".join(a.paragraphs[1:]))):
                 if not ctx:
                     skipped[f"{kind}: no context"] += 1
                     continue

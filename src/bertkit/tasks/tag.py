@@ -46,14 +46,10 @@ def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[
     cache = {} if cache is None else cache
     out, empty = [], 0
     for w in words:
-        ids = cache.get(w)
-        if ids is None:
-            ids = tok.convert_tokens_to_ids(tok.tokenize(w))
-            cache[w] = ids
-        if not ids:
-            ids = [tok.unk_token_id]
-            empty += 1
-        out.append(ids)
+        if w not in cache:
+            cache[w] = tok.convert_tokens_to_ids(tok.tokenize(w))
+        empty += not cache[w]
+        out.append(cache[w] or [tok.unk_token_id])
     return out, empty
 
 
