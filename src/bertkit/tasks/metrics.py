@@ -231,8 +231,7 @@ def squad_f1(prediction: str, gold: str) -> float:
     p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
     if not p or not g:  # v2.0: no-answer is right only against no-answer
         return float(p == g)
-    common = collections.Counter(p) & collections.Counter(g)
-    same = sum(common.values())
+    same = sum((collections.Counter(p) & collections.Counter(g)).values())     # tokens in common
     if same == 0:
         return 0.0
     precision, recall = same / len(p), same / len(g)
@@ -241,8 +240,7 @@ def squad_f1(prediction: str, gold: str) -> float:
 
 def _gold_texts(answers: list[str]) -> list[str]:
     """Gold answers as the v2.0 script sees them: those that normalise to nothing are dropped; none left = ''."""
-    kept = [a for a in answers if normalize_answer(a)]
-    return kept or [""]
+    return [a for a in answers if normalize_answer(a)] or [""]
 
 
 def squad_scores(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict:
