@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from bertkit import plots
 from bertkit.tasks import metrics as M
 
 
@@ -52,7 +53,7 @@ def test_correlations_match_scipy():
 
 def test_confusion_matrix_png(tmp_path):
     pytest.importorskip("matplotlib")
-    path = M.plot_confusion_matrix([[3, 1], [0, 4]], ["neg", "pos"], tmp_path / "cm.png")
+    path = plots.plot_confusion([[3, 1], [0, 4]], ["neg", "pos"], tmp_path / "cm.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,7 +1,7 @@
 """Bi-encoder sentence embeddings: training, storage and search.
 
-    pooling.py    Pooling (cls / max / mean / mean_sqrt_len / weighted_mean / last_token), Dense, Normalize,
-                  SentenceEncoder: BertModel -> (batch, dim) vectors
+    pooling.py    Pooling (cls / max / mean / mean_sqrt_len / weighted_mean / last_token), Dense,
+                  SentenceEncoder (+ optional unit L2 norm): BertModel -> (batch, dim) vectors
     st_format.py  load_sentence_encoder / save_sentence_encoder: sentence-transformers directories (and plain HF
                   BERT directories, mean-pooled)
     losses.py     MultipleNegativesRankingLoss (InfoNCE; hard negatives, symmetric, learnable scale, false

@@ -13,9 +13,9 @@
 A directory is written under a temporary name and renamed into place when complete, so a reader never sees half
 an index. Search scores by dot product (cosine for normalised vectors), exact: the corpus is read in blocks of
 `corpus_block` rows, each block's scores (queries x block) are reduced to their top k and merged into a running
-top k, so memory holds one block's scores (query_block x corpus_block), never the full query x corpus matrix; pages of a finished block are
-dropped from this process's resident set (the file stays in the page cache). A query from a model whose hash or
-dimension differs from the index's raises `IndexMismatch` naming both.
+top k, so memory holds one block's scores (query_block x corpus_block), never the full query x corpus matrix; pages
+of a finished block are dropped from this process's resident set (the file stays in the page cache). A query from a
+model whose hash or dimension differs from the index's raises `IndexMismatch` naming both.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from torch import nn
 
 from bertkit.errors import ConfigError, DataError
 
-__all__ = ["INDEX_SOURCE", "EmbeddingIndex", "IndexWriter", "IndexMismatch", "SearchResult", "write_index", "model_hash",
-           "search_vectors", "DTYPES"]
+__all__ = ["INDEX_SOURCE", "EmbeddingIndex", "IndexWriter", "IndexMismatch", "SearchResult", "write_index",
+           "model_hash", "search_vectors", "DTYPES"]
 
 INDEX_SOURCE = "bertkit_source.json"       # beside an index `bertkit embed` built: its model and encoder settings
 

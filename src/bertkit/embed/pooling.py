@@ -30,7 +30,7 @@ from bertkit.predict.decode import hidden_states
 from bertkit.predict.engine import PRECISION, encode, forward_batches
 from bertkit.progress import bar as progress_bar
 
-__all__ = ["MODES", "Pooling", "Dense", "Normalize", "SentenceEncoder", "ACTIVATIONS"]
+__all__ = ["MODES", "Pooling", "Dense", "SentenceEncoder", "ACTIVATIONS"]
 
 MODES = ("cls", "max", "mean", "mean_sqrt_len", "weighted_mean", "last_token")
 # sentence-transformers' spellings (and short forms) of the same modes
@@ -138,15 +138,8 @@ class Dense(nn.Module):
         return self.activation(self.linear(x))
 
 
-class Normalize(nn.Module):
-    """Unit L2 norm per row: cosine similarity becomes a dot product."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.normalize(x, p=2, dim=-1)
-
-
 class SentenceEncoder(nn.Module):
-    """BertModel -> Pooling -> Dense layers (optional) -> Normalize (optional): tokenized text to (batch, dim).
+    """BertModel -> Pooling -> Dense layers (optional) -> unit L2 norm (optional): tokenized text to (batch, dim).
     The one path from text to vector: `bertkit embed`, Predictor.embed, serve and the embedding evaluations encode
     through it. `layers`: hidden states to average before pooling (0 = embeddings; None = the last layer)."""
 

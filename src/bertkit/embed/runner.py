@@ -128,9 +128,10 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
     qrels: dict[str, dict[str, float]] = {}
     for line, row in table_rows(path):
         q, c = _field(path, line, row, _QID), _field(path, line, row, _CID)
-        if q not in queries or c not in corpus:
-            raise DataError(f"{path}:{line}: {'query' if q not in queries else 'corpus'} id "
-                            f"{q if q not in queries else c!r} is not in the {'queries' if q not in queries else 'corpus'} file")
+        if q not in queries:
+            raise DataError(f"{path}:{line}: query id {q!r} is not in the queries file")
+        if c not in corpus:
+            raise DataError(f"{path}:{line}: corpus id {c!r} is not in the corpus file")
         try:
             grade = float(row.get("score", 1) or 1)
         except ValueError:
@@ -152,8 +153,7 @@ def evaluator(path, tokenizer, batch_size: int = 128, precision: str = PRECISION
     if data.kind == "scored":
         a, b = zip(*data.texts)
         return similarity_eval(tokenizer, a, b, data.scores, batch_size, precision)
-    positives = list(dict.fromkeys(t[1] for t in data.texts))
-    pid = {p: f"p{i}" for i, p in enumerate(positives)}
+    pid = {p: f"p{i}" for i, p in enumerate(dict.fromkeys(t[1] for t in data.texts))}   # distinct positives
     queries = {f"q{i}": t[0] for i, t in enumerate(data.texts)}
     qrels = {f"q{i}": {pid[t[1]]: 1.0} for i, t in enumerate(data.texts)}
     return retrieval_eval(tokenizer, queries, {v: k for k, v in pid.items()}, qrels, batch_size=batch_size,
@@ -194,12 +194,10 @@ def _loss(cfg: EmbedFinetuneConfig, kind: str, source: str):
 
 def _used_ids(encoder, tok, data) -> set[int]:
     """The piece ids of every training text (and the pad id): the rows a compact embedding table trains."""
-    texts = sorted({t for row in data.texts for t in row})
+    texts = sorted({t.lower() if encoder.do_lower_case else t for row in data.texts for t in row})
     ids = {tok.pad_token_id}
     for start in range(0, len(texts), 1024):
-        chunk = texts[start:start + 1024]
-        chunk = [t.lower() for t in chunk] if encoder.do_lower_case else chunk
-        for row in tok(chunk, max_length=encoder.max_seq_length, truncation=True)["input_ids"]:
+        for row in tok(texts[start:start + 1024], max_length=encoder.max_seq_length, truncation=True)["input_ids"]:
             ids.update(row)
     return ids
 

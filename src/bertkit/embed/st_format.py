@@ -35,8 +35,7 @@ from bertkit.tokenizer import Tokenizer
 from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
 
 __all__ = ["load_sentence_encoder", "sentence_pipeline", "save_sentence_encoder", "is_sentence_transformers_dir",
-           "module_dirs",
-           "POOLING_FLAGS"]
+           "module_dirs", "POOLING_FLAGS"]
 
 # the legacy flag of each pooling mode, in sentence-transformers' concatenation order
 POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
@@ -49,10 +48,6 @@ _ACTIVATION_PATHS = {"identity": "torch.nn.modules.linear.Identity", "tanh": "to
 # our mode names -> sentence-transformers' (for its list form of pooling_mode)
 _ST_MODE_NAMES = {"mean_sqrt_len": "mean_sqrt_len_tokens", "weighted_mean": "weightedmean",
                   "last_token": "lasttoken"}
-_MODULE_TYPES = {"sentence_transformers.models.Transformer": "transformer",
-                 "sentence_transformers.models.Pooling": "pooling",
-                 "sentence_transformers.models.Dense": "dense",
-                 "sentence_transformers.models.Normalize": "normalize"}
 _DEFAULT_MAX_SEQ = 512
 
 
@@ -70,9 +65,8 @@ def _read_json(path: Path) -> dict | list:
 
 
 def _kind(module_type: str) -> str | None:
-    """'transformer' | 'pooling' | 'dense' | 'normalize' for any spelling of the class path, else None."""
-    if module_type in _MODULE_TYPES:
-        return _MODULE_TYPES[module_type]
+    """'transformer' | 'pooling' | 'dense' | 'normalize' for any spelling of the class path
+    (sentence_transformers.models.Dense, sentence_transformers.models.Dense.Dense, ...), else None."""
     if module_type.startswith("sentence_transformers."):
         last = module_type.rsplit(".", 1)[-1].lower()
         return last if last in ("transformer", "pooling", "dense", "normalize") else None
@@ -149,10 +143,8 @@ def _dense_from(path: Path) -> Dense:
         dense = Dense(int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), act)
     except KeyError as e:
         raise CheckpointError(f"{path / CONFIG_NAME}: missing {e.args[0]!r}") from None
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        weights = path / "pytorch_model.bin"
-    if not weights.is_file():
+    weights = next((w for w in (path / "model.safetensors", path / "pytorch_model.bin") if w.is_file()), None)
+    if weights is None:
         raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin for the Dense layer")
     sd = load_state_dict_file(weights)
     try:

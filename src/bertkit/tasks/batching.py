@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,19 +31,16 @@ from bertkit.tokenizer.inputs import pad_batch
 __all__ = ["BucketBatchSampler", "collate", "predict_batches"]
 
 
-
+@dataclass
 class BucketBatchSampler:
     """Yields lists of indices; similar lengths share a batch. Deterministic given (seed, epoch)."""
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0, shuffle: bool = True,
-                 bucket_batches: int = 50, drop_last: bool = False):
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.bucket_batches = bucket_batches
-        self.drop_last = drop_last
-        self.epoch = 0
+    lengths: list[int]
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    bucket_batches: int = 50
+    drop_last: bool = False
+    epoch: int = field(default=0, init=False)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 
+from bertkit import plots
 from bertkit.errors import DataError
 from bertkit.heads import BertForSequenceClassification
 from bertkit.predict.decode import class_scores
@@ -174,7 +175,7 @@ class SequenceTask(Task):
         if "confusion_matrix" not in report:
             return []
         try:
-            return [M.plot_confusion_matrix(report["confusion_matrix"], self.labels.labels,
-                                            out_dir / f"confusion_{split}.png", f"{split} confusion matrix")]
+            return [plots.plot_confusion(report["confusion_matrix"], self.labels.labels,
+                                         out_dir / f"confusion_{split}.png", f"{split} confusion matrix")]
         except ImportError:
             return []

@@ -21,8 +21,8 @@
 Every split is a fixed 80/10/10 split by `seed` (`datasets.split_by_seed`), over *articles* for the BBC tasks, so
 no article contributes to two splits. BBC holds duplicate articles (98 exact copies under two file names, and a few
 more versions of one story with the same first sentence); only the first of each is kept (counted as
-`duplicate_articles_dropped`), else a copy could land in train and its twin in test. `build(name, out_dir)` writes train / dev / test files and a stats.json that
-counts what was dropped and why.
+`duplicate_articles_dropped`), else a copy could land in train and its twin in test. `build(name, out_dir)` writes
+train / dev / test files and a stats.json that counts what was dropped and why.
 """
 
 from __future__ import annotations
@@ -82,34 +82,36 @@ def _unique_articles() -> tuple[list, dict[str, str]]:
     return kept, alias
 
 
-def _write_split(out: Path, ext: str, splits: dict[str, list[dict]]) -> dict[str, str]:
-    return {name: str(write_table(out / f"{name}.{ext}", rows)) for name, rows in splits.items()}
+def _three_ways(items: list, seed: int) -> dict[str, list]:
+    """{"train", "dev", "test"}: the fixed 80/10/10 split of `items` by seed."""
+    return dict(zip(("train", "dev", "test"), datasets.split_by_seed(items, seed)))
+
+
+def _write_csvs(out: Path, splits: dict[str, list[dict]]) -> dict:
+    """SPLIT.csv for each split's rows: the stats' files and counts."""
+    return {"files": {name: str(write_table(out / f"{name}.csv", rows)) for name, rows in splits.items()},
+            "counts": {name: len(rows) for name, rows in splits.items()}}
 
 
 def _sentiment(out: Path, seed: int, regress: bool) -> dict:
     items = datasets.rotten_tomatoes()
     kept = [s for s in items if s.score != 0]
-    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(kept, seed)))
     rows = {k: [{"text": s.text, "label": (s.score if regress else ("pos" if s.score > 0 else "neg"))} for s in v]
-            for k, v in parts.items()}
-    files = _write_split(out, "csv", rows)
-    return {"files": files, "counts": {k: len(v) for k, v in rows.items()},
-            "dropped_zero_score": len(items) - len(kept), "total": len(items)}
+            for k, v in _three_ways(kept, seed).items()}
+    return {**_write_csvs(out, rows), "dropped_zero_score": len(items) - len(kept), "total": len(items)}
 
 
 def _topic(out: Path, seed: int) -> dict:
     arts, alias = _unique_articles()
-    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
     rows = {k: [{"text": f"{a.title}. {' '.join(a.paragraphs)}", "label": a.topic} for a in v]
-            for k, v in parts.items()}
-    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()},
-            "duplicate_articles_dropped": len(alias) - len(arts)}
+            for k, v in _three_ways(arts, seed).items()}
+    return {**_write_csvs(out, rows), "duplicate_articles_dropped": len(alias) - len(arts)}
 
 
 def _pairs(out: Path, seed: int) -> dict:
     uniq, alias = _unique_articles()
     arts = [a for a in uniq if a.paragraphs]
-    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
+    parts = _three_ways(arts, seed)
     rng = random.Random(seed)
     rows = {}
     for name, split in parts.items():
@@ -123,14 +125,13 @@ def _pairs(out: Path, seed: int) -> dict:
             r.append({"text": a.title, "text_pair": first_sentence(other.paragraphs[0]), "label": 0})
         rng.shuffle(r)
         rows[name] = r
-    return {"files": _write_split(out, "csv", rows), "counts": {k: len(v) for k, v in rows.items()},
-            "duplicate_articles_dropped": len(alias) - len(uniq)}
+    return {**_write_csvs(out, rows), "duplicate_articles_dropped": len(alias) - len(uniq)}
 
 
 def _retrieval(out: Path, seed: int) -> dict:
     uniq, alias = _unique_articles()
     arts = [a for a in uniq if a.paragraphs and a.title.strip()]
-    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(arts, seed)))
+    parts = _three_ways(arts, seed)
     files = {"train": str(write_table(out / "train.jsonl", [{"anchor": a.title, "positive": a.paragraphs[0]}
                                                             for a in parts["train"]]))}
     for split in ("dev", "test"):
@@ -148,24 +149,16 @@ def _ner_sentences() -> tuple[list, int]:
     """The silver NER sentences without the duplicate articles (those whose text an earlier doc already has)."""
     _, alias = _unique_articles()
     sents = read_conll(ner_file())
-    docs = list(dict.fromkeys(s.doc for s in sents))
-    seen, drop = set(), set()
-    for d in docs:
-        canon = alias.get(d, d)
-        if canon in seen:
-            drop.add(d)
-        seen.add(canon)
+    first: dict[str, str] = {}              # kept article name -> the first doc of its text
+    drop = {d for d in dict.fromkeys(s.doc for s in sents) if first.setdefault(alias.get(d, d), d) != d}
     return [s for s in sents if s.doc not in drop], len(drop)
 
 
 def _doc_split(sentences, seed: int):
     docs = list(dict.fromkeys(s.doc for s in sentences))
-    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(docs, seed)))
+    parts = _three_ways(docs, seed)
     where = {d: name for name, ds in parts.items() for d in ds}
-    out = {"train": [], "dev": [], "test": []}
-    for s in sentences:
-        out[where[s.doc]].append(s)
-    return out, parts
+    return {name: [s for s in sentences if where[s.doc] == name] for name in parts}, parts
 
 
 def _ner(out: Path, seed: int) -> dict:
@@ -186,27 +179,18 @@ def _entities_by_doc() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def _find(entity: str, text: str) -> int:
-    """Start of the first whole-word occurrence of `entity` in `text` (spaces may be any white space), or -1."""
-    pat = r"(?<!\w)" + r"\s+".join(map(re.escape, entity.split())) + r"(?!\w)"
-    m = re.search(pat, text)
-    return m.start() if m else -1
+def _find(entity: str, text: str) -> re.Match | None:
+    """The first whole-word occurrence of `entity` in `text` (spaces may be any white space), or None."""
+    return re.search(r"(?<!\w)" + r"\s+".join(map(re.escape, entity.split())) + r"(?!\w)", text)
 
 
 def _cloze(q_text: str, context: str, entities: list[str]) -> tuple[str, str, int] | None:
     """Blank the longest entity that occurs in both question text and context: (question, answer, start)."""
     # ties go to the first seen: a set would order them by string hash, which changes from process to process
     for ent in sorted(dict.fromkeys(entities), key=len, reverse=True):
-        qi = _find(ent, q_text)
-        if qi < 0:
-            continue
-        ci = _find(ent, context)
-        if ci < 0:
-            continue
-        m = re.match(r"\s+".join(map(re.escape, ent.split())), context[ci:])
-        answer = context[ci:ci + m.end()]
-        ql = re.match(r"\s+".join(map(re.escape, ent.split())), q_text[qi:]).end()
-        return q_text[:qi] + PLACEHOLDER + q_text[qi + ql:], answer, ci
+        q, c = _find(ent, q_text), _find(ent, context)
+        if q and c:
+            return q_text[:q.start()] + PLACEHOLDER + q_text[q.end():], c.group(), c.start()
     return None
 
 
@@ -225,10 +209,8 @@ def _qa(out: Path, seed: int, version_2: bool) -> dict:
                 skipped["article missing from corpus"] += 1
                 continue
             e_texts = [t for t, _ in ents.get(name, [])]
-            body = "\n".join(a.paragraphs)
-            rest = "\n".join(a.paragraphs[1:])
-            for kind, q_text, ctx in (("headline", a.title, body),
-                                      ("lead", first_sentence(a.paragraphs[0]), rest)):
+            for kind, q_text, ctx in (("headline", a.title, "\n".join(a.paragraphs)),
+                                      ("lead", first_sentence(a.paragraphs[0]), "\n".join(a.paragraphs[1:]))):
                 if not ctx:
                     skipped[f"{kind}: no context"] += 1
                     continue
@@ -246,7 +228,7 @@ def _qa(out: Path, seed: int, version_2: bool) -> dict:
                 if i % 3 != 2:
                     continue
                 pool = [o for o in by_topic[e.title.split("/")[0]]
-                        if o.title != e.title and _find(e.answers[0][0], o.context) < 0]
+                        if o.title != e.title and _find(e.answers[0][0], o.context) is None]
                 if not pool:
                     continue
                 o = rng.choice(pool)
@@ -265,18 +247,12 @@ def build(name: str, out_dir: str | Path, seed: int = 0) -> dict:
         raise ConfigError(f"unknown task data set {name!r}; choose from {', '.join(TASKS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("sentiment", "sentiment-regress"):
-        stats = _sentiment(out, seed, regress=name == "sentiment-regress")
-    elif name == "topic":
-        stats = _topic(out, seed)
-    elif name == "pairs":
-        stats = _pairs(out, seed)
-    elif name == "retrieval":
-        stats = _retrieval(out, seed)
-    elif name == "ner":
-        stats = _ner(out, seed)
-    else:
-        stats = _qa(out, seed, version_2=name == "qa2")
+    builders = {"sentiment": lambda: _sentiment(out, seed, regress=False),
+                "sentiment-regress": lambda: _sentiment(out, seed, regress=True),
+                "topic": lambda: _topic(out, seed), "pairs": lambda: _pairs(out, seed),
+                "retrieval": lambda: _retrieval(out, seed), "ner": lambda: _ner(out, seed),
+                "qa": lambda: _qa(out, seed, version_2=False), "qa2": lambda: _qa(out, seed, version_2=True)}
+    stats = builders[name]()
     stats.update(task=name, seed=seed)
     write_json(out / "stats.json", stats, indent=1)
     if not stats["files"]:

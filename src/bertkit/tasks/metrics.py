@@ -1,7 +1,7 @@
 """Evaluation metrics for the fine-tuning tasks, in plain Python / numpy (no scikit-learn, no seqeval).
 
 Classification: accuracy, F1 (binary for label 1, macro over classes), Matthews correlation (the multi-class form
-of Gorodkin 2004, = the binary MCC for two classes), confusion matrix (+ PNG via matplotlib's Agg backend).
+of Gorodkin 2004, = the binary MCC for two classes), confusion matrix (its PNG: bertkit.plots.plot_confusion).
 Regression: Pearson and Spearman correlation (Spearman = Pearson of average ranks, so ties are handled as scipy does).
 
 Sequence labelling follows the CoNLL `conlleval` / seqeval (default, non-strict) conventions: a chunk ends when the
@@ -20,14 +20,11 @@ import collections
 import math
 import re
 import string
-from pathlib import Path
 
 import numpy as np
 
-from bertkit.atomic import replacing
-
 __all__ = ["accuracy", "prf", "f1_binary", "f1_macro", "mcc", "pearson", "spearman", "confusion_matrix",
-           "plot_confusion_matrix", "classification_report", "get_entities", "convert_tags", "entity_scores",
+           "classification_report", "get_entities", "convert_tags", "entity_scores",
            "normalize_answer", "squad_exact", "squad_f1", "squad_scores", "best_null_threshold"]
 
 
@@ -97,34 +94,6 @@ def classification_report(y_true, y_pred, labels: list[str]) -> dict:
     return out
 
 
-def plot_confusion_matrix(cm, labels: list[str], path: str | Path, title: str = "confusion matrix") -> Path:
-    """Confusion matrix as a PNG (counts in the cells, rows = gold)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cm = np.asarray(cm)
-    size = max(3.5, 0.6 * len(labels) + 2)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(cm, cmap="Blues")
-    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("gold")
-    ax.set_title(title)
-    top = cm.max() if cm.size else 0
-    for i in range(cm.shape[0]):
-        for j in range(cm.shape[1]):
-            ax.text(j, i, str(cm[i, j]), ha="center", va="center", color="white" if cm[i, j] > top / 2 else "black")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    return path
-
-
 # ------------------------------------------------------------------------------------------------- regression
 
 def pearson(x, y) -> float:
@@ -136,18 +105,10 @@ def pearson(x, y) -> float:
 
 def _ranks(x) -> np.ndarray:
     """1-based ranks, ties get the average of the ranks they span."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    xs = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and xs[j + 1] == xs[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    _, which, counts = np.unique(np.asarray(x, dtype=np.float64), return_inverse=True, return_counts=True,
+                                 equal_nan=False)
+    last = np.cumsum(counts)            # the rank of each distinct value's last copy; its copies average down
+    return (last - (counts - 1) / 2)[which]
 
 
 def spearman(x, y) -> float:
@@ -235,12 +196,9 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
         if len(g) != len(p):
             raise ValueError(f"a sentence has {len(g)} gold tags but {len(p)} predicted")
         ge, pe = set(get_entities(g)), set(get_entities(p))
-        for t, *_ in ge:
-            n_gold[t] += 1
-        for t, *_ in pe:
-            n_pred[t] += 1
-        for t, *_ in ge & pe:
-            tp[t] += 1
+        n_gold.update(t for t, *_ in ge)
+        n_pred.update(t for t, *_ in pe)
+        tp.update(t for t, *_ in ge & pe)
     per = {}
     for t in sorted(set(n_gold) | set(n_pred)):
         p, r, f = prf(tp[t], n_pred[t] - tp[t], n_gold[t] - tp[t])
@@ -273,8 +231,7 @@ def squad_f1(prediction: str, gold: str) -> float:
     p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
     if not p or not g:  # v2.0: no-answer is right only against no-answer
         return float(p == g)
-    common = collections.Counter(p) & collections.Counter(g)
-    same = sum(common.values())
+    same = sum((collections.Counter(p) & collections.Counter(g)).values())     # tokens in common
     if same == 0:
         return 0.0
     precision, recall = same / len(p), same / len(g)
@@ -283,8 +240,7 @@ def squad_f1(prediction: str, gold: str) -> float:
 
 def _gold_texts(answers: list[str]) -> list[str]:
     """Gold answers as the v2.0 script sees them: those that normalise to nothing are dropped; none left = ''."""
-    kept = [a for a in answers if normalize_answer(a)]
-    return kept or [""]
+    return [a for a in answers if normalize_answer(a)] or [""]
 
 
 def squad_scores(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict:
@@ -319,7 +275,7 @@ def best_null_threshold(span_predictions: dict[str, str], null_margins: dict[str
     answer; the running score changes by (span score - null score) for that question.
     """
     score_fn = squad_f1 if metric == "f1" else squad_exact
-    qids = [q for q in gold]
+    qids = list(gold)
     cur = 0.0
     span_gain = {}
     for q in qids:

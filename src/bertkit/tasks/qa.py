@@ -20,6 +20,7 @@ null score - best span score > threshold, with the threshold chosen on dev to ma
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,15 +184,11 @@ class QATask(Task):
                             continue
                         pe = f.ctx_start + t - lo
                         cands.append((float(sl[s] + el[t]), offs[ps][0], offs[pe][1]))
-            cands.sort(key=lambda c: -c[0])
-            seen, nbest = set(), []
-            for score, cs, ce in cands:
-                if (cs, ce) in seen:
-                    continue
-                seen.add((cs, ce))
-                nbest.append({"text": e.context[cs:ce], "score": score, "start": cs})
-                if len(nbest) >= self.n_best:
-                    break
+            span_score: dict[tuple[int, int], float] = {}     # a span found in two windows: its best score
+            for score, cs, ce in sorted(cands, key=lambda c: -c[0]):
+                span_score.setdefault((cs, ce), score)
+            nbest = [{"text": e.context[cs:ce], "score": score, "start": cs}
+                     for (cs, ce), score in itertools.islice(span_score.items(), self.n_best)]
             if nbest:
                 sc = np.array([c["score"] for c in nbest])
                 p = np.exp(sc - sc.max())

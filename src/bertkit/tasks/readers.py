@@ -59,18 +59,17 @@ def _open_text(path: Path):
                         f"file as UTF-8") from None
 
 
+_TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}
+
+
 def _table_format(path: Path) -> str:
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a data file")
     suffixes = [s for s in path.suffixes if s != ".gz"]
     ext = suffixes[-1].lower() if suffixes else ""
-    if ext in (".jsonl", ".json", ".ndjson"):
-        return "jsonl"
-    if ext in (".tsv", ".tab"):
-        return "tsv"
-    if ext == ".csv":
-        return "csv"
-    raise DataError(f"{path}: unknown table format {ext or '(no extension)'!r}; use .csv, .tsv or .jsonl")
+    if ext not in _TABLE_FORMATS:
+        raise DataError(f"{path}: unknown table format {ext or '(no extension)'!r}; use .csv, .tsv or .jsonl")
+    return _TABLE_FORMATS[ext]
 
 
 # --------------------------------------------------------------------------------------------------- table files
@@ -113,11 +112,10 @@ def table_rows(path: Path):
         try:
             if reader.fieldnames is None:
                 return
-            seen: set[str] = set()
-            for name in reader.fieldnames:   # a dict row keeps only the last of two same-named columns
-                if name in seen:
-                    raise DataError(f"{path}: duplicate column {name!r} in the header")
-                seen.add(name)
+            names = reader.fieldnames
+            twice = [n for i, n in enumerate(names) if n in names[:i]]
+            if twice:                        # a dict row keeps only the last of two same-named columns
+                raise DataError(f"{path}: duplicate column {twice[0]!r} in the header")
             for row in reader:
                 line = reader.line_num  # the physical line where this row ends
                 if None in row:  # more fields than the header
@@ -140,16 +138,13 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
     """
     path = Path(path)
     out: list[TextExample] = []
-    checked_columns = False
     for line, row in table_rows(path):
-        if not checked_columns:
-            cols = list(row)
+        if not out:                     # the first row: the columns it needs are there
             needed = [text_column] + ([pair_column] if require_pair else []) + ([label_column] if require_label else [])
             missing = [c for c in needed if c and c not in row]
             if missing:
                 raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
-                                f"found {', '.join(map(repr, cols))}")
-            checked_columns = True
+                                f"found {', '.join(map(repr, row))}")
         text = row.get(text_column)
         if text is None or not str(text).strip():
             raise DataError(f"{path}:{line}: empty {text_column!r}")
@@ -158,15 +153,11 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
             raise DataError(f"{path}:{line}: empty {pair_column!r}")
         label = row.get(label_column) if label_column else None
         if isinstance(label, str):
-            label = label.strip()
-            if label == "":
-                label = None
+            label = label.strip() or None
         if require_label and label is None:
             raise DataError(f"{path}:{line}: missing value in column {label_column!r}")
-        if isinstance(label, list):
-            label = [str(x) for x in label]
-        elif label is not None and not isinstance(label, str):
-            label = str(label) if not isinstance(label, float) else repr(label)
+        if label is not None:               # numbers (JSONL) read as their text, as a CSV cell would
+            label = [str(x) for x in label] if isinstance(label, list) else str(label)
         out.append(TextExample(text=str(text), text_pair=None if pair is None else str(pair), label=label,
                                source=f"{path}:{line}"))
     if not out:
@@ -267,17 +258,14 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
     path = Path(path)
     out: list[Sentence] = []
     n_cols: int | None = None
-    first_line = 0
-    words: list[str] = []
-    tags: list[str] = []
+    rows: list[tuple[int, list[str]]] = []       # the sentence so far: (line number, columns) per token
     doc, n_docs = "", 0
 
     def flush():
-        nonlocal words, tags
-        if words:
-            out.append(Sentence(words, tags if n_cols and n_cols > 1 else None, doc or f"doc{n_docs}",
-                                f"{path}:{first_line}"))
-        words, tags = [], []
+        if rows:
+            tags = [cols[tag_column] for _, cols in rows] if n_cols > 1 else None
+            out.append(Sentence([cols[0] for _, cols in rows], tags, doc or f"doc{n_docs}", f"{path}:{rows[0][0]}"))
+            rows.clear()
 
     with _open_text(path) as f:
         for i, raw in enumerate(f, 1):
@@ -302,11 +290,7 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
             if len(cols) != n_cols:
                 raise DataError(f"{path}:{i}: {len(cols)} column(s), expected {n_cols} like line 1 of the data "
                                 f"({line!r})")
-            if not words:
-                first_line = i
-            words.append(cols[0])
-            if n_cols > 1:
-                tags.append(cols[tag_column])
+            rows.append((i, cols))
         flush()
     if not out:
         raise DataError(f"{path}: no sentences")
@@ -466,17 +450,14 @@ def write_squad(path: str | Path, examples: list[SquadExample], version: str = "
     articles: dict[str, dict[str, list]] = {}
     for e in examples:
         articles.setdefault(e.title, {}).setdefault(e.context, []).append(e)
-    data = []
-    for title, paras in articles.items():
-        ps = []
-        for context, exs in paras.items():
-            qas = []
-            for e in exs:
-                qa = {"id": e.id, "question": e.question,
-                      "answers": [{"text": t, "answer_start": s} for t, s in e.answers]}
-                if version.startswith("2"):
-                    qa["is_impossible"] = e.is_impossible
-                qas.append(qa)
-            ps.append({"context": context, "qas": qas})
-        data.append({"title": title, "paragraphs": ps})
+
+    def qa(e: SquadExample) -> dict:
+        out = {"id": e.id, "question": e.question, "answers": [{"text": t, "answer_start": s} for t, s in e.answers]}
+        if version.startswith("2"):
+            out["is_impossible"] = e.is_impossible
+        return out
+
+    data = [{"title": title, "paragraphs": [{"context": context, "qas": [qa(e) for e in exs]}
+                                            for context, exs in paras.items()]}
+            for title, paras in articles.items()]
     return write_text(path, json.dumps({"version": version, "data": data}, ensure_ascii=False, indent=1))

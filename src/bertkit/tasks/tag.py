@@ -17,6 +17,7 @@ scores follow the CoNLL/seqeval conventions for any of them (`metrics.entity_sco
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,14 +46,10 @@ def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[
     cache = {} if cache is None else cache
     out, empty = [], 0
     for w in words:
-        ids = cache.get(w)
-        if ids is None:
-            ids = tok.convert_tokens_to_ids(tok.tokenize(w))
-            cache[w] = ids
-        if not ids:
-            ids = [tok.unk_token_id]
-            empty += 1
-        out.append(ids)
+        if w not in cache:
+            cache[w] = tok.convert_tokens_to_ids(tok.tokenize(w))
+        empty += not cache[w]
+        out.append(cache[w] or [tok.unk_token_id])
     return out, empty
 
 
@@ -77,9 +74,7 @@ class TokenTask(Task):
     def fit_labels(self, train: list[Sentence]) -> None:
         tags = {t for s in train for t in s.tags}
         # make sure every B-X has its I-X (continuation pieces under label_all_pieces, IOB1 readers)
-        for t in list(tags):
-            if t.startswith("B-"):
-                tags.add("I-" + t[2:])
+        tags |= {"I-" + t[2:] for t in tags if t.startswith("B-")}
         self.labels = LabelMap(sorted(tags, key=lambda t: (t != "O", t[2:], t)))
 
     def restore_labels(self, names: list[str]) -> None:
@@ -99,11 +94,8 @@ class TokenTask(Task):
         for si, s in enumerate(sents):
             pieces, empty = word_pieces(tok, s.words, cache)
             self.stats["empty_words"] += empty
-            tag_ids = None
-            if with_labels:
-                tag_ids = [self.labels.id(t, s.source) for t in s.tags]
+            tag_ids = [self.labels.id(t, s.source) for t in s.tags] if with_labels else None
             w = 0
-            first = True
             while w < len(s.words):
                 body, labels, firsts = [], [], []          # the window's pieces, their labels, each word's first
                 start = w
@@ -117,9 +109,7 @@ class TokenTask(Task):
                         labels.extend([self._continuation(tag_ids[w]) if self.label_all_pieces else IGNORE_INDEX]
                                       * (len(p) - 1))
                     w += 1
-                if not first:
-                    self.stats["windows_split"] += 1
-                first = False
+                self.stats["windows_split"] += start > 0         # a window after the sentence's first
                 f = WordsFeature(input_ids=wrap(body, cls=tok.cls_token_id, sep=tok.sep_token_id),
                                  token_type_ids=token_types(len(body)), sentence=si, word_start=start,
                                  first_pieces=firsts)
@@ -164,10 +154,7 @@ class TokenTask(Task):
 
 
 def _record(s: Sentence, tags: list[str]) -> dict:
-    starts, pos = [], 0
-    for w in s.words:
-        starts.append(pos)
-        pos += len(w) + 1
+    starts = list(itertools.accumulate((len(w) + 1 for w in s.words), initial=0))   # words joined by one space
     ents = [{"type": t, "words": [a, b + 1], "chars": [starts[a], starts[b] + len(s.words[b])],
              "text": " ".join(s.words[a:b + 1])} for t, a, b in M.get_entities(tags)]
     rec = {"words": s.words, "tags": tags, "entities": ents}
