@@ -23,6 +23,7 @@ a from-scratch model stays on its early plateau (every [MASK] -> "the , to ...")
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -79,13 +80,10 @@ class DemoConfig:
 # ------------------------------------------------------------------------------------------------- helpers
 
 def _done(path: Path) -> dict | None:
-    f = path / "done.json"
-    if f.is_file():
-        try:
-            return json.loads(f.read_text())
-        except json.JSONDecodeError:
-            return None
-    return None
+    try:
+        return json.loads((path / "done.json").read_text())
+    except (OSError, ValueError):      # not there yet, or half-written
+        return None
 
 
 def _mark(path: Path, info: dict) -> dict:
@@ -195,10 +193,7 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
     from bertkit.infer import Predictor
     from bertkit.pretraining import split_sentences
     p = Predictor.load(model_dir)
-    examples = []
-    for text in FILL_EXAMPLES:
-        res = p.fill_mask(text, top_k=5)
-        examples.append({"text": text, **res})
+    examples = [{"text": text, **p.fill_mask(text, top_k=5)} for text in FILL_EXAMPLES]
     # held-out sentences (test articles: never seen in pre-training)
     sents = []
     for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines():
@@ -250,9 +245,7 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
         rows = list(csv.DictReader(f))
     pred = Predictor.load(out / "model")
     labels = pred.labels or ["neg", "pos"]
-    got = []
-    for i in range(0, len(rows), 128):
-        got.extend(r["label"] for r in pred.classify([r["text"] for r in rows[i:i + 128]], max_length=128))
+    got = [r["label"] for r in pred.classify([r["text"] for r in rows], max_length=128, batch_size=128)]
     ix = {l: i for i, l in enumerate(labels)}
     m = plots.confusion_matrix([ix[r["label"]] for r in rows], [ix[g] for g in got], len(labels))
     acc = sum(int(r["label"] == g) for r, g in zip(rows, got)) / len(rows)
@@ -411,7 +404,6 @@ _SECTIONS = (("data", _data_section), ("vocab", _vocab_section), ("shards", _sha
 
 
 def _load() -> str:
-    import os
     try:
         return " / ".join(f"{x:.1f}" for x in os.getloadavg()) + " (1 / 5 / 15 min)"
     except OSError:
@@ -419,7 +411,6 @@ def _load() -> str:
 
 
 def _cpu_count() -> int:
-    import os
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

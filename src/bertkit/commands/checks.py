@@ -151,10 +151,10 @@ def int_list(text: str) -> list[int]:
     """An argparse type: comma-separated integers ('0,-1')."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
+        if not values:
+            raise ValueError(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return values
 
 

@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output pairs file with negative_1..N columns")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--corpus", help="more candidate texts, one per line (default: the pairs' positives only)")
-    p.add_argument("--negatives", type=checks.positive_int, default=1, help="negatives per pair (default 1)")
+    p.add_argument("--negatives", type=checks.positive_int, default=1, help="negatives per pair")
     p.add_argument("--skip-top", type=checks.nonneg_int, default=0, help="leave out the first N ranked non-positives")
     p.add_argument("--batch-size", type=checks.positive_int, default=64)
     p.add_argument("--format", choices=("negatives", "pair"), default="negatives",
@@ -209,7 +209,6 @@ def embed_encoder(args) -> int:
     """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
-    from bertkit.infer import cosine_search
     if args.layers not in (None, [-1]):
         raise ConfigError("--layers applies to plain BERT directories only (a sentence embedding model pools its "
                           "last layer)")
@@ -228,13 +227,8 @@ def embed_encoder(args) -> int:
         vecs = encoder.encode(tok, texts, args.batch_size, precision)                  # (n, dim) float32
     if index:
         return _write_index(args, encoder, texts, ids, vecs)
-    if args.search:
-        queries = encoder.encode(tok, args.search, args.batch_size, precision)
-        for q, hits in zip(args.search, cosine_search(queries, vecs, args.top_k)):
-            print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
-                             ensure_ascii=False))
-        return 0
-    return write_vectors(out, texts, vecs)
+    return search_or_write(args, out, texts, vecs,
+                           lambda queries: encoder.encode(tok, queries, args.batch_size, precision))
 
 
 def vector_out(args) -> Path | None:
@@ -243,6 +237,19 @@ def vector_out(args) -> Path | None:
         return None
     return checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
                            overwrite=args.overwrite)
+
+
+def search_or_write(args, out: Path | None, texts, vecs, embed_queries) -> int:
+    """With --search, each QUERY's --top-k closest `texts` by cosine (`embed_queries` embeds the queries), a JSON line
+    each; else `vecs` written (write_vectors)."""
+    if not args.search:
+        return write_vectors(out, texts, vecs)
+    # deferred: torch stays off `bertkit -h`'s path
+    from bertkit.infer import cosine_search
+    for q, hits in zip(args.search, cosine_search(embed_queries(args.search), vecs, args.top_k)):
+        print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
+                         ensure_ascii=False))
+    return 0
 
 
 def write_vectors(out: Path | None, texts, vecs) -> int:

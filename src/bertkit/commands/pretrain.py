@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, curves.png, model/")
     p.add_argument("--phase2", dest="phase2_shards", default=None,
                    help="shards for the last part of the run (BERT: seq 512 for the last 10%% of steps)")
-    p.add_argument("--phase1-fraction", type=checks.probability, default=0.9, help="share of steps in phase 1 (default 0.9)")
+    p.add_argument("--phase1-fraction", type=checks.probability, default=0.9, help="share of steps in phase 1")
     p.add_argument("--eval-shards", default=None, help="held-out shard directory for evaluation")
     p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
                    help="evaluate every N steps (default: at the end; planned)")
@@ -98,7 +98,7 @@ def register(subparsers) -> None:
     c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, default=None, help="checkpoint every N steps")
     c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float, default=None,
                    help="checkpoint every M minutes")
-    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept (default 3)")
+    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
     c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)

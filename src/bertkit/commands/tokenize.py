@@ -40,12 +40,6 @@ def register(sub) -> None:
     checks.stdin_ok(p, "file", "pair_file", suffix="")     # streamed by the command itself
     checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=run)
-    p.error = _one_line_error  # a usage error is a user error: one line, exit 2
-
-
-def _one_line_error(message: str):
-    print(f"bertkit tokenize: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _lines(path: str):
@@ -78,10 +72,6 @@ def run(args) -> int:
         raise BertkitError("--pair goes with exactly one text argument (use --pair-file with --file)")
     if args.pair_file and not args.file:
         raise BertkitError("--pair-file goes with --file")
-    if args.max_length is not None and args.max_length < 0:
-        raise BertkitError(f"--max-length must be >= 0, got {args.max_length}")
-    if args.processes < 1 or args.batch_lines < 1:
-        raise BertkitError("--processes and --batch-lines must be >= 1")
     overrides = {"lowercase": False} if args.cased else {"lowercase": True} if args.uncased else {}
     tok = Tokenizer.from_pretrained(args.model or args.vocab, **overrides)
     opts = dict(max_length=args.max_length, truncation=args.truncation, return_offsets=True)
