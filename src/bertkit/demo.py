@@ -280,8 +280,7 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
         info = results.get(stage) or {}
         if info:
             lines += section(cfg, info)
-    path = out / "report.md"
-    return write_text(path, "\n".join(lines) + "\n")
+    return write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
 def _header_section(cfg: DemoConfig) -> list[str]:

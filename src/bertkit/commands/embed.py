@@ -129,18 +129,14 @@ def finetune(args) -> int:
     return 0
 
 
-def _figure(stat: dict) -> dict:
-    """{"mean", "std"} whatever the number of seeds: one schema for a reader of the JSON."""
-    return {"mean": round(stat["mean"], 4), "std": round(stat["std"], 4)}
-
-
 def _brief(summary: dict) -> dict:
     """The headline numbers: per split, the metrics before and after training (mean, and std over seeds)."""
     keep = ("recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "spearman_cosine")
     out = {k: summary[k] for k in ("task", "loss", "lr", "batch_size", "epochs", "seeds", "train_examples")}
     out["examples_per_s"] = round(summary["examples_per_s"]["mean"], 1)     # as finetune's other tasks print it
-    for split in summary["after"]:
-        out[split] = {stage: {k: _figure(v) for k, v in summary[stage][split].items() if k in keep}
+    for split in summary["after"]:      # {"mean", "std"} whatever the number of seeds: one schema for a reader
+        out[split] = {stage: {k: {"mean": round(v["mean"], 4), "std": round(v["std"], 4)}
+                              for k, v in summary[stage][split].items() if k in keep}
                       for stage in ("before", "after")}
     out["summary"] = str(Path(summary["config"]["out"]) / "summary.json")
     return out
@@ -265,9 +261,8 @@ def write_vectors(out: Path | None, texts, vecs) -> int:
     if out is None:
         sys.stdout.writelines(lines)
         return 0
-    with checks.staged(out.parent) as tmp:
-        with open(tmp / out.name, "w", encoding="utf-8") as f:
-            f.writelines(lines)
+    with checks.staged(out.parent) as tmp, open(tmp / out.name, "w", encoding="utf-8") as f:
+        f.writelines(lines)
     print(f"wrote {len(texts)} embeddings to {out}", file=sys.stderr)
     return 0
 
@@ -288,17 +283,13 @@ def _write_index(args, encoder, texts, ids, vecs) -> int:
 # --------------------------------------------------------------------------------------------------- search
 def _index_texts(directory: Path) -> list[str] | None:
     path = directory / INDEX_TEXTS
-    if not path.is_file():
-        return None
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else None
 
 
 def search(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash
     from bertkit.embed.runner import load_encoder
-    if args.top_k <= 0 or args.rerank_depth <= 0:
-        raise ConfigError(f"--top-k and --rerank-depth must be positive, got {args.top_k}, {args.rerank_depth}")
     for i, q in enumerate(args.query):
         if not q.strip():
             raise DataError(f"--query {i + 1} is empty")
@@ -326,8 +317,7 @@ def search(args) -> int:
         hits = [{"id": i, "score": round(float(s), 4), **({"text": texts[r]} if texts else {})}
                 for i, s, r in zip(result.ids[qi], result.scores[qi], result.rows[qi])]
         if ce is not None:
-            scores = ce.score(q, [h["text"] for h in hits])
-            for h, s in zip(hits, scores):
+            for h, s in zip(hits, ce.score(q, [h["text"] for h in hits])):
                 h["rerank_score"] = round(float(s), 4)
             hits.sort(key=lambda h: -h["rerank_score"])
         print(json.dumps({"query": q, "hits": hits[:args.top_k]}, ensure_ascii=False))

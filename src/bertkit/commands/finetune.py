@@ -115,7 +115,7 @@ def add_recipe_args(p) -> None:
     p.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
     p.add_argument("--dropout", type=checks.probability, default=0.1)
     p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int,
                    help="steps between dev evaluations (default: every epoch)")
     p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
     add_precision_argument(p, "auto", "train")

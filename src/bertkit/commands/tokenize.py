@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--pair", help="second sequence for a single text argument")
     p.add_argument("--pair-file", help="second sequences, one per line, aligned with --file")
     p.add_argument("--max-length", type=checks.nonneg_int, help="truncate to this many tokens (with [CLS]/[SEP])")
-    p.add_argument("--truncation", default=None, choices=["longest_first", "only_first", "only_second"],
+    p.add_argument("--truncation", choices=["longest_first", "only_first", "only_second"],
                    help="truncation strategy (default longest_first when --max-length is given)")
     p.add_argument("--processes", type=checks.processes, default=1, help="worker processes for --file (parallel encoder)")
     p.add_argument("--batch-lines", type=checks.positive_int, default=20000, help="lines per batch when reading --file")
