@@ -116,8 +116,7 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
             held_out = name.startswith("eval")   # drawn on top: dense per-step training series would hide it
             ax.plot(xs, ys, style, label=name, linewidth=2.0 if held_out else 0.8, markersize=4,
                     zorder=3 if held_out else 2, alpha=1.0 if held_out else 0.45)
-        ax.set_xlabel("step")
-        ax.set_ylabel(kind)
+        ax.set(xlabel="step", ylabel=kind)
         if kind == "loss":
             values = [y for pts in group.values() for _, y in pts]
             if min(values) > 0 and max(values) / min(values) > 10:
@@ -200,13 +199,9 @@ def plot_attention_from(attn, tokens: Sequence[str], query: int | str, out_png: 
     """
     import numpy as np
     mats = _as_numpy_layers(attn)
-    if isinstance(query, str):
-        try:
-            qpos = list(tokens).index(query)
-        except ValueError:
-            raise ValueError(f"query token {query!r} is not among the tokens {list(tokens)}") from None
-    else:
-        qpos = int(query)
+    if isinstance(query, str) and query not in tokens:
+        raise ValueError(f"query token {query!r} is not among the tokens {list(tokens)}")
+    qpos = list(tokens).index(query) if isinstance(query, str) else int(query)
     rows = [m[hi, qpos] for m in mats for hi in range(m.shape[0])]
     labels = [f"L{li}.H{hi}" for li, m in enumerate(mats) for hi in range(m.shape[0])]
     grid = np.stack(rows)                                    # (layers*heads, seq)
@@ -216,8 +211,7 @@ def plot_attention_from(attn, tokens: Sequence[str], query: int | str, out_png: 
     ax.set_xticks(range(len(tokens)), tokens, rotation=60, ha="right", fontsize=8)
     ax.get_xticklabels()[qpos].set_color("tab:purple")
     ax.set_yticks(range(len(labels)), labels, fontsize=6 if len(labels) > 24 else 8)
-    ax.set_xlabel("key token (attended to)")
-    ax.set_ylabel("layer.head")
+    ax.set(xlabel="key token (attended to)", ylabel="layer.head")
     fig.colorbar(im, ax=ax, fraction=0.025, pad=0.02, label="attention weight")
     ax.set_title(title or f"attention from {tokens[qpos]!r} (position {qpos})")
     fig.tight_layout()
@@ -243,8 +237,7 @@ def plot_confusion(matrix, labels: Sequence[str], out_png: str | Path, title: st
                     color="white" if norm[i, j] > 0.55 else "black")
     ax.set_xticks(range(k), labels, rotation=45, ha="right")
     ax.set_yticks(range(k), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
+    ax.set(xlabel="predicted", ylabel="true")
     acc = float(np.trace(m) / max(m.sum(), 1.0))
     ax.set_title(title or f"confusion matrix (accuracy {acc:.3f})")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="row share")

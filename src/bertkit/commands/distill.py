@@ -137,8 +137,6 @@ def _general(args) -> dict:
     from dataclasses import replace
 
     from bertkit.distill_mlm import MlmDistillConfig, distill_mlm  # deferred: torch, off `bertkit -h`'s start path
-    if args.student_preset is None and args.student_layers is None:
-        raise ConfigError("general distillation: choose the student with --student-layers or --student-preset")
     values = _recipe_values(args)
     if len(values["seeds"]) != 1:
         raise ConfigError("general distillation trains one student: give one --seeds value")

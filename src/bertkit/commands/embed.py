@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from bertkit import progress
@@ -114,16 +115,13 @@ def finetune(args) -> int:
     from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
     from bertkit.train.loop import TrainConfig
     _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
-    precision = chosen_precision(args)
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
-                           precision=precision, log_every_steps=50, progress=progress.wanted(args.progress))
-    cfg = EmbedFinetuneConfig(
-        model=args.model, train=args.train, dev=args.dev, test=args.test, out=args.out, training=training,
-        batch_size=args.batch_size, loss=args.loss, scale=args.scale, learnable_scale=args.learnable_scale,
-        symmetric=args.symmetric, gradcache_batch=args.gradcache_batch, pooling=args.pooling,
-        normalize=args.normalize, projection=args.projection, max_length=args.max_length,
-        anchor_max_length=args.anchor_max_length, seeds=args.seeds, max_train_examples=args.max_train_examples,
-        compact_embeddings=args.compact_embeddings, save_model=not args.no_save, quiet=args.quiet)
+                           precision=chosen_precision(args), log_every_steps=50,
+                           progress=progress.wanted(args.progress))
+    # the other flags' dests name EmbedFinetuneConfig fields (model, train, loss, scale, pooling, seeds, ...)
+    names = {f.name for f in fields(EmbedFinetuneConfig)} - {"training", "save_model"}
+    cfg = EmbedFinetuneConfig(**{k: v for k, v in vars(args).items() if k in names}, training=training,
+                              save_model=not args.no_save)
     summary = finetune_embed(cfg)
     print(json.dumps(_brief(summary)))
     return 0

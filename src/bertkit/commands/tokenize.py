@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from itertools import islice
 
 from bertkit.commands import checks
@@ -79,6 +80,8 @@ def run(args) -> int:
     if args.file:
         texts = _lines(args.file)
         pairs = _lines(args.pair_file) if args.pair_file else None
+        # a worker pool for the pieces, or this process
+        encode = partial(tok.encode_batch_parallel, processes=args.processes) if args.processes > 1 else tok
         while True:
             batch = list(islice(texts, args.batch_lines))
             pair_batch = list(islice(pairs, len(batch))) if pairs is not None else None
@@ -86,11 +89,7 @@ def run(args) -> int:
                 raise BertkitError(f"{args.pair_file} has fewer lines than {args.file}")
             if not batch:
                 break
-            if args.processes > 1:
-                enc = tok.encode_batch_parallel(batch, pair_batch, processes=args.processes, **opts)
-            else:
-                enc = tok(batch, pair_batch, **opts)
-            _write(tok, enc)
+            _write(tok, encode(batch, pair_batch, **opts))
     else:
         pairs = [args.pair] if args.pair is not None else None
         _write(tok, tok(args.text, pairs, **opts))
@@ -98,8 +97,6 @@ def run(args) -> int:
 
 
 def _write(tok, enc: dict) -> None:
-    out = []
-    for ids, types, offsets in zip(enc["input_ids"], enc["token_type_ids"], enc["offsets"]):
-        out.append(json.dumps({"tokens": tok.convert_ids_to_tokens(ids), "ids": ids, "token_type_ids": types,
-                               "offsets": [list(o) for o in offsets]}, ensure_ascii=False))
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.writelines(json.dumps({"tokens": tok.convert_ids_to_tokens(ids), "ids": ids, "token_type_ids": types,
+                                      "offsets": [list(o) for o in offsets]}, ensure_ascii=False) + "\n"
+                          for ids, types, offsets in zip(enc["input_ids"], enc["token_type_ids"], enc["offsets"]))
