@@ -258,8 +258,7 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
             break
         except BertkitError:
             continue
-    test = summary.get("test", {})
-    return {"data": stats.get("counts"), "test": test, "dev": summary.get("dev"),
+    return {"data": stats.get("counts"), "test": summary.get("test", {}), "dev": summary.get("dev"),
             "test_accuracy_inference_api": acc, "confusion": m.tolist(), "labels": labels,
             "examples_per_s": summary.get("examples_per_s"), "curves": bool(curves),
             "train_examples": cfg.sentiment_train_examples, "epochs": cfg.sentiment_epochs}

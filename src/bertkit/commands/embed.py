@@ -122,8 +122,7 @@ def finetune(args) -> int:
     names = {f.name for f in fields(EmbedFinetuneConfig)} - {"training", "save_model"}
     cfg = EmbedFinetuneConfig(**{k: v for k, v in vars(args).items() if k in names}, training=training,
                               save_model=not args.no_save)
-    summary = finetune_embed(cfg)
-    print(json.dumps(_brief(summary)))
+    print(json.dumps(_brief(finetune_embed(cfg))))
     return 0
 
 
@@ -344,7 +343,7 @@ def rerank(args) -> int:
 
 def mine(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.mine import mine_hard_negatives
+    from bertkit.embed.mine import mine_hard_negatives, pair_label_rows
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
     from bertkit.infer import read_lines
@@ -359,8 +358,6 @@ def mine(args) -> int:
         rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
                                    args.batch_size)
     if args.format == "pair":
-        # deferred: torch stays off `bertkit -h`'s path
-        from bertkit.embed.mine import pair_label_rows
         rows = pair_label_rows(rows)
     with checks.staged(out.parent) as tmp:
         write_table(tmp / out.name, rows)

@@ -143,8 +143,7 @@ def _finetune(args) -> int:
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
-    summary = finetune(cfg)
-    brief = run_brief(summary, args.quiet)
+    brief = run_brief(finetune(cfg), args.quiet)
     print(json.dumps({**brief, "summary": str(Path(cfg.out) / "summary.json")}))
     return 0
 
@@ -202,6 +201,5 @@ def _task_data(args) -> int:
     if args.name not in data.TASKS:
         raise ConfigError(f"unknown task data set {args.name!r}; choose from {', '.join(data.TASKS)}")
     checks.out_dir(args.out, "task-data", overwrite=args.overwrite)
-    stats = data.build(args.name, args.out, args.seed)
-    print(json.dumps(stats))
+    print(json.dumps(data.build(args.name, args.out, args.seed)))
     return 0

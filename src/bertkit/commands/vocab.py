@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from bertkit import progress
-
 from bertkit.commands import checks
 
 
