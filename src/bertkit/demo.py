@@ -195,9 +195,8 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
     p = Predictor.load(model_dir)
     examples = [{"text": text, **p.fill_mask(text, top_k=5)} for text in FILL_EXAMPLES]
     # held-out sentences (test articles: never seen in pre-training)
-    sents = []
-    for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines():
-        sents.extend(s for s in split_sentences(para) if 8 <= len(s.split()) <= 40)
+    sents = [s for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines()
+             for s in split_sentences(para) if 8 <= len(s.split()) <= 40]
     evals = {span: multi_mask_eval(p, sents, MultiMaskOptions(span=span, limit=cfg.fill_eval_sentences,
                                                               seed=cfg.seed, progress=cfg.progress))
              for span in ("contiguous", "scattered")}
