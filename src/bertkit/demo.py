@@ -99,13 +99,12 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------- stages
 
 def stage_data(cfg: DemoConfig, out: Path) -> dict:
-    arts = datasets.bbc_articles()
-    train, dev, test = datasets.split_by_seed(arts, seed=cfg.seed)
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(datasets.bbc_articles(), seed=cfg.seed)))
     out.mkdir(parents=True, exist_ok=True)
-    for name, part in (("train", train), ("dev", dev), ("test", test)):
+    for name, part in parts.items():
         datasets.write_corpus(part, out / f"bbc_{name}.txt")
-    sizes = {n: (out / f"bbc_{n}.txt").stat().st_size for n in ("train", "dev", "test")}
-    return {"articles": {"train": len(train), "dev": len(dev), "test": len(test)}, "bytes": sizes}
+    return {"articles": {n: len(part) for n, part in parts.items()},
+            "bytes": {n: (out / f"bbc_{n}.txt").stat().st_size for n in parts}}
 
 
 def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
