@@ -86,7 +86,7 @@ def _download(pkg: _Package, dest: Path) -> Path:
 
 
 def _unpack(archive: Path, dest: Path) -> None:
-    if archive.suffix == ".whl" or archive.suffix == ".zip":
+    if archive.suffix in (".whl", ".zip"):
         with zipfile.ZipFile(archive) as z:
             z.extractall(dest)
     else:
@@ -108,7 +108,6 @@ def _fetch(pkg: _Package) -> Path:
     root = cache_dir() / pkg.name
     done = root / ".complete"
     if not done.exists():
-        cache_dir().mkdir(parents=True, exist_ok=True)
         with open(cache_dir() / f".{pkg.name}.lock", "w") as lock:  # concurrent processes fetch once
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not done.exists():
@@ -182,8 +181,7 @@ def bbc_corpus_file(articles: list[Article] | None = None, name: str = "bbc_corp
     path = cache_dir() / name
     if articles is None and path.exists():
         return path
-    articles = bbc_articles() if articles is None else articles
-    write_corpus(articles, path)
+    write_corpus(bbc_articles() if articles is None else articles, path)
     return path
 
 
@@ -191,10 +189,7 @@ def write_corpus(articles: list[Article], path: Path) -> None:
     """Write articles as plain text (title and paragraphs a line each, a blank line between articles), atomically."""
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for a in articles:
-            f.write(a.title + "\n")
-            for p in a.paragraphs:
-                f.write(p + "\n")
-            f.write("\n")
+            f.writelines(f"{line}\n" for line in [a.title, *a.paragraphs, ""])
 
 
 # ------------------------------------------------------------------------------------------- Rotten Tomatoes (VADER)
@@ -223,13 +218,8 @@ def hutto_dir() -> Path:
 def rotten_tomatoes() -> list[RatedSentence]:
     """The 10,604 Rotten Tomatoes sentences (movieReviewSnippets_GroundTruth.txt) with their sentiment scores."""
     path = hutto_dir() / "movieReviewSnippets_GroundTruth.txt"
-    out = []
-    for line in _read_text(path).splitlines():
-        parts = line.split("\t")
-        if len(parts) != 3:
-            continue
-        out.append(RatedSentence(id=parts[0], score=float(parts[1]), text=parts[2].strip()))
-    return out
+    rows = [line.split("\t") for line in _read_text(path).splitlines()]
+    return [RatedSentence(id=r[0], score=float(r[1]), text=r[2].strip()) for r in rows if len(r) == 3]
 
 
 def split_by_seed(items: list, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> tuple[list, list, list]:

@@ -23,6 +23,7 @@ a from-scratch model stays on its early plateau (every [MASK] -> "the , to ...")
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -79,13 +80,10 @@ class DemoConfig:
 # ------------------------------------------------------------------------------------------------- helpers
 
 def _done(path: Path) -> dict | None:
-    f = path / "done.json"
-    if f.is_file():
-        try:
-            return json.loads(f.read_text())
-        except json.JSONDecodeError:
-            return None
-    return None
+    try:
+        return json.loads((path / "done.json").read_text())
+    except (OSError, ValueError):      # not there yet, or half-written
+        return None
 
 
 def _mark(path: Path, info: dict) -> dict:
@@ -101,13 +99,12 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------- stages
 
 def stage_data(cfg: DemoConfig, out: Path) -> dict:
-    arts = datasets.bbc_articles()
-    train, dev, test = datasets.split_by_seed(arts, seed=cfg.seed)
+    parts = dict(zip(("train", "dev", "test"), datasets.split_by_seed(datasets.bbc_articles(), seed=cfg.seed)))
     out.mkdir(parents=True, exist_ok=True)
-    for name, part in (("train", train), ("dev", dev), ("test", test)):
+    for name, part in parts.items():
         datasets.write_corpus(part, out / f"bbc_{name}.txt")
-    sizes = {n: (out / f"bbc_{n}.txt").stat().st_size for n in ("train", "dev", "test")}
-    return {"articles": {"train": len(train), "dev": len(dev), "test": len(test)}, "bytes": sizes}
+    return {"articles": {n: len(part) for n, part in parts.items()},
+            "bytes": {n: (out / f"bbc_{n}.txt").stat().st_size for n in parts}}
 
 
 def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
@@ -195,14 +192,10 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
     from bertkit.infer import Predictor
     from bertkit.pretraining import split_sentences
     p = Predictor.load(model_dir)
-    examples = []
-    for text in FILL_EXAMPLES:
-        res = p.fill_mask(text, top_k=5)
-        examples.append({"text": text, **res})
+    examples = [{"text": text, **p.fill_mask(text, top_k=5)} for text in FILL_EXAMPLES]
     # held-out sentences (test articles: never seen in pre-training)
-    sents = []
-    for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines():
-        sents.extend(s for s in split_sentences(para) if 8 <= len(s.split()) <= 40)
+    sents = [s for para in (data / "bbc_test.txt").read_text(encoding="utf-8").splitlines()
+             for s in split_sentences(para) if 8 <= len(s.split()) <= 40]
     evals = {span: multi_mask_eval(p, sents, MultiMaskOptions(span=span, limit=cfg.fill_eval_sentences,
                                                               seed=cfg.seed, progress=cfg.progress))
              for span in ("contiguous", "scattered")}
@@ -250,9 +243,7 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
         rows = list(csv.DictReader(f))
     pred = Predictor.load(out / "model")
     labels = pred.labels or ["neg", "pos"]
-    got = []
-    for i in range(0, len(rows), 128):
-        got.extend(r["label"] for r in pred.classify([r["text"] for r in rows[i:i + 128]], max_length=128))
+    got = [r["label"] for r in pred.classify([r["text"] for r in rows], max_length=128, batch_size=128)]
     ix = {l: i for i, l in enumerate(labels)}
     m = plots.confusion_matrix([ix[r["label"]] for r in rows], [ix[g] for g in got], len(labels))
     acc = sum(int(r["label"] == g) for r, g in zip(rows, got)) / len(rows)
@@ -265,8 +256,7 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
             break
         except BertkitError:
             continue
-    test = summary.get("test", {})
-    return {"data": stats.get("counts"), "test": test, "dev": summary.get("dev"),
+    return {"data": stats.get("counts"), "test": summary.get("test", {}), "dev": summary.get("dev"),
             "test_accuracy_inference_api": acc, "confusion": m.tolist(), "labels": labels,
             "examples_per_s": summary.get("examples_per_s"), "curves": bool(curves),
             "train_examples": cfg.sentiment_train_examples, "epochs": cfg.sentiment_epochs}
@@ -287,8 +277,7 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
         info = results.get(stage) or {}
         if info:
             lines += section(cfg, info)
-    path = out / "report.md"
-    return write_text(path, "\n".join(lines) + "\n")
+    return write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
 def _header_section(cfg: DemoConfig) -> list[str]:
@@ -411,7 +400,6 @@ _SECTIONS = (("data", _data_section), ("vocab", _vocab_section), ("shards", _sha
 
 
 def _load() -> str:
-    import os
     try:
         return " / ".join(f"{x:.1f}" for x in os.getloadavg()) + " (1 / 5 / 15 min)"
     except OSError:
@@ -419,7 +407,6 @@ def _load() -> str:
 
 
 def _cpu_count() -> int:
-    import os
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

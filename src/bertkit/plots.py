@@ -82,9 +82,8 @@ def _read_metrics_file(path: Path) -> dict[str, list[tuple[float, float]]]:
             x = next((rec[k] for k in _X_KEYS if isinstance(rec.get(k), (int, float))), lineno)
             split = next((str(rec[k]) for k in _SPLIT_KEYS if isinstance(rec.get(k), str)), None)
             for key, value in rec.items():
-                if key in _X_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
-                    continue
-                if not math.isfinite(value):
+                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if key in _X_KEYS or not numeric or not math.isfinite(value):
                     continue
                 name = f"{split}/{key}" if split and "/" not in key else key
                 series.setdefault(name, []).append((float(x), float(value)))
@@ -92,13 +91,11 @@ def _read_metrics_file(path: Path) -> dict[str, list[tuple[float, float]]]:
 
 
 def _is_loss(name: str) -> bool:
-    leaf = name.lower()
-    return any(w in leaf for w in _LOSS_WORDS)
+    return any(w in name.lower() for w in _LOSS_WORDS)
 
 
 def _is_score(name: str) -> bool:
-    leaf = name.lower()
-    return not _is_loss(name) and any(w in leaf for w in _SCORE_WORDS)
+    return not _is_loss(name) and any(w in name.lower() for w in _SCORE_WORDS)
 
 
 def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
@@ -119,8 +116,7 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
             held_out = name.startswith("eval")   # drawn on top: dense per-step training series would hide it
             ax.plot(xs, ys, style, label=name, linewidth=2.0 if held_out else 0.8, markersize=4,
                     zorder=3 if held_out else 2, alpha=1.0 if held_out else 0.45)
-        ax.set_xlabel("step")
-        ax.set_ylabel(kind)
+        ax.set(xlabel="step", ylabel=kind)
         if kind == "loss":
             values = [y for pts in group.values() for _, y in pts]
             if min(values) > 0 and max(values) / min(values) > 10:
@@ -185,11 +181,9 @@ def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Seq
             if c == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
             if show_labels and r == len(layers) - 1:
-                ax.set_xticks(range(n))
-                ax.set_xticklabels(tokens, rotation=90, fontsize=5)
+                ax.set_xticks(range(n), tokens, rotation=90, fontsize=5)
             if show_labels and c == 0:
-                ax.set_yticks(range(n))
-                ax.set_yticklabels(tokens, fontsize=5)
+                ax.set_yticks(range(n), tokens, fontsize=5)
     fig.suptitle(title or "attention per layer (rows) and head (columns); in each map rows = query token, "
                  "columns = key token", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -205,29 +199,19 @@ def plot_attention_from(attn, tokens: Sequence[str], query: int | str, out_png: 
     """
     import numpy as np
     mats = _as_numpy_layers(attn)
-    if isinstance(query, str):
-        try:
-            qpos = list(tokens).index(query)
-        except ValueError:
-            raise ValueError(f"query token {query!r} is not among the tokens {list(tokens)}") from None
-    else:
-        qpos = int(query)
-    rows, labels = [], []
-    for li, m in enumerate(mats):
-        for hi in range(m.shape[0]):
-            rows.append(m[hi, qpos])
-            labels.append(f"L{li}.H{hi}")
+    if isinstance(query, str) and query not in tokens:
+        raise ValueError(f"query token {query!r} is not among the tokens {list(tokens)}")
+    qpos = list(tokens).index(query) if isinstance(query, str) else int(query)
+    rows = [m[hi, qpos] for m in mats for hi in range(m.shape[0])]
+    labels = [f"L{li}.H{hi}" for li, m in enumerate(mats) for hi in range(m.shape[0])]
     grid = np.stack(rows)                                    # (layers*heads, seq)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(tokens) + 2.0), max(3.0, 0.22 * len(rows) + 1.5)))
     im = ax.imshow(grid, cmap="magma", aspect="auto", vmin=0.0, vmax=float(grid.max()))
-    ax.set_xticks(range(len(tokens)))
-    ax.set_xticklabels(tokens, rotation=60, ha="right", fontsize=8)
+    ax.set_xticks(range(len(tokens)), tokens, rotation=60, ha="right", fontsize=8)
     ax.get_xticklabels()[qpos].set_color("tab:purple")
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels, fontsize=6 if len(labels) > 24 else 8)
-    ax.set_xlabel("key token (attended to)")
-    ax.set_ylabel("layer.head")
+    ax.set_yticks(range(len(labels)), labels, fontsize=6 if len(labels) > 24 else 8)
+    ax.set(xlabel="key token (attended to)", ylabel="layer.head")
     fig.colorbar(im, ax=ax, fraction=0.025, pad=0.02, label="attention weight")
     ax.set_title(title or f"attention from {tokens[qpos]!r} (position {qpos})")
     fig.tight_layout()
@@ -251,12 +235,9 @@ def plot_confusion(matrix, labels: Sequence[str], out_png: str | Path, title: st
         for j in range(k):
             ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=9,
                     color="white" if norm[i, j] > 0.55 else "black")
-    ax.set_xticks(range(k))
-    ax.set_xticklabels(labels, rotation=45, ha="right")
-    ax.set_yticks(range(k))
-    ax.set_yticklabels(labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
+    ax.set_xticks(range(k), labels, rotation=45, ha="right")
+    ax.set_yticks(range(k), labels)
+    ax.set(xlabel="predicted", ylabel="true")
     acc = float(np.trace(m) / max(m.sum(), 1.0))
     ax.set_title(title or f"confusion matrix (accuracy {acc:.3f})")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="row share")

@@ -21,9 +21,7 @@ def add_arguments(parser) -> None:
 
 def wanted(setting: bool | None) -> bool:
     """Whether to draw bars: `setting` when given, else whether stderr is a terminal."""
-    if setting is None:
-        return sys.stderr.isatty()
-    return bool(setting)
+    return sys.stderr.isatty() if setting is None else bool(setting)
 
 
 def bar(iterable=None, *, show: bool, **options):

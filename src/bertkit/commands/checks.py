@@ -139,10 +139,9 @@ def device(text: str) -> str:
         n = torch.cuda.device_count()
         if n == 0 or (d.index is not None and d.index >= n):
             raise argparse.ArgumentTypeError(f"{text}: this machine has {n} CUDA device{'s' * (n != 1)}")
-    elif d.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise argparse.ArgumentTypeError(f"{text}: MPS is not available here")
-    elif d.type != "cpu":
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: MPS is not available here")
+    elif d.type not in ("cpu", "mps"):
         raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
     return text
 
@@ -151,10 +150,10 @@ def int_list(text: str) -> list[int]:
     """An argparse type: comma-separated integers ('0,-1')."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
+        if not values:
+            raise ValueError(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return values
 
 
@@ -170,15 +169,10 @@ def _resolved(path) -> Path:
 
 
 def _existing(inputs) -> list[tuple[str, Path]]:
-    out = []
-    for i in inputs:
-        if i is None or str(i) in ("", "-"):
-            continue
-        for one in (i if isinstance(i, (list, tuple)) else [i]):
-            r = _resolved(one)
-            if r.exists():
-                out.append((str(one), r))
-    return out
+    """(as given, resolved) for each of `inputs` (a path, or a list of paths) that exists; None, '' and '-' skipped."""
+    given = [one for i in inputs if i is not None and str(i) not in ("", "-")
+             for one in (i if isinstance(i, (list, tuple)) else [i])]
+    return [(str(one), r) for one in given if (r := _resolved(one)).exists()]
 
 
 def _check_writable(shown: str, target: Path) -> None:
@@ -302,8 +296,7 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
             _set_aside(d, gone)
     if dry_run:
         return d
-    made = _first_missing(d)
-    made = "" if made is None else str(made)
+    made = str(_first_missing(d) or "")      # "": the directory was there
     d.mkdir(parents=True, exist_ok=True)
     (d / MARKER).write_text(json.dumps({"command": command, "made": made, "keep": keep}) + "\n", encoding="utf-8")
     _CLAIMED.add(d)

@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
-from bertkit.commands.finetune import RECIPE_DESTS, run_brief, readable_lines, add_recipe_args, run_values
+from bertkit.commands.finetune import RECIPE_DESTS, run_brief, add_recipe_args, run_values
 from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 
@@ -127,11 +126,7 @@ def _task(args) -> dict:
     cfg = FinetuneConfig(task=settings["kind"], model=args.teacher, train=args.train, dev=args.dev, test=args.test,
                          out=args.out, training=training, max_length=settings.get("max_length"),
                          quiet=args.quiet, **rest)
-    brief = run_brief(distill_task(dcfg, cfg))
-    if not args.quiet:
-        for line in readable_lines(brief):
-            print(line, file=sys.stderr)
-    return brief
+    return run_brief(distill_task(dcfg, cfg), args.quiet)
 
 
 def _recipe_values(args) -> dict:
@@ -142,8 +137,6 @@ def _general(args) -> dict:
     from dataclasses import replace
 
     from bertkit.distill_mlm import MlmDistillConfig, distill_mlm  # deferred: torch, off `bertkit -h`'s start path
-    if args.student_preset is None and args.student_layers is None:
-        raise ConfigError("general distillation: choose the student with --student-layers or --student-preset")
     values = _recipe_values(args)
     if len(values["seeds"]) != 1:
         raise ConfigError("general distillation trains one student: give one --seeds value")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from bertkit import progress
@@ -59,7 +60,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output pairs file with negative_1..N columns")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--corpus", help="more candidate texts, one per line (default: the pairs' positives only)")
-    p.add_argument("--negatives", type=checks.positive_int, default=1, help="negatives per pair (default 1)")
+    p.add_argument("--negatives", type=checks.positive_int, default=1, help="negatives per pair")
     p.add_argument("--skip-top", type=checks.nonneg_int, default=0, help="leave out the first N ranked non-positives")
     p.add_argument("--batch-size", type=checks.positive_int, default=64)
     p.add_argument("--format", choices=("negatives", "pair"), default="negatives",
@@ -114,24 +115,15 @@ def finetune(args) -> int:
     from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
     from bertkit.train.loop import TrainConfig
     _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
-    precision = chosen_precision(args)
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
-                           precision=precision, log_every_steps=50, progress=progress.wanted(args.progress))
-    cfg = EmbedFinetuneConfig(
-        model=args.model, train=args.train, dev=args.dev, test=args.test, out=args.out, training=training,
-        batch_size=args.batch_size, loss=args.loss, scale=args.scale, learnable_scale=args.learnable_scale,
-        symmetric=args.symmetric, gradcache_batch=args.gradcache_batch, pooling=args.pooling,
-        normalize=args.normalize, projection=args.projection, max_length=args.max_length,
-        anchor_max_length=args.anchor_max_length, seeds=args.seeds, max_train_examples=args.max_train_examples,
-        compact_embeddings=args.compact_embeddings, save_model=not args.no_save, quiet=args.quiet)
-    summary = finetune_embed(cfg)
-    print(json.dumps(_brief(summary)))
+                           precision=chosen_precision(args), log_every_steps=50,
+                           progress=progress.wanted(args.progress))
+    # the other flags' dests name EmbedFinetuneConfig fields (model, train, loss, scale, pooling, seeds, ...)
+    names = {f.name for f in fields(EmbedFinetuneConfig)} - {"training", "save_model"}
+    cfg = EmbedFinetuneConfig(**{k: v for k, v in vars(args).items() if k in names}, training=training,
+                              save_model=not args.no_save)
+    print(json.dumps(_brief(finetune_embed(cfg))))
     return 0
-
-
-def _figure(stat: dict) -> dict:
-    """{"mean", "std"} whatever the number of seeds: one schema for a reader of the JSON."""
-    return {"mean": round(stat["mean"], 4), "std": round(stat["std"], 4)}
 
 
 def _brief(summary: dict) -> dict:
@@ -139,8 +131,9 @@ def _brief(summary: dict) -> dict:
     keep = ("recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "spearman_cosine")
     out = {k: summary[k] for k in ("task", "loss", "lr", "batch_size", "epochs", "seeds", "train_examples")}
     out["examples_per_s"] = round(summary["examples_per_s"]["mean"], 1)     # as finetune's other tasks print it
-    for split in summary["after"]:
-        out[split] = {stage: {k: _figure(v) for k, v in summary[stage][split].items() if k in keep}
+    for split in summary["after"]:      # {"mean", "std"} whatever the number of seeds: one schema for a reader
+        out[split] = {stage: {k: {"mean": round(v["mean"], 4), "std": round(v["std"], 4)}
+                              for k, v in summary[stage][split].items() if k in keep}
                       for stage in ("before", "after")}
     out["summary"] = str(Path(summary["config"]["out"]) / "summary.json")
     return out
@@ -209,7 +202,6 @@ def embed_encoder(args) -> int:
     """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
-    from bertkit.infer import cosine_search
     if args.layers not in (None, [-1]):
         raise ConfigError("--layers applies to plain BERT directories only (a sentence embedding model pools its "
                           "last layer)")
@@ -228,13 +220,8 @@ def embed_encoder(args) -> int:
         vecs = encoder.encode(tok, texts, args.batch_size, precision)                  # (n, dim) float32
     if index:
         return _write_index(args, encoder, texts, ids, vecs)
-    if args.search:
-        queries = encoder.encode(tok, args.search, args.batch_size, precision)
-        for q, hits in zip(args.search, cosine_search(queries, vecs, args.top_k)):
-            print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
-                             ensure_ascii=False))
-        return 0
-    return write_vectors(out, texts, vecs)
+    return search_or_write(args, out, texts, vecs,
+                           lambda queries: encoder.encode(tok, queries, args.batch_size, precision))
 
 
 def vector_out(args) -> Path | None:
@@ -243,6 +230,19 @@ def vector_out(args) -> Path | None:
         return None
     return checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
                            overwrite=args.overwrite)
+
+
+def search_or_write(args, out: Path | None, texts, vecs, embed_queries) -> int:
+    """With --search, each QUERY's --top-k closest `texts` by cosine (`embed_queries` embeds the queries), a JSON line
+    each; else `vecs` written (write_vectors)."""
+    if not args.search:
+        return write_vectors(out, texts, vecs)
+    # deferred: torch stays off `bertkit -h`'s path
+    from bertkit.infer import cosine_search
+    for q, hits in zip(args.search, cosine_search(embed_queries(args.search), vecs, args.top_k)):
+        print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
+                         ensure_ascii=False))
+    return 0
 
 
 def write_vectors(out: Path | None, texts, vecs) -> int:
@@ -258,9 +258,8 @@ def write_vectors(out: Path | None, texts, vecs) -> int:
     if out is None:
         sys.stdout.writelines(lines)
         return 0
-    with checks.staged(out.parent) as tmp:
-        with open(tmp / out.name, "w", encoding="utf-8") as f:
-            f.writelines(lines)
+    with checks.staged(out.parent) as tmp, open(tmp / out.name, "w", encoding="utf-8") as f:
+        f.writelines(lines)
     print(f"wrote {len(texts)} embeddings to {out}", file=sys.stderr)
     return 0
 
@@ -281,17 +280,13 @@ def _write_index(args, encoder, texts, ids, vecs) -> int:
 # --------------------------------------------------------------------------------------------------- search
 def _index_texts(directory: Path) -> list[str] | None:
     path = directory / INDEX_TEXTS
-    if not path.is_file():
-        return None
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else None
 
 
 def search(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash
     from bertkit.embed.runner import load_encoder
-    if args.top_k <= 0 or args.rerank_depth <= 0:
-        raise ConfigError(f"--top-k and --rerank-depth must be positive, got {args.top_k}, {args.rerank_depth}")
     for i, q in enumerate(args.query):
         if not q.strip():
             raise DataError(f"--query {i + 1} is empty")
@@ -319,8 +314,7 @@ def search(args) -> int:
         hits = [{"id": i, "score": round(float(s), 4), **({"text": texts[r]} if texts else {})}
                 for i, s, r in zip(result.ids[qi], result.scores[qi], result.rows[qi])]
         if ce is not None:
-            scores = ce.score(q, [h["text"] for h in hits])
-            for h, s in zip(hits, scores):
+            for h, s in zip(hits, ce.score(q, [h["text"] for h in hits])):
                 h["rerank_score"] = round(float(s), 4)
             hits.sort(key=lambda h: -h["rerank_score"])
         print(json.dumps({"query": q, "hits": hits[:args.top_k]}, ensure_ascii=False))
@@ -349,7 +343,7 @@ def rerank(args) -> int:
 
 def mine(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.mine import mine_hard_negatives
+    from bertkit.embed.mine import mine_hard_negatives, pair_label_rows
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
     from bertkit.infer import read_lines
@@ -364,8 +358,6 @@ def mine(args) -> int:
         rows = mine_hard_negatives(encoder, tok, [t[:2] for t in data.texts], args.negatives, args.skip_top, corpus,
                                    args.batch_size)
     if args.format == "pair":
-        # deferred: torch stays off `bertkit -h`'s path
-        from bertkit.embed.mine import pair_label_rows
         rows = pair_label_rows(rows)
     with checks.staged(out.parent) as tmp:
         write_table(tmp / out.name, rows)

@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--opset", type=checks.opset, default=17)
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
-    p.add_argument("--tolerance", type=checks.nonneg_float, default=None,
+    p.add_argument("--tolerance", type=checks.nonneg_float,
                    help="max abs difference allowed by the check (default 1e-4). With --int8 a share of "
                         "the largest output; by default 0.15, or an int8 graph no further than 1.5x bertkit's "
                         "int8 model from the float product of the same int8 weights")

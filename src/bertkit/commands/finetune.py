@@ -111,11 +111,11 @@ def add_recipe_args(p) -> None:
     p.add_argument("--lr", type=checks.positive_float, default=5e-5)
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--epochs", type=checks.positive_float, default=3.0)
-    p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps (default 0.1)")
+    p.add_argument("--warmup", type=checks.nonneg_float, default=0.1, help="warmup fraction of the steps")
     p.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
     p.add_argument("--dropout", type=checks.probability, default=0.1)
     p.add_argument("--seeds", type=_seeds, default=(1,), help="comma-separated seeds, e.g. 1,2,3 (mean +- std)")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int,
                    help="steps between dev evaluations (default: every epoch)")
     p.add_argument("--patience", type=checks.nonneg_int, default=0, help="early stopping: evaluations without improvement")
     add_precision_argument(p, "auto", "train")
@@ -143,11 +143,7 @@ def _finetune(args) -> int:
     # every flag's dest names a TrainConfig field (the loop's settings) or a FinetuneConfig field
     training, rest = TrainConfig.split(values, base=finetune_recipe())
     cfg = FinetuneConfig(**rest, training=training, save_model=not args.no_save)
-    summary = finetune(cfg)
-    brief = run_brief(summary)
-    if not args.quiet:
-        for line in readable_lines(brief):
-            print(line, file=sys.stderr)
+    brief = run_brief(finetune(cfg), args.quiet)
     print(json.dumps({**brief, "summary": str(Path(cfg.out) / "summary.json")}))
     return 0
 
@@ -156,22 +152,20 @@ _HEADLINE = ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman", "exact"
              "HasAns_f1", "NoAns_f1")
 
 
-def run_brief(summary: dict) -> dict:
-    """The headline numbers: {"mean": .., "std": ..} per metric per split (numbers, not text)."""
-    out = {"task": summary["task"], "lr": summary["lr"], "batch_size": summary["batch_size"],
-           "seeds": summary["seeds"],
-           "examples_per_s": round(summary["examples_per_s"]["mean"], 1)}
+def run_brief(summary: dict, quiet: bool) -> dict:
+    """The headline numbers: {"mean": .., "std": ..} per metric per split (numbers, not text); unless `quiet`, also
+    said for a person on stderr (`dev accuracy 0.4750 +- 0.0661`)."""
+    out = {k: summary[k] for k in ("task", "lr", "batch_size", "seeds")}
+    out["examples_per_s"] = round(summary["examples_per_s"]["mean"], 1)
     for split in ("dev", "test"):
         if split in summary:
             out[split] = {k: {"mean": round(v["mean"], 6), "std": round(v["std"], 6)}
                           for k, v in summary[split].items() if k in _HEADLINE}
+            if not quiet:
+                for k, v in out[split].items():
+                    print(f"{split} {k} {v['mean']:.4f} +- {v['std']:.4f} ({len(out['seeds'])} seed(s))",
+                          file=sys.stderr)
     return out
-
-
-def readable_lines(brief: dict) -> list[str]:
-    """The headline numbers for a person: `dev accuracy 0.4750 +- 0.0661`."""
-    return [f"{split} {k} {v['mean']:.4f} +- {v['std']:.4f} ({len(brief['seeds'])} seed(s))"
-            for split in ("dev", "test") for k, v in brief.get(split, {}).items()]
 
 
 def _evaluate(args) -> int:
@@ -207,6 +201,5 @@ def _task_data(args) -> int:
     if args.name not in data.TASKS:
         raise ConfigError(f"unknown task data set {args.name!r}; choose from {', '.join(data.TASKS)}")
     checks.out_dir(args.out, "task-data", overwrite=args.overwrite)
-    stats = data.build(args.name, args.out, args.seed)
-    print(json.dumps(stats))
+    print(json.dumps(data.build(args.name, args.out, args.seed)))
     return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
-from bertkit.commands.embed import embed_encoder, vector_out, wants_encoder, write_vectors
+from bertkit.commands.embed import embed_encoder, search_or_write, vector_out, wants_encoder
 from bertkit.errors import ConfigError, DataError
 from bertkit.textfiles import is_stdin_copy, read_text
 
@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout), or to "
                                  "an index directory for `bertkit search` (any other name, e.g. index/)")
     p.add_argument("--dtype", choices=("float32", "float16", "int8"), default="float16",
-                   help="index vectors' storage type (default float16)")
+                   help="index vectors' storage type")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
@@ -107,7 +107,7 @@ def fill_mask(args) -> int:
 
 def embed(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import Predictor, cosine_search
+    from bertkit.infer import Predictor
     if wants_encoder(args):            # the model's own pooling / normalisation / dense layers, or an index
         return embed_encoder(args)
     texts = _texts(args.texts, args.file)
@@ -116,13 +116,7 @@ def embed(args) -> int:
     kw = dict(pooling=args.pooling or "mean", layers=args.layers or [-1], normalize=not args.no_normalize,
               max_length=args.max_length or 256, batch_size=args.batch_size)
     vecs = p.embed(texts, progress=progress.wanted(args.progress) and len(texts) > kw["batch_size"], **kw)
-    if args.search:
-        queries = p.embed(args.search, **kw)
-        for q, hits in zip(args.search, cosine_search(queries, vecs, args.top_k)):
-            print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
-                             ensure_ascii=False))
-        return 0
-    return write_vectors(out, texts, vecs)
+    return search_or_write(args, out, texts, vecs, lambda queries: p.embed(queries, **kw))
 
 
 def attention(args) -> int:
@@ -149,49 +143,46 @@ def attention(args) -> int:
     safe = re.sub(r"[^\w#-]", "_", q or "")       # a token may be '/' or '.': not in a file name
     from_png = f"attention_from_{safe}.png"
     names = ["attention_grid.png"] + ([from_png] if q is not None else [])
-    there = [n for n in names if (out / n).exists()]
+    there = [name for name in names if (out / name).exists()]
     if there and not args.overwrite:    # OUT gathers maps of several texts; one of the same name is an earlier text's
         raise checks.OutputError(f"{out / there[0]}: exists; pass --overwrite to replace it, or choose another --out")
     with checks.staged(out) as tmp:
         plots.plot_attention(att, tokens, tmp / "attention_grid.png", layers=args.layers)
         if q is not None:
             plots.plot_attention_from(att, tokens, q, tmp / from_png)
-    print(out / "attention_grid.png")
-    if q is not None:
-        print(out / from_png)
+    for name in names:
+        print(out / name)
     return 0
 
 
 def plot(args) -> int:
     # deferred: matplotlib is the plots extra
     from bertkit import plots
+    run = Path(args.run)
     if args.confusion:
-        path = Path(args.run)
-        if not path.is_file():
-            raise DataError(f"{path}: no such predictions file")
+        if not run.is_file():
+            raise DataError(f"{run}: no such predictions file")
         pairs = []
-        for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        for lineno, line in enumerate(read_text(run).splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
                 pairs.append((str(rec["label"]), str(rec["prediction"])))
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise DataError(f"{path}:{lineno}: expected a JSON object with 'label' and 'prediction'") from None
+                raise DataError(f"{run}:{lineno}: expected a JSON object with 'label' and 'prediction'") from None
         if not pairs:
-            raise DataError(f"{path}: no predictions in the file")
+            raise DataError(f"{run}: no predictions in the file")
         labels = sorted({x for pair in pairs for x in pair})
         ix = {l: i for i, l in enumerate(labels)}
         m = plots.confusion_matrix([ix[a] for a, _ in pairs], [ix[b] for _, b in pairs], len(labels))
-        out = _plot_out(args, path.with_suffix(".confusion.png"))
-        with checks.staged(out.parent) as tmp:
-            plots.plot_confusion(m, labels, tmp / out.name)
-        print(out)
-        return 0
-    run = Path(args.run)
-    out = _plot_out(args, (run if run.is_dir() else run.parent) / "curves.png")
+        out = _plot_out(args, run.with_suffix(".confusion.png"))
+        draw = lambda png: plots.plot_confusion(m, labels, png)     # noqa: E731
+    else:
+        out = _plot_out(args, (run if run.is_dir() else run.parent) / "curves.png")
+        draw = lambda png: plots.plot_run(run, png)                 # noqa: E731
     with checks.staged(out.parent) as tmp:
-        plots.plot_run(run, tmp / out.name)
+        draw(tmp / out.name)
     print(out)
     return 0
 

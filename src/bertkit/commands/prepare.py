@@ -22,17 +22,17 @@ def register(subparsers) -> None:
                    help="text files, directories or glob patterns (.gz ok); blank line between documents")
     p.add_argument("--vocab", required=True, help="vocab.txt or a model directory holding one")
     p.add_argument("--out", required=True, help="output shard directory")
-    p.add_argument("--seq-len", type=checks.positive_int, default=128, help="max_seq_length: tokens per example (default 128)")
+    p.add_argument("--seq-len", type=checks.positive_int, default=128, help="max_seq_length: tokens per example")
     p.add_argument("--task", choices=("nsp", "sop", "none"), default="nsp",
                    help="nsp: next sentence (BERT), sop: sentence order (ALBERT), none: packed text, MLM only")
     p.add_argument("--masking", choices=("token", "wwm", "ngram"), default="token",
                    help="token: single pieces; wwm: whole words; ngram: 1-3 word spans (ALBERT)")
     p.add_argument("--dynamic", action="store_true", help="draw masks at batch time, fresh every epoch (RoBERTa)")
     p.add_argument("--dupe-factor", type=checks.positive_int, default=1, help="static masking: copies with different masks")
-    p.add_argument("--mask-prob", type=checks.probability, default=0.15, help="share of tokens to predict (default 0.15)")
-    p.add_argument("--max-predictions", type=checks.number(int, 1, 65535), default=None,
+    p.add_argument("--mask-prob", type=checks.probability, default=0.15, help="share of tokens to predict")
+    p.add_argument("--max-predictions", type=checks.number(int, 1, 65535),
                    help="cap on predictions per example (default ceil(mask_prob * seq_len): 20 at 128)")
-    p.add_argument("--short-seq-prob", type=checks.probability, default=0.1, help="share of shorter targets (default 0.1)")
+    p.add_argument("--short-seq-prob", type=checks.probability, default=0.1, help="share of shorter targets")
     p.add_argument("--format", dest="corpus_format", choices=("auto", "lines", "prose"), default="auto",
                    help="lines: a sentence per line (Google's format); prose: paragraphs, split into sentences")
     p.add_argument("--workers", type=checks.processes, default=1, help="processes (each writes its own shards)")

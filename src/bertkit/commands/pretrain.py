@@ -33,57 +33,56 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("shards", help="shard directory (bertkit prepare --out), phase 1")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, curves.png, model/")
-    p.add_argument("--phase2", dest="phase2_shards", default=None,
+    p.add_argument("--phase2", dest="phase2_shards",
                    help="shards for the last part of the run (BERT: seq 512 for the last 10%% of steps)")
-    p.add_argument("--phase1-fraction", type=checks.probability, default=0.9, help="share of steps in phase 1 (default 0.9)")
-    p.add_argument("--eval-shards", default=None, help="held-out shard directory for evaluation")
-    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int, default=None,
+    p.add_argument("--phase1-fraction", type=checks.probability, default=0.9, help="share of steps in phase 1")
+    p.add_argument("--eval-shards", help="held-out shard directory for evaluation")
+    p.add_argument("--eval-every", dest="eval_every_steps", type=checks.positive_int,
                    help="evaluate every N steps (default: at the end; planned)")
-    p.add_argument("--eval-batches", type=checks.positive_int, default=None, help="batches per evaluation (default 50; planned)")
+    p.add_argument("--eval-batches", type=checks.positive_int, help="batches per evaluation (default 50; planned)")
     m = p.add_argument_group("model (one of)")
-    m.add_argument("--preset", default=None, help="tiny / mini / small / medium / base / large")
-    m.add_argument("--config", default=None,
-                   help="config.json, - = stdin (with --init: fields overriding the checkpoint's)")
-    m.add_argument("--init", default=None, help="model directory to continue pre-training from")
-    m.add_argument("--dropout", type=checks.probability, default=None,
+    m.add_argument("--preset", help="tiny / mini / small / medium / base / large")
+    m.add_argument("--config", help="config.json, - = stdin (with --init: fields overriding the checkpoint's)")
+    m.add_argument("--init", help="model directory to continue pre-training from")
+    m.add_argument("--dropout", type=checks.probability,
                    help="hidden + attention dropout override (default: the model's; planned)")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
                    help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
-    m.add_argument("--attention-init", choices=("random", "local"), default=None,
+    m.add_argument("--attention-init", choices=("random", "local"),
                    help="a fresh model's attention: BERT's random init (default) or local, the first layer's heads "
                         "starting on the neighbouring tokens (leaves the MLM plateau far sooner; planned)")
-    m.add_argument("--output-vocab", choices=("full", "corpus"), default=None,
+    m.add_argument("--output-vocab", choices=("full", "corpus"),
                    help="the MLM softmax in training: every vocabulary id (default) or only those the training "
                         "shards hold (faster with a large vocabulary; evaluation scores all; planned)")
     p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
                    help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
     p.add_argument("--electra-weight", type=checks.nonneg_float, default=50.0, help="discriminator loss weight (paper: 50)")
-    p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"), default=None,
+    p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"),
                    help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
                         "the stored tokens, fresh every epoch, static shards too (planned)")
-    p.add_argument("--mask-prob", type=float, default=None,
+    p.add_argument("--mask-prob", type=float,
                    help="share of tokens masked at batch time (default: the shards'; planned)")
     b = p.add_argument_group("batch and length")
-    b.add_argument("--batch-size", type=checks.positive_int, default=None,
+    b.add_argument("--batch-size", type=checks.positive_int,
                    help="examples per process per micro-batch (default 32; planned)")
-    b.add_argument("--global-batch", type=checks.positive_int, default=None,
+    b.add_argument("--global-batch", type=checks.positive_int,
                    help="examples per optimizer step over all processes; accumulation is derived")
-    b.add_argument("--steps", dest="max_steps", type=checks.positive_int, default=None, help="optimizer steps")
-    b.add_argument("--epochs", type=checks.positive_float, default=None, help="passes over the shards")
-    b.add_argument("--budget", default=None,
+    b.add_argument("--steps", dest="max_steps", type=checks.positive_int, help="optimizer steps")
+    b.add_argument("--epochs", type=checks.positive_float, help="passes over the shards")
+    b.add_argument("--budget",
                    help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time; from scratch, a planned recipe")
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    o.add_argument("--lr", type=checks.positive_float, default=None, help="peak learning rate (default 1e-4; planned)")
+    o.add_argument("--lr", type=checks.positive_float, help="peak learning rate (default 1e-4; planned)")
     o.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
     o.add_argument("--adam-beta2", dest="beta2", type=checks.probability, default=0.999,
                    help="AdamW's second-moment decay (BERT 0.999; RoBERTa's 0.98 tolerates higher learning rates)")
-    o.add_argument("--warmup", type=checks.nonneg_float, default=None,
+    o.add_argument("--warmup", type=checks.nonneg_float,
                    help="< 1: fraction of steps; >= 1: steps (default 0.01; planned)")
-    o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"), default=None,
+    o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"),
                    help="after warmup: linear decay (BERT), cosine, constant, or wsd (peak held, linear decay over "
                         "the last --decay-fraction of the steps; for short budgets). Default linear; planned")
-    o.add_argument("--decay-fraction", type=checks.probability, default=None,
+    o.add_argument("--decay-fraction", type=checks.probability,
                    help="wsd only: share of the steps that decay (default 0.2; planned)")
     o.add_argument("--min-lr-ratio", type=checks.probability, default=0.0)
     o.add_argument("--clip", dest="max_grad_norm", type=checks.nonneg_float, default=1.0, help="gradient norm clip (0: none)")
@@ -91,20 +90,20 @@ def register(subparsers) -> None:
                    help="auto (default): bf16 autocast where the device has native bf16 (CUDA, AMX / AVX-512 BF16 "
                         "CPUs), else fp32")
     o.add_argument("--seed", type=checks.nonneg_int, default=0)
-    o.add_argument("--device", type=checks.device, default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    o.add_argument("--device", type=checks.device, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")
     o.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
     c = p.add_argument_group("checkpoints and logging")
-    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, default=None, help="checkpoint every N steps")
-    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float, default=None,
+    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, help="checkpoint every N steps")
+    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
                    help="checkpoint every M minutes")
-    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept (default 3)")
+    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
     c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
     progress.add_arguments(c)
     c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
-    c.add_argument("--vocab", default=None, help="vocab.txt saved with the model (default: the shards')")
+    c.add_argument("--vocab", help="vocab.txt saved with the model (default: the shards')")
     checks.stdin_ok(p, "config", suffix="")       # read here, kept in the run directory
     checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=run)

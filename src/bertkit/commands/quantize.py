@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("out", help="output directory (new or empty unless --overwrite)")
     p.add_argument("--check", metavar="DEV_FILE", help="labelled dev file of the model's task: score fp32 and int8 "
                                                       "and refuse (exit 2) when int8 drops more than --max-drop")
-    p.add_argument("--max-drop", type=checks.nonneg_float, default=1.0, help="points of the task's main metric (default 1.0)")
+    p.add_argument("--max-drop", type=checks.nonneg_float, default=1.0, help="points of the task's main metric")
     p.add_argument("--keep-float", action="append", default=[], metavar="PATTERN",
                    help="module names to keep in float (fnmatch, repeatable), e.g. classifier")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from itertools import islice
 
 from bertkit.commands import checks
@@ -33,19 +34,13 @@ def register(sub) -> None:
     p.add_argument("--pair", help="second sequence for a single text argument")
     p.add_argument("--pair-file", help="second sequences, one per line, aligned with --file")
     p.add_argument("--max-length", type=checks.nonneg_int, help="truncate to this many tokens (with [CLS]/[SEP])")
-    p.add_argument("--truncation", default=None, choices=["longest_first", "only_first", "only_second"],
+    p.add_argument("--truncation", choices=["longest_first", "only_first", "only_second"],
                    help="truncation strategy (default longest_first when --max-length is given)")
     p.add_argument("--processes", type=checks.processes, default=1, help="worker processes for --file (parallel encoder)")
     p.add_argument("--batch-lines", type=checks.positive_int, default=20000, help="lines per batch when reading --file")
     checks.stdin_ok(p, "file", "pair_file", suffix="")     # streamed by the command itself
     checks.stdin_ok(p, "vocab", suffix=".txt")
     p.set_defaults(func=run)
-    p.error = _one_line_error  # a usage error is a user error: one line, exit 2
-
-
-def _one_line_error(message: str):
-    print(f"bertkit tokenize: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _lines(path: str):
@@ -78,10 +73,6 @@ def run(args) -> int:
         raise BertkitError("--pair goes with exactly one text argument (use --pair-file with --file)")
     if args.pair_file and not args.file:
         raise BertkitError("--pair-file goes with --file")
-    if args.max_length is not None and args.max_length < 0:
-        raise BertkitError(f"--max-length must be >= 0, got {args.max_length}")
-    if args.processes < 1 or args.batch_lines < 1:
-        raise BertkitError("--processes and --batch-lines must be >= 1")
     overrides = {"lowercase": False} if args.cased else {"lowercase": True} if args.uncased else {}
     tok = Tokenizer.from_pretrained(args.model or args.vocab, **overrides)
     opts = dict(max_length=args.max_length, truncation=args.truncation, return_offsets=True)
@@ -89,6 +80,8 @@ def run(args) -> int:
     if args.file:
         texts = _lines(args.file)
         pairs = _lines(args.pair_file) if args.pair_file else None
+        # a worker pool for the pieces, or this process
+        encode = partial(tok.encode_batch_parallel, processes=args.processes) if args.processes > 1 else tok
         while True:
             batch = list(islice(texts, args.batch_lines))
             pair_batch = list(islice(pairs, len(batch))) if pairs is not None else None
@@ -96,11 +89,7 @@ def run(args) -> int:
                 raise BertkitError(f"{args.pair_file} has fewer lines than {args.file}")
             if not batch:
                 break
-            if args.processes > 1:
-                enc = tok.encode_batch_parallel(batch, pair_batch, processes=args.processes, **opts)
-            else:
-                enc = tok(batch, pair_batch, **opts)
-            _write(tok, enc)
+            _write(tok, encode(batch, pair_batch, **opts))
     else:
         pairs = [args.pair] if args.pair is not None else None
         _write(tok, tok(args.text, pairs, **opts))
@@ -108,8 +97,6 @@ def run(args) -> int:
 
 
 def _write(tok, enc: dict) -> None:
-    out = []
-    for ids, types, offsets in zip(enc["input_ids"], enc["token_type_ids"], enc["offsets"]):
-        out.append(json.dumps({"tokens": tok.convert_ids_to_tokens(ids), "ids": ids, "token_type_ids": types,
-                               "offsets": [list(o) for o in offsets]}, ensure_ascii=False))
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.writelines(json.dumps({"tokens": tok.convert_ids_to_tokens(ids), "ids": ids, "token_type_ids": types,
+                                      "offsets": [list(o) for o in offsets]}, ensure_ascii=False) + "\n"
+                          for ids, types, offsets in zip(enc["input_ids"], enc["token_type_ids"], enc["offsets"]))

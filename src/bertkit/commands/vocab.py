@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from bertkit import progress
-
 from bertkit.commands import checks
 
 
@@ -24,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory (vocab.txt + tokenizer_config.json)")
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
     p.add_argument("--min-frequency", type=checks.positive_int, default=2, help="stop merging when the best pair is rarer (default 2)")
-    p.add_argument("--limit-alphabet", type=checks.positive_int, default=None,
+    p.add_argument("--limit-alphabet", type=checks.positive_int,
                    help="keep only the N most frequent characters (default: every character seen)")
     p.add_argument("--max-distinct-words", type=checks.positive_int, default=1_000_000,
                    help="cap on the word-count table; rarer words are pruned beyond it (bounds memory)")
