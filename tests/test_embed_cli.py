@@ -135,6 +135,7 @@ def test_finetune_embed_scored_pairs_cosent_and_cosine(capsys, tmp_path, tiny_st
      [], r"1 negative\(s\), the first row has 2"),
     ([{"text": "a", "text_pair": "b", "score": 1}] * 8, ["--loss", "mnrl"], r"--loss mnrl needs columns anchor"),
     ([{"anchor": "a", "positive": "b"}] * 8, ["--grid"], r"--grid does not apply to --task embed"),
+    ([{"anchor": "a", "positive": "b"}] * 8, ["--eval-every", "2"], r"--eval-every does not apply to --task embed"),
     ([{"anchor": "a", "positive": "b"}] * 8, ["--pooling", "median"], r"pooling mode 'median'"),
 ])
 def test_finetune_embed_bad_input_is_one_line(capsys, tmp_path, tiny_st, data, rows, extra, message):

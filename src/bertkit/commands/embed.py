@@ -103,10 +103,10 @@ def add_finetune_args(p) -> None:
     g.add_argument("--anchor-max-length", type=checks.number(int, 2), help="pieces per anchor / query (default: --max-length)")
 
 
-def _check_unused(args, names: dict[str, object]) -> None:
-    for flag, default in names.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), default)
-        if value not in (default, None):
+def _check_unused(args, names: dict[str, tuple[str, object]]) -> None:
+    """Each flag -> (its dest, its default): a flag given a value here is a mistake, said rather than ignored."""
+    for flag, (dest, default) in names.items():
+        if getattr(args, dest, default) not in (default, None):
             raise ConfigError(f"{flag} does not apply to --task embed")
 
 
@@ -114,7 +114,8 @@ def finetune(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
     from bertkit.train.loop import TrainConfig
-    _check_unused(args, {"--grid": False, "--patience": 0, "--vocab": None, "--eval-every": None})
+    _check_unused(args, {"--grid": ("grid", False), "--patience": ("patience", 0), "--vocab": ("vocab", None),
+                         "--eval-every": ("eval_every_steps", None)})
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
                            precision=chosen_precision(args), log_every_steps=50,
                            progress=progress.wanted(args.progress))
