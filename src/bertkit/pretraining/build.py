@@ -392,13 +392,9 @@ def _prepare_out_dir(out: Path, overwrite: bool) -> None:
 
 
 def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
-    bar = None
-    if show:
-        bar = progress_bar(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1, show=True)
-    try:
+    with progress_bar(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1, show=show) as bar:
         if len(jobs) == 1:
-            counter = _BarCounter(bar)
-            return [_worker(jobs[0], counter)]
+            return [_worker(jobs[0], _BarCounter(bar))]
         # fork starts a worker with numpy and the tokenizer already imported (spawn re-imports them in every worker,
         # docs/performance.md); but a parent that imported torch has thread pools that fork does not copy safely.
         ctx = mp.get_context("fork" if sys.platform == "linux" and "torch" not in sys.modules else "spawn")
@@ -407,13 +403,9 @@ def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
             futures = [pool.submit(_worker, job) for job in jobs]
             while not all(f.done() for f in futures):
                 time.sleep(0.2)
-                if bar is not None:
-                    bar.n = sum(shared)
-                    bar.refresh()
+                bar.n = sum(shared)
+                bar.refresh()
             return [f.result() for f in futures]
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 class _BarCounter:
@@ -423,6 +415,6 @@ class _BarCounter:
         self.bar, self.last = bar, 0
 
     def __setitem__(self, i, value):
-        if self.bar is not None and value - self.last >= 1 << 20:   # refresh every MB
+        if value - self.last >= 1 << 20:   # refresh every MB
             self.bar.n, self.last = value, value
             self.bar.refresh()

@@ -35,7 +35,7 @@ from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
 from bertkit.train.monitor import jsonable
 
 __all__ = ["CHECKPOINT_DIR", "RunState", "Checkpoints", "latest_checkpoint", "save_model_weights",
-           "load_model_weights", "to_plain", "from_plain"]
+           "load_model_weights", "to_plain", "from_plain", "check_writable"]
 
 log = logging.getLogger("bertkit.train")
 
@@ -139,13 +139,26 @@ def from_plain(obj):
 
 
 # ---------------------------------------------------------------------------------------------- files
+def _complete(root: Path) -> list[Path]:
+    """The complete checkpoint directories under `root`, oldest first (temp directories are ignored)."""
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
+
+
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint directory under out_dir/checkpoints (temp directories are ignored)."""
-    root = Path(out_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
+    """The newest complete checkpoint directory under out_dir/checkpoints."""
+    done = _complete(Path(out_dir) / CHECKPOINT_DIR)
     return done[-1] if done else None
+
+
+def check_writable(out: Path, tag: str = "") -> None:
+    """ConfigError unless the directory `out` can be created and written (a probe file named with `tag`)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}{tag}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -216,15 +229,13 @@ class Checkpoints:
 
     def check_writable(self) -> None:
         """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
+        check_writable(self.out, f"-{self.d.rank}")
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if self.d.main:
-                self._remove_stale()
-            probe = self.out / f".write-test-{os.getpid()}-{self.d.rank}"
-            probe.write_text("ok")
-            probe.unlink()
+            self.root.mkdir(exist_ok=True)
         except OSError as e:
             raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
+        if self.d.main:
+            self._remove_stale()
 
     def _remove_stale(self) -> None:
         for stale in self.root.glob(".tmp-*"):
@@ -334,8 +345,7 @@ class Checkpoints:
 
     def _intact(self):
         """(path, state.json, files) of the newest checkpoint whose files are intact; each one skipped is logged."""
-        done = sorted((p for p in self.root.glob("step-*") if p.is_dir() and (p / "state.json").is_file()),
-                      reverse=True) if self.root.is_dir() else []
+        done = _complete(self.root)[::-1]
         for i, path in enumerate(done):
             try:
                 return self._named(path)
