@@ -82,13 +82,9 @@ class PrepareConfig:
             raise ConfigError(f"dupe_factor={self.dupe_factor} with dynamic masking and task 'none': masks are "
                               "redrawn every epoch and packed rows are identical, so copies add nothing; use "
                               "dupe_factor=1")
-        if self.workers < 1:
-            raise ConfigError(f"workers={self.workers} must be >= 1")
-        if self.examples_per_shard < 1:
-            raise ConfigError(f"examples_per_shard={self.examples_per_shard} must be >= 1")
-        if self.max_line_bytes < 1 or self.max_document_lines < 1:
-            raise ConfigError(f"max_line_bytes={self.max_line_bytes} and max_document_lines="
-                              f"{self.max_document_lines} must be >= 1")
+        for name in ("workers", "examples_per_shard", "max_line_bytes", "max_document_lines"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
 
     def example_config(self) -> ExampleConfig:
         return ExampleConfig(seq_len=self.seq_len, task=self.task, dupe_factor=self.dupe_factor,

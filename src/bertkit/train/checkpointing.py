@@ -175,6 +175,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
+_SAVED = ("step", "total", "tokens", "elapsed", "skipped", "phase_time", "phase_steps")   # RunState's, in state.json
 
 
 def _verify(path: Path) -> dict:
@@ -305,9 +306,7 @@ class Checkpoints:
         config = getattr(raw, "config", None)
         if config is not None and hasattr(config, "to_json"):
             config.to_json(tmp / "config.json")
-        saved = {"step": state.step, "total": state.total, "tokens": state.tokens, "elapsed": state.elapsed,
-                 "skipped": state.skipped, "world_size": self.d.world, "phase_time": state.phase_time,
-                 "phase_steps": state.phase_steps, "execution": state.execution,
+        saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world, "execution": state.execution,
                  "config": jsonable(dataclasses.asdict(self.cfg))}
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -330,9 +329,8 @@ class Checkpoints:
         path, saved, files = found
         load_full_state(model, optimizer, self.cfg.fsdp, files[0], files[1], str(path))
         rank_state = files[2]
-        state.step, state.total, state.tokens = saved["step"], saved["total"], saved["tokens"]
-        state.elapsed, state.skipped = saved["elapsed"], saved["skipped"]
-        state.phase_time, state.phase_steps = saved.get("phase_time", 0.0), saved.get("phase_steps", 0)
+        for k in _SAVED:            # checkpoints from before the phase counters: those get RunState's defaults
+            setattr(state, k, saved.get(k, getattr(RunState, k)))
         state.execution = saved.get("execution") or state.execution
         if self.cfg.max_steps is not None and self.cfg.budget_s is None:
             state.total = self.cfg.max_steps  # a resumed run may be asked to go further
