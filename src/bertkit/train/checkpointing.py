@@ -15,6 +15,7 @@ leaves the earlier checkpoints as they were.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -162,16 +163,12 @@ def check_writable(out: Path, tag: str = "") -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):       # best effort: not every filesystem can fsync a directory
         fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}

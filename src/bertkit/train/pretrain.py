@@ -94,11 +94,7 @@ class PretrainConfig:
 
 
 def _manifests(pc: PretrainConfig) -> dict[str, dict]:
-    dirs = {"shards": pc.shards}
-    if pc.phase2_shards:
-        dirs["phase2_shards"] = pc.phase2_shards
-    if pc.eval_shards:
-        dirs["eval_shards"] = pc.eval_shards
+    dirs = {name: getattr(pc, name) for name in ("shards", "phase2_shards", "eval_shards") if getattr(pc, name)}
     out = {name: read_manifest(path, strict=True) for name, path in dirs.items()}
     first = out["shards"]
     for name, m in out.items():
