@@ -106,13 +106,10 @@ class BertConfig:
                 raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {v!r}")
         if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
             raise ConfigError(f"BertConfig.classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout!r}")
-        if self.hidden_act not in HIDDEN_ACTS:
-            raise ConfigError(f"BertConfig.hidden_act={self.hidden_act!r} is not one of {HIDDEN_ACTS}")
-        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
-            raise ConfigError(f"BertConfig.attn_implementation={self.attn_implementation!r} is not one of "
-                              f"{ATTN_IMPLEMENTATIONS}")
-        if self.problem_type not in PROBLEM_TYPES:
-            raise ConfigError(f"BertConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        for name, allowed in (("hidden_act", HIDDEN_ACTS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+                              ("problem_type", PROBLEM_TYPES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"BertConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
         if self.position_embedding_type != "absolute":
             raise ConfigError(f"BertConfig.position_embedding_type={self.position_embedding_type!r} is not "
                               f"supported (only 'absolute')")
@@ -139,10 +136,8 @@ class BertConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown BertConfig preset {name!r}; choose one of {sorted(PRESETS)}")
         layers, hidden, heads = PRESETS[name]
-        kw: dict[str, Any] = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                                  intermediate_size=4 * hidden)
-        kw.update(overrides)
-        return cls.from_dict(kw)
+        return cls.from_dict({"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+                              "intermediate_size": 4 * hidden, **overrides})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BertConfig":

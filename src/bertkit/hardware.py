@@ -74,11 +74,7 @@ def cpu_signature() -> str:
 
 
 def _device(device) -> torch.device:
-    if device is None:
-        return torch.device("cpu")
-    if isinstance(device, torch.device):
-        return device
-    return torch.device(device)
+    return device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)
 
 
 @functools.cache
@@ -89,11 +85,8 @@ def _native_bf16(device_type: str, index: int | None) -> bool:
         except (RuntimeError, AssertionError):
             return False
     if device_type == "cpu":
-        flags = cpu_flags()
-        if flags:
-            return any(f in flags for f in _CPU_BF16_FLAGS)
-        # no /proc/cpuinfo (macOS, Windows): Apple silicon and others emulate bf16 GEMMs in PyTorch's CPU build
-        return False
+        # no flags (no /proc/cpuinfo: macOS, Windows): Apple silicon and others emulate bf16 GEMMs in torch's CPU build
+        return any(f in cpu_flags() for f in _CPU_BF16_FLAGS)
     return device_type in ("xpu", "hpu")
 
 

@@ -57,13 +57,8 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, wei
     """AdamW or LAMB over `param_groups(model, weight_decay)`. fused=None: the fused AdamW kernel when available."""
     groups = param_groups(model, weight_decay)
     if name == "adamw":
-        kw = {}
-        if fused is None:
-            fused = _fused_adamw_ok(groups)
-        if fused:
-            kw["fused"] = True
-        else:
-            kw["foreach"] = True
+        fused = _fused_adamw_ok(groups) if fused is None else fused
+        kw = {"fused": True} if fused else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -78,12 +73,9 @@ def _fused_adamw_ok(groups: list[dict]) -> bool:
     if not params:
         return False
     dev = params[0].device.type
-    if dev == "cuda":
-        return True
     if dev == "cpu":
-        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-        return (major, minor) >= (2, 4)
-    return False
+        return tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4)
+    return dev == "cuda"
 
 
 class Lamb(torch.optim.Optimizer):

@@ -93,16 +93,14 @@ class VocabTrainingConfig:
     max_distinct_words: int = 1_000_000
 
     def validate(self) -> None:
-        if not isinstance(self.vocab_size, int) or self.vocab_size <= 0:
-            raise ConfigError(f"vocab_size must be a positive integer, got {self.vocab_size!r}")
-        if not isinstance(self.min_frequency, int) or self.min_frequency < 0:
-            raise ConfigError(f"min_frequency must be an integer >= 0, got {self.min_frequency!r}")
+        for name, least, what in (("vocab_size", 1, "a positive integer"), ("min_frequency", 0, "an integer >= 0"),
+                                  ("max_distinct_words", 2, "an integer >= 2"),
+                                  ("max_word_chars", 1, "a positive integer")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < least:
+                raise ConfigError(f"{name} must be {what}, got {value!r}")
         if self.limit_alphabet is not None and (not isinstance(self.limit_alphabet, int) or self.limit_alphabet < 1):
             raise ConfigError(f"limit_alphabet must be a positive integer or None, got {self.limit_alphabet!r}")
-        if not isinstance(self.max_distinct_words, int) or self.max_distinct_words < 2:
-            raise ConfigError(f"max_distinct_words must be an integer >= 2, got {self.max_distinct_words!r}")
-        if not isinstance(self.max_word_chars, int) or self.max_word_chars < 1:
-            raise ConfigError(f"max_word_chars must be a positive integer, got {self.max_word_chars!r}")
         specials = list(self.special_tokens)
         for s in specials:
             if not isinstance(s, str) or not s or any(ch.isspace() for ch in s):
@@ -378,32 +376,27 @@ def _merge_until_full(pairs: _PairMerges, tokens: list[str], token_id: dict[str,
     """Merge the best pair into a new piece (appended to `tokens` and `token_id`) until vocab_size, min_frequency or
     no pair left stops it; returns the number of merges and why it stopped."""
     budget = config.vocab_size - len(tokens)
-    bar = None
-    if progress and budget > 0:
-        bar = progress_bar(total=budget, desc="merges", unit="piece", show=True)
     n_merges = 0
     stop_reason = "vocab_size reached"
-    while len(tokens) < config.vocab_size:
-        best = pairs.pop_best()
-        if best is None:
-            stop_reason = "no pairs left"
-            break
-        (a, b), count = best
-        if count < config.min_frequency:
-            stop_reason = f"best pair count {count} < min_frequency {config.min_frequency}"
-            break
-        new_piece = tokens[a] + tokens[b][len(_PREFIX):]
-        new = token_id.get(new_piece)
-        if new is None:  # the same string could arise from two different pairs; it is one piece
-            new = len(tokens)
-            tokens.append(new_piece)
-            token_id[new_piece] = new
-            if bar is not None:
+    with progress_bar(total=budget, desc="merges", unit="piece", show=progress and budget > 0) as bar:
+        while len(tokens) < config.vocab_size:
+            best = pairs.pop_best()
+            if best is None:
+                stop_reason = "no pairs left"
+                break
+            (a, b), count = best
+            if count < config.min_frequency:
+                stop_reason = f"best pair count {count} < min_frequency {config.min_frequency}"
+                break
+            new_piece = tokens[a] + tokens[b][len(_PREFIX):]
+            new = token_id.get(new_piece)
+            if new is None:  # the same string could arise from two different pairs; it is one piece
+                new = len(tokens)
+                tokens.append(new_piece)
+                token_id[new_piece] = new
                 bar.update(1)
-        n_merges += 1
-        pairs.merge(a, b, new)
-    if bar is not None:
-        bar.close()
+            n_merges += 1
+            pairs.merge(a, b, new)
     return n_merges, stop_reason
 
 
@@ -436,22 +429,11 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
     stats: dict = {"files": len(paths)}
     t0 = time.perf_counter()
 
-    bar = None
-    on_bytes = None
-    if progress:
-        total = sum(p.stat().st_size for p in paths)
-        bar = progress_bar(total=total, desc="counting words", unit="B", unit_scale=True, show=True)
-        on_bytes = bar.update
-
-    def texts() -> Iterator[str]:
-        for p in paths:
-            yield from iter_text(p, on_bytes)
-
-    try:
-        counts, char_counts = count_words(texts(), tokenize, config.max_distinct_words, config.special_tokens, stats)
-    finally:
-        if bar is not None:
-            bar.close()
+    total = sum(p.stat().st_size for p in paths) if progress else None
+    with progress_bar(total=total, desc="counting words", unit="B", unit_scale=True, show=progress) as bar:
+        on_bytes = bar.update if progress else None
+        texts = (text for p in paths for text in iter_text(p, on_bytes))
+        counts, char_counts = count_words(texts, tokenize, config.max_distinct_words, config.special_tokens, stats)
     stats["count_seconds"] = round(time.perf_counter() - t0, 3)
     if not char_counts:
         names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")

@@ -82,13 +82,9 @@ class PrepareConfig:
             raise ConfigError(f"dupe_factor={self.dupe_factor} with dynamic masking and task 'none': masks are "
                               "redrawn every epoch and packed rows are identical, so copies add nothing; use "
                               "dupe_factor=1")
-        if self.workers < 1:
-            raise ConfigError(f"workers={self.workers} must be >= 1")
-        if self.examples_per_shard < 1:
-            raise ConfigError(f"examples_per_shard={self.examples_per_shard} must be >= 1")
-        if self.max_line_bytes < 1 or self.max_document_lines < 1:
-            raise ConfigError(f"max_line_bytes={self.max_line_bytes} and max_document_lines="
-                              f"{self.max_document_lines} must be >= 1")
+        for name in ("workers", "examples_per_shard", "max_line_bytes", "max_document_lines"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
 
     def example_config(self) -> ExampleConfig:
         return ExampleConfig(seq_len=self.seq_len, task=self.task, dupe_factor=self.dupe_factor,
@@ -392,13 +388,9 @@ def _prepare_out_dir(out: Path, overwrite: bool) -> None:
 
 
 def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
-    bar = None
-    if show:
-        bar = progress_bar(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1, show=True)
-    try:
+    with progress_bar(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1, show=show) as bar:
         if len(jobs) == 1:
-            counter = _BarCounter(bar)
-            return [_worker(jobs[0], counter)]
+            return [_worker(jobs[0], _BarCounter(bar))]
         # fork starts a worker with numpy and the tokenizer already imported (spawn re-imports them in every worker,
         # docs/performance.md); but a parent that imported torch has thread pools that fork does not copy safely.
         ctx = mp.get_context("fork" if sys.platform == "linux" and "torch" not in sys.modules else "spawn")
@@ -407,13 +399,9 @@ def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
             futures = [pool.submit(_worker, job) for job in jobs]
             while not all(f.done() for f in futures):
                 time.sleep(0.2)
-                if bar is not None:
-                    bar.n = sum(shared)
-                    bar.refresh()
+                bar.n = sum(shared)
+                bar.refresh()
             return [f.result() for f in futures]
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 class _BarCounter:
@@ -423,6 +411,6 @@ class _BarCounter:
         self.bar, self.last = bar, 0
 
     def __setitem__(self, i, value):
-        if self.bar is not None and value - self.last >= 1 << 20:   # refresh every MB
+        if value - self.last >= 1 << 20:   # refresh every MB
             self.bar.n, self.last = value, value
             self.bar.refresh()

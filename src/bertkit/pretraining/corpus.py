@@ -40,6 +40,7 @@ import io
 import os
 import re
 from dataclasses import dataclass, fields
+from itertools import chain, islice
 from pathlib import Path
 from typing import Iterator
 
@@ -281,15 +282,11 @@ def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, 
         lines = _iter_lines(path, stats, max_line_bytes)
         file_fmt = fmt
         if fmt == "auto":
-            sample = []
-            for line in lines:
-                sample.append(line)
-                if len(sample) >= 200:
-                    break
+            sample = list(islice(lines, 200))
             file_fmt = detect_format(sample)
-            lines = _chain(sample, lines)
+            lines = chain(sample, lines)
         current: list[str] = []
-        for line in _chain(lines, [""]):           # a final blank line closes the last document of each file
+        for line in chain(lines, [""]):           # a final blank line closes the last document of each file
             if line:
                 current.append(line)
                 if len(current) < max_document_lines:
@@ -306,8 +303,3 @@ def iter_documents(corpus, fmt: str = "auto", stats: CorpusStats | None = None, 
                     yield Document(sentences, str(path), index)
             index += 1
             current = []
-
-
-def _chain(*iterables):
-    for it in iterables:
-        yield from it

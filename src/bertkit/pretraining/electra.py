@@ -114,10 +114,6 @@ class ElectraForPreTraining(nn.Module):
         self.discriminator.save_pretrained(path, tokenizer=tokenizer)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        seen, n = set(), 0
-        for name, p in self.named_parameters():
-            if id(p) in seen or (exclude_embeddings and "embeddings" in name):
-                continue
-            seen.add(id(p))
-            n += p.numel()
-        return n
+        # named_parameters lists a shared tensor (the embeddings) once
+        return sum(p.numel() for name, p in self.named_parameters()
+                   if not (exclude_embeddings and "embeddings" in name))

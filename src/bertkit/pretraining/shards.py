@@ -136,9 +136,7 @@ class ShardWriter:
 
 
 def write_manifest(out_dir: str | Path, manifest: dict) -> Path:
-    path = Path(out_dir) / MANIFEST
-    write_json(path, manifest, indent=1)
-    return path
+    return write_json(Path(out_dir) / MANIFEST, manifest, indent=1)
 
 
 def read_manifest(shard_dir: str | Path, strict: bool = False) -> dict:

@@ -102,9 +102,8 @@ def _probe_int8_linear() -> dict:
 
 def _probe_dropout() -> dict:
     x = torch.randn(4, 12, 128, 128)
-    t = _time({"fast": lambda: torch.where(dropout_drop_mask(tuple(x.shape), 0.1, x.device)[0], 0.0, x * 1.1),
-               "plain": lambda: F.dropout(x, 0.1, True)})
-    return {"fast": t["fast"], "plain": t["plain"]}
+    return _time({"fast": lambda: torch.where(dropout_drop_mask(tuple(x.shape), 0.1, x.device)[0], 0.0, x * 1.1),
+                  "plain": lambda: F.dropout(x, 0.1, True)})
 
 
 def _probe_train_attention(dtype: torch.dtype, dropout_p: float) -> dict:
@@ -120,8 +119,7 @@ def _probe_train_attention(dtype: torch.dtype, dropout_p: float) -> dict:
         ctx, _ = fn(q, k, v, mask, 32 ** -0.5, dropout_p, _Plan)
         ctx.sum().backward()
 
-    t = _time({"fast": lambda: run(explicit_attention), "plain": lambda: run(sdpa_attention)}, repeats=3)
-    return {"fast": t["fast"], "plain": t["plain"]}
+    return _time({"fast": lambda: run(explicit_attention), "plain": lambda: run(sdpa_attention)}, repeats=3)
 
 
 def _probe_masked_inference_attention() -> dict:
@@ -130,9 +128,8 @@ def _probe_masked_inference_attention() -> dict:
     q, k, v = (torch.randn(64, 12, 96, 64, generator=g).to(torch.bfloat16) for _ in range(3))
     mask = (torch.arange(96)[None] < torch.randint(16, 97, (64,), generator=g)[:, None])[:, None, None, :]
     with torch.no_grad():
-        t = _time({"fast": lambda: explicit_attention(q, k, v, mask, 0.125, 0.0, None),
-                   "plain": lambda: sdpa_attention(q, k, v, mask, 0.125, 0.0, None)})
-    return {"fast": t["fast"], "plain": t["plain"]}
+        return _time({"fast": lambda: explicit_attention(q, k, v, mask, 0.125, 0.0, None),
+                      "plain": lambda: sdpa_attention(q, k, v, mask, 0.125, 0.0, None)})
 
 
 def _bucket_attention(qkv: torch.Tensor, mask, heads: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ leaves the earlier checkpoints as they were.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,7 +36,7 @@ from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
 from bertkit.train.monitor import jsonable
 
 __all__ = ["CHECKPOINT_DIR", "RunState", "Checkpoints", "latest_checkpoint", "save_model_weights",
-           "load_model_weights", "to_plain", "from_plain"]
+           "load_model_weights", "to_plain", "from_plain", "check_writable"]
 
 log = logging.getLogger("bertkit.train")
 
@@ -139,29 +140,39 @@ def from_plain(obj):
 
 
 # ---------------------------------------------------------------------------------------------- files
+def _complete(root: Path) -> list[Path]:
+    """The complete checkpoint directories under `root`, oldest first (temp directories are ignored)."""
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
+
+
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint directory under out_dir/checkpoints (temp directories are ignored)."""
-    root = Path(out_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
+    """The newest complete checkpoint directory under out_dir/checkpoints."""
+    done = _complete(Path(out_dir) / CHECKPOINT_DIR)
     return done[-1] if done else None
 
 
+def check_writable(out: Path, tag: str = "") -> None:
+    """ConfigError unless the directory `out` can be created and written (a probe file named with `tag`)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}{tag}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
+
+
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):       # best effort: not every filesystem can fsync a directory
         fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
+_SAVED = ("step", "total", "tokens", "elapsed", "skipped", "phase_time", "phase_steps")   # RunState's, in state.json
 
 
 def _verify(path: Path) -> dict:
@@ -216,15 +227,13 @@ class Checkpoints:
 
     def check_writable(self) -> None:
         """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
+        check_writable(self.out, f"-{self.d.rank}")
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if self.d.main:
-                self._remove_stale()
-            probe = self.out / f".write-test-{os.getpid()}-{self.d.rank}"
-            probe.write_text("ok")
-            probe.unlink()
+            self.root.mkdir(exist_ok=True)
         except OSError as e:
             raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
+        if self.d.main:
+            self._remove_stale()
 
     def _remove_stale(self) -> None:
         for stale in self.root.glob(".tmp-*"):
@@ -294,9 +303,7 @@ class Checkpoints:
         config = getattr(raw, "config", None)
         if config is not None and hasattr(config, "to_json"):
             config.to_json(tmp / "config.json")
-        saved = {"step": state.step, "total": state.total, "tokens": state.tokens, "elapsed": state.elapsed,
-                 "skipped": state.skipped, "world_size": self.d.world, "phase_time": state.phase_time,
-                 "phase_steps": state.phase_steps, "execution": state.execution,
+        saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world, "execution": state.execution,
                  "config": jsonable(dataclasses.asdict(self.cfg))}
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -319,9 +326,8 @@ class Checkpoints:
         path, saved, files = found
         load_full_state(model, optimizer, self.cfg.fsdp, files[0], files[1], str(path))
         rank_state = files[2]
-        state.step, state.total, state.tokens = saved["step"], saved["total"], saved["tokens"]
-        state.elapsed, state.skipped = saved["elapsed"], saved["skipped"]
-        state.phase_time, state.phase_steps = saved.get("phase_time", 0.0), saved.get("phase_steps", 0)
+        for k in _SAVED:            # checkpoints from before the phase counters: those get RunState's defaults
+            setattr(state, k, saved.get(k, getattr(RunState, k)))
         state.execution = saved.get("execution") or state.execution
         if self.cfg.max_steps is not None and self.cfg.budget_s is None:
             state.total = self.cfg.max_steps  # a resumed run may be asked to go further
@@ -334,8 +340,7 @@ class Checkpoints:
 
     def _intact(self):
         """(path, state.json, files) of the newest checkpoint whose files are intact; each one skipped is logged."""
-        done = sorted((p for p in self.root.glob("step-*") if p.is_dir() and (p / "state.json").is_file()),
-                      reverse=True) if self.root.is_dir() else []
+        done = _complete(self.root)[::-1]
         for i, path in enumerate(done):
             try:
                 return self._named(path)

@@ -33,18 +33,13 @@ class Dist:
         import torch.distributed as dist
         world = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if device_name is not None:
-            device = torch.device(device_name)
-        elif torch.cuda.is_available():
-            device = torch.device("cuda", local_rank)
-        else:
-            device = torch.device("cpu")
+        device = torch.device(device_name if device_name is not None
+                              else f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        ours = False
-        if world > 1 and not dist.is_initialized():
+        ours = world > 1 and not dist.is_initialized()
+        if ours:
             dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-            ours = True
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size(), local_rank, device, ours)
         return cls(0, 1, 0, device, False)

@@ -45,9 +45,8 @@ class RunLog:
         self.out, self.cfg, self.main = out, cfg, main
         self.file = open(out / "metrics.jsonl", "a") if main else None
         self.tb = self._tensorboard() if main else None
-        self.bar = None
-        if main and cfg.progress:
-            self.bar = progress_bar(total=total, initial=step, desc="train", mininterval=0.5, show=True)
+        self.bar = (progress_bar(total=total, initial=step, desc="train", mininterval=0.5, show=True)
+                    if main and cfg.progress else None)
         self.window_tokens, self.window_time = 0, 0.0   # recent tokens/s for the bar
 
     def train(self, rec: dict, dt: float, total: int) -> None:

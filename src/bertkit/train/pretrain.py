@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from bertkit.atomic import write_json, write_text
-from bertkit.config import BertConfig
+from bertkit.config import BertConfig, peek_json_config, read_json_config
 from bertkit.errors import CheckpointError, ConfigError, DataError
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.model import BertModel
@@ -42,7 +42,7 @@ from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
 from bertkit.pretraining.shards import ShardReader, read_manifest
 from bertkit.progress import say
 from bertkit.tokenizer import Tokenizer
-from bertkit.train.checkpointing import Checkpoints, latest_checkpoint
+from bertkit.train.checkpointing import Checkpoints, check_writable, latest_checkpoint
 from bertkit.train.distributed import Dist
 from bertkit.train.loop import (Phase, TrainConfig, TrainingDiverged, load_model_weights, seed_everything, train,
                                 why_stopped)
@@ -93,23 +93,8 @@ class PretrainConfig:
     set_fields: tuple[str, ...] | None = None
 
 
-def _check_out(out: Path) -> None:
-    import os
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
-
-
 def _manifests(pc: PretrainConfig) -> dict[str, dict]:
-    dirs = {"shards": pc.shards}
-    if pc.phase2_shards:
-        dirs["phase2_shards"] = pc.phase2_shards
-    if pc.eval_shards:
-        dirs["eval_shards"] = pc.eval_shards
+    dirs = {name: getattr(pc, name) for name in ("shards", "phase2_shards", "eval_shards") if getattr(pc, name)}
     out = {name: read_manifest(path, strict=True) for name, path in dirs.items()}
     first = out["shards"]
     for name, m in out.items():
@@ -130,18 +115,6 @@ def _objective(pc: PretrainConfig, task: str) -> str:
     return task  # "nsp" | "sop"
 
 
-def _config_overrides(path: str) -> dict:
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return d
-
-
 def build_model(pc: PretrainConfig, manifest: dict, objective: str):
     """(model, BertConfig): from a preset, a config.json or a checkpoint, checked against the shards' vocab."""
     chosen = [n for n in ("preset", "init") if getattr(pc, n)]
@@ -155,21 +128,16 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
         init = Path(pc.init)
         if not (init / "config.json").is_file():
             raise CheckpointError(f"--init {init}: not a model directory (no config.json)")
-        overrides = {**(_config_overrides(pc.config) if pc.config else {}), **drop}
+        overrides = {**(read_json_config(Path(pc.config)) if pc.config else {}), **drop}
         vocab_file = init / "vocab.txt"
         if vocab_file.is_file():
             _check_vocab_file(vocab_file, manifest, str(vocab_file), f"rebuild the shards with --vocab {vocab_file}")
+        model = (BertModel if objective == "electra" else cls).from_pretrained(init, **overrides)
+        _check_vocab(model.config, vocab_size, init)
         if objective == "electra":
-            body = BertModel.from_pretrained(init, **overrides)
-            config = body.config
-            _check_vocab(config, vocab_size, init)
-            model = ElectraForPreTraining(config, rtd_weight=pc.electra_weight)
+            body, model = model, ElectraForPreTraining(model.config, rtd_weight=pc.electra_weight)
             model.discriminator.load_state_dict(body.state_dict(), strict=False)
-        else:
-            model = cls.from_pretrained(init, **overrides)
-            config = model.config
-            _check_vocab(config, vocab_size, init)
-        return model, config
+        return model, model.config
     if pc.preset:
         config = BertConfig.preset(pc.preset, vocab_size=vocab_size, **drop)
     else:
@@ -231,14 +199,8 @@ def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
     mismatch would otherwise surface as torch's list of every tensor that does not fit)."""
     resume = pc.train.resume
     ckpt = latest_checkpoint(out) if resume is True else Path(resume) if resume else None
-    if ckpt is None or not (ckpt / "config.json").is_file():
-        return
-    try:
-        saved = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return                                  # resume itself names an unreadable checkpoint
-    if not isinstance(saved, dict):
-        return
+    # none or unreadable: nothing to compare (resume itself names an unreadable checkpoint)
+    saved = peek_json_config(ckpt / "config.json") if ckpt is not None else {}
     ours = config.to_dict()
     differ = [k for k in _ARCHITECTURE if k in saved and k in ours and saved[k] != ours[k]]
     if not differ:
@@ -304,11 +266,11 @@ class _DropKeys:
 
     def __init__(self, source, keys: tuple[str, ...]):
         self.source, self.keys = source, keys
-        self.seq_len = getattr(source, "seq_len", None)
-        self.tables = getattr(source, "tables", None)
 
-    def token_counts(self):
-        return self.source.token_counts()
+    def __getattr__(self, name: str):      # seq_len, tables, token_counts, set_epoch, state_dict, load_state_dict
+        if name.startswith("__") or name == "source":       # copy/pickle probing a half-built object
+            raise AttributeError(name)
+        return getattr(self.source, name)
 
     def __iter__(self):
         for batch in self.source:
@@ -317,21 +279,12 @@ class _DropKeys:
     def __len__(self):
         return len(self.source)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.source.set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        return self.source.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.source.load_state_dict(state)
-
 
 def pretrain(pc: PretrainConfig):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
     out = Path(pc.out)
     _check_settings(pc)
-    _check_out(out)
+    check_writable(out)
     manifests = _manifests(pc)
     if pc.vocab:         # saved with the model at the end: a wrong one would only fail then, after the training
         _check_vocab_file(pc.vocab, manifests["shards"], f"--vocab {pc.vocab}", "leave --vocab out (the shards' "

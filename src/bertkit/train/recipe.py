@@ -142,10 +142,7 @@ def _show(name: str, value) -> str:
 
 
 def _choose(plan: RecipePlan, given: dict, name: str, value, reason: str) -> None:
-    if name in given:
-        plan.choices[name] = Choice(given[name], FLAGS[name], flag=True)
-    else:
-        plan.choices[name] = Choice(value, reason)
+    plan.choices[name] = Choice(given[name], FLAGS[name], flag=True) if name in given else Choice(value, reason)
 
 
 def plan_recipe(budget_s: float, preset: str | None, measured_step_s: float | None, manifest: dict,
@@ -246,8 +243,7 @@ def _plan_evaluation(plan: RecipePlan, given: dict, heldout_rows: int) -> None:
     if during:
         why = f"{during + 1} held-out evaluations of ~{cost:.0f} s, the last at the end: the curve in curves.png"
     else:
-        why = (f"one held-out evaluation, at the end: one takes ~{cost:.0f} s, over {EVAL_SHARE:.0%} of the "
-               "budget")
+        why = f"one held-out evaluation, at the end: one takes ~{cost:.0f} s, over {EVAL_SHARE:.0%} of the budget"
     _choose(plan, given, "eval_every_steps", max(1, plan.steps // (during + 1)) if during else None, why)
 
 

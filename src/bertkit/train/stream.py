@@ -4,6 +4,7 @@ can store and resume exactly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Iterable, Iterator
 
 from bertkit.errors import ConfigError
@@ -43,11 +44,7 @@ class Stream:
 
     def boundaries(self, total: float) -> list[float]:
         """Cumulative ends of the phases in units of `total` (steps, or seconds in budget mode)."""
-        out, acc = [], 0.0
-        for p in self.phases:
-            acc += p.fraction
-            out.append(acc * total)
-        return out
+        return [end * total for end in accumulate(p.fraction for p in self.phases)]
 
     def set_phase(self, k: int) -> None:
         if k > self.phase:  # phases only move forward
