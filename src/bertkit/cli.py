@@ -131,6 +131,15 @@ def _resolve_model_args(args: argparse.Namespace) -> None:
             setattr(args, name, cli_model_arg(value, keep=tuple(PRESETS)))
 
 
+def _leave_process_group() -> None:
+    """A finished torchrun worker waits for the others, then closes its process group itself: left to the
+    interpreter's exit while a peer still talks, gloo can abort the process (SIGABRT) after all its work is done."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _terminate(signum, frame):
     raise SystemExit(128 + signum)
 
@@ -156,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         with stdin_inputs(args, stdin_spec, stdin_format):
             rc = args.func(args)
         ok = not rc
+        _leave_process_group()
     except KeyboardInterrupt:
         print(f"bertkit {args.command}: interrupted", file=sys.stderr)
         return 130
