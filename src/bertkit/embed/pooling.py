@@ -196,8 +196,8 @@ class SentenceEncoder(nn.Module):
         batches = forward_batches(self, [len(t) for t in texts],
                                   lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx], max_length),
                                   batch_size, precision)
-        with progress_bar(batches, show=progress, total=-(-len(texts) // batch_size), desc="embed",
-                          unit="batch") as bar:
-            for idx, _, vectors in bar:
-                out[idx] = vectors.float().cpu().numpy()
+        if progress:                    # no bar object at all otherwise: serve embeds one request's texts per call
+            batches = progress_bar(batches, show=True, total=-(-len(texts) // batch_size), desc="embed", unit="batch")
+        for idx, _, vectors in batches:
+            out[idx] = vectors.float().cpu().numpy()
         return out
