@@ -13,8 +13,8 @@ from typing import Any, Callable
 import numpy as np
 
 from bertkit import __version__
-from bertkit.rerank import positive_label, single_text_kind
 from bertkit.predict.decode import class_scores, relevance, score_function
+from bertkit.rerank import positive_label, single_text_kind
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
