@@ -182,11 +182,11 @@ class Predictor:
         pairs = None if pairs is None else _require_strings(pairs)
         lengths = [len(t) + (len(pairs[i]) if pairs is not None else 0) for i, t in enumerate(texts)]
         out = np.zeros((len(texts), self.model.config.num_labels), dtype=np.float32)
-
-        def batch(idx):
-            return encode(self.tokenizer, [texts[i] for i in idx], pairs and [pairs[i] for i in idx], max_length,
-                          self.device)
-        for idx, _, o in forward_batches(self.model, lengths, batch, batch_size, self.precision):
+        batches = forward_batches(
+            self.model, lengths,
+            lambda idx: self.inputs([texts[i] for i in idx], pairs and [pairs[i] for i in idx], max_length),
+            batch_size, self.precision)
+        for idx, _, o in batches:
             out[idx] = o.logits.float().cpu().numpy()
         return out
 
@@ -453,25 +453,23 @@ class Predictor:
         windows = [Windows.build(self.tokenizer, q, c, max_length, stride, max_question=max_length // 3)
                    for q, c in zip(questions, contexts)]
         rows = [(k, w) for k, win in enumerate(windows) for w in range(len(win.rows))]
-        logits: list = [None] * len(rows)                               # (start, end) logits per window row
+        starts: list = [None] * len(rows)                               # start / end logits per window row
+        ends: list = [None] * len(rows)
 
         def batch(idx):
             win = [windows[rows[i][0]] for i in idx]
             return pad_batch([w.rows[rows[i][1]] for w, i in zip(win, idx)],
                              [w.types[rows[i][1]] for w, i in zip(win, idx)], self.tokenizer.pad_token_id,
                              device=self.device)
-        for idx, b, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, batch_size,
+        for idx, _, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, batch_size,
                                          self.precision):
             for r, i in enumerate(idx):
-                n = int(b["attention_mask"][r].sum())
-                logits[i] = (o.start_logits[r, :n].float().cpu(), o.end_logits[r, :n].float().cpu())
+                starts[i], ends[i] = o.start_logits[r].float().cpu(), o.end_logits[r].float().cpu()
         out, first = [], 0
-        for win in windows:
-            mine = logits[first: first + len(win.rows)]
+        for win in windows:                                             # best_spans reads each row's own length
+            mine = slice(first, first + len(win.rows))
             first += len(win.rows)
-            starts = torch.nn.utils.rnn.pad_sequence([s for s, _ in mine], batch_first=True)
-            ends = torch.nn.utils.rnn.pad_sequence([e for _, e in mine], batch_first=True)
-            answers, _ = best_spans(win, starts, ends, 1, max_answer_pieces, True, merge="max")
+            answers, _ = best_spans(win, starts[mine], ends[mine], 1, max_answer_pieces, True, merge="max")
             best = max((a for a in answers if a["answer"]), key=lambda a: a["score"], default=None)
             out.append({"answer": "", "score": 0.0, "start": None, "end": None} if best is None else
                        {"answer": best["answer"], "score": round(best["score"], 6), "start": best["start"],

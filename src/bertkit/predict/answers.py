@@ -79,9 +79,9 @@ def _probabilities(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return torch.softmax(torch.where(allowed, logits, torch.full_like(logits, _OUTSIDE)), -1)
 
 
-def best_spans(windows: Windows, start_logits: torch.Tensor, end_logits: torch.Tensor, top_k: int,
-               max_answer_len: int, align_to_words: bool, merge: str = "sum") -> tuple[list[dict], float]:
-    """The answers of every window (merged by text, unsorted: their scores added as transformers' pipeline does,
+def best_spans(windows: Windows, start_logits, end_logits, top_k: int, max_answer_len: int, align_to_words: bool,
+               merge: str = "sum") -> tuple[list[dict], float]:
+    """Start / end logits per window (a (windows, seq) tensor, or one row each) -> the answers of every window (merged by text, unsorted: their scores added as transformers' pipeline does,
     or merge="max": the best window's, a probability) and the no-answer score (min over windows of
     p_start([CLS]) * p_end([CLS]))."""
     answers: dict[str, dict] = {}
@@ -91,8 +91,8 @@ def best_spans(windows: Windows, start_logits: torch.Tensor, end_logits: torch.T
         allowed = torch.zeros(n, dtype=torch.bool)
         allowed[0] = True
         allowed[windows.first: windows.first + b - a] = True
-        ps = _probabilities(start_logits[w, :n], allowed)
-        pe = _probabilities(end_logits[w, :n], allowed)
+        ps = _probabilities(start_logits[w][:n], allowed)
+        pe = _probabilities(end_logits[w][:n], allowed)
         null = min(null, float(ps[0] * pe[0]))
         ps[0] = pe[0] = 0.0
         scores = torch.triu(torch.tril(ps[:, None] * pe[None, :], max_answer_len - 1))   # end in [start, +len)
