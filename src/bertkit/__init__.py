@@ -27,6 +27,7 @@ _LAZY = {
     "BertForSequenceClassification": "bertkit.heads",
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
+    "BertForReplacedTokenDetection": "bertkit.heads",
     "FinetuneConfig": "bertkit.tasks.runner",
     "finetune": "bertkit.tasks.runner",
     "extract_features": "bertkit.tasks.features",

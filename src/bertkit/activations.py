@@ -3,6 +3,7 @@ them, and the runtime's fused linear layers apply the same function after their 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -21,6 +22,8 @@ def activation(name: str):
         return F.relu
     if name in ("silu", "swish"):
         return F.silu
+    if name == "tanh":                  # the pooler's
+        return torch.tanh
     raise ConfigError(f"BertConfig.hidden_act={name!r} is not supported")
 
 

@@ -41,6 +41,7 @@ from torch import Tensor
 from bertkit.atomic import replacing, write_text
 from bertkit.config import CONFIG_NAME, BertConfig, read_config
 from bertkit.errors import CheckpointError, ConfigError
+from bertkit.families import family
 from bertkit.hub import resolve_model_dir
 from bertkit.runtime import int8
 
@@ -54,7 +55,9 @@ SHARDED_INDEX_NAME = "model.safetensors.index.json"
 PT_WEIGHTS_NAME = "pytorch_model.bin"
 
 # top-level parameter groups that belong to some task head (ignored when the model being loaded lacks them)
-_HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.")
+_HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.", "discriminator_predictions.")
+# the first name of a bare encoder's parameters, in any family (DistilBERT's layers are "transformer.")
+_ENCODER_ROOTS = ("embeddings", "embeddings_project", "encoder", "transformer", "pooler")
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -159,6 +162,8 @@ def tokenizer_size(directory: Path) -> tuple[int, Path] | None:
             return len(vocab_txt.read_bytes().rstrip(b"\n").split(b"\n")), vocab_txt
         if tok_json.is_file():
             vocab = json.loads(tok_json.read_bytes())["model"]["vocab"]
+            if isinstance(vocab, list):                                  # Unigram: [[piece, score], ...]
+                return (len(vocab), tok_json) if vocab else None
             return (max(vocab.values()) + 1, tok_json) if vocab else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
@@ -202,6 +207,23 @@ def normalize_keys(sd: dict[str, Tensor], prefixed: bool) -> dict[str, Tensor]:
         elif not prefixed and key.startswith("bert."):
             key = key[len("bert."):]
         out[key] = value
+    return out
+
+
+def family_keys(sd: dict[str, Tensor], model_type: str, head: str, prefixed: bool) -> dict[str, Tensor]:
+    """A family's checkpoint names (`roberta.`, `lm_head.`, DistilBERT's `q_lin`, ...) -> ours for model class `head`
+    (see bertkit.families); a bare encoder's names get the family prefix first when `prefixed`. BERT: unchanged."""
+    fam = family(model_type)
+    if fam.model_type == "bert":
+        return sd
+    bare = not any(k.startswith(fam.prefix + ".") for k in sd)
+    out: dict[str, Tensor] = {}
+    for key, value in sd.items():
+        if key in fam.tied or key.endswith("position_ids"):
+            continue
+        if prefixed and bare and key.split(".")[0] in _ENCODER_ROOTS:
+            key = f"{fam.prefix}.{key}"
+        out[fam.to_ours(key, head)] = value
     return out
 
 
@@ -263,7 +285,7 @@ def _load_into(model, sd: dict[str, Tensor], source: Path, ignore_mismatched_siz
     cls = type(model)
     own = model.state_dict()
     prefixed = any(k.startswith("bert.") for k in own)
-    sd = normalize_keys(sd, prefixed)
+    sd = normalize_keys(family_keys(sd, model.config.model_type, cls.__name__, prefixed), prefixed)
     head_prefixes = getattr(cls, "_head_prefixes", ())
 
     ignored = sorted(k for k in sd if k not in own and _is_head_key(k, head_prefixes))
@@ -302,13 +324,14 @@ def save_pretrained(model, path, tokenizer=None) -> None:
     """config.json + model.safetensors (+ the tokenizer's files) into `path`, each written atomically."""
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    fam, head = family(model.config.model_type), type(model).__name__
+    sd = {fam.to_theirs(k, head): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if "quantization_config" in model.config.extra:
         sd = int8.to_storage(sd)
     with replacing(directory / WEIGHTS_NAME, CheckpointError) as tmp:
         safetensors.torch.save_file(sd, str(tmp), metadata={"format": "pt"})
     cfg = model.config.to_dict()
-    cfg["architectures"] = [type(model).__name__]
+    cfg["architectures"] = [fam.class_name(head)]
     write_text(directory / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n", CheckpointError)
     if tokenizer is not None:
         tokenizer.save(directory)

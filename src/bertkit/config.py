@@ -1,7 +1,9 @@
 """BertConfig: the typed hyper-parameters of a BERT model, with presets and HF `config.json` read/write.
 
 Field names are exactly those of a Hugging Face BERT `config.json`, so a directory written by transformers loads
-here and ours loads there. Keys we do not model (`architectures`, `transformers_version`, `use_cache`, ...) are kept
+here and ours loads there. Other encoder families (`model_type`: roberta, xlm-roberta, electra, distilbert; see
+`bertkit.families`) share the fields; a family that spells a field otherwise (DistilBERT's `dim`) is read and
+written in its own spelling. Keys we do not model (`architectures`, `transformers_version`, `use_cache`, ...) are kept
 in `extra` and written back unchanged, so a read -> write round trip loses nothing.
 
     cfg = BertConfig.preset("small", vocab_size=8000)
@@ -19,6 +21,7 @@ from typing import Any
 
 from bertkit.atomic import write_text
 from bertkit.errors import CheckpointError, ConfigError
+from bertkit.families import family
 from bertkit.hub import resolve_model_dir
 
 __all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES", "CONFIG_NAME",
@@ -45,7 +48,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 # Upper bounds far past any real BERT: a config beyond them is a typo or hostile, refused before memory is allocated
 SIZE_LIMITS = {"vocab_size": 1 << 20, "hidden_size": 1 << 15, "num_hidden_layers": 512, "num_attention_heads": 1024,
                "intermediate_size": 1 << 17, "max_position_embeddings": 1 << 17, "type_vocab_size": 1 << 16,
-               "num_labels": 1 << 20}
+               "num_labels": 1 << 20, "embedding_size": 1 << 15}
 MAX_PARAMETERS = 20_000_000_000
 
 # HF keys that we store under a different spelling (HF writes the first, we read both).
@@ -63,12 +66,14 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512    # learned absolute positions; longer inputs are an error, not truncated
-    type_vocab_size: int = 2              # segment A / B
+    type_vocab_size: int = 2              # segment A / B; 0: no token-type embedding (DistilBERT)
     initializer_range: float = 0.02       # std of the truncated-normal-like init (HF uses plain normal)
     layer_norm_eps: float = 1e-12         # the TF original's epsilon; checkpoints are sensitive to it in fp32
     pad_token_id: int = 0
     position_embedding_type: str = "absolute"  # the only kind BERT checkpoints use; others are rejected
     attn_implementation: str = "auto"
+    model_type: str = "bert"              # the encoder family (bertkit.families): its parts and checkpoint names
+    embedding_size: int | None = None     # factorised embeddings projected to hidden_size (ELECTRA); None: hidden_size
     # task heads
     num_labels: int = 2
     problem_type: str | None = None       # None: inferred from num_labels / label dtype at loss time (as HF does)
@@ -88,10 +93,13 @@ class BertConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value cannot work."""
+        family(self.model_type)
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                    "max_position_embeddings", "type_vocab_size", "num_labels")
+                    "max_position_embeddings", "type_vocab_size", "num_labels", "embedding_size")
         for name in positive:
             v = getattr(self, name)
+            if v is None and name == "embedding_size" or v == 0 and name == "type_vocab_size":
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"BertConfig.{name} must be a positive int, got {v!r}")
             if v > SIZE_LIMITS[name]:
@@ -143,8 +151,12 @@ class BertConfig:
     def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
         """Build from a dict of HF config keys; unknown keys go to `extra`, wrongly typed values raise ConfigError."""
         d = dict(d)
-        if d.get("model_type", "bert") != "bert":   # RoBERTa, ELECTRA, ... would load as BERT and compute wrong outputs
-            raise ConfigError(f"model_type {d['model_type']!r} is not a BERT model; bertkit reads model_type 'bert'")
+        fam = family(d.get("model_type", "bert"))      # an unknown family would load as BERT and compute wrong outputs
+        for ours, theirs in fam.config_keys:
+            if theirs in d:
+                d[ours] = d.pop(theirs)
+        for key, value in fam.config_defaults:
+            d.setdefault(key, value)
         names = {f.name: f for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {}
         extra: dict[str, Any] = dict(d.pop("extra", None) or {})
@@ -191,12 +203,14 @@ class BertConfig:
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict[str, Any]:
         """The HF config.json dict: our fields + the kept unknown keys (+ model_type/architectures if absent)."""
-        out: dict[str, Any] = {"model_type": "bert"}
-        out.update(self.extra)
+        out: dict[str, Any] = dict(self.extra)
+        fam = family(self.model_type)
+        theirs = dict(fam.config_keys)
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "attn_implementation", "id2label", "num_labels"):
+            if f.name in ("extra", "attn_implementation", "id2label", "num_labels") \
+                    or f.name == "embedding_size" and self.embedding_size is None:
                 continue
-            out[f.name] = getattr(self, f.name)
+            out[theirs.get(f.name, f.name)] = getattr(self, f.name)
         # HF derives num_labels from id2label; write both spellings so either library reads the label count
         id2label = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
         out["id2label"] = {str(k): v for k, v in sorted(id2label.items())}

@@ -5,6 +5,8 @@
     BertForMaskedLM                MLM only (no pooler)
     BertForSequenceClassification  pooled [CLS] -> dropout -> classifier; CE / MSE (num_labels == 1) / BCE
     BertForTokenClassification     every token -> dropout -> classifier; CE ignoring -100
+    BertForReplacedTokenDetection  ELECTRA's discriminator: every token -> dense -> act -> one logit, "replaced?";
+                                   BCE over the real tokens (transformers' ElectraForPreTraining)
     BertForQuestionAnswering       every token -> qa_outputs (start, end); CE on clamped positions, averaged.
                                    Padded positions get the most negative logit (never an answer); this is the
                                    one deliberate difference from transformers, whose span softmax includes them.
@@ -34,11 +36,12 @@ from torch import Tensor, nn
 
 from bertkit.config import BertConfig
 from bertkit.activations import activation
-from bertkit.model import BertModel, BertPreTrainedModel
+from bertkit.families import family
+from bertkit.model import BertModel, BertPreTrainedModel, classifier_dropout
 from bertkit.outputs import ModelOutput, extra_field, finish, forward_flags
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
-           "BertForQuestionAnswering", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
+           "BertForQuestionAnswering", "BertForReplacedTokenDetection", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
            "TokenClassifierOutput", "QuestionAnsweringOutput", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100          # the label of a position no loss reads (transformers' convention); defined only here
@@ -97,9 +100,10 @@ class QuestionAnsweringOutput(ModelOutput):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        dim = config.embedding_size or config.hidden_size              # back to the (tied) word embeddings' width
+        self.dense = nn.Linear(config.hidden_size, dim)
+        self.act = activation(family(config.model_type).mlm_act or config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.LayerNorm(self.act(self.dense(x)))
@@ -287,11 +291,6 @@ class BertForMaskedLM(_HeadModel):
                                      hidden_states=out.hidden_states, attentions=out.attentions), flags)
 
 
-def _classifier_dropout(config: BertConfig) -> nn.Dropout:
-    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
-
-
 class BertForSequenceClassification(_HeadModel):
     """The pooled [CLS] is all the head reads, so the last encoder layer runs for [CLS] only
     (`first_token_only`, see BertModel.forward): same logits and gradients, ~1/L * 5/6 fewer matmul FLOPs for an
@@ -302,8 +301,8 @@ class BertForSequenceClassification(_HeadModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config)
-        self.dropout = _classifier_dropout(config)
+        self.bert = BertModel(config, add_pooling_layer=True, classifier=True)   # the family's classifier layer
+        self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights(self.classifier)
 
@@ -347,7 +346,7 @@ class BertForTokenClassification(_HeadModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
+        self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights(self.classifier)
 
@@ -400,3 +399,40 @@ class BertForQuestionAnswering(_HeadModel):
                     + F.cross_entropy(end_logits.float(), end, ignore_index=s)) / 2
         return finish(QuestionAnsweringOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                               hidden_states=out.hidden_states, attentions=out.attentions), flags)
+
+
+class DiscriminatorHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dense_prediction(self.act(self.dense(x))).squeeze(-1)          # (..., ) one logit a token
+
+
+class BertForReplacedTokenDetection(_HeadModel):
+    """ELECTRA's discriminator: for every token, the logit that a generator replaced it."""
+    _head_prefixes = ("discriminator_predictions.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.discriminator_predictions = DiscriminatorHead(config)
+        self.init_weights(self.discriminator_predictions)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False, **flags) -> TokenClassifierOutput:
+        """labels: (batch, seq), 1 where the token was replaced; the loss reads the real (unpadded) tokens."""
+        flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.discriminator_predictions(out.last_hidden_state)               # (batch, seq)
+        loss = None
+        if labels is not None:
+            real = attention_mask.bool() if attention_mask is not None else torch.ones_like(labels, dtype=torch.bool)
+            loss = F.binary_cross_entropy_with_logits(logits.float()[real], labels[real].float())
+        return finish(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                            attentions=out.attentions), flags)

@@ -39,10 +39,11 @@ from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
+from bertkit.families import family
 from bertkit.outputs import ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection"]
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection", "classifier_dropout"]
 
 
 @dataclass
@@ -75,16 +76,20 @@ class Projection(nn.Module):
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        dim = config.embedding_size or config.hidden_size             # ELECTRA: smaller, projected up by the model
+        self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
+        # DistilBERT has no segments at all; token_type_ids are then ignored
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size else None
+        self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor) -> Tensor:
         # input_ids: (batch, seq) or packed (tokens,); position_ids broadcastable to it
-        x = self.word_embeddings(input_ids)                            # (..., hidden)
-        if token_type_ids is None:
+        x = self.word_embeddings(input_ids)                            # (..., dim)
+        if self.token_type_embeddings is None:
+            pass
+        elif token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
@@ -222,12 +227,33 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-    def __init__(self, config: BertConfig):
+    """[CLS] -> dense -> tanh: BERT's pooler. As a sequence classifier's hidden layer (`classifier=True`) it is the
+    family's: RoBERTa's classifier.dense (dropout first), ELECTRA's (GELU), DistilBERT's pre_classifier (ReLU)."""
+
+    def __init__(self, config: BertConfig, classifier: bool = False):
         super().__init__()
+        fam = family(config.model_type)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = Activation(fam.classifier_act if classifier else "tanh")
+        first = classifier and fam.classifier_dropout_first
+        self.dropout = classifier_dropout(config) if first else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.tanh(self.dense(x[:, 0]))                          # (batch, hidden) from [CLS]
+        x = x[:, 0]                                                     # (batch, hidden) from [CLS]
+        if self.dropout is not None:
+            x = self.dropout(x)
+        return self.act(self.dense(x))
+
+
+def classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+def _positions_from_ids(input_ids: Tensor, pad: int) -> Tensor:
+    """RoBERTa's positions: pad + 1, pad + 2, ... over the non-pad ids of each row; pad at padding. (batch, seq)"""
+    real = (input_ids != pad).long()
+    return torch.cumsum(real, dim=1) * real + pad
 
 
 class BertPreTrainedModel(PreTrainedMixin, nn.Module):
@@ -308,8 +334,10 @@ def _check_shapes(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor 
     if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise ConfigError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
     b, s = input_ids.shape
-    if s > config.max_position_embeddings:
-        raise ConfigError(f"sequence length {s} exceeds max_position_embeddings={config.max_position_embeddings}")
+    offset = config.pad_token_id + 1 if family(config.model_type).positions_from_ids else 0
+    if s > config.max_position_embeddings - offset:
+        raise ConfigError(f"sequence length {s} exceeds max_position_embeddings={config.max_position_embeddings}"
+                          + (f" less the {offset} positions {config.model_type} reserves" if offset else ""))
     for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
         if t is not None and tuple(t.shape) != (b, s):
             raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected {(b, s)} like input_ids")
@@ -325,7 +353,7 @@ def _check_values(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor 
         where = (input_ids == bad).nonzero()[0].tolist()
         raise ConfigError(f"input_ids contains token id {bad} at position {where}, outside the vocab "
                           f"(vocab_size={config.vocab_size})")
-    if token_type_ids is not None:
+    if token_type_ids is not None and config.type_vocab_size:
         hi, lo = int(token_type_ids.max()), int(token_type_ids.min())
         if hi >= config.type_vocab_size or lo < 0:
             bad = hi if hi >= config.type_vocab_size else lo
@@ -335,11 +363,18 @@ def _check_values(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor 
 class BertModel(BertPreTrainedModel):
     _head_prefixes = ("pooler.",)
 
-    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool | None = None, classifier: bool = False):
+        """classifier: the pooler is a sequence classifier's hidden layer (see BertPooler)."""
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
+        if config.embedding_size not in (None, config.hidden_size):      # ELECTRA's factorised embeddings
+            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)
+        else:
+            self.embeddings_project = None
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
+        # None: as the family's bare encoder has it (BERT, RoBERTa: yes; ELECTRA, DistilBERT: no)
+        pool = family(config.model_type).pooler if add_pooling_layer is None else add_pooling_layer
+        self.pooler = BertPooler(config, classifier) if pool else None
         self.execution = ExecutionOptions()             # plain PyTorch; bertkit.runtime.apply sets measured paths
         self.init_weights()
 
@@ -371,7 +406,13 @@ class BertModel(BertPreTrainedModel):
         rows = None
         if (first_token_only or output_rows is not None) and not (output_attentions or output_hidden_states):
             rows = self._rows(layout, attention_mask, output_rows)
-        x = self.embeddings(layout.unpad(input_ids), layout.unpad(token_type_ids), layout.positions(input_ids.device))
+        if family(self.config.model_type).positions_from_ids:
+            positions = layout.unpad(_positions_from_ids(input_ids, self.config.pad_token_id))
+        else:
+            positions = layout.positions(input_ids.device)
+        x = self.embeddings(layout.unpad(input_ids), layout.unpad(token_type_ids), positions)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         if plan.residual_dtype is not None:
             x = x.to(plan.residual_dtype)
         x, hidden, attentions = self.encoder(x, plan, rows, output_hidden_states)

@@ -1,0 +1,166 @@
+"""The encoder families bertkit reads and writes, as data: what each changes in the one encoder, and its names.
+
+A family is not a copy of the model. `model.py` is one encoder whose parts the config chooses (factorised
+embeddings, token types or none, positions counted from the ids, the classifier's activation); this table says
+which a transformers `model_type` uses and how its checkpoints spell the parameters and classes:
+
+    bert         the reference: the names the modules carry
+    roberta      positions start at pad_token_id + 1 and skip padding; one token type; classifier.dense/out_proj
+    xlm-roberta  RoBERTa's maths and names under its own classes
+    electra      factorised embeddings (embedding_size -> hidden), no pooler; GELU classifier; a discriminator head
+    distilbert   no token types; every parameter renamed (q_lin, sa_layer_norm, ffn.lin1, ...); ReLU pre_classifier
+
+Weight names map both ways by ordered prefix rules, `#` standing for a layer number; the first rule that matches a
+key wins, and a key no rule matches keeps its name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from bertkit.errors import ConfigError
+
+__all__ = ["Family", "FAMILIES", "family", "bert_class_name"]
+
+# our class name suffixes, after "Bert"
+SUFFIXES = ("Model", "ForPreTraining", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+            "ForQuestionAnswering", "ForReplacedTokenDetection")
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    prefix: str = "bert"                  # transformers' base_model_prefix: the encoder's key prefix in a head model
+    class_prefix: str = "Bert"            # RobertaForMaskedLM, XLMRobertaModel, ...
+    positions_from_ids: bool = False      # RoBERTa: position = pad_token_id + 1 + index among the non-pad ids
+    classifier_act: str = "tanh"          # the sequence classifier's hidden layer (BERT's pooler)
+    classifier_dropout_first: bool = False  # RoBERTa / ELECTRA drop out the [CLS] state before that layer too
+    mlm_act: str | None = None            # the MLM transform's activation; None: config.hidden_act
+    pooler: bool = True                   # the bare encoder has a pooler
+    # (ours, theirs) key prefixes: every head, then per head class suffix ("ForSequenceClassification", ...)
+    keys: tuple[tuple[str, str], ...] = ()
+    head_keys: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    tied: tuple[str, ...] = ()            # their names of weights tied to the word embeddings (never saved)
+    config_keys: tuple[tuple[str, str], ...] = ()     # (BertConfig field, their config.json key)
+    config_defaults: tuple[tuple[str, object], ...] = ()  # fields the family's config.json never writes
+    class_names: dict[str, str] = field(default_factory=dict)   # our suffix -> theirs where they differ
+
+    # ------------------------------------------------------------------ classes
+    def class_name(self, ours: str) -> str:
+        """Our class name ("BertForMaskedLM") -> theirs ("RobertaForMaskedLM")."""
+        suffix = ours.removeprefix("Bert")
+        return self.class_prefix + self.class_names.get(suffix, suffix)
+
+    # ------------------------------------------------------------------ weights
+    def _rules(self, head: str) -> tuple[tuple[str, str], ...]:
+        return self.head_keys.get(head.removeprefix("Bert"), ()) + self.keys
+
+    def to_theirs(self, key: str, head: str) -> str:
+        """Our parameter name in model class `head` -> the family's checkpoint name."""
+        return _rename(key, self._rules(head), 0)
+
+    def to_ours(self, key: str, head: str) -> str:
+        """A family checkpoint's parameter name -> ours in model class `head` (another head's weights too, under
+        our name for them, so the loader knows them for a head's and reports them ignored)."""
+        own = head.removeprefix("Bert")
+        others = tuple(r for h, rules in self.head_keys.items() if h != own for r in rules)
+        return _rename(key, self.head_keys.get(own, ()) + others + self.keys, 1)
+
+
+def _rename(key: str, rules: tuple[tuple[str, str], ...], side: int) -> str:
+    for rule in rules:
+        m = _pattern(rule[side]).match(key)
+        if m:
+            out = rule[1 - side]
+            for group in m.groups()[:-1]:
+                out = out.replace("#", group, 1)
+            return out + m.groups()[-1]
+    return key
+
+
+_PATTERNS: dict[str, re.Pattern] = {}
+
+
+def _pattern(template: str) -> re.Pattern:
+    """"a.#.b" -> a regex matching the prefix "a.<n>.b" at a name boundary, capturing n and the rest."""
+    if template not in _PATTERNS:
+        body = r"(\d+)".join(re.escape(p) for p in template.split("#"))
+        _PATTERNS[template] = re.compile(body + r"(\.[^\s]*|$)" if template else r"(.*)")
+    return _PATTERNS[template]
+
+
+_ROBERTA = dict(
+    prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
+    keys=(("bert", "roberta"),),
+    head_keys={
+        "ForMaskedLM": (("cls.predictions.transform.dense", "lm_head.dense"),
+                        ("cls.predictions.transform.LayerNorm", "lm_head.layer_norm"),
+                        ("cls.predictions.bias", "lm_head.bias")),
+        # the bare encoder's pooler is not the classifier's hidden layer: a name no model has, reported ignored
+        "ForSequenceClassification": (("unused.pooler", "roberta.pooler"),
+                                      ("bert.pooler.dense", "classifier.dense"),
+                                      ("classifier", "classifier.out_proj")),
+    },
+    tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
+
+_DISTILBERT_LAYER = tuple((f"bert.encoder.layer.#.{ours}", f"distilbert.transformer.layer.#.{theirs}") for ours, theirs in (
+    ("attention.self.query", "attention.q_lin"), ("attention.self.key", "attention.k_lin"),
+    ("attention.self.value", "attention.v_lin"), ("attention.output.dense", "attention.out_lin"),
+    ("attention.output.LayerNorm", "sa_layer_norm"), ("intermediate.dense", "ffn.lin1"),
+    ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm")))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    Family("bert"),
+    Family("roberta", class_prefix="Roberta", **_ROBERTA),
+    Family("xlm-roberta", class_prefix="XLMRoberta", **_ROBERTA),
+    Family(
+        "electra", prefix="electra", class_prefix="Electra", classifier_act="gelu", classifier_dropout_first=True,
+        mlm_act="gelu", pooler=False,
+        keys=(("bert", "electra"),),
+        head_keys={
+            "ForMaskedLM": (("cls.predictions.transform.dense", "generator_predictions.dense"),
+                            ("cls.predictions.transform.LayerNorm", "generator_predictions.LayerNorm"),
+                            ("cls.predictions.bias", "generator_lm_head.bias")),
+            "ForSequenceClassification": (("bert.pooler.dense", "classifier.dense"),
+                                          ("classifier", "classifier.out_proj")),
+        },
+        tied=("generator_lm_head.weight",),
+        class_names={"ForReplacedTokenDetection": "ForPreTraining"}),
+    Family(
+        "distilbert", prefix="distilbert", class_prefix="DistilBert", classifier_act="relu", pooler=False,
+        keys=(*_DISTILBERT_LAYER, ("bert", "distilbert")),
+        head_keys={
+            "Model": tuple((o.removeprefix("bert."), t.removeprefix("distilbert.")) for o, t in _DISTILBERT_LAYER),
+            "ForMaskedLM": (("cls.predictions.transform.dense", "vocab_transform"),
+                            ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
+                            ("cls.predictions.bias", "vocab_projector.bias")),
+            "ForSequenceClassification": (("bert.pooler.dense", "pre_classifier"),),
+        },
+        tied=("vocab_projector.weight",),
+        config_keys=(("hidden_size", "dim"), ("num_hidden_layers", "n_layers"), ("num_attention_heads", "n_heads"),
+                     ("intermediate_size", "hidden_dim"), ("hidden_act", "activation"),
+                     ("hidden_dropout_prob", "dropout"), ("attention_probs_dropout_prob", "attention_dropout"),
+                     ("classifier_dropout", "seq_classif_dropout")),
+        config_defaults=(("type_vocab_size", 0),)),
+)}
+
+
+def family(model_type: str) -> Family:
+    """The family of a config.json `model_type`; ConfigError naming the ones bertkit reads."""
+    try:
+        return FAMILIES[model_type]
+    except (KeyError, TypeError):
+        raise ConfigError(f"model_type {model_type!r} is not a family bertkit reads: "
+                          f"{', '.join(sorted(FAMILIES))}") from None
+
+
+def bert_class_name(name: str) -> str | None:
+    """A transformers class name of any family ("XLMRobertaForMaskedLM") -> ours ("BertForMaskedLM"), or None."""
+    for f in sorted(FAMILIES.values(), key=lambda f: -len(f.class_prefix)):   # "XLMRoberta" before "Roberta"...
+        if name.startswith(f.class_prefix):
+            theirs = name[len(f.class_prefix):]
+            for suffix in SUFFIXES:
+                if f.class_names.get(suffix, suffix) == theirs:
+                    return "Bert" + suffix
+    return None
