@@ -78,15 +78,16 @@ def test_bad_json_files(tmp_path):
         BertConfig.from_json(tmp_path / "typed.json")
 
 
-def test_another_architecture_is_refused_by_name(tmp_path):
-    """A RoBERTa config has BERT's fields: read as BERT it would load and compute wrong outputs without a word."""
+def test_an_unknown_family_is_refused_by_name(tmp_path):
+    """A config of a family bertkit does not read (BERT's fields, other maths) must not load as BERT."""
     from bertkit.model import BertModel
     BertModel(BertConfig.preset("tiny")).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "roberta"}))
-    with pytest.raises(ConfigError, match=r"config.json: model_type 'roberta' is not a BERT model"):
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "camembert-x"}))
+    with pytest.raises(ConfigError, match=r"config.json: model_type 'camembert-x' is not a family bertkit reads: "
+                                          r"bert, distilbert, electra"):
         BertModel.from_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match="roberta"):
+    with pytest.raises(ConfigError, match="camembert-x"):
         BertConfig.from_json(tmp_path)
 
 

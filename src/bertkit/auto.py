@@ -3,8 +3,9 @@
     model = bertkit.load("runs/sentiment/seed-1")                 # -> BertForSequenceClassification
     model = bertkit.load("org/name", dtype="bfloat16")            # any from_pretrained keyword
 
-The class comes from config.json's `architectures`. A name bertkit has no class for (BertForMultipleChoice,
-BertLMHeadModel, a RoBERTa, ...) or none at all loads the encoder, BertModel, and logs a warning saying so.
+The class comes from config.json's `architectures`, in any family bertkit reads (`RobertaForMaskedLM` is
+BertForMaskedLM with config.model_type "roberta"). A name bertkit has no class for (BertForMultipleChoice,
+BertLMHeadModel, ...) or none at all loads the encoder, BertModel, and logs a warning saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 
 import bertkit
 from bertkit.config import read_config
+from bertkit.families import bert_class_name
 from bertkit.hub import resolve_model_dir
 
 __all__ = ["load", "ARCHITECTURES"]
@@ -21,7 +23,7 @@ log = logging.getLogger("bertkit.auto")
 
 # the config.json "architectures" names bertkit has a class of that name for
 ARCHITECTURES = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-                 "BertForTokenClassification", "BertForQuestionAnswering")
+                 "BertForTokenClassification", "BertForQuestionAnswering", "BertForReplacedTokenDetection")
 
 
 def load(name_or_path, *, revision: str | None = None, **kwargs):
@@ -29,7 +31,7 @@ def load(name_or_path, *, revision: str | None = None, **kwargs):
     config.json `architectures` names; `kwargs` go to from_pretrained (dtype, device, config fields...)."""
     directory = resolve_model_dir(name_or_path, revision=revision)
     names = read_config(directory, {}).extra.get("architectures") or []
-    known = [n for n in names if n in ARCHITECTURES]
+    known = [n for n in map(bert_class_name, names) if n in ARCHITECTURES]
     if not known:
         log.warning("%s: config.json architectures %s names no bertkit model class (%s); loading BertModel, the "
                     "encoder without its head", directory, names or "(none)", ", ".join(ARCHITECTURES))

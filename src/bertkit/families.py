@@ -155,12 +155,14 @@ def family(model_type: str) -> Family:
                           f"{', '.join(sorted(FAMILIES))}") from None
 
 
-def bert_class_name(name: str) -> str | None:
+def bert_class_name(name) -> str | None:
     """A transformers class name of any family ("XLMRobertaForMaskedLM") -> ours ("BertForMaskedLM"), or None."""
+    if not isinstance(name, str):
+        return None
     for f in sorted(FAMILIES.values(), key=lambda f: -len(f.class_prefix)):   # "XLMRoberta" before "Roberta"...
         if name.startswith(f.class_prefix):
-            theirs = name[len(f.class_prefix):]
-            for suffix in SUFFIXES:
-                if f.class_names.get(suffix, suffix) == theirs:
-                    return "Bert" + suffix
+            suffixes = {s: s for s in SUFFIXES} | {theirs: ours for ours, theirs in f.class_names.items()}
+            ours = suffixes.get(name[len(f.class_prefix):])
+            if ours is not None:
+                return "Bert" + ours
     return None

@@ -1,4 +1,4 @@
-"""Which head a model directory carries: its config.json "architectures", else its weight names.
+"""Which head a model directory carries: its config.json "architectures" (of any family), else its weight names.
 
     model_class, task = head_of(model_dir)      # e.g. (BertForSequenceClassification, "classify")
 
@@ -14,6 +14,7 @@ from safetensors import safe_open
 from bertkit import heads
 from bertkit.config import read_json_config
 from bertkit.errors import CheckpointError
+from bertkit.families import bert_class_name
 from bertkit.model import BertModel
 
 __all__ = ["ARCHITECTURES", "architecture", "head_of"]
@@ -38,6 +39,7 @@ def architecture(model_dir: Path) -> str:
         raise CheckpointError(f"{model_dir}: no config.json (expected an HF-format model directory)")
     cfg = read_json_config(cfg_path, CheckpointError)
     for arch in cfg.get("architectures") or []:
+        arch = bert_class_name(arch)                    # RobertaForMaskedLM -> BertForMaskedLM
         if arch in ARCHITECTURES:
             return arch
     keys: list[str] = []

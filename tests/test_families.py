@@ -1,0 +1,168 @@
+"""Every encoder family against transformers, both ways: a directory transformers saved loads here with equal hidden
+states, head logits and gradients (fp32, every attention backend), and a directory bertkit saved loads there with
+no missing or unexpected keys and equal logits. Models are transformers' own config classes with random weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertkit import heads
+from bertkit.families import FAMILIES, bert_class_name, family
+from bertkit.model import BertModel
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# the published base shapes (roberta-base, google/electra-base-discriminator, distilbert-base-uncased), small vocab
+BASE = dict(TINY, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+            max_position_embeddings=514)
+
+
+def hf_config(model_type: str, shape: dict):
+    """transformers' config class of the family, in the shape given (its own spelling of the fields)."""
+    kw = dict(shape)
+    if model_type in ("roberta", "xlm-roberta"):
+        kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
+    if model_type == "electra":
+        kw.update(embedding_size=kw["hidden_size"] // 2)
+    if model_type == "distilbert":
+        names = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                 "intermediate_size": "hidden_dim", "hidden_dropout_prob": "dropout",
+                 "attention_probs_dropout_prob": "attention_dropout"}
+        kw = {names.get(k, k): v for k, v in kw.items()}
+        kw.update(seq_classif_dropout=0.0, qa_dropout=0.0)
+    return transformers.AutoConfig.for_model(model_type, **kw)
+
+
+HEADS = {"Model": BertModel, "ForMaskedLM": heads.BertForMaskedLM,
+         "ForSequenceClassification": heads.BertForSequenceClassification,
+         "ForTokenClassification": heads.BertForTokenClassification,
+         "ForQuestionAnswering": heads.BertForQuestionAnswering}
+FAMILY_HEADS = [(t, h) for t in FAMILIES if t != "bert" for h in HEADS]
+FAMILY_HEADS.append(("electra", "ForPreTraining"))              # ELECTRA's discriminator
+
+
+def _batch(cfg, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, cfg.vocab_size, (3, 17), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 11:] = 0
+    mask[2, 6:] = 0
+    return ids.masked_fill(mask == 0, cfg.pad_token_id), mask
+
+
+def _pair(tmp_path, model_type: str, suffix: str, shape=TINY, **ours):
+    cfg = hf_config(model_type, shape)
+    torch.manual_seed(0)
+    cls = getattr(transformers, transformers.AutoConfig.for_model(model_type).__class__.__name__
+                  .replace("Config", "") + suffix)
+    ref = cls(cfg).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    name = bert_class_name(cls.__name__)                 # ElectraForPreTraining -> BertForReplacedTokenDetection
+    ours_cls = BertModel if name == "BertModel" else getattr(heads, name)
+    return cfg, ref, ours_cls.from_pretrained(tmp_path / "hf", **ours).eval()
+
+
+def _main(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else (
+        torch.stack([out.start_logits, out.end_logits]) if hasattr(out, "start_logits") else out.logits)
+
+
+@pytest.mark.parametrize("model_type,suffix", FAMILY_HEADS)
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "unpadded"])
+def test_outputs_equal_transformers(tmp_path, model_type, suffix, backend):
+    cfg, ref, ours = _pair(tmp_path, model_type, suffix, attn_implementation=backend)
+    assert ours.loading_info["missing_keys"] == [] and ours.loading_info["ignored_keys"] == []
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        want, got = _main(ref(input_ids=ids, attention_mask=mask)), _main(ours(ids, attention_mask=mask))
+    real = mask.bool()                      # padding positions: transformers computes them, nobody reads them
+    if suffix == "ForQuestionAnswering":
+        want, got = want[:, real], got[:, real]
+    elif suffix != "ForSequenceClassification":
+        want, got = want[real], got[real]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type,suffix", [(t, h) for t, h in FAMILY_HEADS if h != "Model"])
+def test_gradients_of_a_training_step_equal_transformers(tmp_path, model_type, suffix):
+    cfg, ref, ours = _pair(tmp_path, model_type, suffix)
+    ids, mask = _batch(cfg, seed=1)
+    if suffix == "ForQuestionAnswering":      # bertkit keeps padding out of the span softmax; transformers does not
+        ids, mask = ids[:1], mask[:1]
+    g = torch.Generator().manual_seed(2)
+    if suffix == "ForMaskedLM":               # no label on padding: nothing real reads it
+        labels = {"labels": torch.where((torch.rand(ids.shape, generator=g) < 0.3) & mask.bool(), ids, -100)}
+    elif suffix == "ForSequenceClassification":
+        labels = {"labels": torch.tensor([0, 1, 1])}
+    elif suffix == "ForTokenClassification":
+        labels = {"labels": torch.randint(0, 2, ids.shape, generator=g).masked_fill(mask == 0, -100)}
+    elif suffix == "ForPreTraining":
+        labels = {"labels": torch.randint(0, 2, ids.shape, generator=g)}
+    else:
+        labels = {"start_positions": torch.tensor([2]), "end_positions": torch.tensor([4])}
+    ref.train()
+    ours.train()
+    ref(input_ids=ids, attention_mask=mask, **labels).loss.backward()
+    ours(ids, attention_mask=mask, **labels).loss.backward()
+    theirs = dict(ref.named_parameters(remove_duplicate=False))     # tied weights under every name
+    fam = family(model_type)
+    for name, p in ours.named_parameters():
+        q = theirs[fam.to_theirs(name, type(ours).__name__)]
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("model_type,suffix", FAMILY_HEADS)
+def test_a_bertkit_directory_loads_in_transformers_with_equal_logits(tmp_path, model_type, suffix):
+    cfg, ref, ours = _pair(tmp_path, model_type, suffix)
+    ours.save_pretrained(tmp_path / "ours")
+    back, info = type(ref).from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "ours").model_type == model_type
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(_main(back.eval()(input_ids=ids, attention_mask=mask)),
+                                   _main(ref(input_ids=ids, attention_mask=mask)), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", [t for t in FAMILIES if t != "bert"])
+def test_base_shapes_equal_transformers(tmp_path, model_type):
+    cfg, ref, ours = _pair(tmp_path, model_type, "Model", shape=BASE)
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+        got = ours(ids, attention_mask=mask).last_hidden_state[mask.bool()]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_head_loads_from_the_bare_encoder_and_the_other_way(tmp_path):
+    """Fine-tuning starts from a family's bare encoder (or its MLM checkpoint); embeddings read a head's encoder."""
+    cfg, ref, _ = _pair(tmp_path, "roberta", "Model")
+    clf = heads.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
+    assert sorted(clf.loading_info["missing_keys"]) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight",
+                                                        "classifier.bias", "classifier.weight"]
+    assert clf.loading_info["ignored_keys"] == ["unused.pooler.dense.bias", "unused.pooler.dense.weight"]
+    mlm_cfg, mlm, _ = _pair(tmp_path / "mlm", "roberta", "ForMaskedLM")
+    enc = BertModel.from_pretrained(tmp_path / "mlm" / "hf")
+    ids, mask = _batch(mlm_cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(enc(ids, attention_mask=mask).last_hidden_state[mask.bool()],
+                                   mlm.roberta(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()])
+
+
+def test_positions_count_from_the_padding_id_and_its_limit_is_named(tmp_path):
+    cfg, ref, ours = _pair(tmp_path, "roberta", "Model")
+    too_long = torch.full((1, cfg.max_position_embeddings - 1), 5)
+    with pytest.raises(Exception, match="less the 2 positions roberta reserves"):
+        ours(too_long)
+
+
+def test_class_names_map_both_ways():
+    for model_type, f in FAMILIES.items():
+        for ours in ("BertModel", "BertForMaskedLM", "BertForSequenceClassification"):
+            assert bert_class_name(f.class_name(ours)) == ours, (model_type, ours)
+    assert bert_class_name("ElectraForPreTraining") == "BertForReplacedTokenDetection"
+    assert bert_class_name("XLMRobertaModel") == "BertModel"
+    assert bert_class_name("GPT2Model") is None
