@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-# the published base shapes (roberta-base, google/electra-base-discriminator, distilbert-base-uncased), small vocab
+# the published base shapes (roberta-base, electra-base-discriminator, distilbert-base-uncased, mpnet-base), small vocab
 BASE = dict(TINY, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
             max_position_embeddings=514)
 
@@ -25,6 +25,8 @@ def hf_config(model_type: str, shape: dict):
     kw = dict(shape)
     if model_type in ("roberta", "xlm-roberta"):
         kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
+    if model_type == "mpnet":
+        kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
     if model_type == "electra":
         kw.update(embedding_size=kw["hidden_size"] // 2)
     if model_type == "distilbert":

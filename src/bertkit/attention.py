@@ -3,8 +3,10 @@
 Every function computes softmax(q k^T * scale + mask) v with dropout on the probabilities in training:
 
     fn(q, k, v, mask, scale, dropout_p, plan) -> (context, probabilities or None)
-        q, k, v  (rows, heads, len, head_dim)          mask  (rows, 1, 1, len) bool, True = attend, or None
-        context  (rows, heads, len, head_dim)
+        q, k, v  (rows, heads, len, head_dim)          mask  (rows, 1, 1, len) bool, True = attend, or None;
+        context  (rows, heads, len, head_dim)                or a float bias added to the scaled scores,
+                                                             broadcastable to (rows, heads, len, len), -inf where
+                                                             a key is masked (relative positions: MPNet)
 
     "eager"     explicit scores, masked softmax, dropout, weighted sum; the only one that returns the probabilities
     "sdpa"      torch.nn.functional.scaled_dot_product_attention
@@ -30,7 +32,7 @@ from torch import Tensor
 from bertkit.padding import Layout, fill
 
 __all__ = ["ATTENTION_FUNCTIONS", "ExecutionOptions", "ExecutionPlan", "Mode", "dropout_drop_mask",
-           "eager_attention", "explicit_attention", "sdpa_attention", "tracing"]
+           "eager_attention", "explicit_attention", "sdpa_attention", "tracing", "with_bias"]
 
 
 # ---------------------------------------------------------------------------------------------- dropout masks
@@ -63,7 +65,9 @@ def dropout(x: Tensor, p: float, training: bool, fast: bool) -> Tensor:
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float,
                     plan: "ExecutionPlan") -> tuple[Tensor, Tensor]:
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale                  # (rows, heads, len, len)
-    if mask is not None:
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask.clamp_min(torch.finfo(scores.dtype).min)
+    elif mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)
     ctx = torch.matmul(dropout(probs, dropout_p, dropout_p > 0, plan.fast_dropout), v)
@@ -79,7 +83,9 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sca
                        plan: "ExecutionPlan") -> tuple[Tensor, None]:
     # scores stay in the input dtype: PyTorch's CPU softmax computes a bf16 input in fp32 internally
     scores = torch.matmul(q * scale, k.transpose(-1, -2))                  # (rows, heads, len, len)
-    if mask is not None:
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask
+    elif mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     if dropout_p == 0.0:
@@ -88,6 +94,14 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sca
         return torch.matmul(F.dropout(probs, dropout_p, True), v), None
     dropped, keep_scale = dropout_drop_mask(tuple(probs.shape), dropout_p, probs.device)
     return torch.matmul(torch.where(dropped, 0.0, probs), v) * keep_scale, None   # scale the small side
+
+
+def with_bias(bias: Tensor | None, mask: Tensor | None) -> Tensor | None:
+    """A position bias (1 or rows, heads, len, len) and a bool key mask (rows, 1, 1, len) as one float mask: the
+    bias, -inf at masked keys. Either may be None."""
+    if bias is None or mask is None:
+        return bias if mask is None else mask
+    return bias.masked_fill(~mask, float("-inf"))
 
 
 ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention, "explicit": explicit_attention}
@@ -155,6 +169,7 @@ class ExecutionPlan:
     residual_dtype: torch.dtype | None = None
     check_values: bool = False
     checkpoint_layers: bool = False
+    bias: Tensor | None = None      # (1, heads, seq, seq) relative-position bias shared by the layers (MPNet)
 
     @classmethod
     def build(cls, options: ExecutionOptions, implementation: str, attention_mask: Tensor | None,

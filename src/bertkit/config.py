@@ -48,7 +48,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 # Upper bounds far past any real BERT: a config beyond them is a typo or hostile, refused before memory is allocated
 SIZE_LIMITS = {"vocab_size": 1 << 20, "hidden_size": 1 << 15, "num_hidden_layers": 512, "num_attention_heads": 1024,
                "intermediate_size": 1 << 17, "max_position_embeddings": 1 << 17, "type_vocab_size": 1 << 16,
-               "num_labels": 1 << 20, "embedding_size": 1 << 15}
+               "num_labels": 1 << 20, "embedding_size": 1 << 15, "relative_attention_num_buckets": 1 << 12}
 MAX_PARAMETERS = 20_000_000_000
 
 # HF keys that we store under a different spelling (HF writes the first, we read both).
@@ -74,6 +74,7 @@ class BertConfig:
     attn_implementation: str = "auto"
     model_type: str = "bert"              # the encoder family (bertkit.families): its parts and checkpoint names
     embedding_size: int | None = None     # factorised embeddings projected to hidden_size (ELECTRA); None: hidden_size
+    relative_attention_num_buckets: int | None = None  # MPNet: a learned attention bias by relative distance
     # task heads
     num_labels: int = 2
     problem_type: str | None = None       # None: inferred from num_labels / label dtype at loss time (as HF does)
@@ -95,10 +96,12 @@ class BertConfig:
         """Raise ConfigError naming the first field whose value cannot work."""
         family(self.model_type)
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                    "max_position_embeddings", "type_vocab_size", "num_labels", "embedding_size")
+                    "max_position_embeddings", "type_vocab_size", "num_labels", "embedding_size",
+                    "relative_attention_num_buckets")
         for name in positive:
             v = getattr(self, name)
-            if v is None and name == "embedding_size" or v == 0 and name == "type_vocab_size":
+            if v is None and name in ("embedding_size", "relative_attention_num_buckets") \
+                    or v == 0 and name == "type_vocab_size":
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"BertConfig.{name} must be a positive int, got {v!r}")
@@ -208,7 +211,7 @@ class BertConfig:
         theirs = dict(fam.config_keys)
         for f in dataclasses.fields(self):
             if f.name in ("extra", "attn_implementation", "id2label", "num_labels") \
-                    or f.name == "embedding_size" and self.embedding_size is None:
+                    or f.name in ("embedding_size", "relative_attention_num_buckets") and getattr(self, f.name) is None:
                 continue
             out[theirs.get(f.name, f.name)] = getattr(self, f.name)
         # HF derives num_labels from id2label; write both spellings so either library reads the label count

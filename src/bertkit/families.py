@@ -9,9 +9,11 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
     xlm-roberta  RoBERTa's maths and names under its own classes
     electra      factorised embeddings (embedding_size -> hidden), no pooler; GELU classifier; a discriminator head
     distilbert   no token types; every parameter renamed (q_lin, sa_layer_norm, ffn.lin1, ...); ReLU pre_classifier
+    mpnet        RoBERTa's positions and heads, no token types, a relative-position attention bias; attn.q/k/v/o
 
-Weight names map both ways by ordered prefix rules, `#` standing for a layer number; the first rule that matches a
-key wins, and a key no rule matches keeps its name.
+Weight names map both ways by ordered prefix rules, `#` standing for a layer number: a head's whole names first,
+then the encoder's inner names under its prefix (`bert.` here, `roberta.` there; none in a bare encoder). A key no
+rule matches keeps its name.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class Family:
     classifier_dropout_first: bool = False  # RoBERTa / ELECTRA drop out the [CLS] state before that layer too
     mlm_act: str | None = None            # the MLM transform's activation; None: config.hidden_act
     pooler: bool = True                   # the bare encoder has a pooler
-    # (ours, theirs) key prefixes: every head, then per head class suffix ("ForSequenceClassification", ...)
+    # (ours, theirs) names inside the encoder, after its prefix ("encoder.layer.#.attention.self.query", ...)
     keys: tuple[tuple[str, str], ...] = ()
+    # (ours, theirs) whole names of a head class ("ForSequenceClassification": the classifier's), tried first
     head_keys: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     tied: tuple[str, ...] = ()            # their names of weights tied to the word embeddings (never saved)
     config_keys: tuple[tuple[str, str], ...] = ()     # (BertConfig field, their config.json key)
@@ -53,22 +56,31 @@ class Family:
         return self.class_prefix + self.class_names.get(suffix, suffix)
 
     # ------------------------------------------------------------------ weights
-    def _rules(self, head: str) -> tuple[tuple[str, str], ...]:
-        return self.head_keys.get(head.removeprefix("Bert"), ()) + self.keys
-
     def to_theirs(self, key: str, head: str) -> str:
         """Our parameter name in model class `head` -> the family's checkpoint name."""
-        return _rename(key, self._rules(head), 0)
+        renamed = _rename(key, self.head_keys.get(head.removeprefix("Bert"), ()), 0)
+        if renamed is not None:
+            return renamed
+        if key.startswith("bert."):
+            return f"{self.prefix}.{_rename(key[5:], self.keys, 0) or key[5:]}"
+        return _rename(key, self.keys, 0) or key
 
     def to_ours(self, key: str, head: str) -> str:
         """A family checkpoint's parameter name -> ours in model class `head` (another head's weights too, under
         our name for them, so the loader knows them for a head's and reports them ignored)."""
         own = head.removeprefix("Bert")
-        others = tuple(r for h, rules in self.head_keys.items() if h != own for r in rules)
-        return _rename(key, self.head_keys.get(own, ()) + others + self.keys, 1)
+        rules = self.head_keys.get(own, ()) + tuple(r for h, rs in self.head_keys.items() if h != own for r in rs)
+        renamed = _rename(key, rules, 1)
+        if renamed is not None:
+            return renamed
+        if key.startswith(self.prefix + "."):
+            inner = key[len(self.prefix) + 1:]
+            return f"bert.{_rename(inner, self.keys, 1) or inner}"
+        return _rename(key, self.keys, 1) or key
 
 
-def _rename(key: str, rules: tuple[tuple[str, str], ...], side: int) -> str:
+def _rename(key: str, rules: tuple[tuple[str, str], ...], side: int) -> str | None:
+    """`key` under the first rule whose side `side` (0 ours, 1 theirs) is a prefix of it, else None."""
     for rule in rules:
         m = _pattern(rule[side]).match(key)
         if m:
@@ -76,7 +88,7 @@ def _rename(key: str, rules: tuple[tuple[str, str], ...], side: int) -> str:
             for group in m.groups()[:-1]:
                 out = out.replace("#", group, 1)
             return out + m.groups()[-1]
-    return key
+    return None
 
 
 _PATTERNS: dict[str, re.Pattern] = {}
@@ -86,38 +98,46 @@ def _pattern(template: str) -> re.Pattern:
     """"a.#.b" -> a regex matching the prefix "a.<n>.b" at a name boundary, capturing n and the rest."""
     if template not in _PATTERNS:
         body = r"(\d+)".join(re.escape(p) for p in template.split("#"))
-        _PATTERNS[template] = re.compile(body + r"(\.[^\s]*|$)" if template else r"(.*)")
+        _PATTERNS[template] = re.compile(body + r"(\..*|$)")
     return _PATTERNS[template]
 
 
-_ROBERTA = dict(
-    prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
-    keys=(("bert", "roberta"),),
-    head_keys={
+def _layer(*pairs: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """Renames inside every encoder layer: ("attention.self.query", "attention.q_lin") for layer #."""
+    return tuple((f"encoder.layer.#.{ours}", theirs) for ours, theirs in pairs)
+
+
+# RoBERTa's heads, shared by XLM-R and MPNet (whose encoders they sit on: `prefix`)
+def _roberta_heads(prefix: str) -> dict:
+    return {
         "ForMaskedLM": (("cls.predictions.transform.dense", "lm_head.dense"),
                         ("cls.predictions.transform.LayerNorm", "lm_head.layer_norm"),
                         ("cls.predictions.bias", "lm_head.bias")),
         # the bare encoder's pooler is not the classifier's hidden layer: a name no model has, reported ignored
-        "ForSequenceClassification": (("unused.pooler", "roberta.pooler"),
+        "ForSequenceClassification": (("unused.pooler", f"{prefix}.pooler"),
                                       ("bert.pooler.dense", "classifier.dense"),
                                       ("classifier", "classifier.out_proj")),
-    },
-    tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
+    }
 
-_DISTILBERT_LAYER = tuple((f"bert.encoder.layer.#.{ours}", f"distilbert.transformer.layer.#.{theirs}") for ours, theirs in (
-    ("attention.self.query", "attention.q_lin"), ("attention.self.key", "attention.k_lin"),
-    ("attention.self.value", "attention.v_lin"), ("attention.output.dense", "attention.out_lin"),
-    ("attention.output.LayerNorm", "sa_layer_norm"), ("intermediate.dense", "ffn.lin1"),
-    ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm")))
+
+_ROBERTA = dict(prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
+                head_keys=_roberta_heads("roberta"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert"),
     Family("roberta", class_prefix="Roberta", **_ROBERTA),
     Family("xlm-roberta", class_prefix="XLMRoberta", **_ROBERTA),
     Family(
+        "mpnet", prefix="mpnet", class_prefix="MPNet", positions_from_ids=True, classifier_dropout_first=True,
+        mlm_act="gelu", head_keys=_roberta_heads("mpnet"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"),
+        keys=tuple((o, "encoder.layer.#." + t) for o, t in _layer(
+            ("attention.self.query", "attention.attn.q"), ("attention.self.key", "attention.attn.k"),
+            ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),
+            ("attention.output.LayerNorm", "attention.LayerNorm"))),
+        config_defaults=(("type_vocab_size", 0), ("relative_attention_num_buckets", 32))),
+    Family(
         "electra", prefix="electra", class_prefix="Electra", classifier_act="gelu", classifier_dropout_first=True,
         mlm_act="gelu", pooler=False,
-        keys=(("bert", "electra"),),
         head_keys={
             "ForMaskedLM": (("cls.predictions.transform.dense", "generator_predictions.dense"),
                             ("cls.predictions.transform.LayerNorm", "generator_predictions.LayerNorm"),
@@ -129,9 +149,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         class_names={"ForReplacedTokenDetection": "ForPreTraining"}),
     Family(
         "distilbert", prefix="distilbert", class_prefix="DistilBert", classifier_act="relu", pooler=False,
-        keys=(*_DISTILBERT_LAYER, ("bert", "distilbert")),
+        keys=tuple((o, "transformer.layer.#." + t) for o, t in _layer(
+            ("attention.self.query", "attention.q_lin"), ("attention.self.key", "attention.k_lin"),
+            ("attention.self.value", "attention.v_lin"), ("attention.output.dense", "attention.out_lin"),
+            ("attention.output.LayerNorm", "sa_layer_norm"), ("intermediate.dense", "ffn.lin1"),
+            ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm"))),
         head_keys={
-            "Model": tuple((o.removeprefix("bert."), t.removeprefix("distilbert.")) for o, t in _DISTILBERT_LAYER),
             "ForMaskedLM": (("cls.predictions.transform.dense", "vocab_transform"),
                             ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
                             ("cls.predictions.bias", "vocab_projector.bias")),

@@ -26,7 +26,8 @@ Changes from the textbook code, all exact:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.activations import Activation
-from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout
+from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout, with_bias
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
@@ -129,6 +130,8 @@ class BertSelfAttention(nn.Module):
         """(rows, len, 3 * hidden) -> (rows, len, hidden) through the plan's attention function."""
         b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if plan.bias is not None:            # relative positions: rows start at position 0 in either layout
+            mask = with_bias(plan.bias[..., :s, :s].to(q.dtype), mask)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
         return ctx.transpose(1, 2).reshape(b, s, -1), probs
 
@@ -141,6 +144,8 @@ class BertSelfAttention(nn.Module):
         k, v = kv.view(b, s, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q = self.q(layout.first_rows(x)).view(b, self.num_heads, 1, self.head_dim)     # (batch, heads, 1, d)
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))                      # (batch, heads, 1, seq)
+        if plan.bias is not None:
+            scores = scores + plan.bias[..., :1, :s]
         mask = layout.key_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -207,6 +212,15 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # MPNet: a learned bias per head and bucket of relative distance, shared by every layer
+        buckets = config.relative_attention_num_buckets
+        self.relative_attention_bias = nn.Embedding(buckets, config.num_attention_heads) if buckets else None
+
+    def position_bias(self, seq: int, device) -> Tensor:
+        """(1, heads, seq, seq): the bias of key j for query i, by the bucket of j - i (T5's, bidirectional)."""
+        pos = torch.arange(seq, device=device)
+        buckets = relative_position_bucket(pos[None, :] - pos[:, None], self.relative_attention_bias.num_embeddings)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
 
     def forward(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None = None, output_hidden_states: bool = False
                 ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
@@ -214,6 +228,8 @@ class BertEncoder(nn.Module):
         layer's activations are recomputed in backward instead of kept."""
         hidden = [x] if output_hidden_states else None
         attentions = []
+        if self.relative_attention_bias is not None:
+            plan = replace(plan, bias=self.position_bias(plan.layout.seq, x.device))
         for i, layer in enumerate(self.layer):
             layer_rows = rows if i == len(self.layer) - 1 else None
             if plan.checkpoint_layers:
@@ -248,6 +264,18 @@ class BertPooler(nn.Module):
 def classifier_dropout(config: BertConfig) -> nn.Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
     return nn.Dropout(p)
+
+
+def relative_position_bucket(relative: Tensor, buckets: int, max_distance: int = 128) -> Tensor:
+    """T5 / MPNet buckets of key - query distances: half the buckets a direction, exact up to a quarter of them,
+    then logarithmic up to max_distance."""
+    half = buckets // 2
+    out = (relative > 0).long() * half                   # keys after the query take the upper half
+    n = relative.abs()
+    exact = half // 2
+    far = exact + (torch.log(n.float().clamp_min(1) / exact) / math.log(max_distance / exact)
+                   * (half - exact)).long()
+    return out + torch.where(n < exact, n, far.clamp_max(half - 1))
 
 
 def _positions_from_ids(input_ids: Tensor, pad: int) -> Tensor:
