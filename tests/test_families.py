@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-# the published base shapes (roberta-base, electra-base-discriminator, distilbert-base-uncased, mpnet-base), small vocab
+# the published base shapes (roberta-base, electra-base-discriminator, distilbert-base-uncased, mpnet-base,
+# albert-base-v2: one shared layer), small vocab
 BASE = dict(TINY, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
             max_position_embeddings=514)
 
@@ -27,8 +28,10 @@ def hf_config(model_type: str, shape: dict):
         kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
     if model_type == "mpnet":
         kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
-    if model_type == "electra":
+    if model_type in ("electra", "albert"):
         kw.update(embedding_size=kw["hidden_size"] // 2)
+    if model_type == "albert":
+        kw.update(num_hidden_groups=2 if kw["num_hidden_layers"] == 2 else 1, classifier_dropout_prob=0.0)
     if model_type == "distilbert":
         names = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                  "intermediate_size": "hidden_dim", "hidden_dropout_prob": "dropout",
@@ -43,7 +46,8 @@ HEADS = {"Model": BertModel, "ForMaskedLM": heads.BertForMaskedLM,
          "ForTokenClassification": heads.BertForTokenClassification,
          "ForQuestionAnswering": heads.BertForQuestionAnswering}
 FAMILY_HEADS = [(t, h) for t in FAMILIES if t != "bert" for h in HEADS]
-FAMILY_HEADS.append(("electra", "ForPreTraining"))              # ELECTRA's discriminator
+FAMILY_HEADS += [("electra", "ForPreTraining"),                 # ELECTRA's discriminator
+                 ("albert", "ForPreTraining")]                  # ALBERT's MLM + sentence order
 
 
 def _batch(cfg, seed: int = 0):
@@ -68,6 +72,8 @@ def _pair(tmp_path, model_type: str, suffix: str, shape=TINY, **ours):
 
 
 def _main(out):
+    if hasattr(out, "prediction_logits"):
+        return out.prediction_logits
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else (
         torch.stack([out.start_logits, out.end_logits]) if hasattr(out, "start_logits") else out.logits)
 
@@ -95,20 +101,24 @@ def test_gradients_of_a_training_step_equal_transformers(tmp_path, model_type, s
     if suffix == "ForQuestionAnswering":      # bertkit keeps padding out of the span softmax; transformers does not
         ids, mask = ids[:1], mask[:1]
     g = torch.Generator().manual_seed(2)
-    if suffix == "ForMaskedLM":               # no label on padding: nothing real reads it
+    mlm = suffix == "ForMaskedLM" or model_type == "albert" and suffix == "ForPreTraining"
+    if mlm:                                   # no label on padding: nothing real reads it
         labels = {"labels": torch.where((torch.rand(ids.shape, generator=g) < 0.3) & mask.bool(), ids, -100)}
     elif suffix == "ForSequenceClassification":
         labels = {"labels": torch.tensor([0, 1, 1])}
     elif suffix == "ForTokenClassification":
         labels = {"labels": torch.randint(0, 2, ids.shape, generator=g).masked_fill(mask == 0, -100)}
-    elif suffix == "ForPreTraining":
+    elif suffix == "ForPreTraining":              # ELECTRA: which tokens were replaced
         labels = {"labels": torch.randint(0, 2, ids.shape, generator=g)}
     else:
         labels = {"start_positions": torch.tensor([2]), "end_positions": torch.tensor([4])}
+    theirs_labels, ours_labels = dict(labels), dict(labels)
+    if model_type == "albert" and suffix == "ForPreTraining":    # and the sentence-order target, each its name
+        theirs_labels["sentence_order_label"] = ours_labels["next_sentence_label"] = torch.tensor([0, 1, 1])
     ref.train()
     ours.train()
-    ref(input_ids=ids, attention_mask=mask, **labels).loss.backward()
-    ours(ids, attention_mask=mask, **labels).loss.backward()
+    ref(input_ids=ids, attention_mask=mask, **theirs_labels).loss.backward()
+    ours(ids, attention_mask=mask, **ours_labels).loss.backward()
     theirs = dict(ref.named_parameters(remove_duplicate=False))     # tied weights under every name
     fam = family(model_type)
     for name, p in ours.named_parameters():

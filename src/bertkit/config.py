@@ -48,7 +48,10 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 # Upper bounds far past any real BERT: a config beyond them is a typo or hostile, refused before memory is allocated
 SIZE_LIMITS = {"vocab_size": 1 << 20, "hidden_size": 1 << 15, "num_hidden_layers": 512, "num_attention_heads": 1024,
                "intermediate_size": 1 << 17, "max_position_embeddings": 1 << 17, "type_vocab_size": 1 << 16,
-               "num_labels": 1 << 20, "embedding_size": 1 << 15, "relative_attention_num_buckets": 1 << 12}
+               "num_labels": 1 << 20, "embedding_size": 1 << 15, "relative_attention_num_buckets": 1 << 12,
+               "num_hidden_groups": 512}
+# the fields of some families only; None (not written to config.json) elsewhere
+_OPTIONAL = ("embedding_size", "relative_attention_num_buckets", "num_hidden_groups")
 MAX_PARAMETERS = 20_000_000_000
 
 # HF keys that we store under a different spelling (HF writes the first, we read both).
@@ -75,6 +78,7 @@ class BertConfig:
     model_type: str = "bert"              # the encoder family (bertkit.families): its parts and checkpoint names
     embedding_size: int | None = None     # factorised embeddings projected to hidden_size (ELECTRA); None: hidden_size
     relative_attention_num_buckets: int | None = None  # MPNet: a learned attention bias by relative distance
+    num_hidden_groups: int | None = None  # ALBERT: layers shared in this many groups; None: none shared
     # task heads
     num_labels: int = 2
     problem_type: str | None = None       # None: inferred from num_labels / label dtype at loss time (as HF does)
@@ -97,10 +101,10 @@ class BertConfig:
         family(self.model_type)
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                     "max_position_embeddings", "type_vocab_size", "num_labels", "embedding_size",
-                    "relative_attention_num_buckets")
+                    "relative_attention_num_buckets", "num_hidden_groups")
         for name in positive:
             v = getattr(self, name)
-            if v is None and name in ("embedding_size", "relative_attention_num_buckets") \
+            if v is None and name in _OPTIONAL \
                     or v == 0 and name == "type_vocab_size":
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -108,6 +112,12 @@ class BertConfig:
             if v > SIZE_LIMITS[name]:
                 raise ConfigError(f"BertConfig.{name}={v} is absurdly large (bertkit's limit is {SIZE_LIMITS[name]})")
         self._check_total_size()
+        if self.num_hidden_groups is not None and self.num_hidden_groups > self.num_hidden_layers:
+            raise ConfigError(f"BertConfig.num_hidden_groups={self.num_hidden_groups} is more than "
+                              f"num_hidden_layers={self.num_hidden_layers}")
+        if self.extra.get("inner_group_num", 1) != 1:
+            raise ConfigError(f"inner_group_num={self.extra['inner_group_num']!r}: bertkit reads ALBERT models with "
+                              f"one layer a group (every released ALBERT)")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
                               f"num_attention_heads={self.num_attention_heads}")
@@ -211,7 +221,7 @@ class BertConfig:
         theirs = dict(fam.config_keys)
         for f in dataclasses.fields(self):
             if f.name in ("extra", "attn_implementation", "id2label", "num_labels") \
-                    or f.name in ("embedding_size", "relative_attention_num_buckets") and getattr(self, f.name) is None:
+                    or f.name in _OPTIONAL and getattr(self, f.name) is None:
                 continue
             out[theirs.get(f.name, f.name)] = getattr(self, f.name)
         # HF derives num_labels from id2label; write both spellings so either library reads the label count

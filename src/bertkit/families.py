@@ -10,6 +10,7 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
     electra      factorised embeddings (embedding_size -> hidden), no pooler; GELU classifier; a discriminator head
     distilbert   no token types; every parameter renamed (q_lin, sa_layer_norm, ffn.lin1, ...); ReLU pre_classifier
     mpnet        RoBERTa's positions and heads, no token types, a relative-position attention bias; attn.q/k/v/o
+    albert       factorised embeddings, layers shared in groups (num_hidden_groups), MLM + sentence-order heads
 
 Weight names map both ways by ordered prefix rules, `#` standing for a layer number: a head's whole names first,
 then the encoder's inner names under its prefix (`bert.` here, `roberta.` there; none in a bare encoder). A key no
@@ -123,6 +124,10 @@ def _roberta_heads(prefix: str) -> dict:
 _ROBERTA = dict(prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
                 head_keys=_roberta_heads("roberta"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
 
+_albert_mlm = (("cls.predictions.transform.dense", "predictions.dense"),
+               ("cls.predictions.transform.LayerNorm", "predictions.LayerNorm"),
+               ("cls.predictions.bias", "predictions.bias"))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert"),
     Family("roberta", class_prefix="Roberta", **_ROBERTA),
@@ -135,6 +140,21 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),
             ("attention.output.LayerNorm", "attention.LayerNorm"))),
         config_defaults=(("type_vocab_size", 0), ("relative_attention_num_buckets", 32))),
+    Family(
+        "albert", prefix="albert", class_prefix="Albert",
+        keys=(("embeddings_project", "encoder.embedding_hidden_mapping_in"), ("pooler.dense", "pooler"),
+              *((o, "encoder.albert_layer_groups.#.albert_layers.0." + t) for o, t in _layer(
+                  ("attention.self.query", "attention.query"), ("attention.self.key", "attention.key"),
+                  ("attention.self.value", "attention.value"), ("attention.output.dense", "attention.dense"),
+                  ("attention.output.LayerNorm", "attention.LayerNorm"), ("intermediate.dense", "ffn"),
+                  ("output.dense", "ffn_output"), ("output.LayerNorm", "full_layer_layer_norm")))),
+        head_keys={
+            "ForMaskedLM": _albert_mlm,
+            "ForPreTraining": _albert_mlm + (("cls.seq_relationship", "sop_classifier.classifier"),),
+        },
+        tied=("predictions.decoder.weight", "predictions.decoder.bias"),
+        config_keys=(("classifier_dropout", "classifier_dropout_prob"),),
+        config_defaults=(("num_hidden_groups", 1),)),
     Family(
         "electra", prefix="electra", class_prefix="Electra", classifier_act="gelu", classifier_dropout_first=True,
         mlm_act="gelu", pooler=False,

@@ -211,7 +211,10 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # ALBERT shares its layers: num_hidden_groups distinct ones, each run for a run of consecutive layers
+        groups = config.num_hidden_groups or config.num_hidden_layers
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(groups))
+        self.schedule = [i * groups // config.num_hidden_layers for i in range(config.num_hidden_layers)]
         # MPNet: a learned bias per head and bucket of relative distance, shared by every layer
         buckets = config.relative_attention_num_buckets
         self.relative_attention_bias = nn.Embedding(buckets, config.num_attention_heads) if buckets else None
@@ -230,8 +233,9 @@ class BertEncoder(nn.Module):
         attentions = []
         if self.relative_attention_bias is not None:
             plan = replace(plan, bias=self.position_bias(plan.layout.seq, x.device))
-        for i, layer in enumerate(self.layer):
-            layer_rows = rows if i == len(self.layer) - 1 else None
+        for i, index in enumerate(self.schedule):
+            layer = self.layer[index]
+            layer_rows = rows if i == len(self.schedule) - 1 else None
             if plan.checkpoint_layers:
                 x, probs = checkpoint(layer, x, plan, layer_rows, use_reentrant=False)
             else:
