@@ -167,7 +167,7 @@ class BertConfig:
         fam = family(d.get("model_type", "bert"))      # an unknown family would load as BERT and compute wrong outputs
         for ours, theirs in fam.config_keys:
             if theirs in d:
-                d[ours] = d.pop(theirs)
+                d.setdefault(ours, d.pop(theirs))          # our spelling, where both are given, wins
         for key, value in fam.config_defaults:
             d.setdefault(key, value)
         names = {f.name: f for f in dataclasses.fields(cls)}

@@ -1,0 +1,105 @@
+"""Inference speed of every encoder family against transformers: same machine, same run, same weights, same batches.
+
+Run (one JSON line per family):
+
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/families.py
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/families.py --families roberta,mpnet --repeats 5
+
+Each family at its published base shape (roberta-base, xlm-roberta-base, mpnet-base, distilbert-base,
+electra-base-discriminator, albert-base-v2), random weights saved by transformers and loaded by bertkit; real BBC
+sentences in batches of 64 padded to the longest, fp32. The ids are the MiniLM WordPiece ids of the sentences
+(random weights read any ids alike; only the lengths matter for speed). Ours: the bare encoder after
+`runtime.freeze` (what bertkit's inference entry points run). The reference: transformers' model of the family at
+each CPU attention setting ("sdpa", "eager"), the faster counted; "ratio" = reference seconds / ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from inference import bbc_sentences, emit, interleaved, tokenize  # noqa: E402
+
+from bertkit import runtime  # noqa: E402
+from bertkit.model import BertModel  # noqa: E402
+
+BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+SHAPES = {
+    "roberta": dict(BASE, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1),
+    "xlm-roberta": dict(BASE, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1),
+    "mpnet": dict(BASE, max_position_embeddings=514, pad_token_id=1),
+    "distilbert": dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072),
+    "electra": dict(BASE, embedding_size=768),
+    "albert": dict(BASE, embedding_size=128, num_hidden_groups=1),
+}
+
+
+def load(model_type: str, attn: str):
+    import transformers
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=30522, **SHAPES[model_type])
+    torch.manual_seed(0)
+    ref = transformers.AutoModel.from_config(cfg, attn_implementation=attn).eval()
+    return ref
+
+
+def batches_for(pad: int, sentences: list[str]) -> list[dict]:
+    """MiniLM's ids, with the family's padding id at padding (and no real token on it)."""
+    out = []
+    for b in tokenize(sentences, 64):
+        ids, mask = b["input_ids"].clone(), b["attention_mask"]
+        ids[(ids == pad) & mask.bool()] = 100                            # [UNK]: a real token, not padding
+        out.append({"input_ids": ids.masked_fill(mask == 0, pad), "attention_mask": mask})
+    return out
+
+
+def case(model_type: str, sentences: list[str], repeats: int) -> None:
+    refs = {attn: load(model_type, attn) for attn in ("sdpa", "eager")}
+    with tempfile.TemporaryDirectory() as d:
+        refs["sdpa"].save_pretrained(d)
+        ours = runtime.freeze(BertModel.from_pretrained(d))
+    refs["eager"].load_state_dict(refs["sdpa"].state_dict())
+    batches = batches_for(ours.config.pad_token_id, sentences)
+    with torch.inference_mode():                                        # same function: check before timing
+        b = batches[0]
+        real = b["attention_mask"].bool()
+        diff = (refs["sdpa"](**b).last_hidden_state - ours(**b).last_hidden_state)[real].abs().max().item()
+
+    def run(model):
+        def f():
+            with torch.inference_mode():
+                for b in batches:
+                    model(**b)
+        return f
+
+    secs = interleaved({"ours": run(ours), **{a: run(m) for a, m in refs.items()}}, repeats)
+    best = min(refs, key=lambda a: secs[a])
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    emit({"case": "family", "family": model_type, "dtype": "fp32", "batches": len(batches), "real_tokens": tokens,
+          "ours_tok_s": round(tokens / secs["ours"], 1), "ref_tok_s": round(tokens / secs[best], 1),
+          "ref_attention": best, "ref_tok_s_each": {a: round(tokens / secs[a], 1) for a in refs},
+          "ratio": round(secs[best] / secs["ours"], 3), "max_abs_diff_real_tokens": diff,
+          "repeats": repeats, "cpu": platform.processor() or platform.machine()})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--families", default=",".join(SHAPES))
+    ap.add_argument("--batches", type=int, default=2, help="batches of 64 sentences per timed repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    sentences = bbc_sentences(64 * args.batches)
+    for model_type in args.families.split(","):
+        case(model_type, sentences, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
