@@ -469,7 +469,8 @@ class Predictor:
         for win in windows:                                             # best_spans reads each row's own length
             mine = slice(first, first + len(win.rows))
             first += len(win.rows)
-            answers, _ = best_spans(win, starts[mine], ends[mine], 1, max_answer_pieces, True, merge="max")
+            answers, _ = best_spans(win, starts[mine], ends[mine], 1, max_answer_pieces, align_to_words=True,
+                                    merge="max")
             best = max((a for a in answers if a["answer"]), key=lambda a: a["score"], default=None)
             out.append({"answer": "", "score": 0.0, "start": None, "end": None} if best is None else
                        {"answer": best["answer"], "score": round(best["score"], 6), "start": best["start"],

@@ -345,7 +345,7 @@ class QuestionAnsweringPipeline(Pipeline):
         windows = Windows.build(self.tokenizer, item["question"], item["context"], limit, stride)
         out = self._forward(windows.batch(self.tokenizer.pad_token_id, self.predictor.device))
         answers, null = best_spans(windows, out.start_logits.float().cpu(), out.end_logits.float().cpu(), top_k,
-                                   max_answer_len, opts["align_to_words"])
+                                   max_answer_len, align_to_words=opts["align_to_words"])
         if opts["handle_impossible_answer"]:
             answers.append({"score": null, "start": 0, "end": 0, "answer": ""})
         answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
