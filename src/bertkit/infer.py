@@ -424,7 +424,7 @@ class Predictor:
         return out
 
     def _tagged_words(self, text: str, ids: list[int], offsets: list, probs: torch.Tensor, keep: int) -> list[dict]:
-        words = word_ids(self.tokenizer.convert_ids_to_tokens(ids))
+        words = word_ids(self.tokenizer.continues_word(ids))
         best = word_labels(probs, words[:keep])
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
         spans: dict[int, list[int]] = {}                                # word -> [first piece, last piece]

@@ -26,7 +26,7 @@ from bertkit.errors import BertkitError, ConfigError
 from bertkit.hub import resolve_model_dir
 from bertkit.infer import Predictor
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, score_function
+from bertkit.predict.decode import class_scores, score_function, word_ids, word_labels
 from bertkit.predict.engine import PRECISION, encode, forward
 
 __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipeline", "TextClassificationPipeline",
@@ -251,7 +251,7 @@ class TokenClassificationPipeline(Pipeline):
         out = []
         for b, text in enumerate(texts):
             tokens = self._tokens(text, batch["input_ids"][b].tolist(), batch["offsets"][b], scores[b])
-            entities = self._aggregate(tokens, strategy)
+            entities = self._aggregate(tokens, scores[b], strategy)
             out.append([e for e in entities if e.get("entity", e.get("entity_group")) not in ignore])
         return out
 
@@ -271,7 +271,7 @@ class TokenClassificationPipeline(Pipeline):
                         "is_subword": subword})
         return out
 
-    def _aggregate(self, tokens: list[dict], strategy: str) -> list[dict]:
+    def _aggregate(self, tokens: list[dict], scores: torch.Tensor, strategy: str) -> list[dict]:
         labels = self._labels()
         if strategy in ("none", "simple"):
             entities = []
@@ -281,21 +281,14 @@ class TokenClassificationPipeline(Pipeline):
                                  "word": t["word"], "start": t["start"], "end": t["end"]})
             return entities if strategy == "none" else self._group(entities)
         # a word starts at the first token and at every token that does not continue one
-        starts = [i for i, t in enumerate(tokens) if i == 0 or not t["is_subword"]]
-        ends = starts[1:] + [len(tokens)]
-        return self._group([self._word(tokens[a:b], strategy, labels) for a, b in zip(starts, ends)])
-
-    def _word(self, tokens: list[dict], strategy: str, labels: list[str]) -> dict:
-        """One word from its tokens: the first token's label, the most confident token's, or the mean scores'."""
-        if strategy == "first":
-            scores = tokens[0]["scores"]
-        elif strategy == "max":
-            scores = max(tokens, key=lambda t: float(t["scores"].max()))["scores"]
-        else:
-            scores = torch.stack([t["scores"] for t in tokens]).mean(0)
-        best = int(scores.argmax())
-        return {"entity": labels[best], "score": float(scores[best]), "word": self._decode([t["word"] for t in tokens]),
-                "start": tokens[0]["start"], "end": tokens[-1]["end"]}
+        words: list[int | None] = [None] * len(scores)
+        members: dict[int, list[dict]] = {}
+        for t, w in zip(tokens, word_ids([t["is_subword"] for t in tokens])):
+            words[t["index"]] = w
+            members.setdefault(w, []).append(t)
+        return self._group([{"entity": labels[j], "score": p, "word": self._decode([t["word"] for t in members[w]]),
+                             "start": members[w][0]["start"], "end": members[w][-1]["end"]}
+                            for w, (j, p) in word_labels(scores, words, strategy).items()])
 
     def _group(self, entities: list[dict]) -> list[dict]:
         """Adjacent entities of one type become one group; a B- tag starts a new group."""

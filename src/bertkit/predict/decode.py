@@ -2,8 +2,8 @@
 
     class_scores(logits, score_function(config))   # (n, labels) -> probabilities (softmax / sigmoid) or as-is
     relevance(logits, positive)                     # (n, labels) -> (n,) log-odds that a pair is relevant
-    word_ids(tokens)                                # WordPiece tokens -> the word each piece belongs to
-    word_labels(probs, words)                       # (seq, labels) + word of each position -> a label per word
+    word_ids(tok.continues_word(ids))               # pieces -> the word each piece belongs to
+    word_labels(scores, words, rule="first")        # (seq, labels) + word of each position -> a label per word
     hidden_states(out, layers)                      # the last layer, or chosen layers averaged, for pooling
 
 Answer spans are `answers.best_spans` (windows over long contexts); embeddings pool `hidden_states` with the
@@ -61,29 +61,44 @@ def relevance(logits, positive: int = 1):
     return z.numpy() if isinstance(logits, np.ndarray) else z
 
 
-def word_ids(tokens: Sequence[str | None]) -> list[int | None]:
-    """The word each WordPiece token belongs to (a "##" piece continues the word before it); None for None
-    (a special or padding position)."""
+def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
+    """The word of each position, from whether its piece continues the word before it (the tokenizer's
+    `continues_word`); None stays None (a special or padding position)."""
     out: list[int | None] = []
     word = -1
-    for t in tokens:
-        if t is None:
+    for c in continues:
+        if c is None:
             out.append(None)
             continue
-        if not (t.startswith("##") and word >= 0):
+        if not (c and word >= 0):
             word += 1
         out.append(word)
     return out
 
 
-def word_labels(probs: torch.Tensor, words: Sequence[int | None]) -> dict[int, tuple[int, float]]:
-    """(seq, labels) probabilities and the word of each position -> {word: (label index, score)} from the word's
-    first position (the paper's NER rule: a word is labelled by its first piece)."""
-    out: dict[int, tuple[int, float]] = {}
+WORD_RULES = ("first", "average", "max")
+
+
+def word_labels(scores, words: Sequence[int | None], rule: str = "first") -> dict[int, tuple[int, float]]:
+    """(seq, labels) scores (torch or numpy) and the word of each position -> {word: (label index, score)}: the
+    scores of the word's first piece (the paper's NER rule), their mean over its pieces ("average"), or those of its
+    most confident piece ("max"), as transformers' aggregation strategies name them."""
+    if rule not in WORD_RULES:
+        raise ConfigError(f"word labels: rule={rule!r} is not one of {WORD_RULES}")
+    pieces: dict[int, list[int]] = {}
     for pos, w in enumerate(words):
-        if w is not None and w not in out:
-            j = int(probs[pos].argmax())
-            out[w] = (j, float(probs[pos, j]))
+        if w is not None:
+            pieces.setdefault(w, []).append(pos)
+    out: dict[int, tuple[int, float]] = {}
+    for w, ps in pieces.items():
+        if rule == "first":
+            row = scores[ps[0]]
+        elif rule == "max":
+            row = scores[max(ps, key=lambda p: float(scores[p].max()))]
+        else:
+            row = scores[ps].mean(0)
+        j = int(row.argmax())
+        out[w] = (j, float(row[j]))
     return out
 
 
