@@ -26,7 +26,7 @@ from bertkit.errors import BertkitError, ConfigError
 from bertkit.hub import resolve_model_dir
 from bertkit.infer import Predictor
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, score_function, word_ids, word_labels
+from bertkit.predict.decode import class_scores, score_function, top_fills, word_ids, word_labels
 from bertkit.predict.engine import PRECISION, encode, forward
 
 __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipeline", "TextClassificationPipeline",
@@ -149,8 +149,7 @@ class FillMaskPipeline(Pipeline):
             probs = probs[:, target_ids]
         single = len(positions) == 1
         rows = []
-        for pos, row in zip(positions, probs):
-            values, picks = row.topk(min(top_k, row.numel()))
+        for pos, values, picks in zip(positions, *top_fills(probs, None, top_k)):
             rows.append([self._proposal(ids, pos, target_ids[p] if target_ids is not None else p, v, single)
                          for v, p in zip(values.tolist(), picks.tolist())])
         return rows[0] if single else rows
