@@ -249,13 +249,13 @@ class TokenClassificationPipeline(Pipeline):
         scores = torch.softmax(self._forward(batch).logits.float(), -1).cpu()           # (batch, seq, labels)
         out = []
         for b, text in enumerate(texts):
-            tokens = self._tokens(text, batch["input_ids"][b].tolist(), batch["offsets"][b], scores[b])
+            tokens = self._tokens(text, batch["input_ids"][b].tolist(), batch["offsets"][b])
             entities = self._aggregate(tokens, scores[b], strategy)
             out.append([e for e in entities if e.get("entity", e.get("entity_group")) not in ignore])
         return out
 
-    def _tokens(self, text: str, ids: list[int], offsets: list, scores: torch.Tensor) -> list[dict]:
-        """Each token but [CLS] / [SEP] / padding: its word, span, scores and whether it continues a word."""
+    def _tokens(self, text: str, ids: list[int], offsets: list) -> list[dict]:
+        """Each token but [CLS] / [SEP] / padding: its word, span, position and whether it continues a word."""
         tok = self.tokenizer
         added = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id}
         out = []
@@ -266,28 +266,26 @@ class TokenClassificationPipeline(Pipeline):
             subword = len(word) != end - start
             if t == tok.unk_token_id:                      # an unknown word is shown as written
                 word, subword = text[start:end], False
-            out.append({"word": word, "scores": scores[i], "start": start, "end": end, "index": i,
+            out.append({"word": word, "start": start, "end": end, "index": i,
                         "is_subword": subword})
         return out
 
     def _aggregate(self, tokens: list[dict], scores: torch.Tensor, strategy: str) -> list[dict]:
-        labels = self._labels()
-        if strategy in ("none", "simple"):
-            entities = []
-            for t in tokens:
-                best = int(t["scores"].argmax())
-                entities.append({"entity": labels[best], "score": float(t["scores"][best]), "index": t["index"],
-                                 "word": t["word"], "start": t["start"], "end": t["end"]})
-            return entities if strategy == "none" else self._group(entities)
-        # a word starts at the first token and at every token that does not continue one
-        words: list[int | None] = [None] * len(scores)
+        """Labelled tokens ("none", "simple": each token is its own word) or words, as transformers groups them: a
+        word starts at the first token and at every token that does not continue one."""
+        per_token = strategy in ("none", "simple")
+        words: list[int | None] = [None] * len(scores)                    # each position's word
         members: dict[int, list[dict]] = {}
-        for t, w in zip(tokens, word_ids([t["is_subword"] for t in tokens])):
+        for t, w in zip(tokens, range(len(tokens)) if per_token else word_ids([t["is_subword"] for t in tokens])):
             words[t["index"]] = w
             members.setdefault(w, []).append(t)
-        return self._group([{"entity": labels[j], "score": p, "word": self._decode([t["word"] for t in members[w]]),
-                             "start": members[w][0]["start"], "end": members[w][-1]["end"]}
-                            for w, (j, p) in word_labels(scores, words, strategy).items()])
+        labels, entities = self._labels(), []
+        for w, (j, p) in word_labels(scores, words, "first" if per_token else strategy).items():
+            ts = members[w]
+            entities.append({"entity": labels[j], "score": p, "index": ts[0]["index"],
+                             "word": ts[0]["word"] if per_token else self._decode([t["word"] for t in ts]),
+                             "start": ts[0]["start"], "end": ts[-1]["end"]})
+        return entities if strategy == "none" else self._group(entities)
 
     def _group(self, entities: list[dict]) -> list[dict]:
         """Adjacent entities of one type become one group; a B- tag starts a new group."""
