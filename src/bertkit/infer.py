@@ -221,10 +221,6 @@ class Predictor:
         where = {p: i for i, p in enumerate(order)}
         return lp[:, [where[p] for p in positions]]
 
-    def _join(self, ids: list[int]) -> str:
-        """Pieces back to text, special tokens dropped."""
-        return join_pieces(self.tokenizer, ids, self._special)
-
     # ---------------------------------------------------------------------------------------------- fill-mask
     def fill_mask(self, text: str, top_k: int = 5, beam_size: int = 8, whole_word: bool = True, max_pieces: int = 3,
                   max_length: int = 512) -> dict:
@@ -262,7 +258,8 @@ class Predictor:
         for word, (score, pieces) in ranked:
             filled = ids[:pos] + pieces + ids[pos + 1:]
             out.append({"word": word, "score": round(math.exp(score), 6),
-                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces), "sequence": self._join(filled)})
+                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces),
+                        "sequence": join_pieces(self.tokenizer, filled, self._special)})
         return out
 
     def _fill_word(self, ids: list[int], pos: int, n: int, beam_size: int) -> list[tuple[list[int], float]]:
@@ -339,7 +336,8 @@ class Predictor:
         pll = self.pseudo_log_likelihood(rows, positions)
         order = sorted(range(len(rows)), key=lambda i: -pll[i])[:top_k]
         return [FillResult(tokens=self.tokenizer.convert_ids_to_tokens([rows[i][p] for p in positions]),
-                           score=math.exp(pll[i]), sequence=self._join(rows[i])) for i in order]
+                           score=math.exp(pll[i]), sequence=join_pieces(self.tokenizer, rows[i], self._special))
+                for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,

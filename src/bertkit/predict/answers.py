@@ -1,23 +1,18 @@
 """Answer spans of a question-answering head: one window structure, one span decoder, two scoring rules.
 
-Windows. A context is cut into windows [CLS] question [SEP] context[a:b] [SEP], each a slice of the context's pieces
-(which carry their character offsets); `Windows.build` places them as transformers' pipeline does (each window
-starts doc_stride pieces before the previous one ends, the question is never cut), `QATask` places its own and
-builds the same structure with `Windows.of`.
-
-Decoding (`best_spans`), by `rule`:
-  "pipeline", transformers' (4.x) question-answering pipeline (`pipeline()`, `Predictor.answer`): in each window the
-      start and end logits outside the context are set to -10000 before the softmax ([CLS] takes part in it, then
-      gets probability 0), a span's score is p(start) * p(end), spans run start <= end < start + max_answer_len, and
-      each window gives its top_k. The character span is the pieces' offsets, widened to whole words with
-      align_to_words. Answers with equal text, compared without case, add their scores (merge="max": the best
-      window's). The no-answer score is the minimum over windows of p_start([CLS]) * p_end([CLS]).
-  "run_squad", google-research/bert's run_squad.py (fine-tuning's evaluation): in each window the top_k start and
-      end logits over the context, pairs with start <= end, length <= max_answer_len and the start piece in its
-      "max-context" window (the window where it has the most context on both sides, so overlapping windows do not
-      vote twice). A span's score is start logit + end logit; a span found in two windows keeps its best score; the
-      top_k spans, best first, each with its probability (softmax over their scores). The no-answer score is the
-      minimum over windows of the [CLS] start + end logit.
+Windows: [CLS] question [SEP] context[a:b] [SEP], slices of the context's pieces (with character offsets), placed as
+transformers' pipeline places them (`Windows.build`: consecutive windows overlap by doc_stride) or by `QATask`.
+`best_spans` decodes them by `rule`:
+  "pipeline", transformers' (4.x) question-answering pipeline (`pipeline()`, `Predictor.answer`): logits outside the
+      context are set to -10000 before the softmax ([CLS] takes part, then gets probability 0); a span scores
+      p(start) * p(end), start <= end < start + max_answer_len; each window gives its top_k, widened to whole words
+      with align_to_words; answers of equal text (any case) add their scores (merge="max": keep the best).
+      No-answer score: the minimum over windows of p_start([CLS]) * p_end([CLS]).
+  "run_squad", google-research/bert's run_squad.py (`QATask`): pairs of each window's top_k start and end logits
+      over the context, start <= end, length <= max_answer_len, the start piece in its "max-context" window (where
+      it has the most context on both sides, so overlapping windows do not vote twice); a span scores start + end
+      logit, its best over windows; the top_k spans best first, with probabilities (softmax over them).
+      No-answer score: the minimum over windows of the [CLS] start + end logit.
 """
 
 from __future__ import annotations
@@ -120,11 +115,9 @@ def best_spans(windows: Windows, start_logits, end_logits, top_k: int, max_answe
     for w, (a, b) in enumerate(windows.spans):
         n = len(windows.rows[w])
         lo, hi = windows.first, windows.first + b - a                        # the window's context positions
-        if rule == "pipeline":
-            cls_score, spans = _pipeline_window(start_logits[w][:n], end_logits[w][:n], lo, hi, top_k, max_answer_len)
-        else:
-            cls_score, spans = _squad_window(np.asarray(start_logits[w][:n]), np.asarray(end_logits[w][:n]), lo, hi,
-                                             top_k, max_answer_len)
+        spans_of = _pipeline_window if rule == "pipeline" else _squad_window
+        cls_score, spans = spans_of(start_logits[w][:n], end_logits[w][:n], lo, hi, top_k, max_answer_len)
+        if owner is not None:
             spans = [(score, s, e) for score, s, e in spans if owner[a + s - lo] == w]
         null = min(null, cls_score)
         found += [(score, w, s, e) for score, s, e in spans]
@@ -133,17 +126,14 @@ def best_spans(windows: Windows, start_logits, end_logits, top_k: int, max_answe
     return _by_span(windows, found, top_k), null
 
 
-def _probabilities(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(torch.where(allowed, logits, torch.full_like(logits, _OUTSIDE)), -1)
-
-
 def _pipeline_window(start_logits, end_logits, lo: int, hi: int, top_k: int, max_answer_len: int):
     """p_start([CLS]) * p_end([CLS]), and the window's top_k spans (score, s, e) inside the context."""
     n = len(start_logits)
     allowed = torch.zeros(n, dtype=torch.bool)
     allowed[0] = True
     allowed[lo:hi] = True
-    ps, pe = _probabilities(start_logits, allowed), _probabilities(end_logits, allowed)
+    ps, pe = (torch.softmax(torch.where(allowed, x, torch.full_like(x, _OUTSIDE)), -1)
+              for x in (start_logits, end_logits))
     cls_score = float(ps[0] * pe[0])
     ps[0] = pe[0] = 0.0
     flat = torch.triu(torch.tril(ps[:, None] * pe[None, :], max_answer_len - 1)).flatten()   # end in [start, +len)
@@ -155,9 +145,9 @@ def _pipeline_window(start_logits, end_logits, lo: int, hi: int, top_k: int, max
     return cls_score, [(score, s, e) for score, s, e in spans if allowed[s] and allowed[e]]
 
 
-def _squad_window(start_logits: np.ndarray, end_logits: np.ndarray, lo: int, hi: int, top_k: int,
-                  max_answer_len: int):
+def _squad_window(start_logits, end_logits, lo: int, hi: int, top_k: int, max_answer_len: int):
     """The [CLS] start + end logit, and the pairs of the top_k start and end logits over the context."""
+    start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
     s_top = lo + np.argsort(-start_logits[lo:hi])[:top_k]
     e_top = lo + np.argsort(-end_logits[lo:hi])[:top_k]
     spans = [(float(start_logits[s] + end_logits[e]), s, e) for s in s_top for e in e_top
@@ -186,10 +176,7 @@ def _by_span(windows: Windows, found: list, top_k: int) -> list[dict]:
         best.setdefault(windows.char_span(w, s, e, False), score)
     answers = [{"score": score, "start": a, "end": b, "answer": windows.context[a:b]}
                for (a, b), score in itertools.islice(best.items(), top_k)]
-    if answers:
-        scores = np.array([x["score"] for x in answers])
-        p = np.exp(scores - scores.max())
-        p /= p.sum()
-        for x, pr in zip(answers, p):
-            x["probability"] = float(pr)
+    p = np.exp(np.array([x["score"] for x in answers]) - (answers[0]["score"] if answers else 0.0))   # best first
+    for x, pr in zip(answers, p / p.sum()):
+        x["probability"] = float(pr)
     return answers

@@ -73,12 +73,9 @@ def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
     out: list[int | None] = []
     word = -1
     for c in continues:
-        if c is None:
-            out.append(None)
-            continue
-        if not (c and word >= 0):
+        if c is not None and not (c and word >= 0):      # a piece that starts a word, or the first piece
             word += 1
-        out.append(word)
+        out.append(None if c is None else word)
     return out
 
 
@@ -123,10 +120,11 @@ def hidden_states(out, layers: Sequence[int] | None = None) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class FillVocab:
-    """The pieces a [MASK] may take, as (vocab,) bool masks over a tokenizer's vocabulary."""
-    word_start: torch.Tensor             # starts a word: not a continuation, not special, not "[unused..]"
-    continuation: torch.Tensor           # continues the word before it
-    not_special: torch.Tensor            # anything but [PAD] / [UNK] / [CLS] / [SEP] / [MASK]
+    """The pieces a [MASK] may take, as (vocab,) bool masks: those that start a word (not a continuation, not special,
+    not "[unused..]"), those that continue one, and anything but [PAD] / [UNK] / [CLS] / [SEP] / [MASK]."""
+    word_start: torch.Tensor
+    continuation: torch.Tensor
+    not_special: torch.Tensor
 
     @classmethod
     def of(cls, tok) -> "FillVocab":

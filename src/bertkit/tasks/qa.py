@@ -9,11 +9,9 @@ context longer than one window is covered by several overlapping ones (none is d
 Training labels are the answer's first/last piece inside the window; a window that does not contain the whole
 answer (and every window of an unanswerable question) points at [CLS] (position 0), as the original does.
 
-Decoding is `predict.answers.best_spans` under run_squad's rule: the `n_best` highest start and end logits over
-context pieces, pairs with start <= end, length <= `max_answer_length`, and the start piece in its "max-context"
-window; score = start_logit + end_logit; the null score is the [CLS] start + end logit, the minimum over the
-example's windows. SQuAD 2.0: predict "" when null score - best span score > threshold, with the threshold chosen on
-dev to maximise F1 (`metrics.best_null_threshold`) and saved with the model.
+Decoding is `predict.answers.best_spans` under run_squad's rule (`n_best` start / end logits, start + end logit,
+max-context windows, the null score from [CLS]). SQuAD 2.0: predict "" when null score - best span score >
+threshold, with the threshold chosen on dev to maximise F1 (`metrics.best_null_threshold`) and saved with the model.
 """
 
 from __future__ import annotations
