@@ -433,17 +433,15 @@ class Predictor:
         stride = min(128, (max_length - max_length // 3 - 3) // 2)
         windows = [Windows.build(self.tokenizer, q, c, max_length, stride, max_question=max_length // 3)
                    for q, c in zip(questions, contexts)]
-        rows = [(k, w) for k, win in enumerate(windows) for w in range(len(win.rows))]
+        rows = [r for win in windows for r in win.rows]                # every example's windows, one list
+        types = [t for win in windows for t in win.types]
         starts: list = [None] * len(rows)                               # start / end logits per window row
         ends: list = [None] * len(rows)
 
         def batch(idx):
-            win = [windows[rows[i][0]] for i in idx]
-            return pad_batch([w.rows[rows[i][1]] for w, i in zip(win, idx)],
-                             [w.types[rows[i][1]] for w, i in zip(win, idx)], self.tokenizer.pad_token_id,
+            return pad_batch([rows[i] for i in idx], [types[i] for i in idx], self.tokenizer.pad_token_id,
                              device=self.device)
-        for idx, _, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, batch_size,
-                                         self.precision):
+        for idx, _, o in forward_batches(self.model, [len(r) for r in rows], batch, batch_size, self.precision):
             for r, i in enumerate(idx):
                 starts[i], ends[i] = o.start_logits[r].float().cpu(), o.end_logits[r].float().cpu()
         out, first = [], 0

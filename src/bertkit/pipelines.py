@@ -266,8 +266,7 @@ class TokenClassificationPipeline(Pipeline):
             subword = len(word) != end - start
             if t == tok.unk_token_id:                      # an unknown word is shown as written
                 word, subword = text[start:end], False
-            out.append({"word": word, "start": start, "end": end, "index": i,
-                        "is_subword": subword})
+            out.append({"word": word, "start": start, "end": end, "index": i, "is_subword": subword})
         return out
 
     def _aggregate(self, tokens: list[dict], scores: torch.Tensor, strategy: str) -> list[dict]:
