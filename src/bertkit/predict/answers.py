@@ -115,10 +115,12 @@ def best_spans(windows: Windows, start_logits, end_logits, top_k: int, max_answe
     for w, (a, b) in enumerate(windows.spans):
         n = len(windows.rows[w])
         lo, hi = windows.first, windows.first + b - a                        # the window's context positions
-        spans_of = _pipeline_window if rule == "pipeline" else _squad_window
-        cls_score, spans = spans_of(start_logits[w][:n], end_logits[w][:n], lo, hi, top_k, max_answer_len)
-        if owner is not None:
-            spans = [(score, s, e) for score, s, e in spans if owner[a + s - lo] == w]
+        if rule == "pipeline":
+            cls_score, spans = _pipeline_window(start_logits[w][:n], end_logits[w][:n], lo, hi, top_k, max_answer_len)
+        else:                                           # starts whose max-context window this is
+            mine = [owner[p] == w for p in range(a, b)]
+            cls_score, spans = _squad_window(start_logits[w][:n], end_logits[w][:n], lo, hi, top_k, max_answer_len,
+                                             mine)
         null = min(null, cls_score)
         found += [(score, w, s, e) for score, s, e in spans]
     if rule == "pipeline":
@@ -145,12 +147,13 @@ def _pipeline_window(start_logits, end_logits, lo: int, hi: int, top_k: int, max
     return cls_score, [(score, s, e) for score, s, e in spans if allowed[s] and allowed[e]]
 
 
-def _squad_window(start_logits, end_logits, lo: int, hi: int, top_k: int, max_answer_len: int):
-    """The [CLS] start + end logit, and the pairs of the top_k start and end logits over the context."""
+def _squad_window(start_logits, end_logits, lo: int, hi: int, top_k: int, max_answer_len: int, mine: list[bool]):
+    """The [CLS] start + end logit, and the pairs of the top_k start and end logits over the context (context
+    positions lo..hi), the start one of `mine`."""
     start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
     s_top = lo + np.argsort(-start_logits[lo:hi])[:top_k]
     e_top = lo + np.argsort(-end_logits[lo:hi])[:top_k]
-    spans = [(float(start_logits[s] + end_logits[e]), s, e) for s in s_top for e in e_top
+    spans = [(float(start_logits[s] + end_logits[e]), s, e) for s in s_top if mine[s - lo] for e in e_top
              if s <= e and e - s + 1 <= max_answer_len]
     return float(start_logits[0] + end_logits[0]), spans
 
