@@ -128,7 +128,7 @@ def test_joint_fill_scores_are_pseudo_likelihoods_and_beat_independent(predictor
     assert math.log(free.score) >= predictor.pseudo_log_likelihood([free_indep], positions)[0] - 1e-5
     # with a beam as wide as the vocabulary the search finds the brute-force PLL optimum of 2 masks often enough:
     # at least it must be within the top few of all |V|^2 fills
-    cand = [i for i in range(len(tok.vocab)) if bool(predictor._word_start[i])]
+    cand = [i for i in range(len(tok.vocab)) if bool(predictor.fills.word_start[i])]
     rows = []
     for a, b in itertools.product(cand, cand):
         r = list(ids)

@@ -98,12 +98,17 @@ def test_relevance_is_the_log_odds_of_the_positive_label(labels):
         assert torch.allclose(torch.sigmoid(z), p, atol=1e-6)
 
 
-def test_word_ids_and_first_piece_labels():
-    words = word_ids([None, "paris", "cap", "##ital", "##s", "is", None])
+def test_word_ids_and_first_piece_labels(tok):
+    ids = tok.convert_tokens_to_ids(["paris", "cap", "##ital", "##s", "is"])
+    assert tok.continues_word(ids) == [False, False, True, True, False]
+    words = word_ids([None, *tok.continues_word(ids), None])
     assert words == [None, 0, 1, 1, 1, 2, None]
     probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.6, 0.4], [0.6, 0.4], [0.1, 0.9], [1.0, 0.0]])
     assert word_labels(probs, words) == {0: (1, pytest.approx(0.8)), 1: (1, pytest.approx(0.7)),
                                          2: (1, pytest.approx(0.9))}
+    # transformers' other aggregation rules: the mean of a word's pieces, or its most confident piece
+    assert word_labels(probs, words, "average")[1] == (0, pytest.approx(0.5))
+    assert word_labels(probs, words, "max")[1] == (1, pytest.approx(0.7))
 
 
 def test_hidden_states_averages_chosen_layers_and_names_a_bad_one():

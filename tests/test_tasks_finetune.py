@@ -219,15 +219,16 @@ def test_qa_windows_cover_long_contexts(tiny_dir):
     assert task.stats["truncated_questions"] == 30 and task.stats["multi_window_examples"] > 0
     for i, e in enumerate(ex):
         fs = [f for f in feats if f.example == i]
-        n_ctx = len(fs[0].ctx_offsets)
+        n_ctx = len(fs[0].windows.offsets)
         covered = set()
         for f in fs:
             assert len(f.input_ids) <= 24
-            covered |= set(range(f.ctx_start, f.ctx_end))
+            ctx_start, ctx_end = f.windows.spans[f.window]
+            covered |= set(range(ctx_start, ctx_end))
             if f.start_positions:  # the labelled span is the answer text
-                offs = f.ctx_offsets
-                a = offs[f.start_positions - f.offset + f.ctx_start][0]
-                b = offs[f.end_positions - f.offset + f.ctx_start][1]
+                offs = f.windows.offsets
+                a = offs[f.start_positions - f.windows.first + ctx_start][0]
+                b = offs[f.end_positions - f.windows.first + ctx_start][1]
                 assert e.context[a:b] == e.answers[0][0]
         assert covered == set(range(n_ctx))
         assert any(f.start_positions for f in fs)

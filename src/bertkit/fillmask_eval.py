@@ -4,8 +4,9 @@
     p = Predictor.load("runs/demo/pretrain/model")
     multi_mask_eval(p, sentences, MultiMaskOptions(span="scattered", limit=60))
 
-Used by `bertkit demo` (its fill-mask stage) and `benchmarks/fillmask.py`. The decoders are the Predictor's
-(`joint_fill`, and the per-mask argmax of one forward pass); this module picks the words to mask and counts.
+Used by `bertkit demo` (its fill-mask stage) and `benchmarks/fillmask.py`. The decoders are the engine's: the
+Predictor's `joint_fill`, and the per-mask argmax of one forward pass (`predict.decode.top_fills`); this module picks
+the words to mask and counts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Sequence
 
 from bertkit.errors import ConfigError, DataError
 from bertkit.infer import Predictor
+from bertkit.predict.decode import join_pieces, top_fills
 from bertkit.progress import bar as progress_bar
 
 
@@ -118,13 +120,13 @@ def _decode_cases(predictor: "Predictor", cases, opts: MultiMaskOptions) -> tupl
         joint = tok.convert_tokens_to_ids(
             predictor.joint_fill(ids, positions, top_k=1, beam_size=opts.beam_size)[0].tokens)
         lp = predictor.log_probs([ids], positions)[0]                    # one forward for both baselines
-        indep = predictor.argmax_per_mask(lp, words=False)
-        indep_w = predictor.argmax_per_mask(lp, words=True)
+        indep = top_fills(lp, predictor.fills.not_special, 1)[1][:, 0].tolist()
+        indep_w = top_fills(lp, predictor.fills.word_start, 1)[1][:, 0].tolist()
         for name, pred in (("joint", joint), ("independent", indep), ("independent_words", indep_w)):
             stats[name][0] += int(pred == truth)
             stats[name][1] += sum(int(a == b) for a, b in zip(pred, truth))
         if len(examples) < 8 and joint != indep:
-            examples.append({"masked": " ".join(tok.convert_ids_to_tokens(ids[1:-1])).replace(" ##", ""),
+            examples.append({"masked": join_pieces(tok, ids[1:-1]),
                              "truth": tok.convert_ids_to_tokens(truth), "joint": tok.convert_ids_to_tokens(joint),
                              "independent": tok.convert_ids_to_tokens(indep)})
     return stats, examples

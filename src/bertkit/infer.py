@@ -50,7 +50,8 @@ from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, score_function, word_ids, word_labels
+from bertkit.predict.decode import (FillVocab, class_scores, join_pieces, score_function, top_fills, word_ids,
+                                    word_labels)
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
 from bertkit.predict.load import head_of
 from bertkit.textfiles import read_text
@@ -111,14 +112,9 @@ class Predictor:
         self.device = next(model.parameters()).device
         self._special = {tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
                          tokenizer.mask_token_id, tokenizer.unk_token_id}
-        itos = tokenizer.ids_to_tokens
-        self._is_cont = torch.tensor([t.startswith("##") for t in itos], dtype=torch.bool)
-        # pieces that can fill a word-start slot: not a continuation, not special, not "[unused..]"
-        self._word_start = ~self._is_cont & torch.tensor([not (t.startswith("[") and t.endswith("]")) for t in itos])
-        self._cont_ok = self._is_cont.clone()
-        self._not_special = torch.tensor([t not in self._special for t in range(len(itos))])
+        self.fills = FillVocab.of(tokenizer)            # the pieces a [MASK] may take
         # the vocab can be padded past the tokenizer (multiple of 8): never predict the padding rows
-        self._n_vocab = len(itos)
+        self._n_vocab = len(tokenizer.ids_to_tokens)
 
     # ---------------------------------------------------------------------------------------------- loading
     @classmethod
@@ -225,11 +221,6 @@ class Predictor:
         where = {p: i for i, p in enumerate(order)}
         return lp[:, [where[p] for p in positions]]
 
-    def _join(self, ids: list[int]) -> str:
-        """Pieces back to text: special tokens dropped, "##" continuations glued to the piece before."""
-        toks = [t for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids)) if i not in self._special]
-        return " ".join(toks).replace(" ##", "")
-
     # ---------------------------------------------------------------------------------------------- fill-mask
     def fill_mask(self, text: str, top_k: int = 5, beam_size: int = 8, whole_word: bool = True, max_pieces: int = 3,
                   max_length: int = 512) -> dict:
@@ -251,16 +242,13 @@ class Predictor:
             raise BertkitError(f"{self.name} has no masked-LM head (it is a {self.task} model); fill-mask needs one")
 
     def _fill_one(self, ids: list[int], pos: int, top_k: int, beam_size: int, max_pieces: int) -> list[dict]:
-        lp = self.log_probs([ids], [pos])[0, 0]
-        lp = lp.masked_fill(~self._word_start, -math.inf)
-        vals, idx = lp.topk(top_k)
+        vals, idx = top_fills(self.log_probs([ids], [pos])[0, 0], self.fills.word_start, top_k)
         cands: dict[str, tuple[float, list[int]]] = {}
         for v, i in zip(vals.tolist(), idx.tolist()):
-            cands[self.tokenizer.ids_to_tokens[i]] = (v, [i])
+            cands[join_pieces(self.tokenizer, [i])] = (v, [i])
         for n in range(2, max_pieces + 1):
             for pieces, score in self._fill_word(ids, pos, n, beam_size):
-                toks = self.tokenizer.convert_ids_to_tokens(pieces)
-                word = toks[0] + "".join(t[2:] for t in toks[1:])
+                word = join_pieces(self.tokenizer, pieces)
                 if word in self.tokenizer.vocab:      # the tokenizer would keep it whole: not a real split
                     continue
                 if word not in cands or cands[word][0] < score:
@@ -270,7 +258,8 @@ class Predictor:
         for word, (score, pieces) in ranked:
             filled = ids[:pos] + pieces + ids[pos + 1:]
             out.append({"word": word, "score": round(math.exp(score), 6),
-                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces), "sequence": self._join(filled)})
+                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces),
+                        "sequence": join_pieces(self.tokenizer, filled, self._special)})
         return out
 
     def _fill_word(self, ids: list[int], pos: int, n: int, beam_size: int) -> list[tuple[list[int], float]]:
@@ -283,10 +272,9 @@ class Predictor:
                 return []
             rows = [base[:pos] + p + base[pos + step:] for p, _ in beams]
             lp = self.log_probs(rows, [pos + step])[:, 0]             # (beams, vocab)
-            allowed = self._word_start if step == 0 else self._cont_ok
-            lp = lp.masked_fill(~allowed, -math.inf)
+            allowed = self.fills.word_start if step == 0 else self.fills.continuation
             scores = lp + torch.tensor([s for _, s in beams]).unsqueeze(1)
-            vals, flat = scores.flatten().topk(min(beam_size, scores.numel()))
+            vals, flat = top_fills(scores.flatten(), allowed.repeat(len(beams)), beam_size)
             V = lp.shape[1]
             beams = [(beams[f // V][0] + [f % V], v) for v, f in zip(vals.tolist(), flat.tolist()) if v > -math.inf]
         return beams
@@ -295,15 +283,7 @@ class Predictor:
         """Baseline: the argmax of each mask from one forward pass with every mask still masked (transformers'
         fill-mask pipeline per mask). words=True: only pieces that start a word (no "##" pieces)."""
         self._require_mlm()
-        return self.argmax_per_mask(self.log_probs([ids], positions)[0], words)
-
-    def argmax_per_mask(self, lp: torch.Tensor, words: bool) -> list[int]:
-        """(masks, vocab) log-probs -> each mask's best allowed piece."""
-        return [int(row.argmax()) for row in lp.masked_fill(~self._allowed(words), -math.inf)]
-
-    def _allowed(self, words: bool) -> torch.Tensor:
-        """(vocab,) bool: the pieces a mask may take: word starts only (words=True), else anything not special."""
-        return self._word_start if words else self._not_special
+        return top_fills(self.log_probs([ids], positions)[0], self.fills.allowed(words), 1)[1][:, 0].tolist()
 
     def pseudo_log_likelihood(self, rows: list[list[int]], positions: list[int]) -> list[float]:
         """sum_i log p(row[i] | row with only position i masked), for each row (same mask positions)."""
@@ -328,18 +308,18 @@ class Predictor:
         words=True (the default, as for one mask): every [MASK] stands for one word, so it takes only pieces that
         start a word (a "##" piece would glue onto the word before it)."""
         self._require_mlm()
-        blocked = ~self._allowed(words)
         beams: list[tuple[list[int], float]] = [(list(ids), 0.0)]
         for _ in range(len(positions)):
-            lp = self.log_probs([b for b, _ in beams], positions).masked_fill(blocked, -math.inf)  # (beams, masks, V)
+            # (beams, masks, beam_size): each mask's best pieces in each beam
+            tops, picks = top_fills(self.log_probs([b for b, _ in beams], positions), self.fills.allowed(words),
+                                    beam_size)
             candidates: dict[tuple, float] = {}
             for bi, (row, score) in enumerate(beams):
                 open_j = [j for j, p in enumerate(positions) if row[p] == self.tokenizer.mask_token_id]
                 # the mask the model is surest about goes first: it then conditions the harder ones
-                best_j = max(open_j, key=lambda j: float(lp[bi, j].max()))
+                best_j = max(open_j, key=lambda j: float(tops[bi, j, 0]))
                 best = positions[best_j]
-                vals, idx = lp[bi, best_j].topk(beam_size)
-                for v, t in zip(vals.tolist(), idx.tolist()):
+                for v, t in zip(tops[bi, best_j].tolist(), picks[bi, best_j].tolist()):
                     new = list(row)
                     new[best] = t
                     key = tuple(new)
@@ -356,7 +336,8 @@ class Predictor:
         pll = self.pseudo_log_likelihood(rows, positions)
         order = sorted(range(len(rows)), key=lambda i: -pll[i])[:top_k]
         return [FillResult(tokens=self.tokenizer.convert_ids_to_tokens([rows[i][p] for p in positions]),
-                           score=math.exp(pll[i]), sequence=self._join(rows[i])) for i in order]
+                           score=math.exp(pll[i]), sequence=join_pieces(self.tokenizer, rows[i], self._special))
+                for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
@@ -424,7 +405,7 @@ class Predictor:
         return out
 
     def _tagged_words(self, text: str, ids: list[int], offsets: list, probs: torch.Tensor, keep: int) -> list[dict]:
-        words = word_ids(self.tokenizer.convert_ids_to_tokens(ids))
+        words = word_ids(self.tokenizer.continues_word(ids))
         best = word_labels(probs, words[:keep])
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
         spans: dict[int, list[int]] = {}                                # word -> [first piece, last piece]
@@ -452,24 +433,23 @@ class Predictor:
         stride = min(128, (max_length - max_length // 3 - 3) // 2)
         windows = [Windows.build(self.tokenizer, q, c, max_length, stride, max_question=max_length // 3)
                    for q, c in zip(questions, contexts)]
-        rows = [(k, w) for k, win in enumerate(windows) for w in range(len(win.rows))]
+        rows = [r for win in windows for r in win.rows]                # every example's windows, one list
+        types = [t for win in windows for t in win.types]
         starts: list = [None] * len(rows)                               # start / end logits per window row
         ends: list = [None] * len(rows)
 
         def batch(idx):
-            win = [windows[rows[i][0]] for i in idx]
-            return pad_batch([w.rows[rows[i][1]] for w, i in zip(win, idx)],
-                             [w.types[rows[i][1]] for w, i in zip(win, idx)], self.tokenizer.pad_token_id,
+            return pad_batch([rows[i] for i in idx], [types[i] for i in idx], self.tokenizer.pad_token_id,
                              device=self.device)
-        for idx, _, o in forward_batches(self.model, [len(windows[k].rows[w]) for k, w in rows], batch, batch_size,
-                                         self.precision):
+        for idx, _, o in forward_batches(self.model, [len(r) for r in rows], batch, batch_size, self.precision):
             for r, i in enumerate(idx):
                 starts[i], ends[i] = o.start_logits[r].float().cpu(), o.end_logits[r].float().cpu()
         out, first = [], 0
         for win in windows:                                             # best_spans reads each row's own length
             mine = slice(first, first + len(win.rows))
             first += len(win.rows)
-            answers, _ = best_spans(win, starts[mine], ends[mine], 1, max_answer_pieces, True, merge="max")
+            answers, _ = best_spans(win, starts[mine], ends[mine], 1, max_answer_pieces, align_to_words=True,
+                                    merge="max")
             best = max((a for a in answers if a["answer"]), key=lambda a: a["score"], default=None)
             out.append({"answer": "", "score": 0.0, "start": None, "end": None} if best is None else
                        {"answer": best["answer"], "score": round(best["score"], 6), "start": best["start"],

@@ -26,7 +26,7 @@ from bertkit.errors import BertkitError, ConfigError
 from bertkit.hub import resolve_model_dir
 from bertkit.infer import Predictor
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, score_function
+from bertkit.predict.decode import class_scores, score_function, top_fills, word_ids, word_labels
 from bertkit.predict.engine import PRECISION, encode, forward
 
 __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipeline", "TextClassificationPipeline",
@@ -149,8 +149,7 @@ class FillMaskPipeline(Pipeline):
             probs = probs[:, target_ids]
         single = len(positions) == 1
         rows = []
-        for pos, row in zip(positions, probs):
-            values, picks = row.topk(min(top_k, row.numel()))
+        for pos, values, picks in zip(positions, *top_fills(probs, None, top_k)):
             rows.append([self._proposal(ids, pos, target_ids[p] if target_ids is not None else p, v, single)
                          for v, p in zip(values.tolist(), picks.tolist())])
         return rows[0] if single else rows
@@ -250,13 +249,13 @@ class TokenClassificationPipeline(Pipeline):
         scores = torch.softmax(self._forward(batch).logits.float(), -1).cpu()           # (batch, seq, labels)
         out = []
         for b, text in enumerate(texts):
-            tokens = self._tokens(text, batch["input_ids"][b].tolist(), batch["offsets"][b], scores[b])
-            entities = self._aggregate(tokens, strategy)
+            tokens = self._tokens(text, batch["input_ids"][b].tolist(), batch["offsets"][b])
+            entities = self._aggregate(tokens, scores[b], strategy)
             out.append([e for e in entities if e.get("entity", e.get("entity_group")) not in ignore])
         return out
 
-    def _tokens(self, text: str, ids: list[int], offsets: list, scores: torch.Tensor) -> list[dict]:
-        """Each token but [CLS] / [SEP] / padding: its word, span, scores and whether it continues a word."""
+    def _tokens(self, text: str, ids: list[int], offsets: list) -> list[dict]:
+        """Each token but [CLS] / [SEP] / padding: its word, span, position and whether it continues a word."""
         tok = self.tokenizer
         added = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id}
         out = []
@@ -267,35 +266,25 @@ class TokenClassificationPipeline(Pipeline):
             subword = len(word) != end - start
             if t == tok.unk_token_id:                      # an unknown word is shown as written
                 word, subword = text[start:end], False
-            out.append({"word": word, "scores": scores[i], "start": start, "end": end, "index": i,
-                        "is_subword": subword})
+            out.append({"word": word, "start": start, "end": end, "index": i, "is_subword": subword})
         return out
 
-    def _aggregate(self, tokens: list[dict], strategy: str) -> list[dict]:
-        labels = self._labels()
-        if strategy in ("none", "simple"):
-            entities = []
-            for t in tokens:
-                best = int(t["scores"].argmax())
-                entities.append({"entity": labels[best], "score": float(t["scores"][best]), "index": t["index"],
-                                 "word": t["word"], "start": t["start"], "end": t["end"]})
-            return entities if strategy == "none" else self._group(entities)
-        # a word starts at the first token and at every token that does not continue one
-        starts = [i for i, t in enumerate(tokens) if i == 0 or not t["is_subword"]]
-        ends = starts[1:] + [len(tokens)]
-        return self._group([self._word(tokens[a:b], strategy, labels) for a, b in zip(starts, ends)])
-
-    def _word(self, tokens: list[dict], strategy: str, labels: list[str]) -> dict:
-        """One word from its tokens: the first token's label, the most confident token's, or the mean scores'."""
-        if strategy == "first":
-            scores = tokens[0]["scores"]
-        elif strategy == "max":
-            scores = max(tokens, key=lambda t: float(t["scores"].max()))["scores"]
-        else:
-            scores = torch.stack([t["scores"] for t in tokens]).mean(0)
-        best = int(scores.argmax())
-        return {"entity": labels[best], "score": float(scores[best]), "word": self._decode([t["word"] for t in tokens]),
-                "start": tokens[0]["start"], "end": tokens[-1]["end"]}
+    def _aggregate(self, tokens: list[dict], scores: torch.Tensor, strategy: str) -> list[dict]:
+        """Labelled tokens ("none", "simple": each token is its own word) or words, as transformers groups them: a
+        word starts at the first token and at every token that does not continue one."""
+        per_token = strategy in ("none", "simple")
+        words: list[int | None] = [None] * len(scores)                    # each position's word
+        members: dict[int, list[dict]] = {}
+        for t, w in zip(tokens, range(len(tokens)) if per_token else word_ids([t["is_subword"] for t in tokens])):
+            words[t["index"]] = w
+            members.setdefault(w, []).append(t)
+        labels, entities = self._labels(), []
+        for w, (j, p) in word_labels(scores, words, "first" if per_token else strategy).items():
+            ts = members[w]
+            entities.append({"entity": labels[j], "score": p, "index": ts[0]["index"],
+                             "word": ts[0]["word"] if per_token else self._decode([t["word"] for t in ts]),
+                             "start": ts[0]["start"], "end": ts[-1]["end"]})
+        return entities if strategy == "none" else self._group(entities)
 
     def _group(self, entities: list[dict]) -> list[dict]:
         """Adjacent entities of one type become one group; a B- tag starts a new group."""
@@ -345,7 +334,7 @@ class QuestionAnsweringPipeline(Pipeline):
         windows = Windows.build(self.tokenizer, item["question"], item["context"], limit, stride)
         out = self._forward(windows.batch(self.tokenizer.pad_token_id, self.predictor.device))
         answers, null = best_spans(windows, out.start_logits.float().cpu(), out.end_logits.float().cpu(), top_k,
-                                   max_answer_len, opts["align_to_words"])
+                                   max_answer_len, align_to_words=opts["align_to_words"])
         if opts["handle_impossible_answer"]:
             answers.append({"score": null, "start": 0, "end": 0, "answer": ""})
         answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]

@@ -3,15 +3,17 @@
     batch = encode(tok, texts, pairs, max_length)          # the tokenizer's own batch call, longest-first truncation
     for idx, batch, out in forward_batches(model, lengths, make_batch, batch_size, precision): ...
     class_scores(logits, score_function(config))            # the decoders: pure functions of the model's outputs
-    relevance(logits, positive) / word_labels(...) / best_spans(windows, ...) / hidden_states(...)
+    relevance(logits, positive) / word_labels(scores, words) / best_spans(windows, ..., rule) / top_fills(...) / ...
 
 The front doors (`Predictor`, `pipeline()`, `serve`, the CLI, the task evaluations) parse their inputs and format
 their outputs; loading, batching, the forward pass, precision and decoding live here, once.
 """
 
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, hidden_states, relevance, score_function, word_ids, word_labels
+from bertkit.predict.decode import (FillVocab, class_scores, hidden_states, join_pieces, relevance, score_function,
+                                    top_fills, word_ids, word_labels)
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
 
 __all__ = ["encode", "forward", "forward_batches", "PRECISION", "class_scores", "relevance", "score_function",
-           "word_ids", "word_labels", "hidden_states", "Windows", "best_spans"]
+           "word_ids", "word_labels", "hidden_states", "Windows", "best_spans", "FillVocab", "top_fills",
+           "join_pieces"]

@@ -2,25 +2,31 @@
 
     class_scores(logits, score_function(config))   # (n, labels) -> probabilities (softmax / sigmoid) or as-is
     relevance(logits, positive)                     # (n, labels) -> (n,) log-odds that a pair is relevant
-    word_ids(tokens)                                # WordPiece tokens -> the word each piece belongs to
-    word_labels(probs, words)                       # (seq, labels) + word of each position -> a label per word
+    word_ids(tok.continues_word(ids))               # pieces -> the word each piece belongs to
+    word_labels(scores, words, rule="first")        # (seq, labels) + word of each position -> a label per word
     hidden_states(out, layers)                      # the last layer, or chosen layers averaged, for pooling
+    top_fills(log_probs, FillVocab.of(tok).word_start, k)   # one fill-mask step: the k best pieces a mask may take
+    join_pieces(tok, ids)                           # pieces back to text ("cap ##ital" -> "capital")
 
 Answer spans are `answers.best_spans` (windows over long contexts); embeddings pool `hidden_states` with the
-sentence-transformers modules of `embed.pooling.SentenceEncoder`. Fill-mask decoding is a search that runs the
-model again per step, so it lives with the Predictor.
+sentence-transformers modules of `embed.pooling.SentenceEncoder`. Fill-mask's searches (several pieces for one word,
+several masks decoded jointly) re-run the model between steps, so they stay with the Predictor, which calls
+`top_fills` at every step.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from dataclasses import dataclass
+from typing import Container, Sequence
 
 import numpy as np
 import torch
 
 from bertkit.errors import BertkitError, ConfigError
 
-__all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "word_ids", "word_labels", "hidden_states"]
+__all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "WORD_RULES", "word_ids", "word_labels",
+           "hidden_states", "FillVocab", "top_fills", "join_pieces"]
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
@@ -61,29 +67,41 @@ def relevance(logits, positive: int = 1):
     return z.numpy() if isinstance(logits, np.ndarray) else z
 
 
-def word_ids(tokens: Sequence[str | None]) -> list[int | None]:
-    """The word each WordPiece token belongs to (a "##" piece continues the word before it); None for None
-    (a special or padding position)."""
+def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
+    """The word of each position, from whether its piece continues the word before it (the tokenizer's
+    `continues_word`); None stays None (a special or padding position)."""
     out: list[int | None] = []
     word = -1
-    for t in tokens:
-        if t is None:
-            out.append(None)
-            continue
-        if not (t.startswith("##") and word >= 0):
+    for c in continues:
+        if c is not None and not (c and word >= 0):      # a piece that starts a word, or the first piece
             word += 1
-        out.append(word)
+        out.append(None if c is None else word)
     return out
 
 
-def word_labels(probs: torch.Tensor, words: Sequence[int | None]) -> dict[int, tuple[int, float]]:
-    """(seq, labels) probabilities and the word of each position -> {word: (label index, score)} from the word's
-    first position (the paper's NER rule: a word is labelled by its first piece)."""
-    out: dict[int, tuple[int, float]] = {}
+WORD_RULES = ("first", "average", "max")
+
+
+def word_labels(scores, words: Sequence[int | None], rule: str = "first") -> dict[int, tuple[int, float]]:
+    """(seq, labels) scores (torch or numpy) and the word of each position -> {word: (label index, score)}: the
+    scores of the word's first piece (the paper's NER rule), their mean over its pieces ("average"), or those of its
+    most confident piece ("max"), as transformers' aggregation strategies name them."""
+    if rule not in WORD_RULES:
+        raise ConfigError(f"word labels: rule={rule!r} is not one of {WORD_RULES}")
+    pieces: dict[int, list[int]] = {}
     for pos, w in enumerate(words):
-        if w is not None and w not in out:
-            j = int(probs[pos].argmax())
-            out[w] = (j, float(probs[pos, j]))
+        if w is not None:
+            pieces.setdefault(w, []).append(pos)
+    out: dict[int, tuple[int, float]] = {}
+    for w, ps in pieces.items():
+        if rule == "first":
+            row = scores[ps[0]]
+        elif rule == "max":
+            row = scores[max(ps, key=lambda p: float(scores[p].max()))]
+        else:
+            row = scores[ps].mean(0)
+        j = int(row.argmax())
+        out[w] = (j, float(row[j]))
     return out
 
 
@@ -98,3 +116,40 @@ def hidden_states(out, layers: Sequence[int] | None = None) -> torch.Tensor:
     except IndexError:
         raise BertkitError(f"layers {list(layers)} out of range: the model has {len(hs) - 1} layers "
                            f"(0 = embeddings, -1 = last)") from None
+
+
+@dataclass(frozen=True)
+class FillVocab:
+    """The pieces a [MASK] may take, as (vocab,) bool masks: those that start a word (not a continuation, not special,
+    not "[unused..]"), those that continue one, and anything but [PAD] / [UNK] / [CLS] / [SEP] / [MASK]."""
+    word_start: torch.Tensor
+    continuation: torch.Tensor
+    not_special: torch.Tensor
+
+    @classmethod
+    def of(cls, tok) -> "FillVocab":
+        itos = tok.ids_to_tokens
+        cont = torch.tensor(tok.continues_word(range(len(itos))), dtype=torch.bool)
+        bracketed = torch.tensor([t.startswith("[") and t.endswith("]") for t in itos], dtype=torch.bool)
+        special = {tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id}
+        return cls(~cont & ~bracketed, cont, torch.tensor([i not in special for i in range(len(itos))]))
+
+    def allowed(self, words: bool) -> torch.Tensor:
+        """Word starts only (words=True: a mask stands for a whole word), else anything not special."""
+        return self.word_start if words else self.not_special
+
+
+def top_fills(scores: torch.Tensor, allowed: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., vocab) log-probabilities (or probabilities) at mask positions -> each row's k best pieces among
+    `allowed` ((vocab,) bool; None: any): (scores, ids), best first. k=1 is the argmax (the first of equal scores)."""
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
+    if k == 1:
+        return scores.max(-1, keepdim=True)
+    return scores.topk(min(k, scores.shape[-1]))
+
+
+def join_pieces(tok, ids: Sequence[int], skip: Container[int] = ()) -> str:
+    """Pieces back to text without transformers' clean-up: joined by spaces, a word's "##" continuations glued on
+    ("cap ##ital" -> "capital"); ids in `skip` left out."""
+    return " ".join(t for i, t in zip(ids, tok.convert_ids_to_tokens(ids)) if i not in skip).replace(" ##", "")

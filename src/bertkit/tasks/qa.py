@@ -9,27 +9,22 @@ context longer than one window is covered by several overlapping ones (none is d
 Training labels are the answer's first/last piece inside the window; a window that does not contain the whole
 answer (and every window of an unanswerable question) points at [CLS] (position 0), as the original does.
 
-Decoding. For every window: the `n_best` highest start and end logits over context pieces, pairs with
-start <= end, length <= `max_answer_length`, and the start piece in its "max-context" window (the window where it
-has the most context on both sides, so overlapping windows do not vote twice); the answer text is the context
-substring between the pieces' character offsets. Score = start_logit + end_logit. The null score is the [CLS]
-start + end logit, the minimum over the example's windows. SQuAD 2.0: predict "" when
-null score - best span score > threshold, with the threshold chosen on dev to maximise F1
-(`metrics.best_null_threshold`) and saved with the model.
+Decoding is `predict.answers.best_spans` under run_squad's rule (`n_best` start / end logits, start + end logit,
+max-context windows, the null score from [CLS]). SQuAD 2.0: predict "" when null score - best span score >
+threshold, with the threshold chosen on dev to maximise F1 (`metrics.best_null_threshold`) and saved with the model.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from bertkit.atomic import write_text
 from bertkit.errors import DataError
 from bertkit.heads import BertForQuestionAnswering
+from bertkit.predict.answers import Windows, best_spans
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import SquadExample, read_squad
@@ -40,12 +35,10 @@ __all__ = ["QATask", "SpanFeature"]
 
 @dataclass(kw_only=True)
 class SpanFeature(Feature):
-    """One window of a context: [CLS] question [SEP] context[ctx_start:ctx_end] [SEP]."""
+    """One window of a context: [CLS] question [SEP] context[a:b] [SEP], (a, b) = windows.spans[window]."""
     example: int                             # index of the example
-    ctx_start: int                           # the window's context pieces [ctx_start, ctx_end)
-    ctx_end: int
-    offset: int                              # position of context piece ctx_start in `input_ids`
-    ctx_offsets: list[tuple[int, int]]       # character offsets of every context piece (shared by the windows)
+    windows: Windows                         # every window of the example's context (shared by its features)
+    window: int                              # which one this is
 
 
 def _context_pieces(tok, context: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -116,12 +109,11 @@ class QATask(Task):
             if starts[-1] + window < len(ids):
                 starts.append(len(ids) - window)  # the tail is always covered
             self.stats["multi_window_examples"] += len(starts) > 1
-            for ws in starts:
-                we = min(ws + window, len(ids))
-                row = tok.build_inputs([q], [ids[ws:we]])
-                off = len(q) + 2                                   # position of context piece ws in the feature
-                f = SpanFeature(input_ids=row["input_ids"][0], token_type_ids=row["token_type_ids"][0], example=ei,
-                                ctx_start=ws, ctx_end=we, offset=off, ctx_offsets=offs)
+            windows = Windows.of(tok, q, e.context, ids, offs, [(ws, min(ws + window, len(ids))) for ws in starts])
+            off = windows.first                                    # position of a window's first context piece
+            for k, (ws, we) in enumerate(windows.spans):
+                f = SpanFeature(input_ids=windows.rows[k], token_type_ids=windows.types[k], example=ei,
+                                windows=windows, window=k)
                 if with_labels:
                     if a_start is not None and ws <= a_start and a_end < we:
                         f.start_positions, f.end_positions = a_start - ws + off, a_end - ws + off
@@ -146,55 +138,20 @@ class QATask(Task):
                 logits[i] = (s[row, :n], e[row, :n])
         return self.decode(examples, feats, logits)
 
-    def _max_context(self, feats_of_example: list[SpanFeature]) -> dict[int, int]:
-        """context piece -> index (in the list) of the window where it has the most context on both sides."""
-        best: dict[int, tuple[float, int]] = {}
-        for k, f in enumerate(feats_of_example):
-            length = f.ctx_end - f.ctx_start
-            for p in range(f.ctx_start, f.ctx_end):
-                score = min(p - f.ctx_start, f.ctx_end - 1 - p) + 0.01 * length
-                if p not in best or score > best[p][0]:
-                    best[p] = (score, k)
-        return {p: k for p, (_, k) in best.items()}
-
-    def decode(self, examples: list[SquadExample], feats: list[dict], logits) -> list[dict]:
+    def decode(self, examples: list[SquadExample], feats: list[SpanFeature], logits) -> list[dict]:
         """Per example: best span text, its score, the null score, the margin (null - best) and the n-best list."""
-        by_ex: dict[int, list[int]] = {}
-        for i, f in enumerate(feats):
-            by_ex.setdefault(f.example, []).append(i)
+        by_ex: dict[int, tuple] = {}                  # example -> its windows, and each one's (start, end) logits
+        for f, lg in zip(feats, logits):
+            by_ex.setdefault(f.example, (f.windows, [None] * len(f.windows.spans)))[1][f.window] = lg
         out = []
         for ei, e in enumerate(examples):
-            fis = by_ex.get(ei, [])
-            fs = [feats[i] for i in fis]
-            offs = fs[0].ctx_offsets if fs else []
-            maxctx = self._max_context(fs)
-            cands, null = [], float("inf")
-            for k, i in enumerate(fis):
-                f, (sl, el) = feats[i], logits[i]
-                null = min(null, float(sl[0] + el[0]))
-                lo, hi = f.offset, f.offset + f.ctx_end - f.ctx_start   # context positions [lo, hi)
-                s_top = lo + np.argsort(-sl[lo:hi])[:self.n_best]
-                e_top = lo + np.argsort(-el[lo:hi])[:self.n_best]
-                for s in s_top:
-                    ps = f.ctx_start + s - lo
-                    if maxctx.get(ps) != k:
-                        continue
-                    for t in e_top:
-                        if t < s or t - s + 1 > self.max_answer_length:
-                            continue
-                        pe = f.ctx_start + t - lo
-                        cands.append((float(sl[s] + el[t]), offs[ps][0], offs[pe][1]))
-            span_score: dict[tuple[int, int], float] = {}     # a span found in two windows: its best score
-            for score, cs, ce in sorted(cands, key=lambda c: -c[0]):
-                span_score.setdefault((cs, ce), score)
-            nbest = [{"text": e.context[cs:ce], "score": score, "start": cs}
-                     for (cs, ce), score in itertools.islice(span_score.items(), self.n_best)]
-            if nbest:
-                sc = np.array([c["score"] for c in nbest])
-                p = np.exp(sc - sc.max())
-                p /= p.sum()
-                for c, pr in zip(nbest, p):
-                    c["probability"] = float(pr)
+            spans, null = [], math.inf
+            if ei in by_ex:
+                windows, lgs = by_ex[ei]
+                spans, null = best_spans(windows, [s for s, _ in lgs], [t for _, t in lgs], self.n_best,
+                                         self.max_answer_length, rule="run_squad")
+            nbest = [{"text": a["answer"], "score": a["score"], "start": a["start"],
+                      "probability": a["probability"]} for a in spans]
             best = nbest[0] if nbest else {"text": "", "score": -1e9, "start": -1}
             out.append({"id": e.id, "text": best["text"], "score": best["score"], "null_score": null,
                         "margin": null - best["score"], "nbest": nbest})

@@ -21,9 +21,8 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from bertkit.heads import IGNORE_INDEX, BertForTokenClassification
+from bertkit.predict.decode import word_labels
 from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
@@ -37,8 +36,7 @@ __all__ = ["TokenTask", "WordsFeature", "word_pieces"]
 class WordsFeature(Feature):
     """A window of a sentence's words: predictions are read at each word's first piece."""
     sentence: int                        # index of the sentence in the examples
-    word_start: int                      # its first word in the sentence
-    first_pieces: list[int]              # position of each word's first piece in `input_ids`
+    words: list[int | None]              # each position's word in the sentence (None: [CLS], [SEP])
 
 
 def word_pieces(tok, words: list[str], cache: dict | None = None) -> tuple[list[list[int]], int]:
@@ -97,13 +95,13 @@ class TokenTask(Task):
             tag_ids = [self.labels.id(t, s.source) for t in s.tags] if with_labels else None
             w = 0
             while w < len(s.words):
-                body, labels, firsts = [], [], []          # the window's pieces, their labels, each word's first
+                body, labels, words = [], [], [None]       # the window's pieces, their labels, their words
                 start = w
                 while w < len(s.words) and (len(body) + len(pieces[w]) <= budget or w == start):
                     p = pieces[w][:budget]  # a single word longer than the window keeps its first pieces
                     self.stats["long_words_cut"] += len(p) < len(pieces[w])
-                    firsts.append(len(body) + 1)                                # +1: [CLS]
                     body.extend(p)
+                    words.extend([w] * len(p))
                     if tag_ids is not None:
                         labels.append(tag_ids[w])
                         labels.extend([self._continuation(tag_ids[w]) if self.label_all_pieces else IGNORE_INDEX]
@@ -111,8 +109,7 @@ class TokenTask(Task):
                     w += 1
                 self.stats["windows_split"] += start > 0         # a window after the sentence's first
                 f = WordsFeature(input_ids=wrap(body, cls=tok.cls_token_id, sep=tok.sep_token_id),
-                                 token_type_ids=token_types(len(body)), sentence=si, word_start=start,
-                                 first_pieces=firsts)
+                                 token_type_ids=token_types(len(body)), sentence=si, words=words + [None])
                 if tag_ids is not None:
                     f.labels, f.token_labels = wrap(labels, cls=IGNORE_INDEX, sep=IGNORE_INDEX), True
                 feats.append(f)
@@ -126,20 +123,20 @@ class TokenTask(Task):
 
     # ------------------------------------------------------------------ inference
     def predict(self, model, examples, feats: list[WordsFeature], batch_size: int = 64,
-                precision: str | bool | None = "auto") -> list[np.ndarray]:
-        """Per feature: (n_words_in_window, num_labels) logits at the words' first pieces."""
-        out: list[np.ndarray] = [None] * len(feats)  # type: ignore[list-item]
+                precision: str | bool | None = "auto") -> list[dict]:
+        """Per feature: {word: (label index, logit)} of its words, read at each word's first piece."""
+        out: list[dict] = [None] * len(feats)  # type: ignore[list-item]
         for idx, o in predict_batches(model, feats, batch_size, precision):
             lg = o.logits.float().cpu().numpy()                               # (batch, seq, labels)
             for row, i in enumerate(idx):
-                out[i] = lg[row, feats[i].first_pieces]
+                out[i] = word_labels(lg[row], feats[i].words)
         return out
 
-    def word_tags(self, sents: list[Sentence], feats: list[WordsFeature], logits: list[np.ndarray]) -> list[list[str]]:
+    def word_tags(self, sents: list[Sentence], feats: list[WordsFeature], raw: list[dict]) -> list[list[str]]:
         tags = [[None] * len(s.words) for s in sents]
-        for f, lg in zip(feats, logits):
-            for j, k in enumerate(lg.argmax(-1)):
-                tags[f.sentence][f.word_start + j] = self.labels.name(int(k))
+        for f, best in zip(feats, raw):
+            for w, (k, _) in best.items():
+                tags[f.sentence][w] = self.labels.name(k)
         return tags
 
     def score(self, sents: list[Sentence], feats: list[WordsFeature], logits) -> dict:

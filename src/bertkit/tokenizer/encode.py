@@ -427,6 +427,11 @@ class Tokenizer:
             return self._id_to_token(int(ids))
         return [self._id_to_token(int(i)) for i in as_id_list(ids)]
 
+    def continues_word(self, ids: Sequence[int]) -> list[bool]:
+        """For each token id: does the piece continue the word before it (WordPiece: a "##" piece)."""
+        itt = self.ids_to_tokens
+        return [itt[i].startswith("##") for i in ids]
+
     def _id_to_token(self, i: int) -> str:
         if not 0 <= i < self.vocab_size:
             raise IndexError(f"token id {i} is outside the vocab (size {self.vocab_size})")
