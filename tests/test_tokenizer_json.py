@@ -230,3 +230,37 @@ def test_sentencepiece_model_alone_is_refused_in_one_line(tmp_path):
     (tmp_path / "spiece.model").write_bytes(b"\x00")
     with pytest.raises(VocabError, match=r"spiece\.model: a SentencePiece model without tokenizer\.json"):
         Tokenizer.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("model", ["bpe", "unigram"])
+def test_vocab_command_trains_a_directory_both_load(tmp_path, model, capsys):
+    from bertkit.cli import main as cli_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TRAIN), encoding="utf-8")
+    out = tmp_path / model
+    assert cli_main(["vocab", "--model", model, "--files", str(corpus), "--vocab-size", "400", "--out", str(out),
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["vocab_size"] == 400
+    ours, ref = _pair(out)
+    assert_same(ours, ref, REAL + fuzz_corpus(60, 5), (REAL + fuzz_corpus(60, 5))[::-1])
+    assert ours.mask_token == "<mask>" and ours.pad_token_id == 1
+    too_small = ["--vocab-size", "100"] if model == "bpe" else ["--vocab-size", "7"]
+    assert cli_main(["vocab", "--model", model, "--files", str(corpus), *too_small, "--out", str(tmp_path / "x")]) == 2
+    assert cli_main(["vocab", "--model", model, "--files", str(tmp_path / "missing.txt"), "--out",
+                     str(tmp_path / "y")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_masking_tables_follow_continues_word(tmp_path):
+    from bertkit.pretraining.masking import VocabTables
+
+    bert = Tokenizer({t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "##b", "[x]"])})
+    a, b = VocabTables.from_tokenizer(bert), VocabTables.from_tokens(bert.ids_to_tokens)
+    assert (a.continuation == b.continuation).all() and (a.never_mask == b.never_mask).all()
+    tok = train_library_vocab(TRAIN, "bpe", vocab_size=600, min_frequency=1)
+    t = VocabTables.from_tokenizer(tok)
+    ids = tok("unbelievable transformations")["input_ids"]
+    assert t.continuation[ids][2:-1].tolist() == tok.continues_word(ids)[2:-1]   # (the first piece after <s> is
+    assert t.continuation[ids[1]] and not tok.continues_word(ids)[1]            # a word: masking checks its neighbour)
+    assert t.never_mask[[tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id]].all()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from bertkit.errors import ConfigError
+from bertkit.errors import BertkitError, ConfigError
 from bertkit.tokenizer.library import LibraryTokenizer
 
 MODELS = ("bpe", "unigram")
@@ -16,7 +16,8 @@ SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")   # RoBERTa's ids 0-4
 
 
 def train_library_vocab(texts: Iterable[str], model: str = "bpe", vocab_size: int = 30_000, lowercase: bool = False,
-                        min_frequency: int = 2, limit_alphabet: int | None = None) -> LibraryTokenizer:
+                        min_frequency: int = 2, limit_alphabet: int | None = None,
+                        progress: bool = False) -> LibraryTokenizer:
     """A byte-level BPE or Unigram tokenizer learned from texts (an iterable of str, streamed)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -29,6 +30,7 @@ def train_library_vocab(texts: Iterable[str], model: str = "bpe", vocab_size: in
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[*SPECIALS],
+                                      show_progress=progress,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       **({"limit_alphabet": limit_alphabet} if limit_alphabet else {}))
     else:
@@ -37,8 +39,14 @@ def train_library_vocab(texts: Iterable[str], model: str = "bpe", vocab_size: in
                                                normalizers.Replace(Regex(" {2,}"), " ")])
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=[*SPECIALS], unk_token="<unk>")
-    tok.train_from_iterator(texts, trainer)
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=[*SPECIALS], unk_token="<unk>",
+                                          show_progress=progress)
+    try:
+        tok.train_from_iterator(texts, trainer)
+    except BertkitError:
+        raise       # the corpus reader's own (a missing or corrupt file)
+    except Exception as e:  # the library raises plain Exception
+        raise ConfigError(f"{model} training failed (vocab_size={vocab_size}): {str(e)[:160]}") from None
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     if model == "bpe":
         tok.post_processor = processors.RobertaProcessing(("</s>", eos), ("<s>", bos), trim_offsets=True,
