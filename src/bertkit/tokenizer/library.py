@@ -134,17 +134,15 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self._check_text(text)
         return self._backend.encode(text, add_special_tokens=False).tokens
 
-    def _pieces_batch(self, texts: Sequence[str], offsets: bool) -> list[tuple[list[int], list | None]]:
-        encs = self._backend.encode_batch(texts, add_special_tokens=False)
-        return [(e.ids, e.offsets if offsets else None) for e in encs]
-
     def _encode_texts(self, texts: list[str], pairs: list[str] | None, opts, single: bool):
         """The library's pieces, offsets and words; then the Tokenizer's layout."""
         offsets, words = opts.return_offsets or opts.return_offsets_mapping, opts.is_split_into_words
+        # without offsets the library can skip tracking them (encode_batch_fast, tokenizers >= 0.20)
+        encode = self._backend.encode_batch if offsets else getattr(self._backend, "encode_batch_fast",
+                                                                    self._backend.encode_batch)
         with gc_paused():
-            encs = self._backend.encode_batch(texts, add_special_tokens=False, is_pretokenized=words)
-            pair_encs = None if pairs is None else self._backend.encode_batch(pairs, add_special_tokens=False,
-                                                                              is_pretokenized=words)
+            encs = encode(texts, add_special_tokens=False, is_pretokenized=words)
+            pair_encs = None if pairs is None else encode(pairs, add_special_tokens=False, is_pretokenized=words)
             first = [(e.ids, e.offsets if offsets else None) for e in encs]
             second = None if pairs is None else [(e.ids, e.offsets if offsets else None) for e in pair_encs]
             return self._assemble(first, second, opts, single, _Words(encs, pair_encs))
