@@ -313,22 +313,22 @@ class Tokenizer:
         """Per row: ids, token types and offsets of the template around a (and b), or of a b when not special, a and
         b truncated by strategy; and the lengths of a and b kept."""
         template = self.template if special else Template.none()
+        wrap, types, n_special = template.wrap, template.types, (template.n_special(False), template.n_special(True))
         out_ids, out_types, out_offsets, lengths = [], [], [], []
         for i, (a_ids, a_off) in enumerate(first):
             b_ids, b_off = second[i] if second is not None else (None, None)
             if strategy is not None:
-                n_special = template.n_special(b_ids is not None)
                 na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy,
-                                            n_special)
+                                            n_special[b_ids is not None])
                 a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
                 if b_ids is not None:
                     b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
             nb = None if b_ids is None else len(b_ids)
             lengths.append((len(a_ids), nb))
-            out_ids.append(template.wrap(a_ids, b_ids))
-            out_types.append(template.types(len(a_ids), nb))
+            out_ids.append(wrap(a_ids, b_ids))
+            out_types.append(types(len(a_ids), nb))
             if offsets:
-                out_offsets.append(template.wrap(a_off, b_off, (0, 0)))
+                out_offsets.append(wrap(a_off, b_off, (0, 0)))
         return out_ids, out_types, out_offsets, lengths
 
     def _special_mask(self, len_a: int, len_b: int | None, special: bool) -> list[int]:

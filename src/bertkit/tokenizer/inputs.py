@@ -17,7 +17,7 @@ windows, pre-training examples and shard batches, ONNX sample inputs), so the la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +35,8 @@ class Template:
     pair: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
     single_types: tuple[tuple[int, ...], int, tuple[int, ...]]
     pair_types: tuple[tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
+    # every row of a tokenizer call lays out through here: the specials replaced by each fill, kept once
+    _filled: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def bert(cls, cls_id: int, sep_id: int) -> "Template":
@@ -54,7 +56,10 @@ class Template:
         """The specials around a (and b) as one list; `fill` replaces each special (offsets, labels, word ids)."""
         parts = self.single if b is None else self.pair
         if fill is not _IDS:
-            parts = [[fill] * len(p) for p in parts]
+            key = (fill, b is None)
+            if key not in self._filled:
+                self._filled[key] = [[fill] * len(p) for p in parts]
+            parts = self._filled[key]
         if b is None:
             return [*parts[0], *a, *parts[1]]
         return [*parts[0], *a, *parts[1], *b, *parts[2]]
@@ -65,6 +70,8 @@ class Template:
             pre, ta, post = self.single_types
             return [*pre, *[ta] * len_a, *post]
         pre, ta, mid, tb, post = self.pair_types
+        if pre + mid == (ta,) * len(pre + mid) and post == (tb,) * len(post):  # BERT's, RoBERTa's: two runs
+            return [ta] * (len(pre) + len_a + len(mid)) + [tb] * (len_b + len(post))
         return [*pre, *[ta] * len_a, *mid, *[tb] * len_b, *post]
 
     def wrap_array(self, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
