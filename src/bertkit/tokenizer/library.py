@@ -55,14 +55,14 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self.vocab_size = len(self.ids_to_tokens)
         self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self.template = _template(self._backend)
-        self._set_specials(spec, config)
+        self._set_specials(config)
         mml = config.get("model_max_length")
         self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
         self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
         self._continuation = _continuation_flags(spec, self.ids_to_tokens)
         self._continuation[list(self._special_ids)] = False     # a special token is a word of its own
 
-    def _set_specials(self, spec: dict, config: dict) -> None:
+    def _set_specials(self, config: dict) -> None:
         """cls_token / cls_token_id ... as the directory names them; the post-processor's first and last specials
         stand in for cls and sep, and the usual spellings for the rest, where it names none."""
         (pre, post), ids_to_tokens = self.template.single, self.ids_to_tokens
@@ -156,6 +156,8 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         texts = [list(texts)] if single else [list(t) for t in texts]
         if pairs is not None:
             pairs = [list(pairs)] if single else [list(p) for p in pairs]
+            if len(pairs) != len(texts):
+                raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
         return self._encode_texts(texts, pairs, opts, single)
 
     def encode_pieces(self, texts: Sequence[str], processes: int = 1, chunk_size: int = 2000) -> PieceArrays:
