@@ -9,6 +9,8 @@ whether WordPiece stays ours), bpe (byte-level, RoBERTa's layout) and unigram (M
 trained on the corpus by `bertkit.tokenizer.train` and read by LibraryTokenizer (whose pieces come from the library:
 its ratio is the cost of bertkit's layout over the library's own post-processor). transformers' own __call__ on the
 same directory is reported too. The library runs single-threaded (RAYON_NUM_THREADS=1, set before it is imported).
+Times are this process's CPU seconds (time.process_time; one thread, so the wall time of an idle machine), which the
+other jobs of a shared machine disturb less than wall time.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from bertkit.tokenizer.train import train_library_vocab  # noqa: E402
 
 def timed(fn) -> float:
     gc.collect()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def measure(directory: Path, lines: list[str], mb: float, repeats: int) -> dict:
