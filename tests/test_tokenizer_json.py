@@ -222,8 +222,13 @@ def test_split_words_save_load_pickle_and_pad(family_dir, tmp_path):
 
 def test_bert_directories_still_load_bertkits_wordpiece(tmp_path):
     vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "##c"])}
-    transformers.BertTokenizerFast(vocab=vocab).save_pretrained(str(tmp_path / "bert"))
-    assert type(Tokenizer.from_pretrained(tmp_path / "bert")) is Tokenizer
+    ref = transformers.BertTokenizerFast(vocab=vocab)
+    ref.save_pretrained(str(tmp_path / "bert"))
+    ours = Tokenizer.from_pretrained(tmp_path / "bert")
+    assert type(ours) is Tokenizer
+    texts = ["a b abc", "bc [MASK] a", "ab" * 30, ""]
+    assert_same(ours, ref, texts, texts[::-1], truncation="longest_first", max_length=9, padding=True)
+    assert ours.continues_word(ours("ac a")["input_ids"]) == [False, False, True, False, False]
 
 
 def test_sentencepiece_model_alone_is_refused_in_one_line(tmp_path):
