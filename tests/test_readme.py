@@ -115,6 +115,8 @@ CASES: dict[str, Case] = {
     "bertkit serve -h": Case(["-h"], runner="help"),
     "bertkit vocab --files corpus/*.txt --vocab-size 30522 --out my-vocab/":
         Case(setup=_absent("my-vocab"), files=("my-vocab/vocab.txt",)),
+    "bertkit vocab --model bpe --files corpus/*.txt --vocab-size 50265 --out my-bpe/":
+        Case(files=("my-bpe/tokenizer.json", "my-bpe/tokenizer_config.json")),
     'bertkit tokenize --model my-vocab/ "Paris is the capital of France."': Case(json_out=True),
     "bertkit tokenize --vocab vocab.txt --file lines.txt --processes 2 > tokens.jsonl":
         Case(json_out=True, files=("tokens.jsonl",)),

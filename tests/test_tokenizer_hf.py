@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from bertkit.errors import VocabError  # noqa: E402
+from bertkit.tokenizer.hfjson import is_bert_pipeline, read_tokenizer_json  # noqa: E402
 from bertkit.tokenizer import SPECIAL_TOKENS, Tokenizer  # noqa: E402
 
 WORDS = ["hello", "world", "un", "##aff", "##able", "cafe", "café", "Cafe", "naive", "naïve", "中", "国", "the",
@@ -92,13 +93,23 @@ def test_bert_processing_and_sequence_normalizer(tmp_path):
     (lambda s: s["added_tokens"].append({"id": 40, "content": "<new>", "special": True}), "added_tokens[5]"),
     (lambda s: s["model"]["vocab"].pop("[MASK]"), "model.vocab"),
 ])
-def test_unsupported_tokenizer_json_names_file_and_field(tmp_path, edit, field):
+def test_other_tokenizer_json_goes_to_the_library(tmp_path, edit, field):
+    """Not BERT's pipeline: the check names the file and field, and the directory loads as transformers loads it
+    (through the tokenizers library), or fails in one line where transformers fails too."""
     _, out = hf_dir(tmp_path)
     spec = json.loads((out / "tokenizer.json").read_text())
     edit(spec)
     (out / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(VocabError, match=r"tokenizer\.json: " + field.replace(".", r"\.").replace("[", r"\[")):
-        Tokenizer.from_pretrained(out)
+        read_tokenizer_json(out / "tokenizer.json")
+    assert not is_bert_pipeline(out)
+    try:
+        ref = _as_file_says(out)
+    except Exception:
+        with pytest.raises(VocabError, match=r"tokenizer\.json: the tokenizers library cannot read it"):
+            Tokenizer.from_pretrained(out)
+        return
+    _same_ids(Tokenizer.from_pretrained(out), ref)
 
 
 @pytest.mark.parametrize("name, field, value", [
@@ -107,14 +118,29 @@ def test_unsupported_tokenizer_json_names_file_and_field(tmp_path, edit, field):
     ("special_tokens_map.json", "unk_token", {"content": "<unk>"}),
     ("special_tokens_map.json", "additional_special_tokens", ["<extra>"]),
 ])
-def test_unsupported_config_names_file_and_field(tmp_path, name, field, value):
+def test_other_special_tokens_go_to_the_library(tmp_path, name, field, value):
     _, out = hf_dir(tmp_path)
     path = out / name
     cfg = json.loads(path.read_text()) if path.exists() else {}
     cfg[field] = value
     path.write_text(json.dumps(cfg))
-    with pytest.raises(VocabError, match=f"{name}: {field}"):
-        Tokenizer.from_pretrained(out)
+    assert not is_bert_pipeline(out)
+    ref = _as_file_says(out)
+    _same_ids(Tokenizer.from_pretrained(out), ref)
+
+
+def _same_ids(ours, ref) -> None:
+    for a, b in [(t, None) for t in TRICKY] + PAIRS:
+        got, want = ours(a, b), ref(a, b, return_token_type_ids=True)
+        assert (got["input_ids"], got["token_type_ids"]) == (want["input_ids"], want["token_type_ids"]), (a, b)
+
+
+def _as_file_says(out):
+    """transformers' reading of the directory's tokenizer.json itself (its BertTokenizer class would rebuild BERT's
+    pipeline from vocab.txt instead)."""
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return transformers.AutoTokenizer.from_pretrained(str(out))
 
 
 def test_from_pretrained_paths_and_repo_ids(tmp_path, monkeypatch, bert_vocab_file):

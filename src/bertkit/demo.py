@@ -215,7 +215,8 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
                                   title=f"{name}: where 'he' looks, per layer.head")
         q = tokens.index("he")
         bert = [1]                      # "Bert" opens the sentence; a vocab may split it ("be ##rt"): sum its pieces
-        while tokens[bert[-1] + 1].startswith("##"):
+        continues = p.tokenizer.continues_word(p.tokenizer.convert_tokens_to_ids(tokens))
+        while continues[bert[-1] + 1]:
             bert.append(bert[-1] + 1)
         best = max(((li, hi, float(a[hi, q, bert].sum())) for li, a in enumerate(att) for hi in range(a.shape[0])),
                    key=lambda x: x[2])

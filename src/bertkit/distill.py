@@ -327,7 +327,7 @@ class TaskDistiller(FinetuneHooks):
             flag = "--unlabeled" if self.dcfg.unlabeled else "--augment"
             raise ConfigError(f"{flag}: supported for {', '.join(_SEQUENCE_KINDS)} teachers, not {self.kind!r}")
         examples = task.read(self.dcfg.unlabeled, require_label=False) if self.dcfg.unlabeled else []
-        examples += augment_examples(data.train, self.dcfg.augment, seed)
+        examples += augment_examples(data.train, self.dcfg.augment, seed, mask_token=tok.mask_token)
         feats = task.features(tok, examples, with_labels=False)
         dummy = data.train_feats[0].labels
         for f in feats:

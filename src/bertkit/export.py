@@ -36,7 +36,7 @@ from bertkit.errors import BertkitError
 from bertkit.infer import Predictor
 from bertkit.quantize import quantize_dir
 from bertkit.runtime.int8 import Int8Linear, is_int8_dir
-from bertkit.tokenizer.inputs import pad_batch, token_types, wrap
+from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["export_onnx", "export_onnx_int8", "check_onnx", "onnx_session", "OUTPUTS"]
 
@@ -81,16 +81,17 @@ class _Wrapped(torch.nn.Module):
 
 
 def _sample_inputs(tok, batch: int, seq: int, pad_from: int | None = None, seed: int = 0) -> dict:
-    """Random pieces laid out as the tokenizer lays out a pair, [CLS] a [SEP] b [SEP]: (batch, seq) inputs whose
-    rows after the first are cut to about `pad_from` tokens and padded (the graph must honour the mask)."""
+    """Random pieces laid out as the tokenizer lays out a pair ([CLS] a [SEP] b [SEP] for BERT): (batch, seq)
+    inputs whose rows after the first are cut to about `pad_from` tokens and padded (the graph must honour the
+    mask)."""
     g = torch.Generator().manual_seed(seed)
     rows, types = [], []
     for r in range(batch):
         n = seq if pad_from is None or r == 0 else min(pad_from, seq)
-        body = torch.randint(5, len(tok), (max(n - 3, 2),), generator=g).tolist()
+        body = torch.randint(5, len(tok), (max(n - tok.template.n_special(True), 2),), generator=g).tolist()
         a, b = body[:len(body) // 2], body[len(body) // 2:]
-        rows.append(wrap(a, b, tok.cls_token_id, tok.sep_token_id))
-        types.append(token_types(len(a), len(b)))
+        rows.append(tok.template.wrap(a, b))
+        types.append(tok.template.types(len(a), len(b)))
     return pad_batch(rows, types, tok.pad_token_id)
 
 

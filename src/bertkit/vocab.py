@@ -1,4 +1,5 @@
-"""WordPiece vocabulary training from raw text files.
+"""WordPiece vocabulary training from raw text files (byte-level BPE and Unigram: learn_library_vocab, which streams
+the same files into the `tokenizers` library's trainers, bertkit.tokenizer.train).
 
     from bertkit import train_vocab
     tok = train_vocab(["corpus/*.txt", "more.txt.gz"], vocab_size=30_000)   # -> bertkit Tokenizer
@@ -72,6 +73,7 @@ from bertkit.errors import ConfigError, DataError
 from bertkit.options import with_options
 from bertkit.progress import bar as progress_bar
 from bertkit.tokenizer import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, Tokenizer
+from bertkit.tokenizer.train import MODELS, SPECIALS, train_library_vocab
 
 __all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
            "count_words", "learn_wordpieces", "expand_files", "iter_text", "tokenizer_from_tokens"]
@@ -459,3 +461,30 @@ def train_vocab(files, config: VocabTrainingConfig | None = None, *, progress: b
 def tokenizer_from_tokens(tokens: list[str], lowercase: bool = True):
     """A bertkit Tokenizer over `tokens` (in id order)."""
     return Tokenizer({t: i for i, t in enumerate(tokens)}, lowercase=lowercase)
+
+
+def learn_library_vocab(files, model: str, vocab_size: int, lowercase: bool = False, min_frequency: int = 2,
+                        limit_alphabet: int | None = None, progress: bool = False):
+    """A byte-level BPE or Unigram tokenizer (bertkit.tokenizer.train) learned from `files`, read as learn_vocab
+    reads them (streaming, .gz, globs); returns (LibraryTokenizer, stats)."""
+    if model not in MODELS:
+        raise ConfigError(f"model must be wordpiece or one of {', '.join(MODELS)}, got {model!r}")
+    least = len(SPECIALS) + (256 if model == "bpe" else 2)   # byte-level BPE starts from all 256 bytes
+    if vocab_size < least:
+        raise ConfigError(f"vocab_size must be at least {least} for {model} ({len(SPECIALS)} special tokens"
+                          f"{' + 256 bytes' if model == 'bpe' else ''}), got {vocab_size}")
+    paths = expand_files(files)
+    stats: dict = {"files": len(paths), "characters": 0}
+    t0 = time.perf_counter()
+
+    def texts() -> Iterator[str]:
+        for p in paths:
+            for text in iter_text(p):
+                stats["characters"] += len(text)
+                yield text
+
+    tok = train_library_vocab(texts(), model, vocab_size, lowercase, min_frequency, limit_alphabet, progress)
+    if not stats["characters"]:
+        raise DataError(f"{', '.join(str(p) for p in paths[:3])}: the corpus has no text")
+    stats.update(vocab_size=len(tok), seconds=round(time.perf_counter() - t0, 3))
+    return tok, stats

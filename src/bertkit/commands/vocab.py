@@ -1,6 +1,8 @@
-"""`bertkit vocab`: learn a WordPiece vocabulary from raw text files (thin over `bertkit.vocab`).
+"""`bertkit vocab`: learn a vocabulary from raw text files (thin over `bertkit.vocab`): WordPiece (bertkit's own), or
+byte-level BPE as RoBERTa's / Unigram with Metaspace as XLM-R's (the `tokenizers` library's trainers).
 
     bertkit vocab --files 'corpus/*.txt' more.txt.gz --vocab-size 30000 --out my-vocab/ [--cased]
+    bertkit vocab --model bpe --files 'corpus/*.txt' --vocab-size 50265 --out my-roberta-vocab/
 """
 
 from __future__ import annotations
@@ -12,16 +14,22 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
+from bertkit.errors import BertkitError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary from raw text files",
-                              description="Learn a WordPiece vocabulary (vocab.txt + tokenizer_config.json) from raw "
-                                          "text files, streaming. Files may be globs and may be gzipped.")
+    p = subparsers.add_parser("vocab", help="train a WordPiece, BPE or Unigram vocabulary from raw text files",
+                              description="Learn a vocabulary from raw text files, streaming: WordPiece (vocab.txt + "
+                                          "tokenizer_config.json), or byte-level BPE / Unigram (tokenizer.json + "
+                                          "tokenizer_config.json). Files may be globs and may be gzipped.")
+    # not args.vocab_model: that one every command resolves as a model directory or Hub repo
+    p.add_argument("--model", dest="vocab_model", choices=("wordpiece", "bpe", "unigram"), default="wordpiece",
+                   help="wordpiece (BERT's, default), bpe (byte-level, RoBERTa's) or unigram (Metaspace, XLM-R's)")
     p.add_argument("--files", nargs="+", required=True, metavar="FILE", help="text files or glob patterns (.gz ok); - = stdin")
     p.add_argument("--vocab-size", type=checks.positive_int, default=30_522, help="size of the vocabulary, specials included")
     p.add_argument("--out", required=True, help="output directory (vocab.txt + tokenizer_config.json)")
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
+    p.add_argument("--cased", action="store_true", help="keep case and accents (wordpiece's default: uncased, like bert-base-uncased)")
+    p.add_argument("--uncased", action="store_true", help="lowercase (bpe / unigram; their default is cased, like RoBERTa)")
     p.add_argument("--min-frequency", type=checks.positive_int, default=2, help="stop merging when the best pair is rarer (default 2)")
     p.add_argument("--limit-alphabet", type=checks.positive_int,
                    help="keep only the N most frequent characters (default: every character seen)")
@@ -38,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     # deferred: numpy, off `bertkit -h`'s start path
     from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
 
+    if args.cased and args.uncased:
+        raise BertkitError("give --cased or --uncased, not both")
+    if args.vocab_model != "wordpiece":
+        return _run_library(args)
+    if args.uncased:
+        raise BertkitError("--uncased is wordpiece's default; it goes with --model bpe or unigram")
     out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
@@ -58,4 +72,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
           f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
           f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")
+    return 0
+
+
+def _run_library(args: argparse.Namespace) -> int:
+    """--model bpe / unigram: the tokenizers library's trainers; tokenizer.json + configs in --out."""
+    from bertkit.vocab import learn_library_vocab  # deferred: numpy, off `bertkit -h`'s start path
+
+    if args.limit_alphabet is not None and args.vocab_model == "unigram":
+        raise BertkitError("--limit-alphabet goes with --model wordpiece or bpe")
+    out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
+    files = ["/dev/stdin" if f == "-" else f for f in args.files]
+    tok, s = learn_library_vocab(files, args.vocab_model, args.vocab_size, lowercase=args.uncased,
+                                 min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
+                                 progress=progress.wanted(args.progress))
+    with checks.staged(out) as tmp:
+        tok.save_pretrained(tmp)
+    if args.json:
+        print(json.dumps({"out": str(Path(args.out) / "tokenizer.json"), "model": args.vocab_model,
+                          "cased": not args.uncased, **s}))
+        return 0
+    print(f"wrote {args.out}/tokenizer.json: {args.vocab_model}, {s['vocab_size']} pieces, "
+          f"{'uncased' if args.uncased else 'cased'}; {s['files']} file(s), {s['characters']:,} characters; "
+          f"{s['seconds']:.1f} s")
     return 0

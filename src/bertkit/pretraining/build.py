@@ -193,7 +193,7 @@ def _init_worker(progress) -> None:
 def _worker(job: _Job, progress=None) -> dict:
     progress = progress if progress is not None else _progress
     tok = load_tokenizer(job.vocab)
-    tables = VocabTables.from_tokens(tok.ids_to_tokens)
+    tables = VocabTables.from_tokenizer(tok)
     seq_len = job.examples.seq_len
     static = not job.masking.dynamic
     max_pred = job.masking.resolved_max_predictions(seq_len)

@@ -59,7 +59,7 @@ Deliberate deviations from google-research's create_pretraining_data.py, each wi
    the copies still differ in their sentence pairs and target lengths.
 8. Masking lives in masking.py and differs in small ways, each explained there: stochastic rounding of the mask
    count instead of max(1, round(...)) over a length that counts [CLS] / [SEP]; [UNK] and other bracketed specials
-   are never chosen and never drawn as the random replacement; a "##" piece right after [SEP] is its own word.
+   are never chosen and never drawn as the random replacement; a continuation piece after [SEP] is its own word.
    Why: an exact expected mask rate, and no predictions that teach nothing.
 """
 

@@ -12,9 +12,10 @@ For each row of a (batch, seq) array of token ids:
 3. Units, drawn in random order until the budget is spent, skipping a unit that would overshoot it (as
    google-research does for whole words, so the budget is met exactly whenever a fitting unit remains):
      token   every candidate position on its own (BERT);
-     wwm     whole words: a piece plus the "##" pieces after it (BERT's whole-word masking); a "##" piece right
-             after [SEP] (a segment truncated mid-word) starts its own word (google-research glues it to the
-             word before the [SEP]);
+     wwm     whole words: a piece plus the pieces after it that continue its word ("##" in WordPiece; the
+             tokenizer's continues_word for others) (BERT's whole-word masking); a continuation right after [SEP]
+             (a segment truncated mid-word) starts its own word (google-research glues it to the word before
+             the [SEP]);
      ngram   spans of 1..max_ngram whole words, span length drawn with p(n) proportional to 1/n (ALBERT: for
              max_ngram=3 that is 6/11, 3/11, 2/11); a span whose words overlap a chosen one is skipped, a span that
              does not fit the budget is shortened, and spans never jump over a [SEP].
@@ -81,8 +82,8 @@ class MaskingConfig:
 @dataclass
 class VocabTables:
     """What masking needs to know about a vocabulary, as arrays indexed by token id."""
-    never_mask: np.ndarray        # (V,) bool: bracketed special tokens
-    continuation: np.ndarray      # (V,) bool: "##" pieces
+    never_mask: np.ndarray        # (V,) bool: special tokens (bracketed, or the tokenizer's own)
+    continuation: np.ndarray      # (V,) bool: pieces that continue a word ("##", or the tokenizer's continues_word)
     random_ids: np.ndarray        # (R,) int64: ids a random replacement is drawn from (non-special tokens)
     mask_id: int
     pad_id: int
@@ -91,14 +92,35 @@ class VocabTables:
 
     @classmethod
     def from_tokens(cls, tokens: list[str]) -> "VocabTables":
+        """A WordPiece vocab.txt's tokens ("##" continuations, bracketed specials)."""
         index = {t: i for i, t in enumerate(tokens)}
         for name in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"):
             if name not in index:
                 raise VocabError(f"vocabulary lacks the special token {name} that pre-training needs")
+        return cls._build(tokens, np.array([t.startswith("##") for t in tokens], dtype=bool), (),
+                          *(index[name] for name in ("[MASK]", "[PAD]", "[CLS]", "[SEP]")))
+
+    @classmethod
+    def from_tokenizer(cls, tok) -> "VocabTables":
+        """Any tokenizer's: its special tokens, and per id whether the piece continues a word after a plain piece
+        (its continues_word, asked of each id after one that is not special)."""
+        ids = {n: getattr(tok, f"{n}_token_id", None) for n in ("mask", "pad", "cls", "sep", "unk", "bos", "eos")}
+        missing = [n for n in ("mask", "pad", "cls", "sep") if ids[n] is None]
+        if missing:
+            raise VocabError(f"the tokenizer lacks the special token(s) {', '.join(missing)} that pre-training needs")
+        specials = {i for i in ids.values() if i is not None}
+        plain = next(i for i in range(tok.vocab_size) if i not in specials)
+        probe = np.stack([np.full(tok.vocab_size, plain), np.arange(tok.vocab_size)], axis=1).ravel().tolist()
+        cont = np.array(tok.continues_word(probe)[1::2], dtype=bool)
+        return cls._build(tok.ids_to_tokens, cont, specials, ids["mask"], ids["pad"], ids["cls"], ids["sep"])
+
+    @classmethod
+    def _build(cls, tokens, cont, specials, mask_id, pad_id, cls_id, sep_id) -> "VocabTables":
         special = np.array([len(t) > 2 and t.startswith("[") and t.endswith("]") for t in tokens], dtype=bool)
-        cont = np.array([t.startswith("##") for t in tokens], dtype=bool)
-        return cls(never_mask=special, continuation=cont, random_ids=np.flatnonzero(~special).astype(np.int64),
-                   mask_id=index["[MASK]"], pad_id=index["[PAD]"], cls_id=index["[CLS]"], sep_id=index["[SEP]"])
+        special[list(specials)] = True
+        return cls(never_mask=special, continuation=cont & ~special,
+                   random_ids=np.flatnonzero(~special).astype(np.int64),
+                   mask_id=mask_id, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id)
 
     @classmethod
     def from_vocab_file(cls, path: str | Path) -> "VocabTables":
@@ -202,7 +224,7 @@ def _words(tokens, cand, tables):
     b, s = tokens.shape
     prev_cand = np.zeros_like(cand)
     prev_cand[:, 1:] = cand[:, :-1]
-    # a "##" piece continues the word before it, unless nothing maskable precedes it (e.g. right after [SEP])
+    # a continuation piece continues the word before it, unless nothing maskable precedes it (e.g. after [SEP])
     start = cand & ~(tables.continuation[tokens] & prev_cand)
     word = np.cumsum(start, axis=1) - 1
     word = np.where(cand, word, -1)                                                # (B, S)

@@ -1,5 +1,8 @@
-"""BERT's WordPiece tokenizer: exact, fast, and impossible to crash. Results are identical to transformers'
-BertTokenizerFast (the test oracle). The pipeline, a module per stage:
+"""Tokenizers. BERT's WordPiece is bertkit's own (Tokenizer): exact, fast, and impossible to crash, identical to
+transformers' BertTokenizerFast (the test oracle). Every other tokenizer.json (byte-level BPE, Unigram / Metaspace,
+WordPiece with other specials) is read by the `tokenizers` library (LibraryTokenizer, library.py; train.py trains
+BPE / Unigram vocabularies), behind the same interface; Tokenizer.from_pretrained picks the class a directory needs.
+The WordPiece pipeline, a module per stage:
 
     text ─> special tokens split out ─> clean ─> [NFD + strip Mn] ─> [lowercase] ─> split on whitespace and
             ("[MASK]" etc., verbatim,     (drop NUL,   (uncased)          (uncased)      punctuation, CJK ideographs
@@ -12,8 +15,8 @@ BertTokenizerFast (the test oracle). The pipeline, a module per stage:
     wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
     encode.py       Tokenizer: truncation, padding, tensors, batches; Tokenizer.build_inputs builds model inputs
                     from piece ids for callers that make their own pieces
-    inputs.py       the layout of model inputs, written once: [CLS] / [SEP], token types, attention masks, padded
-                    batches (the tokenizer, task features, QA windows, pre-training rows and ONNX samples use it)
+    inputs.py       the layout of model inputs, written once: a Template of special tokens and token types ([CLS] /
+                    [SEP], or the post-processor's), attention masks, padded batches (the tokenizer, task features, QA windows, pre-training rows and ONNX samples use it)
     formats.py      vocab.txt, JSON files, text files
     hfjson.py       HF model directories: tokenizer.json, tokenizer_config.json, special_tokens_map.json
     hfcall.py       transformers' call habits: BatchEncoding, pre-split words, pad
@@ -32,8 +35,9 @@ Invalid input policy:
 """
 
 from bertkit.tokenizer.encode import TRUNCATION_STRATEGIES, EncodeOptions, Tokenizer
+from bertkit.tokenizer.library import LibraryTokenizer  # registers itself as the reader of other pipelines
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, load_vocab, read_text_file
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD, PieceArrays
 
-__all__ = ["Tokenizer", "EncodeOptions", "PieceArrays", "SPECIAL_TOKENS", "MAX_INPUT_CHARS_PER_WORD",
+__all__ = ["Tokenizer", "LibraryTokenizer", "EncodeOptions", "PieceArrays", "SPECIAL_TOKENS", "MAX_INPUT_CHARS_PER_WORD",
            "TRUNCATION_STRATEGIES", "load_vocab", "read_text_file"]

@@ -21,8 +21,8 @@ from bertkit.hub import resolve_model_dir
 from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, pad_encodings, split_words_pieces,
                                       to_tensors)
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
-from bertkit.tokenizer.hfjson import read_model_dir, write_model_dir
-from bertkit.tokenizer.inputs import token_types, wrap
+from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, write_model_dir
+from bertkit.tokenizer.inputs import Template
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, PieceTable, decode_pieces
 
@@ -44,6 +44,7 @@ class EncodeOptions:
     return_attention_mask: bool | None = None
     return_token_type_ids: bool | None = None
     is_split_into_words: bool = False
+    return_special_tokens_mask: bool = False
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "EncodeOptions":
@@ -86,6 +87,10 @@ class Tokenizer:
         self.cls_token_id = vocab["[CLS]"]
         self.sep_token_id = vocab["[SEP]"]
         self.mask_token_id = vocab["[MASK]"]
+        self.bos_token_id = self.eos_token_id = None
+        self.pad_token, self.unk_token, self.cls_token, self.sep_token, self.mask_token = SPECIAL_TOKENS
+        self.bos_token = self.eos_token = None
+        self.template = Template.bert(self.cls_token_id, self.sep_token_id)
         self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
         # used by truncation=True / padding="max_length" without max_length; None: they then do nothing (as HF does)
@@ -97,6 +102,13 @@ class Tokenizer:
         # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
         self._small_batch_chars = 2048
 
+    _other_pipelines: type["Tokenizer"]    # reads every other tokenizer.json: the subclass that says so (library.py)
+
+    def __init_subclass__(cls, reads_other_pipelines: bool = False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if reads_other_pipelines:
+            Tokenizer._other_pipelines = cls
+
     # ------------------------------------------------------------------ loading / saving
 
     @classmethod
@@ -106,6 +118,8 @@ class Tokenizer:
         # a vocab file path stays a path, so a missing one is still reported as a missing vocab
         path = Path(path) if Path(path).suffix == ".txt" else resolve_model_dir(path, revision)
         if path.is_dir():
+            if cls is not Tokenizer or not is_bert_pipeline(path):
+                return Tokenizer._other_pipelines.from_dir(path, **overrides)
             vocab, kwargs = read_model_dir(path)
             kwargs.update(overrides)
             return cls(vocab, **kwargs)
@@ -215,8 +229,11 @@ class Tokenizer:
                 pairs = self._check_batch(pairs, "pairs")
                 if len(pairs) != len(texts):
                     raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        return self._encode_texts(texts, pairs, opts, single)
+
+    def _encode_texts(self, texts: list[str], pairs: list[str] | None, opts: EncodeOptions, single: bool):
         offsets = opts.return_offsets or opts.return_offsets_mapping
-        with _gc_paused():
+        with gc_paused():
             first = self._pieces_batch(texts, offsets)
             second = self._pieces_batch(pairs, offsets) if pairs is not None else None
             return self._assemble(first, second, opts, single)
@@ -266,12 +283,16 @@ class Tokenizer:
                 and max_length is not None and max_length % pad_to_multiple_of):
             raise BertkitError(f"max_length={max_length} (truncation with padding) must be a multiple of "
                                f"pad_to_multiple_of={pad_to_multiple_of}")
-        out_ids, out_types, out_offsets = self._lay_out(first, second, strategy, max_length, opts.add_special_tokens,
-                                                        return_offsets)
+        out_ids, out_types, out_offsets, lengths = self._lay_out(first, second, strategy, max_length,
+                                                                 opts.add_special_tokens, return_offsets)
         out_mask = [[1] * len(x) for x in out_ids]
+        specials = [self._special_mask(*n, opts.add_special_tokens) for n in lengths] \
+            if opts.return_special_tokens_mask else None
         self._pad(out_ids, out_types, out_mask, out_offsets if return_offsets else None, padding, max_length,
-                  pad_to_multiple_of)
+                  pad_to_multiple_of, specials)
         result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
+        if specials is not None:
+            result["special_tokens_mask"] = specials
         if return_offsets:
             result["offset_mapping" if opts.return_offsets_mapping else "offsets"] = out_offsets
         if opts.return_tensors is not None:
@@ -279,8 +300,7 @@ class Tokenizer:
         elif single:
             result = {k: v[0] for k, v in result.items()}
         # what word_ids() needs, kept as it is: a _Layout is only built when asked for
-        layout = (self, result["input_ids"], result["token_type_ids"], result["attention_mask"],
-                  opts.add_special_tokens, words, single and opts.return_tensors is None)
+        layout = (self, result["input_ids"], lengths, opts.add_special_tokens, words)
         if opts.return_token_type_ids is False:
             del result["token_type_ids"]
         if opts.return_attention_mask is False:
@@ -290,30 +310,36 @@ class Tokenizer:
         return enc
 
     def _lay_out(self, first, second, strategy, max_length, special: bool, offsets: bool):
-        """Per row: ids, token types and offsets of [CLS] a [SEP] (b [SEP]), or of a b when not special; a and b
-        truncated by strategy."""
-        cls, sep = self.cls_token_id, self.sep_token_id
-        out_ids, out_types, out_offsets = [], [], []
+        """Per row: ids, token types and offsets of the template around a (and b), or of a b when not special, a and
+        b truncated by strategy; and the lengths of a and b kept."""
+        template = self.template if special else Template.none()
+        wrap, types, n_special = template.wrap, template.types, (template.n_special(False), template.n_special(True))
+        out_ids, out_types, out_offsets, lengths = [], [], [], []
         for i, (a_ids, a_off) in enumerate(first):
             b_ids, b_off = second[i] if second is not None else (None, None)
             if strategy is not None:
-                n_special = (2 if b_ids is None else 3) if special else 0
                 na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy,
-                                            n_special)
+                                            n_special[b_ids is not None])
                 a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
                 if b_ids is not None:
                     b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
-            if not special:
-                out_ids.append([*a_ids, *(b_ids or ())])
-                out_types.append([0] * len(a_ids) + [1] * len(b_ids or ()))
-                if offsets:
-                    out_offsets.append([*a_off, *(b_off or ())])
-                continue
-            out_ids.append(wrap(a_ids, b_ids, cls, sep))
-            out_types.append(token_types(len(a_ids), None if b_ids is None else len(b_ids)))
+            nb = None if b_ids is None else len(b_ids)
+            lengths.append((len(a_ids), nb))
+            out_ids.append(wrap(a_ids, b_ids))
+            out_types.append(types(len(a_ids), nb))
             if offsets:
-                out_offsets.append(wrap(a_off, b_off, (0, 0), (0, 0)))
-        return out_ids, out_types, out_offsets
+                out_offsets.append(wrap(a_off, b_off, (0, 0)))
+        return out_ids, out_types, out_offsets, lengths
+
+    def _special_mask(self, len_a: int, len_b: int | None, special: bool) -> list[int]:
+        """1 where the template put a special token (as transformers' return_special_tokens_mask)."""
+        if not special:
+            return [0] * (len_a + (len_b or 0))
+        return self.template.wrap([0] * len_a, None if len_b is None else [0] * len_b, 1)
+
+    def continues_word(self, ids: Sequence[int]) -> list[bool]:
+        """Per piece: does it continue the word before it (a "##" piece)."""
+        return [self.ids_to_tokens[i].startswith("##") for i in ids]
 
     def _check_batch(self, texts, what: str) -> list[str]:
         if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
@@ -325,7 +351,7 @@ class Tokenizer:
                 raise TypeError(f"{what}[{i}] must be str, got {type(t).__name__}: {_short_repr(t)}")
         return texts
 
-    def _pad(self, ids, types, mask, offsets, padding, max_length, multiple) -> None:
+    def _pad(self, ids, types, mask, offsets, padding, max_length, multiple, specials=None) -> None:
         if padding is False or padding is None or padding == "do_not_pad" or not ids:
             return
         if padding is True or padding == "longest":
@@ -341,6 +367,9 @@ class Tokenizer:
                 raise BertkitError(f"pad_to_multiple_of must be a positive int, got {multiple!r}")
             target = -(-target // multiple) * multiple
         pad = self.pad_token_id
+        if pad is None:
+            raise BertkitError("padding needs a pad token, and this tokenizer has none (pad_token in "
+                               "tokenizer_config.json)")
         for i in range(len(ids)):
             n = target - len(ids[i])
             if n > 0:
@@ -349,6 +378,8 @@ class Tokenizer:
                 mask[i].extend([0] * n)
                 if offsets is not None:
                     offsets[i].extend([(0, 0)] * n)
+                if specials is not None:
+                    specials[i].extend([1] * n)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
@@ -390,7 +421,7 @@ class Tokenizer:
         if pairs is not None:
             chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
         flats = self._map_chunks(chunks, processes)
-        with _gc_paused():
+        with gc_paused():
             pieces = []
             for f in flats:
                 pieces.extend(f.lists(offsets))
@@ -403,7 +434,7 @@ class Tokenizer:
         processes > 1, chunks are encoded by worker processes and only concatenated here, so it scales with cores."""
         texts = self._check_batch(texts, "texts")
         if processes <= 1 or len(texts) <= chunk_size:
-            with _gc_paused():
+            with gc_paused():
                 return self._encoder.flat(texts)
         chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
         return PieceArrays.concatenate(self._map_chunks(chunks, processes))
@@ -440,7 +471,7 @@ class Tokenizer:
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """Pause the cyclic GC: encoding a batch allocates millions of small lists / tuples / ints (none cyclic), and
     each allocation burst would otherwise trigger collections that walk every live object again and again."""
     was_enabled = gc.isenabled()

@@ -44,30 +44,32 @@ class BatchEncoding(dict):
 
 
 class _Layout:
-    """Enough to rebuild word ids: the rows as laid out, and (is_split_into_words) each piece's word per sequence."""
+    """Enough to rebuild word ids: the rows as laid out, the kept lengths of a and b per row, and each piece's word
+    per sequence where the pieces came with them (the tokenizers library's, or is_split_into_words)."""
 
-    def __init__(self, tokenizer, ids, types, mask, special: bool, words, single: bool):
-        rows = (ids, types, mask)
-        self.rows = tuple([r] for r in rows) if single else rows  # an unbatched call's lists are flat
-        self.tokenizer, self.special, self.words = tokenizer, special, words
+    def __init__(self, tokenizer, ids, lengths, special: bool, words):
+        self.tokenizer, self.ids, self.lengths, self.special, self.words = tokenizer, ids, lengths, special, words
 
     def word_ids(self, i: int) -> list[int | None]:
-        ids, types, mask = (r[i].tolist() if hasattr(r[i], "tolist") else r[i] for r in self.rows)
-        n = sum(mask)
-        n_first = sum(1 for t, m in zip(types, mask) if m and t == 0)
-        s = 1 if self.special else 0
-        na = n_first - 2 * s
-        out = [None] * s + self._words(i, 0, ids[s:s + na]) + [None] * s
-        if n > n_first:  # a pair
-            out += self._words(i, 1, ids[n_first:n - s]) + [None] * s
-        return out + [None] * (len(mask) - n)
+        flat = isinstance(self.ids, list) and (not self.ids or isinstance(self.ids[0], int))   # an unbatched call
+        ids = self.ids if flat else self.ids[i]
+        row = ids.tolist() if hasattr(ids, "tolist") else ids
+        na, nb = self.lengths[i]
+        start = len(self.tokenizer.template.single[0]) if self.special else 0
+        a = self._words(i, 0, row[start:start + na])
+        b = None
+        if nb is not None:
+            b_start = self.tokenizer.template.first_len(na) if self.special else na
+            b = self._words(i, 1, row[b_start:b_start + nb])
+        out = self.tokenizer.template.wrap(a, b, None) if self.special else [*a, *(b or ())]
+        return out + [None] * (len(row) - len(out))
 
     def _words(self, i: int, part: int, ids: list[int]) -> list[int]:
         if self.words is not None:
             return self.words[i][part][:len(ids)]
         word, out = -1, []
-        for token in self.tokenizer.convert_ids_to_tokens(ids):
-            if not token.startswith("##") or word < 0:  # a continuation piece never starts a word
+        for k, continues in enumerate(self.tokenizer.continues_word(ids)):
+            if not continues or k == 0:  # a continuation piece never starts a word
                 word += 1
             out.append(word)
         return out

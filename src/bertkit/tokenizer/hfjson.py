@@ -1,9 +1,9 @@
 """HF-format model directories: vocab.txt and/or tokenizer.json, tokenizer_config.json, special_tokens_map.json.
 
-tokenizer.json, the `tokenizers` library's file, is read and written for the one pipeline bertkit runs: a WordPiece
-model ("##" continuations, [UNK], 100-character words), BertNormalizer (cleaning, CJK isolation, optional lowercasing
-and accent stripping), BertPreTokenizer and [CLS] A [SEP] (B [SEP]). Anything else in the file raises VocabError
-naming the file and the field, rather than tokenizing differently from the library that wrote it.
+tokenizer.json, the `tokenizers` library's file, is read and written here for the pipeline bertkit's own Tokenizer
+runs: a WordPiece model ("##" continuations, [UNK], 100-character words), BertNormalizer (cleaning, CJK isolation,
+optional lowercasing and accent stripping), BertPreTokenizer and [CLS] A [SEP] (B [SEP]). is_bert_pipeline says
+whether a directory is that pipeline; any other tokenizer.json (BPE, Unigram, other specials) is library.py's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
 
 
 # what transformers writes for "no limit"; bertkit reads anything this large as None
-_NO_LIMIT = int(1e30)
+NO_LIMIT = int(1e30)
 _SPECIAL_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                    "mask_token": "[MASK]"}
 
@@ -30,19 +30,41 @@ def read_model_dir(path: Path) -> tuple[Path | dict[str, int], dict]:
     if vocab_file.is_file():
         vocab, kwargs = vocab_file, {}
     elif json_file.is_file():
-        vocab, kwargs = _structured(json_file, read_tokenizer_json)
+        vocab, kwargs = read_structured(json_file, read_tokenizer_json)
     else:
         raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
     map_file = path / "special_tokens_map.json"
     if map_file.is_file():
-        _structured(map_file, lambda f: _check_special_fields(f, read_json_object(f)))
+        read_structured(map_file, lambda f: _check_special_fields(f, read_json_object(f)))
     cfg_file = path / "tokenizer_config.json"
     if cfg_file.is_file():
-        kwargs.update(_structured(cfg_file, _read_config))
+        kwargs.update(read_structured(cfg_file, _read_config))
     return vocab, kwargs
 
 
-def _structured(path: Path, read):
+def is_bert_pipeline(path: Path) -> bool:
+    """Is this model directory BERT's WordPiece pipeline, read exactly by bertkit's Tokenizer: a tokenizer.json of that
+    pipeline (or vocab.txt alone) and BERT's special tokens in its configs? Unreadable files count as BERT's, so that
+    the Tokenizer reports them."""
+    json_file = path / "tokenizer.json"
+    if not json_file.is_file():     # vocab.txt, or nothing: the Tokenizer reads it or names what is missing
+        return (path / "vocab.txt").is_file() or not any(path.glob("*.model"))
+    try:
+        read_tokenizer_json(json_file)
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            if (path / name).is_file():
+                cfg = read_json_object(path / name)
+                _check_special_fields(path / name, cfg)
+                if cfg.get("tokenize_chinese_chars", True) is not True:
+                    return False
+    except VocabError as e:
+        return "not valid JSON" in str(e) or "cannot read" in str(e)
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError):
+        return False
+    return True
+
+
+def read_structured(path: Path, read):
     """read(path), with a member of an unexpected JSON type (a list where an object belongs, ...) reported as one
     VocabError line naming the file rather than whatever the access raised."""
     try:
@@ -95,7 +117,7 @@ def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], l
     write_text(files[1], json.dumps(spec, indent=2, ensure_ascii=False) + "\n")
     cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
            "tokenize_chinese_chars": True, **_SPECIAL_FIELDS, "tokenizer_class": "BertTokenizer",
-           "model_max_length": _NO_LIMIT if model_max_length is None else model_max_length,
+           "model_max_length": NO_LIMIT if model_max_length is None else model_max_length,
            "vocab_hash": vocab_hash(tokens)}
     write_json(files[2], cfg)
     return files

@@ -1,8 +1,12 @@
-"""Model inputs, laid out in one place: where [CLS] and [SEP] go, token types, attention masks, padding.
+"""Model inputs, laid out in one place: where the special tokens go, token types, attention masks, padding.
 
 Every caller that turns pieces into what the model reads goes through these (the tokenizer call, task features, QA
 windows, pre-training examples and shard batches, ONNX sample inputs), so the layout is written once:
 
+    Template                        a tokenizer's layout (`tok.template`): the specials before a, after a, between a
+                                    and b, after b, with the token type of each part; BERT's [CLS] a [SEP] (b [SEP])
+                                    types 0/1, RoBERTa's <s> a </s> (</s> b </s>) all 0, ...; .wrap / .types /
+                                    .wrap_array as below, for any layout
     wrap(a, b, cls, sep)            [CLS] a [SEP] (b [SEP]) as a list; the same call lays out offsets or labels
                                     aligned to the ids (cls = sep = (0, 0), or the ignore index)
     token_types(len_a, len_b)       0 for [CLS] a [SEP], 1 for b [SEP]
@@ -13,11 +17,71 @@ windows, pre-training examples and shard batches, ONNX sample inputs), so the la
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-__all__ = ["pad_batch", "row_masks", "token_types", "wrap", "wrap_array"]
+__all__ = ["Template", "pad_batch", "row_masks", "token_types", "wrap", "wrap_array"]
+
+_IDS = object()  # wrap's default fill: the special tokens' own ids
+
+
+@dataclass(frozen=True)
+class Template:
+    """Where a tokenizer's special tokens go around one sequence (before a, after a) or a pair (before a, between a
+    and b, after b), and their token types: one per special, and one for each of a and b."""
+    single: tuple[tuple[int, ...], tuple[int, ...]]
+    pair: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    single_types: tuple[tuple[int, ...], int, tuple[int, ...]]
+    pair_types: tuple[tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
+    # every row of a tokenizer call lays out through here: the specials replaced by each fill, kept once
+    _filled: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def bert(cls, cls_id: int, sep_id: int) -> "Template":
+        """[CLS] a [SEP] (b [SEP]): types 0 through the first [SEP], 1 for b and its [SEP]."""
+        return cls(((cls_id,), (sep_id,)), ((cls_id,), (sep_id,), (sep_id,)), ((0,), 0, (0,)),
+                   ((0,), 0, (0,), 1, (1,)))
+
+    @classmethod
+    def none(cls) -> "Template":
+        """No special tokens: a, or a b (types 0 / 1)."""
+        return cls(((), ()), ((), (), ()), ((), 0, ()), ((), 0, (), 1, ()))
+
+    def n_special(self, pair: bool) -> int:
+        return sum(map(len, self.pair if pair else self.single))
+
+    def wrap(self, a: Sequence, b: Sequence | None = None, fill=_IDS) -> list:
+        """The specials around a (and b) as one list; `fill` replaces each special (offsets, labels, word ids)."""
+        parts = self.single if b is None else self.pair
+        if fill is not _IDS:
+            key = (fill, b is None)
+            if key not in self._filled:
+                self._filled[key] = [[fill] * len(p) for p in parts]
+            parts = self._filled[key]
+        if b is None:
+            return [*parts[0], *a, *parts[1]]
+        return [*parts[0], *a, *parts[1], *b, *parts[2]]
+
+    def types(self, len_a: int, len_b: int | None = None) -> list[int]:
+        """Token types of wrap(a, b)."""
+        if len_b is None:
+            pre, ta, post = self.single_types
+            return [*pre, *[ta] * len_a, *post]
+        pre, ta, mid, tb, post = self.pair_types
+        if pre + mid == (ta,) * len(pre + mid) and post == (tb,) * len(post):  # BERT's, RoBERTa's: two runs
+            return [ta] * (len(pre) + len_a + len(mid)) + [tb] * (len_b + len(post))
+        return [*pre, *[ta] * len_a, *mid, *[tb] * len_b, *post]
+
+    def wrap_array(self, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        """wrap() for numpy piece arrays, as one int32 row."""
+        parts = self.wrap([a], None if b is None else [b], fill=_IDS)
+        return np.concatenate([np.asarray(p, dtype=np.int32).reshape(-1) for p in parts])
+
+    def first_len(self, len_a: int) -> int:
+        """Tokens before b in a pair's row (the specials before a, a, and those between a and b)."""
+        return len(self.pair[0]) + len_a + len(self.pair[1])
 
 
 def wrap(a: Sequence, b: Sequence | None = None, cls=None, sep=None) -> list:

@@ -23,7 +23,7 @@ from bertkit.tokenizer.pretokenize import (ASCII_TOKEN_RE, ASCII_WORD_RE, PreTok
 # BERT's limit: a longer (normalised) word is one [UNK]; it also bounds the WordPiece loop.
 MAX_INPUT_CHARS_PER_WORD = 100
 # decode's clean-up, applied in this order to each piece (with its leading space): the WordPiece decoder's
-_DECODE_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+DECODE_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
                    (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
@@ -290,7 +290,7 @@ def decode_pieces(tokens: Iterable[str]) -> str:
     for t in tokens:
         if out:
             t = t[2:] if t.startswith("##") else " " + t
-        for dirty, clean in _DECODE_CLEANUP:
+        for dirty, clean in DECODE_CLEANUP:
             t = t.replace(dirty, clean)
         out.append(t)
     return "".join(out)

@@ -79,7 +79,7 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
         segment = tokens[0, 1:int(meta[0, 1]) - 1]                  # the first segment, without [CLS] / [SEP]
         while len(segment) and t.continuation[segment[0]]:          # a segment cut mid-word: from the next word
             segment = segment[1:]
-        pos = _word_position(segment, vocab)
+        pos = _word_position(segment, vocab, t.continuation)
         if pos is None:
             continue
         ids = wrap_array(segment, None, t.cls_id, t.sep_id).astype(np.int64)
@@ -106,11 +106,11 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
 _CONTEXT = 12                 # pieces shown on each side of the masked word
 
 
-def _word_position(segment: np.ndarray, vocab: list[str]) -> int | None:
+def _word_position(segment: np.ndarray, vocab: list[str], continuation: np.ndarray) -> int | None:
     """The position of a whole alphabetic word of one piece nearest the middle of a segment of 8+ pieces."""
     if len(segment) < 8:
         return None
     pieces = [vocab[j] for j in segment]
     ok = [k for k, t in enumerate(pieces) if len(t) >= 3 and t.isalpha()
-          and not (k + 1 < len(pieces) and pieces[k + 1].startswith("##"))]
+          and not (k + 1 < len(pieces) and continuation[segment[k + 1]])]
     return min(ok, key=lambda k: abs(k - len(pieces) // 2)) if ok else None
