@@ -290,11 +290,13 @@ class FinetuneHooks:
 
 
 def _tokenizer(cfg: FinetuneConfig):
-    if Path(cfg.model).is_dir() and (Path(cfg.model) / "vocab.txt").exists():
+    model = Path(cfg.model)
+    if model.is_dir() and any((model / name).exists() for name in ("vocab.txt", "tokenizer.json")):
         return Tokenizer.from_pretrained(cfg.model)
     if cfg.vocab:
         return Tokenizer.from_pretrained(cfg.vocab)
-    raise ConfigError(f"--model {cfg.model!r} has no vocab.txt: pass --vocab (a vocab.txt or model directory)")
+    raise ConfigError(f"--model {cfg.model!r} has no vocab.txt or tokenizer.json: pass --vocab (a vocab.txt or "
+                      f"model directory)")
 
 
 @dataclass

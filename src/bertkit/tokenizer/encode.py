@@ -337,10 +337,6 @@ class Tokenizer:
             return [0] * (len_a + (len_b or 0))
         return self.template.wrap([0] * len_a, None if len_b is None else [0] * len_b, 1)
 
-    def continues_word(self, ids: Sequence[int]) -> list[bool]:
-        """Per piece: does it continue the word before it (a "##" piece)."""
-        return [self.ids_to_tokens[i].startswith("##") for i in ids]
-
     def _check_batch(self, texts, what: str) -> list[str]:
         if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
             raise TypeError(f"{what} must be a str or a list of str, got {type(texts).__name__}: "
