@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -41,7 +42,7 @@ from typing import Protocol
 import torch
 
 from bertkit import runtime
-from bertkit.atomic import write_text
+from bertkit.atomic import replacing, write_text
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.precision import resolve
@@ -51,7 +52,10 @@ from bertkit.tasks.registry import TASKS, default, make_task
 from bertkit.tasks.task import Feature, Task
 from bertkit.textfiles import shown_all
 from bertkit.tokenizer import Tokenizer
+from bertkit.train.callbacks import main_rank, reporting
+from bertkit.train.checkpointing import CHECKPOINT_DIR, load_model_weights, save_model_weights
 from bertkit.train.compact import compact_word_embeddings, restore_word_embeddings
+from bertkit.train.monitor import jsonable
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["FinetuneConfig", "FinetuneHooks", "FinetuneRun", "TaskRun", "run", "finetune", "finetune_recipe",
@@ -102,8 +106,12 @@ class FinetuneConfig:
     multilabel_sep: str = "|"
     save_model: bool = True
     quiet: bool = False
+    resume: bool = False                   # continue the run in `out` (training.resume): exactly as if never stopped
+    report_to: tuple[str, ...] = ()        # loggers besides metrics.jsonl and TensorBoard: wandb | mlflow
 
     def __post_init__(self):
+        self.resume = bool(self.resume or self.training.resume)
+        self.training = replace(self.training, resume=self.resume)
         if self.task not in TASKS:
             raise ConfigError(f"--task {self.task!r}: choose one of {', '.join(TASKS)}")
         if self.max_length is None:
@@ -190,17 +198,48 @@ def run(cfg, how: FinetuneRun) -> dict:
     # auto precision resolved once, so the summary records what ran
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
+    _same_settings(cfg, out / SETTINGS)
     how.prepare(cfg)
     runs = []
     for seed in cfg.seeds:
         run_dir = out if len(cfg.seeds) == 1 else out / f"seed-{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        rec = how.train_seed(cfg, seed, run_dir, f"[seed {seed}] " if len(cfg.seeds) > 1 else "")
+        rec = finished(cfg, run_dir / "metrics.json") or how.train_seed(cfg, seed, run_dir, f"[seed {seed}] "
+                                                                        if len(cfg.seeds) > 1 else "")
         write_text(run_dir / "metrics.json", json.dumps(rec, indent=1, default=float))
+        shutil.rmtree(run_dir / "train" / CHECKPOINT_DIR, ignore_errors=True)   # the seed is done: nothing to resume
         runs.append(rec)
     summary = {**how.summary(cfg, runs), "config": shown_all(asdict(cfg))}
     write_text(out / "summary.json", json.dumps(summary, indent=1, default=float))
     return summary
+
+
+SETTINGS = "settings.json"       # a run's settings, which its --resume must repeat
+_FREE = {"resume", "overwrite", "progress", "quiet", "save_every_steps", "save_every_minutes", "keep_last",
+         "tensorboard", "report_to"}                # settings a resume may change: they do not change the numbers
+
+
+def _same_settings(cfg, path: Path) -> None:
+    """A resume must repeat the settings of the run it continues (ConfigError naming the first that differs); a
+    fresh run records them."""
+    now = {**{k: v for k, v in shown_all(asdict(cfg)).items() if k != "training"}, **asdict(cfg.training)}
+    now = jsonable({k: v for k, v in now.items() if k not in _FREE})
+    if not (cfg.training.resume and path.exists()):
+        write_text(path, json.dumps(now, indent=1))
+        return
+    saved = json.loads(path.read_text())
+    for k in sorted(set(saved) | set(now)):
+        if saved.get(k) != now.get(k):
+            raise ConfigError(f"--resume: {path.parent} was run with {k} {saved.get(k)!r}, this run has "
+                              f"{now.get(k)!r}: resume with the same settings (or --overwrite to start again)")
+
+
+def finished(cfg, metrics: Path) -> dict | None:
+    """A resumed run's record of a seed (or grid point) that had finished, else None."""
+    if cfg.training.resume and metrics.is_file():
+        log(cfg, f"{metrics.parent}: finished earlier, kept")
+        return json.loads(metrics.read_text())
+    return None
 
 
 def log(cfg, msg: str) -> None:
@@ -363,8 +402,9 @@ def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
 class TaskRun:
     """`run` for a registry task: the paper's recipe (grid, best dev state, predictions, the saved model)."""
 
-    def __init__(self, hooks: FinetuneHooks | None = None):
+    def __init__(self, hooks: FinetuneHooks | None = None, callbacks=()):
         self.hooks = hooks or FinetuneHooks()
+        self.callbacks = list(callbacks)
         self.grid: list[dict] = []
 
     def prepare(self, cfg: FinetuneConfig) -> None:
@@ -381,10 +421,13 @@ class TaskRun:
         metric = self.task.main_metric
         for lr in PAPER_GRID["lr"]:
             for bs in PAPER_GRID["batch_size"]:
-                r = self._train(_with(cfg, lr, bs), cfg.seeds[0], Path(cfg.out) / f"grid-lr{lr}-bs{bs}",
-                                f"[grid lr={lr} bs={bs}] ")
-                self.grid.append({"lr": lr, "batch_size": bs, metric: r["dev"][metric]})
-                del r
+                point = Path(cfg.out) / f"grid-lr{lr}-bs{bs}"
+                dev = finished(cfg, point / "metrics.json")
+                if dev is None:
+                    dev = self._train(_with(cfg, lr, bs), cfg.seeds[0], point, f"[grid lr={lr} bs={bs}] ")["dev"]
+                    write_text(point / "metrics.json", json.dumps(dev, default=float))
+                    shutil.rmtree(point / "train" / CHECKPOINT_DIR, ignore_errors=True)
+                self.grid.append({"lr": lr, "batch_size": bs, metric: dev[metric]})
         best = max(self.grid, key=lambda g: g[metric])
         self.lr, self.batch_size = best["lr"], best["batch_size"]
         log(cfg, f"grid: best lr={self.lr} batch_size={self.batch_size} (dev {metric} {best[metric]:.4f})")
@@ -429,51 +472,93 @@ class TaskRun:
         batches = hooks.batches(cfg, data, seed, self.tok.pad_token_id)
         total_steps = max(1, math.ceil(len(batches) * cfg.training.epochs))
         eval_every = cfg.training.eval_every_steps or len(batches)
-        metric = task.main_metric
-        state = {"best": -math.inf, "best_state": None, "best_report": None, "best_step": 0, "bad": 0,
-                 "history": [], "eval_s": 0.0, "evals": 0, "stopped": False, "tuned": {}}
-
-        def on_eval(m) -> dict:
-            """Dev evaluation (called by the loop every `eval_every` steps and at the end); keeps the best state."""
-            t0 = time.perf_counter()
-            state["evals"] += 1
-            step = min(state["evals"] * eval_every, total_steps)
-            raw = task.predict(m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision)
-            tuned = task.tune(data.dev, raw)                      # before scoring: the score uses it
-            report = task.score(data.dev, data.dev_feats, raw)
-            value = report[metric]
-            state["history"].append({"step": step, metric: value})
-            log(cfg, f"{log_prefix}step {step}/{total_steps} dev {metric} {value:.4f}")
-            if value > state["best"]:
-                state.update(best=value, best_report=report, best_step=step, bad=0, tuned=tuned,
-                             best_state={k: v.detach().clone() for k, v in m.state_dict().items()})
-            else:
-                state["bad"] += 1
-            state["eval_s"] += time.perf_counter() - t0
-            state["stopped"] = bool(cfg.patience and state["bad"] >= cfg.patience)
-            return {**numeric_metrics(report), "stop": state["stopped"]}   # patience exhausted: the loop ends the run
-
-        tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, save_final=False,
-                       tensorboard=False, plot=False, overwrite=True)
+        dev = DevTracker(cfg, task, data, eval_every, total_steps, log_prefix, run_dir / "train")
+        tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, plot=False,
+                       **checkpointing(cfg.training))
         t0 = time.perf_counter()
-        train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval, step_fn=hooks.step_fn)
-        train_s = time.perf_counter() - t0 - state["eval_s"]
-        model.load_state_dict(state["best_state"])
+        train(model, batches, tcfg, run_dir / "train", eval_fn=dev, step_fn=hooks.step_fn,
+              callbacks=[dev, *self.callbacks])
+        train_s = time.perf_counter() - t0 - dev.s["eval_s"]
+        model.load_state_dict(dev.best_state)
         model = hooks.trained(model)
         if compacted:
             restore_word_embeddings(model)
-        for name, value in state["tuned"].items():     # what was tuned on dev at the best state
+        for name, value in dev.s["tuned"].items():     # what was tuned on dev at the best state
             setattr(task, name, value)
-        return {"model": model, "dev": state["best_report"], "best_step": state["best_step"],
-                "history": state["history"], "stopped_early": state["stopped"], "train_s": train_s,
+        return {"model": model, "dev": dev.s["best_report"], "best_step": dev.s["best_step"],
+                "history": dev.s["history"], "stopped_early": dev.s["stopped"], "train_s": train_s,
                 "train_examples": batches.examples,
                 "examples_per_s": batches.examples / train_s if train_s > 0 else 0.0, "steps": total_steps}
 
 
-def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None) -> dict:
+def checkpointing(training: TrainConfig) -> dict:
+    """The loop's checkpoint settings for one fine-tuning run: the newest checkpoint only (weights and optimizer:
+    3x the model), every training.save_every_steps steps or save_every_minutes minutes (default 10: a kill loses
+    at most that much, and short runs write none); none at the end (the model is saved by the runner)."""
+    minutes = training.save_every_minutes or (None if training.save_every_steps else 10.0)
+    return {"save_every_minutes": minutes, "keep_last": 1, "save_final": False, "overwrite": not training.resume}
+
+
+class DevTracker:
+    """The dev evaluation of one fine-tuning run, as the loop's eval_fn (called every `eval_every` steps and at the
+    end) and a stateful callback: keeps the best state (patience, history, tuned settings) so a checkpoint carries
+    it; the best weights go to BEST-STEP-N.safetensors when a checkpoint is written, so a resume finds them."""
+    key = "dev"
+
+    def __init__(self, cfg, task: Task, data, eval_every: int, total_steps: int, log_prefix: str, out: Path):
+        self.cfg, self.task, self.data, self.out = cfg, task, data, out
+        self.eval_every, self.total_steps, self.log_prefix = eval_every, total_steps, log_prefix
+        self.s = {"best": None, "best_report": None, "best_step": 0, "bad": 0, "history": [], "eval_s": 0.0,
+                  "evals": 0, "stopped": False, "tuned": {}}
+        self.best_state = None
+
+    def __call__(self, m) -> dict:
+        cfg, task, data, s = self.cfg, self.task, self.data, self.s
+        t0 = time.perf_counter()
+        s["evals"] += 1
+        step = min(s["evals"] * self.eval_every, self.total_steps)
+        raw = task.predict(m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision)
+        tuned = task.tune(data.dev, raw)                      # before scoring: the score uses it
+        report = task.score(data.dev, data.dev_feats, raw)
+        value = report[task.main_metric]
+        s["history"].append({"step": step, task.main_metric: value})
+        log(cfg, f"{self.log_prefix}step {step}/{self.total_steps} dev {task.main_metric} {value:.4f}")
+        if s["best"] is None or value > s["best"]:
+            s.update(best=value, best_report=report, best_step=step, bad=0, tuned=tuned)
+            self.best_state = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        else:
+            s["bad"] += 1
+        s["eval_s"] += time.perf_counter() - t0
+        s["stopped"] = bool(cfg.patience and s["bad"] >= cfg.patience)
+        return {**numeric_metrics(report), "stop": s["stopped"]}   # patience exhausted: the loop ends the run
+
+    def _best_file(self, step: int) -> Path:
+        return self.out / f"best-step-{step:08d}.safetensors"
+
+    def state_dict(self) -> dict:
+        path = self._best_file(self.s["best_step"])
+        if self.best_state is not None and not path.exists() and main_rank():
+            with replacing(path) as tmp:
+                save_model_weights(self.best_state, tmp)
+        return jsonable(self.s)
+
+    def load_state_dict(self, s: dict) -> None:
+        self.s = s
+        if s["best_report"] is not None:
+            self.best_state = load_model_weights(self._best_file(s["best_step"]))
+
+    def on_save(self, state, checkpoint: Path) -> None:
+        """Best weights the checkpoints no longer name are removed."""
+        for old in self.out.glob("best-step-*.safetensors"):
+            if old != self._best_file(self.s["best_step"]) and main_rank():
+                old.unlink(missing_ok=True)
+
+
+def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None, callbacks=()) -> dict:
     """Train per the config (grid search and seeds included), evaluate on dev (and test), save models and reports.
-    Returns the summary also written to OUT/summary.json. `hooks`: what to build instead of the plain recipe."""
-    return run(cfg, TaskRun(hooks))
+    Returns the summary also written to OUT/summary.json. `hooks`: what to build instead of the plain recipe;
+    `callbacks`: bertkit.train.callbacks.Callback objects for the loop (with cfg.report_to's loggers)."""
+    return run(cfg, TaskRun(hooks, [*callbacks, *reporting(cfg.report_to)]))
 
 
 # ------------------------------------------------------------------------------------------ evaluate/predict
