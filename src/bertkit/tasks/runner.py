@@ -48,6 +48,7 @@ from bertkit.errors import ConfigError
 from bertkit.precision import resolve
 from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
+from bertkit.tasks.memory import materialize
 from bertkit.tasks.registry import TASKS, default, make_task
 from bertkit.tasks.task import Feature, Task
 from bertkit.textfiles import shown_all
@@ -77,11 +78,11 @@ def finetune_recipe(**changes) -> TrainConfig:
 class FinetuneConfig:
     task: str                              # a tasks.registry name: classify | pair | regress | multilabel | tag | qa
     model: str                             # HF-format directory, or a preset name (random init; needs vocab)
-    train: str                             # the training file
-    dev: str
+    train: str | list | object             # the training file, or its examples: dicts or a datasets.Dataset
+    dev: str | list | object               # (tasks.memory: the fields of the file formats)
     out: str
     training: TrainConfig = field(default_factory=finetune_recipe)  # the loop's settings (`train` is the file)
-    test: str | None = None
+    test: str | list | object | None = None
     vocab: str | None = None               # vocab.txt for a preset model (a directory brings its own)
     random_init: bool = False              # fresh weights: the baseline that shows what pre-training is worth
     batch_size: int = 32
@@ -198,7 +199,8 @@ def run(cfg, how: FinetuneRun) -> dict:
     # auto precision resolved once, so the summary records what ran
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
-    _same_settings(cfg, out / SETTINGS)
+    cfg, digests = materialize(cfg, getattr(cfg, "task", "embed"))      # in-memory examples: to files in OUT/data
+    _same_settings(cfg, out / SETTINGS, digests)
     how.prepare(cfg)
     runs = []
     for seed in cfg.seeds:
@@ -219,10 +221,11 @@ _FREE = {"resume", "overwrite", "progress", "quiet", "save_every_steps", "save_e
          "tensorboard", "report_to"}                # settings a resume may change: they do not change the numbers
 
 
-def _same_settings(cfg, path: Path) -> None:
-    """A resume must repeat the settings of the run it continues (ConfigError naming the first that differs); a
-    fresh run records them."""
-    now = {**{k: v for k, v in shown_all(asdict(cfg)).items() if k != "training"}, **asdict(cfg.training)}
+def _same_settings(cfg, path: Path, digests: dict) -> None:
+    """A resume must repeat the settings (and in-memory data) of the run it continues (ConfigError naming the first
+    that differs); a fresh run records them."""
+    now = {**{k: v for k, v in shown_all(asdict(cfg)).items() if k != "training"}, **asdict(cfg.training),
+           **{f"{split} data sha256": d for split, d in digests.items()}}
     now = jsonable({k: v for k, v in now.items() if k not in _FREE})
     if not (cfg.training.resume and path.exists()):
         write_text(path, json.dumps(now, indent=1))
