@@ -32,7 +32,8 @@ from bertkit.embed.train import EmbedDataset, EmbedModel, embed_step, retrieval_
 from bertkit.predict.engine import PRECISION
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import table_rows
-from bertkit.tasks.runner import check_recipe, checkpointing, compact, log, run, spread, spread_metrics
+from bertkit.tasks.resume import checkpointing
+from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
 from bertkit.train.callbacks import reporting
 from bertkit.train.compact import restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train

@@ -1,5 +1,5 @@
 """In-memory examples for `bertkit.finetune`: a list of dicts (the fields of the file formats) or a
-`datasets.Dataset`, written once to OUT/data/ in the format the task reads, so every run (and its resume) reads files.
+`datasets.Dataset`, written to OUT/data/ in the format the task reads, so every run (and its resume) reads files.
 
     classify / pair / regress / multilabel, embed:  {"text", "text_pair"?, "label"} / {"anchor", "positive", ...}
     tag:  {"tokens": [...], "tags" or "ner_tags": [...]} (a Dataset's ClassLabel ids become their names)
@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
-from bertkit.atomic import write_text
 from bertkit.errors import DataError
 
 __all__ = ["materialize"]
@@ -23,9 +21,9 @@ SPLITS = ("train", "dev", "test")
 
 
 def materialize(cfg, task: str):
-    """`cfg` with each in-memory split replaced by the file written for it, and {split: sha256 of that file} (a
-    resume compares them: the same data)."""
-    changes, digests = {}, {}
+    """(`cfg` with each in-memory split replaced by the path of its file, {that path: the file's text}); the caller
+    writes the files (after a resume compared them with the run's)."""
+    changes, files = {}, {}
     for split in SPLITS:
         value = getattr(cfg, split, None)
         if value is None or isinstance(value, (str, Path)):
@@ -35,10 +33,8 @@ def materialize(cfg, task: str):
             (".conll", _conll(rows, split, tags)) if task == "tag" else \
             (".jsonl", "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
         path = Path(cfg.out) / "data" / f"{split}{suffix}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(path, text)
-        changes[split], digests[split] = str(path), hashlib.sha256(text.encode()).hexdigest()
-    return replace(cfg, **changes), digests
+        changes[split], files[path] = str(path), text
+    return replace(cfg, **changes), files
 
 
 def _rows(value, split: str) -> tuple[list[dict], list[str] | None]:

@@ -14,6 +14,9 @@ make fine-tuning unstable, so:
   * the dev set is scored after every epoch (or every `training.eval_every_steps` steps); the best state on the dev
     metric is kept and saved, and `patience` evaluations without improvement stop the run early.
 
+`train` / `dev` / `test` are files or in-memory examples (tasks.memory). `resume=True` continues a killed run
+exactly (tasks.resume: settings, checkpoints; DevTracker: the dev state carried in them).
+
 `FinetuneConfig.training` is the shared loop's TrainConfig (`finetune_recipe()`: the paper's recipe; lr, epochs,
 warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is what only fine-tuning has.
 
@@ -50,13 +53,13 @@ from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.tasks.memory import materialize
 from bertkit.tasks.registry import TASKS, default, make_task
+from bertkit.tasks.resume import Settings, checkpointing, finished
 from bertkit.tasks.task import Feature, Task
 from bertkit.textfiles import shown_all
 from bertkit.tokenizer import Tokenizer
 from bertkit.train.callbacks import main_rank, reporting
 from bertkit.train.checkpointing import CHECKPOINT_DIR, load_model_weights, save_model_weights
 from bertkit.train.compact import compact_word_embeddings, restore_word_embeddings
-from bertkit.train.monitor import jsonable
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["FinetuneConfig", "FinetuneHooks", "FinetuneRun", "TaskRun", "run", "finetune", "finetune_recipe",
@@ -199,8 +202,12 @@ def run(cfg, how: FinetuneRun) -> dict:
     # auto precision resolved once, so the summary records what ran
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
-    cfg, digests = materialize(cfg, getattr(cfg, "task", "embed"))      # in-memory examples: to files in OUT/data
-    _same_settings(cfg, out / SETTINGS, digests)
+    cfg, files = materialize(cfg, getattr(cfg, "task", "embed"))        # in-memory examples: files in OUT/data
+    settings = Settings(cfg, files)         # a refused resume (other settings or data) changes no file
+    for path, text in files.items():
+        path.parent.mkdir(exist_ok=True)
+        write_text(path, text)
+    how.callbacks.append(settings)          # recorded once training starts: a run that fails before writes none
     how.prepare(cfg)
     runs = []
     for seed in cfg.seeds:
@@ -214,35 +221,6 @@ def run(cfg, how: FinetuneRun) -> dict:
     summary = {**how.summary(cfg, runs), "config": shown_all(asdict(cfg))}
     write_text(out / "summary.json", json.dumps(summary, indent=1, default=float))
     return summary
-
-
-SETTINGS = "settings.json"       # a run's settings, which its --resume must repeat
-_FREE = {"resume", "overwrite", "progress", "quiet", "save_every_steps", "save_every_minutes", "keep_last",
-         "tensorboard", "report_to"}                # settings a resume may change: they do not change the numbers
-
-
-def _same_settings(cfg, path: Path, digests: dict) -> None:
-    """A resume must repeat the settings (and in-memory data) of the run it continues (ConfigError naming the first
-    that differs); a fresh run records them."""
-    now = {**{k: v for k, v in shown_all(asdict(cfg)).items() if k != "training"}, **asdict(cfg.training),
-           **{f"{split} data sha256": d for split, d in digests.items()}}
-    now = jsonable({k: v for k, v in now.items() if k not in _FREE})
-    if not (cfg.training.resume and path.exists()):
-        write_text(path, json.dumps(now, indent=1))
-        return
-    saved = json.loads(path.read_text())
-    for k in sorted(set(saved) | set(now)):
-        if saved.get(k) != now.get(k):
-            raise ConfigError(f"--resume: {path.parent} was run with {k} {saved.get(k)!r}, this run has "
-                              f"{now.get(k)!r}: resume with the same settings (or --overwrite to start again)")
-
-
-def finished(cfg, metrics: Path) -> dict | None:
-    """A resumed run's record of a seed (or grid point) that had finished, else None."""
-    if cfg.training.resume and metrics.is_file():
-        log(cfg, f"{metrics.parent}: finished earlier, kept")
-        return json.loads(metrics.read_text())
-    return None
 
 
 def log(cfg, msg: str) -> None:
@@ -494,14 +472,6 @@ class TaskRun:
                 "examples_per_s": batches.examples / train_s if train_s > 0 else 0.0, "steps": total_steps}
 
 
-def checkpointing(training: TrainConfig) -> dict:
-    """The loop's checkpoint settings for one fine-tuning run: the newest checkpoint only (weights and optimizer:
-    3x the model), every training.save_every_steps steps or save_every_minutes minutes (default 10: a kill loses
-    at most that much, and short runs write none); none at the end (the model is saved by the runner)."""
-    minutes = training.save_every_minutes or (None if training.save_every_steps else 10.0)
-    return {"save_every_minutes": minutes, "keep_last": 1, "save_final": False, "overwrite": not training.resume}
-
-
 class DevTracker:
     """The dev evaluation of one fine-tuning run, as the loop's eval_fn (called every `eval_every` steps and at the
     end) and a stateful callback: keeps the best state (patience, history, tuned settings) so a checkpoint carries
@@ -543,7 +513,8 @@ class DevTracker:
         if self.best_state is not None and not path.exists() and main_rank():
             with replacing(path) as tmp:
                 save_model_weights(self.best_state, tmp)
-        return jsonable(self.s)
+        # as JSON (state.json) but NaN kept: a NaN best must compare on resume as it did before
+        return json.loads(json.dumps(self.s, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
     def load_state_dict(self, s: dict) -> None:
         self.s = s
