@@ -209,10 +209,11 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
     for name, path in (("minilm", datasets.minilm_dir()), ("ours", model_dir)):
         p = Predictor.load(path)
         tokens, att = p.attention(HE_SENTENCE)
-        plots.plot_attention(att, tokens, out / f"attention_grid_{name}.png",
-                             title=f"{name}: attention per layer and head")
-        plots.plot_attention_from(att, tokens, "he", out / f"attention_he_{name}.png",
-                                  title=f"{name}: where 'he' looks, per layer.head")
+        with plots.optional():          # without matplotlib the numbers stay, the pictures are skipped
+            plots.plot_attention(att, tokens, out / f"attention_grid_{name}.png",
+                                 title=f"{name}: attention per layer and head")
+            plots.plot_attention_from(att, tokens, "he", out / f"attention_he_{name}.png",
+                                      title=f"{name}: where 'he' looks, per layer.head")
         q = tokens.index("he")
         bert = [1]                      # "Bert" opens the sentence; a vocab may split it ("be ##rt"): sum its pieces
         continues = p.tokenizer.continues_word(p.tokenizer.convert_tokens_to_ids(tokens))
@@ -248,12 +249,15 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
     ix = {l: i for i, l in enumerate(labels)}
     m = plots.confusion_matrix([ix[r["label"]] for r in rows], [ix[g] for g in got], len(labels))
     acc = sum(int(r["label"] == g) for r, g in zip(rows, got)) / len(rows)
-    plots.plot_confusion(m, labels, out / "confusion_test.png",
-                         title=f"sentiment, test split (n={len(rows)}, accuracy {acc:.3f})")
+    with plots.optional():
+        plots.plot_confusion(m, labels, out / "confusion_test.png",
+                             title=f"sentiment, test split (n={len(rows)}, accuracy {acc:.3f})")
     curves = None
     for metrics in sorted((out / "model").rglob("metrics.jsonl")):
         try:
             curves = plots.plot_run(metrics.parent, out / "curves.png", title="sentiment fine-tuning")
+            break
+        except plots.PlotsMissing:
             break
         except BertkitError:
             continue

@@ -6,7 +6,10 @@
     plot_confusion(matrix, labels, out_png)       a confusion matrix with counts and row-normalised colours
 
 matplotlib is imported lazily with the non-interactive Agg backend, so plots work on a headless machine and
-`import bertkit.plots` costs nothing until a picture is drawn.
+`import bertkit.plots` costs nothing until a picture is drawn. It is the extra `bertkit[plots]`: without it a
+picture raises `PlotsMissing` (an ImportError and a ConfigError) after one logged line, so a command that draws on
+the side (finetune's confusion matrix, pretrain's curves, the demo) skips its pictures and goes on, and one that only
+draws (`plot`, `attention`) says which extra to install (`require()`).
 
 Metrics files: the training loop writes one JSON object per line (`metrics.jsonl` in the run directory). We do not
 depend on a fixed schema: every numeric field whose name contains "loss" goes on the loss panel, every field whose
@@ -17,16 +20,18 @@ named "<split>/<field>", so train and held-out curves of the same quantity are t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
 from typing import Sequence
 
 from bertkit.atomic import replacing
-from bertkit.errors import DataError
+from bertkit.errors import ConfigError, DataError
+from bertkit.progress import say
 from bertkit.textfiles import utf8_errors
 
-__all__ = ["read_metrics", "plot_run", "plot_attention", "plot_attention_from", "plot_confusion",
+__all__ = ["PlotsMissing", "require", "optional", "read_metrics", "plot_run", "plot_attention", "plot_attention_from", "plot_confusion",
            "find_metrics_file", "confusion_matrix"]
 
 _X_KEYS = ("step", "global_step", "epoch")
@@ -35,7 +40,39 @@ _SCORE_WORDS = ("acc", "f1", "exact", "corr", "precision", "recall", "mcc")
 _SPLIT_KEYS = ("split", "phase", "kind")
 
 
+class PlotsMissing(ConfigError, ImportError):
+    """matplotlib is not installed."""
+
+
+_MISSING = "matplotlib is not installed: pip install 'bertkit[plots]'"
+_said: list[bool] = []
+
+
+def require() -> None:
+    """PlotsMissing (one line naming the extra) unless pictures can be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotsMissing(_MISSING) from None
+
+
+@contextlib.contextmanager
+def optional():
+    """Pictures drawn in the block are skipped when matplotlib is missing (the one line is logged)."""
+    try:
+        yield
+    except PlotsMissing:
+        pass
+
+
 def _pyplot():
+    try:
+        require()
+    except PlotsMissing:
+        if not _said:        # one line per process, however many pictures are skipped
+            _said.append(True)
+            say(f"bertkit: pictures skipped: {_MISSING}")
+        raise
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

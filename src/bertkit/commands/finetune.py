@@ -63,6 +63,16 @@ def register(sub) -> None:
     p.add_argument("--n-best", type=checks.positive_int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run (or other files) in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out after a crash or kill: finished seeds are kept, the others go on "
+                        "from their last checkpoint, exactly as if never stopped (the same settings, else refused)")
+    p.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int,
+                   help="checkpoint every N steps, for --resume (default: every 10 minutes, see --save-minutes)")
+    p.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
+                   help="checkpoint every M minutes of training (default 10)")
+    p.add_argument("--report-to", type=_names, default=(),
+                   help="also log to wandb and/or mlflow (comma-separated; the extras bertkit[wandb] / "
+                        "bertkit[mlflow]); TensorBoard event files go to OUT/train/tb when tensorboard is installed")
     p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
     progress.add_arguments(p)
     embed_cmd.add_finetune_args(p)
@@ -128,9 +138,16 @@ def run_values(args) -> dict:
             "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _finetune(args) -> int:
+    if args.resume and args.overwrite:      # one continues the run, the other replaces it
+        raise ConfigError("--resume continues the run in --out, --overwrite replaces it: give one of them")
+    # --resume keeps the earlier run of --out as it is (the runner refuses one with other settings)
     checks.out_dir(args.out, "finetune", inputs=(args.model, args.vocab, args.train, args.dev, args.test),
-                   overwrite=args.overwrite, writes_model=True)
+                   overwrite=args.overwrite or args.resume, writes_model=True, reuse=args.resume)
     if args.task == "embed":
         return embed_cmd.finetune(args)
     # deferred: torch stays off `bertkit -h`'s path

@@ -122,6 +122,7 @@ def embed(args) -> int:
 def attention(args) -> int:
     # deferred: matplotlib is the plots extra
     from bertkit import plots
+    plots.require()
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import Predictor
     out = checks.out_dir(args.out, "attention", inputs=(args.model,), overwrite=args.overwrite, reuse=True)
@@ -158,6 +159,7 @@ def attention(args) -> int:
 def plot(args) -> int:
     # deferred: matplotlib is the plots extra
     from bertkit import plots
+    plots.require()
     run = Path(args.run)
     if args.confusion:
         if not run.is_file():

@@ -32,7 +32,9 @@ from bertkit.embed.train import EmbedDataset, EmbedModel, embed_step, retrieval_
 from bertkit.predict.engine import PRECISION
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import table_rows
+from bertkit.tasks.resume import checkpointing
 from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
+from bertkit.train.callbacks import reporting
 from bertkit.train.compact import restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
@@ -75,8 +77,16 @@ class EmbedFinetuneConfig:
     compact_embeddings: bool = True
     save_model: bool = True
     quiet: bool = False
+    resume: bool = False                     # continue the run in `out` (training.resume), as FinetuneConfig's
+    save_every_steps: int | None = None      # checkpoints (training's; `bertkit finetune --save-every` routes here)
+    save_every_minutes: float | None = None
+    report_to: tuple[str, ...] = ()          # loggers besides metrics.jsonl and TensorBoard: wandb | mlflow
 
     def __post_init__(self):
+        self.resume = bool(self.resume or self.training.resume)
+        self.training = replace(self.training, resume=self.resume, save_every_steps=self.save_every_steps or
+                                self.training.save_every_steps, save_every_minutes=self.save_every_minutes or
+                                self.training.save_every_minutes)
         self.seeds = run_seeds(self.seeds)
         if self.loss is not None and self.loss not in LOSSES:
             raise ConfigError(f"--loss {self.loss!r}: choose one of {', '.join(LOSSES)}")
@@ -207,6 +217,9 @@ class EmbedRun:
     """`tasks.runner.run` for a bi-encoder: per seed, every evaluation split before and after training, and the
     model saved as a sentence-transformers directory."""
 
+    def __init__(self, callbacks=()):
+        self.callbacks = list(callbacks)
+
     def prepare(self, cfg: EmbedFinetuneConfig) -> None:
         data = EmbedDataset.read(cfg.train)
         if cfg.max_train_examples:
@@ -233,12 +246,13 @@ class EmbedRun:
         if cfg.anchor_max_length:
             batches.max_lengths = {data.columns[0]: cfg.anchor_max_length}
         total = max(1, math.ceil(len(batches) * cfg.training.epochs))
-        tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, save_final=False, tensorboard=False,
-                       progress=cfg.training.progress and not cfg.quiet, plot=False, overwrite=True,
-                       eval_every_steps=None)
+        tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, plot=False,
+                       progress=cfg.training.progress and not cfg.quiet, eval_every_steps=None,
+                       **checkpointing(cfg.training))
         t0 = time.perf_counter()
         cpu0 = time.process_time()
-        result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch))
+        result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch),
+                       callbacks=self.callbacks)
         wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
         cpu = time.process_time() - cpu0          # this process's CPU time: what other load on the machine leaves alone
         if compacted:
@@ -268,7 +282,7 @@ class EmbedRun:
 def finetune_embed(cfg: EmbedFinetuneConfig) -> dict:
     """Train a bi-encoder per the config for each seed; returns (and writes OUT/summary.json) the before / after
     metrics of every evaluation split (mean +- std over seeds) and the training throughput."""
-    return run(cfg, EmbedRun())
+    return run(cfg, EmbedRun(reporting(cfg.report_to)))
 
 
 def evaluate_embed(model, data, baseline=None, batch_size: int = 128) -> dict:

@@ -14,6 +14,9 @@ make fine-tuning unstable, so:
   * the dev set is scored after every epoch (or every `training.eval_every_steps` steps); the best state on the dev
     metric is kept and saved, and `patience` evaluations without improvement stop the run early.
 
+`train` / `dev` / `test` are files or in-memory examples (tasks.memory). `resume=True` continues a killed run
+exactly (tasks.resume: settings, checkpoints; DevTracker: the dev state carried in them).
+
 `FinetuneConfig.training` is the shared loop's TrainConfig (`finetune_recipe()`: the paper's recipe; lr, epochs,
 warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is what only fine-tuning has.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -41,16 +45,20 @@ from typing import Protocol
 import torch
 
 from bertkit import runtime
-from bertkit.atomic import write_text
+from bertkit.atomic import replacing, write_text
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.precision import resolve
 from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
+from bertkit.tasks.memory import materialize
 from bertkit.tasks.registry import TASKS, default, make_task
+from bertkit.tasks.resume import Settings, checkpointing, finished
 from bertkit.tasks.task import Feature, Task
 from bertkit.textfiles import shown_all
 from bertkit.tokenizer import Tokenizer
+from bertkit.train.callbacks import main_rank, reporting
+from bertkit.train.checkpointing import CHECKPOINT_DIR, load_model_weights, save_model_weights
 from bertkit.train.compact import compact_word_embeddings, restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
@@ -73,11 +81,11 @@ def finetune_recipe(**changes) -> TrainConfig:
 class FinetuneConfig:
     task: str                              # a tasks.registry name: classify | pair | regress | multilabel | tag | qa
     model: str                             # HF-format directory, or a preset name (random init; needs vocab)
-    train: str                             # the training file
-    dev: str
+    train: str | list | object             # the training file, or its examples: dicts or a datasets.Dataset
+    dev: str | list | object               # (tasks.memory: the fields of the file formats)
     out: str
     training: TrainConfig = field(default_factory=finetune_recipe)  # the loop's settings (`train` is the file)
-    test: str | None = None
+    test: str | list | object | None = None
     vocab: str | None = None               # vocab.txt for a preset model (a directory brings its own)
     random_init: bool = False              # fresh weights: the baseline that shows what pre-training is worth
     batch_size: int = 32
@@ -102,8 +110,12 @@ class FinetuneConfig:
     multilabel_sep: str = "|"
     save_model: bool = True
     quiet: bool = False
+    resume: bool = False                   # continue the run in `out` (training.resume): exactly as if never stopped
+    report_to: tuple[str, ...] = ()        # loggers besides metrics.jsonl and TensorBoard: wandb | mlflow
 
     def __post_init__(self):
+        self.resume = bool(self.resume or self.training.resume)
+        self.training = replace(self.training, resume=self.resume)
         if self.task not in TASKS:
             raise ConfigError(f"--task {self.task!r}: choose one of {', '.join(TASKS)}")
         if self.max_length is None:
@@ -190,13 +202,21 @@ def run(cfg, how: FinetuneRun) -> dict:
     # auto precision resolved once, so the summary records what ran
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(cfg, training=replace(cfg.training, precision=resolve(cfg.training.precision, device)))
+    cfg, files = materialize(cfg, getattr(cfg, "task", "embed"))        # in-memory examples: files in OUT/data
+    settings = Settings(cfg, files)         # a refused resume (other settings or data) changes no file
+    for path, text in files.items():
+        path.parent.mkdir(exist_ok=True)
+        write_text(path, text)
+    how.callbacks.append(settings)          # recorded once training starts: a run that fails before writes none
     how.prepare(cfg)
     runs = []
     for seed in cfg.seeds:
         run_dir = out if len(cfg.seeds) == 1 else out / f"seed-{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        rec = how.train_seed(cfg, seed, run_dir, f"[seed {seed}] " if len(cfg.seeds) > 1 else "")
+        rec = finished(cfg, run_dir / "metrics.json") or how.train_seed(cfg, seed, run_dir, f"[seed {seed}] "
+                                                                        if len(cfg.seeds) > 1 else "")
         write_text(run_dir / "metrics.json", json.dumps(rec, indent=1, default=float))
+        shutil.rmtree(run_dir / "train" / CHECKPOINT_DIR, ignore_errors=True)   # the seed is done: nothing to resume
         runs.append(rec)
     summary = {**how.summary(cfg, runs), "config": shown_all(asdict(cfg))}
     write_text(out / "summary.json", json.dumps(summary, indent=1, default=float))
@@ -365,8 +385,9 @@ def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
 class TaskRun:
     """`run` for a registry task: the paper's recipe (grid, best dev state, predictions, the saved model)."""
 
-    def __init__(self, hooks: FinetuneHooks | None = None):
+    def __init__(self, hooks: FinetuneHooks | None = None, callbacks=()):
         self.hooks = hooks or FinetuneHooks()
+        self.callbacks = list(callbacks)
         self.grid: list[dict] = []
 
     def prepare(self, cfg: FinetuneConfig) -> None:
@@ -383,10 +404,13 @@ class TaskRun:
         metric = self.task.main_metric
         for lr in PAPER_GRID["lr"]:
             for bs in PAPER_GRID["batch_size"]:
-                r = self._train(_with(cfg, lr, bs), cfg.seeds[0], Path(cfg.out) / f"grid-lr{lr}-bs{bs}",
-                                f"[grid lr={lr} bs={bs}] ")
-                self.grid.append({"lr": lr, "batch_size": bs, metric: r["dev"][metric]})
-                del r
+                point = Path(cfg.out) / f"grid-lr{lr}-bs{bs}"
+                dev = finished(cfg, point / "metrics.json")
+                if dev is None:
+                    dev = self._train(_with(cfg, lr, bs), cfg.seeds[0], point, f"[grid lr={lr} bs={bs}] ")["dev"]
+                    write_text(point / "metrics.json", json.dumps(dev, default=float))
+                    shutil.rmtree(point / "train" / CHECKPOINT_DIR, ignore_errors=True)
+                self.grid.append({"lr": lr, "batch_size": bs, metric: dev[metric]})
         best = max(self.grid, key=lambda g: g[metric])
         self.lr, self.batch_size = best["lr"], best["batch_size"]
         log(cfg, f"grid: best lr={self.lr} batch_size={self.batch_size} (dev {metric} {best[metric]:.4f})")
@@ -431,51 +455,86 @@ class TaskRun:
         batches = hooks.batches(cfg, data, seed, self.tok.pad_token_id)
         total_steps = max(1, math.ceil(len(batches) * cfg.training.epochs))
         eval_every = cfg.training.eval_every_steps or len(batches)
-        metric = task.main_metric
-        state = {"best": -math.inf, "best_state": None, "best_report": None, "best_step": 0, "bad": 0,
-                 "history": [], "eval_s": 0.0, "evals": 0, "stopped": False, "tuned": {}}
-
-        def on_eval(m) -> dict:
-            """Dev evaluation (called by the loop every `eval_every` steps and at the end); keeps the best state."""
-            t0 = time.perf_counter()
-            state["evals"] += 1
-            step = min(state["evals"] * eval_every, total_steps)
-            raw = task.predict(m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision)
-            tuned = task.tune(data.dev, raw)                      # before scoring: the score uses it
-            report = task.score(data.dev, data.dev_feats, raw)
-            value = report[metric]
-            state["history"].append({"step": step, metric: value})
-            log(cfg, f"{log_prefix}step {step}/{total_steps} dev {metric} {value:.4f}")
-            if value > state["best"]:
-                state.update(best=value, best_report=report, best_step=step, bad=0, tuned=tuned,
-                             best_state={k: v.detach().clone() for k, v in m.state_dict().items()})
-            else:
-                state["bad"] += 1
-            state["eval_s"] += time.perf_counter() - t0
-            state["stopped"] = bool(cfg.patience and state["bad"] >= cfg.patience)
-            return {**numeric_metrics(report), "stop": state["stopped"]}   # patience exhausted: the loop ends the run
-
-        tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, save_final=False,
-                       tensorboard=False, plot=False, overwrite=True)
+        dev = DevTracker(cfg, task, data, eval_every, total_steps, log_prefix, run_dir / "train")
+        tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, plot=False,
+                       **checkpointing(cfg.training))
         t0 = time.perf_counter()
-        train(model, batches, tcfg, run_dir / "train", eval_fn=on_eval, step_fn=hooks.step_fn)
-        train_s = time.perf_counter() - t0 - state["eval_s"]
-        model.load_state_dict(state["best_state"])
+        train(model, batches, tcfg, run_dir / "train", eval_fn=dev, step_fn=hooks.step_fn,
+              callbacks=[dev, *self.callbacks])
+        train_s = time.perf_counter() - t0 - dev.s["eval_s"]
+        model.load_state_dict(dev.best_state)
         model = hooks.trained(model)
         if compacted:
             restore_word_embeddings(model)
-        for name, value in state["tuned"].items():     # what was tuned on dev at the best state
+        for name, value in dev.s["tuned"].items():     # what was tuned on dev at the best state
             setattr(task, name, value)
-        return {"model": model, "dev": state["best_report"], "best_step": state["best_step"],
-                "history": state["history"], "stopped_early": state["stopped"], "train_s": train_s,
+        return {"model": model, "dev": dev.s["best_report"], "best_step": dev.s["best_step"],
+                "history": dev.s["history"], "stopped_early": dev.s["stopped"], "train_s": train_s,
                 "train_examples": batches.examples,
                 "examples_per_s": batches.examples / train_s if train_s > 0 else 0.0, "steps": total_steps}
 
 
-def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None) -> dict:
+class DevTracker:
+    """The dev evaluation of one fine-tuning run, as the loop's eval_fn (called every `eval_every` steps and at the
+    end) and a stateful callback: keeps the best state (patience, history, tuned settings) so a checkpoint carries
+    it; the best weights go to BEST-STEP-N.safetensors when a checkpoint is written, so a resume finds them."""
+    key = "dev"
+
+    def __init__(self, cfg, task: Task, data, eval_every: int, total_steps: int, log_prefix: str, out: Path):
+        self.cfg, self.task, self.data, self.out = cfg, task, data, out
+        self.eval_every, self.total_steps, self.log_prefix = eval_every, total_steps, log_prefix
+        self.s = {"best": None, "best_report": None, "best_step": 0, "bad": 0, "history": [], "eval_s": 0.0,
+                  "evals": 0, "stopped": False, "tuned": {}}
+        self.best_state = None
+
+    def __call__(self, m) -> dict:
+        cfg, task, data, s = self.cfg, self.task, self.data, self.s
+        t0 = time.perf_counter()
+        s["evals"] += 1
+        step = min(s["evals"] * self.eval_every, self.total_steps)
+        raw = task.predict(m, data.dev, data.dev_feats, cfg.eval_batch_size, cfg.training.precision)
+        tuned = task.tune(data.dev, raw)                      # before scoring: the score uses it
+        report = task.score(data.dev, data.dev_feats, raw)
+        value = report[task.main_metric]
+        s["history"].append({"step": step, task.main_metric: value})
+        log(cfg, f"{self.log_prefix}step {step}/{self.total_steps} dev {task.main_metric} {value:.4f}")
+        if s["best"] is None or value > s["best"]:
+            s.update(best=value, best_report=report, best_step=step, bad=0, tuned=tuned)
+            self.best_state = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        else:
+            s["bad"] += 1
+        s["eval_s"] += time.perf_counter() - t0
+        s["stopped"] = bool(cfg.patience and s["bad"] >= cfg.patience)
+        return {**numeric_metrics(report), "stop": s["stopped"]}   # patience exhausted: the loop ends the run
+
+    def _best_file(self, step: int) -> Path:
+        return self.out / f"best-step-{step:08d}.safetensors"
+
+    def state_dict(self) -> dict:
+        path = self._best_file(self.s["best_step"])
+        if self.best_state is not None and not path.exists() and main_rank():
+            with replacing(path) as tmp:
+                save_model_weights(self.best_state, tmp)
+        # as JSON (state.json) but NaN kept: a NaN best must compare on resume as it did before
+        return json.loads(json.dumps(self.s, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+    def load_state_dict(self, s: dict) -> None:
+        self.s = s
+        if s["best_report"] is not None:
+            self.best_state = load_model_weights(self._best_file(s["best_step"]))
+
+    def on_save(self, state, checkpoint: Path) -> None:
+        """Best weights the checkpoints no longer name are removed."""
+        for old in self.out.glob("best-step-*.safetensors"):
+            if old != self._best_file(self.s["best_step"]) and main_rank():
+                old.unlink(missing_ok=True)
+
+
+def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None, callbacks=()) -> dict:
     """Train per the config (grid search and seeds included), evaluate on dev (and test), save models and reports.
-    Returns the summary also written to OUT/summary.json. `hooks`: what to build instead of the plain recipe."""
-    return run(cfg, TaskRun(hooks))
+    Returns the summary also written to OUT/summary.json. `hooks`: what to build instead of the plain recipe;
+    `callbacks`: bertkit.train.callbacks.Callback objects for the loop (with cfg.report_to's loggers)."""
+    return run(cfg, TaskRun(hooks, [*callbacks, *reporting(cfg.report_to)]))
 
 
 # ------------------------------------------------------------------------------------------ evaluate/predict

@@ -5,7 +5,8 @@
     checkpointing.py  atomic checkpoints (temp directory, fsync, rename) and exact resume
     distributed.py    the process group, DDP / FSDP wrapping, full state dicts
     stream.py         the data across epochs and phases, with a resumable position
-    monitor.py        metrics JSONL / TensorBoard / progress bar / curves.png, FLOP/s and MFU
+    monitor.py        metrics JSONL / progress bar / curves.png, FLOP/s and MFU
+    callbacks.py      the loop's callback events; TensorBoard, W&B and MLflow loggers
     pretrain.py       pretrain(): `bertkit pretrain` as a library call: shards -> model (preset / config / checkpoint,
                       MLM+NSP, MLM+SOP, MLM, ELECTRA) -> train() -> an HF-format model directory
     recipe.py         plan_recipe(): what `--budget` from scratch means, every setting the user did not give, each
@@ -40,11 +41,14 @@ Public API (stable; the fine-tuning tasks code against it)
   `"stop"` entry in the dict (not logged) ends the run there (early stopping; `result.stop_reason == "early_stop"`).
 * `on_start(state) -> bool | None` (optional): called on every rank after the resume (or the fresh start) was
   accepted and before anything is logged, for the caller's own files; returning False ends the call untrained.
+* `callbacks=[...]` (optional): bertkit.train.callbacks.Callback objects, their events named as transformers'
+  TrainerCallback's (on_train_begin, on_step_end, on_evaluate, on_save, on_train_end); one with state_dict() /
+  load_state_dict() has its state saved in each checkpoint and handed back on resume. W&B / MLflow loggers there.
 * `out_dir` gets:
       metrics.jsonl                one JSON object per logged step ({"split": "train", "step", "loss", "lr", ...})
                                    and per evaluation ({"split": "eval", "step", ...})
       curves.png                   loss and accuracy curves (matplotlib, written at each eval and at the end)
-      tb/                          TensorBoard events, when tensorboard is installed and cfg.tensorboard
+      tb/                          TensorBoard events (a callback), when tensorboard is installed and cfg.tensorboard
       checkpoints/step-00001000/   model.safetensors (+ config.json when the model has a BertConfig),
                                    optimizer.pt, state.json, rank-00000.pt (RNG + data position per rank)
   A checkpoint directory is written under a temp name and renamed when complete; only the last `keep_last` stay.

@@ -56,6 +56,7 @@ class RunState:
     last_checkpoint: Path | None = None   # not saved: where this state was last written or read
     bad_run: list[int] = field(default_factory=list)  # not saved: the current run of non-finite steps
     execution: dict | None = None         # the execution options the run trains with (a resume keeps them)
+    callbacks: dict | None = None         # the stateful callbacks' state_dict()s, by key (a resume hands them back)
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -304,6 +305,7 @@ class Checkpoints:
         if config is not None and hasattr(config, "to_json"):
             config.to_json(tmp / "config.json")
         saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world, "execution": state.execution,
+                 "callbacks": state.callbacks,
                  "config": jsonable(dataclasses.asdict(self.cfg))}
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -329,6 +331,7 @@ class Checkpoints:
         for k in _SAVED:            # checkpoints from before the phase counters: those get RunState's defaults
             setattr(state, k, saved.get(k, getattr(RunState, k)))
         state.execution = saved.get("execution") or state.execution
+        state.callbacks = saved.get("callbacks")
         if self.cfg.max_steps is not None and self.cfg.budget_s is None:
             state.total = self.cfg.max_steps  # a resumed run may be asked to go further
         stream.load_state_dict(rank_state["data"])

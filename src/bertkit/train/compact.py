@@ -77,10 +77,13 @@ class CompactEmbedding(nn.Module):
         other = F.embedding(input_ids, self.full) * self.rows[-1]
         return torch.where(known.unsqueeze(-1), trained, other)
 
-    # -- state_dict as a plain embedding: `<prefix>weight` is the full table
+    # -- state_dict as a plain embedding: `<prefix>weight` is the full table. Reading it folds the decay so far into
+    # the start (the same numbers): a run resumed from that table then rounds exactly as the unbroken run does.
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         with torch.no_grad():
             destination[prefix + "weight"] = self.weight
+            self.full = self.full * self.rows[-1]
+            self.rows[-1].fill_(1.0)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

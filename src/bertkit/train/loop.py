@@ -35,6 +35,7 @@ from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
 from bertkit.precision import PRECISIONS, autocast, resolve
 from bertkit.progress import say
+from bertkit.train.callbacks import Callback, Events
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
                                          save_model_weights)
 from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
@@ -205,17 +206,20 @@ def _tokens_in(batch: dict) -> int:
 def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainConfig, out_dir: str | os.PathLike,
           eval_fn: Callable[[nn.Module], dict] | None = None,
           step_fn: Callable[[nn.Module, dict], StepOutput] | None = None,
-          on_start: Callable[[RunState], bool | None] | None = None) -> TrainResult:
+          on_start: Callable[[RunState], bool | None] | None = None,
+          callbacks: Iterable[Callback] = ()) -> TrainResult:
     """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. See the package
     docstring for the contract; raises ConfigError / CheckpointError before the first step for bad settings.
 
     `on_start(state)` runs on every rank once the run is set up (resumed or started fresh) and before anything is
     logged: a caller writes its own files there, so a refused resume leaves them as they were. It returning False
-    ends the call at once, nothing trained, evaluated or written (`stop_reason` says why the run is over)."""
+    ends the call at once, nothing trained, evaluated or written (`stop_reason` says why the run is over).
+    `callbacks`: bertkit.train.callbacks.Callback objects (their events, and their state saved in checkpoints)."""
     out = Path(out_dir)
     run, checkpoints = _setup(model, batches, cfg, out, step_fn)
     state = run.state
     _start(run, checkpoints, out)
+    events = Events(callbacks, state)
     start_step, last_save = state.step, state.elapsed
     if on_start is not None and on_start(state) is False:
         return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
@@ -223,14 +227,13 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                            skipped_steps=state.skipped, stop_reason=why_stopped(cfg, state) or "on_start",
                            checkpoint=state.last_checkpoint)
     run.model.train()
+    events.begin(state, out / "tb" if cfg.tensorboard else None)
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
     dtype = torch.bfloat16 if run.precision == "bf16" else torch.float32
     flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
-    losses: list[float] = []
-    history: list[dict] = []
-    evals: list[dict] = []
+    losses, history, evals = [], [], []     # per step, train records, eval records
     session_t0, prior_elapsed = time.perf_counter(), state.elapsed
-    # Ctrl-C stops after the step in progress with a checkpoint (_Interrupt); a run that writes none (fine-tuning)
+    # Ctrl-C stops after the step in progress with a checkpoint (_Interrupt); a run that writes none (save_final off)
     # has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
     # would: stopping there instead would leave a finished run that no resume can complete.
     keeps_checkpoints = bool(cfg.save_every_steps or cfg.save_every_minutes or cfg.save_final)
@@ -252,17 +255,18 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                 flops.add(rec, dt, run.raw, getattr(run.stream.source, "seq_len", None))
                 history.append(rec)
                 log.train(rec, dt, state.total)
+                events("on_step_end", state, rec)
                 if why_stopped(cfg, state) is not None:
                     continue                                   # the final evaluation and checkpoint follow the loop
                 if cfg.eval_every_steps and state.step % cfg.eval_every_steps == 0:
-                    eval_rec, stop = _eval_and_log(run, eval_fn, log)
+                    eval_rec, stop = _eval_and_log(run, eval_fn, log, events)
                     evals.append(eval_rec)
                     if stop:
                         stop_reason = "early_stop"
                         break
                 # Ctrl-C saves where a periodic save would, after the evaluation: resuming from it replays exactly
                 if interrupted or _save_due(cfg, state, last_save):
-                    saved = checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+                    saved = _save(run, checkpoints, events)
                     last_save = state.elapsed
                 if interrupted:
                     if run.d.main:
@@ -270,11 +274,12 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                             "--resume continues from it")
                     raise KeyboardInterrupt
         if eval_fn is not None and stop_reason != "early_stop":
-            evals.append(_eval_and_log(run, eval_fn, log)[0])
+            evals.append(_eval_and_log(run, eval_fn, log, events)[0])
         if cfg.save_final and state.step > start_step:
-            checkpoints.save(state, run.model, run.optimizer, run.stream.state_dict())
+            _save(run, checkpoints, events)
     finally:
         log.close()
+    events("on_train_end", state)
     return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
                        losses=losses, start_step=start_step, history=history, eval_history=evals,
                        skipped_steps=state.skipped, stop_reason=stop_reason, checkpoint=state.last_checkpoint)
@@ -318,6 +323,14 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
     state = RunState(total=_initial_total(cfg, stream), execution=asdict(fast.options))
     precision = resolve(cfg.precision, d.device)
     return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state), checkpoints
+
+
+def _save(run: _Run, checkpoints: Checkpoints, events: Events) -> Path:
+    """A checkpoint of the run, the callbacks' state with it."""
+    run.state.callbacks = {events.key(cb): cb.state_dict() for cb in events.stateful()}
+    path = checkpoints.save(run.state, run.model, run.optimizer, run.stream.state_dict())
+    events("on_save", run.state, path)
+    return path
 
 
 def _initial_total(cfg: TrainConfig, stream: Stream) -> int:
@@ -551,11 +564,12 @@ class _Interrupt:
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
-def _eval_and_log(run: _Run, eval_fn, log: RunLog) -> tuple[dict, bool]:
+def _eval_and_log(run: _Run, eval_fn, log: RunLog, events: Events) -> tuple[dict, bool]:
     """Evaluate (when there is an eval_fn) and log: (the eval record, whether eval_fn asked to stop)."""
     metrics, stop = _evaluate(run, eval_fn) if eval_fn is not None else ({}, False)
     rec = {"split": "eval", "step": run.state.step, **metrics}
     log.eval(rec, metrics)
+    events("on_evaluate", run.state, metrics)
     return rec, stop
 
 

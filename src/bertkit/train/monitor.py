@@ -1,4 +1,4 @@
-"""What a run reports as it goes: metrics.jsonl, TensorBoard, the progress bar, curves.png, and the FLOP/s and
+"""What a run reports as it goes: metrics.jsonl, the progress bar, curves.png, and the FLOP/s and
 model-FLOP utilisation (MFU) of each step."""
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def jsonable(obj):
 
 # ---------------------------------------------------------------------------------------------- logging
 class RunLog:
-    """metrics.jsonl lines, TensorBoard scalars and the tqdm bar; only rank 0 writes (`main`), the others no-op."""
+    """metrics.jsonl lines and the tqdm bar; only rank 0 writes (`main`), the others no-op (TensorBoard is a
+    callback: bertkit.train.callbacks)."""
 
     def __init__(self, out: Path, cfg, main: bool, total: int, step: int):
         self.out, self.cfg, self.main = out, cfg, main
         self.file = open(out / "metrics.jsonl", "a") if main else None
-        self.tb = self._tensorboard() if main else None
         self.bar = (progress_bar(total=total, initial=step, desc="train", mininterval=0.5, show=True)
                     if main and cfg.progress else None)
         self.window_tokens, self.window_time = 0, 0.0   # recent tokens/s for the bar
@@ -58,10 +58,6 @@ class RunLog:
         step = rec["step"]
         if step % self.cfg.log_every_steps == 0 or step == total:
             self._write(rec)
-            if self.tb is not None:
-                for k, v in rec.items():
-                    if isinstance(v, (int, float)) and k != "step":
-                        self.tb.add_scalar(f"train/{k}", v, step)
         if self.bar is not None:
             self.bar.total = total
             self.bar.update(1)
@@ -74,9 +70,6 @@ class RunLog:
         if not (self.main and metrics):
             return
         self._write(rec)
-        if self.tb is not None:
-            for k, v in metrics.items():
-                self.tb.add_scalar(f"eval/{k}", v, rec["step"])
         log.info("eval at step %d: %s", rec["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if self.cfg.plot:
             self.plot()
@@ -86,8 +79,6 @@ class RunLog:
             self.bar.close()
         if self.file is not None:
             self.file.close()
-        if self.tb is not None:
-            self.tb.close()
         if self.main and self.cfg.plot:
             self.plot()
 
@@ -100,15 +91,6 @@ class RunLog:
     def _write(self, rec: dict) -> None:
         self.file.write(json.dumps(jsonable(rec)) + "\n")
         self.file.flush()
-
-    def _tensorboard(self):
-        if not self.cfg.tensorboard:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except Exception:  # tensorboard not installed
-            return None
-        return SummaryWriter(str(self.out / "tb"))
 
 
 def _postfix(rec: dict, tok_s: float) -> dict:

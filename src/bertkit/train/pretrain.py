@@ -280,8 +280,9 @@ class _DropKeys:
         return len(self.source)
 
 
-def pretrain(pc: PretrainConfig):
-    """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult."""
+def pretrain(pc: PretrainConfig, callbacks=()):
+    """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult.
+    `callbacks`: bertkit.train.callbacks.Callback objects for the loop (W&B, MLflow, your own)."""
     out = Path(pc.out)
     _check_settings(pc)
     check_writable(out)
@@ -336,7 +337,7 @@ def pretrain(pc: PretrainConfig):
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
                  objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
     result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step,
-                   on_start=_starter(pc, plan, cfg, out, d))
+                   on_start=_starter(pc, plan, cfg, out, d), callbacks=callbacks)
     if result.steps > result.start_step or not (out / "model" / "config.json").is_file():
         _finish(model, result, data, d, pc, plan, out, objective)
     return result
