@@ -125,7 +125,7 @@ def test_finetune_a_transformers_directory_then_transformers_predicts_the_same(t
     src = family_dir(tmp_path / "hf", model_type)
     train, dev = _jsonl(tmp_path / "train.jsonl", _rows(320, 0)), _jsonl(tmp_path / "dev.jsonl", _rows(40, 1))
     rc = main(["finetune", "--task", "classify", "--model", str(src), "--train", str(train), "--dev", str(dev),
-               "--out", str(tmp_path / "run"), "--epochs", "4", "--lr", "3e-3", "--batch-size", "16", "--dropout", "0",
+               "--out", str(tmp_path / "run"), "--epochs", "8", "--lr", "1e-3", "--batch-size", "16", "--dropout", "0",
                "--precision", "fp32", "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     out = next(p.parent for p in (tmp_path / "run").rglob("model.safetensors"))
@@ -141,7 +141,8 @@ def test_finetune_a_transformers_directory_then_transformers_predicts_the_same(t
     probs = torch.softmax(logits, -1)
     np.testing.assert_allclose([[r["scores"][model.config.id2label[j]] for j in range(2)] for r in ours],
                                probs.numpy(), atol=1e-5)
-    assert len(set(theirs)) == 2                            # trained: not one label for every text
+    accuracy = np.mean([t == r["label"] for t, r in zip(theirs, _rows(40, 1))])
+    assert accuracy >= 0.75, accuracy                       # it learned (one label is 0.675 of dev)
 
 
 @pytest.mark.parametrize("model_type", FAMILY_TYPES)
