@@ -4,16 +4,18 @@ no missing or unexpected keys and equal logits. Models are transformers' own con
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 
-from bertkit import heads
+from bertkit import heads, runtime
 from bertkit.families import FAMILIES, bert_class_name, family
 from bertkit.config import BertConfig
 from bertkit.model import BertModel
 from bertkit.modern import parts
+from bertkit.runtime import int8
 
 transformers = pytest.importorskip("transformers")
 
@@ -202,3 +204,21 @@ def test_modernbert_config_round_trips_and_its_window_matters(tmp_path):
     with torch.no_grad():
         assert not torch.allclose(wide(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits)
 
+
+@pytest.mark.parametrize("model_type", [t for t in FAMILIES if t != "bert"])
+@pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
+def test_frozen_and_int8_models_run_every_family(tmp_path, model_type, backend):
+    """runtime.freeze (frozen linears, fused Q/K/V where a family has separate ones, the FFN activation in its GEMM
+    where it is not a GLU) keeps the logits; int8 layers run, and load back as saved."""
+    cfg, ref, ours = _pair(tmp_path, model_type, "ForSequenceClassification", attn_implementation=backend)
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        want = ours(ids, attention_mask=mask).logits
+        frozen = runtime.freeze(copy.deepcopy(ours), runtime.plan(force="all"))
+        torch.testing.assert_close(frozen(ids, attention_mask=mask).logits, want, atol=1e-5, rtol=1e-5)
+        quantized = runtime.freeze(int8.quantize(copy.deepcopy(ours)), runtime.plan(force="all"))
+        got = quantized(ids, attention_mask=mask).logits
+        assert got.shape == want.shape and torch.isfinite(got).all()
+        quantized.save_pretrained(tmp_path / "int8")
+        back = type(ours).from_pretrained(tmp_path / "int8", attn_implementation=backend)
+        torch.testing.assert_close(back(ids, attention_mask=mask).logits, got)
