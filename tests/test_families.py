@@ -205,6 +205,15 @@ def test_modernbert_config_round_trips_and_its_window_matters(tmp_path):
         assert not torch.allclose(wide(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits)
 
 
+@pytest.mark.parametrize("backend", ["eager", "unpadded"])
+def test_modernbert_mean_pooling_equals_transformers(tmp_path, backend):
+    cfg, ref, ours = _pair(tmp_path, "modernbert", "ForSequenceClassification",
+                           shape=dict(TINY, classifier_pooling="mean"), attn_implementation=backend)
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, attention_mask=mask).logits,
+                                   ref(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-5)
+
 @pytest.mark.parametrize("model_type", [t for t in FAMILIES if t != "bert"])
 @pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
 def test_frozen_and_int8_models_run_every_family(tmp_path, model_type, backend):

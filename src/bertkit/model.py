@@ -12,6 +12,14 @@ The BERT paper's (Devlin et al. 2018) and google-research/bert's `modeling.py`:
 Parameter names are the Hugging Face BERT state_dict's (`encoder.layer.3.attention.self.query.weight`, ...), so
 checkpoints need no rename table.
 
+Other families choose parts of the same modules by config (`bertkit.families`, `bertkit.modern`); ModernBERT's:
+
+    x = LayerNorm(word[ids]);  dropout                                      # positions: rotary q and k, no table
+    for each layer:                                                          # pre-LN; layer 0 has no first norm
+        x = x + dropout(attention(LayerNorm(x)) W_o)     # local layers: keys within a window, global: all keys
+        x = x + (act(h) * g) W_2,  [h | g] = LayerNorm(x) W_1                # GLU; no biases anywhere
+    x = LayerNorm(x)
+
 How a forward runs is decided once, in `attention.ExecutionPlan.build`: the layout (padded, or unpadded: real tokens
 only, see `padding.py`), the attention function (see `attention.py`), dropout. Fast paths for a machine are applied
 from outside by `bertkit.runtime` (module swaps and `BertModel.execution`); this file knows nothing of them.
