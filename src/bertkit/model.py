@@ -49,7 +49,7 @@ from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.families import family
-from bertkit.modern import GLU, parts, rotate, window_mask
+from bertkit.modern import GLU, parts, rotary_table, rotate, window_mask
 from bertkit.outputs import ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
@@ -141,6 +141,8 @@ class BertSelfAttention(nn.Module):
         if rows is not None and rows.first_only and self.theta is None:
             return self._first(x, plan), None
         qkv = self.qkv(x)                                   # (batch, seq, 3 * hidden) or (tokens, 3 * hidden)
+        if self.theta is not None:                          # rotary: once on the packed tokens, not per bucket
+            qkv = rotate(qkv, plan.rotary[self.theta], self.num_heads)
         layout = plan.layout
         if layout.unpadded:
             grids = layout.to_buckets(qkv)                  # [(rows, length, 3 * hidden)]
@@ -156,8 +158,6 @@ class BertSelfAttention(nn.Module):
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if plan.bias is not None:            # relative positions: rows start at position 0 in either layout
             mask = with_bias(plan.bias[..., :s, :s].to(q.dtype), mask)
-        if self.theta is not None:           # rotary positions, likewise from 0
-            q, k = rotate(q, k, self.theta)
         if self.window is not None:
             mask = window_mask(mask, s, self.window, q.device)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
@@ -280,6 +280,11 @@ class BertEncoder(nn.Module):
         attentions = []
         if self.relative_attention_bias is not None:
             plan = replace(plan, bias=self.position_bias(plan.layout.seq, x.device))
+        attention = self.layer[0].attention.self
+        if attention.theta is not None:      # rotary: the cos / sin tables of each base, for every layer
+            positions = plan.layout.positions(x.device)
+            thetas = {layer.attention.self.theta for layer in self.layer}
+            plan = replace(plan, rotary={t: rotary_table(positions, attention.head_dim, t, x.dtype) for t in thetas})
         for i, layer in enumerate(self.layer):
             layer_rows = rows if i == len(self.layer) - 1 else None
             if plan.checkpoint_layers:

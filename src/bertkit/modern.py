@@ -22,7 +22,7 @@ from bertkit.activations import activation
 from bertkit.errors import ConfigError
 from bertkit.families import family
 
-__all__ = ["GLU", "Parts", "parts", "rotate", "window_mask"]
+__all__ = ["GLU", "Parts", "parts", "rotary_table", "rotate", "window_mask"]
 
 
 @dataclass(frozen=True)
@@ -89,21 +89,24 @@ def _theta(extra: dict, layer_type: str, old_key: str, default: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- the maths
-def rotate(q: Tensor, k: Tensor, theta: float) -> tuple[Tensor, Tensor]:
-    """q, k (rows, heads, len, head_dim) rotated for positions 0..len-1 (rows start at position 0 in either layout),
-    in fp32 as transformers computes it: x cos + rotate_half(x) sin, angle position / theta^(2i / head_dim)."""
-    s, d = q.shape[-2], q.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float, device=q.device) / d))
-    freqs = torch.arange(s, device=q.device, dtype=torch.float)[:, None] * inv_freq      # (len, head_dim / 2)
-    angles = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = angles.cos().to(q.dtype).float(), angles.sin().to(q.dtype).float()
+def rotary_table(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin (..., head_dim / 2) of the angles position / theta^(2i / head_dim), for positions (...,): once a
+    forward, every layer of that base reads them. Rounded to the hidden states' dtype as transformers rounds them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim))
+    angles = positions.float()[..., None] * inv_freq
+    return angles.cos().to(dtype).float(), angles.sin().to(dtype).float()
 
-    def one(x: Tensor) -> Tensor:
-        x = x.float()
-        half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
-        return x * cos + half * sin
 
-    return one(q).to(q.dtype), one(k).to(k.dtype)
+def rotate(qkv: Tensor, table: tuple[Tensor, Tensor], heads: int) -> Tensor:
+    """Fused (..., 3 * hidden) projections with q and k rotated (RoFormer), v as it was; the table's positions
+    broadcast over the leading dims: (seq,) for a padded batch, (tokens,) for a packed one. In fp32, the halves
+    x1 cos - x2 sin | x2 cos + x1 sin: transformers' x cos + rotate_half(x) sin, bit for bit."""
+    cos, sin = (t.unsqueeze(-2) for t in table)                                   # (..., 1, head_dim / 2)
+    width = qkv.shape[-1] * 2 // 3
+    qk = qkv[..., :width].unflatten(-1, (2 * heads, 2, -1)).float()               # (..., 2 heads, 2, head_dim / 2)
+    x1, x2 = qk.unbind(-2)
+    turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(qkv.dtype)
+    return torch.cat((turned, qkv[..., width:]), dim=-1)
 
 
 def window_mask(mask: Tensor | None, length: int, window: int, device) -> Tensor | None:
