@@ -1,6 +1,6 @@
 """Speed of bertkit against transformers on an encoder family other than BERT: same machine, run, weights, batches.
 
-    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/families.py --family modernbert
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/families.py --family modernbert [--threads 1]
 
 ModernBERT-base shape (22 layers, hidden 768, GLU width 1152, a global layer every 3, a 128-token window elsewhere),
 random weights saved by transformers and loaded by bertkit; real BBC sentences (tokenised with the MiniLM
@@ -36,7 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--family", default="modernbert", choices=sorted(SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", type=int, default=3, help="batches of 64 sentences per timed repeat")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads for both (0: torch's default); 1 on a CPU other jobs share, where "
+                         "threads waiting on each other swamp the kernels")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     batches = [{"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}
                for b in tokenize(bbc_sentences(64 * args.batches), 64)]
     cfg = transformers.AutoConfig.for_model(args.family, **SHAPES[args.family])
