@@ -6,7 +6,8 @@ Run (one JSON line per family):
     flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/families.py --families roberta,mpnet --repeats 5
 
 Each family at its published base shape (roberta-base, xlm-roberta-base, mpnet-base, distilbert-base,
-electra-base-discriminator, albert-base-v2), random weights saved by transformers and loaded by bertkit; real BBC
+electra-base-discriminator, albert-base-v2, ModernBERT-base: 22 layers, GLU width 1152, a 128-token window in two
+layers of three), random weights saved by transformers and loaded by bertkit; real BBC
 sentences in batches of 64 padded to the longest, fp32. The ids are the MiniLM WordPiece ids of the sentences
 (random weights read any ids alike; only the lengths matter for speed). Ours: the bare encoder after
 `runtime.freeze` (what bertkit's inference entry points run). The reference: transformers' model of the family at
@@ -39,6 +40,8 @@ SHAPES = {
     "distilbert": dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072),
     "electra": dict(BASE, embedding_size=768),
     "albert": dict(BASE, embedding_size=128, num_hidden_groups=1),
+    "modernbert": dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
+                       local_attention=128, global_attn_every_n_layers=3, pad_token_id=0),
 }
 
 
@@ -94,7 +97,12 @@ def main(argv=None) -> int:
     ap.add_argument("--families", default=",".join(SHAPES))
     ap.add_argument("--batches", type=int, default=2, help="batches of 64 sentences per timed repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads for both (0: torch's default); 1 on a CPU other jobs share, where "
+                         "threads waiting on each other swamp the kernels")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sentences = bbc_sentences(64 * args.batches)
     for model_type in args.families.split(","):
         case(model_type, sentences, args.repeats)

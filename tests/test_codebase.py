@@ -70,7 +70,7 @@ LAYERS = [
     ["", "errors", "atomic", "progress", "textfiles", "options", "hub", "datasets"],   # "": bertkit/__init__.py
     ["families", "config", "hardware"],
     ["tokenizer", "vocab"],
-    ["attention", "padding", "activations", "outputs", "compat"],
+    ["attention", "padding", "activations", "outputs", "compat", "modern"],
     ["runtime", "precision"],
     ["checkpoint"],
     ["model"],

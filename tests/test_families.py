@@ -4,12 +4,18 @@ no missing or unexpected keys and equal logits. Models are transformers' own con
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 import torch
 
-from bertkit import heads
+from bertkit import heads, runtime
 from bertkit.families import FAMILIES, bert_class_name, family
+from bertkit.config import BertConfig
 from bertkit.model import BertModel
+from bertkit.modern import parts
+from bertkit.runtime import int8
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,6 +25,8 @@ TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_h
 # albert-base-v2: one shared layer), small vocab
 BASE = dict(TINY, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
             max_position_embeddings=514)
+# ModernBERT-base's: 22 layers, GLU width 1152, a global layer every 3, the others a 128-token window
+MODERN_BASE = dict(BASE, num_hidden_layers=22, intermediate_size=1152, local_attention=128, max_position_embeddings=8192)
 
 
 def hf_config(model_type: str, shape: dict):
@@ -32,6 +40,13 @@ def hf_config(model_type: str, shape: dict):
         kw.update(embedding_size=kw["hidden_size"] // 2)
     if model_type == "albert":
         kw.update(num_hidden_groups=2 if kw["num_hidden_layers"] == 2 else 1, classifier_dropout_prob=0.0)
+    if model_type == "modernbert":
+        kw = dict(MODERN_BASE if shape is BASE else shape)
+        kw["attention_dropout"] = kw.pop("attention_probs_dropout_prob")
+        del kw["hidden_dropout_prob"]
+        kw.setdefault("local_attention", 8)    # tiny: |i - j| <= 4, shorter than the test rows, so it matters
+        kw.update(global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                  sep_token_id=2)
     if model_type == "distilbert":
         names = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                  "intermediate_size": "hidden_dim", "hidden_dropout_prob": "dropout",
@@ -178,3 +193,51 @@ def test_class_names_map_both_ways():
     assert bert_class_name("ElectraForPreTraining") == "BertForReplacedTokenDetection"
     assert bert_class_name("XLMRobertaModel") == "BertModel"
     assert bert_class_name("GPT2Model") is None
+
+
+def test_modernbert_config_round_trips_and_its_window_matters(tmp_path):
+    """transformers reads back every value of a bertkit-saved ModernBERT config.json; the older keys
+    (global_rope_theta, global_attn_every_n_layers) of published checkpoints are read; the window changes outputs."""
+    cfg, ref, ours = _pair(tmp_path, "modernbert", "ForMaskedLM")
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers.AutoConfig.from_pretrained(tmp_path / "ours").to_dict()
+    skip = ("transformers_version", "architectures", "_name_or_path", "dtype")
+    assert {k: v for k, v in cfg.to_dict().items() if k not in skip} == {k: back[k] for k in cfg.to_dict() if k not in skip}
+    old = BertConfig.from_dict({"model_type": "modernbert", "vocab_size": 120, "hidden_size": 32,
+                                "num_hidden_layers": 4, "num_attention_heads": 4, "pad_token_id": 0,
+                                "global_rope_theta": 1000.0, "global_attn_every_n_layers": 2})
+    assert parts(old).local_layers == (False, True, False, True) and parts(old).global_theta == 1000.0
+    ids, mask = _batch(cfg)
+    raw = json.loads((tmp_path / "ours" / "config.json").read_text())
+    (tmp_path / "ours" / "config.json").write_text(json.dumps(dict(raw, local_attention=64)))
+    wide = heads.BertForMaskedLM.from_pretrained(tmp_path / "ours")
+    with torch.no_grad():
+        assert not torch.allclose(wide(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("backend", ["eager", "unpadded"])
+def test_modernbert_mean_pooling_equals_transformers(tmp_path, backend):
+    cfg, ref, ours = _pair(tmp_path, "modernbert", "ForSequenceClassification",
+                           shape=dict(TINY, classifier_pooling="mean"), attn_implementation=backend)
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, attention_mask=mask).logits,
+                                   ref(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-5)
+
+@pytest.mark.parametrize("model_type", [t for t in FAMILIES if t != "bert"])
+@pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
+def test_frozen_and_int8_models_run_every_family(tmp_path, model_type, backend):
+    """runtime.freeze (frozen linears, fused Q/K/V where a family has separate ones, the FFN activation in its GEMM
+    where it is not a GLU) keeps the logits; int8 layers run, and load back as saved."""
+    cfg, ref, ours = _pair(tmp_path, model_type, "ForSequenceClassification", attn_implementation=backend)
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        want = ours(ids, attention_mask=mask).logits
+        frozen = runtime.freeze(copy.deepcopy(ours), runtime.plan(force="all"))
+        torch.testing.assert_close(frozen(ids, attention_mask=mask).logits, want, atol=1e-5, rtol=1e-5)
+        quantized = runtime.freeze(int8.quantize(copy.deepcopy(ours)), runtime.plan(force="all"))
+        got = quantized(ids, attention_mask=mask).logits
+        assert got.shape == want.shape and torch.isfinite(got).all()
+        quantized.save_pretrained(tmp_path / "int8")
+        back = type(ours).from_pretrained(tmp_path / "int8", attn_implementation=backend)
+        torch.testing.assert_close(back(ids, attention_mask=mask).logits, got)

@@ -170,6 +170,7 @@ class ExecutionPlan:
     check_values: bool = False
     checkpoint_layers: bool = False
     bias: Tensor | None = None      # (1, heads, seq, seq) relative-position bias shared by the layers (MPNet)
+    rotary: dict | None = None      # rotary base -> its (cos, sin) tables at this layout's positions (ModernBERT)
 
     @classmethod
     def build(cls, options: ExecutionOptions, implementation: str, attention_mask: Tensor | None,

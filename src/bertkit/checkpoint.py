@@ -55,9 +55,10 @@ SHARDED_INDEX_NAME = "model.safetensors.index.json"
 PT_WEIGHTS_NAME = "pytorch_model.bin"
 
 # top-level parameter groups that belong to some task head (ignored when the model being loaded lacks them)
-_HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.", "discriminator_predictions.")
-# the first name of a bare encoder's parameters, in any family (DistilBERT's layers are "transformer.")
-_ENCODER_ROOTS = ("embeddings", "embeddings_project", "encoder", "transformer", "pooler")
+_HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.", "discriminator_predictions.", "head.")
+# the first name of a bare encoder's parameters, in any family (DistilBERT's layers are "transformer.", ModernBERT's
+# "layers." and "final_norm.")
+_ENCODER_ROOTS = ("embeddings", "embeddings_project", "encoder", "transformer", "pooler", "layers", "final_norm")
 
 
 # ---------------------------------------------------------------------------------------------- reading

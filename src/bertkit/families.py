@@ -11,6 +11,8 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
     distilbert   no token types; every parameter renamed (q_lin, sa_layer_norm, ffn.lin1, ...); ReLU pre_classifier
     mpnet        RoBERTa's positions and heads, no token types, a relative-position attention bias; attn.q/k/v/o
     albert       factorised embeddings, layers shared in groups (num_hidden_groups), MLM + sentence-order heads
+    modernbert   rotary positions, pre-norm layers with a final norm, GLU feed-forward, no biases, local
+                 sliding-window layers between global ones, heads with a dense + act + norm layer (bertkit.modern)
 
 Weight names map both ways by ordered prefix rules, `#` standing for a layer number: a head's whole names first,
 then the encoder's inner names under its prefix (`bert.` here, `roberta.` there; none in a bare encoder). A key no
@@ -41,6 +43,13 @@ class Family:
     classifier_dropout_first: bool = False  # RoBERTa / ELECTRA drop out the [CLS] state before that layer too
     mlm_act: str | None = None            # the MLM transform's activation; None: config.hidden_act
     pooler: bool = True                   # the bare encoder has a pooler
+    # ModernBERT's parts (bertkit.modern): rotary positions instead of position embeddings, one fused `Wqkv`
+    # projection, local sliding-window layers; LayerNorm before each sublayer and after the last layer; GLU
+    # feed-forward; a dense + act + norm layer before every head's output (and no pooler)
+    rotary: bool = False
+    pre_norm: bool = False
+    glu: bool = False
+    head_transform: bool = False
     # (ours, theirs) names inside the encoder, after its prefix ("encoder.layer.#.attention.self.query", ...)
     keys: tuple[tuple[str, str], ...] = ()
     # (ours, theirs) whole names of a head class ("ForSequenceClassification": the classifier's), tried first
@@ -186,6 +195,28 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                      ("hidden_dropout_prob", "dropout"), ("attention_probs_dropout_prob", "attention_dropout"),
                      ("classifier_dropout", "seq_classif_dropout")),
         config_defaults=(("type_vocab_size", 0),)),
+    Family(
+        "modernbert", prefix="model", class_prefix="ModernBert", pooler=False, rotary=True, pre_norm=True, glu=True,
+        head_transform=True,
+        keys=(("embeddings.word_embeddings", "embeddings.tok_embeddings"), ("embeddings.LayerNorm", "embeddings.norm"),
+              ("encoder.final_norm", "final_norm")) + tuple((o, "layers.#." + t) for o, t in _layer(
+            ("attention.self.Wqkv", "attn.Wqkv"), ("attention.output.dense", "attn.Wo"),
+            ("attention.output.LayerNorm", "attn_norm"), ("intermediate.dense", "mlp.Wi"),
+            ("output.dense", "mlp.Wo"), ("output.LayerNorm", "mlp_norm"))),
+        head_keys={
+            "ForMaskedLM": (("cls.predictions.transform.dense", "head.dense"),
+                            ("cls.predictions.transform.LayerNorm", "head.norm"),
+                            ("cls.predictions.bias", "decoder.bias")),
+            # "classifier" is QA's too: named here so a classifier's own weights are not taken for QA's
+            **{h: (("head.dense", "head.dense"), ("head.LayerNorm", "head.norm"), ("classifier", "classifier"))
+               for h in ("ForSequenceClassification", "ForTokenClassification")},
+            "ForQuestionAnswering": (("head.dense", "head.dense"), ("head.LayerNorm", "head.norm"),
+                                     ("qa_outputs", "classifier")),
+        },
+        tied=("decoder.weight",),
+        config_keys=(("layer_norm_eps", "norm_eps"), ("hidden_act", "hidden_activation"),
+                     ("attention_probs_dropout_prob", "attention_dropout")),
+        config_defaults=(("type_vocab_size", 0), ("hidden_dropout_prob", 0.0))),
 )}
 
 

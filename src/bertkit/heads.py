@@ -38,6 +38,7 @@ from bertkit.config import BertConfig
 from bertkit.activations import activation
 from bertkit.families import family
 from bertkit.model import BertModel, BertPreTrainedModel, classifier_dropout
+from bertkit.modern import parts
 from bertkit.outputs import ModelOutput, extra_field, finish, forward_flags
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
@@ -98,12 +99,15 @@ class QuestionAnsweringOutput(ModelOutput):
 
 # ---------------------------------------------------------------------------------------------- MLM / NSP pieces
 class BertPredictionHeadTransform(nn.Module):
+    """dense -> act -> LayerNorm: the MLM head's first layer; ModernBERT's `head` before every head's output."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         dim = config.embedding_size or config.hidden_size              # back to the (tied) word embeddings' width
-        self.dense = nn.Linear(config.hidden_size, dim)
-        self.act = activation(family(config.model_type).mlm_act or config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        part = parts(config)
+        self.dense = nn.Linear(config.hidden_size, dim, bias=part.classifier_bias)
+        self.act = activation(part.classifier_activation or family(config.model_type).mlm_act or config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps, bias=part.norm_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.LayerNorm(self.act(self.dense(x)))
@@ -116,7 +120,7 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if parts(config).decoder_bias else None
         # a plain attribute (not a submodule): tied, so it is not registered twice
         self.__dict__["_word_embeddings"] = word_embeddings
         # restrict_to: in training, the vocabulary ids scored (None: all) and each id's logits column (-1: none)
@@ -125,8 +129,8 @@ class BertLMPredictionHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.restricted:                                # (..., n_candidates): column j is id candidates[j]
-            return F.linear(self.transform(x), self._word_embeddings.weight.index_select(0, self.candidates),
-                            self.bias.index_select(0, self.candidates))
+            bias = None if self.bias is None else self.bias.index_select(0, self.candidates)
+            return F.linear(self.transform(x), self._word_embeddings.weight.index_select(0, self.candidates), bias)
         return F.linear(self.transform(x), self._word_embeddings.weight, self.bias)   # (..., vocab)
 
     @property
@@ -140,16 +144,17 @@ class BertLMPredictionHead(nn.Module):
         if ids is None:
             self.candidates = self.columns = None
             return
-        ids = torch.unique(ids.to(device=self.bias.device, dtype=torch.long))            # sorted
-        columns = torch.full((self.bias.numel(),), -1, dtype=torch.long, device=self.bias.device)
-        columns[ids] = torch.arange(ids.numel(), device=self.bias.device)
+        device = self._word_embeddings.weight.device
+        ids = torch.unique(ids.to(device=device, dtype=torch.long))                       # sorted
+        columns = torch.full((self._word_embeddings.num_embeddings,), -1, dtype=torch.long, device=device)
+        columns[ids] = torch.arange(ids.numel(), device=device)
         self.candidates, self.columns = ids, columns
 
     def tie_to(self, word_embeddings: nn.Embedding) -> None:
         """Decode with `word_embeddings` (replaced or resized): the bias keeps its rows, new ones start at zero."""
         self.__dict__["_word_embeddings"] = word_embeddings
         n, old = word_embeddings.num_embeddings, self.bias
-        if old.numel() != n:
+        if old is not None and old.numel() != n:
             with torch.no_grad():
                 bias = old.new_zeros(n)
                 bias[: min(n, old.numel())] = old[:n]
@@ -215,7 +220,7 @@ class _HeadModel(BertPreTrainedModel):
 
     def _init_extra(self) -> None:
         for m in self.modules():
-            if isinstance(m, BertLMPredictionHead):
+            if isinstance(m, BertLMPredictionHead) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
     def _flags(self, flags: dict, mlm: bool = False) -> dict:
@@ -224,6 +229,21 @@ class _HeadModel(BertPreTrainedModel):
         if mlm and flags.get("masked_logits_only") is None:
             flags["masked_logits_only"] = self.masked_logits_only
         return flags
+
+
+def _hidden_layer(config: BertConfig) -> BertPredictionHeadTransform | None:
+    """The dense + act + norm layer a family puts before every head's output (ModernBERT's `head`), or None."""
+    return BertPredictionHeadTransform(config) if family(config.model_type).head_transform else None
+
+
+def _pool(x: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
+    """(batch, seq, hidden) -> (batch, hidden): position 0, or the mean over the real tokens."""
+    if pooling == "cls":
+        return x[:, 0]
+    if attention_mask is None:
+        return x.mean(dim=1)
+    m = attention_mask.to(x.dtype).unsqueeze(-1)                                      # (batch, seq, 1)
+    return (x * m).sum(dim=1) / m.sum(dim=1)
 
 
 # ---------------------------------------------------------------------------------------------- heads
@@ -301,10 +321,14 @@ class BertForSequenceClassification(_HeadModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=True, classifier=True)   # the family's classifier layer
+        self.head = _hidden_layer(config)                 # ModernBERT: pooled tokens -> its `head`, no pooler
+        self.bert = BertModel(config, add_pooling_layer=self.head is None, classifier=True)   # the family's layer
+        self.pooling = parts(config).classifier_pooling
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights(self.classifier)
+        if self.head is not None:
+            self.init_weights(self.head)
 
     def problem_type(self, labels: Tensor) -> str:
         """config.problem_type, else inferred as HF does: 1 label -> regression; integer labels -> single-label."""
@@ -321,8 +345,12 @@ class BertForSequenceClassification(_HeadModel):
                 output_hidden_states: bool = False, **flags) -> SequenceClassifierOutput:
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states, first_token_only=self.first_token_only)
-        logits = self.classifier(self.dropout(out.pooler_output))                    # (batch, num_labels)
+                        output_hidden_states=output_hidden_states,
+                        first_token_only=self.first_token_only and self.pooling == "cls")
+        pooled = out.pooler_output
+        if self.head is not None:
+            pooled = self.head(_pool(out.last_hidden_state, attention_mask, self.pooling))
+        logits = self.classifier(self.dropout(pooled))                               # (batch, num_labels)
         loss = None
         if labels is not None:
             kind = self.problem_type(labels)
@@ -346,9 +374,12 @@ class BertForTokenClassification(_HeadModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.head = _hidden_layer(config)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights(self.classifier)
+        if self.head is not None:
+            self.init_weights(self.head)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
@@ -356,7 +387,8 @@ class BertForTokenClassification(_HeadModel):
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
-        logits = self.classifier(self.dropout(out.last_hidden_state))                # (batch, seq, num_labels)
+        x = out.last_hidden_state if self.head is None else self.head(out.last_hidden_state)
+        logits = self.classifier(self.dropout(x))                                    # (batch, seq, num_labels)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long(),
@@ -371,8 +403,12 @@ class BertForQuestionAnswering(_HeadModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.head = _hidden_layer(config)
+        self.dropout = classifier_dropout(config) if self.head is not None else nn.Identity()
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights(self.qa_outputs)
+        if self.head is not None:
+            self.init_weights(self.head)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 start_positions: Tensor | None = None, end_positions: Tensor | None = None,
@@ -381,7 +417,8 @@ class BertForQuestionAnswering(_HeadModel):
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
-        logits = self.qa_outputs(out.last_hidden_state)                              # (batch, seq, 2)
+        x = out.last_hidden_state if self.head is None else self.head(out.last_hidden_state)
+        logits = self.qa_outputs(self.dropout(x))                                    # (batch, seq, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         if attention_mask is not None:
             # padding can never hold an answer: exclude it from the span softmax (transformers keeps it, so its

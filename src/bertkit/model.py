@@ -12,6 +12,14 @@ The BERT paper's (Devlin et al. 2018) and google-research/bert's `modeling.py`:
 Parameter names are the Hugging Face BERT state_dict's (`encoder.layer.3.attention.self.query.weight`, ...), so
 checkpoints need no rename table.
 
+Other families choose parts of the same modules by config (`bertkit.families`, `bertkit.modern`); ModernBERT's:
+
+    x = LayerNorm(word[ids]);  dropout                                      # positions: rotary q and k, no table
+    for each layer:                                                          # pre-LN; layer 0 has no first norm
+        x = x + dropout(attention(LayerNorm(x)) W_o)     # local layers: keys within a window, global: all keys
+        x = x + (act(h) * g) W_2,  [h | g] = LayerNorm(x) W_1                # GLU; no biases anywhere
+    x = LayerNorm(x)
+
 How a forward runs is decided once, in `attention.ExecutionPlan.build`: the layout (padded, or unpadded: real tokens
 only, see `padding.py`), the attention function (see `attention.py`), dropout. Fast paths for a machine are applied
 from outside by `bertkit.runtime` (module swaps and `BertModel.execution`); this file knows nothing of them.
@@ -41,6 +49,7 @@ from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.families import family
+from bertkit.modern import GLU, parts, rotary_table, rotate, window_mask
 from bertkit.outputs import ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
@@ -78,12 +87,16 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         dim = config.embedding_size or config.hidden_size             # ELECTRA: smaller, projected up by the model
+        part = parts(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
+        # rotary families (ModernBERT) rotate q and k by position instead
+        rotary = family(config.model_type).rotary
+        self.position_embeddings = None if rotary else nn.Embedding(config.max_position_embeddings, dim)
         # DistilBERT has no segments at all; token_type_ids are then ignored
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size else None
-        self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps, bias=part.norm_bias)
+        p = part.embedding_dropout
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor) -> Tensor:
         # input_ids: (batch, seq) or packed (tokens,); position_ids broadcastable to it
@@ -94,19 +107,30 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(position_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
+        """index: the layer's, for families whose layers differ (ModernBERT's local / global ones)."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim ** -0.5
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.theta = self.window = None
+        h, part = config.hidden_size, parts(config)
+        if family(config.model_type).rotary:                # ModernBERT: one Wqkv weight in its checkpoints
+            self.Wqkv = nn.Linear(h, 3 * h, bias=part.attention_bias)
+            self.qkv = Projection(self, ("Wqkv",))
+            local = part.local_layers[index]
+            self.theta = part.local_theta if local else part.global_theta
+            self.window = part.window if local else None
+            return
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
         self.qkv = Projection(self, ("query", "key", "value"))        # every layer
         self.kv = Projection(self, ("key", "value"))                   # the [CLS]-only last layer
         self.q = Projection(self, ("query",))
@@ -114,9 +138,11 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None = None) -> tuple[Tensor, Tensor | None]:
         """x (batch, seq, hidden) or packed (tokens, hidden) -> the attention context, same shape, and the
         probabilities ("eager" only). With rows: the context at those rows only (see `Layout.select`)."""
-        if rows is not None and rows.first_only:
+        if rows is not None and rows.first_only and self.theta is None:
             return self._first(x, plan), None
         qkv = self.qkv(x)                                   # (batch, seq, 3 * hidden) or (tokens, 3 * hidden)
+        if self.theta is not None:                          # rotary: once on the packed tokens, not per bucket
+            qkv = rotate(qkv, plan.rotary[self.theta], self.num_heads)
         layout = plan.layout
         if layout.unpadded:
             grids = layout.to_buckets(qkv)                  # [(rows, length, 3 * hidden)]
@@ -132,6 +158,8 @@ class BertSelfAttention(nn.Module):
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if plan.bias is not None:            # relative positions: rows start at position 0 in either layout
             mask = with_bias(plan.bias[..., :s, :s].to(q.dtype), mask)
+        if self.window is not None:
+            mask = window_mask(mask, s, self.window, q.device)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
         return ctx.transpose(1, 2).reshape(b, s, -1), probs
 
@@ -154,26 +182,34 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        part, pre_norm = parts(config), family(config.model_type).pre_norm
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=part.attention_bias)
+        # pre-norm (ModernBERT): the norm before attention; the first layer has none (its input was just normed)
+        self.LayerNorm = nn.Identity() if pre_norm and index == 0 else \
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=part.norm_bias)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob if pre_norm else config.hidden_dropout_prob)
 
     def forward(self, ctx: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(ctx)) + residual)
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
-        self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.self = BertSelfAttention(config, index)
+        self.output = BertSelfOutput(config, index)
 
 
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
+        part = parts(config)
+        if family(config.model_type).glu:               # act(input) * gate: twice the width in, ModernBERT's GeGLU
+            self.dense = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=part.mlp_bias)
+            self.intermediate_act_fn = GLU(config.hidden_act, part.mlp_dropout)
+            return
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = Activation(config.hidden_act)
 
@@ -184,8 +220,9 @@ class BertIntermediate(nn.Module):
 class BertOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        part = parts(config)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=part.mlp_bias)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=part.norm_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
@@ -193,19 +230,29 @@ class BertOutput(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
-        self.attention = BertAttention(config)
+        self.attention = BertAttention(config, index)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
+        self.pre_norm = family(config.model_type).pre_norm
 
     def forward(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None = None) -> tuple[Tensor, Tensor | None]:
         """rows: compute the output at those rows only. Position-wise work (output projection, LayerNorms, FFN:
         3/4 of the layer's matmuls) then runs on them alone."""
+        if self.pre_norm:
+            return self._pre_norm(x, plan, rows)
         ctx, probs = self.attention.self(x, plan, rows)
         residual = x if rows is None else plan.layout.select(x, rows)
         a = self.attention.output(ctx, residual)
         return self.output(self.intermediate(a), a), probs
+
+    def _pre_norm(self, x: Tensor, plan: ExecutionPlan, rows: Rows | None) -> tuple[Tensor, Tensor | None]:
+        """ModernBERT's order: x + attention(norm(x)), then + FFN(norm(that)); the same modules as post-norm."""
+        attn, ffn = self.attention.output, self.output
+        ctx, probs = self.attention.self(attn.LayerNorm(x), plan, rows)
+        a = (x if rows is None else plan.layout.select(x, rows)) + attn.dropout(attn.dense(ctx))
+        return a + ffn.dropout(ffn.dense(self.intermediate(ffn.LayerNorm(a)))), probs
 
 
 class BertEncoder(nn.Module):
@@ -213,8 +260,11 @@ class BertEncoder(nn.Module):
         super().__init__()
         # ALBERT shares its layers: num_hidden_groups distinct ones, each run for a run of consecutive layers
         groups = config.num_hidden_groups or config.num_hidden_layers
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(groups))
+        self.layer = nn.ModuleList(BertLayer(config, i) for i in range(groups))
         self.schedule = [i * groups // config.num_hidden_layers for i in range(config.num_hidden_layers)]
+        # pre-norm layers leave their sum un-normed: one LayerNorm after the last
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=parts(config).norm_bias) \
+            if family(config.model_type).pre_norm else None
         # MPNet: a learned bias per head and bucket of relative distance, shared by every layer
         buckets = config.relative_attention_num_buckets
         self.relative_attention_bias = nn.Embedding(buckets, config.num_attention_heads) if buckets else None
@@ -233,6 +283,11 @@ class BertEncoder(nn.Module):
         attentions = []
         if self.relative_attention_bias is not None:
             plan = replace(plan, bias=self.position_bias(plan.layout.seq, x.device))
+        attention = self.layer[0].attention.self
+        if attention.theta is not None:      # rotary: the cos / sin tables of each base, for every layer
+            positions = plan.layout.positions(x.device)
+            thetas = {layer.attention.self.theta for layer in self.layer}
+            plan = replace(plan, rotary={t: rotary_table(positions, attention.head_dim, t, x.dtype) for t in thetas})
         for i, index in enumerate(self.schedule):
             layer = self.layer[index]
             layer_rows = rows if i == len(self.schedule) - 1 else None
@@ -243,6 +298,8 @@ class BertEncoder(nn.Module):
             if hidden is not None:
                 hidden.append(x)
             attentions.append(probs)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         return x, hidden, attentions
 
 
@@ -324,7 +381,8 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
                         m.weight[m.padding_idx].zero_()
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         self._init_extra()
 
     def _init_extra(self) -> None:
@@ -414,7 +472,7 @@ class BertModel(BertPreTrainedModel):
              ) -> ExecutionPlan:
         """How a forward of this batch runs (see attention.ExecutionPlan)."""
         # the weights' dtype from a plain table: a swapped-in word table (train.compact) builds its `.weight` per call
-        mode = Mode.current(input_ids.device, self.embeddings.position_embeddings.weight.dtype, self.training)
+        mode = Mode.current(input_ids.device, self.embeddings.LayerNorm.weight.dtype, self.training)
         return ExecutionPlan.build(self.execution, self.config.attn_implementation, attention_mask,
                                    tuple(input_ids.shape), mode, output_attentions,
                                    self.config.attention_probs_dropout_prob)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from bertkit.attention import tracing
 from bertkit.errors import ConfigError
-from bertkit.activations import activation
+from bertkit.activations import Activation, activation
 
 __all__ = ["FrozenLinear", "freeze_linears", "onednn_linear_ok", "is_attention", "is_ffn_input",
            "tensors_stamp"]
@@ -63,8 +63,9 @@ def is_attention(m: nn.Module) -> bool:
 
 
 def is_ffn_input(m: nn.Module) -> bool:
-    """The feed-forward's first layer as bertkit.model builds it: `dense`, then `intermediate_act_fn`."""
-    return hasattr(m, "dense") and hasattr(m, "intermediate_act_fn")
+    """The feed-forward's first layer as bertkit.model builds it: `dense`, then `intermediate_act_fn` (Identity once
+    fused into `dense`). A GLU's activation reads half the output (ModernBERT): it stays a module of its own."""
+    return hasattr(m, "dense") and isinstance(getattr(m, "intermediate_act_fn", None), (Activation, nn.Identity))
 
 
 def _tensor_stamp(t: Tensor | None) -> tuple | None:

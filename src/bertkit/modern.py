@@ -1,0 +1,136 @@
+"""The parts later encoders (ModernBERT) swap into the one encoder, and the config keys that choose them.
+
+    rotary positions   q and k rotated by position-dependent angles (RoFormer): no position embeddings; one base
+                       (theta) for global layers, another for local ones
+    sliding window     local layers attend to keys with |i - j| <= local_attention // 2, combined with the key mask
+    GLU feed-forward   the first linear layer gives 2 x intermediate: act(input) * gate, then the second
+    biases             linear layers and LayerNorms without bias (`attention_bias`, `mlp_bias`, `norm_bias`, ...)
+
+Which family uses which is `bertkit.families` (switches `rotary`, `pre_norm`, `glu`, `head_transform`); the values
+(thetas, window, biases, pooling) are the config.json's own keys, kept in `BertConfig.extra` so they are written
+back unchanged, read here with ModernBERT's defaults. BERT's families get `Parts()`: every bias, no window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from bertkit.activations import activation
+from bertkit.errors import ConfigError
+from bertkit.families import family
+
+__all__ = ["GLU", "Parts", "parts", "rotary_table", "rotate", "window_mask"]
+
+
+@dataclass(frozen=True)
+class Parts:
+    norm_bias: bool = True
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    classifier_bias: bool = True              # the heads' hidden layer (ModernBERT's `head.dense`)
+    decoder_bias: bool = True                 # the MLM decoder's
+    classifier_pooling: str = "cls"           # "cls" or "mean": what a sequence classifier reads
+    classifier_activation: str | None = None  # the heads' hidden layer's; None: the family's
+    embedding_dropout: float | None = None    # None: hidden_dropout_prob
+    mlp_dropout: float = 0.0                  # inside the GLU, before its second linear layer
+    window: int | None = None                 # local layers: keys within this distance of the query
+    local_layers: tuple[bool, ...] = ()       # per layer: local (sliding window) or global
+    global_theta: float = 160_000.0
+    local_theta: float = 10_000.0
+
+
+# ModernBertConfig's defaults for the keys a config.json may leave out
+_MODERN = dict(norm_bias=False, attention_bias=False, mlp_bias=False, classifier_bias=False, decoder_bias=True,
+               classifier_pooling="cls", classifier_activation="gelu", embedding_dropout=0.0, mlp_dropout=0.0)
+
+
+def parts(config) -> Parts:
+    """The parts `config` chooses beyond BERT's fields; ConfigError naming a bad key."""
+    if not family(config.model_type).rotary:
+        return Parts()
+    extra = config.extra
+    kw = {name: extra.get(name, default) for name, default in _MODERN.items()}
+    for name in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias", "decoder_bias"):
+        _check(name, kw[name], isinstance(kw[name], bool))
+    _check("classifier_pooling", kw["classifier_pooling"], kw["classifier_pooling"] in ("cls", "mean"))
+    for name in ("embedding_dropout", "mlp_dropout"):
+        _check(name, kw[name], isinstance(kw[name], (int, float)) and 0 <= kw[name] < 1)
+    activation(kw["classifier_activation"])                      # an unknown name fails here, naming itself
+    window = extra.get("local_attention", 128)
+    _check("local_attention", window, isinstance(window, int) and not isinstance(window, bool) and window >= 2)
+    types = extra.get("layer_types")
+    if types is None:                     # older config.json: a global layer every n, the first one global
+        every = extra.get("global_attn_every_n_layers", 3)
+        _check("global_attn_every_n_layers", every, isinstance(every, int) and every >= 1)
+        types = ["sliding_attention" if i % every else "full_attention" for i in range(config.num_hidden_layers)]
+    _check("layer_types", types, isinstance(types, list) and len(types) == config.num_hidden_layers
+           and set(types) <= {"sliding_attention", "full_attention"})
+    return Parts(**kw, window=window // 2, local_layers=tuple(t == "sliding_attention" for t in types),
+                 global_theta=_theta(extra, "full_attention", "global_rope_theta", 160_000.0),
+                 local_theta=_theta(extra, "sliding_attention", "local_rope_theta", 10_000.0))
+
+
+def _check(name: str, value, ok: bool) -> None:
+    if not ok:
+        raise ConfigError(f"config.json key {name}={value!r:.80} is not a value bertkit reads")
+
+
+def _theta(extra: dict, layer_type: str, old_key: str, default: float) -> float:
+    """A rotary base from `rope_parameters` (transformers >= 5), else the older top-level key."""
+    rope = (extra.get("rope_parameters") or {}).get(layer_type) or {}
+    _check(f"rope_parameters.{layer_type}.rope_type", rope.get("rope_type"),
+           rope.get("rope_type", "default") == "default")
+    theta = rope.get("rope_theta", extra.get(old_key, default))
+    _check(old_key, theta, isinstance(theta, (int, float)) and theta > 0)
+    return float(theta)
+
+
+# ---------------------------------------------------------------------------------------------- the maths
+def rotary_table(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin (..., head_dim / 2) of the angles position / theta^(2i / head_dim), for positions (...,): once a
+    forward, every layer of that base reads them. Rounded to the hidden states' dtype as transformers rounds them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim))
+    angles = positions.float()[..., None] * inv_freq
+    return angles.cos().to(dtype).float(), angles.sin().to(dtype).float()
+
+
+def rotate(qkv: Tensor, table: tuple[Tensor, Tensor], heads: int) -> Tensor:
+    """Fused (..., 3 * hidden) projections with q and k rotated (RoFormer), v as it was; the table's positions
+    broadcast over the leading dims: (seq,) for a padded batch, (tokens,) for a packed one. In fp32, the halves
+    x1 cos - x2 sin | x2 cos + x1 sin: transformers' x cos + rotate_half(x) sin, bit for bit."""
+    cos, sin = (t.unsqueeze(-2) for t in table)                                   # (..., 1, head_dim / 2)
+    width = qkv.shape[-1] * 2 // 3
+    qk = qkv[..., :width].unflatten(-1, (2 * heads, 2, -1)).float()               # (..., 2 heads, 2, head_dim / 2)
+    x1, x2 = qk.unbind(-2)
+    turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(qkv.dtype)
+    return torch.cat((turned, qkv[..., width:]), dim=-1)
+
+
+def window_mask(mask: Tensor | None, length: int, window: int, device) -> Tensor | None:
+    """A bool key mask (rows, 1, 1, len) or None, narrowed to keys within `window` of each query:
+    (rows or 1, 1, len, len). A query always sees itself, so a padded query far from any real key has one key
+    (never a row of NaN; nothing reads it). Unchanged where the window spans the whole row."""
+    if length <= window + 1:
+        return mask
+    pos = torch.arange(length, device=device)
+    near = (pos[:, None] - pos[None, :]).abs() <= window                               # (len, len)
+    if mask is None:
+        return near[None, None]
+    return (near & mask) | torch.eye(length, dtype=torch.bool, device=device)
+
+
+class GLU(nn.Module):
+    """(..., 2 x intermediate) -> act(input) * gate, dropout: the gated feed-forward's middle (GeGLU for GELU)."""
+
+    def __init__(self, name: str, p: float):
+        super().__init__()
+        self.fn = activation(name)
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h, gate = x.chunk(2, dim=-1)
+        return self.dropout(self.fn(h) * gate)
+
