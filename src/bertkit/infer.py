@@ -58,9 +58,8 @@ from bertkit.textfiles import read_text
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import pad_batch
 
-__all__ = ["Predictor", "cosine_search", "read_lines", "MASK"]
+__all__ = ["Predictor", "cosine_search", "read_lines"]
 
-MASK = "[MASK]"
 
 def _mlm_logits(out) -> torch.Tensor:
     for name in ("logits", "prediction_logits"):
@@ -187,18 +186,12 @@ class Predictor:
         return out
 
     def _masked_ids(self, text: str, max_length: int) -> list[int]:
-        """[CLS] text [SEP] with each literal "[MASK]" kept as the mask id (the text around it is tokenised)."""
+        """The model inputs of `text` ([CLS] text [SEP], or the family's layout), each literal mask token ("[MASK]",
+        RoBERTa's "<mask>") kept whole as the mask id: the tokenizer never splits its special tokens."""
         tok = self.tokenizer
-        parts = text.split(MASK)
-        if len(parts) < 2:
-            raise BertkitError(f"no {MASK} in the text {text[:80]!r}")
-        pieces = []
-        for i, part in enumerate(parts):
-            if i:
-                pieces.append(tok.mask_token_id)
-            if part.strip():
-                pieces.extend(tok.convert_tokens_to_ids(tok.tokenize(part)))
-        ids = tok.build_inputs([pieces])["input_ids"][0]
+        ids = list(tok(text)["input_ids"])
+        if tok.mask_token_id not in ids:
+            raise BertkitError(f"no {tok.mask_token} in the text {text[:80]!r}")
         if len(ids) > max_length:
             raise BertkitError(f"text is {len(ids)} tokens; the limit is {max_length}")
         return ids

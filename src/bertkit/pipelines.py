@@ -142,7 +142,7 @@ class FillMaskPipeline(Pipeline):
         ids = tok(text)["input_ids"]
         positions = [i for i, t in enumerate(ids) if t == tok.mask_token_id]
         if not positions:
-            raise BertkitError(f"fill-mask: no [MASK] in the text {text[:80]!r}")
+            raise BertkitError(f"fill-mask: no {tok.mask_token} in the text {text[:80]!r}")
         probs = self.predictor.log_probs([ids], positions)[0].exp()                   # (masks, vocab)
         target_ids = self._target_ids(targets)
         if target_ids is not None:
