@@ -170,6 +170,7 @@ class ExecutionPlan:
     check_values: bool = False
     checkpoint_layers: bool = False
     bias: Tensor | None = None      # (1, heads, seq, seq) relative-position bias shared by the layers (MPNet)
+    relative: Tensor | None = None  # DeBERTa's relative-position embeddings, each layer's bias derives from them
 
     @classmethod
     def build(cls, options: ExecutionOptions, implementation: str, attention_mask: Tensor | None,

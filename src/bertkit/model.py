@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.activations import Activation
+from bertkit import disentangled
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout, with_bias
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
@@ -79,7 +80,10 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         dim = config.embedding_size or config.hidden_size             # ELECTRA: smaller, projected up by the model
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
+        spec = disentangled.settings(config)
+        # DeBERTa-v3 has relative positions only (position_biased_input false)
+        absolute = spec is None or spec.absolute_positions
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim) if absolute else None
         # DistilBERT has no segments at all; token_type_ids are then ignored
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size else None
         self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
@@ -94,7 +98,8 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(position_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -103,7 +108,10 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.scale = self.head_dim ** -0.5
+        spec = disentangled.settings(config)
+        # DeBERTa scales every score term by 1 / sqrt(head_dim * (1 + relative terms)) and adds the terms per layer
+        self.scale = (self.head_dim * (spec.scale if spec else 1.0)) ** -0.5
+        self.relative = disentangled.Terms(config, spec, self) if spec and spec.relative_attention else None
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
@@ -132,6 +140,8 @@ class BertSelfAttention(nn.Module):
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if plan.bias is not None:            # relative positions: rows start at position 0 in either layout
             mask = with_bias(plan.bias[..., :s, :s].to(q.dtype), mask)
+        if plan.relative is not None:
+            mask = with_bias(self.relative(q, k, plan.relative), mask)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
         return ctx.transpose(1, 2).reshape(b, s, -1), probs
 
@@ -146,6 +156,8 @@ class BertSelfAttention(nn.Module):
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))                      # (batch, heads, 1, seq)
         if plan.bias is not None:
             scores = scores + plan.bias[..., :1, :s]
+        if plan.relative is not None:
+            scores = scores + self.relative(q, k, plan.relative)
         mask = layout.key_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -215,6 +227,9 @@ class BertEncoder(nn.Module):
         # MPNet: a learned bias per head and bucket of relative distance, shared by every layer
         buckets = config.relative_attention_num_buckets
         self.relative_attention_bias = nn.Embedding(buckets, config.num_attention_heads) if buckets else None
+        # DeBERTa: relative-position embeddings every layer projects into its own bias (bertkit.disentangled)
+        spec = disentangled.settings(config)
+        self.relative = disentangled.RelativeEmbeddings(config, spec) if spec and spec.relative_attention else None
 
     def position_bias(self, seq: int, device) -> Tensor:
         """(1, heads, seq, seq): the bias of key j for query i, by the bucket of j - i (T5's, bidirectional)."""
@@ -230,6 +245,8 @@ class BertEncoder(nn.Module):
         attentions = []
         if self.relative_attention_bias is not None:
             plan = replace(plan, bias=self.position_bias(plan.layout.seq, x.device))
+        if self.relative is not None:
+            plan = replace(plan, relative=self.relative())
         for i, layer in enumerate(self.layer):
             layer_rows = rows if i == len(self.layer) - 1 else None
             if plan.checkpoint_layers:
@@ -248,11 +265,11 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig, classifier: bool = False):
         super().__init__()
-        fam = family(config.model_type)
+        fam, spec = family(config.model_type), disentangled.settings(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = Activation(fam.classifier_act if classifier else "tanh")
+        self.act = Activation((spec.pooler_act if spec else fam.classifier_act) if classifier else "tanh")
         first = classifier and fam.classifier_dropout_first
-        self.dropout = classifier_dropout(config) if first else None
+        self.dropout = (nn.Dropout(spec.pooler_dropout) if spec else classifier_dropout(config)) if first else None
 
     def forward(self, x: Tensor) -> Tensor:
         x = x[:, 0]                                                     # (batch, hidden) from [CLS]
@@ -409,8 +426,9 @@ class BertModel(BertPreTrainedModel):
     def plan(self, input_ids: Tensor, attention_mask: Tensor | None, output_attentions: bool = False
              ) -> ExecutionPlan:
         """How a forward of this batch runs (see attention.ExecutionPlan)."""
-        # the weights' dtype from a plain table: a swapped-in word table (train.compact) builds its `.weight` per call
-        mode = Mode.current(input_ids.device, self.embeddings.position_embeddings.weight.dtype, self.training)
+        # the weights' dtype from the LayerNorm: a swapped-in word table (train.compact) builds its `.weight` per call,
+        # and DeBERTa-v3 has no position table
+        mode = Mode.current(input_ids.device, self.embeddings.LayerNorm.weight.dtype, self.training)
         return ExecutionPlan.build(self.execution, self.config.attn_implementation, attention_mask,
                                    tuple(input_ids.shape), mode, output_attentions,
                                    self.config.attention_probs_dropout_prob)
