@@ -117,27 +117,36 @@ class Terms(nn.Module):
                 self.pos_query_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.pos_dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, q: Tensor, k: Tensor, rel: Tensor) -> Tensor:
-        """q (rows, heads, sq, d), k (rows, heads, sk, d) unscaled, rel R -> the bias (rows, heads, sq, sk),
-        scaled like the content scores."""
+    def project(self, rel: Tensor, seq: int) -> tuple[Tensor | None, Tensor | None, int]:
+        """R's rows that distances within `seq` reach, through K_r and Q_r and scaled like the content scores, once
+        a layer for all its buckets: (pos_k, pos_q) each (heads, n, d) or None without its term, and the first
+        row's number."""
+        _, lo, n = _index(self.spec, seq, seq)
+        r = self.pos_dropout(rel[lo: lo + n])
+        pos_k = self._project(r, "pos_key_proj", "key") if "c2p" in self.spec.terms else None
+        pos_q = self._project(r, "pos_query_proj", "query") if "p2c" in self.spec.terms else None
+        return pos_k, pos_q, lo
+
+    def forward(self, q: Tensor, k: Tensor, positions: tuple[Tensor | None, Tensor | None, int]) -> Tensor:
+        """q (rows, heads, sq, d), k (rows, heads, sk, d) unscaled, `project`'s positions -> the bias
+        (rows, heads, sq, sk). Heads lead the products: (heads, rows * len, d) is a view of the fused Q/K/V output,
+        where (rows, heads, ...) batches would be copied first."""
         (b, h, sq, d), sk = q.shape, k.shape[-2]
-        index, lo, n = _index(self.spec, sq, sk)
-        index = index.to(q.device)
-        r = self.pos_dropout(rel[lo: lo + n])                               # the rows these distances reach
+        pos_k, pos_q, lo = positions
+        index, first, _ = _index(self.spec, sq, sk)
+        index = (index + (first - lo) if first != lo else index).to(q.device)   # into the projected rows
         bias = 0
-        if "c2p" in self.spec.terms:
-            pos_k = self._project(r, "pos_key_proj", "key")                 # (heads, n, d)
-            bias = torch.matmul(q, pos_k.transpose(-1, -2)).gather(-1, index.expand(b, h, sq, sk))
-        if "p2c" in self.spec.terms:
-            pos_q = self._project(r, "pos_query_proj", "query")
-            p2c = torch.matmul(k, pos_q.transpose(-1, -2)).gather(-1, index.t().expand(b, h, sk, sq))
-            bias = bias + p2c.transpose(-1, -2)
-        return bias * self.scale
+        if pos_k is not None:                                               # content -> position
+            c2p = torch.bmm(q.transpose(0, 1).reshape(h, b * sq, d), pos_k.transpose(-1, -2))
+            bias = c2p.view(h, b, sq, -1).gather(-1, index.expand(h, b, sq, sk))
+        if pos_q is not None:                                               # position -> content
+            p2c = torch.bmm(k.transpose(0, 1).reshape(h, b * sk, d), pos_q.transpose(-1, -2))
+            bias = bias + p2c.view(h, b, sk, -1).gather(-1, index.t().expand(h, b, sk, sq)).transpose(-1, -2)
+        return bias.transpose(0, 1)
 
     def _project(self, r: Tensor, own: str, shared: str) -> Tensor:
         linear = getattr(self.owner, shared) if self.spec.share_att_key else getattr(self, own)
-        return linear(r).view(r.shape[0], self.heads, -1).transpose(0, 1)    # (n, hidden) -> (heads, n, d)
-
+        return (linear(r) * self.scale).view(r.shape[0], self.heads, -1).transpose(0, 1)   # (heads, n, d)
 
 
 @functools.lru_cache(maxsize=256)

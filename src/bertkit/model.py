@@ -126,22 +126,29 @@ class BertSelfAttention(nn.Module):
             return self._first(x, plan), None
         qkv = self.qkv(x)                                   # (batch, seq, 3 * hidden) or (tokens, 3 * hidden)
         layout = plan.layout
+        pos = self._positions(plan, layout.seq)
         if layout.unpadded:
             grids = layout.to_buckets(qkv)                  # [(rows, length, 3 * hidden)]
-            ctx = layout.from_buckets([self._attend(g, b.mask, plan)[0] for g, b in zip(grids, layout.buckets)])
+            ctx = layout.from_buckets([self._attend(g, b.mask, plan, pos)[0]
+                                       for g, b in zip(grids, layout.buckets)])
             probs = None
         else:
-            ctx, probs = self._attend(qkv, layout.mask, plan)
+            ctx, probs = self._attend(qkv, layout.mask, plan, pos)
         return (ctx if rows is None else layout.select(ctx, rows)), probs
 
-    def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan) -> tuple[Tensor, Tensor | None]:
+    def _positions(self, plan: ExecutionPlan, seq: int) -> tuple | None:
+        """DeBERTa: this layer's projections of the relative-position embeddings, once for all its buckets."""
+        return self.relative.project(plan.relative, seq) if plan.relative is not None else None
+
+    def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan, pos: tuple | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         """(rows, len, 3 * hidden) -> (rows, len, hidden) through the plan's attention function."""
         b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if plan.bias is not None:            # relative positions: rows start at position 0 in either layout
             mask = with_bias(plan.bias[..., :s, :s].to(q.dtype), mask)
-        if plan.relative is not None:
-            mask = with_bias(self.relative(q, k, plan.relative), mask)
+        if pos is not None:
+            mask = with_bias(self.relative(q, k, pos), mask)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
         return ctx.transpose(1, 2).reshape(b, s, -1), probs
 
@@ -157,7 +164,7 @@ class BertSelfAttention(nn.Module):
         if plan.bias is not None:
             scores = scores + plan.bias[..., :1, :s]
         if plan.relative is not None:
-            scores = scores + self.relative(q, k, plan.relative)
+            scores = scores + self.relative(q, k, self._positions(plan, s))
         mask = layout.key_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
