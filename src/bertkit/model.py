@@ -111,7 +111,8 @@ class BertSelfAttention(nn.Module):
         spec = disentangled.settings(config)
         # DeBERTa scales every score term by 1 / sqrt(head_dim * (1 + relative terms)) and adds the terms per layer
         self.scale = (self.head_dim * (spec.scale if spec else 1.0)) ** -0.5
-        self.relative = disentangled.Terms(config, spec, self) if spec and spec.relative_attention else None
+        self.relative = disentangled.Terms(config, spec, self) if spec and spec.relative_attention and spec.terms \
+            else None
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
@@ -138,7 +139,8 @@ class BertSelfAttention(nn.Module):
 
     def _positions(self, plan: ExecutionPlan, seq: int) -> tuple | None:
         """DeBERTa: this layer's projections of the relative-position embeddings, once for all its buckets."""
-        return self.relative.project(plan.relative, seq) if plan.relative is not None else None
+        return self.relative.project(plan.relative, seq) if self.relative is not None and plan.relative is not None \
+            else None
 
     def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan, pos: tuple | None = None
                 ) -> tuple[Tensor, Tensor | None]:
@@ -163,8 +165,9 @@ class BertSelfAttention(nn.Module):
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))                      # (batch, heads, 1, seq)
         if plan.bias is not None:
             scores = scores + plan.bias[..., :1, :s]
-        if plan.relative is not None:
-            scores = scores + self.relative(q, k, self._positions(plan, s))
+        pos = self._positions(plan, s)
+        if pos is not None:
+            scores = scores + self.relative(q, k, pos)
         mask = layout.key_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
