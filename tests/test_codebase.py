@@ -68,7 +68,7 @@ def test_model_inputs_are_laid_out_by_the_tokenizer_only():
 # model files: the model's from_pretrained loads through them, and they know the model's modules by their names.
 LAYERS = [
     ["", "errors", "atomic", "progress", "textfiles", "options", "hub", "datasets"],   # "": bertkit/__init__.py
-    ["families", "config", "hardware"],
+    ["families", "disentangled", "config", "hardware"],
     ["tokenizer", "vocab"],
     ["attention", "padding", "activations", "outputs", "compat", "modern"],
     ["runtime", "precision"],

@@ -85,7 +85,7 @@ def test_an_unknown_family_is_refused_by_name(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "camembert-x"}))
     with pytest.raises(ConfigError, match=r"config.json: model_type 'camembert-x' is not a family bertkit reads: "
-                                          r"albert, bert, distilbert, electra"):
+                                          r"albert, bert, deberta-v2, distilbert, electra"):
         BertModel.from_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="camembert-x"):
         BertConfig.from_json(tmp_path)

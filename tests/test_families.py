@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bertkit import heads, runtime
+from bertkit.errors import ConfigError
 from bertkit.families import FAMILIES, bert_class_name, family
 from bertkit.config import BertConfig
 from bertkit.model import BertModel
@@ -28,6 +29,8 @@ BASE = dict(TINY, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
 # ModernBERT-base's: 22 layers, GLU width 1152, a global layer every 3, the others a 128-token window
 MODERN_BASE = dict(BASE, num_hidden_layers=22, intermediate_size=1152, local_attention=128, max_position_embeddings=8192)
 
+DEBERTA_V3 = dict(relative_attention=True, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
+                  norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False, type_vocab_size=0)
 
 def hf_config(model_type: str, shape: dict):
     """transformers' config class of the family, in the shape given (its own spelling of the fields)."""
@@ -36,6 +39,8 @@ def hf_config(model_type: str, shape: dict):
         kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
     if model_type == "mpnet":
         kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
+    if model_type == "deberta-v2":       # DeBERTa-v3's: relative positions only, log buckets past a few at tiny
+        kw.update(DEBERTA_V3, position_buckets=256 if kw["hidden_size"] == 768 else 8)
     if model_type in ("electra", "albert"):
         kw.update(embedding_size=kw["hidden_size"] // 2)
     if model_type == "albert":
@@ -241,3 +246,89 @@ def test_frozen_and_int8_models_run_every_family(tmp_path, model_type, backend):
         quantized.save_pretrained(tmp_path / "int8")
         back = type(ours).from_pretrained(tmp_path / "int8", attn_implementation=backend)
         torch.testing.assert_close(back(ids, attention_mask=mask).logits, got)
+
+
+# ---------------------------------------------------------------------------------------------- DeBERTa-v2 / v3
+DEBERTA_V2 = dict(relative_attention=True, pos_att_type="c2p|p2c", position_biased_input=True, share_att_key=False,
+                  max_relative_positions=24, type_vocab_size=2)      # v2-style: own position projections, no buckets
+
+
+@pytest.mark.parametrize("variant", ["v3", "v2", "mlm_not_legacy"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "unpadded"])
+@pytest.mark.parametrize("length", [3, 17, 60])        # under, over and far past the tiny shape's 4 exact buckets
+def test_deberta_lengths_and_variants_equal_transformers_both_ways(tmp_path, variant, backend, length):
+    kw = dict(TINY, **(DEBERTA_V2 if variant == "v2" else dict(DEBERTA_V3, position_buckets=8)))
+    if variant == "mlm_not_legacy":                     # microsoft's own MLM head names, lm_predictions.lm_head.*
+        kw["legacy"] = False
+    cls = transformers.DebertaV2ForMaskedLM if variant == "mlm_not_legacy" else \
+        transformers.DebertaV2ForSequenceClassification
+    torch.manual_seed(0)
+    ref = cls(transformers.DebertaV2Config(**kw)).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    ours = getattr(heads, bert_class_name(cls.__name__)).from_pretrained(tmp_path / "hf", attn_implementation=backend)
+    assert ours.loading_info["missing_keys"] == [] and ours.loading_info["ignored_keys"] == []
+    g = torch.Generator().manual_seed(length)
+    ids = torch.randint(4, 120, (3, length), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, length // 2 + 1:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        want, got = ref(input_ids=ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    real = mask.bool() if want.dim() == 3 else slice(None)
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    ours.save_pretrained(tmp_path / "ours")
+    back, info = cls.from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(input_ids=ids, attention_mask=mask).logits,
+                                   ref(input_ids=ids, attention_mask=mask).logits, atol=0, rtol=0)
+
+
+def test_a_bertkit_deberta_config_loads_in_transformers_with_the_same_values(tmp_path):
+    cfg, ref, ours = _pair(tmp_path, "deberta-v2", "ForSequenceClassification", shape=BASE)
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers.DebertaV2Config.from_pretrained(tmp_path / "ours").to_dict()
+    want = cfg.to_dict()
+    for key in ("architectures", "transformers_version"):
+        back.pop(key, None), want.pop(key, None)
+    assert {k: back[k] for k in want} == want
+    assert set(back) - set(want) == {"cls_dropout", "position_embedding_type"}    # BertConfig's own, at defaults
+
+
+def test_deberta_parts_bertkit_does_not_compute_are_refused_by_name(tmp_path):
+    cfg = transformers.DebertaV2Config(**TINY, conv_kernel_size=3)
+    transformers.DebertaV2Model(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="config.json: deberta-v2 config key conv_kernel_size=3 is not supported"):
+        BertModel.from_pretrained(tmp_path)
+
+
+def test_deberta_frozen_equals_and_int8_runs(tmp_path):
+    """runtime.freeze (fused Q/K/V, frozen position projections) keeps the outputs; int8 quantizes every linear layer,
+    the position projections too, and the directory `bertkit quantize` writes loads and runs."""
+    from bertkit import runtime
+    from bertkit.quantize import quantize_dir
+    cfg, ref, ours = _pair(tmp_path, "deberta-v2", "ForSequenceClassification")
+    ids, mask = _batch(cfg)
+    with torch.no_grad():
+        want = ours(ids, attention_mask=mask).logits
+        frozen = runtime.freeze(copy.deepcopy(ours), runtime.plan(force="all"))
+        torch.testing.assert_close(frozen(ids, attention_mask=mask).logits, want, atol=1e-5, rtol=1e-5)
+    report = quantize_dir(tmp_path / "hf", tmp_path / "int8", force=True)
+    assert report["int8_layers"] == 2 * 6 + 2          # q, k, v, o, ffn in, ffn out a layer; pooler.dense, classifier
+    q = heads.BertForSequenceClassification.from_pretrained(tmp_path / "int8")
+    with torch.no_grad():
+        got = runtime.freeze(q, runtime.plan(force="all"))(ids, attention_mask=mask).logits
+    assert torch.isfinite(got).all() and (got - want).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
+def test_deberta_v3_base_past_its_exact_buckets_equals_transformers(tmp_path, backend):
+    """v3-base keeps distances under 128 exact: a 300-token row reaches its logarithmic buckets."""
+    cfg, ref, ours = _pair(tmp_path, "deberta-v2", "Model", shape=BASE, attn_implementation=backend)
+    ids = torch.randint(4, cfg.vocab_size, (2, 300), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, 140:] = 0
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+        got = ours(ids, attention_mask=mask).last_hidden_state[mask.bool()]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -171,6 +171,7 @@ class ExecutionPlan:
     checkpoint_layers: bool = False
     bias: Tensor | None = None      # (1, heads, seq, seq) relative-position bias shared by the layers (MPNet)
     rotary: dict | None = None      # rotary base -> its (cos, sin) tables at this layout's positions (ModernBERT)
+    relative: Tensor | None = None  # DeBERTa's relative-position embeddings, each layer's bias derives from them
 
     @classmethod
     def build(cls, options: ExecutionOptions, implementation: str, attention_mask: Tensor | None,

@@ -326,7 +326,8 @@ def save_pretrained(model, path, tokenizer=None) -> None:
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     fam, head = family(model.config.model_type), type(model).__name__
-    sd = {fam.to_theirs(k, head): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    extra = model.config.extra
+    sd = {fam.to_theirs(k, head, extra): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if "quantization_config" in model.config.extra:
         sd = int8.to_storage(sd)
     with replacing(directory / WEIGHTS_NAME, CheckpointError) as tmp:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit import disentangled
 from bertkit.atomic import write_text
 from bertkit.errors import CheckpointError, ConfigError
 from bertkit.families import family
@@ -139,6 +140,7 @@ class BertConfig:
         if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"BertConfig.pad_token_id={self.pad_token_id!r} is outside the vocab "
                               f"(vocab_size={self.vocab_size})")
+        disentangled.settings(self)           # DeBERTa's keys: refused here, by name, if bertkit cannot run them
 
     def _check_total_size(self) -> None:
         """Refuse a config whose weights alone would need more than MAX_PARAMETERS (before anything is allocated)."""

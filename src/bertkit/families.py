@@ -13,6 +13,8 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
     albert       factorised embeddings, layers shared in groups (num_hidden_groups), MLM + sentence-order heads
     modernbert   rotary positions, pre-norm layers with a final norm, GLU feed-forward, no biases, local
                  sliding-window layers between global ones, heads with a dense + act + norm layer (bertkit.modern)
+    deberta-v2   DeBERTa-v2 / v3: disentangled attention (bertkit.disentangled), no pooler; query_proj, ...;
+                 the classifier's hidden layer is `pooler.dense`; the MLM head BERT's names (or lm_predictions.*)
 
 Weight names map both ways by ordered prefix rules, `#` standing for a layer number: a head's whole names first,
 then the encoder's inner names under its prefix (`bert.` here, `roberta.` there; none in a bare encoder). A key no
@@ -58,6 +60,9 @@ class Family:
     config_keys: tuple[tuple[str, str], ...] = ()     # (BertConfig field, their config.json key)
     config_defaults: tuple[tuple[str, object], ...] = ()  # fields the family's config.json never writes
     class_names: dict[str, str] = field(default_factory=dict)   # our suffix -> theirs where they differ
+    disentangled: bool = False            # DeBERTa's relative-position attention terms (bertkit.disentangled)
+    # a head spelled otherwise where config.json says so: head -> ((key, value), rules); reading takes either
+    variants: dict[str, tuple[tuple[str, object], tuple[tuple[str, str], ...]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ classes
     def class_name(self, ours: str) -> str:
@@ -66,9 +71,13 @@ class Family:
         return self.class_prefix + self.class_names.get(suffix, suffix)
 
     # ------------------------------------------------------------------ weights
-    def to_theirs(self, key: str, head: str) -> str:
-        """Our parameter name in model class `head` -> the family's checkpoint name."""
-        renamed = _rename(key, self.head_keys.get(head.removeprefix("Bert"), ()), 0)
+    def to_theirs(self, key: str, head: str, config: dict | None = None) -> str:
+        """Our parameter name in model class `head` -> the family's checkpoint name (as `config`, the config.json
+        dict, spells that head: see `variants`)."""
+        own = head.removeprefix("Bert")
+        (switch, value), variant = self.variants.get(own, ((None, None), ()))
+        rules = (variant if switch and (config or {}).get(switch) == value else ()) + self.head_keys.get(own, ())
+        renamed = _rename(key, rules, 0)
         if renamed is not None:
             return renamed
         if key.startswith("bert."):
@@ -80,6 +89,7 @@ class Family:
         our name for them, so the loader knows them for a head's and reports them ignored)."""
         own = head.removeprefix("Bert")
         rules = self.head_keys.get(own, ()) + tuple(r for h, rs in self.head_keys.items() if h != own for r in rs)
+        rules += tuple(r for _, rs in self.variants.values() for r in rs)
         renamed = _rename(key, rules, 1)
         if renamed is not None:
             return renamed
@@ -217,6 +227,23 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         config_keys=(("layer_norm_eps", "norm_eps"), ("hidden_act", "hidden_activation"),
                      ("attention_probs_dropout_prob", "attention_dropout")),
         config_defaults=(("type_vocab_size", 0), ("hidden_dropout_prob", 0.0))),
+    Family(
+        "deberta-v2", prefix="deberta", class_prefix="DebertaV2", classifier_dropout_first=True, pooler=False,
+        disentangled=True,
+        keys=(("encoder.relative.rel_embeddings", "encoder.rel_embeddings"),
+              ("encoder.relative.LayerNorm", "encoder.LayerNorm")) + tuple((o, "encoder.layer.#." + t) for o, t in _layer(
+            ("attention.self.query", "attention.self.query_proj"), ("attention.self.key", "attention.self.key_proj"),
+            ("attention.self.value", "attention.self.value_proj"),
+            ("attention.self.relative.pos_key_proj", "attention.self.pos_key_proj"),
+            ("attention.self.relative.pos_query_proj", "attention.self.pos_query_proj"))),
+        head_keys={"ForSequenceClassification": (("bert.pooler.dense", "pooler.dense"),)},
+        # legacy=false: the MLM head of microsoft's own checkpoints (transformers' default, legacy, is BERT's names)
+        variants={"ForMaskedLM": (("legacy", False), (
+            ("cls.predictions.transform.dense", "lm_predictions.lm_head.dense"),
+            ("cls.predictions.transform.LayerNorm", "lm_predictions.lm_head.LayerNorm"),
+            ("cls.predictions.bias", "lm_predictions.lm_head.bias")))},
+        config_keys=(("classifier_dropout", "cls_dropout"),),
+        config_defaults=(("type_vocab_size", 0), ("layer_norm_eps", 1e-7))),
 )}
 
 

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.activations import Activation
+from bertkit import disentangled
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout, with_bias
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
@@ -89,9 +90,10 @@ class BertEmbeddings(nn.Module):
         dim = config.embedding_size or config.hidden_size             # ELECTRA: smaller, projected up by the model
         part = parts(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
-        # rotary families (ModernBERT) rotate q and k by position instead
-        rotary = family(config.model_type).rotary
-        self.position_embeddings = None if rotary else nn.Embedding(config.max_position_embeddings, dim)
+        # rotary families (ModernBERT) rotate q and k by position instead; DeBERTa-v3 has relative positions only
+        spec = disentangled.settings(config)
+        absolute = not family(config.model_type).rotary and (spec is None or spec.absolute_positions)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim) if absolute else None
         # DistilBERT has no segments at all; token_type_ids are then ignored
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size else None
         self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps, bias=part.norm_bias)
@@ -118,7 +120,11 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.scale = self.head_dim ** -0.5
+        spec = disentangled.settings(config)
+        # DeBERTa scales every score term by 1 / sqrt(head_dim * (1 + relative terms)) and adds the terms per layer
+        self.scale = (self.head_dim * (spec.scale if spec else 1.0)) ** -0.5
+        self.relative = disentangled.Terms(config, spec, self) if spec and spec.relative_attention and spec.terms \
+            else None
         self.theta = self.window = None
         h, part = config.hidden_size, parts(config)
         if family(config.model_type).rotary:                # ModernBERT: one Wqkv weight in its checkpoints
@@ -144,15 +150,23 @@ class BertSelfAttention(nn.Module):
         if self.theta is not None:                          # rotary: once on the packed tokens, not per bucket
             qkv = rotate(qkv, plan.rotary[self.theta], self.num_heads)
         layout = plan.layout
+        pos = self._positions(plan, layout.seq)
         if layout.unpadded:
             grids = layout.to_buckets(qkv)                  # [(rows, length, 3 * hidden)]
-            ctx = layout.from_buckets([self._attend(g, b.mask, plan)[0] for g, b in zip(grids, layout.buckets)])
+            ctx = layout.from_buckets([self._attend(g, b.mask, plan, pos)[0]
+                                       for g, b in zip(grids, layout.buckets)])
             probs = None
         else:
-            ctx, probs = self._attend(qkv, layout.mask, plan)
+            ctx, probs = self._attend(qkv, layout.mask, plan, pos)
         return (ctx if rows is None else layout.select(ctx, rows)), probs
 
-    def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan) -> tuple[Tensor, Tensor | None]:
+    def _positions(self, plan: ExecutionPlan, seq: int) -> tuple | None:
+        """DeBERTa: this layer's projections of the relative-position embeddings, once for all its buckets."""
+        return self.relative.project(plan.relative, seq) if self.relative is not None and plan.relative is not None \
+            else None
+
+    def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan, pos: tuple | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         """(rows, len, 3 * hidden) -> (rows, len, hidden) through the plan's attention function."""
         b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
@@ -160,6 +174,8 @@ class BertSelfAttention(nn.Module):
             mask = with_bias(plan.bias[..., :s, :s].to(q.dtype), mask)
         if self.window is not None:
             mask = window_mask(mask, s, self.window, q.device)
+        if pos is not None:
+            mask = with_bias(self.relative(q, k, pos), mask)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
         return ctx.transpose(1, 2).reshape(b, s, -1), probs
 
@@ -174,6 +190,9 @@ class BertSelfAttention(nn.Module):
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))                      # (batch, heads, 1, seq)
         if plan.bias is not None:
             scores = scores + plan.bias[..., :1, :s]
+        pos = self._positions(plan, s)
+        if pos is not None:
+            scores = scores + self.relative(q, k, pos)
         mask = layout.key_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -268,6 +287,9 @@ class BertEncoder(nn.Module):
         # MPNet: a learned bias per head and bucket of relative distance, shared by every layer
         buckets = config.relative_attention_num_buckets
         self.relative_attention_bias = nn.Embedding(buckets, config.num_attention_heads) if buckets else None
+        # DeBERTa: relative-position embeddings every layer projects into its own bias (bertkit.disentangled)
+        spec = disentangled.settings(config)
+        self.relative = disentangled.RelativeEmbeddings(config, spec) if spec and spec.relative_attention else None
 
     def position_bias(self, seq: int, device) -> Tensor:
         """(1, heads, seq, seq): the bias of key j for query i, by the bucket of j - i (T5's, bidirectional)."""
@@ -288,6 +310,8 @@ class BertEncoder(nn.Module):
             positions = plan.layout.positions(x.device)
             thetas = {layer.attention.self.theta for layer in self.layer}
             plan = replace(plan, rotary={t: rotary_table(positions, attention.head_dim, t, x.dtype) for t in thetas})
+        if self.relative is not None:
+            plan = replace(plan, relative=self.relative())
         for i, index in enumerate(self.schedule):
             layer = self.layer[index]
             layer_rows = rows if i == len(self.schedule) - 1 else None
@@ -309,11 +333,11 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig, classifier: bool = False):
         super().__init__()
-        fam = family(config.model_type)
+        fam, spec = family(config.model_type), disentangled.settings(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = Activation(fam.classifier_act if classifier else "tanh")
+        self.act = Activation((spec.pooler_act if spec else fam.classifier_act) if classifier else "tanh")
         first = classifier and fam.classifier_dropout_first
-        self.dropout = classifier_dropout(config) if first else None
+        self.dropout = (nn.Dropout(spec.pooler_dropout) if spec else classifier_dropout(config)) if first else None
 
     def forward(self, x: Tensor) -> Tensor:
         x = x[:, 0]                                                     # (batch, hidden) from [CLS]
@@ -471,7 +495,8 @@ class BertModel(BertPreTrainedModel):
     def plan(self, input_ids: Tensor, attention_mask: Tensor | None, output_attentions: bool = False
              ) -> ExecutionPlan:
         """How a forward of this batch runs (see attention.ExecutionPlan)."""
-        # the weights' dtype from a plain table: a swapped-in word table (train.compact) builds its `.weight` per call
+        # the weights' dtype from the LayerNorm: a swapped-in word table (train.compact) builds its `.weight` per call,
+        # and DeBERTa-v3 has no position table
         mode = Mode.current(input_ids.device, self.embeddings.LayerNorm.weight.dtype, self.training)
         return ExecutionPlan.build(self.execution, self.config.attn_implementation, attention_mask,
                                    tuple(input_ids.shape), mode, output_attentions,
