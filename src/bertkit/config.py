@@ -246,6 +246,13 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     @property
+    def max_input_length(self) -> int:
+        """The longest input the position table allows: max_position_embeddings, less the positions RoBERTa-style
+        families reserve (theirs start at pad_token_id + 1)."""
+        offset = self.pad_token_id + 1 if family(self.model_type).positions_from_ids else 0
+        return self.max_position_embeddings - offset
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

@@ -3,8 +3,8 @@
     bertkit export MODEL_DIR model.onnx            # writes model.onnx, then runs it beside PyTorch and compares
     from bertkit.export import export_onnx, check_onnx
 
-The graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, (batch, seq), both axes dynamic) and returns
-the head's outputs under stable names:
+The graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, (batch, seq), both axes dynamic; no
+`token_type_ids` for a family without token types) and returns the head's outputs under stable names:
 
     BertModel                       last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden)
     BertForMaskedLM / PreTraining   logits (batch, seq, vocab)
@@ -41,6 +41,12 @@ from bertkit.tokenizer.inputs import pad_batch
 __all__ = ["export_onnx", "export_onnx_int8", "check_onnx", "onnx_session", "OUTPUTS"]
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def inputs_of(model) -> tuple[str, ...]:
+    """The graph's inputs: a family without token types (DistilBERT, MPNet, ModernBERT, DeBERTa-v3) takes none,
+    as transformers' own ONNX exports of them do."""
+    return INPUTS if model.config.type_vocab_size else INPUTS[:2]
 OUTPUTS = {
     "encoder": ["last_hidden_state", "pooler_output"],
     "mlm": ["logits"],
@@ -68,7 +74,7 @@ class _Wrapped(torch.nn.Module):
         self.task = task
         self.training = False       # the exporter restores this mode afterwards; a frozen model cannot train
 
-    def forward(self, input_ids, attention_mask, token_type_ids):
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         if self.task == "encoder":
             pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
@@ -107,7 +113,8 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
     try:
         sample = _sample_inputs(pred.tokenizer, 2, 16, pad_from=10)
         names = OUTPUTS[pred.task]
-        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in INPUTS}
+        inputs = inputs_of(model)
+        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in inputs}
         for n in names:   # pooled / sequence-level outputs have no seq axis
             per_token = not (n == "pooler_output" or pred.task == "classify")
             dynamic_axes[n] = {0: "batch", 1: "seq"} if per_token else {0: "batch"}
@@ -115,8 +122,8 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
             # input checks in the model (ids in range, shapes) run once at trace time; they are not graph ops
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(_Wrapped(model, pred.task), tuple(sample[n] for n in INPUTS), str(tmp),
-                              input_names=list(INPUTS), output_names=names, dynamic_axes=dynamic_axes,
+            torch.onnx.export(_Wrapped(model, pred.task), tuple(sample[n] for n in inputs), str(tmp),
+                              input_names=list(inputs), output_names=names, dynamic_axes=dynamic_axes,
                               opset_version=opset, dynamo=False)
     finally:
         pred.encoder.config.attn_implementation = old
@@ -198,11 +205,11 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
     scale = 0.0                                      # the largest |PyTorch output|: what a relative tolerance uses
     for i, (b, s) in enumerate(shapes):
         x = _sample_inputs(pred.tokenizer, b, s, pad_from=max(1, s * 2 // 3), seed=i + 1)
-        args = tuple(x[n] for n in INPUTS)
+        args = tuple(x[n] for n in inputs_of(pred.model))
         with torch.no_grad():
             ref = wrapped(*args)
             flt = floated(*args) if floated is not None else [None] * len(ref)
-        got = sess.run(names, {k: v.numpy() for k, v in x.items()})
+        got = sess.run(names, {n: a.numpy() for n, a in zip(inputs_of(pred.model), args)})
         mask = x["attention_mask"].bool()
         for n, r, g, f in zip(names, ref, got, flt):
             r = r.float()
@@ -234,8 +241,9 @@ def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq:
     wrapped = _Wrapped(pred.model.eval(), pred.task)
     names = OUTPUTS[pred.task]
     x = _sample_inputs(pred.tokenizer, batch, seq)
-    feed = {k: v.numpy() for k, v in x.items()}
-    runs = {"torch_s": lambda: wrapped(*(x[n] for n in INPUTS)), "onnxruntime_s": lambda: sess.run(names, feed)}
+    args = tuple(x[n] for n in inputs_of(pred.model))
+    feed = {n: a.numpy() for n, a in zip(inputs_of(pred.model), args)}
+    runs = {"torch_s": lambda: wrapped(*args), "onnxruntime_s": lambda: sess.run(names, feed)}
     times: dict[str, list[float]] = {k: [] for k in runs}
     with torch.inference_mode():
         for i in range(2 + repeats):                 # the first two: warm-up

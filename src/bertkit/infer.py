@@ -347,7 +347,7 @@ class Predictor:
         key = (pooling, normalize, None if layers is None else tuple(layers))
         encoder = self._encoders.get(key)
         if encoder is None:         # the directory's modules (or the pooling asked for) over this encoder, built once
-            limit = self.encoder.config.max_position_embeddings
+            limit = self.encoder.config.max_input_length
             encoder = self._encoders[key] = SentenceEncoder(
                 self.encoder, pipe.pooling if pipe else Pooling(pooling or "mean"), normalize,
                 list(pipe.dense) if pipe else None, pipe.max_seq_length if pipe else min(EMBED_MAX_LENGTH, limit),
@@ -453,7 +453,7 @@ class Predictor:
     def attention(self, text: str, max_length: int = 128) -> tuple[list[str], list[np.ndarray]]:
         """Tokens of `text` ([CLS] .. [SEP], at most `max_length` or the model's positions) and each layer's
         attention probabilities (heads, seq, seq)."""
-        limit = min(max_length, self.encoder.config.max_position_embeddings)
+        limit = min(max_length, self.encoder.config.max_input_length)
         batch = self.inputs([text], max_length=limit)
         out = forward(self.encoder, batch, self.precision, output_attentions=True)
         atts = getattr(out, "attentions", None)

@@ -448,8 +448,8 @@ def _check_shapes(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor 
     if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise ConfigError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
     b, s = input_ids.shape
-    offset = config.pad_token_id + 1 if family(config.model_type).positions_from_ids else 0
-    if s > config.max_position_embeddings - offset:
+    if s > config.max_input_length:
+        offset = config.max_position_embeddings - config.max_input_length
         raise ConfigError(f"sequence length {s} exceeds max_position_embeddings={config.max_position_embeddings}"
                           + (f" less the {offset} positions {config.model_type} reserves" if offset else ""))
     for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):

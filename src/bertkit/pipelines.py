@@ -103,7 +103,7 @@ class Pipeline:
                 truncation: bool = False) -> dict:
         """Padded model inputs of a batch (tensors on the model's device), plus "offsets" when asked; cut to the
         model's length only with `truncation`, as transformers' pipelines do."""
-        limit = self.model.config.max_position_embeddings
+        limit = self.model.config.max_input_length
         max_length = min(self.tokenizer.model_max_length or limit, limit) if truncation else None
         return encode(self.tokenizer, texts, pairs, max_length, self.predictor.device, offsets)
 

@@ -329,7 +329,7 @@ def rerank(args) -> int:
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model, precision=inference_precision(args, "rerank"))
-    limit = ce.predictor.model.config.max_position_embeddings
+    limit = ce.predictor.model.config.max_input_length
     if args.max_length and args.max_length > limit:     # else only a long enough document would fail, later
         raise ConfigError(f"--max-length {args.max_length} exceeds the model's {limit} positions")
     max_length = args.max_length or min(256, limit)

@@ -155,7 +155,7 @@ class SentenceEncoder(nn.Module):
             pooling.hidden_size = bert.config.hidden_size
         self.dense = nn.ModuleList([] if dense is None else [dense] if isinstance(dense, Dense) else list(dense))
         self.normalize = normalize
-        limit = bert.config.max_position_embeddings
+        limit = bert.config.max_input_length
         if not 0 < max_seq_length <= limit:
             raise ConfigError(f"max_seq_length={max_seq_length} must be in 1..{limit} (max_position_embeddings)")
         self.max_seq_length = max_seq_length

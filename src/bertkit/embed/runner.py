@@ -183,7 +183,7 @@ def load_encoder(model, pooling: str | None = None, normalize: bool | None = Non
     if normalize is not None:
         encoder.normalize = bool(normalize)
     if max_length is not None:
-        limit = encoder.bert.config.max_position_embeddings
+        limit = encoder.bert.config.max_input_length
         if max_length > limit:
             raise ConfigError(f"--max-length {max_length} exceeds the model's {limit} positions")
         encoder.max_seq_length = max_length

@@ -183,7 +183,7 @@ def sentence_pipeline(path, bert: BertModel, tokenizer: Tokenizer) -> SentenceEn
     directory = Path(path)
     modules = _module_list(directory) if is_sentence_transformers_dir(directory) else [("transformer", directory)]
     tdir = modules[0][1]
-    max_len, lower = _seq_settings(tdir, tokenizer, bert.config.max_position_embeddings)
+    max_len, lower = _seq_settings(tdir, tokenizer, bert.config.max_input_length)
     hidden = bert.config.hidden_size
     pooling = _pooling_from(modules[1][1], hidden) if len(modules) > 1 else Pooling("mean", hidden)
     dense = [_dense_from(p) for kind, p in modules if kind == "dense"]

@@ -34,6 +34,7 @@ from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys
 from bertkit.pretraining.shards import FORMAT_VERSION, MANIFEST, ShardWriter, remove_partial, write_manifest
 from bertkit.progress import bar as progress_bar, say
 from bertkit.tokenizer import Tokenizer
+from bertkit.tokenizer.library import LibraryTokenizer
 
 __all__ = ["prepare", "PrepareConfig", "PrepareSummary", "load_tokenizer"]
 
@@ -305,6 +306,8 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     _prepare_out_dir(out, cfg.overwrite)
     vocab_copy = out / "vocab.txt"
     write_text(vocab_copy, "\n".join(tok.ids_to_tokens) + "\n")
+    if isinstance(tok, LibraryTokenizer):       # BPE / Unigram: its specials and word starts are in its own files
+        tok.save(out)
 
     by_files = len(files) >= cfg.workers
     shares = _split_files(files, cfg.workers) if by_files else [[str(f) for f in files]] * cfg.workers

@@ -41,6 +41,7 @@ from bertkit.atomic import replacing, write_json
 from bertkit.errors import DataError
 from bertkit.options import with_options
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch, splitmix64
+from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import row_masks
 
 __all__ = ["ShardWriter", "ShardReader", "ReaderOptions", "read_manifest", "write_manifest", "MANIFEST",
@@ -317,7 +318,10 @@ class ShardReader:
         self.remasked = opts.masking is not None       # stored static masks are ignored, drawn from the tokens
         if self.remasked:
             self.masking = replace(opts.masking, dynamic=True)
-        self.tables = VocabTables.from_vocab_file(self.dir / "vocab.txt")
+        if (self.dir / "tokenizer.json").is_file():    # a BPE / Unigram vocabulary: its tokenizer knows its specials
+            self.tables = VocabTables.from_tokenizer(Tokenizer.from_pretrained(self.dir))
+        else:
+            self.tables = VocabTables.from_vocab_file(self.dir / "vocab.txt")
         if self.tables.vocab_size != m["vocab_size"]:
             raise DataError(f"{self.dir / 'vocab.txt'} has {self.tables.vocab_size} tokens, manifest says {m['vocab_size']}")
         self._shards = [_open_shard(self.dir, e, opts.verify, self.seq_len) for e in m["shards"]]
