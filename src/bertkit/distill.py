@@ -134,17 +134,26 @@ _LAYER = re.compile(r"^(.*encoder\.layer\.)(\d+)\.(.*)$")
 
 def truncated_student(teacher: nn.Module, k: int, source: str = "the teacher") -> nn.Module:
     """A K-layer copy of `teacher` (any bertkit head model): layers select_layers(L, K), everything else copied."""
-    chosen = select_layers(teacher.config.num_hidden_layers, k, source)
-    config = BertConfig.from_dict({**teacher.config.to_dict(), "num_hidden_layers": k})
-    student = type(teacher)(config)
+    n = teacher.config.num_hidden_layers
+    chosen = select_layers(n, k, source)
+    groups = teacher.config.num_hidden_groups
+    if groups is not None and groups > k:
+        raise ConfigError(f"--student-layers {k}: {source} shares its layers in {groups} groups; choose {groups}..{n}")
+    settings = teacher.config.to_dict()
+    # per-layer settings (ModernBERT's layer_types) follow the chosen layers
+    settings.update({key: [v[i] for i in chosen] for key, v in settings.items() if isinstance(v, list) and len(v) == n
+                     and key != "architectures"})
+    student = type(teacher)(BertConfig.from_dict({**settings, "num_hidden_layers": k}))
     state = {}
     for name, value in teacher.state_dict().items():
         m = _LAYER.match(name)
-        if m is None:
+        if m is None or groups is not None:           # ALBERT: the shared layers are the student's too
             state[name] = value.clone()
         elif int(m[2]) in chosen:
             state[f"{m[1]}{chosen.index(int(m[2]))}.{m[3]}"] = value.clone()
-    student.load_state_dict(state, strict=True)
+    own = student.state_dict()
+    # ModernBERT's first layer has no norm before attention: a later layer's, chosen as the first, leaves it behind
+    student.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)
     return student
 
 
