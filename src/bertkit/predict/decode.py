@@ -130,9 +130,11 @@ class FillVocab:
     def of(cls, tok) -> "FillVocab":
         itos = tok.ids_to_tokens
         cont = torch.tensor(tok.continues_word(range(len(itos))), dtype=torch.bool)
-        bracketed = torch.tensor([t.startswith("[") and t.endswith("]") for t in itos], dtype=torch.bool)
-        special = {tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id}
-        return cls(~cont & ~bracketed, cont, torch.tensor([i not in special for i in range(len(itos))]))
+        special = {tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id,
+                   *tok.special_ids}
+        never = torch.tensor([i in special or t.startswith("[") and t.endswith("]") for i, t in enumerate(itos)],
+                             dtype=torch.bool)
+        return cls(~cont & ~never, cont, torch.tensor([i not in special for i in range(len(itos))]))
 
     def allowed(self, words: bool) -> torch.Tensor:
         """Word starts only (words=True: a mask stands for a whole word), else anything not special."""
@@ -150,6 +152,6 @@ def top_fills(scores: torch.Tensor, allowed: torch.Tensor | None, k: int) -> tup
 
 
 def join_pieces(tok, ids: Sequence[int], skip: Container[int] = ()) -> str:
-    """Pieces back to text without transformers' clean-up: joined by spaces, a word's "##" continuations glued on
-    ("cap ##ital" -> "capital"); ids in `skip` left out."""
-    return " ".join(t for i, t in zip(ids, tok.convert_ids_to_tokens(ids)) if i not in skip).replace(" ##", "")
+    """Pieces back to text as the tokenizer joins them (WordPiece: "cap ##ital" -> "capital"; BPE / Unigram: by the
+    file's decoder), without transformers' clean-up; ids in `skip` left out."""
+    return tok.join([i for i in ids if i not in skip])

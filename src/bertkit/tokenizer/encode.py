@@ -389,6 +389,16 @@ class Tokenizer:
                 tokens.append(self._id_to_token(i))
         return decode_pieces(tokens)
 
+    def join(self, ids: Sequence[int]) -> str:
+        """Pieces back to text without transformers' clean-up: joined by spaces, a word's "##" continuations glued
+        on ("cap ##ital" -> "capital")."""
+        return " ".join(self.convert_ids_to_tokens(list(ids))).replace(" ##", "")
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Every special token's id ([CLS], [SEP], ...; RoBERTa's <s>, </s>, ...)."""
+        return frozenset(self._special_ids)
+
     def batch_decode(self, sequences, skip_special_tokens: bool = False) -> list[str]:
         """decode for each row of sequences (lists, or a 2-D tensor / array)."""
         return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in as_id_list(sequences)]

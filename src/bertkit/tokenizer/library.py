@@ -188,6 +188,10 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
             prev = i
         return out
 
+    def join(self, ids: Sequence[int]) -> str:
+        """Pieces back to text by the file's decoder ("Ġ" / "▁" marks become spaces), without clean-up."""
+        return self._backend.decode([int(i) for i in ids], skip_special_tokens=False).strip()
+
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of ids as the file's decoder makes it (transformers' clean-up where tokenizer_config.json asks)."""
         text = self._backend.decode([int(i) for i in as_id_list(ids)], skip_special_tokens=skip_special_tokens)
