@@ -1,4 +1,4 @@
-"""The BERT encoder: embeddings, self-attention, post-LN layers, tanh pooler. The maths only.
+"""The one encoder of every family: embeddings, self-attention, layers, pooler. The maths only.
 
 The BERT paper's (Devlin et al. 2018) and google-research/bert's `modeling.py`:
 
@@ -9,10 +9,13 @@ The BERT paper's (Devlin et al. 2018) and google-research/bert's `modeling.py`:
         x = LayerNorm(x + dropout(GELU(x W_1) W_2))                                      # GELU = exact erf form
     pooled = tanh(x[:, 0] W_p)                                                           # [CLS]
 
-Parameter names are the Hugging Face BERT state_dict's (`encoder.layer.3.attention.self.query.weight`, ...), so
-checkpoints need no rename table.
+Parameter names are the Hugging Face BERT state_dict's (`encoder.layer.3.attention.self.query.weight`, ...); other
+families' checkpoint names map onto them at load and save (`bertkit.families`).
 
-Other families choose parts of the same modules by config (`bertkit.families`, `bertkit.modern`); ModernBERT's:
+Other families choose parts of the same modules by config: factorised embeddings projected to hidden (ELECTRA,
+ALBERT), no token types (DistilBERT, MPNet), positions counted from the ids (RoBERTa, MPNet), layers shared in groups
+(ALBERT), a relative-position attention bias (MPNet; DeBERTa's disentangled terms, `bertkit.disentangled`), and
+ModernBERT's (`bertkit.modern`):
 
     x = LayerNorm(word[ids]);  dropout                                      # positions: rotary q and k, no table
     for each layer:                                                          # pre-LN; layer 0 has no first norm
