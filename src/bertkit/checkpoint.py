@@ -4,6 +4,8 @@ A directory holds `config.json` and the weights: `model.safetensors` (preferred)
 `model.safetensors.index.json`, or `pytorch_model.bin` (read with `torch.load(weights_only=True)`: no arbitrary
 unpickling). Loading maps the names that real BERT checkpoints use onto our modules (which already carry HF names):
 
+  * another family's names (`roberta.`, `lm_head.`, DistilBERT's `q_lin`, ModernBERT's `layers.`) -> ours, by the
+    family's rules (`bertkit.families`; config.json's `model_type` says which); saving writes them back;
   * `bert.` prefix present or absent: a bare BertModel checkpoint loads into a head model and vice versa;
   * old `LayerNorm.gamma` / `LayerNorm.beta` (TF-converted checkpoints) -> `.weight` / `.bias`;
   * `cls.predictions.decoder.weight` is the tied word-embedding matrix (dropped); `decoder.bias` is

@@ -42,8 +42,9 @@ from bertkit.modern import parts
 from bertkit.outputs import ModelOutput, extra_field, finish, forward_flags
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
-           "BertForQuestionAnswering", "BertForReplacedTokenDetection", "PreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
-           "TokenClassifierOutput", "QuestionAnsweringOutput", "IGNORE_INDEX"]
+           "BertForQuestionAnswering", "BertForReplacedTokenDetection", "DiscriminatorHead", "PreTrainingOutput",
+           "MaskedLMOutput", "SequenceClassifierOutput", "TokenClassifierOutput", "QuestionAnsweringOutput",
+           "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100          # the label of a position no loss reads (transformers' convention); defined only here
 
@@ -439,6 +440,8 @@ class BertForQuestionAnswering(_HeadModel):
 
 
 class DiscriminatorHead(nn.Module):
+    """ELECTRA's discriminator head (its pre-training and transformers' ElectraForPreTraining)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)

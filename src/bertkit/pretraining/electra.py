@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.config import BertConfig
-from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
-from bertkit.activations import activation
+from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, DiscriminatorHead
 from bertkit.model import BertModel
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
@@ -54,24 +53,13 @@ def generator_config(config: BertConfig, layers: int | None = None, intermediate
                           intermediate_size=intermediate_size or max(1, config.intermediate_size // 2))
 
 
-class ElectraDiscriminatorHead(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.dense_prediction = nn.Linear(config.hidden_size, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dense_prediction(self.act(self.dense(x))).squeeze(-1)       # (batch, seq, hidden) -> (batch, seq)
-
-
 class ElectraForPreTraining(nn.Module):
     def __init__(self, config: BertConfig, rtd_weight: float = 50.0, generator: BertConfig | None = None):
         super().__init__()
         self.config = config
         self.rtd_weight = rtd_weight          # the paper's lambda: the binary loss is ~50x smaller than the MLM loss
         self.discriminator = BertModel(config, add_pooling_layer=False)
-        self.discriminator_predictions = ElectraDiscriminatorHead(config)
+        self.discriminator_predictions = DiscriminatorHead(config)
         gcfg = generator or generator_config(config)
         if gcfg.hidden_size != config.hidden_size or gcfg.vocab_size != config.vocab_size:
             raise ValueError("the generator must have the discriminator's hidden_size and vocab_size (shared "

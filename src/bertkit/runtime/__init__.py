@@ -135,7 +135,7 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
             per_model = None if runtime.bucket_overhead is None else runtime.bucket_overhead / m.config.hidden_size
             spec = disentangled.settings(m.config)
             if spec and spec.relative_attention:      # DeBERTa's terms add ~10 small kernels a bucket: the fixed
-                per_model = None                      # few buckets measured faster (benchmarks/deberta.py)
+                per_model = None                      # few buckets measured faster (benchmarks/families.py)
             m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers,
                                                 bucket_overhead=per_model)
     for bert in berts:
