@@ -231,9 +231,9 @@ def _tokenize_run(predictor) -> Callable[[list], list]:
     return lambda reqs: [one(r) for r in reqs]
 
 
-def _fill_check(config: ServeConfig) -> Callable[[S.FillMaskRequest], None]:
+def _fill_check(config: ServeConfig, mask: str) -> Callable[[S.FillMaskRequest], None]:
     def check(r: S.FillMaskRequest) -> None:
-        masks = r.text.count("[MASK]")
+        masks = r.text.count(mask)                  # the model's own mask token: "[MASK]", RoBERTa's "<mask>"
         for what, value, limit in (("[MASK]s", masks, config.max_masks), ("top_k", r.top_k, config.max_top_k),
                                    ("beam_size", r.beam_size, config.max_beam_size)):
             if value > limit:
@@ -290,7 +290,7 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     ]
     if predictor.has_mlm:
         eps.append(Endpoint("fill-mask", S.FillMaskRequest, _fill_run(predictor, config), S.FillMaskResult,
-                            "fill [MASK] tokens (several masks are decoded jointly)", check=_fill_check(config)))
+                            "fill [MASK] tokens (several masks are decoded jointly)", check=_fill_check(config, predictor.tokenizer.mask_token)))
     if predictor.task == "classify":
         eps.append(Endpoint("classify", S.ClassifyRequest, _classify_run(predictor, config), S.ClassifyResult,
                             "sequence classification (of a text, or of a text pair)"))
