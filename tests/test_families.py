@@ -184,6 +184,15 @@ def test_a_head_loads_from_the_bare_encoder_and_the_other_way(tmp_path):
                                    mlm.roberta(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()])
 
 
+def test_another_heads_layers_are_never_loaded_as_this_ones(tmp_path):
+    """RoBERTa's classifier.dense is no encoder's pooler, nor its out_proj a token classifier: both start fresh."""
+    _pair(tmp_path, "roberta", "ForSequenceClassification")
+    enc = BertModel.from_pretrained(tmp_path / "hf")
+    assert enc.loading_info["missing_keys"] == ["pooler.dense.bias", "pooler.dense.weight"]
+    tagger = heads.BertForTokenClassification.from_pretrained(tmp_path / "hf")
+    assert sorted(tagger.loading_info["missing_keys"]) == ["classifier.bias", "classifier.weight"]
+
+
 def test_positions_count_from_the_padding_id_and_its_limit_is_named(tmp_path):
     cfg, ref, ours = _pair(tmp_path, "roberta", "Model")
     too_long = torch.full((1, cfg.max_position_embeddings - 1), 5)

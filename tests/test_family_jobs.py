@@ -112,3 +112,21 @@ def test_serve_routes(family):
             assert resp.status_code == 200, resp.text
         finally:
             srv.stop()
+
+
+def test_question_answering_windows_follow_the_family_layout(family, tmp_path):
+    """RoBERTa's <s> q </s></s> c </s> has 4 specials, BERT's 3: windows fit max_seq_len and start where the context
+    starts, and the pipeline's answer is a span of the context."""
+    model_type, d = family
+    from bertkit import pipeline
+    from bertkit.predict.answers import Windows
+    from bertkit.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(d["mlm"])
+    context = "the film was great and the plot was boring but the music was lovely"
+    w = Windows.build(tok, "film", context, 14, 3)
+    pieces = tok.encode_pieces(["film", context]).text(1)[0]
+    assert all(len(r) <= 14 for r in w.rows)
+    assert all(r[w.first:w.first + b - a] == list(pieces[a:b]) for r, (a, b) in zip(w.rows, w.spans))
+    qa = family_dir(tmp_path / "qa", model_type, head="ForQuestionAnswering")
+    answer = pipeline("question-answering", model=str(qa))(question="what was great?", context=context)
+    assert context[answer["start"]:answer["end"]] == answer["answer"]

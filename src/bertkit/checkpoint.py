@@ -57,7 +57,7 @@ SHARDED_INDEX_NAME = "model.safetensors.index.json"
 PT_WEIGHTS_NAME = "pytorch_model.bin"
 
 # top-level parameter groups that belong to some task head (ignored when the model being loaded lacks them)
-_HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.", "discriminator_predictions.", "head.")
+_HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.", "discriminator_predictions.", "head.", "unused.")
 # the first name of a bare encoder's parameters, in any family (DistilBERT's layers are "transformer.", ModernBERT's
 # "layers." and "final_norm.")
 _ENCODER_ROOTS = ("embeddings", "embeddings_project", "encoder", "transformer", "pooler", "layers", "final_norm")
@@ -164,10 +164,12 @@ def tokenizer_size(directory: Path) -> tuple[int, Path] | None:
         if vocab_txt.is_file():
             return len(vocab_txt.read_bytes().rstrip(b"\n").split(b"\n")), vocab_txt
         if tok_json.is_file():
-            vocab = json.loads(tok_json.read_bytes())["model"]["vocab"]
-            if isinstance(vocab, list):                                  # Unigram: [[piece, score], ...]
-                return (len(vocab), tok_json) if vocab else None
-            return (max(vocab.values()) + 1, tok_json) if vocab else None
+            spec = json.loads(tok_json.read_bytes())
+            vocab = spec["model"]["vocab"]
+            # Unigram's is [[piece, score], ...]; tokens added past the model's (DeBERTa-v3's [MASK]) count too
+            n = len(vocab) if isinstance(vocab, list) else max(vocab.values(), default=-1) + 1
+            n = max([n, *(t["id"] + 1 for t in spec.get("added_tokens") or [])])
+            return (n, tok_json) if n else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return None

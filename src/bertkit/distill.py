@@ -141,8 +141,8 @@ def truncated_student(teacher: nn.Module, k: int, source: str = "the teacher") -
         raise ConfigError(f"--student-layers {k}: {source} shares its layers in {groups} groups; choose {groups}..{n}")
     settings = teacher.config.to_dict()
     # per-layer settings (ModernBERT's layer_types) follow the chosen layers
-    settings.update({key: [v[i] for i in chosen] for key, v in settings.items() if isinstance(v, list) and len(v) == n
-                     and key != "architectures"})
+    if isinstance(settings.get("layer_types"), list):
+        settings["layer_types"] = [settings["layer_types"][i] for i in chosen]
     student = type(teacher)(BertConfig.from_dict({**settings, "num_hidden_layers": k}))
     state = {}
     for name, value in teacher.state_dict().items():

@@ -85,14 +85,18 @@ class Family:
         return _rename(key, self.keys, 0) or key
 
     def to_ours(self, key: str, head: str) -> str:
-        """A family checkpoint's parameter name -> ours in model class `head` (another head's weights too, under
-        our name for them, so the loader knows them for a head's and reports them ignored)."""
+        """A family checkpoint's parameter name -> ours in model class `head`. Another head's weights get a name no
+        model has ("unused." + theirs), so the loader reports them ignored instead of loading one head's layer as
+        another's (RoBERTa's classifier.dense is not a bare encoder's pooler)."""
         own = head.removeprefix("Bert")
-        rules = self.head_keys.get(own, ()) + tuple(r for h, rs in self.head_keys.items() if h != own for r in rs)
-        rules += tuple(r for _, rs in self.variants.values() for r in rs)
-        renamed = _rename(key, rules, 1)
+        renamed = _rename(key, self.head_keys.get(own, ()), 1)
         if renamed is not None:
             return renamed
+        others = tuple(r for h, rs in self.head_keys.items() if h != own for r in rs if not r[0].startswith("unused."))
+        if _rename(key, others + tuple(r for _, rs in self.variants.values() for r in rs), 1) is not None:
+            variant = self.variants.get(own)
+            renamed = _rename(key, variant[1], 1) if variant else None
+            return renamed if renamed is not None else f"unused.{key}"
         if key.startswith(self.prefix + "."):
             inner = key[len(self.prefix) + 1:]
             return f"bert.{_rename(inner, self.keys, 1) or inner}"

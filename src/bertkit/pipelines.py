@@ -117,7 +117,7 @@ class Pipeline:
         text = self.tokenizer.decode([vocab.get(t, unk) for t in tokens], skip_special_tokens=False)
         for t in tokens:
             if t not in vocab:
-                text = text.replace("[UNK]", t, 1)
+                text = text.replace(self.tokenizer.unk_token, t, 1)
         return text
 
 
@@ -258,12 +258,15 @@ class TokenClassificationPipeline(Pipeline):
         """Each token but [CLS] / [SEP] / padding: its word, span, position and whether it continues a word."""
         tok = self.tokenizer
         added = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id}
+        # transformers' rule: a "##" piece is longer than its span; without such a prefix (BPE, Unigram) a piece
+        # continues a word when no space precedes it
+        prefixed = bool(getattr(tok, "continuing_subword_prefix", None))
         out = []
         for i, (t, (start, end)) in enumerate(zip(ids, offsets)):
-            if t in added or (t == tok.unk_token_id and text[start:end] == "[UNK]"):
+            if t in added or (t == tok.unk_token_id and text[start:end] == tok.unk_token):
                 continue                                   # tokens the tokenizer added or matched as special
             word = tok.ids_to_tokens[t]
-            subword = len(word) != end - start
+            subword = len(word) != end - start if prefixed else start > 0 and " " not in text[start - 1:start + 1]
             if t == tok.unk_token_id:                      # an unknown word is shown as written
                 word, subword = text[start:end], False
             out.append({"word": word, "start": start, "end": end, "index": i, "is_subword": subword})

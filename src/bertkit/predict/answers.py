@@ -49,7 +49,8 @@ class Windows:
         """The windows `spans` of a context's `pieces` under the question's piece ids."""
         enc = tok.build_inputs([question] * len(spans), [pieces[a:b] for a, b in spans])
         starts = [not c for c in tok.continues_word(pieces)]
-        return cls(context, offsets, starts, enc["input_ids"], enc["token_type_ids"], spans, len(question) + 2)
+        first = tok.template.first_len(len(question))      # [CLS] q [SEP]: +2; RoBERTa's <s> q </s></s>: +3
+        return cls(context, offsets, starts, enc["input_ids"], enc["token_type_ids"], spans, first)
 
     @classmethod
     def build(cls, tok, question: str, context: str, max_seq_len: int, doc_stride: int,
@@ -59,7 +60,7 @@ class Windows:
         pieces = tok.encode_pieces([question, context])
         q_ids = pieces.text(0)[0][:max_question]
         c_ids, offsets = pieces.text(1)
-        room = max_seq_len - len(q_ids) - 3
+        room = max_seq_len - len(q_ids) - tok.template.n_special(True)
         if room <= doc_stride or room <= 0:
             raise BertkitError(f"question-answering: a {len(q_ids)}-token question leaves {room} of max_seq_len="
                                f"{max_seq_len} tokens for the context, not more than doc_stride={doc_stride}; "

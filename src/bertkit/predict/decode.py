@@ -129,9 +129,12 @@ class FillVocab:
     @classmethod
     def of(cls, tok) -> "FillVocab":
         itos = tok.ids_to_tokens
-        cont = torch.tensor(tok.continues_word(range(len(itos))), dtype=torch.bool)
         special = {tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id,
                    *tok.special_ids}
+        # whether a piece continues a word can depend on the piece before it: ask each after a plain piece
+        plain = next(i for i in range(len(itos)) if i not in special)
+        cont = torch.tensor(tok.continues_word([j for i in range(len(itos)) for j in (plain, i)])[1::2],
+                            dtype=torch.bool)
         never = torch.tensor([i in special or t.startswith("[") and t.endswith("]") for i, t in enumerate(itos)],
                              dtype=torch.bool)
         return cls(~cont & ~never, cont, torch.tensor([i not in special for i in range(len(itos))]))

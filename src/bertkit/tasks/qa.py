@@ -1,8 +1,9 @@
 """Extractive question answering, SQuAD v1.1 and v2.0: the paper's figure 4 (c) and section 4.2/4.3.
 
 Features. The question is cut to `max_query_length` pieces; the context is tokenised once with character offsets and
-cut into windows of at most `max_seq_length - len(question) - 3` pieces that start every `doc_stride` pieces, so a
-context longer than one window is covered by several overlapping ones (none is dropped):
+cut into windows of at most `max_seq_length - len(question) - specials` pieces (the tokenizer's layout: 3 for BERT's,
+4 for RoBERTa's <s> q </s></s> c </s>) that start every `doc_stride` pieces, so a context longer than one window is
+covered by several overlapping ones (none is dropped):
 
     [CLS] question [SEP] context[w : w + window] [SEP]          token_type 0 ... 0 1 ... 1
 
@@ -92,7 +93,7 @@ class QATask(Task):
             ids, offs = _context_pieces(tok, e.context)
             if not ids:
                 raise DataError(f"{e.source}: question {e.id!r}: the context has no tokens")
-            window = self.max_length - len(q) - 3
+            window = self.max_length - len(q) - tok.template.n_special(True)
             if window < 1:
                 raise DataError(f"max_seq_length={self.max_length} leaves no room for context after a "
                                 f"{len(q)}-piece question")

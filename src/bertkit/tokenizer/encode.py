@@ -89,6 +89,7 @@ class Tokenizer:
         self.mask_token_id = vocab["[MASK]"]
         self.bos_token_id = self.eos_token_id = None
         self.pad_token, self.unk_token, self.cls_token, self.sep_token, self.mask_token = SPECIAL_TOKENS
+        self.continuing_subword_prefix = "##"
         self.bos_token = self.eos_token = None
         self.template = Template.bert(self.cls_token_id, self.sep_token_id)
         self.vocab_hash = vocab_hash(self.ids_to_tokens)

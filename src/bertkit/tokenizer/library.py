@@ -59,6 +59,8 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         mml = config.get("model_max_length")
         self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
         self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
+        # a "##"-style prefix marks pieces inside words (WordPiece); BPE / Unigram mark word starts instead
+        self.continuing_subword_prefix = (spec.get("model") or {}).get("continuing_subword_prefix")
         self._continuation = _continuation_flags(spec, self.ids_to_tokens)
         self._continuation[list(self._special_ids)] = False     # a special token is a word of its own
 

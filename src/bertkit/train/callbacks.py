@@ -17,6 +17,7 @@ extras `bertkit[wandb]` / `bertkit[mlflow]`, added by name with `reporting()` (`
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from bertkit.errors import ConfigError
@@ -53,11 +54,12 @@ def _numbers(logs: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
 
 
-class _Logger(Callback):
+class _Logger(Callback, ABC):
     """Scalars of every step (train/...) and evaluation (eval/...) to a tracking backend, on rank 0 only."""
 
+    @abstractmethod
     def log(self, values: dict[str, float], step: int) -> None:
-        raise NotImplementedError
+        """Write `values` at `step` to the backend."""
 
     def on_step_end(self, state, logs: dict) -> None:
         if main_rank():

@@ -191,7 +191,8 @@ def _check_vocab_file(path, manifest: dict, what: str, fix: str) -> None:
 
 # the fields that decide the weights' shapes and what they compute: a resumed run must keep them
 _ARCHITECTURE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size", "hidden_act", "position_embedding_type")
+                 "max_position_embeddings", "type_vocab_size", "hidden_act", "position_embedding_type", "model_type",
+                 "embedding_size", "num_hidden_groups", "relative_attention_num_buckets")
 
 
 def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
@@ -304,9 +305,9 @@ def pretrain(pc: PretrainConfig, callbacks=()):
     if pc.attention_init == "local" and not pc.init and objective != "electra":
         local_attention_init(model, seed=cfg.seed)
     for name, m in manifests.items():
-        if int(m["seq_len"]) > config.max_position_embeddings:
-            raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's "
-                              f"max_position_embeddings={config.max_position_embeddings}")
+        if int(m["seq_len"]) > config.max_input_length:
+            raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's longest input, "
+                              f"{config.max_input_length} (max_position_embeddings={config.max_position_embeddings})")
     data = _reader(pc, pc.shards, config, objective, rank=d.rank, world_size=d.world)
     # a head bias that came from a checkpoint is kept; every rank sets it alike (the weights must start equal)
     fresh_head = not pc.init or "cls.predictions.bias" in (getattr(model, "loading_info", None) or {}).get(
