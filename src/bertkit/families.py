@@ -18,7 +18,7 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
 
 Weight names map both ways by ordered prefix rules, `#` standing for a layer number: a head's whole names first,
 then the encoder's inner names under its prefix (`bert.` here, `roberta.` there; none in a bare encoder). A key no
-rule matches keeps its name.
+rule matches keeps its name; another head's weights load under "unused." (reported ignored, never loaded).
 """
 
 from __future__ import annotations
