@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from bertkit import Tokenizer
-from bertkit.tokenizer.inputs import pad_batch, row_masks, token_types, wrap, wrap_array
+from bertkit.tokenizer.inputs import pad_batch, row_masks, wrap_array
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat", "##s", "dog"]
 
@@ -21,10 +21,10 @@ def test_wrap_and_types_equal_the_tokenizer_call():
     enc = tok(texts, pairs)
     for i, (a, b) in enumerate(zip(texts, pairs)):
         pa, pb = (tok.convert_tokens_to_ids(tok.tokenize(x)) for x in (a, b))
-        assert wrap(pa, pb, tok.cls_token_id, tok.sep_token_id) == enc["input_ids"][i]
-        assert token_types(len(pa), len(pb)) == enc["token_type_ids"][i]
-        assert wrap(pa, None, tok.cls_token_id, tok.sep_token_id) == tok(a)["input_ids"]
-        assert token_types(len(pa)) == tok(a)["token_type_ids"]
+        assert tok.template.wrap(pa, pb) == enc["input_ids"][i]
+        assert tok.template.types(len(pa), len(pb)) == enc["token_type_ids"][i]
+        assert tok.template.wrap(pa) == tok(a)["input_ids"]
+        assert tok.template.types(len(pa)) == tok(a)["token_type_ids"]
         assert wrap_array(np.array(pa), np.array(pb), tok.cls_token_id, tok.sep_token_id).tolist() == enc["input_ids"][i]
 
 

@@ -126,17 +126,22 @@ def _pattern(template: str) -> re.Pattern:
     return _PATTERNS[template]
 
 
-def _layer(*pairs: tuple[str, str]) -> tuple[tuple[str, str], ...]:
-    """Renames inside every encoder layer: ("attention.self.query", "attention.q_lin") for layer #."""
-    return tuple((f"encoder.layer.#.{ours}", theirs) for ours, theirs in pairs)
+def _layer(theirs: str, *pairs: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """Renames inside every encoder layer: ours "encoder.layer.#.<a>" is theirs "<theirs>.<b>" for each (a, b), where
+    `theirs` names layer # ("transformer.layer.#")."""
+    return tuple((f"encoder.layer.#.{a}", f"{theirs}.{b}") for a, b in pairs)
+
+
+def _mlm(dense: str, norm: str, bias: str) -> tuple[tuple[str, str], ...]:
+    """An MLM head's transform (dense, LayerNorm) and output bias under the family's names."""
+    return (("cls.predictions.transform.dense", dense), ("cls.predictions.transform.LayerNorm", norm),
+            ("cls.predictions.bias", bias))
 
 
 # RoBERTa's heads, shared by XLM-R and MPNet (whose encoders they sit on: `prefix`)
 def _roberta_heads(prefix: str) -> dict:
     return {
-        "ForMaskedLM": (("cls.predictions.transform.dense", "lm_head.dense"),
-                        ("cls.predictions.transform.LayerNorm", "lm_head.layer_norm"),
-                        ("cls.predictions.bias", "lm_head.bias")),
+        "ForMaskedLM": _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
         # the bare encoder's pooler is not the classifier's hidden layer: a name no model has, reported ignored
         "ForSequenceClassification": (("unused.pooler", f"{prefix}.pooler"),
                                       ("bert.pooler.dense", "classifier.dense"),
@@ -147,9 +152,7 @@ def _roberta_heads(prefix: str) -> dict:
 _ROBERTA = dict(prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
                 head_keys=_roberta_heads("roberta"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
 
-_albert_mlm = (("cls.predictions.transform.dense", "predictions.dense"),
-               ("cls.predictions.transform.LayerNorm", "predictions.LayerNorm"),
-               ("cls.predictions.bias", "predictions.bias"))
+_albert_mlm = _mlm("predictions.dense", "predictions.LayerNorm", "predictions.bias")
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert"),
@@ -158,19 +161,19 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family(
         "mpnet", prefix="mpnet", class_prefix="MPNet", positions_from_ids=True, classifier_dropout_first=True,
         mlm_act="gelu", head_keys=_roberta_heads("mpnet"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"),
-        keys=tuple((o, "encoder.layer.#." + t) for o, t in _layer(
+        keys=_layer("encoder.layer.#",
             ("attention.self.query", "attention.attn.q"), ("attention.self.key", "attention.attn.k"),
             ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),
-            ("attention.output.LayerNorm", "attention.LayerNorm"))),
+            ("attention.output.LayerNorm", "attention.LayerNorm")),
         config_defaults=(("type_vocab_size", 0), ("relative_attention_num_buckets", 32))),
     Family(
         "albert", prefix="albert", class_prefix="Albert",
         keys=(("embeddings_project", "encoder.embedding_hidden_mapping_in"), ("pooler.dense", "pooler"),
-              *((o, "encoder.albert_layer_groups.#.albert_layers.0." + t) for o, t in _layer(
+              *_layer("encoder.albert_layer_groups.#.albert_layers.0",
                   ("attention.self.query", "attention.query"), ("attention.self.key", "attention.key"),
                   ("attention.self.value", "attention.value"), ("attention.output.dense", "attention.dense"),
                   ("attention.output.LayerNorm", "attention.LayerNorm"), ("intermediate.dense", "ffn"),
-                  ("output.dense", "ffn_output"), ("output.LayerNorm", "full_layer_layer_norm")))),
+                  ("output.dense", "ffn_output"), ("output.LayerNorm", "full_layer_layer_norm"))),
         head_keys={
             "ForMaskedLM": _albert_mlm,
             "ForPreTraining": _albert_mlm + (("cls.seq_relationship", "sop_classifier.classifier"),),
@@ -182,9 +185,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         "electra", prefix="electra", class_prefix="Electra", classifier_act="gelu", classifier_dropout_first=True,
         mlm_act="gelu", pooler=False,
         head_keys={
-            "ForMaskedLM": (("cls.predictions.transform.dense", "generator_predictions.dense"),
-                            ("cls.predictions.transform.LayerNorm", "generator_predictions.LayerNorm"),
-                            ("cls.predictions.bias", "generator_lm_head.bias")),
+            "ForMaskedLM": _mlm("generator_predictions.dense", "generator_predictions.LayerNorm",
+                                "generator_lm_head.bias"),
             "ForSequenceClassification": (("bert.pooler.dense", "classifier.dense"),
                                           ("classifier", "classifier.out_proj")),
         },
@@ -192,15 +194,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         class_names={"ForReplacedTokenDetection": "ForPreTraining"}),
     Family(
         "distilbert", prefix="distilbert", class_prefix="DistilBert", classifier_act="relu", pooler=False,
-        keys=tuple((o, "transformer.layer.#." + t) for o, t in _layer(
+        keys=_layer("transformer.layer.#",
             ("attention.self.query", "attention.q_lin"), ("attention.self.key", "attention.k_lin"),
             ("attention.self.value", "attention.v_lin"), ("attention.output.dense", "attention.out_lin"),
             ("attention.output.LayerNorm", "sa_layer_norm"), ("intermediate.dense", "ffn.lin1"),
-            ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm"))),
+            ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm")),
         head_keys={
-            "ForMaskedLM": (("cls.predictions.transform.dense", "vocab_transform"),
-                            ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
-                            ("cls.predictions.bias", "vocab_projector.bias")),
+            "ForMaskedLM": _mlm("vocab_transform", "vocab_layer_norm", "vocab_projector.bias"),
             "ForSequenceClassification": (("bert.pooler.dense", "pre_classifier"),),
         },
         tied=("vocab_projector.weight",),
@@ -213,14 +213,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         "modernbert", prefix="model", class_prefix="ModernBert", pooler=False, rotary=True, pre_norm=True, glu=True,
         head_transform=True,
         keys=(("embeddings.word_embeddings", "embeddings.tok_embeddings"), ("embeddings.LayerNorm", "embeddings.norm"),
-              ("encoder.final_norm", "final_norm")) + tuple((o, "layers.#." + t) for o, t in _layer(
+              ("encoder.final_norm", "final_norm")) + _layer("layers.#",
             ("attention.self.Wqkv", "attn.Wqkv"), ("attention.output.dense", "attn.Wo"),
             ("attention.output.LayerNorm", "attn_norm"), ("intermediate.dense", "mlp.Wi"),
-            ("output.dense", "mlp.Wo"), ("output.LayerNorm", "mlp_norm"))),
+            ("output.dense", "mlp.Wo"), ("output.LayerNorm", "mlp_norm")),
         head_keys={
-            "ForMaskedLM": (("cls.predictions.transform.dense", "head.dense"),
-                            ("cls.predictions.transform.LayerNorm", "head.norm"),
-                            ("cls.predictions.bias", "decoder.bias")),
+            "ForMaskedLM": _mlm("head.dense", "head.norm", "decoder.bias"),
             # "classifier" is QA's too: named here so a classifier's own weights are not taken for QA's
             **{h: (("head.dense", "head.dense"), ("head.LayerNorm", "head.norm"), ("classifier", "classifier"))
                for h in ("ForSequenceClassification", "ForTokenClassification")},
@@ -235,17 +233,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         "deberta-v2", prefix="deberta", class_prefix="DebertaV2", classifier_dropout_first=True, pooler=False,
         disentangled=True,
         keys=(("encoder.relative.rel_embeddings", "encoder.rel_embeddings"),
-              ("encoder.relative.LayerNorm", "encoder.LayerNorm")) + tuple((o, "encoder.layer.#." + t) for o, t in _layer(
+              ("encoder.relative.LayerNorm", "encoder.LayerNorm")) + _layer("encoder.layer.#",
             ("attention.self.query", "attention.self.query_proj"), ("attention.self.key", "attention.self.key_proj"),
             ("attention.self.value", "attention.self.value_proj"),
             ("attention.self.relative.pos_key_proj", "attention.self.pos_key_proj"),
-            ("attention.self.relative.pos_query_proj", "attention.self.pos_query_proj"))),
+            ("attention.self.relative.pos_query_proj", "attention.self.pos_query_proj")),
         head_keys={"ForSequenceClassification": (("bert.pooler.dense", "pooler.dense"),)},
         # legacy=false: the MLM head of microsoft's own checkpoints (transformers' default, legacy, is BERT's names)
-        variants={"ForMaskedLM": (("legacy", False), (
-            ("cls.predictions.transform.dense", "lm_predictions.lm_head.dense"),
-            ("cls.predictions.transform.LayerNorm", "lm_predictions.lm_head.LayerNorm"),
-            ("cls.predictions.bias", "lm_predictions.lm_head.bias")))},
+        variants={"ForMaskedLM": (("legacy", False), _mlm(
+            "lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm", "lm_predictions.lm_head.bias"))},
         config_keys=(("classifier_dropout", "cls_dropout"),),
         config_defaults=(("type_vocab_size", 0), ("layer_norm_eps", 1e-7))),
 )}

@@ -18,7 +18,6 @@ from bertkit.rerank import positive_label, single_text_kind
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
-from bertkit.tokenizer.inputs import wrap
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
 
@@ -225,8 +224,8 @@ def _tokenize_run(predictor) -> Callable[[list], list]:
             ids, offsets = pieces.text(n)
             toks = [{"id": i, "text": text[a:b], "special": False, "start": a, "stop": b}
                     for i, (a, b) in zip(ids, offsets)]
-            out.append(wrap(toks, cls=special(tok.cls_token_id), sep=special(tok.sep_token_id))
-                       if r.add_special_tokens else toks)
+            pre, post = tok.template.single                     # the tokenizer's own specials around a text
+            out.append([*map(special, pre), *toks, *map(special, post)] if r.add_special_tokens else toks)
         return out
     return lambda reqs: [one(r) for r in reqs]
 

@@ -27,7 +27,6 @@ from bertkit.tasks import metrics as M
 from bertkit.tasks.batching import predict_batches
 from bertkit.tasks.readers import LabelMap, Sentence, read_conll
 from bertkit.tasks.task import Feature, Task, write_jsonl
-from bertkit.tokenizer.inputs import token_types, wrap
 
 __all__ = ["TokenTask", "WordsFeature", "word_pieces"]
 
@@ -108,10 +107,10 @@ class TokenTask(Task):
                                       * (len(p) - 1))
                     w += 1
                 self.stats["windows_split"] += start > 0         # a window after the sentence's first
-                f = WordsFeature(input_ids=wrap(body, cls=tok.cls_token_id, sep=tok.sep_token_id),
-                                 token_type_ids=token_types(len(body)), sentence=si, words=words + [None])
+                f = WordsFeature(input_ids=tok.template.wrap(body), token_type_ids=tok.template.types(len(body)),
+                                 sentence=si, words=words + [None])
                 if tag_ids is not None:
-                    f.labels, f.token_labels = wrap(labels, cls=IGNORE_INDEX, sep=IGNORE_INDEX), True
+                    f.labels, f.token_labels = tok.template.wrap(labels, fill=IGNORE_INDEX), True
                 feats.append(f)
         return feats
 

@@ -7,10 +7,7 @@ windows, pre-training examples and shard batches, ONNX sample inputs), so the la
                                     and b, after b, with the token type of each part; BERT's [CLS] a [SEP] (b [SEP])
                                     types 0/1, RoBERTa's <s> a </s> (</s> b </s>) all 0, ...; .wrap / .types /
                                     .wrap_array as below, for any layout
-    wrap(a, b, cls, sep)            [CLS] a [SEP] (b [SEP]) as a list; the same call lays out offsets or labels
-                                    aligned to the ids (cls = sep = (0, 0), or the ignore index)
-    token_types(len_a, len_b)       0 for [CLS] a [SEP], 1 for b [SEP]
-    wrap_array(a, b, cls, sep)      wrap for int32 numpy rows (pre-training builds millions of them)
+    wrap_array(a, b, cls, sep)      [CLS] a [SEP] (b [SEP]) as int32 numpy rows (pre-training builds millions of them)
     pad_batch(rows, types, pad_id)  ragged rows -> (batch, seq) input_ids / token_type_ids / attention_mask tensors
     row_masks(length, a_len, seq)   stored rows of known lengths -> (batch, seq) attention and token-type masks
 """
@@ -22,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Template", "pad_batch", "row_masks", "token_types", "wrap", "wrap_array"]
+__all__ = ["Template", "pad_batch", "row_masks", "wrap_array"]
 
 _IDS = object()  # wrap's default fill: the special tokens' own ids
 
@@ -84,18 +81,9 @@ class Template:
         return len(self.pair[0]) + len_a + len(self.pair[1])
 
 
-def wrap(a: Sequence, b: Sequence | None = None, cls=None, sep=None) -> list:
-    """[CLS] a [SEP] (b [SEP]) as one list."""
-    return [cls, *a, sep] if b is None else [cls, *a, sep, *b, sep]
-
-
-def token_types(len_a: int, len_b: int | None = None) -> list[int]:
-    """Token types of wrap(a, b): 0 through the first [SEP], 1 for b and its [SEP]."""
-    return [0] * (len_a + 2) + ([1] * (len_b + 1) if len_b is not None else [])
-
-
 def wrap_array(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int) -> np.ndarray:
-    """wrap() for numpy piece arrays: (len_a,), (len_b,) -> (len_a + len_b + 3,) int32 (or len_a + 2 without b)."""
+    """[CLS] a [SEP] (b [SEP]) of numpy piece arrays: (len_a,), (len_b,) -> (len_a + len_b + 3,) int32 (or len_a + 2
+    without b)."""
     n = len(a) + 2 + (0 if b is None else len(b) + 1)
     row = np.empty(n, dtype=np.int32)
     row[0], row[1:1 + len(a)], row[1 + len(a)] = cls, a, sep
