@@ -22,8 +22,8 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from bertkit.cli import main  # noqa: E402
 from bertkit.families import FAMILIES  # noqa: E402
 
-WORDS = "the a film movie plot actor story scene was is and but very quite really rather show music end".split()
-POS, NEG = ["great", "superb", "lovely"], ["awful", "boring", "dull"]
+from test_tasks_finetune import NEG, POS, WORDS, _sentiment_rows as _rows  # noqa: E402  the same sentiment data
+
 CORPUS = [" ".join(random.Random(i).sample(WORDS + POS + NEG, 8)) for i in range(300)]
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -102,17 +102,6 @@ def family_dir(root, model_type: str, head: str = "ForSequenceClassification"):
 
 
 FAMILY_TYPES = [t for t in FAMILIES if t != "bert"]
-
-
-def _rows(n, seed):
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        label = rng.choice(["pos", "neg"])
-        words = rng.sample(WORDS, 5) + [rng.choice(POS if label == "pos" else NEG)]
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), "label": label})
-    return rows
 
 
 def _jsonl(path, rows):
