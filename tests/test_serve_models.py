@@ -238,8 +238,9 @@ def test_embeddings_read_as_many_tokens_as_the_model_says(tmp_path):
         srv.stop()
 
 
-def _pair_prob(pred, query: str, text: str) -> float:
-    return pred.classify([query], pairs=[text])[0]["scores"]["pos"]
+def _pair_score(pred, query: str, text: str) -> float:
+    """CrossEncoder.predict's score of a two-label model without a saved activation: the "pos" logit."""
+    return float(pred.logits([query], [text])[0, 1])
 
 
 def test_rerank_and_predict(models):
@@ -253,7 +254,7 @@ def test_rerank_and_predict(models):
         assert status == 200 and sorted(r["index"] for r in ranks) == [0, 1, 2, 3]
         assert [r["score"] for r in ranks] == sorted((r["score"] for r in ranks), reverse=True)
         for r in ranks:
-            assert r["text"] == texts[r["index"]] and abs(r["score"] - _pair_prob(pred, "the cat sat", r["text"])) < 1e-5
+            assert r["text"] == texts[r["index"]] and abs(r["score"] - _pair_score(pred, "the cat sat", r["text"])) < 1e-5
         status, raw = _request(srv.port, "POST", "/rerank", {"query": "the cat sat", "texts": texts, "raw_scores": True})
         assert [r["index"] for r in raw] == [r["index"] for r in ranks] and "text" not in raw[0]
         status, preds = _request(srv.port, "POST", "/predict", {"inputs": "the cat sat ."})
@@ -267,7 +268,7 @@ def test_rerank_and_predict(models):
             got = list(pool.map(lambda b: _request(srv.port, "POST", "/rerank", b), bodies))
         assert got[-1][0] == 422 and "truncate" in got[-1][1]["error"]
         for b, (status, res) in zip(bodies[:-1], got):
-            assert status == 200 and all(abs(r["score"] - _pair_prob(pred, b["query"], texts[r["index"]])) < 1e-5
+            assert status == 200 and all(abs(r["score"] - _pair_score(pred, b["query"], texts[r["index"]])) < 1e-5
                                          for r in res)
         status, batch = _request(srv.port, "POST", "/predict", {"inputs": [["the cat", "a dog"], "mat"]})
         assert status == 200 and len(batch) == 2 and all(len(b) == 2 for b in batch)
@@ -280,6 +281,8 @@ def test_rerank_and_predict(models):
             logits = cross.model(**cross.inputs(["the cat"] * 4, texts, 256)).logits[:, 0].tolist()
         assert status == 200 and [r["index"] for r in ranks] == sorted(range(4), key=lambda i: -logits[i])
         assert all(abs(r["score"] - logits[r["index"]]) < 1e-5 for r in ranks)
+        status, ranks = _request(srv.port, "POST", "/rerank", {"query": "the cat", "texts": texts})
+        assert all(abs(r["score"] - 1 / (1 + math.exp(-logits[r["index"]]))) < 1e-5 for r in ranks)
 
 
 @pytest.mark.parametrize("kind, endpoint, body, check", [

@@ -98,8 +98,9 @@ class Predictor:
     """A loaded model + tokenizer with the inference entry points. `task` is mlm | classify | tag | answer | encoder."""
 
     def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model",
-                 st_dir: Path | None = None, precision: str = PRECISION):
+                 st_dir: Path | None = None, precision: str = PRECISION, directory: Path | None = None):
         self.model = model.eval()
+        self.directory = directory          # loaded from: a CrossEncoder's activation is read there
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
         self._pipeline = None
         self._encoders: dict[tuple, SentenceEncoder] = {}     # embed's pooling pipelines, by their options
@@ -130,7 +131,8 @@ class Predictor:
         if task in ("classify", "tag") and id2label:
             labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
         st_dir = model_dir if is_sentence_transformers_dir(model_dir) else None
-        return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir, precision=precision)
+        return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir, precision=precision,
+                   directory=model_dir)
 
     @property
     def pipeline(self):

@@ -1,27 +1,34 @@
 """Cross-encoder reranking: a pair classification / regression model scores (query, document) jointly.
 
-    ce = CrossEncoder.load("runs/pairs")                   # `bertkit finetune --task pair` (or regress) output
-    ce.rank("who won?", docs, top_k=3)                      # [{"index", "text", "score"}], best first
-    rerank("runs/pairs", "who won?", docs)                  # the same in one call
+    ce = CrossEncoder.load("runs/pairs")                   # `bertkit finetune --task pair` (or regress) output,
+    ce.rank("who won?", docs, top_k=3)                      # or a sentence-transformers CrossEncoder directory
+    rerank("runs/pairs", "who won?", docs)                  # the same in one call: [{"index", "text", "score"}]
 
-The score of a pair is the regression value (one output), or the log-probability of the relevant label (two or
-more outputs): the label named 1 / positive / pos / relevant / true / yes / entailment, else the last label.
+The score of a pair is sentence-transformers' `CrossEncoder.predict`'s, at every front door (`rerank`, `search
+--rerank`, serve's /rerank, this module): the model's saved activation on its logits (by default Sigmoid for one
+output, the logits as they are for two or more), then the relevant label's column: the label named 1 / positive /
+pos / relevant / true / yes / entailment, else the last label.
 """
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import torch
 
+from bertkit.embed.st_format import model_config
 from bertkit.errors import ConfigError, DataError
 from bertkit.infer import Predictor
 from bertkit.predict.decode import relevance
 from bertkit.predict.engine import PRECISION
 
-__all__ = ["CrossEncoder", "rerank", "single_text_kind", "positive_label", "POSITIVE_LABELS"]
+__all__ = ["CrossEncoder", "rerank", "saved_activation", "single_text_kind", "positive_label", "POSITIVE_LABELS"]
 
 POSITIVE_LABELS = ("1", "positive", "pos", "relevant", "true", "yes", "entailment")
+DEFAULT_MAX_LENGTH = 256            # pieces per pair where the tokenizer names no model_max_length
 
 
 def single_text_kind(predictor) -> str | None:
@@ -29,6 +36,26 @@ def single_text_kind(predictor) -> str | None:
     (query, document) pair means nothing; None for pair models and for models bertkit did not fine-tune."""
     kind = (getattr(predictor.model.config, "extra", {}).get("bertkit_task") or {}).get("kind")
     return kind if kind in ("classify", "multilabel") else None
+
+
+def saved_activation(config, directory: Path | None = None) -> torch.nn.Module:
+    """The activation CrossEncoder.predict applies to the logits, found where sentence-transformers looks:
+    config_sentence_transformers.json `activation_fn` (version 6), config.json `sentence_transformers.activation_fn`
+    (4 and 5) or `sbert_ce_default_activation_function` (older); else, and for a class outside torch (which
+    CrossEncoder runs only with trust_remote_code), Sigmoid for one output and Identity for more."""
+    st = config.extra.get("sentence_transformers")
+    found = [model_config(directory).get("activation_fn") if directory is not None else None,
+             st.get("activation_fn") if isinstance(st, dict) else None,
+             config.extra.get("sbert_ce_default_activation_function")]
+    path = next((p for p in found if isinstance(p, str) and p.startswith("torch.")), None)
+    if path is None:
+        return torch.nn.Sigmoid() if config.num_labels == 1 else torch.nn.Identity()
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)()
+    except (ImportError, AttributeError, TypeError):
+        raise ConfigError(f"{directory or 'config.json'}: activation_fn {path!r} is not a torch class that takes "
+                          f"no arguments") from None
 
 
 def positive_label(labels: Sequence[str] | None) -> int:
@@ -40,7 +67,12 @@ def positive_label(labels: Sequence[str] | None) -> int:
 class CrossEncoder:
     def __init__(self, predictor, name: str = "model"):
         self.predictor, self.name = predictor, name
-        self.positive = positive_label(predictor.labels)
+        config = predictor.model.config
+        # transformers 5 writes no id2label for its default one or two labels: theirs are LABEL_0, LABEL_1
+        self.positive = positive_label(predictor.labels or [f"LABEL_{i}" for i in range(config.num_labels)])
+        self.activation = saved_activation(config, predictor.directory)
+        # CrossEncoder's own cut: the tokenizer's model_max_length, within the model's positions
+        self.max_length = min(predictor.tokenizer.model_max_length or DEFAULT_MAX_LENGTH, config.max_input_length)
 
     @classmethod
     def load(cls, path, device: str = "cpu", precision: str = PRECISION) -> "CrossEncoder":
@@ -54,21 +86,24 @@ class CrossEncoder:
                               f"model fine-tuned on pairs (bertkit finetune --task pair | regress)")
         return cls(p, str(path))
 
-    def score(self, query: str, docs: Sequence[str], batch_size: int = 32, max_length: int = 256) -> np.ndarray:
-        """(len(docs),) float32 relevance scores of (query, doc) pairs: a one-output model's value, else the
-        log-probability of the positive label."""
+    def from_logits(self, logits: np.ndarray, raw: bool = False) -> np.ndarray:
+        """(n, labels) logits -> (n,) scores, CrossEncoder.predict's; raw: the relevant label's logits, the
+        activation skipped (TEI's raw_scores)."""
+        return relevance(logits, torch.nn.Identity() if raw else self.activation, self.positive)
+
+    def score(self, query: str, docs: Sequence[str], batch_size: int = 32, max_length: int | None = None) -> np.ndarray:
+        """(len(docs),) float32 scores of (query, doc) pairs, cut to max_length pieces (default: self.max_length)."""
         docs = list(docs)
         if not str(query).strip():
             raise DataError("rerank: the query is empty")
         for i, d in enumerate(docs):
             if not isinstance(d, str) or not d.strip():
                 raise DataError(f"rerank: document {i + 1} is empty")
-        logits = self.predictor.logits([query] * len(docs), docs, max_length, batch_size)     # (n, labels)
-        z = relevance(logits, self.positive)
-        return (z if logits.shape[1] == 1 else -np.logaddexp(0.0, -z)).astype(np.float32)    # log sigmoid(z)
+        return self.from_logits(self.predictor.logits([query] * len(docs), docs, max_length or self.max_length,
+                                                      batch_size))
 
     def rank(self, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int = 32,
-             max_length: int = 256) -> list[dict]:
+             max_length: int | None = None) -> list[dict]:
         """The documents sorted by score, best first (ties: earlier document first)."""
         docs = list(docs)
         scores = self.score(query, docs, batch_size, max_length)

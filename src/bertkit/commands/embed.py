@@ -48,7 +48,8 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=checks.positive_int, help="print only the best K (default: all)")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--max-length", type=checks.number(int, 2),
-                   help="pieces per (query, document) pair (default 256, or the model's positions if fewer)")
+                   help="pieces per (query, document) pair (default: the tokenizer's model_max_length, else 256; "
+                        "at most the model's positions)")
     add_precision_argument(p)
     progress.add_arguments(p)
     checks.stdin_ok(p, "file", suffix=".txt")
@@ -316,7 +317,7 @@ def search(args) -> int:
                 for i, s, r in zip(result.ids[qi], result.scores[qi], result.rows[qi])]
         if ce is not None:
             for h, s in zip(hits, ce.score(q, [h["text"] for h in hits])):
-                h["rerank_score"] = round(float(s), 4)
+                h["rerank_score"] = round(float(s), 6)
             hits.sort(key=lambda h: -h["rerank_score"])
         print(json.dumps({"query": q, "hits": hits[:args.top_k]}, ensure_ascii=False))
     return 0
@@ -332,12 +333,12 @@ def rerank(args) -> int:
     limit = ce.predictor.model.config.max_input_length
     if args.max_length and args.max_length > limit:     # else only a long enough document would fail, later
         raise ConfigError(f"--max-length {args.max_length} exceeds the model's {limit} positions")
-    max_length = args.max_length or min(256, limit)
+    max_length = args.max_length or ce.max_length
     batches = len(args.query) * -(-len(docs) // args.batch_size)
     with progress.forward_bar(ce.predictor.model, batches, "rerank", progress.wanted(args.progress)) as bar:
         for q in args.query:
             ranked = ce.rank(q, docs, args.top_k, args.batch_size, max_length)
-            bar.write(json.dumps({"query": q, "results": [{**r, "score": round(r["score"], 4)} for r in ranked]},
+            bar.write(json.dumps({"query": q, "results": [{**r, "score": round(r["score"], 6)} for r in ranked]},
                                  ensure_ascii=False), file=sys.stdout)
     return 0
 

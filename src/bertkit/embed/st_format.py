@@ -35,7 +35,7 @@ from bertkit.tokenizer import Tokenizer
 from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
 
 __all__ = ["load_sentence_encoder", "sentence_pipeline", "save_sentence_encoder", "is_sentence_transformers_dir",
-           "module_dirs", "POOLING_FLAGS"]
+           "model_config", "module_dirs", "POOLING_FLAGS"]
 
 # the legacy flag of each pooling mode, in sentence-transformers' concatenation order
 POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
@@ -52,7 +52,16 @@ _DEFAULT_MAX_SEQ = 512
 
 
 def is_sentence_transformers_dir(path) -> bool:
-    return (Path(path) / "modules.json").is_file()
+    """An embedding model's module list; sentence-transformers 6 writes modules.json for a CrossEncoder too, whose
+    one module is the classifier itself: to bertkit, a plain HF directory."""
+    return (Path(path) / "modules.json").is_file() and model_config(path).get("model_type") != "CrossEncoder"
+
+
+def model_config(path) -> dict:
+    """The directory's config_sentence_transformers.json ({} without one)."""
+    cfg = Path(path) / "config_sentence_transformers.json"
+    found = _read_json(cfg) if cfg.is_file() else {}
+    return found if isinstance(found, dict) else {}
 
 
 def _read_json(path: Path) -> dict | list:

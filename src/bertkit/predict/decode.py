@@ -1,7 +1,7 @@
 """The heads' decoders: pure functions from model outputs to answers, one per head, shared by every front door.
 
     class_scores(logits, score_function(config))   # (n, labels) -> probabilities (softmax / sigmoid) or as-is
-    relevance(logits, positive)                     # (n, labels) -> (n,) log-odds that a pair is relevant
+    relevance(logits, activation, positive)         # (n, labels) -> (n,) a cross-encoder's scores
     word_ids(tok.continues_word(ids))               # pieces -> the word each piece belongs to
     word_labels(scores, words, rule="first")        # (seq, labels) + word of each position -> a label per word
     hidden_states(out, layers)                      # the last layer, or chosen layers averaged, for pooling
@@ -55,16 +55,12 @@ def class_scores(logits, function: str):
     return t.numpy() if isinstance(logits, np.ndarray) else t
 
 
-def relevance(logits, positive: int = 1):
-    """(n, labels) -> (n,) log-odds that label `positive` holds: a one-output cross-encoder's logit, else
-    logit[positive] - logsumexp(the other logits) (for two labels, l1 - l0). sigmoid() of it is the probability."""
-    t = torch.as_tensor(logits).float()
-    if t.shape[-1] == 1:
-        z = t[:, 0]
-    else:
-        others = torch.cat([t[:, :positive], t[:, positive + 1:]], dim=-1)
-        z = t[:, positive] - torch.logsumexp(others, dim=-1)
-    return z.numpy() if isinstance(logits, np.ndarray) else z
+def relevance(logits, activation, positive: int = 0) -> np.ndarray:
+    """(n, labels) logits -> (n,) float32 scores as sentence-transformers' CrossEncoder.predict gives them: its
+    `activation` (a torch module: Sigmoid, Identity...) on the logits, then label `positive`'s column (a one-output
+    model's only one)."""
+    with torch.no_grad():
+        return activation(torch.as_tensor(logits).float())[:, positive].numpy().astype(np.float32)
 
 
 def word_ids(continues: Sequence[bool | None]) -> list[int | None]:

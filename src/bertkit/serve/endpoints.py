@@ -7,14 +7,14 @@ a request whose input cannot be served (too long without `truncate`, a non-finit
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from bertkit import __version__
-from bertkit.predict.decode import class_scores, relevance, score_function
-from bertkit.rerank import positive_label, single_text_kind
+from bertkit.predict.decode import class_scores, score_function
+from bertkit.rerank import CrossEncoder, single_text_kind
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
@@ -193,20 +193,16 @@ def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                       lambda r, logits: _scores(predictor, logits, r.raw_scores), shape)
 
 
-def _relevance(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
-    """One score per pair: the log-odds of the positive label (as `bertkit rerank` picks it; a one-label
-    cross-encoder's logit), or its sigmoid."""
-    z = relevance(logits, positive_label(predictor.labels))
-    return z if raw else 1.0 / (1.0 + np.exp(-z))
-
-
 def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
+    ce = CrossEncoder(predictor, predictor.name)          # the scores of `bertkit rerank` and CrossEncoder.predict
+    config = replace(config, max_length=config.max_length or ce.max_length)      # and its pieces per pair
+
     def shape(r: S.RerankRequest, scores: np.ndarray):
         ranks = [{"index": i, "score": round(float(s), 6), **({"text": r.texts[i]} if r.return_text else {})}
                  for i, s in enumerate(scores)]
         return sorted(ranks, key=lambda x: -x["score"])
     return _class_run(predictor, config, lambda r: [[r.query, t] for t in r.texts],
-                      lambda r, logits: _relevance(predictor, logits, r.raw_scores), shape)
+                      lambda r, logits: ce.from_logits(logits, r.raw_scores), shape)
 
 
 # ---------------------------------------------------------------------------------------------- other endpoints
@@ -270,8 +266,7 @@ def _counted(texts: Callable[[Any], int], config: ServeConfig) -> tuple[Callable
 
 
 def _reranks(predictor) -> bool:
-    return (predictor.task == "classify" and predictor.model.config.num_labels in (1, 2)
-            and single_text_kind(predictor) is None)
+    return predictor.task == "classify" and single_text_kind(predictor) is None
 
 
 def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, Endpoint]:
@@ -322,9 +317,8 @@ def absent_routes(predictor) -> dict[str, str]:
     why = {name: f"this is a {task} model: /{name} needs {head}" for name, (kind, head) in needs.items()
            if not (predictor.has_mlm if kind == "mlm" else task == kind)}
     if task == "classify" and not _reranks(predictor):
-        why["rerank"] = (f"/rerank needs a cross-encoder (fine-tuned on pairs) with one or two labels; this "
-                         f"classifier has {predictor.model.config.num_labels}, fine-tuned on "
-                         f"{'single texts' if single_text_kind(predictor) else 'pairs'}")
+        why["rerank"] = ("/rerank needs a cross-encoder (fine-tuned on pairs); this classifier was fine-tuned on "
+                         "single texts")
     return why
 
 

@@ -93,6 +93,11 @@ class SequenceTask(Task):
             out["id2label"] = {i: n for i, n in enumerate(self.labels.labels)}
         return out
 
+    def config_entries(self) -> dict:
+        # sentence-transformers' CrossEncoder applies this to the logits, so its scores are `bertkit rerank`'s: the
+        # head's own outputs (its default would put a sigmoid on a regression value, or one a base model saved)
+        return {"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}
+
     def _target(self, e: TextExample):
         if self.kind == "regress":
             try:

@@ -430,7 +430,7 @@ class TaskRun:
                 files += _write_outputs(task, run_dir, split, examples, feats, raw, report)
                 rec[split] = report
         if cfg.save_model:
-            model.config.extra["bertkit_task"] = task.settings()
+            model.config.extra.update(task.config_entries(), bertkit_task=task.settings())
             model.save_pretrained(run_dir, tokenizer=self.tok)
             files.append(str(run_dir / "config.json"))
         rec["files"] = files

@@ -79,6 +79,10 @@ class Task(Protocol):
         """More output files for a scored split (e.g. a confusion-matrix PNG)."""
         return []
 
+    def config_entries(self) -> dict:
+        """More config.json entries saved with the fine-tuned model, read by other libraries."""
+        return {}
+
     def counts(self) -> dict:
         """Entries for the run's data counts (summary.json "data")."""
         stats = getattr(self, "stats", None)
