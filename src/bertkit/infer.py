@@ -343,19 +343,31 @@ class Predictor:
         embed_max_length."""
         if isinstance(texts, str):
             return self.embed([texts], pooling, layers, normalize, max_length, batch_size, progress)[0]
+        encoder = self.sentence_encoder(pooling, normalize, layers)
+        return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision,
+                              max_length or (self.embed_max_length if pooling is None else EMBED_MAX_LENGTH),
+                              progress)
+
+    def embed_ids(self, rows: Sequence[list[int]], normalize: bool = True, batch_size: int = 32) -> np.ndarray:
+        """(n, dims) float32 sentence vectors, as `embed` makes them, of whole model inputs given as ids ([CLS] and
+        [SEP] included), each within the model's length."""
+        return self.sentence_encoder(None, normalize).encode_ids(self.tokenizer, rows, batch_size, self.precision)
+
+    def sentence_encoder(self, pooling: str | None = None, normalize: bool = True,
+                         layers: Sequence[int] | None = None) -> SentenceEncoder:
+        """`embed`'s SentenceEncoder: the directory's modules (or the pooling asked for) over this encoder, built
+        once per option set."""
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
-        pipe = self.pipeline if pooling is None else None
         key = (pooling, normalize, None if layers is None else tuple(layers))
-        encoder = self._encoders.get(key)
-        if encoder is None:         # the directory's modules (or the pooling asked for) over this encoder, built once
+        if key not in self._encoders:
+            pipe = self.pipeline if pooling is None else None
             limit = self.encoder.config.max_input_length
-            encoder = self._encoders[key] = SentenceEncoder(
+            self._encoders[key] = SentenceEncoder(
                 self.encoder, pipe.pooling if pipe else Pooling(pooling or "mean"), normalize,
                 list(pipe.dense) if pipe else None, pipe.max_seq_length if pipe else min(EMBED_MAX_LENGTH, limit),
                 pipe.do_lower_case if pipe else False, layers).eval()
-        return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision,
-                              max_length or (pipe.max_seq_length if pipe else EMBED_MAX_LENGTH), progress)
+        return self._encoders[key]
 
     # ---------------------------------------------------------------------------------------------- task heads
     def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None,

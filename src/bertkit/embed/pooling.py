@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
 from bertkit.predict.decode import hidden_states
-from bertkit.predict.engine import PRECISION, encode, forward_batches
+from bertkit.predict.engine import PRECISION, encode, forward_batches, id_batch
 from bertkit.progress import bar as progress_bar
 
 __all__ = ["MODES", "Pooling", "Dense", "SentenceEncoder", "ACTIVATIONS"]
@@ -192,12 +192,25 @@ class SentenceEncoder(nn.Module):
         """(n, dim) float32 vectors; texts of similar length share a batch (less padding). max_length: pieces per
         text (default max_seq_length)."""
         texts = list(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        batches = forward_batches(self, [len(t) for t in texts],
-                                  lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx], max_length),
-                                  batch_size, precision)
+        return self._vectors([len(t) for t in texts],
+                             lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx], max_length), batch_size,
+                             precision, progress)
+
+    @torch.inference_mode()
+    def encode_ids(self, tokenizer, rows: Sequence[list[int]], batch_size: int = 32,
+                   precision: str | bool | None = PRECISION) -> np.ndarray:
+        """(n, dim) float32 vectors of model inputs given as ids, each row whole ([CLS] ... [SEP] as the caller put
+        them) and already within the model's length."""
+        device = next(self.parameters()).device
+        return self._vectors([len(r) for r in rows], lambda idx: id_batch(tokenizer, [rows[i] for i in idx], device),
+                             batch_size, precision)
+
+    def _vectors(self, lengths: list[int], make_batch, batch_size: int, precision, progress: bool = False):
+        out = np.zeros((len(lengths), self.dim), dtype=np.float32)
+        batches = forward_batches(self, lengths, make_batch, batch_size, precision)
         if progress:                    # no bar object at all otherwise: serve embeds one request's texts per call
-            batches = progress_bar(batches, show=True, total=-(-len(texts) // batch_size), desc="embed", unit="batch")
+            batches = progress_bar(batches, show=True, total=-(-len(lengths) // batch_size), desc="embed",
+                                   unit="batch")
         for idx, _, vectors in batches:
             out[idx] = vectors.float().cpu().numpy()
         return out

@@ -21,7 +21,7 @@ import torch
 
 from bertkit.precision import autocast, for_model
 
-__all__ = ["PRECISION", "MODEL_KEYS", "encode", "eval_mode", "forward", "forward_batches"]
+__all__ = ["PRECISION", "MODEL_KEYS", "encode", "eval_mode", "forward", "forward_batches", "id_batch"]
 
 PRECISION = "fp32"          # inference's default precision, the same at every front door
 
@@ -39,6 +39,11 @@ def encode(tok, texts: Sequence[str], pairs: Sequence[str] | None = None, max_le
     if offsets:
         batch["offsets"] = enc["offsets"]
     return batch
+
+
+def id_batch(tok, rows: Sequence[list[int]], device="cpu") -> dict:
+    """Model inputs of whole id rows (special tokens as the rows hold them), padded to the longest."""
+    return tok.build_inputs(rows, add_special_tokens=False, padding=True, return_tensors="pt").to(device)
 
 
 @contextlib.contextmanager

@@ -2,10 +2,12 @@
 
 Each POST route is an `Endpoint`: a pydantic request type (its schema goes to /openapi.json), a batch function, and
 optional per-request limits. A request's path through the app: the body is read while counting (413 past
-max_body_bytes), parsed within the nesting / number / string limits (400 / 413), validated (400 for a wrong type,
-missing or unknown field; 422 for a value out of range), checked against the endpoint's limits (422), queued on the
-endpoint's batcher and awaited for at most timeout_s (504, and the queued work is dropped). Every error is
-`{"error": "one line"}`; a response never carries NaN or Inf (503 instead).
+max_body_bytes), refused unless its Content-Type is JSON (415), parsed within the nesting / number / string limits
+(400 / 413), validated (400 for a wrong type, missing or unknown field; 422 for a value out of range), checked against
+the endpoint's limits (422), queued on the endpoint's batcher and awaited for at most timeout_s (504, and the queued
+work is dropped). Every error is one line, in the shape of the route's API: OpenAI's `{"error": {"message", "type",
+"param", "code"}}` under /v1 (where a bad value is 400, as OpenAI answers it), else text-embeddings-inference's
+`{"error", "error_type"}`; a response never carries NaN or Inf (503 instead).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,12 +35,15 @@ from bertkit.serve.batcher import Batcher
 from bertkit.serve.limits import RequestError, ServeConfig, parse_json
 from bertkit.serve.metrics import CONTENT_TYPE, Metrics
 
-__all__ = ["Endpoint", "make_app", "json_response"]
+__all__ = ["Endpoint", "FieldError", "make_app", "json_response", "error_response"]
 
 NON_FINITE = "the response would contain non-finite numbers (NaN or Inf): the model's output is not usable"
 _ERRORS = {"4XX": {"model": S.ErrorBody, "description": "a client mistake (400 bad JSON or field, 413 too large, "
-                                                       "422 out of range or over a limit)"},
+                                                       "415 not JSON, 422 out of range or over a limit)"},
            "5XX": {"model": S.ErrorBody, "description": "503 non-finite model output, 504 timeout"}}
+_OPENAI_ERRORS = {k: {**v, "model": S.OpenAIError} for k, v in _ERRORS.items()}
+# curl -d sends a form content type with the JSON the docs show: read as JSON too, as a missing Content-Type is
+_JSON_TYPES = {"application/json", "application/x-www-form-urlencoded", ""}
 
 
 @dataclass
@@ -57,8 +63,29 @@ def json_response(status: int, payload: Any, headers: dict | None = None) -> Res
     try:
         body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError:   # the last guard: a non-finite float must not reach a client as NaN
-        status, body = 503, json.dumps({"error": NON_FINITE})
+        status, body = 503, json.dumps({"error": NON_FINITE, "error_type": "Backend"})
     return Response(body.encode("utf-8"), status_code=status, media_type="application/json", headers=headers)
+
+
+class FieldError(RequestError):
+    """A RequestError about one request field, which OpenAI's error body names as its `param`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(status, message)
+        self.param = param
+
+
+def error_response(path: str, status: int, message: str, headers: dict | None = None,
+                   param: str | None = None) -> Response:
+    """An error in the shape of the API the path belongs to: OpenAI's under /v1 (its clients read
+    error.message / .param; OpenAI answers a bad value 400, never 422), else text-embeddings-inference's."""
+    if path.startswith("/v1/"):
+        status = 400 if status == 422 else status
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return json_response(status, {"error": {"message": message, "type": kind, "param": param, "code": None}},
+                             headers)
+    kind = "Overloaded" if status == 429 else "Backend" if status >= 500 else "Validation"
+    return json_response(status, {"error": message, "error_type": kind}, headers)
 
 
 # ------------------------------------------------------------------------------------------------- validation
@@ -81,19 +108,21 @@ def _describe(err: dict, skip: int) -> RequestError:
     field, kind, value = ".".join(str(p) for p in loc), err["type"], err.get("input")
     if not loc and kind in _EXPECTED:
         return RequestError(400, f"request body must be a JSON object, got {_json_type(value)}")
+    param = str(loc[0])
     if kind == "missing":
-        return RequestError(400, f"missing required field {field!r}")
+        return FieldError(400, f"missing required field {field!r}", param)
     if kind == "extra_forbidden":
-        return RequestError(400, f"unknown field {field!r} (see /openapi.json for this endpoint's fields)")
+        return FieldError(400, f"unknown field {field!r} (see /openapi.json for this endpoint's fields)", param)
     if kind in _EXPECTED:
-        return RequestError(400, f"field {field!r} must be {_EXPECTED[kind]}, got {_json_type(value)}")
+        return FieldError(400, f"field {field!r} must be {_EXPECTED[kind]}, got {_json_type(value)}", param)
     if kind.endswith("_type"):
-        return RequestError(400, f"field {field!r} has the wrong type: {err['msg']}")
+        return FieldError(400, f"field {field!r} has the wrong type: {err['msg']}", param)
     if kind in _RANGE:
-        return RequestError(422, f"field {field!r} = {value!r} is outside the allowed range: {err['msg'].lower()}")
+        return FieldError(422, f"field {field!r} = {value!r} is outside the allowed range: {err['msg'].lower()}",
+                          param)
     if kind == "value_error":
-        return RequestError(422, f"field {field!r} {err['ctx']['error']}")
-    return RequestError(422, f"field {field!r}: {err['msg']}")
+        return FieldError(422, f"field {field!r} {err['ctx']['error']}", param)
+    return FieldError(422, f"field {field!r}: {err['msg']}", param)
 
 
 @dataclass
@@ -165,7 +194,11 @@ class Runtime:
     async def call(self, route: _Route, request: Request) -> Response:
         ep = route.endpoint
         try:
-            item = route.validate(parse_json(await self.read_body(request), self.config))
+            body = await self.read_body(request)
+            media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if media not in _JSON_TYPES and not media.endswith("+json"):
+                raise RequestError(415, f"Content-Type {media[:60]!r} is not JSON: send application/json")
+            item = route.validate(parse_json(body, self.config))
             if ep.check is not None:
                 ep.check(item)
             weight = ep.weight(item) if ep.weight is not None else 1
@@ -173,11 +206,12 @@ class Runtime:
             return json_response(200, await self._result(fut, request))
         except RequestError as e:
             # the rest of an oversized body is never read: close rather than parse it as the next request
-            return json_response(e.status, {"error": e.message}, {"Connection": "close"} if e.status == 413 else None)
+            return error_response(request.url.path, e.status, e.message,
+                                  {"Connection": "close"} if e.status == 413 else None, getattr(e, "param", None))
         except ClientDisconnect:      # nobody to answer; 499 ("client closed request") is what the metrics see
             return Response(status_code=499)
         except ValueError as e:       # BertkitError is a ValueError: a user mistake found by the model code
-            return json_response(422, {"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
+            return error_response(request.url.path, 422, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 def _hung_up(receiving: asyncio.Future) -> bool:
@@ -205,20 +239,27 @@ def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
                                                                     annotation=Annotated[ep.request, Body()])])
     documented.bertkit_handler = partial(runtime.call, route)
     app.router.add_api_route(f"/{ep.name}", documented, methods=["POST"], name=ep.name, summary=ep.summary,
-                             response_model=ep.response, responses=_ERRORS, route_class_override=_BatchRoute)
+                             response_model=ep.response, route_class_override=_BatchRoute,
+                             responses=_OPENAI_ERRORS if ep.name.startswith("v1/") else _ERRORS)
 
 
 # ------------------------------------------------------------------------------------------------------- app
 
 class _MetricsMiddleware:
-    """Counts every response by route (known paths only, so hostile paths cannot grow the label set)."""
+    """Counts every response by route (known paths only, so hostile paths cannot grow the label set). A known
+    path with a trailing slash is served as the path (not redirected with an empty 307), and HEAD on a GET route
+    as the GET (the server sends the headers only)."""
 
-    def __init__(self, app, metrics: Metrics, paths: set[str]):
-        self.app, self.metrics, self.paths = app, metrics, paths
+    def __init__(self, app, metrics: Metrics, paths: set[str], gets: set[str]):
+        self.app, self.metrics, self.paths, self.gets = app, metrics, paths, gets
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["path"] not in self.paths and scope["path"].rstrip("/") in self.paths:
+            scope = dict(scope, path=scope["path"].rstrip("/"))
+        if scope["method"] == "HEAD" and scope["path"] in self.gets:
+            scope = dict(scope, method="GET")
         t0, status = time.perf_counter(), [500]
 
         async def send_status(message):
@@ -245,7 +286,8 @@ class _FramingGuard:
         if scope["type"] == "http":
             names = {k for k, _ in scope["headers"]}
             if b"content-length" in names and b"transfer-encoding" in names:
-                body = json.dumps({"error": "both Content-Length and Transfer-Encoding: send one"}).encode()
+                body = json.dumps({"error": "both Content-Length and Transfer-Encoding: send one",
+                                   "error_type": "Validation"}).encode()
                 await send({"type": "http.response.start", "status": 400, "headers": [
                     (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                     (b"connection", b"close")]})
@@ -263,12 +305,12 @@ def _http_error(runtime: Runtime, absent: dict[str, str]):
             message = f"method {request.method} is not allowed on {path}; use {exc.headers.get('Allow', 'POST')}"
         else:
             message = str(exc.detail)
-        return json_response(exc.status_code, {"error": message}, exc.headers)
+        return error_response(path, exc.status_code, message, exc.headers)
     return handler
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    return json_response(500, {"error": f"internal error: {type(exc).__name__}: {str(exc)[:200]}"})
+    return error_response(request.url.path, 500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, model_name: str = "model",
@@ -283,8 +325,10 @@ def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, 
         yield
         runtime.close()
 
-    app = FastAPI(title=f"bertkit: {model_name}", version=bertkit.__version__, docs_url=None, redoc_url=None,
-                  lifespan=lifespan)
+    if os.path.isabs(model_name) or os.path.isdir(model_name):    # a path: its directory's name, not where it is
+        model_name = os.path.basename(os.path.normpath(model_name))
+    app = FastAPI(title=f"bertkit: {model_name}", version=bertkit.__version__, redoc_url=None, lifespan=lifespan,
+                  redirect_slashes=False)
     app.state.runtime = runtime
     for ep in runtime.endpoints.values():
         _add_post(app, runtime, ep)
@@ -309,6 +353,7 @@ def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, 
     app.add_exception_handler(HTTPException, _http_error(runtime, absent or {}))
     app.add_exception_handler(Exception, _internal_error)
     paths = {r.path for r in app.routes if hasattr(r, "path")}
+    gets = {r.path for r in app.routes if "GET" in getattr(r, "methods", ())}
     app.add_middleware(_FramingGuard)
-    app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics, paths=paths)
+    app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics, paths=paths, gets=gets)
     return app

@@ -14,9 +14,10 @@ import numpy as np
 
 from bertkit import __version__
 from bertkit.predict.decode import class_scores, score_function
+from bertkit.predict.engine import forward_batches, id_batch
 from bertkit.rerank import CrossEncoder, single_text_kind
 from bertkit.serve import schemas as S
-from bertkit.serve.app import Endpoint
+from bertkit.serve.app import Endpoint, FieldError
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
@@ -64,54 +65,110 @@ def _embed_tokens(predictor, config: ServeConfig) -> int:
 
 @dataclass
 class _EmbedJob:
-    texts: list[str]
+    inputs: list                        # texts, or lists of token ids (whole model inputs)
     pooling: str | None = None          # None: the model's own (sentence-transformers modules, else mean)
     normalize: bool = True
     truncate: bool = True
+    left: bool = False                  # truncation_direction "Left": cut the start, keep the end
+
+    @property
+    def as_rows(self) -> bool:
+        """Laid out here as id rows: token ids, or a cut from the left (texts cut from the right take the tokenizer
+        path of `Predictor.embed`)."""
+        return self.left or not all(isinstance(x, str) for x in self.inputs)
+
+
+def _input_rows(predictor, job: _EmbedJob, max_length: int) -> list[list[int]] | RequestError:
+    """Each input as whole model ids: a text within the tokenizer's specials (lower-cased first where the model's
+    modules say so), ids as given; cut to max_length from the job's side, or refused when it does not truncate."""
+    tok = predictor.tokenizer
+    texts = [x for x in job.inputs if isinstance(x, str)]
+    if predictor.sentence_encoder().do_lower_case:
+        texts = [t.lower() for t in texts]
+    pieces = tok.encode_pieces(texts) if texts else None
+    keep, rows, n_text = max_length - tok.template.n_special(False), [], 0
+    for i, x in enumerate(job.inputs):
+        if isinstance(x, str):
+            ids, n_text = pieces.text(n_text)[0], n_text + 1
+            if len(ids) > keep and job.truncate:
+                ids = ids[len(ids) - keep:] if job.left else ids[:keep]
+            x = tok.template.wrap(ids)
+        elif max(x) >= tok.vocab_size:
+            return RequestError(422, f"input {i} has token id {max(x)}; this model's vocabulary has {tok.vocab_size}")
+        elif len(x) > max_length and job.truncate:
+            x = x[len(x) - max_length:] if job.left else x[:max_length]
+        rows.append(x)
+    return _too_long([len(r) for r in rows], max_length) or rows
 
 
 def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
-    """Per job: (vectors (n, dims), tokens seen: None for a truncating job) or the exception that job alone fails
-    with."""
+    """Per job: (vectors (n, dims), tokens seen: None for a truncating text job) or the exception that job alone
+    fails with."""
     max_length = _embed_tokens(predictor, config)
     out: list = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
-        # a truncating job needs no count: skip a second tokenization of its texts (the forward tokenizes them)
-        counts = None if job.truncate else _token_counts(predictor, job.texts)
-        err = None if counts is None else _too_long(counts, max_length)
-        out[i] = err or (counts and [min(n, max_length) for n in counts])
+        if job.as_rows:
+            out[i] = _input_rows(predictor, job, max_length)
+            err = out[i] if isinstance(out[i], RequestError) else None
+        else:
+            # a truncating job needs no count: skip a second tokenization of its texts (the forward tokenizes them)
+            counts = None if job.truncate else _token_counts(predictor, job.inputs)
+            err = None if counts is None else _too_long(counts, max_length)
+            out[i] = err or (counts and [min(n, max_length) for n in counts])
         if err is None:
-            groups.setdefault((job.pooling, job.normalize), []).append(i)
-    for (pooling, normalize), idx in groups.items():    # requests with the same options share one forward
-        texts = [t for i in idx for t in jobs[i].texts]
-        vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,
-                               batch_size=len(texts))
-        for i, v in zip(idx, _pieces(vecs, [len(jobs[i].texts) for i in idx])):
-            out[i] = (v, out[i]) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
+            groups.setdefault((job.as_rows, job.pooling, job.normalize), []).append(i)
+    for (as_rows, pooling, normalize), idx in groups.items():    # requests with the same options share one forward
+        if as_rows:
+            rows = [r for i in idx for r in out[i]]
+            vecs = predictor.embed_ids(rows, normalize=normalize, batch_size=len(rows))
+        else:
+            texts = [t for i in idx for t in jobs[i].inputs]
+            vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,
+                                   batch_size=len(texts))
+        for i, v in zip(idx, _pieces(vecs, [len(jobs[i].inputs) for i in idx])):
+            counts = [len(r) for r in out[i]] if as_rows else out[i]
+            out[i] = (v, counts) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
     return out
+
+
+def _dimensions(predictor, status: int) -> Callable[[Any], None]:
+    """The check of a request's `dimensions`: at most the model's width (`status`: OpenAI answers 400, TEI 422)."""
+    dims = predictor.embedding_dim
+
+    def check(r) -> None:
+        k = getattr(r, "dimensions", None)          # bertkit's own {text} body has none
+        if k is not None and k > dims:
+            raise FieldError(status, f"dimensions={k} is more than this model's {dims}", "dimensions")
+    return check
+
+
+def _matryoshka(vecs: np.ndarray, k: int | None, normalize: bool) -> np.ndarray:
+    """The first k components of each vector (all where k is None), rescaled to unit length when normalize."""
+    if k is None:
+        return vecs
+    vecs = vecs[:, :k].astype(np.float64)
+    return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12) if normalize else vecs
 
 
 def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def shape(r, res: tuple) -> dict | list:
         if isinstance(r, S.EmbedRequest):
             return {"embedding": np.round(res[0][0].astype(np.float64), 6).tolist()}
-        return res[0].astype(np.float64).round(7).tolist()
+        return _matryoshka(res[0], r.dimensions, r.normalize).astype(np.float64).round(7).tolist()
 
     def run(reqs: list) -> list:
         jobs = [_EmbedJob([r.text], r.pooling, r.normalize) if isinstance(r, S.EmbedRequest)
-                else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate) for r in reqs]
+                else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate,
+                               left=r.truncation_direction == "Left") for r in reqs]
         return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
     return run
 
 
 def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    dims = predictor.embedding_dim
-
-    def shape(r: S.OpenAIEmbedRequest, res: tuple) -> dict | RequestError:
+    def shape(r: S.OpenAIEmbedRequest, res: tuple) -> dict:
         vecs, counts = res
-        if r.dimensions not in (None, dims):
-            return RequestError(422, f"dimensions={r.dimensions}: this model's embeddings have {dims}")
+        vecs = _matryoshka(vecs, r.dimensions, True)
         if r.encoding_format == "base64":
             data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vecs]
         else:
@@ -123,6 +180,44 @@ def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def run(reqs: list) -> list:
         return _each(reqs, _embed_jobs(predictor, [_EmbedJob(r.input, truncate=False) for r in reqs], config), shape)
     return run
+
+
+def _embed_all_run(predictor, config: ServeConfig) -> Callable[[list], list]:
+    """TEI's /embed_all: the encoder's last hidden state of every token of every input (specials included), as
+    sentence-transformers' token_embeddings."""
+    max_length = _embed_tokens(predictor, config)
+
+    def states(rows: list[list[int]]) -> list[np.ndarray]:
+        """(tokens, hidden) per row, all rows in one forward."""
+        out: list = [None] * len(rows)
+        batches = forward_batches(predictor.encoder, [len(r) for r in rows], lambda idx: id_batch(
+            predictor.tokenizer, [rows[i] for i in idx], predictor.device), max(len(rows), 1), predictor.precision)
+        for idx, _, o in batches:
+            for i, h in zip(idx, o.last_hidden_state.float().cpu().numpy()):
+                out[i] = h[:len(rows[i])]
+        return out
+
+    def run(reqs: list) -> list:
+        out = [_input_rows(predictor, _EmbedJob(r.inputs, truncate=r.truncate, left=r.truncation_direction == "Left"),
+                           max_length) for r in reqs]
+        ok = [i for i, rows in enumerate(out) if not isinstance(rows, Exception)]
+        hidden = states([row for i in ok for row in out[i]])
+        for i, hs in zip(ok, _pieces(hidden, [len(out[i]) for i in ok])):
+            finite = all(np.isfinite(h).all() for h in hs)
+            out[i] = [h.astype(np.float64).round(7).tolist() for h in hs] if finite else RequestError(503, NON_FINITE)
+        return out
+    return run
+
+
+def _decode_run(predictor) -> Callable[[list], list]:
+    tok = predictor.tokenizer
+
+    def one(r: S.DecodeRequest) -> list[str] | RequestError:
+        top = max(max(ids, default=0) for ids in r.ids)
+        if top >= tok.vocab_size:
+            return RequestError(422, f"token id {top} is outside this model's vocabulary of {tok.vocab_size}")
+        return [tok.decode(ids, skip_special_tokens=r.skip_special_tokens) for ids in r.ids]
+    return lambda reqs: [one(r) for r in reqs]
 
 
 # ------------------------------------------------------------------------------------------- classification heads
@@ -257,11 +352,15 @@ def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 # -------------------------------------------------------------------------------------------------------- wiring
 
-def _counted(texts: Callable[[Any], int], config: ServeConfig) -> tuple[Callable, Callable]:
-    """(weight, check) of a route whose requests carry texts(request) texts, at most max_inputs of them."""
+def _counted(texts: Callable[[Any], int], config: ServeConfig,
+             also: Callable[[Any], None] | None = None) -> tuple[Callable, Callable]:
+    """(weight, check) of a route whose requests carry texts(request) texts, at most max_inputs of them, and pass
+    the route's own check `also`."""
     def check(r) -> None:
         if texts(r) > config.max_inputs:
             raise RequestError(422, f"{texts(r)} inputs in one request; the limit is {config.max_inputs}")
+        if also is not None:
+            also(r)
     return texts, check
 
 
@@ -276,11 +375,18 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     eps = [
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
                  "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
-                 *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config)),
+                 *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config,
+                           _dimensions(predictor, 422))),
+        Endpoint("embed_all", S.EmbedAllRequest, _embed_all_run(predictor, config), list[list[list[float]]],
+                 "every token's vector (the encoder's last hidden state), TEI's shape",
+                 *_counted(lambda r: len(r.inputs), config)),
         Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor, config), S.OpenAIEmbedResponse,
-                 "OpenAI-compatible embeddings", *_counted(lambda r: len(r.input), config)),
+                 "OpenAI-compatible embeddings",
+                 *_counted(lambda r: len(r.input), config, _dimensions(predictor, 400))),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
                  "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),
+        Endpoint("decode", S.DecodeRequest, _decode_run(predictor), list[str], "token ids -> text, TEI's /decode",
+                 *_counted(lambda r: len(r.ids), config)),
     ]
     if predictor.has_mlm:
         eps.append(Endpoint("fill-mask", S.FillMaskRequest, _fill_run(predictor, config), S.FillMaskResult,

@@ -1,7 +1,9 @@
 """Request and response bodies as pydantic models: they validate requests and give /openapi.json its schemas.
 
 Requests are strict (no "3" for 3, no true for 1) and closed (an unknown field is an error, so a typo is not silently
-ignored). `inputs` / `input` fields take a string or a list of strings, as text-embeddings-inference and OpenAI do.
+ignored). Embedding `inputs` / `input` take a string, a list of token ids, or a list of those, as
+text-embeddings-inference and OpenAI do; ids are the model's whole input ([CLS] and [SEP] included, as /tokenize gives
+them): none are added.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
 
 
 def _not_blank(value: str) -> str:
@@ -26,6 +29,33 @@ Texts = Annotated[list[Text], BeforeValidator(_as_list, json_schema_input_type=U
                   Field(min_length=1, description="a text or a list of texts")]
 
 
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def _as_inputs(value: Any) -> Any:
+    """A text, a list of token ids, or a list of those -> a list of (text or ids), each checked here so that a
+    mistake names its item (a union's own errors would name its members)."""
+    items = [value] if isinstance(value, str) or (_is_ids(value) and value) else value
+    if not isinstance(items, list):
+        return items                       # the list type's own error: "must be a list"
+    for i, item in enumerate(items):
+        if not (isinstance(item, str) or _is_ids(item)):
+            raise PydanticCustomError("inputs_type", f"item {i} must be a text or a list of token ids")
+        if not (item.strip() if isinstance(item, str) else item):
+            raise ValueError(f"item {i} is empty")
+        if not isinstance(item, str) and min(item) < 0:
+            raise ValueError(f"item {i} has a negative token id {min(item)}")
+    return items
+
+
+_INPUTS = "a text, a list of token ids (the model's whole input), or a list of those"
+_INPUT_SHAPES = Union[str, list[int], list[Union[str, list[int]]]]
+Inputs = Annotated[list[Union[str, list[int]]], BeforeValidator(_as_inputs, json_schema_input_type=_INPUT_SHAPES),
+                   Field(min_length=1, description=_INPUTS)]
+Direction = Literal["Left", "Right"]
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -36,6 +66,18 @@ class Response(BaseModel):
 
 class ErrorBody(Response):
     error: str = Field(description="what was wrong, in one line")
+    error_type: Literal["Validation", "Overloaded", "Backend"] = Field(description="text-embeddings-inference's kind")
+
+
+class OpenAIErrorDetail(Response):
+    message: str
+    type: Literal["invalid_request_error", "server_error"]
+    param: str | None = Field(description="the request field at fault, where one is")
+    code: str | None = None
+
+
+class OpenAIError(Response):
+    error: OpenAIErrorDetail
 
 
 # --------------------------------------------------------------------------------------------- bertkit's own routes
@@ -130,9 +172,27 @@ class Health(Response):
 
 class TeiEmbedRequest(Request):
     model_config = ConfigDict(json_schema_extra={"example": {"inputs": ["A man is eating food."]}})
-    inputs: Texts
+    inputs: Inputs
     normalize: bool = True
     truncate: bool = Field(False, description="cut inputs past the maximum input length instead of refusing them")
+    truncation_direction: Direction = Field("Right", description="the end to cut from: Right keeps the start")
+    dimensions: int | None = Field(None, ge=1, description="keep the first k components (Matryoshka), then "
+                                                           "normalise if normalize; at most the model's width")
+
+
+class EmbedAllRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"inputs": "A man is eating food."}})
+    inputs: Inputs
+    truncate: bool = Field(False, description="cut inputs past the maximum input length instead of refusing them")
+    truncation_direction: Direction = Field("Right", description="the end to cut from: Right keeps the start")
+
+
+class DecodeRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"example": {"ids": [101, 7592, 2088, 102]}})
+    ids: Annotated[list[list[Annotated[int, Field(ge=0)]]], BeforeValidator(
+        lambda v: [v] if _is_ids(v) else v, json_schema_input_type=Union[list[int], list[list[int]]])] = Field(
+        min_length=1, description="token ids, or a list of those")
+    skip_special_tokens: bool = True
 
 
 def _embed_shape(body: Any) -> str:
@@ -228,10 +288,11 @@ class Info(Response):
 
 class OpenAIEmbedRequest(Request):
     model_config = ConfigDict(json_schema_extra={"example": {"input": "A man is eating food.", "model": "bertkit"}})
-    input: Texts
+    input: Inputs
     model: str = Field(description="any name: the server has one model and answers with its id")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1, description="must equal the model's width when given")
+    dimensions: int | None = Field(None, ge=1, description="keep the first k components (Matryoshka), then "
+                                                           "normalise; at most the model's width")
     user: str | None = None
 
 
