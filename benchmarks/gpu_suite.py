@@ -88,7 +88,10 @@ def sync(device: torch.device) -> None:
 
 
 def reset_memory(device: torch.device) -> None:
+    """Peak memory counted from here; a warm-up's optimizer freed first, so it does not count."""
+    gc.collect()
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
@@ -110,8 +113,6 @@ def pair(family: str, head: str, shape: str, attn: str, tmp: Path, **extra):
     import transformers
     transformers.utils.logging.disable_progress_bar()
     kw = {**(BASE if shape == "base" else TINY)[family], **SPECIALS[family], **extra}
-    if family == "modernbert":      # its dropout names; ModernBERT pre-trains without dropout
-        kw.update(attention_dropout=0.0)
     cfg = transformers.AutoConfig.for_model(family, attn_implementation=attn, **kw)
     cls = getattr(transformers, {"bert": "Bert", "modernbert": "ModernBert"}[family] + head)
     torch.manual_seed(0)
@@ -251,7 +252,7 @@ class Suite:
         per_token = estimate_flops_per_token(ours, seq)
         a = ours_training(ours, batches, self.steps, self.device, self.precision, self.tmp / f"pt{family}{seq}",
                           pretraining_step)
-        self.off_device(ours)
+        ours.cpu()                              # the reference's peak memory is its own
         b = reference_training(ref, batches, self.steps, self.device, self.bf16)
         return self.record("pretrain", family, a, b, per_token, seq=seq, batch=rows, steps=self.steps)
 
@@ -263,7 +264,7 @@ class Suite:
                    for _ in range(4)]
         per_token = estimate_flops_per_token(ours, round(mean_keys(batches)))
         a = ours_training(ours, batches, self.steps, self.device, self.precision, self.tmp / f"ft{family}", None)
-        self.off_device(ours)
+        ours.cpu()                              # the reference's peak memory is its own
         b = reference_training(ref, batches, self.steps, self.device, self.bf16)
         return self.record("finetune", family, a, b, per_token, lengths=[16, longest], batch=rows, steps=self.steps)
 
@@ -278,7 +279,7 @@ class Suite:
         per_token = estimate_flops_per_token(ours, round(mean_keys(batches))) / 3
         repeats = 2 if self.args.quick else 5
         a = inference(ours, batches, repeats, self.device)
-        self.off_device(ours)
+        ours.cpu()                              # the reference's peak memory is its own
         b = inference(ref.to(self.device, dtype).eval(), batches, repeats, self.device)
         return self.record("infer", family, a, b, per_token, lengths=[16, longest], batch=rows,
                            batches=len(batches), repeats=repeats)
@@ -299,13 +300,6 @@ class Suite:
         failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
         return {"figure": "tests", "files": files, "rc": proc.returncode, **counts, "failures": failed,
                 "seconds": round(time.perf_counter() - t0, 1)}
-
-    def off_device(self, model) -> None:
-        """`model` back on the CPU, so the next side's peak memory is its own."""
-        model.cpu()
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     def left(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.t0)
