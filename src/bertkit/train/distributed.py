@@ -24,7 +24,6 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
-    we_initialised: bool = False
 
     @property
     def main(self) -> bool:
@@ -48,8 +47,8 @@ class Dist:
             # ("terminate called without an active exception") after the run's work is done
             atexit.register(_close_group)
         if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size(), local_rank, device, ours)
-        return cls(0, 1, 0, device, False)
+            return cls(dist.get_rank(), dist.get_world_size(), local_rank, device)
+        return cls(0, 1, 0, device)
 
     def all_reduce_sum(self, t: Tensor) -> Tensor:
         if self.world > 1:
