@@ -3,8 +3,10 @@ state a checkpoint stores. With one process every function here is a no-op or th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +24,6 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
-    we_initialised: bool = False
 
     @property
     def main(self) -> bool:
@@ -35,14 +36,19 @@ class Dist:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = torch.device(device_name if device_name is not None
                               else f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+        if device.type == "cuda" and device.index is None:     # "cuda": this process's GPU (set_device needs one)
+            device = torch.device("cuda", local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         ours = world > 1 and not dist.is_initialized()
         if ours:
             dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            # a group still open when the interpreter exits is torn down with its threads running: SIGABRT
+            # ("terminate called without an active exception") after the run's work is done
+            atexit.register(_close_group)
         if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size(), local_rank, device, ours)
-        return cls(0, 1, 0, device, False)
+            return cls(dist.get_rank(), dist.get_world_size(), local_rank, device)
+        return cls(0, 1, 0, device)
 
     def all_reduce_sum(self, t: Tensor) -> Tensor:
         if self.world > 1:
@@ -66,6 +72,16 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+def _close_group() -> None:
+    """At exit, the process group this process opened, unless the caller closed it (the CLI does, after a barrier)
+    or an uncaught exception ends the process: with collectives of a crashed step still in flight, closing can
+    block on peers that will not come. No barrier either, for the same reason."""
+    import torch.distributed as dist
+    crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if dist.is_initialized() and not crashed:
+        dist.destroy_process_group()
 
 
 def distributed_context(device: str | None = None) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from torch import nn
 from bertkit.atomic import write_json
 from bertkit.errors import BertkitError
 from bertkit.hardware import cpu_signature, native_bf16
+from bertkit.modern import parts
 from bertkit.plots import plot_run
 from bertkit.progress import bar as progress_bar
 
@@ -127,13 +128,18 @@ class FlopMeter:
 
 
 def estimate_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
-    """Training FLOPs per token of a BERT-like model: 6 x non-embedding parameters + 12 x layers x hidden x seq
-    (the attention score and value matmuls, forward + backward), as nanoGPT's estimate_mfu. None when unknown."""
+    """Training FLOPs per token of a BERT-like model, as nanoGPT's estimate_mfu: 6 x non-embedding parameters
+    (forward 2, backward 4) + 12 x hidden x the keys each query attends, summed over the layers (the score and
+    value matmuls, forward + backward): seq_len, or a local layer's window where shorter (ModernBERT's sliding
+    layers). None when unknown."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_hidden_layers"):
         return None
     n = sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
-    return 6.0 * n + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    layout = parts(config)
+    local = layout.local_layers or (False,) * config.num_hidden_layers
+    keys = sum(min(seq_len, 2 * layout.window + 1) if is_local else seq_len for is_local in local)
+    return 6.0 * n + 12.0 * config.hidden_size * keys
 
 
 _GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
