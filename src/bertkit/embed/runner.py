@@ -14,7 +14,9 @@ Fine-tuning's one driver (tasks.runner.run: seeds, metrics.json, summary.json) r
 through `bertkit.train` (embed_step, GradCache with `gradcache_batch`), bf16 autocast where native and a compact
 word-embedding table (only the rows the training texts use are trained: the same maths, see
 bertkit.train.compact). Each seed's model is saved as a sentence-transformers directory (`load_sentence_encoder`
-and `SentenceTransformer` both read it); the report holds every split's metrics before and after training.
+and `SentenceTransformer` both read it), the model's prompts and default prompt kept (training texts go in
+unprompted, as SentenceTransformerTrainer's without `prompts`; evaluation applies the default prompt, as
+SentenceTransformer.encode); the report holds every split's metrics before and after training.
 """
 
 from __future__ import annotations
@@ -176,7 +178,8 @@ def load_encoder(model, pooling: str | None = None, normalize: bool | None = Non
     """(SentenceEncoder, Tokenizer) of a directory, its settings changed where an argument is given."""
     encoder, tok = load_sentence_encoder(model)
     if pooling is not None:
-        encoder.pooling = Pooling(pooling.split("+"), hidden_size=encoder.bert.config.hidden_size)
+        encoder.pooling = Pooling(pooling.split("+"), hidden_size=encoder.bert.config.hidden_size,
+                                  include_prompt=encoder.pooling.include_prompt)
         if len(encoder.dense) and encoder.dense[0].in_features != encoder.pooling.output_dim():
             raise ConfigError(f"--pooling {pooling}: gives {encoder.pooling.output_dim()} features but {model}'s "
                               f"Dense layer takes {encoder.dense[0].in_features}")

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bertkit import __version__
+from bertkit.errors import ConfigError
 from bertkit.predict.decode import class_scores, relevance, score_function
 from bertkit.rerank import positive_label, single_text_kind
 from bertkit.serve import schemas as S
@@ -68,6 +69,7 @@ class _EmbedJob:
     pooling: str | None = None          # None: the model's own (sentence-transformers modules, else mean)
     normalize: bool = True
     truncate: bool = True
+    prompt_name: str | None = None      # None: the model's default prompt
 
 
 def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
@@ -77,16 +79,21 @@ def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
     out: list = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
+        try:
+            prompt = predictor.prompts.text(name=job.prompt_name)
+        except ConfigError as e:
+            out[i] = RequestError(422, str(e))
+            continue
         # a truncating job needs no count: skip a second tokenization of its texts (the forward tokenizes them)
-        counts = None if job.truncate else _token_counts(predictor, job.texts)
+        counts = None if job.truncate else _token_counts(predictor, [prompt + t for t in job.texts])
         err = None if counts is None else _too_long(counts, max_length)
         out[i] = err or (counts and [min(n, max_length) for n in counts])
         if err is None:
-            groups.setdefault((job.pooling, job.normalize), []).append(i)
-    for (pooling, normalize), idx in groups.items():    # requests with the same options share one forward
+            groups.setdefault((job.pooling, job.normalize, prompt), []).append(i)
+    for (pooling, normalize, prompt), idx in groups.items():    # requests with the same options share one forward
         texts = [t for i in idx for t in jobs[i].texts]
         vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,
-                               batch_size=len(texts))
+                               batch_size=len(texts), prompt=prompt)
         for i, v in zip(idx, _pieces(vecs, [len(jobs[i].texts) for i in idx])):
             out[i] = (v, out[i]) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
     return out
@@ -100,7 +107,8 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
     def run(reqs: list) -> list:
         jobs = [_EmbedJob([r.text], r.pooling, r.normalize) if isinstance(r, S.EmbedRequest)
-                else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate) for r in reqs]
+                else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate, prompt_name=r.prompt_name)
+                for r in reqs]
         return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
     return run
 

@@ -133,6 +133,8 @@ class TeiEmbedRequest(Request):
     inputs: Texts
     normalize: bool = True
     truncate: bool = Field(False, description="cut inputs past the maximum input length instead of refusing them")
+    prompt_name: str | None = Field(None, description="the model's prompt of this name goes before each input "
+                                                       "(default: its default_prompt_name)")
 
 
 def _embed_shape(body: Any) -> str:
