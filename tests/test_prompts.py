@@ -177,18 +177,54 @@ def test_module_paths_outside_the_directory_are_refused(encoder_dir, tmp_path, c
         Predictor.load(tmp_path / "m").embed(["hello"])
 
 
-def test_finetune_embed_keeps_the_models_prompts(encoder_dir, tmp_path):
-    from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
-    from bertkit.train.loop import TrainConfig
-    _st_model(encoder_dir, tmp_path / "m", "mean", False, "query")
+def _pairs(path):
     rows = [{"anchor": f"question {i} about {w}", "positive": f"the {w} answer {i}"}
             for i, w in enumerate(["rivers", "music", "oil", "football", "rain", "cities", "bread", "games"])]
-    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    finetune_embed(EmbedFinetuneConfig(model=str(tmp_path / "m"), train=str(tmp_path / "pairs.jsonl"),
-                                       out=str(tmp_path / "run"), batch_size=4, quiet=True, pooling="mean",
-                                       training=TrainConfig(lr=1e-3, epochs=1.0, precision="fp32")))
-    saved = st.SentenceTransformer(str(tmp_path / "run"), device="cpu")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_finetune_embed_keeps_the_models_prompts_and_saves_the_trained_ones(encoder_dir, tmp_path, capsys):
+    _st_model(encoder_dir, tmp_path / "m", "mean", False, "query")
+    pairs = _pairs(tmp_path / "pairs.jsonl")
+    args = ["finetune", "--task", "embed", "--model", tmp_path / "m", "--train", pairs, "--dev", pairs,
+            "--batch-size", "4", "--lr", "1e-3", "--epochs", "1", "--pooling", "mean", "--quiet"]
+    assert cli([str(a) for a in [*args, "--out", tmp_path / "kept"]]) == 0
+    saved = st.SentenceTransformer(str(tmp_path / "kept"), device="cpu")
     assert saved.prompts["query"] == "query: " and saved.default_prompt_name == "query"
-    assert not saved[1].include_prompt
-    p = Predictor.load(tmp_path / "run")
+    assert saved.prompts["passage"] == "passage: " and not saved[1].include_prompt
+    p = Predictor.load(tmp_path / "kept")
     assert _cosines(p.encode(TEXTS, prompt_name="passage"), saved.encode(TEXTS, prompt_name="passage")).min() >= 0.99999
+    trained = '{"anchor": "search_query: ", "positive": "search_document: "}'
+    assert cli([str(a) for a in [*args, "--out", tmp_path / "run", "--prompts", trained]]) == 0
+    saved = st.SentenceTransformer(str(tmp_path / "run"), device="cpu")
+    assert saved.prompts["query"] == "search_query: " and saved.prompts["document"] == "search_document: "
+    assert _cosines(Predictor.load(tmp_path / "run").encode(TEXTS), saved.encode(TEXTS)).min() >= 0.99999
+    capsys.readouterr()
+    assert cli([str(a) for a in [*args, "--out", tmp_path / "bad", "--prompts", '{"query": "q: "}']]) == 2
+    assert "--prompts: column 'query' is not one of" in capsys.readouterr().err
+
+
+def test_training_batches_are_prompted_as_sentence_transformers_collates(encoder_dir, tmp_path):
+    """The trainer's columns with their prompts: the same pieces, and the prompt left out of the pooling, as
+    SentenceTransformer.preprocess / forward."""
+    from bertkit.embed.losses import MultipleNegativesRankingLoss
+    from bertkit.embed.runner import training_prompts
+    from bertkit.embed.st_format import load_sentence_encoder
+    from bertkit.embed.train import EmbedDataset, EmbedModel
+    model = _st_model(encoder_dir, tmp_path / "m", "mean", False)
+    enc, tok = load_sentence_encoder(tmp_path / "m")
+    data = EmbedDataset.read(_pairs(tmp_path / "pairs.jsonl"))
+    batches = data.batches(enc, tok, 4, shuffle=False)
+    batches.prompts = training_prompts('{"anchor": "query: "}', data.columns, "pairs.jsonl")
+    batch = batches.collate([0, 1, 2, 3])
+    theirs = model.preprocess([t[0] for t in data.texts[:4]], prompt="query: ")
+    assert torch.equal(batch["anchor.input_ids"], theirs["input_ids"])
+    assert batch["anchor.prompt_length"].tolist() == [theirs["prompt_length"]] * 4
+    assert "positive.prompt_length" not in batch
+    ours = EmbedModel(enc, MultipleNegativesRankingLoss()).eval()(
+        **{f: batch[f"anchor.{f}"] for f in ("input_ids", "token_type_ids", "attention_mask", "prompt_length")})
+    with torch.no_grad():
+        want = model(theirs)["sentence_embedding"]
+    assert torch.allclose(ours, want, atol=1e-5)
+    assert training_prompts("p: ", data.columns, "x") == {"anchor": "p: ", "positive": "p: "}

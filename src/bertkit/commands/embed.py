@@ -83,7 +83,7 @@ def add_prompt_arguments(p, what: str = "each text") -> None:
 # ------------------------------------------------------------------------------------------------- finetune
 # finetune's flags that only --task embed reads, with their defaults
 FINETUNE_DESTS = {"loss": None, "scale": 20.0, "learnable_scale": False, "symmetric": False, "gradcache_batch": None,
-                  "pooling": None, "normalize": None, "projection": None, "anchor_max_length": None}
+                  "pooling": None, "normalize": None, "projection": None, "anchor_max_length": None, "prompts": None}
 
 
 def refuse_embed_flags(args) -> None:
@@ -109,6 +109,9 @@ def add_finetune_args(p) -> None:
                    help="L2-normalise the output (default: the model's setting)")
     g.add_argument("--projection", type=checks.positive_int, help="add a Dense output projection to this many dimensions")
     g.add_argument("--anchor-max-length", type=checks.number(int, 2), help="pieces per anchor / query (default: --max-length)")
+    g.add_argument("--prompts", help="a prompt before every training text, or a JSON object {column: prompt} (as "
+                                     "sentence-transformers' trainer); the first two columns' are saved as the "
+                                     "model's query / document prompts")
 
 
 def _check_unused(args, names: dict[str, tuple[str, object]]) -> None:

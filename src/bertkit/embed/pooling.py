@@ -96,13 +96,14 @@ class Pooling(nn.Module):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}"
 
-    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None, prompt_length: int = 0) -> Tensor:
-        """prompt_length: the prompt's tokens at the start of each text ([CLS] included), left out of the pooled
-        tokens where include_prompt is False."""
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None,
+                prompt_length: int | Tensor = 0) -> Tensor:
+        """prompt_length: the prompt's tokens at the start of each text ([CLS] included; an int, or one per row),
+        left out of the pooled tokens where include_prompt is False."""
         if attention_mask is None:
             attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         first = _first_attended(attention_mask)                                     # (batch,)
-        if prompt_length and not self.include_prompt:
+        if not self.include_prompt and (torch.is_tensor(prompt_length) or prompt_length):
             pos = torch.arange(hidden.shape[1], device=hidden.device)
             attention_mask = attention_mask * (pos >= (first + prompt_length).unsqueeze(1))
         # half-precision sums lose digits over long sequences: accumulate in fp32, return the input dtype
@@ -200,12 +201,12 @@ class SentenceEncoder(nn.Module):
         return self.dense[-1].out_features if len(self.dense) else self.pooling.output_dim()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, prompt_length: int = 0) -> Tensor:
+                attention_mask: Tensor | None = None, prompt_length: int | Tensor = 0) -> Tensor:
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=self.layers is not None)
         x = self.pool(hidden_states(out, self.layers), attention_mask, prompt_length)     # (batch, dim)
         return F.normalize(x, p=2, dim=-1) if self.normalize else x
 
-    def pool(self, hidden: Tensor, attention_mask: Tensor | None, prompt_length: int = 0) -> Tensor:
+    def pool(self, hidden: Tensor, attention_mask: Tensor | None, prompt_length: int | Tensor = 0) -> Tensor:
         """(batch, seq, hidden) encoder output -> (batch, dim): pooling, then the Dense layers (no normalisation)."""
         x = self.pooling(hidden, attention_mask, prompt_length)                           # (batch, pooled)
         for layer in self.dense:
