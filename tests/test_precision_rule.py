@@ -64,7 +64,7 @@ def test_every_front_door_gives_the_same_class_scores(classifier, tmp_path, caps
 def test_every_front_door_gives_the_same_embeddings(classifier, capsys):
     model, _ = classifier
     pred = Predictor.load(model)
-    ours = pred.embed(TEXTS)
+    ours = pred.embed(TEXTS, normalize=True)             # as `bertkit embed` and /embed give them
     assert cli(["embed", str(model), *TEXTS]) == 0
     out = capsys.readouterr()
     cmd = np.array([json.loads(line)["embedding"] for line in out.out.splitlines()])

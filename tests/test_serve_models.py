@@ -75,7 +75,7 @@ def test_real_model_endpoints(mlm):
     texts = TEXTS * 2
     with ThreadPoolExecutor(8) as pool:
         out = list(pool.map(lambda t: _request(port, "POST", "/embed", {"text": t}), texts))
-    for (status, r), v in zip(out, pred.embed(texts)):
+    for (status, r), v in zip(out, pred.embed(texts, normalize=True)):           # the route's default
         assert status == 200 and max(abs(a - b) for a, b in zip(r["embedding"], v.tolist())) < 1e-5
     assert _request(port, "POST", "/embed", {"text": "the", "pooling": "max"})[0] == 422
     status, res = _request(port, "POST", "/classify", {"text": "the"})
@@ -120,7 +120,7 @@ def test_tei_embed_equals_bertkit_embed(mlm):
     pred, srv = mlm
     resp = httpx.post(f"{srv.url}/embed", json={"inputs": TEXTS}, timeout=30)     # as a TEI client sends it
     got = resp.json()
-    assert resp.status_code == 200 and isinstance(got, list) and np.abs(np.array(got) - pred.embed(TEXTS)).max() < 1e-5
+    assert resp.status_code == 200 and isinstance(got, list) and np.abs(np.array(got) - pred.embed(TEXTS, normalize=True)).max() < 1e-5
     status, got = _request(srv.port, "POST", "/embed", {"inputs": TEXTS[1], "normalize": False})
     raw = pred.embed([TEXTS[1]], normalize=False)
     assert status == 200 and len(got) == 1 and np.abs(np.array(got) - raw).max() < 1e-5
@@ -128,7 +128,7 @@ def test_tei_embed_equals_bertkit_embed(mlm):
     status, res = _request(srv.port, "POST", "/embed", {"inputs": [long]})
     assert status == 422 and "truncate" in res["error"]
     status, got = _request(srv.port, "POST", "/embed", {"inputs": [long], "truncate": True})
-    assert status == 200 and np.abs(np.array(got) - pred.embed([long])).max() < 1e-5
+    assert status == 200 and np.abs(np.array(got) - pred.embed([long], normalize=True)).max() < 1e-5
     status, res = _request(srv.port, "POST", "/embed", {"inputs": ["a"] * 33})
     assert status == 422 and "33 inputs" in res["error"]
     assert _request(srv.port, "POST", "/embed", {"inputs": []})[0] == 422

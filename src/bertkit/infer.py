@@ -5,7 +5,8 @@ pass, precision (fp32 unless `precision=`) and the heads' decoders are the engin
     p = Predictor.load("runs/demo/pretrain/final")       # any HF-format BERT directory
     p.fill_mask("Paris is the [MASK] of France.")        # top-k words with probabilities
     p.fill_mask("The [MASK] [MASK] said on Monday.")     # both masks decoded jointly
-    p.embed(["A man is eating food."])                    # (n, dims) numpy, the model's pooling, L2-normalised
+    p.embed(["A man is eating food."])                    # (n, dims) numpy, the model's pooling and modules
+    p.encode(["what is BERT?"], prompt_name="query")      # SentenceTransformer.encode's call
     p.attention("Bert notices the hat ...")               # tokens + per-layer (heads, seq, seq) maps
 
 Fill-mask, one mask. The masked-LM head gives a distribution over the vocabulary at the [MASK]; its top-k word-start
@@ -29,8 +30,10 @@ that `benchmarks/fillmask.py` compares against.
 Embeddings. By default the model's own pipeline: a sentence-transformers directory's pooling and Dense modules
 (modules.json), else the mean of the token vectors; `pooling="mean"` / `"cls"` asks for the mean under the attention
 mask (special tokens included, as sentence-transformers does) or the [CLS] vector of the encoder itself. From the
-last layer or the average of chosen layers (`layers=[-1, -2]`), optionally L2-normalised so a dot product is the
-cosine similarity.
+last layer or the average of chosen layers (`layers=[-1, -2]`), L2-normalised where the model's modules end in
+Normalize or `normalize=True` asks (a dot product is then the cosine similarity). The model's prompts
+(config_sentence_transformers.json) apply as SentenceTransformer applies them: its default prompt unless another
+is given.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ import numpy as np
 import torch
 
 from bertkit import runtime
-from bertkit.embed.pooling import Pooling, SentenceEncoder
-from bertkit.embed.st_format import is_sentence_transformers_dir, sentence_pipeline
+from bertkit.embed.pooling import Pooling, Prompts, SentenceEncoder
+from bertkit.embed.st_format import is_sentence_transformers_dir, read_prompts, sentence_pipeline
 from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
@@ -103,6 +106,7 @@ class Predictor:
         self.directory = directory          # loaded from: a CrossEncoder's activation is read there
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
         self._pipeline = None
+        self._prompts = None
         self._encoders: dict[tuple, SentenceEncoder] = {}     # embed's pooling pipelines, by their options
         self.tokenizer = tokenizer
         self.task = task
@@ -335,39 +339,67 @@ class Predictor:
                 for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
+    @property
+    def prompts(self) -> Prompts:
+        """The model's named prompts (a sentence-transformers directory's config_sentence_transformers.json)."""
+        if self._prompts is None:
+            self._prompts = read_prompts(self._st_dir) if self._st_dir is not None else Prompts()
+        return self._prompts
+
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
-              normalize: bool = True, max_length: int | None = None, batch_size: int = 32,
-              progress: bool = False) -> np.ndarray:
+              normalize: bool | None = None, max_length: int | None = None, batch_size: int = 32,
+              progress: bool = False, prompt: str | None = None) -> np.ndarray:
         """(n, dims) float32 sentence vectors, or (dims,) for one string as SentenceTransformer.encode gives it; see
-        the module docstring for pooling / layers / normalize. max_length: pieces per text, default
-        embed_max_length."""
+        the module docstring for pooling / layers / normalize (None: as the model's modules say). max_length: pieces
+        per text, default embed_max_length. prompt: put before each text (None: the model's default prompt)."""
         if isinstance(texts, str):
-            return self.embed([texts], pooling, layers, normalize, max_length, batch_size, progress)[0]
+            return self.embed([texts], pooling, layers, normalize, max_length, batch_size, progress, prompt)[0]
         encoder = self.sentence_encoder(pooling, normalize, layers)
         return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision,
                               max_length or (self.embed_max_length if pooling is None else EMBED_MAX_LENGTH),
-                              progress)
+                              progress, prompt)
 
-    def embed_ids(self, rows: Sequence[list[int]], normalize: bool = True, batch_size: int = 32) -> np.ndarray:
+    def embed_ids(self, rows: Sequence[list[int]], normalize: bool | None = None, batch_size: int = 32) -> np.ndarray:
         """(n, dims) float32 sentence vectors, as `embed` makes them, of whole model inputs given as ids ([CLS] and
         [SEP] included), each within the model's length."""
         return self.sentence_encoder(None, normalize).encode_ids(self.tokenizer, rows, batch_size, self.precision)
 
-    def sentence_encoder(self, pooling: str | None = None, normalize: bool = True,
+    def sentence_encoder(self, pooling: str | None = None, normalize: bool | None = None,
                          layers: Sequence[int] | None = None) -> SentenceEncoder:
         """`embed`'s SentenceEncoder: the directory's modules (or the pooling asked for) over this encoder, built
-        once per option set."""
+        once per option set. normalize None: as the model's modules say."""
         if pooling not in (None, "mean", "cls"):
             raise BertkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        pipe = self.pipeline if pooling is None else None
+        normalize = bool(pipe and pipe.normalize) if normalize is None else normalize
         key = (pooling, normalize, None if layers is None else tuple(layers))
         if key not in self._encoders:
-            pipe = self.pipeline if pooling is None else None
             limit = self.encoder.config.max_input_length
             self._encoders[key] = SentenceEncoder(
                 self.encoder, pipe.pooling if pipe else Pooling(pooling or "mean"), normalize,
                 list(pipe.dense) if pipe else None, pipe.max_seq_length if pipe else min(EMBED_MAX_LENGTH, limit),
-                pipe.do_lower_case if pipe else False, layers).eval()
+                pipe.do_lower_case if pipe else False, layers, self.prompts).eval()
         return self._encoders[key]
+
+    def encode(self, sentences: Sequence[str] | str, prompt_name: str | None = None, prompt: str | None = None,
+               batch_size: int = 32, show_progress_bar: bool | None = None, convert_to_numpy: bool = True,
+               convert_to_tensor: bool = False, normalize_embeddings: bool = False, **options):
+        """SentenceTransformer.encode's call and defaults over `embed`: the model's own modules (its Normalize
+        module, if any, and its default prompt); normalize_embeddings=True L2-normalises on top. Of its other
+        options, truncate_dim (the first k dimensions, before normalize_embeddings) and
+        output_value="sentence_embedding" are taken."""
+        unknown = set(options) - {"truncate_dim", "output_value"}
+        if unknown or options.get("output_value", "sentence_embedding") != "sentence_embedding":
+            bad = sorted(unknown) or [f"output_value={options['output_value']!r}"]
+            raise BertkitError(f"Predictor.encode: {', '.join(bad)} not supported (sentence embeddings only)")
+        vecs = torch.from_numpy(self.embed([sentences] if isinstance(sentences, str) else sentences,
+                                           batch_size=batch_size, progress=bool(show_progress_bar),
+                                           prompt=self.prompts.text(prompt, prompt_name)))
+        vecs = vecs[:, :options.get("truncate_dim")]
+        if normalize_embeddings:
+            vecs = torch.nn.functional.normalize(vecs, p=2, dim=1)
+        out = vecs if convert_to_tensor else vecs.numpy() if convert_to_numpy else list(vecs)
+        return out[0] if isinstance(sentences, str) else out
 
     # ---------------------------------------------------------------------------------------------- task heads
     def classify(self, texts: Sequence[str], max_length: int = 256, pairs: Sequence[str] | None = None,

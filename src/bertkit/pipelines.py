@@ -8,6 +8,7 @@ bertkit's Predictor (loading, frozen inference weights, the tokenizer) so code w
                                                # [{"entity_group", "score", "word", "start", "end"}]
     bertkit.pipeline("question-answering", model)(question=q, context=c)  # {"score", "start", "end", "answer"}
     bertkit.pipeline("feature-extraction", model)(text)                    # nested lists (1, seq, hidden)
+    bertkit.pipeline("feature-extraction", model, prompt_name="query")    # the model's "query: " before each text
 
 Tasks, options and results follow transformers' pipelines (question-answering: transformers 4.x's, as 5.x dropped
 it): same keys, same top answers, same scores (to float rounding). Options are given to `pipeline(...)` as defaults
@@ -175,13 +176,17 @@ class FillMaskPipeline(Pipeline):
 
 # ---------------------------------------------------------------------------------------------- features
 class FeatureExtractionPipeline(Pipeline):
-    """The encoder's last hidden states: nested lists (1, seq, hidden) per text (return_tensors=True: a tensor)."""
+    """The encoder's last hidden states: nested lists (1, seq, hidden) per text (return_tensors=True: a tensor).
+    prompt (or prompt_name, one of the model's sentence-transformers prompts) goes before each text; none unless
+    asked, as transformers' pipeline has none."""
 
     task = "feature-extraction"
-    options = {"truncation": False, "return_tensors": False}
+    options = {"truncation": False, "return_tensors": False, "prompt_name": None, "prompt": None}
 
-    def _batch(self, texts: list[str], truncation: bool, return_tensors: bool) -> list:
-        batch = self._encode(texts, truncation=truncation)
+    def _batch(self, texts: list[str], truncation: bool, return_tensors: bool, prompt_name: str | None,
+               prompt: str | None) -> list:
+        prompt = self.predictor.prompts.text(prompt, prompt_name) if prompt or prompt_name else ""
+        batch = self._encode([prompt + t for t in texts], truncation=truncation)
         hidden = self._forward(batch, self.predictor.encoder).last_hidden_state.float()   # (batch, seq, hidden)
         lengths = batch["attention_mask"].sum(1).tolist()
         out = [hidden[i: i + 1, :n].cpu() for i, n in enumerate(lengths)]

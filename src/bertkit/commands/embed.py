@@ -38,6 +38,7 @@ def register(sub) -> None:
     p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first --rerank-depth hits with this pair "
                                                              "classification / regression model")
     p.add_argument("--rerank-depth", type=checks.positive_int, default=50)
+    add_prompt_arguments(p, "each query")
     add_precision_argument(p)
     p.set_defaults(func=search)
 
@@ -73,10 +74,17 @@ def register(sub) -> None:
     p.set_defaults(func=mine)
 
 
+def add_prompt_arguments(p, what: str = "each text") -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt-name", help=f"put the model's prompt of this name before {what} (default: the "
+                                         f"model's default_prompt_name, as sentence-transformers)")
+    g.add_argument("--prompt", help=f"put this text before {what} (\"\": no prompt, not even the default)")
+
+
 # ------------------------------------------------------------------------------------------------- finetune
 # finetune's flags that only --task embed reads, with their defaults
 FINETUNE_DESTS = {"loss": None, "scale": 20.0, "learnable_scale": False, "symmetric": False, "gradcache_batch": None,
-                  "pooling": None, "normalize": None, "projection": None, "anchor_max_length": None}
+                  "pooling": None, "normalize": None, "projection": None, "anchor_max_length": None, "prompts": None}
 
 
 def refuse_embed_flags(args) -> None:
@@ -102,6 +110,9 @@ def add_finetune_args(p) -> None:
                    help="L2-normalise the output (default: the model's setting)")
     g.add_argument("--projection", type=checks.positive_int, help="add a Dense output projection to this many dimensions")
     g.add_argument("--anchor-max-length", type=checks.number(int, 2), help="pieces per anchor / query (default: --max-length)")
+    g.add_argument("--prompts", help="a prompt before every training text, or a JSON object {column: prompt} (as "
+                                     "sentence-transformers' trainer); the first two columns' are saved as the "
+                                     "model's query / document prompts")
 
 
 def _check_unused(args, names: dict[str, tuple[str, object]]) -> None:
@@ -218,12 +229,13 @@ def embed_encoder(args) -> int:
     encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
     precision = inference_precision(args, "embed")
     show = progress.wanted(args.progress) and len(texts) > args.batch_size
+    prompt = encoder.prompts.text(args.prompt, args.prompt_name)
     with progress.forward_bar(encoder, -(-len(texts) // args.batch_size), "embed", show):
-        vecs = encoder.encode(tok, texts, args.batch_size, precision)                  # (n, dim) float32
+        vecs = encoder.encode(tok, texts, args.batch_size, precision, prompt=prompt)      # (n, dim) float32
     if index:
         return _write_index(args, encoder, texts, ids, vecs)
     return search_or_write(args, out, texts, vecs,
-                           lambda queries: encoder.encode(tok, queries, args.batch_size, precision))
+                           lambda queries: encoder.encode(tok, queries, args.batch_size, precision, prompt=prompt))
 
 
 def vector_out(args) -> Path | None:
@@ -301,7 +313,7 @@ def search(args) -> int:
         raise ConfigError(f"{directory}: no {INDEX_SOURCE} naming its model: give --model")
     encoder, tok = load_encoder(model, source.get("pooling"), True, source.get("max_length"))
     precision = inference_precision(args, "search")
-    queries = encoder.encode(tok, args.query, precision=precision)
+    queries = encoder.encode(tok, args.query, precision=precision, prompt=args.prompt, prompt_name=args.prompt_name)
     depth = max(args.top_k, args.rerank_depth) if args.rerank else args.top_k
     result = index.search(queries, k=depth, model_hash=model_hash(encoder))
     texts = _index_texts(directory)

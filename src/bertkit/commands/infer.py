@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
-from bertkit.commands.embed import embed_encoder, search_or_write, vector_out, wants_encoder
+from bertkit.commands.embed import add_prompt_arguments, embed_encoder, search_or_write, vector_out, wants_encoder
 from bertkit.errors import ConfigError, DataError
 from bertkit.textfiles import is_stdin_copy, read_text
 
@@ -39,6 +39,7 @@ def register(sub) -> None:
     p.add_argument("--layers", type=checks.int_list,
                    help="comma-separated hidden layers to average (0 = embeddings, -1 = last; default -1)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
+    add_prompt_arguments(p)
     p.add_argument("--max-length", type=checks.number(int, 2),
                    help="pieces per text, [CLS]/[SEP] included (default: the model's max_seq_length, else 256)")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
@@ -114,7 +115,8 @@ def embed(args) -> int:
     out = vector_out(args)
     p = Predictor.load(args.model, precision=inference_precision(args, "embed"))
     kw = dict(pooling=args.pooling or "mean", layers=args.layers or [-1], normalize=not args.no_normalize,
-              max_length=args.max_length or 256, batch_size=args.batch_size)
+              max_length=args.max_length or 256, batch_size=args.batch_size,
+              prompt=p.prompts.text(args.prompt, args.prompt_name))
     vecs = p.embed(texts, progress=progress.wanted(args.progress) and len(texts) > kw["batch_size"], **kw)
     return search_or_write(args, out, texts, vecs, lambda queries: p.embed(queries, **kw))
 

@@ -14,10 +14,15 @@ Pooling modes (the maths of sentence-transformers' `Pooling`, so its checkpoints
     last_token     the last attended token
 
 Several modes concatenate in the order given, (batch, len(modes) * hidden).
+
+Prompts, as sentence-transformers applies them: the prompt text ("query: ") goes before each text; a Pooling with
+include_prompt=False leaves the prompt's tokens ([CLS] included) out of the pooled ones, the weighted mean's weights
+still counted from the first token.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -30,7 +35,7 @@ from bertkit.predict.decode import hidden_states
 from bertkit.predict.engine import PRECISION, encode, forward_batches, id_batch
 from bertkit.progress import bar as progress_bar
 
-__all__ = ["MODES", "Pooling", "Dense", "SentenceEncoder", "ACTIVATIONS"]
+__all__ = ["MODES", "Pooling", "Dense", "SentenceEncoder", "Prompts", "ACTIVATIONS"]
 
 MODES = ("cls", "max", "mean", "mean_sqrt_len", "weighted_mean", "last_token")
 # sentence-transformers' spellings (and short forms) of the same modes
@@ -68,13 +73,15 @@ def _gather_rows(hidden: Tensor, index: Tensor) -> Tensor:
 class Pooling(nn.Module):
     """(batch, seq, hidden) token states and a (batch, seq) attention mask -> (batch, len(modes) * hidden)."""
 
-    def __init__(self, mode: str | Sequence[str] = "mean", hidden_size: int | None = None):
+    def __init__(self, mode: str | Sequence[str] = "mean", hidden_size: int | None = None,
+                 include_prompt: bool = True):
         super().__init__()
         modes = [mode] if isinstance(mode, str) else list(mode)
         if not modes:
             raise ConfigError("Pooling needs at least one mode")
         self.modes = tuple(dict.fromkeys(_canonical(m) for m in modes))     # concatenated in the order given
         self.hidden_size = hidden_size
+        self.include_prompt = include_prompt       # False: a prompt's tokens are not pooled
 
     @property
     def mode(self) -> str:
@@ -89,9 +96,16 @@ class Pooling(nn.Module):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}"
 
-    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None,
+                prompt_length: int | Tensor = 0) -> Tensor:
+        """prompt_length: the prompt's tokens at the start of each text ([CLS] included; an int, or one per row),
+        left out of the pooled tokens where include_prompt is False."""
         if attention_mask is None:
             attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        first = _first_attended(attention_mask)                                     # (batch,)
+        if not self.include_prompt and (torch.is_tensor(prompt_length) or prompt_length):
+            pos = torch.arange(hidden.shape[1], device=hidden.device)
+            attention_mask = attention_mask * (pos >= (first + prompt_length).unsqueeze(1))
         # half-precision sums lose digits over long sequences: accumulate in fp32, return the input dtype
         acc = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
         m = attention_mask.unsqueeze(-1).to(acc)                                    # (batch, seq, 1)
@@ -108,15 +122,15 @@ class Pooling(nn.Module):
                 count = m.sum(dim=1).clamp(min=1e-9)                                 # (batch, 1)
                 out.append((total / (count if mode == "mean" else count.sqrt())).to(hidden.dtype))
             else:                                                                    # weighted_mean
-                out.append(self._weighted_mean(hidden, attention_mask, m, acc))
+                out.append(self._weighted_mean(hidden, first, m, acc))
         return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
     @staticmethod
-    def _weighted_mean(hidden: Tensor, attention_mask: Tensor, m: Tensor, acc: torch.dtype) -> Tensor:
+    def _weighted_mean(hidden: Tensor, first: Tensor, m: Tensor, acc: torch.dtype) -> Tensor:
         seq = hidden.shape[1]
         pos = torch.arange(1, seq + 1, device=hidden.device, dtype=acc).view(1, seq, 1)   # (1, seq, 1)
-        # weights count from the first attended token, so left padding does not shift them
-        w = (pos - _first_attended(attention_mask).view(-1, 1, 1).to(acc)) * m            # (batch, seq, 1)
+        # weights count from the first attended token, so left padding (or a left-out prompt) does not shift them
+        w = (pos - first.view(-1, 1, 1).to(acc)) * m                                       # (batch, seq, 1)
         total = (hidden.to(acc) * w).sum(dim=1)                                            # (batch, hidden)
         return (total / w.sum(dim=1).clamp(min=1e-9)).to(hidden.dtype)
 
@@ -138,14 +152,33 @@ class Dense(nn.Module):
         return self.activation(self.linear(x))
 
 
+@dataclass
+class Prompts:
+    """sentence-transformers' prompts (config_sentence_transformers.json): texts put before the input, by name, and
+    the name applied when none is asked for. "query" and "document" exist as "" unless the model says otherwise, as
+    SentenceTransformer has them."""
+    named: dict[str, str] = field(default_factory=lambda: {"query": "", "document": ""})
+    default_name: str | None = None
+
+    def text(self, prompt: str | None = None, name: str | None = None) -> str:
+        """The prompt to put before each text: `prompt` itself, else the one called `name`, else the default's."""
+        if prompt is not None:
+            return prompt
+        if name is not None and name not in self.named:
+            raise ConfigError(f"prompt name {name!r} is not one of the model's prompts: {', '.join(self.named)}")
+        name = self.default_name if name is None else name
+        return self.named[name] if name is not None else ""
+
+
 class SentenceEncoder(nn.Module):
     """BertModel -> Pooling -> Dense layers (optional) -> unit L2 norm (optional): tokenized text to (batch, dim).
     The one path from text to vector: `bertkit embed`, Predictor.embed, serve and the embedding evaluations encode
-    through it. `layers`: hidden states to average before pooling (0 = embeddings; None = the last layer)."""
+    through it. `layers`: hidden states to average before pooling (0 = embeddings; None = the last layer);
+    `prompts`: the model's named prompts (`encode` puts one before each text)."""
 
     def __init__(self, bert: nn.Module, pooling: Pooling, normalize: bool = False,
                  dense: Dense | Sequence[Dense] | None = None, max_seq_length: int = 256,
-                 do_lower_case: bool = False, layers: Sequence[int] | None = None):
+                 do_lower_case: bool = False, layers: Sequence[int] | None = None, prompts: Prompts | None = None):
         super().__init__()
         self.bert = bert
         if getattr(bert, "pooler", None) is not None:      # unused here: no gradient, so DDP must not wait for one
@@ -161,20 +194,21 @@ class SentenceEncoder(nn.Module):
         self.max_seq_length = max_seq_length
         self.do_lower_case = do_lower_case          # lowercase texts before the tokenizer (the format's flag)
         self.layers = None if layers is None or list(layers) == [-1] else list(layers)
+        self.prompts = prompts or Prompts()
 
     @property
     def dim(self) -> int:
         return self.dense[-1].out_features if len(self.dense) else self.pooling.output_dim()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None) -> Tensor:
+                attention_mask: Tensor | None = None, prompt_length: int | Tensor = 0) -> Tensor:
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=self.layers is not None)
-        x = self.pool(hidden_states(out, self.layers), attention_mask)                   # (batch, dim)
+        x = self.pool(hidden_states(out, self.layers), attention_mask, prompt_length)     # (batch, dim)
         return F.normalize(x, p=2, dim=-1) if self.normalize else x
 
-    def pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+    def pool(self, hidden: Tensor, attention_mask: Tensor | None, prompt_length: int | Tensor = 0) -> Tensor:
         """(batch, seq, hidden) encoder output -> (batch, dim): pooling, then the Dense layers (no normalisation)."""
-        x = self.pooling(hidden, attention_mask)                                          # (batch, pooled)
+        x = self.pooling(hidden, attention_mask, prompt_length)                           # (batch, pooled)
         for layer in self.dense:
             x = layer(x)                                                                  # (batch, out)
         return x
@@ -186,15 +220,25 @@ class SentenceEncoder(nn.Module):
         return encode(tokenizer, texts, max_length=max_length or self.max_seq_length,
                       device=next(self.parameters()).device)
 
+    def prompt_length(self, tokenizer, prompt: str, max_length: int | None = None) -> int:
+        """The prompt's tokens at the start of a prompted text: [CLS] and its pieces, as sentence-transformers
+        counts them (the prompt tokenized alone, less a closing special token)."""
+        ids = self.tokenize(tokenizer, [prompt], max_length)["input_ids"][0].tolist()
+        return len(ids) - (ids[-1] in tokenizer.special_ids)
+
     @torch.inference_mode()             # the pooling and Dense layers run outside the forward loop's no_grad too
     def encode(self, tokenizer, texts: Sequence[str], batch_size: int = 32, precision: str | bool | None = PRECISION,
-               max_length: int | None = None, progress: bool = False) -> np.ndarray:
+               max_length: int | None = None, progress: bool = False, prompt: str | None = None,
+               prompt_name: str | None = None) -> np.ndarray:
         """(n, dim) float32 vectors; texts of similar length share a batch (less padding). max_length: pieces per
-        text (default max_seq_length)."""
-        texts = list(texts)
+        text (default max_seq_length); `prompt` (else the prompt called `prompt_name`, else the model's default
+        prompt) goes before each text."""
+        prompt = self.prompts.text(prompt, prompt_name)
+        texts = [prompt + t for t in texts]
+        skip = self.prompt_length(tokenizer, prompt, max_length) if prompt and not self.pooling.include_prompt else 0
         return self._vectors([len(t) for t in texts],
                              lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx], max_length), batch_size,
-                             precision, progress)
+                             precision, progress, skip)
 
     @torch.inference_mode()
     def encode_ids(self, tokenizer, rows: Sequence[list[int]], batch_size: int = 32,
@@ -205,9 +249,10 @@ class SentenceEncoder(nn.Module):
         return self._vectors([len(r) for r in rows], lambda idx: id_batch(tokenizer, [rows[i] for i in idx], device),
                              batch_size, precision)
 
-    def _vectors(self, lengths: list[int], make_batch, batch_size: int, precision, progress: bool = False):
+    def _vectors(self, lengths: list[int], make_batch, batch_size: int, precision, progress: bool = False,
+                 prompt_length: int = 0):
         out = np.zeros((len(lengths), self.dim), dtype=np.float32)
-        batches = forward_batches(self, lengths, make_batch, batch_size, precision)
+        batches = forward_batches(self, lengths, make_batch, batch_size, precision, prompt_length=prompt_length)
         if progress:                    # no bar object at all otherwise: serve embeds one request's texts per call
             batches = progress_bar(batches, show=True, total=-(-len(lengths) // batch_size), desc="embed",
                                    unit="batch")

@@ -14,7 +14,12 @@ Fine-tuning's one driver (tasks.runner.run: seeds, metrics.json, summary.json) r
 through `bertkit.train` (embed_step, GradCache with `gradcache_batch`), bf16 autocast where native and a compact
 word-embedding table (only the rows the training texts use are trained: the same maths, see
 bertkit.train.compact). Each seed's model is saved as a sentence-transformers directory (`load_sentence_encoder`
-and `SentenceTransformer` both read it); the report holds every split's metrics before and after training.
+and `SentenceTransformer` both read it), the model's prompts and default prompt kept (training texts go in
+unprompted unless `prompts` (sentence-transformers' training argument: one text for every column, or {column:
+text}) puts one before a column's texts, as SentenceTransformerTrainer does; those of the first two columns are
+saved as the model's "query" and "document" prompts, and evaluation reads queries and corpus with them, else with
+the default prompt, as SentenceTransformer.encode); the report holds every split's metrics before and after
+training.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from bertkit.train.compact import restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
 
 __all__ = ["EmbedFinetuneConfig", "EmbedRun", "finetune_embed", "evaluate_embed", "read_retrieval", "evaluator",
-           "LOSSES", "load_encoder"]
+           "LOSSES", "load_encoder", "training_prompts"]
 
 LOSSES = ("mnrl", "cosent", "cosine")
 _ID = ("id", "_id")
@@ -81,6 +86,7 @@ class EmbedFinetuneConfig:
     save_every_steps: int | None = None      # checkpoints (training's; `bertkit finetune --save-every` routes here)
     save_every_minutes: float | None = None
     report_to: tuple[str, ...] = ()          # loggers besides metrics.jsonl and TensorBoard: wandb | mlflow
+    prompts: str | dict | None = None        # sentence-transformers' training `prompts`: see training_prompts
 
     def __post_init__(self):
         self.resume = bool(self.resume or self.training.resume)
@@ -152,22 +158,47 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
     return queries, corpus, qrels
 
 
-def evaluator(path, tokenizer, batch_size: int = 128, precision: str = PRECISION):
-    """The eval_fn for an evaluation path (see the module docstring): model -> metrics."""
+def training_prompts(spec: str | dict | None, columns: list[str], source: str) -> dict[str, str]:
+    """{column: prompt} from sentence-transformers' `prompts` training argument: one text for every column, or a
+    {column: text} mapping (JSON on the command line); "negative" names every negative column."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec) if spec.lstrip().startswith("{") else spec
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--prompts: not a JSON object ({e.msg}); give one text or {{column: text}}") from None
+    if not spec:
+        return {}
+    if isinstance(spec, str):
+        return dict.fromkeys(columns, spec)
+    if not isinstance(spec, dict) or not all(isinstance(v, str) for v in spec.values()):
+        raise ConfigError(f"--prompts: expected one text or {{column: text}}, got {spec!r:.80}")
+    out = {}
+    for key, text in spec.items():
+        named = [c for c in columns if c == key or (key == "negative" and c.startswith("negative_"))]
+        if not named:
+            raise ConfigError(f"--prompts: column {key!r} is not one of {source}'s: {', '.join(columns)}")
+        out.update(dict.fromkeys(named, text))
+    return out
+
+
+def evaluator(path, tokenizer, batch_size: int = 128, precision: str = PRECISION, prompts: tuple = (None, None)):
+    """The eval_fn for an evaluation path (see the module docstring): model -> metrics. prompts: the queries' (or
+    texts') and the corpus' (or text pairs') prompts; None: the model's default."""
     path = Path(path)
     if path.is_dir():
-        return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size, precision=precision)
+        return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size, precision=precision,
+                              prompts=prompts)
     if not path.is_file():
         raise DataError(f"{path}: no such evaluation file or directory")
     data = EmbedDataset.read(path)
     if data.kind == "scored":
         a, b = zip(*data.texts)
-        return similarity_eval(tokenizer, a, b, data.scores, batch_size, precision)
+        return similarity_eval(tokenizer, a, b, data.scores, batch_size, precision, prompts)
     pid = {p: f"p{i}" for i, p in enumerate(dict.fromkeys(t[1] for t in data.texts))}   # distinct positives
     queries = {f"q{i}": t[0] for i, t in enumerate(data.texts)}
     qrels = {f"q{i}": {pid[t[1]]: 1.0} for i, t in enumerate(data.texts)}
     return retrieval_eval(tokenizer, queries, {v: k for k, v in pid.items()}, qrels, batch_size=batch_size,
-                          precision=precision)
+                          precision=precision, prompts=prompts)
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -176,7 +207,8 @@ def load_encoder(model, pooling: str | None = None, normalize: bool | None = Non
     """(SentenceEncoder, Tokenizer) of a directory, its settings changed where an argument is given."""
     encoder, tok = load_sentence_encoder(model)
     if pooling is not None:
-        encoder.pooling = Pooling(pooling.split("+"), hidden_size=encoder.bert.config.hidden_size)
+        encoder.pooling = Pooling(pooling.split("+"), hidden_size=encoder.bert.config.hidden_size,
+                                  include_prompt=encoder.pooling.include_prompt)
         if len(encoder.dense) and encoder.dense[0].in_features != encoder.pooling.output_dim():
             raise ConfigError(f"--pooling {pooling}: gives {encoder.pooling.output_dim()} features but {model}'s "
                               f"Dense layer takes {encoder.dense[0].in_features}")
@@ -202,9 +234,11 @@ def _loss(cfg: EmbedFinetuneConfig, kind: str, source: str):
     return CoSENTLoss(cfg.scale) if name == "cosent" else CosineMSELoss()
 
 
-def _used_ids(encoder, tok, data) -> set[int]:
-    """The piece ids of every training text (and the pad id): the rows a compact embedding table trains."""
-    texts = sorted({t.lower() if encoder.do_lower_case else t for row in data.texts for t in row})
+def _used_ids(encoder, tok, data, prompts: dict[str, str]) -> set[int]:
+    """The piece ids of every training text, its prompt before it (and the pad id): the rows a compact embedding
+    table trains."""
+    texts = {prompts.get(c, "") + t for row in data.texts for c, t in zip(data.columns, row)}
+    texts = sorted({t.lower() if encoder.do_lower_case else t for t in texts})
     ids = {tok.pad_token_id}
     for start in range(0, len(texts), 1024):
         for row in tok(texts[start:start + 1024], max_length=encoder.max_seq_length, truncation=True)["input_ids"]:
@@ -232,17 +266,22 @@ class EmbedRun:
                 raise DataError(f"{p}: no such evaluation file or directory")
         log(cfg, f"finetune embed: {len(data)} {data.kind} examples, columns {', '.join(data.columns)}")
         self.data = data
+        self.prompts = training_prompts(cfg.prompts, data.columns, data.source)
+        # evaluation reads queries (texts) as the first column was trained, the corpus (pairs) as the second
+        self.eval_prompts = tuple(self.prompts.get(c) for c in data.columns[:2])
 
     def train_seed(self, cfg: EmbedFinetuneConfig, seed: int, run_dir: Path, log_prefix: str) -> dict:
         """Train one seed; returns its record (before / after metrics, timing) and saves the model."""
         data = self.data
         seed_everything(seed)
         encoder, tok = load_encoder(cfg.model, cfg.pooling, cfg.normalize, cfg.max_length, cfg.projection)
-        evals = {s: evaluator(p, tok, cfg.eval_batch_size, cfg.training.precision) for s, p in self.splits.items()}
+        evals = {s: evaluator(p, tok, cfg.eval_batch_size, cfg.training.precision, self.eval_prompts)
+                 for s, p in self.splits.items()}
         before = {split: fn(encoder) for split, fn in evals.items()}
         model = EmbedModel(encoder, _loss(cfg, data.kind, data.source))
-        compacted = compact(cfg, encoder, _used_ids(encoder, tok, data))
+        compacted = compact(cfg, encoder, _used_ids(encoder, tok, data, self.prompts))
         batches = data.batches(encoder, tok, cfg.batch_size, seed=seed)
+        batches.prompts = self.prompts
         if cfg.anchor_max_length:
             batches.max_lengths = {data.columns[0]: cfg.anchor_max_length}
         total = max(1, math.ceil(len(batches) * cfg.training.epochs))
@@ -263,6 +302,8 @@ class EmbedRun:
                "loop_s": result.elapsed_s, "train_cpu_s": cpu, "examples_per_s": examples / wall,
                "final_loss": result.losses[-1] if result.losses else None, "before": before, "after": after}
         if cfg.save_model:
+            # the trained prompts under the names SentenceTransformer.encode_query / encode_document read
+            encoder.prompts.named.update({n: p for n, p in zip(("query", "document"), self.eval_prompts) if p})
             save_sentence_encoder(encoder, tok, run_dir)
             rec["model_dir"] = str(run_dir)
         log(cfg, f"seed {seed}: {json.dumps({'after': after}, default=float)}")

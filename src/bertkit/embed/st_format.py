@@ -6,10 +6,11 @@ A directory as sentence-transformers writes it (any version from 2.x on):
     config.json, model.safetensors     the BERT encoder in HF format (the Transformer module lives in the root)
     vocab.txt, tokenizer_config.json   the tokenizer (a tokenizer.json with a WordPiece model also reads)
     sentence_bert_config.json          max_seq_length, do_lower_case
-    1_Pooling/config.json              pooling_mode_* flags (or the newer `pooling_mode`, a name or a list)
+    1_Pooling/config.json              pooling_mode_* flags (or the newer `pooling_mode`, a name or a list),
+                                       include_prompt (False: a prompt's tokens are not pooled)
     2_Dense/config.json + model.safetensors (or pytorch_model.bin)    in/out features, bias, activation
     2_Normalize/ or 3_Normalize/       no weights
-    config_sentence_transformers.json  versions, similarity function
+    config_sentence_transformers.json  versions, similarity function, prompts and default_prompt_name
 
 A plain HF directory (no modules.json) loads as sentence-transformers loads it: mean pooling, no normalisation.
 Writing uses the flag format every sentence-transformers version reads. Module types bertkit cannot run
@@ -32,10 +33,10 @@ from bertkit.errors import CheckpointError
 from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer
 
-from bertkit.embed.pooling import Dense, Pooling, SentenceEncoder
+from bertkit.embed.pooling import Dense, Pooling, Prompts, SentenceEncoder
 
 __all__ = ["load_sentence_encoder", "sentence_pipeline", "save_sentence_encoder", "is_sentence_transformers_dir",
-           "model_config", "module_dirs", "POOLING_FLAGS"]
+           "model_config", "module_dirs", "read_prompts", "POOLING_FLAGS"]
 
 # the legacy flag of each pooling mode, in sentence-transformers' concatenation order
 POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
@@ -49,6 +50,7 @@ _ACTIVATION_PATHS = {"identity": "torch.nn.modules.linear.Identity", "tanh": "to
 _ST_MODE_NAMES = {"mean_sqrt_len": "mean_sqrt_len_tokens", "weighted_mean": "weightedmean",
                   "last_token": "lasttoken"}
 _DEFAULT_MAX_SEQ = 512
+_ST_CONFIG = "config_sentence_transformers.json"
 
 
 def is_sentence_transformers_dir(path) -> bool:
@@ -59,7 +61,7 @@ def is_sentence_transformers_dir(path) -> bool:
 
 def model_config(path) -> dict:
     """The directory's config_sentence_transformers.json ({} without one)."""
-    cfg = Path(path) / "config_sentence_transformers.json"
+    cfg = Path(path) / _ST_CONFIG
     found = _read_json(cfg) if cfg.is_file() else {}
     return found if isinstance(found, dict) else {}
 
@@ -82,6 +84,14 @@ def _kind(module_type: str) -> str | None:
     return None
 
 
+def _module_path(directory: Path, entry) -> Path:
+    """An entry's path relative to the directory; one that leaves it (absolute, or with '..') is an error."""
+    rel = Path(str(entry.get("path") or "")) if isinstance(entry, dict) else Path()
+    if rel.is_absolute() or ".." in rel.parts:
+        raise CheckpointError(f"{directory / 'modules.json'}: module path {str(rel)!r} leaves the model directory")
+    return rel
+
+
 def _module_list(directory: Path) -> list[tuple[str, Path]]:
     """(kind, directory) per entry of modules.json, checked for an order SentenceEncoder can run."""
     spec = _read_json(directory / "modules.json")
@@ -93,7 +103,7 @@ def _module_list(directory: Path) -> list[tuple[str, Path]]:
         if kind is None:
             raise CheckpointError(f"{directory / 'modules.json'}: module {m.get('name', '?')} has type "
                                   f"{m['type']!r}; bertkit runs Transformer, Pooling, Dense and Normalize only")
-        out.append((kind, directory / str(m.get("path", ""))))
+        out.append((kind, directory / _module_path(directory, m)))
     kinds = [k for k, _ in out]
     pattern_ok = (kinds[:2] == ["transformer", "pooling"] and all(k == "dense" for k in kinds[2:-1])
                   and (len(kinds) == 2 or kinds[-1] in ("dense", "normalize")))
@@ -113,14 +123,7 @@ def module_dirs(directory) -> list[Path]:
     spec = _read_json(directory / "modules.json")
     if not isinstance(spec, list):
         raise CheckpointError(f"{directory / 'modules.json'}: expected a list of {{type, path}} objects")
-    out = []
-    for m in spec:
-        rel = Path(str(m.get("path") or "")) if isinstance(m, dict) else Path()
-        if rel.is_absolute() or ".." in rel.parts:
-            raise CheckpointError(f"{directory / 'modules.json'}: module path {str(rel)!r} leaves the model directory")
-        if rel.parts and (directory / rel).is_dir():
-            out.append(rel)
-    return out
+    return [rel for rel in (_module_path(directory, m) for m in spec) if rel.parts and (directory / rel).is_dir()]
 
 
 def _pooling_from(path: Path, hidden: int) -> Pooling:
@@ -135,7 +138,7 @@ def _pooling_from(path: Path, hidden: int) -> Pooling:
         modes = cfg["pooling_mode"]
     else:
         modes = [mode for mode, flag in POOLING_FLAGS.items() if cfg.get(flag)] or ["mean"]
-    return Pooling(modes, hidden_size=hidden)
+    return Pooling(modes, hidden_size=hidden, include_prompt=bool(cfg.get("include_prompt", True)))
 
 
 def _dense_from(path: Path) -> Dense:
@@ -172,6 +175,19 @@ def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple
     return min(int(length), max_positions), bool(cfg.get("do_lower_case", False))
 
 
+def read_prompts(path) -> Prompts:
+    """The prompts of a sentence-transformers directory's config_sentence_transformers.json (none without it)."""
+    file, cfg = Path(path) / _ST_CONFIG, model_config(path)
+    saved, default = cfg.get("prompts") or {}, cfg.get("default_prompt_name")
+    if not isinstance(saved, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in saved.items()):
+        raise CheckpointError(f"{file}: prompts must map names to prompt texts, got {saved!r:.80}")
+    prompts = Prompts({**Prompts().named, **saved}, default)
+    if default is not None and default not in prompts.named:
+        raise CheckpointError(f"{file}: default_prompt_name {default!r} is not one of its prompts: "
+                              f"{', '.join(prompts.named)}")
+    return prompts
+
+
 def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None) -> tuple[SentenceEncoder, Tokenizer]:
     """A sentence-transformers (or plain HF BERT) directory -> (SentenceEncoder in eval mode, Tokenizer)."""
     directory = Path(path)
@@ -198,7 +214,8 @@ def sentence_pipeline(path, bert: BertModel, tokenizer: Tokenizer) -> SentenceEn
     dense = [_dense_from(p) for kind, p in modules if kind == "dense"]
     normalize = modules[-1][0] == "normalize"
     encoder = SentenceEncoder(bert, pooling, normalize=normalize, dense=dense, max_seq_length=max_len,
-                              do_lower_case=lower)
+                              do_lower_case=lower,
+                              prompts=read_prompts(directory) if is_sentence_transformers_dir(directory) else None)
     if dense and dense[0].in_features != pooling.output_dim():
         raise CheckpointError(f"{directory}: the first Dense takes {dense[0].in_features} features but pooling "
                               f"gives {pooling.output_dim()}")
@@ -219,7 +236,8 @@ def save_sentence_encoder(encoder: SentenceEncoder, tokenizer: Tokenizer, path) 
     pool_dir.mkdir(exist_ok=True)
     modes = encoder.pooling.modes
     pool_cfg = {"word_embedding_dimension": encoder.bert.config.hidden_size,
-                **{flag: mode in modes for mode, flag in POOLING_FLAGS.items()}, "include_prompt": True}
+                **{flag: mode in modes for mode, flag in POOLING_FLAGS.items()},
+                "include_prompt": encoder.pooling.include_prompt}
     if list(modes) != [m for m in POOLING_FLAGS if m in modes]:
         # flags concatenate in their fixed order; the newer list form (read first) keeps another order
         pool_cfg["pooling_mode"] = [_ST_MODE_NAMES.get(m, m) for m in modes]
@@ -241,9 +259,10 @@ def save_sentence_encoder(encoder: SentenceEncoder, tokenizer: Tokenizer, path) 
         idx = str(len(modules))
         (directory / f"{idx}_Normalize").mkdir(exist_ok=True)
         modules.append((idx, f"{idx}_Normalize", "Normalize"))
-    write_json(directory / "config_sentence_transformers.json",
+    write_json(directory / _ST_CONFIG,
                {"__version__": {"bertkit": __version__, "pytorch": torch.__version__},
-                "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, error=CheckpointError)
+                "prompts": encoder.prompts.named, "default_prompt_name": encoder.prompts.default_name,
+                "similarity_fn_name": "cosine"}, error=CheckpointError)
     write_json(directory / "modules.json",
                [{"idx": int(i), "name": i, "path": p, "type": f"sentence_transformers.models.{t}"}
                 for i, p, t in modules], error=CheckpointError)

@@ -152,6 +152,7 @@ class EmbedBatches:
         self.data, self.encoder, self.tokenizer = data, encoder, tokenizer
         self.batch_size, self.seed, self.shuffle, self.epoch = batch_size, seed, shuffle, 0
         self.max_lengths: dict[str, int] = {}        # column -> its own piece limit (a shorter query side)
+        self.prompts: dict[str, str] = {}            # column -> the prompt before its texts
 
     def __len__(self) -> int:
         return len(self.data) // self.batch_size
@@ -171,9 +172,13 @@ class EmbedBatches:
         batch: dict[str, Tensor] = {}
         columns = list(zip(*(data.texts[i] for i in rows)))                  # per column, its texts
         for name, texts in zip(data.columns, columns):
-            limit = self.max_lengths.get(name)
-            for field, t in self.encoder.tokenize(self.tokenizer, texts, limit).items():
-                batch[f"{name}.{field}"] = t                                   # (batch, seq)
+            limit, prompt = self.max_lengths.get(name), self.prompts.get(name, "")
+            features = self.encoder.tokenize(self.tokenizer, [prompt + t for t in texts], limit)
+            if prompt and not self.encoder.pooling.include_prompt:
+                skip = self.encoder.prompt_length(self.tokenizer, prompt, limit)
+                features["prompt_length"] = torch.full((len(texts),), skip, device=features["input_ids"].device)
+            for field, t in features.items():
+                batch[f"{name}.{field}"] = t                                   # (batch, seq), prompt_length (batch,)
         if data.kind == "pairs":
             batch["anchor.key"] = text_keys(columns[0])
             candidate_keys = text_keys([t for col in columns[1:] for t in col]).view(len(columns) - 1, -1)
@@ -193,8 +198,8 @@ class EmbedModel(nn.Module):
         self.encoder, self.loss = encoder, loss
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None) -> Tensor:
-        return self.encoder(input_ids, token_type_ids, attention_mask)
+                attention_mask: Tensor | None = None, prompt_length: Tensor | int = 0) -> Tensor:
+        return self.encoder(input_ids, token_type_ids, attention_mask, prompt_length)
 
 
 def _columns(batch: dict[str, Tensor]) -> list[str]:
@@ -207,7 +212,7 @@ def embed_step(mini_batch_size: int | None = None):
     def step(model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:
         loss_fn = getattr(model, "module", model).loss
         names = _columns(batch)
-        features = [{f: batch[f"{n}.{f}"] for f in ("input_ids", "token_type_ids", "attention_mask")
+        features = [{f: batch[f"{n}.{f}"] for f in ("input_ids", "token_type_ids", "attention_mask", "prompt_length")
                      if f"{n}.{f}" in batch} for n in names]
         if isinstance(loss_fn, MultipleNegativesRankingLoss):
             extra = {"keys": [batch[f"{n}.key"] for n in names]} if f"{names[0]}.key" in batch else {}
@@ -230,15 +235,16 @@ def _encoder_of(model: nn.Module) -> SentenceEncoder:
 
 
 def retrieval_eval(tokenizer, queries: dict[str, str], corpus: dict[str, str], relevant, k: int = 10,
-                   batch_size: int = 64, precision: str = PRECISION):
-    """An eval_fn: embed queries and corpus (in `precision`: a training run's evaluations follow its own), exact
-    top k, then retrieval_metrics (recall@k, MRR@10, nDCG@10)."""
+                   batch_size: int = 64, precision: str = PRECISION, prompts: tuple = (None, None)):
+    """An eval_fn: embed queries and corpus (in `precision`: a training run's evaluations follow its own; with
+    `prompts`, the queries' and the corpus' prompts, None: the model's default), exact top k, then
+    retrieval_metrics (recall@k, MRR@10, nDCG@10)."""
     qids, cids = list(queries), list(corpus)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
         enc = _encoder_of(model)
-        q = enc.encode(tokenizer, [queries[i] for i in qids], batch_size, precision)     # (queries, dim)
-        c = enc.encode(tokenizer, [corpus[i] for i in cids], batch_size, precision)      # (corpus, dim)
+        q = enc.encode(tokenizer, [queries[i] for i in qids], batch_size, precision, prompt=prompts[0])
+        c = enc.encode(tokenizer, [corpus[i] for i in cids], batch_size, precision, prompt=prompts[1])
         if not enc.normalize:
             q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
         _, rows = search_vectors(q, c, k=k)
@@ -248,10 +254,10 @@ def retrieval_eval(tokenizer, queries: dict[str, str], corpus: dict[str, str], r
 
 
 def similarity_eval(tokenizer, texts: Sequence[str], text_pairs: Sequence[str], scores: Sequence[float],
-                    batch_size: int = 64, precision: str = PRECISION):
+                    batch_size: int = 64, precision: str = PRECISION, prompts: tuple = (None, None)):
     """An eval_fn for scored pairs: Spearman and Pearson of the cosines against the gold scores."""
     def evaluate(model: nn.Module) -> dict[str, float]:
         enc = _encoder_of(model)
-        return similarity_metrics(enc.encode(tokenizer, texts, batch_size, precision),
-                                  enc.encode(tokenizer, text_pairs, batch_size, precision), scores)
+        return similarity_metrics(enc.encode(tokenizer, texts, batch_size, precision, prompt=prompts[0]),
+                                  enc.encode(tokenizer, text_pairs, batch_size, precision, prompt=prompts[1]), scores)
     return evaluate

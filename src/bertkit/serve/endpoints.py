@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bertkit import __version__
+from bertkit.errors import ConfigError
 from bertkit.predict.decode import class_scores, score_function
 from bertkit.predict.engine import forward_batches, id_batch
 from bertkit.rerank import CrossEncoder, single_text_kind
@@ -70,6 +71,7 @@ class _EmbedJob:
     normalize: bool = True
     truncate: bool = True
     left: bool = False                  # truncation_direction "Left": cut the start, keep the end
+    prompt_name: str | None = None      # None: the model's default prompt
 
     @property
     def as_rows(self) -> bool:
@@ -78,11 +80,12 @@ class _EmbedJob:
         return self.left or not all(isinstance(x, str) for x in self.inputs)
 
 
-def _input_rows(predictor, job: _EmbedJob, max_length: int) -> list[list[int]] | RequestError:
+def _input_rows(predictor, job: _EmbedJob, max_length: int, prompt: str) -> list[list[int]] | RequestError:
     """Each input as whole model ids: a text within the tokenizer's specials (lower-cased first where the model's
-    modules say so), ids as given; cut to max_length from the job's side, or refused when it does not truncate."""
+    modules say so), ids as given (no prompt: they are the model's whole input, as TEI takes them); cut to max_length
+    from the job's side, or refused when it does not truncate."""
     tok = predictor.tokenizer
-    texts = [x for x in job.inputs if isinstance(x, str)]
+    texts = [prompt + x for x in job.inputs if isinstance(x, str)]
     if predictor.sentence_encoder().do_lower_case:
         texts = [t.lower() for t in texts]
     pieces = tok.encode_pieces(texts) if texts else None
@@ -108,24 +111,29 @@ def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
     out: list = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
+        try:
+            prompt = predictor.prompts.text(name=job.prompt_name)
+        except ConfigError as e:
+            out[i] = RequestError(422, str(e))
+            continue
         if job.as_rows:
-            out[i] = _input_rows(predictor, job, max_length)
+            out[i] = _input_rows(predictor, job, max_length, prompt)
             err = out[i] if isinstance(out[i], RequestError) else None
         else:
             # a truncating job needs no count: skip a second tokenization of its texts (the forward tokenizes them)
-            counts = None if job.truncate else _token_counts(predictor, job.inputs)
+            counts = None if job.truncate else _token_counts(predictor, [prompt + t for t in job.inputs])
             err = None if counts is None else _too_long(counts, max_length)
             out[i] = err or (counts and [min(n, max_length) for n in counts])
         if err is None:
-            groups.setdefault((job.as_rows, job.pooling, job.normalize), []).append(i)
-    for (as_rows, pooling, normalize), idx in groups.items():    # requests with the same options share one forward
+            groups.setdefault((job.as_rows, job.pooling, job.normalize, prompt), []).append(i)
+    for (as_rows, pooling, normalize, prompt), idx in groups.items():  # requests with the same options share a forward
         if as_rows:
             rows = [r for i in idx for r in out[i]]
             vecs = predictor.embed_ids(rows, normalize=normalize, batch_size=len(rows))
         else:
             texts = [t for i in idx for t in jobs[i].inputs]
             vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,
-                                   batch_size=len(texts))
+                                   batch_size=len(texts), prompt=prompt)
         for i, v in zip(idx, _pieces(vecs, [len(jobs[i].inputs) for i in idx])):
             counts = [len(r) for r in out[i]] if as_rows else out[i]
             out[i] = (v, counts) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
@@ -160,7 +168,7 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def run(reqs: list) -> list:
         jobs = [_EmbedJob([r.text], r.pooling, r.normalize) if isinstance(r, S.EmbedRequest)
                 else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate,
-                               left=r.truncation_direction == "Left") for r in reqs]
+                               left=r.truncation_direction == "Left", prompt_name=r.prompt_name) for r in reqs]
         return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
     return run
 

@@ -178,6 +178,8 @@ class TeiEmbedRequest(Request):
     truncation_direction: Direction = Field("Right", description="the end to cut from: Right keeps the start")
     dimensions: int | None = Field(None, ge=1, description="keep the first k components (Matryoshka), then "
                                                            "normalise if normalize; at most the model's width")
+    prompt_name: str | None = Field(None, description="the model's prompt of this name goes before each input "
+                                                       "(default: its default_prompt_name)")
 
 
 class EmbedAllRequest(Request):
