@@ -80,7 +80,7 @@ class _EmbedJob:
         return self.left or not all(isinstance(x, str) for x in self.inputs)
 
 
-def _input_rows(predictor, job: _EmbedJob, max_length: int, prompt: str) -> list[list[int]] | RequestError:
+def _input_rows(predictor, job: _EmbedJob, max_length: int, prompt: str = "") -> list[list[int]] | RequestError:
     """Each input as whole model ids: a text within the tokenizer's specials (lower-cased first where the model's
     modules say so), ids as given (no prompt: they are the model's whole input, as TEI takes them); cut to max_length
     from the job's side, or refused when it does not truncate."""
