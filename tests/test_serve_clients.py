@@ -40,7 +40,7 @@ def test_openai_dimensions_are_the_first_k_components_renormalised(served):
     openai = pytest.importorskip("openai")
     pred, srv, _ = served
     texts = ["the cat sat .", "a dog sat on the mat ."]
-    full = pred.embed(texts).astype(np.float64)
+    full = pred.embed(texts, normalize=True).astype(np.float64)
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
     for k in (1, 8, 17, pred.embedding_dim):
         for fmt in ("float", "base64"):        # the client decodes base64 itself
@@ -85,7 +85,7 @@ def test_openai_token_id_inputs(served):
     for given in (ids, ids[0]):           # a list of id lists, or one list of ids
         res = client.embeddings.create(model="m", input=given, encoding_format="float")
         got = np.array([d.embedding for d in res.data])
-        ref = pred.embed(texts[:len(got)])
+        ref = pred.embed(texts[:len(got)], normalize=True)
         assert np.abs(got - ref).max() < 1e-5 and res.usage.prompt_tokens == sum(map(len, ids[:len(got)]))
     with pytest.raises(openai.BadRequestError, match="token id 99"):
         client.embeddings.create(model="m", input=[[2, 99, 3]])
@@ -102,8 +102,8 @@ def test_tei_truncation_direction_and_normalize(served):
         return np.array(resp.json())
     right, left = embed(), embed(truncation_direction="Left")
     assert np.abs(embed(truncation_direction="Right") - right).max() == 0
-    assert np.abs(right - pred.embed([LONG])).max() < 1e-5              # Right keeps the start
-    assert np.abs(left - pred.embed([TAIL])).max() < 1e-5               # Left keeps the end
+    assert np.abs(right - pred.embed([LONG], normalize=True)).max() < 1e-5  # Right keeps the start
+    assert np.abs(left - pred.embed([TAIL], normalize=True)).max() < 1e-5  # Left keeps the end
     assert np.abs(left - right).max() > 1e-3
     raw = embed(truncation_direction="Left", normalize=False)
     assert np.abs(raw - pred.embed([TAIL], normalize=False)).max() < 1e-5 and abs(np.linalg.norm(raw) - 1) > 1e-3
@@ -125,7 +125,7 @@ def test_tei_token_id_inputs(served):
     pred, _, client = served
     texts = ["the cat sat .", "a dog"]
     ids = [pred.tokenizer.encode(t) for t in texts]
-    ref = pred.embed(texts)
+    ref = pred.embed(texts, normalize=True)
     for inputs, want in ((ids[0], ref[:1]), (ids, ref), ([ids[0], texts[1]], ref)):    # mixed with texts too
         resp = client.post("/embed", json={"inputs": inputs})
         assert resp.status_code == 200 and np.abs(np.array(resp.json()) - want).max() < 1e-5, inputs
@@ -133,8 +133,8 @@ def test_tei_token_id_inputs(served):
     assert client.post("/embed", json={"inputs": [long]}).status_code == 422
     right = client.post("/embed", json={"inputs": [long], "truncate": True}).json()
     left = client.post("/embed", json={"inputs": [long], "truncate": True, "truncation_direction": "Left"}).json()
-    assert np.abs(np.array(right) - pred.embed_ids([long[:256]])).max() < 1e-5
-    assert np.abs(np.array(left) - pred.embed_ids([long[-256:]])).max() < 1e-5
+    assert np.abs(np.array(right) - pred.embed_ids([long[:256]], normalize=True)).max() < 1e-5
+    assert np.abs(np.array(left) - pred.embed_ids([long[-256:]], normalize=True)).max() < 1e-5
     for bad, status, words in (([[2, 5000, 3]], 422, "token id 5000"), ([[2, -1, 3]], 422, "negative"),
                                ([[]], 422, "empty"), ([[2, True]], 400, "item 0"), ([{"a": 1}], 400, "item 0"),
                                ([[2, 5.0]], 400, "item 0")):
@@ -194,7 +194,8 @@ def test_docs_trailing_slashes_and_head(served):
     assert "/embed_all" in client.get("/openapi.json").json()["paths"]
     for path in ("/embed/", "/embed//"):                      # answered as the route, not an empty 307
         resp = client.post(path, json={"inputs": "the cat"})
-        assert resp.status_code == 200 and np.abs(np.array(resp.json()) - pred.embed(["the cat"])).max() < 1e-5
+        ref = pred.embed(["the cat"], normalize=True)
+        assert resp.status_code == 200 and np.abs(np.array(resp.json()) - ref).max() < 1e-5
     assert client.get("/health/").json()["status"] == "ok"
     resp = client.post("/embedx/", json={})
     assert resp.status_code == 404 and "/embed" in resp.json()["error"]
