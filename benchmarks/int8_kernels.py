@@ -47,6 +47,10 @@ def candidates(x, w, b) -> dict:
     fns = {"fp32": lambda: F.linear(x, w, b)}
     packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
     fns["fp32_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():          # the float path bf16 autocast runs where native
+        xb, bb = x.bfloat16(), b.bfloat16()
+        packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(w.bfloat16(), None)
+        fns["bf16_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(xb, packed_bf16, bb, "none", [], "").float()
     for engine in ("fbgemm", "onednn", "x86"):
         if engine not in torch.backends.quantized.supported_engines:
             continue
