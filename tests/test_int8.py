@@ -158,24 +158,35 @@ def test_freeze_warns_where_int8_measured_slower(caplog):
         runtime.freeze(_tiny(), slower)                                # a float model: nothing to say
         assert not caplog.records
         runtime.freeze(int8.quantize(_tiny()), slower)
-    assert "slower than its fastest float path" in caplog.text
+    assert "slower than fp32" in caplog.text
 
 
 def test_int8_layers_run_float_where_float_measured_faster():
-    """Where the probe found the fastest float path faster than int8, a quantized model's layers multiply their
-    dequantized weights in float (bf16 under autocast: "auto" is no longer held to fp32), same weights as on disk."""
+    """Where the probe found fp32 faster than int8, a quantized model's layers multiply their dequantized weights
+    in float (the same weights as on disk); where only bf16 was faster, they do so under bf16 autocast and "auto"
+    is no longer held to fp32 activations, while fp32 runs keep the int8 kernel."""
     from bertkit.precision import for_model
-    slower = runtime.RuntimePlan(runtime.plan(force="none").options, reasons={"int8_linear": "9 ms vs bf16 3 ms"})
-    q = int8.quantize(_tiny())
-    assert for_model("auto", runtime.freeze(copy.deepcopy(q), runtime.plan(force="none"))) == "fp32"
-    frozen = runtime.freeze(q, slower)
-    layers = [m for m in frozen.modules() if isinstance(m, Int8Linear)]
-    assert {m.engine for m in layers} == {None} and for_model("auto", frozen) == "auto"
-    x = torch.randn(3, 50, layers[0].in_features)                      # 150 rows: the kernel would run int8
+    none = runtime.plan(force="none").options
+    x = torch.randn(3, 50, 128)                                        # 150 rows: the kernel would run int8
+
+    def first_layer(plan):
+        frozen = runtime.freeze(int8.quantize(_tiny()), plan)
+        layer = next(m for m in frozen.modules() if isinstance(m, Int8Linear) and m.in_features == 128)
+        return frozen, layer, torch.nn.functional.linear(x, *layer.dequantized())
+
     with torch.no_grad():
-        assert torch.allclose(layers[0](x), torch.nn.functional.linear(x, *layers[0].dequantized()), atol=1e-5)
+        frozen, layer, ref = first_layer(runtime.RuntimePlan(none, reasons={"int8_linear": "9 ms vs fp32 3 ms"}))
+        assert layer.engine is None and for_model("auto", frozen) == "auto"
+        assert torch.allclose(layer(x), ref, atol=1e-5)
+        frozen, layer, ref = first_layer(runtime.RuntimePlan(none, int8_engine=int8.default_engine(),
+                                                             int8_bf16_faster=True))
+        assert for_model("auto", frozen) == "auto" and for_model("fp32", frozen) == "fp32"
+        assert not torch.allclose(layer(x), ref, atol=1e-5)            # fp32: the int8 kernel
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert layers[0](x).dtype == torch.bfloat16
+            y = layer(x)
+        assert y.dtype == torch.bfloat16 and torch.allclose(y.float(), ref, atol=0.05)
+        frozen = runtime.freeze(int8.quantize(_tiny()), runtime.plan(force="none"))
+        assert for_model("auto", frozen) == "fp32"                     # int8 won everywhere: fp32 activations
 
 
 def test_short_inputs_run_the_float_gemm_where_int8_lost_on_them(caplog):
@@ -197,7 +208,7 @@ def test_short_inputs_run_the_float_gemm_where_int8_lost_on_them(caplog):
     ids, mask = _batch()                                               # 90 real tokens: int8 throughout
     with caplog.at_level("WARNING", logger="bertkit.runtime.int8"):
         model = runtime.freeze(int8.quantize(_tiny()), plan)
-    assert "slower than float on short inputs" in caplog.text and "under 64 tokens" in caplog.text
+    assert "slower than fp32 on short inputs" in caplog.text and "under 64 tokens" in caplog.text
     assert {m.float_below for m in model.modules() if isinstance(m, Int8Linear)} == {64}
     one = ids[4:5, :12], mask[4:5, :12]                                # one sentence of 12 tokens: float GEMMs
     reference = copy.deepcopy(model)

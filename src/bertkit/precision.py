@@ -36,7 +36,7 @@ def resolve(value: str | bool | None, device="cpu") -> str:
 def for_model(value: str | bool | None, model: torch.nn.Module) -> str:
     """`value`, except that "auto" runs an int8 model (runtime.int8) with fp32 activations: its GEMMs take fp32
     input, and bf16 autocast only adds casts around them (slower in every run, docs/performance.md). An int8
-    model whose layers run float here (runtime.freeze, where float measured faster) is a float model for this."""
+    model whose layers run float under bf16 here (runtime.freeze, where float measured faster) keeps "auto"."""
     value = as_precision(value)
     if value == "auto" and runs_int8(model):
         return "fp32"

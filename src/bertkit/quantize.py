@@ -3,9 +3,9 @@
     quantize_dir(model, out, check=None, max_drop=1.0, keep_float=())
     write(quantize_model(model, check=...), out)     # the same in two steps (the CLI clears an earlier run between)
 
-1. Says whether this CPU's int8 path measured faster than its fastest float path (runtime.plan's `int8_linear`
-   probe: bf16 where native, else fp32): where it did not, the int8 model is written all the same (its size is the
-   gain) and the inference commands run its weights in float here (runtime.freeze).
+1. Says whether this CPU's int8 path measured faster than its float paths (runtime.plan's `int8_linear` probe:
+   fp32, and bf16 where native): where it did not, the int8 model is written all the same (its size is the gain)
+   and the inference commands run its weights in float here (runtime.freeze; bf16 under auto where bf16 won).
 2. Quantizes every linear layer of the encoder and heads (runtime.int8), except `keep_float` patterns.
 3. With `check` (a labelled dev file of the model's task; the model must come from `bertkit finetune`): scores fp32
    and int8 on it and refuses to write when the drop of the task's main metric exceeds `max_drop` points.
@@ -93,14 +93,18 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
 
 
 def speed_here() -> dict:
-    """Whether the int8 kernel runs on this CPU, and the probe's figures against the fastest float path."""
+    """Whether the int8 kernel runs on this CPU against its float paths, with the probe's figures, in one line."""
     plan = runtime.plan("cpu")
-    why = plan.reasons.get("int8_linear", plan.reasons.get("all", ""))
-    if plan.int8_engine is not None:
-        return {"int8_runs": True, "line": f"int8 runs here (int8_linear: {why})"}
-    return {"int8_runs": False, "line": f"int8 is not faster than float on this CPU (int8_linear: {why}): predict "
-                                        f"and serve run this model's weights in float here; the directory keeps "
-                                        f"int8 for its size"}
+    why = f"int8_linear: {plan.reasons.get('int8_linear', plan.reasons.get('all', ''))}"
+    if plan.int8_engine is None:
+        line = (f"int8 is not faster than float on this CPU ({why}): predict and serve run this model's weights in "
+                f"float here; the directory keeps int8 for its size")
+    elif plan.int8_bf16_faster:
+        line = (f"int8 beats fp32 but not bf16 on this CPU ({why}): at --precision fp32 (the inference default) "
+                f"predict and serve run int8, under auto or bf16 this model's weights in bf16")
+    else:
+        line = f"int8 runs here ({why})"
+    return {"int8_runs": plan.int8_engine is not None, "bf16_faster": plan.int8_bf16_faster, "line": line}
 
 
 @dataclass

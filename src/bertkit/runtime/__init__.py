@@ -53,6 +53,8 @@ class RuntimePlan:
     reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
     bucket_overhead: float | None = None            # inference attention buckets by cost (padding.cost_buckets):
                                                     # the per-bucket cost in row * length^2 * hidden units
+    int8_bf16_faster: bool = False                  # bf16 GEMMs beat int8 here: under bf16 autocast int8 layers
+                                                    # run their dequantized weights in bf16
 
 
 class FastDropout(nn.Dropout):
@@ -97,17 +99,21 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     reasons["bf16_residual"] = "on with native bf16" if bf16 else "no native bf16: training runs fp32 here"
     int8_probe = probes["int8_linear"]
     engine = int8_probe.get("engine") if _won(int8_probe) else None
-    best_float = f"{int8_probe.get('float', 'fp32')} float"      # the fastest float GEMM here: what int8 must beat
-    reasons["int8_linear"] = _why(int8_probe, best_float) + (f", {engine}" if engine else "")
+    reasons["int8_linear"] = _why(int8_probe, "fp32") + (f", {engine}" if engine else "")
+    bf16_faster = engine is not None and int8_probe.get("bf16") is not None \
+        and not _won({"fast": int8_probe["fast"], "plain": int8_probe["bf16"]})
+    if int8_probe.get("bf16") is not None:
+        reasons["int8_linear"] += f"; bf16 {int8_probe['bf16'] * 1e3:.2f} ms" + (
+            ": under bf16 autocast the int8 layers run bf16" if bf16_faster else "")
     float_below = int8_float_below(int8_probe)
     if float_below:
         short = {"fast": int8_probe["short_fast"], "plain": int8_probe["short_plain"]}
-        reasons["int8_linear"] += (f"; short inputs {_why(short, best_float)}: under {float_below} rows the int8 "
+        reasons["int8_linear"] += (f"; short inputs {_why(short, 'fp32')}: under {float_below} rows the int8 "
                                    f"layers run a float GEMM")
     buckets = probes["cost_buckets"]
     overhead = buckets["overhead"] if _won(buckets) else None
     reasons["cost_buckets"] += f", per-bucket cost {buckets['overhead']:.3g}" if "overhead" in buckets else ""
-    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead)
+    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead, bf16_faster)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -156,7 +162,7 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     freeze_linears(model, runtime.packed_dtypes)
     # int8 layers (a quantized model): the library measured faster, or their weights in float where float won here
     set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons,
-               runtime.int8_float_below, runtime.packed_dtypes)
+               runtime.int8_float_below, runtime.packed_dtypes, runtime.int8_bf16_faster)
     return model.eval()
 
 

@@ -110,7 +110,8 @@ class Int8Linear(nn.Module):
     def _init_runtime(self) -> None:
         """What runtime.freeze sets (set_engine) and the derived data built on first use."""
         self.engine = default_engine()                # the library measured fastest here (None: the float GEMM,
-                                                      # where the fastest float path beat int8 here)
+                                                      # where fp32 beat int8 here)
+        self.bf16_faster = False                      # under bf16 autocast, the float GEMM (bf16 beat int8 here)
         self.float_below = 0                          # fewer rows: the float GEMM (where int8 lost on short inputs)
         self.float_packed: frozenset = frozenset()    # ... prepacked in these dtypes, as frozen fp32 layers are
         self._packed: tuple = (None, None)           # (stamp of weight / scale / bias + engine, prepacked weight)
@@ -154,7 +155,8 @@ class Int8Linear(nn.Module):
         if tracing() or x.device.type != "cpu" or not int8_kernel_ok():
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
-        elif self.engine is None or x.numel() < self.float_below * x.shape[-1]:
+        elif self.engine is None or x.numel() < self.float_below * x.shape[-1] or (
+                self.bf16_faster and torch.is_autocast_enabled("cpu")):
             stamp = self.stamp()                     # int8 measured slower than float (here, or at this few rows)
             if self._float[0] != stamp:
                 self._float = (stamp, FrozenLinear(*self.dequantized(), self.act, self.float_packed))
@@ -205,28 +207,29 @@ class Int8Fused(Int8Linear):
 
 
 def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False, float_below: int = 0,
-               float_packed: frozenset = frozenset()) -> None:
-    """Run every int8 layer of `model` through `engine` (None: the default one); `measured_slower`: this CPU's
-    int8 path lost to its fastest float path, so every layer runs its float GEMM (a FrozenLinear of the dequantized
-    weights, prepacked in `float_packed` dtypes, built on first use; bf16 under autocast: precision.for_model) and
-    the user is told once; `float_below`: inputs of fewer rows take the float GEMM, where int8 lost on short
-    inputs here."""
+               float_packed: frozenset = frozenset(), bf16_faster: bool = False) -> None:
+    """Run every int8 layer of `model` through `engine` (None: the default one). Where int8 lost here, the layers
+    take their float GEMM instead (a FrozenLinear of the dequantized weights, prepacked in `float_packed` dtypes,
+    built on first use): everywhere with `measured_slower` (int8 lost to fp32: the user is told once), on inputs
+    of fewer than `float_below` rows (int8 lost on short inputs), under bf16 autocast with `bf16_faster` (bf16 GEMMs
+    beat int8: precision.for_model then lets "auto" run bf16)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if layers and measured_slower:
-        log.warning("this CPU's int8 path measured slower than its fastest float path (python -m bertkit.hardware):"
-                    " the int8 layers run their weights in float here")
+        log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the int8 layers "
+                    "run their weights in float here")
     elif layers and float_below and float_below != layers[0].float_below:
-        log.warning(f"this CPU's int8 path measured slower than float on short inputs (python -m bertkit.hardware):"
-                    f" inputs under {float_below} tokens run the int8 layers' weights in float")
+        log.warning(f"this CPU's int8 path measured slower than fp32 on short inputs (python -m bertkit.hardware): "
+                    f"inputs under {float_below} tokens run the int8 layers' weights in float")
     for m in layers:
         m.engine = None if measured_slower else engine or default_engine()
-        m.float_below, m.float_packed = float_below, float_packed
+        m.float_below, m.float_packed, m.bf16_faster = float_below, float_packed, bf16_faster
 
 
-def runs_int8(model: nn.Module) -> bool:
-    """Whether some layer of `model` runs the int8 kernel (not the float GEMM that `set_engine` chose where float
-    measured faster): such a model wants fp32 activations, as the kernel takes them."""
-    return any(isinstance(m, Int8Linear) and m.engine is not None for m in model.modules())
+def runs_int8(model: nn.Module, bf16: bool = True) -> bool:
+    """Whether some layer of `model` runs the int8 kernel (`set_engine`), under bf16 autocast if `bf16`: a model
+    that does wants fp32 activations, as the kernel takes them."""
+    return any(isinstance(m, Int8Linear) and m.engine is not None and not (bf16 and m.bf16_faster)
+               for m in model.modules())
 
 
 def _matches(name: str, patterns) -> bool:

@@ -63,8 +63,8 @@ SHORT_ROWS = range(12, 60, 3)     # rows of the int8 probe's short case: one sen
 
 
 def _float_gemms(xs: list, lin: torch.nn.Linear, bf16_native: bool) -> dict:
-    """name -> fn: the float GEMMs of `lin` over `xs` that an fp32 model runs here, int8's competition: fp32, and
-    where the CPU has native bf16 (precision "auto" runs bf16 autocast there) bf16, prepacked where oneDNN runs it."""
+    """name -> fn: the float GEMMs of `lin` over `xs` that a float model runs here, int8's competition: fp32, and
+    where the CPU has native bf16 (what precision "auto" runs) bf16, prepacked where oneDNN runs it."""
     fns = {"fp32": lambda: [lin(x) for x in xs]}
     if bf16_native:
         xb, wb, bb = [x.bfloat16() for x in xs], lin.weight.bfloat16(), lin.bias.bfloat16()
@@ -77,12 +77,12 @@ def _float_gemms(xs: list, lin: torch.nn.Linear, bf16_native: bool) -> dict:
 
 
 def _probe_int8_linear(bf16_native: bool) -> dict:
-    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the fastest
-    float GEMM this machine has (`_float_gemms`), at batch-32 rows and at short sequences of changing lengths (one
-    sentence at batch 1: the libraries differ most there, oneDNN pays per new shape; int8 can lose there while
-    batches win, e.g. oneDNN without VNNI). "engine": the first of ENGINES unless another has a mean log speed-up
-    better by the margin; "plain" / "short_plain": the fastest float path's time ("float" names it), "fast" /
-    "short_fast": the engine's."""
+    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the float GEMMs
+    this machine has (`_float_gemms`: fp32, and bf16 where native), at batch-32 rows and at short sequences of
+    changing lengths (one sentence at batch 1: the libraries differ most there, oneDNN pays per new shape; int8
+    can lose there while batches win, e.g. oneDNN without VNNI). "engine": the first of ENGINES unless another has
+    a mean log speed-up over fp32 better by the margin; "fast" / "plain" / "bf16": the engine's, fp32's and bf16's
+    time on the batch cases, "short_*" the same on the short ones."""
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
     if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
@@ -93,24 +93,24 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
         for case, (rows, k, n) in cases.items():
             xs, lin = [torch.randn(r, k, generator=g) for r in rows], torch.nn.Linear(k, n)
             fns = _float_gemms(xs, lin, bf16_native)
-            floats = list(fns)
             for e in engines:
                 q = Int8Linear.from_float(lin)
                 q.engine = e
                 fns[e] = lambda q=q: [q(x) for x in xs]
             timed[case] = _time(fns)
-    # the float path int8 must beat: the fastest on the batch cases (what a command's batches run)
-    best_float = min(floats, key=lambda f: sum(timed[c][f] for c in ("minilm", "base")))
-    score = {e: sum(math.log(t[e] / t[best_float]) for t in timed.values()) for e in engines}
+    score = {e: sum(math.log(t[e] / t["fp32"]) for t in timed.values()) for e in engines}
     # the first library (PyTorch's x86 default) unless another is faster by the margin on the mean log ratio: a
     # near tie measured under other load once cached oneDNN, which ran batch 1 1.5x slower (docs/performance.md)
     engine = engines[0]
     for e in engines[1:]:
         if (score[e] - score[engine]) / len(cases) < math.log(MARGIN):
             engine = e
-    return {"fast": timed["minilm"][engine] + timed["base"][engine], "float": best_float,
-            "plain": timed["minilm"][best_float] + timed["base"][best_float], "engine": engine,
-            "short_fast": timed["short"][engine], "short_plain": timed["short"][best_float]}
+    out = {"engine": engine}
+    for key, name in (("fast", engine), ("plain", "fp32"), ("bf16", "bf16")):
+        if name in timed["short"]:
+            out[key] = timed["minilm"][name] + timed["base"][name]
+            out[f"short_{key}"] = timed["short"][name]
+    return out
 
 
 def _probe_dropout() -> dict:
@@ -180,7 +180,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 10               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 11               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
