@@ -138,13 +138,14 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
         monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path / f"bf16-{bf16}"))
         monkeypatch.setattr(probe, "measure", lambda native, bf16=bf16: {
             "packed_linear_fp32": slow, "packed_linear_bf16": fake, "fast_dropout": fake,
-            "int8_linear": {"fast": 1.0, "plain": 3.0, "bf16": bf16, "engine": "onednn"},
+            "int8_linear": {"fast": 1.0, "plain": 3.0, "layer_int8": 1.0, "layer_bf16": bf16, "engine": "onednn"},
             "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": fake,
             "cost_buckets": {**fake, "overhead": 3.0e5}})
         got = runtime.plan()
         assert got.int8_engine == "onednn" and got.int8_bf16_faster == faster
         line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
-        assert f"1000.00 ms vs fp32 3000.00 ms, onednn; bf16 {bf16 * 1e3:.2f} ms" in line, line
+        assert f"1000.00 ms vs fp32 3000.00 ms, onednn; one encoder layer 1000.00 ms vs bf16 {bf16 * 1e3:.2f} ms" \
+            in line, line
         assert ("under bf16 autocast the int8 layers run bf16" in line) == faster, line
     runtime._measured_plan.cache_clear()                       # later tests measure with the real probes
 

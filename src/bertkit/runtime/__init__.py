@@ -100,10 +100,10 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     int8_probe = probes["int8_linear"]
     engine = int8_probe.get("engine") if _won(int8_probe) else None
     reasons["int8_linear"] = _why(int8_probe, "fp32") + (f", {engine}" if engine else "")
-    bf16_faster = engine is not None and int8_probe.get("bf16") is not None \
-        and not _won({"fast": int8_probe["fast"], "plain": int8_probe["bf16"]})
-    if int8_probe.get("bf16") is not None:
-        reasons["int8_linear"] += f"; bf16 {int8_probe['bf16'] * 1e3:.2f} ms" + (
+    layer = {"fast": int8_probe.get("layer_int8"), "plain": int8_probe.get("layer_bf16")}
+    bf16_faster = engine is not None and layer["fast"] is not None and not _won(layer)
+    if layer["fast"] is not None:
+        reasons["int8_linear"] += f"; one encoder layer {_why(layer, 'bf16')}" + (
             ": under bf16 autocast the int8 layers run bf16" if bf16_faster else "")
     float_below = int8_float_below(int8_probe)
     if float_below:

@@ -13,7 +13,8 @@ the call and multiplies with VNNI. Measured on AMD EPYC Zen 4 (AVX-512 VNNI, 2 t
 BERT-base shapes: 2.2-4.4x the fp32 GEMM, where `torch._int_mm` with per-token scales done in PyTorch ops was
 0.9-3.1x and `torch._weight_int8pack_mm` (weight-only) 30x slower than fp32 (benchmarks/int8_kernels.py,
 docs/performance.md). Without VNNI the kernel narrows activations to 7 bits (`reduce_range`), as int16 sums in AVX2
-would saturate; `runtime.plan` measures whether int8 wins at all before `bertkit quantize` uses it.
+would saturate. `runtime.plan` measures int8 against fp32 and (native bf16) a bf16 encoder layer: where int8 lost,
+the layers run their dequantized weights in float (`set_engine`).
 An Int8Linear has no trainable parameter: a quantized model is inference-only, like a frozen one.
 """
 

@@ -81,8 +81,9 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
     this machine has (`_float_gemms`: fp32, and bf16 where native), at batch-32 rows and at short sequences of
     changing lengths (one sentence at batch 1: the libraries differ most there, oneDNN pays per new shape; int8
     can lose there while batches win, e.g. oneDNN without VNNI). "engine": the first of ENGINES unless another has
-    a mean log speed-up over fp32 better by the margin; "fast" / "plain" / "bf16": the engine's, fp32's and bf16's
-    time on the batch cases, "short_*" the same on the short ones."""
+    a mean log speed-up over fp32 better by the margin; "fast" / "plain": the engine's and fp32's time on the
+    batch cases, "short_*" the same on the short ones; where the CPU has native bf16, "layer_int8" / "layer_bf16":
+    a whole encoder layer's (`_probe_int8_encoder`)."""
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
     if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
@@ -106,11 +107,48 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
         if (score[e] - score[engine]) / len(cases) < math.log(MARGIN):
             engine = e
     out = {"engine": engine}
-    for key, name in (("fast", engine), ("plain", "fp32"), ("bf16", "bf16")):
-        if name in timed["short"]:
-            out[key] = timed["minilm"][name] + timed["base"][name]
-            out[f"short_{key}"] = timed["short"][name]
+    for key, name in (("fast", engine), ("plain", "fp32")):
+        out[key] = timed["minilm"][name] + timed["base"][name]
+        out[f"short_{key}"] = timed["short"][name]
+    if bf16_native:                                   # what "auto" would run instead: bf16 through the whole layer
+        layer = _probe_int8_encoder(engine)
+        out["layer_int8"], out["layer_bf16"] = layer["int8"], layer["bf16"]
     return out
+
+
+def _probe_int8_encoder(engine: str) -> dict:
+    """One MiniLM-shaped encoder layer (random weights) on 32 ragged sentences of 6-90 tokens, mostly short: int8
+    layers through `engine` with fp32 activations (as int8 models run) against the float layer under bf16 autocast
+    with prepacked bf16 GEMMs and the bf16 residual stream (as "auto" runs a float model). The GEMMs alone miss
+    that bf16 also speeds the rest of the layer (attention, norms, residual adds)."""
+    from bertkit.attention import ExecutionOptions
+    from bertkit.config import BertConfig
+    from bertkit.model import BertModel
+    from bertkit.runtime.int8 import quantize_linears
+    from bertkit.runtime.linear import freeze_linears
+    g = torch.Generator().manual_seed(0)
+    cfg = BertConfig(vocab_size=512, hidden_size=384, num_hidden_layers=1, num_attention_heads=12,
+                     intermediate_size=1536, max_position_embeddings=96)
+    lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()
+    mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).long()
+    ids = torch.randint(5, 512, mask.shape, generator=g) * mask
+    models = {}
+    for name in ("int8", "bf16"):
+        m = BertModel(cfg).eval()
+        m.execution = ExecutionOptions(bf16_residual=True, unpad_min_fill=1.0)
+        if name == "int8":
+            quantize_linears(m)
+            for layer in m.modules():
+                if isinstance(layer, Int8Linear):
+                    layer.engine = engine
+        else:
+            freeze_linears(m, frozenset({torch.bfloat16}) if onednn_linear_ok(torch.bfloat16) else frozenset())
+        models[name] = m
+
+    def run(name):
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=name == "bf16"):
+            models[name](ids, attention_mask=mask)
+    return _time({name: lambda name=name: run(name) for name in models})
 
 
 def _probe_dropout() -> dict:
@@ -180,7 +218,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 11               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 12               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
