@@ -225,3 +225,13 @@ def test_each_schema_keeps_its_own_cache_file(tmp_path, monkeypatch):
         monkeypatch.setattr(probe, "SCHEMA", schema)
         probe.cached_measurements(tmp_path, False)
     assert len(calls) == 2 and len(list((tmp_path / "runtime").glob("*.json"))) == 2
+
+
+def test_int8_encoder_probe_times_both_layers():
+    """The int8 probe's encoder layer (int8 kernel vs bf16 autocast) runs on any CPU with an int8 kernel (bf16
+    emulated where not native: only its result is then unused)."""
+    from bertkit.runtime import int8, probe
+    if not int8.int8_kernel_ok():
+        pytest.skip("no int8 linear kernel in this PyTorch build")
+    t = probe._probe_int8_encoder(int8.default_engine())
+    assert set(t) == {"int8", "bf16"} and all(v > 0 for v in t.values())
