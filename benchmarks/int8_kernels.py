@@ -6,8 +6,13 @@ Candidates, each (rows, in) fp32 activations x (out, in) weights -> (rows, out) 
 channel (symmetric) and activations quantized inside the timed call:
   fp32               F.linear
   fp32_packed        oneDNN prepacked fp32 (what runtime.freeze uses where it measured faster)
+  bf16_packed        oneDNN prepacked bf16 on bf16 activations (native bf16 only: what precision "auto" runs
+                     there, the float path int8 must beat; the timed call includes the cast back to fp32)
   dynamic_<engine>   quantized::linear_dynamic on weights prepacked for fbgemm / onednn / x86 (one activation
                      scale per call, uint8 with a zero point, full 8-bit range)
+  qlinear_<dtype>    onednn::qlinear_pointwise (the oneDNN int8 GEMM Inductor's x86 quantization uses: AMX where the
+                     CPU has it) on int8 activations with one symmetric scale, quantized in PyTorch ops inside the
+                     timed call, output in fp32 or bf16 (from bf16 activations)
   int_mm_per_token   torch._int_mm on int8 activations with one scale per row, quantized and dequantized in
                      PyTorch ops around it
   weight_only        torch._weight_int8pack_mm: int8 weights, float activations (no int8 arithmetic)
@@ -47,6 +52,10 @@ def candidates(x, w, b) -> dict:
     fns = {"fp32": lambda: F.linear(x, w, b)}
     packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
     fns["fp32_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():          # the float path bf16 autocast runs where native
+        xb, bb = x.bfloat16(), b.bfloat16()
+        packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(w.bfloat16(), None)
+        fns["bf16_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(xb, packed_bf16, bb, "none", [], "").float()
     for engine in ("fbgemm", "onednn", "x86"):
         if engine not in torch.backends.quantized.supported_engines:
             continue
@@ -56,6 +65,18 @@ def candidates(x, w, b) -> dict:
             qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(n, dtype=torch.long), 0)
         p = torch.ops.quantized.linear_prepack(qw, b)
         fns[f"dynamic_{engine}"] = (lambda p=p: torch.ops.quantized.linear_dynamic(x, p, False))
+
+    pw, wzp, zero = torch.ops.onednn.qlinear_prepack(q, None), torch.zeros(n, dtype=torch.long), torch.zeros(
+        (), dtype=torch.long)
+
+    def qlinear(xd):
+        xs = (xd.abs().amax() / 127).float().clamp(min=1e-12)
+        qx = torch.round(xd / xs).clamp(-127, 127).to(torch.int8)
+        return torch.ops.onednn.qlinear_pointwise.tensor(qx, xs, zero, pw, scale, wzp, b.to(xd.dtype), 1.0, 0,
+                                                         xd.dtype, "none", [], "").float()
+    fns["qlinear_fp32"] = lambda: qlinear(x)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        fns["qlinear_bf16"] = lambda: qlinear(xb)
 
     def int_mm():
         xs = x.abs().amax(1, keepdim=True) / 127

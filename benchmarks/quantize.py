@@ -10,10 +10,15 @@ the longest in the batch) and one at a time, through MiniLM-L6 (the real all-Min
 shape (random weights, saved once so every runner reads the same file):
   transformers fp32 (sdpa) | transformers + torch.ao dynamic int8 | onnxruntime fp32 | onnxruntime dynamic int8
   (quantize_dynamic, per-channel QInt8 weights, on bertkit's own ONNX export) | bertkit fp32 | bertkit bf16
-  (where the CPU has native bf16: what precision "auto" runs) | bertkit int8 (runtime.int8, fp32 activations)
-  | bertkit int8 under bf16 autocast (native bf16 only: int8 GEMMs, bf16 attention and residual stream).
+  (where the CPU has native bf16: what precision "auto" runs) | bertkit int8 (as `predict` / `serve` run it here:
+  the int8 kernel with fp32 activations where the runtime probe found it faster than the fastest float GEMM, else
+  the int8 weights dequantized to float under "auto") | bertkit int8_kernel (the int8 kernel forced on, fp32
+  activations) | bertkit int8 kernel under bf16 autocast (native bf16 only: int8 GEMMs, bf16 attention and
+  residual stream). `--no-anchors` leaves out transformers and onnxruntime (bertkit's own paths only).
 Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
-sequences/s from the median repeat; "ratios" divide bertkit int8 by each. Every runner gets the same thread count.
+sequences/s from the median repeat; "ratios" divide bertkit int8 by each, "int8_vs_best_float" by the faster of
+bertkit fp32 and bf16 (the issue's line: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
+thread count.
 
 accuracy: MiniLM-L6 fine-tuned by `bertkit finetune` (lr 5e-5, settings in ACCURACY_TASKS) on the sentiment
 (Rotten Tomatoes), topic (BBC), NER (silver BBC tags; entity F1) and cloze QA (BBC; SQuAD F1, EM alongside) task
@@ -74,40 +79,51 @@ def model_dir_for(name: str, work: Path) -> Path:
     return d
 
 
-def runners(model_dir: Path, work: Path, threads: int) -> dict:
-    """name -> fn(batch) for every variant, all built from the same weights file."""
+def torch_fn(m, precision="fp32"):
+    from bertkit.precision import autocast
+
+    def run(b):
+        with torch.inference_mode(), autocast(precision):
+            return m(**b).last_hidden_state
+    return run
+
+
+def anchors(model_dir: Path, work: Path, threads: int) -> dict:
+    """transformers and onnxruntime, fp32 and dynamic int8, from the same weights file."""
     import transformers
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from bertkit.export import export_onnx, onnx_session
-    from bertkit.model import BertModel
-    from bertkit.precision import autocast
-    from bertkit.runtime import int8
-
     hf = transformers.BertModel.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
     hf_q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(hf), {torch.nn.Linear}, dtype=torch.qint8)
     onnx_fp = export_onnx(model_dir, work / f"{model_dir.name}.onnx")
     onnx_q = work / f"{model_dir.name}.int8.onnx"
     quantize_dynamic(str(onnx_fp), str(onnx_q), weight_type=QuantType.QInt8, per_channel=True)
     sessions = {"onnxruntime_fp32": onnx_session(onnx_fp, threads), "onnxruntime_int8": onnx_session(onnx_q, threads)}
-    ours = runtime.freeze(BertModel.from_pretrained(model_dir))
-    ours_q = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))
 
     def ort(name):
         return lambda b: sessions[name].run(["last_hidden_state"], {k: v.numpy() for k, v in b.items()})
+    return {"transformers_fp32": torch_fn(hf), "transformers_int8": torch_fn(hf_q),
+            "onnxruntime_fp32": ort("onnxruntime_fp32"), "onnxruntime_int8": ort("onnxruntime_int8")}
 
-    def torch_fn(m, precision="fp32"):
-        def run(b):
-            with torch.inference_mode(), autocast(precision):
-                return m(**b).last_hidden_state
-        return run
 
-    out = {"transformers_fp32": torch_fn(hf), "transformers_int8": torch_fn(hf_q),
-           "onnxruntime_fp32": ort("onnxruntime_fp32"), "onnxruntime_int8": ort("onnxruntime_int8"),
-           "bertkit_fp32": torch_fn(ours), "bertkit_int8": torch_fn(ours_q)}
+def runners(model_dir: Path, work: Path, threads: int, with_anchors: bool = True) -> dict:
+    """name -> fn(batch) for every variant, all built from the same weights file."""
+    from bertkit.model import BertModel
+    from bertkit.precision import for_model
+    from bertkit.runtime import int8
+
+    plan = runtime.plan("cpu")
+    ours = runtime.freeze(BertModel.from_pretrained(model_dir))
+    ours_q = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))     # as the commands run it
+    kernel = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))
+    int8.set_engine(kernel, plan.int8_engine)          # the int8 kernel, even where float measured faster here
+    out = anchors(model_dir, work, threads) if with_anchors else {}
+    out.update({"bertkit_fp32": torch_fn(ours), "bertkit_int8": torch_fn(ours_q, for_model("auto", ours_q)),
+                "bertkit_int8_kernel": torch_fn(kernel)})
     if native_bf16("cpu"):                            # what precision "auto" runs here, float and int8
         out["bertkit_bf16"] = torch_fn(ours, "bf16")
-        out["bertkit_int8_bf16"] = torch_fn(ours_q, "bf16")
+        out["bertkit_int8_bf16"] = torch_fn(kernel, "bf16")
     return out
 
 
@@ -130,7 +146,7 @@ def speed(args, work: Path) -> list[dict]:
     texts = bbc_sentences(max(args.sentences, args.base_sentences))
     for name in args.models.split(","):
         model_dir = model_dir_for(name, work)
-        fns = runners(model_dir, work, torch.get_num_threads())
+        fns = runners(model_dir, work, torch.get_num_threads(), not args.no_anchors)
         for batch in (32, 1):
             n = args.sentences if name == "minilm" else args.base_sentences
             n = n if batch > 1 else max(8, n // 4)
@@ -146,7 +162,9 @@ def speed(args, work: Path) -> list[dict]:
             records.append(emit({
                 "case": "speed", "model": name, "batch": batch, "sequences": n, "fill": round(tokens / padded, 3),
                 "seq_per_s": seq_s, "ratios": {f"int8_vs_{k}": round(seq_s["bertkit_int8"] / v, 2)
-                                               for k, v in seq_s.items() if k != "bertkit_int8"}}))
+                                               for k, v in seq_s.items() if k != "bertkit_int8"},
+                "int8_vs_best_float": {k: round(seq_s[k] / max(seq_s["bertkit_fp32"], seq_s.get("bertkit_bf16", 0)), 2)
+                                       for k in ("bertkit_int8", "bertkit_int8_kernel")}}))
     return records
 
 
@@ -213,6 +231,7 @@ def main() -> None:
     p.add_argument("--base-sentences", type=int, default=96, help="BERT-base texts per repeat")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="intra-op threads for every runner (default torch's)")
+    p.add_argument("--no-anchors", action="store_true", help="speed: bertkit's own paths only")
     p.add_argument("--tasks", default="sentiment,topic,ner,qa", help="accuracy case: task data sets")
     p.add_argument("--keep-float", action="append", default=[], metavar="PATTERN",
                    help="accuracy case: layers kept in float (as `bertkit quantize --keep-float`)")

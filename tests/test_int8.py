@@ -161,6 +161,34 @@ def test_freeze_warns_where_int8_measured_slower(caplog):
     assert "slower than fp32" in caplog.text
 
 
+def test_int8_layers_run_float_where_float_measured_faster():
+    """Where the probe found fp32 faster than int8, a quantized model's layers multiply their dequantized weights
+    in float (the same weights as on disk); where only bf16 was faster, they do so under bf16 autocast and "auto"
+    is no longer held to fp32 activations, while fp32 runs keep the int8 kernel."""
+    from bertkit.precision import for_model
+    none = runtime.plan(force="none").options
+    x = torch.randn(3, 50, 128)                                        # 150 rows: the kernel would run int8
+
+    def first_layer(plan):
+        frozen = runtime.freeze(int8.quantize(_tiny()), plan)
+        layer = next(m for m in frozen.modules() if isinstance(m, Int8Linear) and m.in_features == 128)
+        return frozen, layer, torch.nn.functional.linear(x, *layer.dequantized())
+
+    with torch.no_grad():
+        frozen, layer, ref = first_layer(runtime.RuntimePlan(none, reasons={"int8_linear": "9 ms vs fp32 3 ms"}))
+        assert layer.engine is None and for_model("auto", frozen) == "auto"
+        assert torch.allclose(layer(x), ref, atol=1e-5)
+        frozen, layer, ref = first_layer(runtime.RuntimePlan(none, int8_engine=int8.default_engine(),
+                                                             int8_bf16_faster=True))
+        assert for_model("auto", frozen) == "auto" and for_model("fp32", frozen) == "fp32"
+        assert not torch.allclose(layer(x), ref, atol=1e-5)            # fp32: the int8 kernel
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        assert y.dtype == torch.bfloat16 and torch.allclose(y.float(), ref, atol=0.05)
+        frozen = runtime.freeze(int8.quantize(_tiny()), runtime.plan(force="none"))
+        assert for_model("auto", frozen) == "fp32"                     # int8 won everywhere: fp32 activations
+
+
 def test_short_inputs_run_the_float_gemm_where_int8_lost_on_them(caplog):
     """A plan whose probe found int8 slower on short inputs: under `int8_float_below` rows the layers multiply
     their dequantized weights in float (the same weights), longer inputs keep the int8 kernel; the user is told."""

@@ -129,9 +129,24 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
             "int8_linear": {**fake, "engine": "fbgemm", **short}, "explicit_train_attention": fake,
             "explicit_train_short": slow, "explicit_masked_inference": na, "cost_buckets": {**fake, "overhead": 3.0e5}})
         got = runtime.plan()
-        assert got.int8_engine == "fbgemm" and got.int8_float_below == below
+        assert got.int8_engine == "fbgemm" and got.int8_float_below == below and not got.int8_bf16_faster
         line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
         assert ("under 64 rows the int8 layers run a float GEMM" in line) == bool(below), line
+    # int8 against bf16 where the CPU has it: int8 beats fp32 but not bf16, so bf16 runs take the float GEMM
+    for bf16, faster in ((0.5, True), (1.5, False)):
+        runtime._measured_plan.cache_clear()
+        monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path / f"bf16-{bf16}"))
+        monkeypatch.setattr(probe, "measure", lambda native, bf16=bf16: {
+            "packed_linear_fp32": slow, "packed_linear_bf16": fake, "fast_dropout": fake,
+            "int8_linear": {"fast": 1.0, "plain": 3.0, "layer_int8": 1.0, "layer_bf16": bf16, "engine": "onednn"},
+            "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": fake,
+            "cost_buckets": {**fake, "overhead": 3.0e5}})
+        got = runtime.plan()
+        assert got.int8_engine == "onednn" and got.int8_bf16_faster == faster
+        line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
+        assert f"1000.00 ms vs fp32 3000.00 ms, onednn; one encoder layer 1000.00 ms vs bf16 {bf16 * 1e3:.2f} ms" \
+            in line, line
+        assert ("under bf16 autocast the int8 layers run bf16" in line) == faster, line
     runtime._measured_plan.cache_clear()                       # later tests measure with the real probes
 
 
@@ -210,3 +225,13 @@ def test_each_schema_keeps_its_own_cache_file(tmp_path, monkeypatch):
         monkeypatch.setattr(probe, "SCHEMA", schema)
         probe.cached_measurements(tmp_path, False)
     assert len(calls) == 2 and len(list((tmp_path / "runtime").glob("*.json"))) == 2
+
+
+def test_int8_encoder_probe_times_both_layers():
+    """The int8 probe's encoder layer (int8 kernel vs bf16 autocast) runs on any CPU with an int8 kernel (bf16
+    emulated where not native: only its result is then unused)."""
+    from bertkit.runtime import int8, probe
+    if not int8.int8_kernel_ok():
+        pytest.skip("no int8 linear kernel in this PyTorch build")
+    t = probe._probe_int8_encoder(int8.default_engine())
+    assert set(t) == {"int8", "bf16"} and all(v > 0 for v in t.values())

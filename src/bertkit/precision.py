@@ -12,7 +12,7 @@ import torch
 
 from bertkit.errors import ConfigError
 from bertkit.hardware import PRECISIONS, resolve_precision
-from bertkit.runtime.int8 import Int8Linear
+from bertkit.runtime.int8 import runs_int8
 
 __all__ = ["PRECISIONS", "as_precision", "resolve", "autocast", "for_model"]
 
@@ -35,9 +35,10 @@ def resolve(value: str | bool | None, device="cpu") -> str:
 
 def for_model(value: str | bool | None, model: torch.nn.Module) -> str:
     """`value`, except that "auto" runs an int8 model (runtime.int8) with fp32 activations: its GEMMs take fp32
-    input, and bf16 autocast only adds casts around them (slower in every run, docs/performance.md)."""
+    input, and bf16 autocast only adds casts around them (slower in every run, docs/performance.md). An int8
+    model whose layers run float under bf16 here (runtime.freeze, where float measured faster) keeps "auto"."""
     value = as_precision(value)
-    if value == "auto" and any(isinstance(m, Int8Linear) for m in model.modules()):
+    if value == "auto" and runs_int8(model):
         return "fp32"
     return value
 

@@ -3,8 +3,9 @@
     quantize_dir(model, out, check=None, max_drop=1.0, keep_float=())
     write(quantize_model(model, check=...), out)     # the same in two steps (the CLI clears an earlier run between)
 
-1. Refuses where this CPU's int8 path did not measure faster than fp32 (runtime.plan's `int8_linear` probe): the
-   model stays fp32 and the message says so; `force=True` writes int8 anyway.
+1. Says whether this CPU's int8 path measured faster than its float paths (runtime.plan's `int8_linear` probe:
+   fp32, and bf16 where native): where it did not, the int8 model is written all the same (its size is the gain)
+   and the inference commands run its weights in float here (runtime.freeze; bf16 under auto where bf16 won).
 2. Quantizes every linear layer of the encoder and heads (runtime.int8), except `keep_float` patterns.
 3. With `check` (a labelled dev file of the model's task; the model must come from `bertkit finetune`): scores fp32
    and int8 on it and refuses to write when the drop of the task's main metric exceeds `max_drop` points.
@@ -34,7 +35,7 @@ from bertkit.runtime import int8
 from bertkit.tasks.runner import evaluate_task, load_task
 from bertkit.textfiles import shown
 
-__all__ = ["quantize_dir", "quantize_model", "write", "Quantized", "QualityGateError"]
+__all__ = ["quantize_dir", "quantize_model", "write", "speed_here", "Quantized", "QualityGateError"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json")
 # what `bertkit finetune` / `distill` wrote about the fp32 model: not true of the int8 one (its check is in config.json)
@@ -91,12 +92,19 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     return figures
 
 
-def _refuse_without_int8(force: bool) -> None:
+def speed_here() -> dict:
+    """Whether the int8 kernel runs on this CPU against its float paths, with the probe's figures, in one line."""
     plan = runtime.plan("cpu")
-    if plan.int8_engine is None and not force:
-        why = plan.reasons.get("int8_linear", plan.reasons.get("all", ""))
-        raise ConfigError(f"this CPU has no int8 path faster than fp32 (int8_linear: {why}): keeping fp32, "
-                          f"nothing written (--force writes int8 anyway)")
+    why = f"int8_linear: {plan.reasons.get('int8_linear', plan.reasons.get('all', ''))}"
+    if plan.int8_engine is None:
+        line = (f"int8 is not faster than float on this CPU ({why}): predict and serve run this model's weights in "
+                f"float here; the directory keeps int8 for its size")
+    elif plan.int8_bf16_faster:
+        line = (f"int8 beats fp32 but not bf16 on this CPU ({why}): at --precision fp32 (the inference default) "
+                f"predict and serve run int8, under auto or bf16 this model's weights in bf16")
+    else:
+        line = f"int8 runs here ({why})"
+    return {"int8_runs": plan.int8_engine is not None, "bf16_faster": plan.int8_bf16_faster, "line": line}
 
 
 @dataclass
@@ -107,13 +115,14 @@ class Quantized:
     model: nn.Module                   # Int8Linear layers, quantization_config (with the check) in its config
     fp32_bytes: int                    # the fp32 weight files' size, for the size ratio
     module_dirs: list[Path]            # sentence-transformers module folders, relative to model_dir
+    speed: dict                        # speed_here(): whether int8 runs on this CPU, with the figures
 
 
 def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
                    force: bool = False) -> Quantized:
-    """Load, quantize and (with `check`) gate the model of `model_dir`; nothing is written."""
+    """Load, quantize and (with `check`) gate the model of `model_dir`; nothing is written. `force` is accepted
+    for older callers: int8 is written on every CPU now (where it is slower it runs in float)."""
     model_dir = Path(model_dir)
-    _refuse_without_int8(force)
     fp32 = _load(model_dir)
     size = sum(f.stat().st_size for f in model_dir.iterdir()
                if f.name.endswith(".safetensors") or f.name == "pytorch_model.bin")
@@ -122,7 +131,7 @@ def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), 
     if check is not None:
         qc = quantized.config.extra["quantization_config"]
         qc["check"] = gate(model_dir, fp32, quantized, check, max_drop, precision)
-    return Quantized(model_dir, quantized, size, module_dirs(model_dir))
+    return Quantized(model_dir, quantized, size, module_dirs(model_dir), speed_here())
 
 
 def write(q: Quantized, out) -> dict:
@@ -144,7 +153,7 @@ def write(q: Quantized, out) -> dict:
     cfg["quantization_config"] = qc
     write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n", CheckpointError)
     n = sum(type(m) is int8.Int8Linear for m in q.model.modules())
-    return {"out": str(out), "int8_layers": n, **qc}
+    return {"out": str(out), "int8_layers": n, **qc, "speed_here": q.speed}
 
 
 def quantize_dir(model_dir, out, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="activation precision of the --check runs (default: as the inference commands)")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty output directory")
-    p.add_argument("--force", action="store_true", help="write int8 even where it measured slower than fp32")
+    p.add_argument("--force", action="store_true", help=argparse.SUPPRESS)   # int8 is written everywhere now
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     checks.stdin_ok(p, "check")
     p.set_defaults(func=run)
@@ -57,4 +57,5 @@ def run(args: argparse.Namespace) -> int:
         also = "".join(f"; {k} fp32 {v['fp32']:.2f}, int8 {v['int8']:.2f}" for k, v in c.get("also", {}).items())
         print(f"{c['dev_file']}: {c['metric']} fp32 {c['fp32']:.2f}, int8 {c['int8']:.2f} "
               f"(drop {c['drop_points']:.2f} points, allowed {c['max_drop']:g}){also}")
+    print(report["speed_here"]["line"])
     return 0

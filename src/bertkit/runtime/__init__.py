@@ -47,12 +47,14 @@ class RuntimePlan:
     options: ExecutionOptions                       # what BertModel.execution gets
     packed_dtypes: frozenset = frozenset()          # frozen linears through prepacked oneDNN GEMMs in these dtypes
     int8_engine: str | None = None                  # int8 linears (runtime.int8) through this library: measured
-                                                    # faster than fp32 here (None: int8 is not worth it here)
+                                                    # faster than the fastest float GEMM here (None: not worth it)
     int8_float_below: int = 0                       # inputs of fewer rows run int8 layers' float GEMM: int8 lost on
                                                     # short sequences here (0: int8 at every length)
     reasons: dict = field(default_factory=dict)     # choice -> why, for describe()
     bucket_overhead: float | None = None            # inference attention buckets by cost (padding.cost_buckets):
                                                     # the per-bucket cost in row * length^2 * hidden units
+    int8_bf16_faster: bool = False                  # bf16 GEMMs beat int8 here: under bf16 autocast int8 layers
+                                                    # run their dequantized weights in bf16
 
 
 class FastDropout(nn.Dropout):
@@ -66,10 +68,10 @@ def _won(probe: dict) -> bool:
     return probe.get("fast") is not None and probe["fast"] < MARGIN * probe["plain"]
 
 
-def _why(probe: dict) -> str:
+def _why(probe: dict, plain: str = "plain") -> str:
     if probe.get("fast") is None:
         return probe.get("why", "not measured")
-    return f"{probe['fast'] * 1e3:.2f} ms vs plain {probe['plain'] * 1e3:.2f} ms"
+    return f"{probe['fast'] * 1e3:.2f} ms vs {plain} {probe['plain'] * 1e3:.2f} ms"
 
 
 def int8_float_below(int8_probe: dict) -> int:
@@ -97,16 +99,21 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     reasons["bf16_residual"] = "on with native bf16" if bf16 else "no native bf16: training runs fp32 here"
     int8_probe = probes["int8_linear"]
     engine = int8_probe.get("engine") if _won(int8_probe) else None
-    reasons["int8_linear"] = _why(int8_probe) + (f", {engine}" if engine else "")
+    reasons["int8_linear"] = _why(int8_probe, "fp32") + (f", {engine}" if engine else "")
+    layer = {"fast": int8_probe.get("layer_int8"), "plain": int8_probe.get("layer_bf16")}
+    bf16_faster = engine is not None and layer["fast"] is not None and not _won(layer)
+    if layer["fast"] is not None:
+        reasons["int8_linear"] += f"; one encoder layer {_why(layer, 'bf16')}" + (
+            ": under bf16 autocast the int8 layers run bf16" if bf16_faster else "")
     float_below = int8_float_below(int8_probe)
     if float_below:
         short = {"fast": int8_probe["short_fast"], "plain": int8_probe["short_plain"]}
-        reasons["int8_linear"] += (f"; short inputs {_why(short)}: under {float_below} rows the int8 layers "
-                                   f"run a float GEMM")
+        reasons["int8_linear"] += (f"; short inputs {_why(short, 'fp32')}: under {float_below} rows the int8 "
+                                   f"layers run a float GEMM")
     buckets = probes["cost_buckets"]
     overhead = buckets["overhead"] if _won(buckets) else None
     reasons["cost_buckets"] += f", per-bucket cost {buckets['overhead']:.3g}" if "overhead" in buckets else ""
-    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead)
+    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead, bf16_faster)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -153,9 +160,9 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     runtime = runtime or plan(next(model.parameters()).device)
     apply(model, runtime)
     freeze_linears(model, runtime.packed_dtypes)
-    # int8 layers (a quantized model): the library measured faster, or a warning where fp32 won here
+    # int8 layers (a quantized model): the library measured faster, or their weights in float where float won here
     set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons,
-               runtime.int8_float_below, runtime.packed_dtypes)
+               runtime.int8_float_below, runtime.packed_dtypes, runtime.int8_bf16_faster)
     return model.eval()
 
 

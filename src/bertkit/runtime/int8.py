@@ -13,7 +13,8 @@ the call and multiplies with VNNI. Measured on AMD EPYC Zen 4 (AVX-512 VNNI, 2 t
 BERT-base shapes: 2.2-4.4x the fp32 GEMM, where `torch._int_mm` with per-token scales done in PyTorch ops was
 0.9-3.1x and `torch._weight_int8pack_mm` (weight-only) 30x slower than fp32 (benchmarks/int8_kernels.py,
 docs/performance.md). Without VNNI the kernel narrows activations to 7 bits (`reduce_range`), as int16 sums in AVX2
-would saturate; `runtime.plan` measures whether int8 wins at all before `bertkit quantize` uses it.
+would saturate. `runtime.plan` measures int8 against fp32 and (native bf16) a bf16 encoder layer: where int8 lost,
+the layers run their dequantized weights in float (`set_engine`).
 An Int8Linear has no trainable parameter: a quantized model is inference-only, like a frozen one.
 """
 
@@ -36,7 +37,7 @@ from bertkit.hardware import cpu_flags
 from bertkit.activations import activation
 from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, tensors_stamp
 
-__all__ = ["Int8Linear", "quantize", "quantize_linears", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
+__all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
            "is_int8_dir", "check_keep_float", "METHOD", "EMBEDDING_KEY"]
 
 log = logging.getLogger("bertkit.runtime.int8")
@@ -109,7 +110,9 @@ class Int8Linear(nn.Module):
 
     def _init_runtime(self) -> None:
         """What runtime.freeze sets (set_engine) and the derived data built on first use."""
-        self.engine = default_engine()                # the library measured fastest here
+        self.engine = default_engine()                # the library measured fastest here (None: the float GEMM,
+                                                      # where fp32 beat int8 here)
+        self.bf16_faster = False                      # under bf16 autocast, the float GEMM (bf16 beat int8 here)
         self.float_below = 0                          # fewer rows: the float GEMM (where int8 lost on short inputs)
         self.float_packed: frozenset = frozenset()    # ... prepacked in these dtypes, as frozen fp32 layers are
         self._packed: tuple = (None, None)           # (stamp of weight / scale / bias + engine, prepacked weight)
@@ -153,8 +156,9 @@ class Int8Linear(nn.Module):
         if tracing() or x.device.type != "cpu" or not int8_kernel_ok():
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
-        elif x.numel() < self.float_below * x.shape[-1]:
-            stamp = self.stamp()                     # int8 measured slower than fp32 at this few rows here
+        elif self.engine is None or x.numel() < self.float_below * x.shape[-1] or (
+                self.bf16_faster and torch.is_autocast_enabled("cpu")):
+            stamp = self.stamp()                     # int8 measured slower than float (here, or at this few rows)
             if self._float[0] != stamp:
                 self._float = (stamp, FrozenLinear(*self.dequantized(), self.act, self.float_packed))
             return self._float[1](x)
@@ -204,21 +208,29 @@ class Int8Fused(Int8Linear):
 
 
 def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False, float_below: int = 0,
-               float_packed: frozenset = frozenset()) -> None:
-    """Run every int8 layer of `model` through `engine` (None: the default one); `measured_slower`: this CPU's
-    int8 path lost to fp32, which the user is told once; `float_below`: inputs of fewer rows take the layers'
-    float GEMM (a FrozenLinear of the dequantized weights, prepacked in `float_packed` dtypes, built on first use),
-    where int8 lost on short inputs here."""
+               float_packed: frozenset = frozenset(), bf16_faster: bool = False) -> None:
+    """Run every int8 layer of `model` through `engine` (None: the default one). Where int8 lost here, the layers
+    take their float GEMM instead (a FrozenLinear of the dequantized weights, prepacked in `float_packed` dtypes,
+    built on first use): everywhere with `measured_slower` (int8 lost to fp32: the user is told once), on inputs
+    of fewer than `float_below` rows (int8 lost on short inputs), under bf16 autocast with `bf16_faster` (bf16 GEMMs
+    beat int8: precision.for_model then lets "auto" run bf16)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if layers and measured_slower:
-        log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the fp32 model "
-                    "would run faster here")
-    if layers and float_below and float_below != layers[0].float_below:
+        log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the int8 layers "
+                    "run their weights in float here")
+    elif layers and float_below and float_below != layers[0].float_below:
         log.warning(f"this CPU's int8 path measured slower than fp32 on short inputs (python -m bertkit.hardware): "
                     f"inputs under {float_below} tokens run the int8 layers' weights in float")
     for m in layers:
-        m.engine = engine or default_engine()
-        m.float_below, m.float_packed = float_below, float_packed
+        m.engine = None if measured_slower else engine or default_engine()
+        m.float_below, m.float_packed, m.bf16_faster = float_below, float_packed, bf16_faster
+
+
+def runs_int8(model: nn.Module, bf16: bool = True) -> bool:
+    """Whether some layer of `model` runs the int8 kernel (`set_engine`), under bf16 autocast if `bf16`: a model
+    that does wants fp32 activations, as the kernel takes them."""
+    return any(isinstance(m, Int8Linear) and m.engine is not None and not (bf16 and m.bf16_faster)
+               for m in model.modules())
 
 
 def _matches(name: str, patterns) -> bool:

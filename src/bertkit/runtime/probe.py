@@ -22,7 +22,7 @@ from bertkit.errors import BertkitError
 from bertkit.hardware import cpu_signature
 from bertkit.padding import Layout
 from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
-from bertkit.runtime.linear import onednn_linear_ok, pack, packed_linear
+from bertkit.runtime.linear import FrozenLinear, onednn_linear_ok, pack, packed_linear
 
 __all__ = ["MARGIN", "measure", "cached_measurements"]
 
@@ -62,42 +62,94 @@ def _probe_packed_linear(dtype: torch.dtype) -> dict:
 SHORT_ROWS = range(12, 60, 3)     # rows of the int8 probe's short case: one sentence of 12-57 pieces
 
 
-def _probe_int8_linear() -> dict:
-    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the fp32 GEMM,
-    at batch-32 rows and at short sequences of changing lengths (the libraries differ most there: oneDNN pays
-    per new shape; fbgemm ran MiniLM at batch 1 1.46x faster on Zen 4, docs/performance.md); "engine": the first
-    of ENGINES unless another has a mean log speed-up better by the margin; "short_fast" / "short_plain": its time
-    and fp32's on the short sequences alone (one sentence at batch 1: where int8 can lose while batches win, e.g.
-    oneDNN without VNNI)."""
+def _float_gemms(xs: list, lin: torch.nn.Linear, bf16_native: bool) -> dict:
+    """name -> fn: the float GEMMs of `lin` over `xs` that a float model runs here, int8's competition: fp32, and
+    where the CPU has native bf16 (what precision "auto" runs) bf16, prepacked where oneDNN runs it."""
+    fns = {"fp32": lambda: [lin(x) for x in xs]}
+    if bf16_native:
+        xb, wb, bb = [x.bfloat16() for x in xs], lin.weight.bfloat16(), lin.bias.bfloat16()
+        if onednn_linear_ok(torch.bfloat16):
+            pw = pack(wb, torch.bfloat16)
+            fns["bf16"] = lambda: [packed_linear(x, pw, bb, None) for x in xb]
+        else:
+            fns["bf16"] = lambda: [F.linear(x, wb, bb) for x in xb]
+    return fns
+
+
+def _probe_int8_linear(bf16_native: bool) -> dict:
+    """The int8 kernel (bertkit.runtime.int8, activations quantized inside) of each engine against the float GEMMs
+    this machine has (`_float_gemms`: fp32, and bf16 where native), at batch-32 rows and at short sequences of
+    changing lengths (one sentence at batch 1: the libraries differ most there, oneDNN pays per new shape; int8
+    can lose there while batches win, e.g. oneDNN without VNNI). "engine": the first of ENGINES unless another has
+    a mean log speed-up over fp32 better by the margin; "fast" / "plain": the engine's and fp32's time on the
+    batch cases, "short_*" the same on the short ones; where the CPU has native bf16, "layer_int8" / "layer_bf16":
+    a whole encoder layer's (`_probe_int8_encoder`)."""
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
     if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
     g = torch.Generator().manual_seed(0)
-    total = dict.fromkeys(engines + ["plain"], 0.0)
-    score = dict.fromkeys(engines, 0.0)
     cases = {"minilm": ((1024,), 384, 1536), "base": ((512,), 768, 3072), "short": (SHORT_ROWS, 384, 1536)}
     timed = {}
     with torch.no_grad():
         for case, (rows, k, n) in cases.items():
             xs, lin = [torch.randn(r, k, generator=g) for r in rows], torch.nn.Linear(k, n)
-            fns = {"plain": lambda: [lin(x) for x in xs]}
+            fns = _float_gemms(xs, lin, bf16_native)
             for e in engines:
                 q = Int8Linear.from_float(lin)
                 q.engine = e
                 fns[e] = lambda q=q: [q(x) for x in xs]
-            t = timed[case] = _time(fns)
-            for name in total:
-                total[name] += t[name]
-            for e in engines:
-                score[e] += math.log(t[e] / t["plain"])
+            timed[case] = _time(fns)
+    score = {e: sum(math.log(t[e] / t["fp32"]) for t in timed.values()) for e in engines}
     # the first library (PyTorch's x86 default) unless another is faster by the margin on the mean log ratio: a
     # near tie measured under other load once cached oneDNN, which ran batch 1 1.5x slower (docs/performance.md)
     engine = engines[0]
     for e in engines[1:]:
         if (score[e] - score[engine]) / len(cases) < math.log(MARGIN):
             engine = e
-    return {"fast": total[engine], "plain": total["plain"], "engine": engine, "short_fast": timed["short"][engine],
-            "short_plain": timed["short"]["plain"]}
+    out = {"engine": engine}
+    for key, name in (("fast", engine), ("plain", "fp32")):
+        out[key] = timed["minilm"][name] + timed["base"][name]
+        out[f"short_{key}"] = timed["short"][name]
+    if bf16_native:                                   # what "auto" would run instead: bf16 through the whole layer
+        layer = _probe_int8_encoder(engine)
+        out["layer_int8"], out["layer_bf16"] = layer["int8"], layer["bf16"]
+    return out
+
+
+def _encoder_layer(x: torch.Tensor, mask, linears: list, norms: list, heads: int) -> torch.Tensor:
+    """A post-norm BERT layer as the frozen model runs it: fused Q/K/V, SDPA, output + residual + LayerNorm, FFN
+    with its GELU in the first GEMM, output + residual + LayerNorm."""
+    qkv, out, ffn_in, ffn_out = linears
+    b, s, h = x.shape
+    q, k, v = qkv(x).view(b, s, 3, heads, h // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    ctx = sdpa_attention(q, k, v, mask, (h // heads) ** -0.5, 0.0, None)[0].transpose(1, 2).reshape(b, s, h)
+    x = norms[0](x + out(ctx))
+    return norms[1](x + ffn_out(ffn_in(x)))
+
+
+def _probe_int8_encoder(engine: str) -> dict:
+    """One MiniLM-shaped encoder layer (random weights) on 32 sentences of 6-90 tokens, mostly short, padded: int8
+    layers through `engine` with fp32 activations (as int8 models run) against the float layer under bf16 autocast
+    with prepacked bf16 GEMMs (as "auto" runs a float model). The GEMMs alone miss that bf16 also speeds the rest
+    of the layer (attention, norms, residual adds)."""
+    g = torch.Generator().manual_seed(0)
+    h, heads = 384, 12
+    lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()
+    mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None])[:, None, None, :]
+    x = torch.randn(32, mask.shape[-1], h, generator=g)
+    shapes = ((h, 3 * h, None), (h, h, None), (h, 4 * h, "gelu"), (4 * h, h, None))
+    floats = [(torch.nn.Linear(i, o), act) for i, o, act in shapes]
+    packed = frozenset({torch.bfloat16}) if onednn_linear_ok(torch.bfloat16) else frozenset()
+    layers = {"bf16": [FrozenLinear(lin.weight, lin.bias, act, packed) for lin, act in floats],
+              "int8": [Int8Linear.from_float(lin, act) for lin, act in floats]}
+    for q in layers["int8"]:
+        q.engine = engine
+    norms = [torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)]
+
+    def run(name):
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=name == "bf16"):
+            _encoder_layer(x.bfloat16() if name == "bf16" else x, mask, layers[name], norms, heads)
+    return _time({name: lambda name=name: run(name) for name in layers})
 
 
 def _probe_dropout() -> dict:
@@ -167,7 +219,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 9                # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 13               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
@@ -182,7 +234,7 @@ def _measure(bf16_native: bool) -> dict[str, dict]:
     train_dtype = torch.bfloat16 if bf16_native else torch.float32
     out = {
         "packed_linear_fp32": _probe_packed_linear(torch.float32),
-        "int8_linear": _probe_int8_linear(),
+        "int8_linear": _probe_int8_linear(bf16_native),
         "fast_dropout": _probe_dropout(),
         "explicit_train_attention": _probe_train_attention(train_dtype, 0.1),
         "explicit_train_short": _probe_train_attention(train_dtype, 0.0),
