@@ -1,5 +1,6 @@
 """A bertkit model and tokenizer where transformers' training code expects its own: Trainer, the data collators,
-overflowing windows, position_ids / inputs_embeds, save_pretrained's formats."""
+overflowing windows, position_ids / inputs_embeds, save_pretrained's formats; and the runtime plan reaching a model
+trained outside bertkit's loop."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 import pytest
 import torch
 
-from bertkit import BertConfig, BertForMaskedLM, BertForSequenceClassification
+from bertkit import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, runtime
+from bertkit.attention import ExecutionOptions
 from bertkit.errors import ConfigError
 from bertkit.families import FAMILIES
 from bertkit.tokenizer import Tokenizer
@@ -203,3 +205,33 @@ def test_save_pretrained_bin_and_shards_load_both_ways(model_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     with pytest.raises(ConfigError, match="max_shard_size='big'"):
         m.save_pretrained(tmp_path, max_shard_size="big")
+
+
+# ---------------------------------------------------------------------------------------------- the runtime plan
+def test_train_mode_gets_the_runtime_plan_once(monkeypatch):
+    monkeypatch.setenv("BERTKIT_FAST_PATHS", "all")
+    m = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, intermediate_size=64))
+    assert m.bert.execution == ExecutionOptions() and not m.runtime_planned
+    m.eval()                                                    # inference mode: nothing applied
+    assert m.bert.execution == ExecutionOptions()
+    m.gradient_checkpointing_enable()
+    m.train()
+    want = runtime.plan("cpu", force="all").options
+    assert m.bert.execution.fast_dropout and m.bert.execution.explicit_train_attention
+    assert m.bert.execution.with_(bucket_overhead=None, checkpoint_layers=False) == \
+        want.with_(bucket_overhead=None)
+    assert m.bert.execution.checkpoint_layers                   # the caller's choice stays
+    assert isinstance(m.dropout, runtime.FastDropout)
+    m.bert.execution = ExecutionOptions()                       # chosen by hand after the first train(): kept
+    m.train()
+    assert m.bert.execution == ExecutionOptions()
+
+
+def test_options_set_by_hand_are_kept_by_train(monkeypatch):
+    monkeypatch.setenv("BERTKIT_FAST_PATHS", "all")
+    m = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=64))
+    m.execution = ExecutionOptions(explicit_train_short=True)
+    m.train()
+    assert m.execution == ExecutionOptions(explicit_train_short=True) and m.runtime_planned

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.activations import Activation
-from bertkit import disentangled
+from bertkit import disentangled, runtime
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout, with_bias
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
@@ -388,10 +388,15 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
         self.config = config
         self.loading_info: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": [], "ignored_keys": []}
 
+    # set once this machine's fast paths were given (bertkit.runtime.apply) or found chosen by hand
+    runtime_planned = False
+
     def train(self, mode: bool = True):
         # checked before any module changes mode: a refused call leaves the model as it was
         if mode and any(getattr(m, "inference_only", False) for m in self.modules()):
             raise ConfigError("this model is frozen for inference (bertkit.runtime.freeze): load it again to train")
+        if mode and not self.runtime_planned:   # any loop (a plain one, transformers.Trainer, PEFT) calls train()
+            runtime.on_train(self)
         return super().train(mode)
 
     def init_weights(self, module: nn.Module | None = None) -> None:
