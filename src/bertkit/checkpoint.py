@@ -22,7 +22,8 @@ Then the keys are checked against the model, never silently half-loaded:
 (`bertkit.hub.resolve_model_dir`; a local path always wins). `dtype` (also spelt `torch_dtype` in from_pretrained)
 takes a torch.dtype, a name ("bfloat16") or "auto": the config's `torch_dtype` / `dtype`, else the weights' own.
 
-Saving writes `config.json` and `model.safetensors`, each to a temp name then renamed, plus the tokenizer's files
+Saving writes `config.json` and `model.safetensors` (or transformers' shards and index with `max_shard_size`, or
+`pytorch_model.bin` with `safe_serialization=False`), each to a temp name then renamed, plus the tokenizer's files
 (`tokenizer.save(dir)`) when one is given. The tied decoder is not duplicated (safetensors cannot alias), exactly as
 transformers saves it, so `transformers.BertForPreTraining.from_pretrained(dir)` loads it with nothing missing.
 """
@@ -325,8 +326,11 @@ def _load_into(model, sd: dict[str, Tensor], source: Path, ignore_mismatched_siz
 
 
 # ---------------------------------------------------------------------------------------------- save
-def save_pretrained(model, path, tokenizer=None) -> None:
-    """config.json + model.safetensors (+ the tokenizer's files) into `path`, each written atomically."""
+def save_pretrained(model, path, tokenizer=None, safe_serialization: bool = True, max_shard_size=None) -> None:
+    """config.json + the weights (+ the tokenizer's files) into `path`, each written atomically. The weights:
+    model.safetensors; shards of at most `max_shard_size` (bytes, or "200MB" / "2GiB") with transformers' index
+    where they do not fit one; pytorch_model.bin (torch.save of the state_dict) with safe_serialization=False.
+    Weight files of another layout in `path` are removed, so the directory loads what was written."""
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     fam, head = family(model.config.model_type), type(model).__name__
@@ -334,10 +338,67 @@ def save_pretrained(model, path, tokenizer=None) -> None:
     sd = {fam.to_theirs(k, head, extra): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if "quantization_config" in model.config.extra:
         sd = int8.to_storage(sd)
-    with replacing(directory / WEIGHTS_NAME, CheckpointError) as tmp:
-        safetensors.torch.save_file(sd, str(tmp), metadata={"format": "pt"})
+    if not safe_serialization:
+        if max_shard_size is not None:
+            raise ConfigError("save_pretrained: max_shard_size shards safetensors only; drop it or keep "
+                              "safe_serialization=True")
+        written = [directory / PT_WEIGHTS_NAME]
+        with replacing(written[0], CheckpointError) as tmp:
+            torch.save(sd, tmp)
+    else:
+        written = _save_shards(sd, directory, _shard_bytes(max_shard_size))
+    _remove_stale_weights(directory, written)
     cfg = model.config.to_dict()
     cfg["architectures"] = [fam.class_name(head)]
     write_text(directory / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n", CheckpointError)
     if tokenizer is not None:
         tokenizer.save(directory)
+
+
+_SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12, "KIB": 2 ** 10,
+               "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+
+
+def _shard_bytes(size) -> int | None:
+    """max_shard_size as bytes: an int, or a number and a unit as transformers spells it ("5GB", "500MiB")."""
+    if size is None or (isinstance(size, int) and not isinstance(size, bool) and size > 0):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(size).upper())
+    if m is None or m.group(2) not in _SIZE_UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"save_pretrained: max_shard_size={size!r} is not a size (bytes, or e.g. '200MB', '2GiB')")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def _save_shards(sd: dict[str, Tensor], directory: Path, limit: int | None) -> list[Path]:
+    """Tensors in order into shards of at most `limit` bytes (a larger tensor alone); one shard is model.safetensors,
+    more are model-0000i-of-0000n.safetensors and the index. Returns the files written."""
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for key, t in sd.items():
+        n = t.numel() * t.element_size()
+        if limit is not None and shards[-1] and size + n > limit:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += n
+    names = [WEIGHTS_NAME] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        with replacing(directory / name, CheckpointError) as tmp:
+            safetensors.torch.save_file(shard, str(tmp), metadata={"format": "pt"})
+    if len(shards) == 1:
+        return [directory / WEIGHTS_NAME]
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    index = {"metadata": {"total_size": total},
+             "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
+    write_text(directory / SHARDED_INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n", CheckpointError)
+    return [directory / n for n in names] + [directory / SHARDED_INDEX_NAME]
+
+
+def _remove_stale_weights(directory: Path, written: list[Path]) -> None:
+    """Weight files of an earlier save in another layout: loading would read them first (or mix them in)."""
+    for f in directory.iterdir():
+        ours = f.name in (WEIGHTS_NAME, SHARDED_INDEX_NAME, PT_WEIGHTS_NAME) or _SHARD_NAME.fullmatch(f.name)
+        if ours and f not in written:
+            f.unlink()

@@ -39,7 +39,7 @@ from bertkit.activations import activation
 from bertkit.families import family
 from bertkit.model import BertModel, BertPreTrainedModel, classifier_dropout
 from bertkit.modern import parts
-from bertkit.outputs import ModelOutput, extra_field, finish, forward_flags
+from bertkit.outputs import ENCODER_INPUTS, ModelOutput, extra_field, finish, forward_flags
 
 __all__ = ["BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "BertForReplacedTokenDetection", "DiscriminatorHead", "PreTrainingOutput",
@@ -224,12 +224,21 @@ class _HeadModel(BertPreTrainedModel):
             if isinstance(m, BertLMPredictionHead) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
+    # transformers' Trainer passes num_items_in_batch to a forward with **kwargs unless told not to; bertkit's losses
+    # are per-batch means, which the Trainer then scales for gradient accumulation itself
+    accepts_loss_kwargs = False
+
     def _flags(self, flags: dict, mlm: bool = False) -> dict:
         """The forward's checked **flags (see bertkit.outputs), with masked_logits_only resolved for MLM heads."""
-        flags = forward_flags(type(self).__name__, flags, ("masked_logits_only",) if mlm else ())
+        flags = forward_flags(type(self).__name__, flags, ENCODER_INPUTS + (("masked_logits_only",) if mlm else ()))
         if mlm and flags.get("masked_logits_only") is None:
             flags["masked_logits_only"] = self.masked_logits_only
         return flags
+
+
+def _encoder_inputs(flags: dict) -> dict:
+    """transformers' position_ids / inputs_embeds among a head's **flags, for BertModel.forward."""
+    return {k: flags[k] for k in ENCODER_INPUTS if k in flags}
 
 
 def _hidden_layer(config: BertConfig) -> BertPredictionHeadTransform | None:
@@ -261,7 +270,8 @@ class BertForPreTraining(_HeadModel):
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
         self.init_weights(self.cls)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False, **flags) -> PreTrainingOutput:
         """**flags: return_dict, masked_logits_only (see bertkit.outputs and _HeadModel.masked_logits_only)."""
@@ -269,7 +279,7 @@ class BertForPreTraining(_HeadModel):
         masked_only = flags["masked_logits_only"]
         rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states, output_rows=rows)
+                        output_hidden_states=output_hidden_states, output_rows=rows, **_encoder_inputs(flags))
         logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows,
                                                  masked_only)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)                     # (batch, 2)
@@ -297,7 +307,8 @@ class BertForMaskedLM(_HeadModel):
         self.cls = BertOnlyMLMHead(config, self.bert.embeddings.word_embeddings)
         self.init_weights(self.cls)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False, **flags) -> MaskedLMOutput:
         """**flags: return_dict, masked_logits_only (see bertkit.outputs and _HeadModel.masked_logits_only)."""
@@ -305,7 +316,7 @@ class BertForMaskedLM(_HeadModel):
         masked_only = flags["masked_logits_only"]
         rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states, output_rows=rows)
+                        output_hidden_states=output_hidden_states, output_rows=rows, **_encoder_inputs(flags))
         logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows, masked_only)
         return finish(MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
                                      logit_ids=_logit_ids(self.cls.predictions),
@@ -341,13 +352,14 @@ class BertForSequenceClassification(_HeadModel):
             return "single_label_classification"
         return "multi_label_classification"
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False, **flags) -> SequenceClassifierOutput:
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states,
-                        first_token_only=self.first_token_only and self.pooling == "cls")
+                        first_token_only=self.first_token_only and self.pooling == "cls", **_encoder_inputs(flags))
         pooled = out.pooler_output
         if self.head is not None:
             pooled = self.head(_pool(out.last_hidden_state, attention_mask, self.pooling))
@@ -382,12 +394,13 @@ class BertForTokenClassification(_HeadModel):
         if self.head is not None:
             self.init_weights(self.head)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False, **flags) -> TokenClassifierOutput:
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
+                        output_hidden_states=output_hidden_states, **_encoder_inputs(flags))
         x = out.last_hidden_state if self.head is None else self.head(out.last_hidden_state)
         logits = self.classifier(self.dropout(x))                                    # (batch, seq, num_labels)
         loss = None
@@ -411,13 +424,14 @@ class BertForQuestionAnswering(_HeadModel):
         if self.head is not None:
             self.init_weights(self.head)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 start_positions: Tensor | None = None, end_positions: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False, **flags
                 ) -> QuestionAnsweringOutput:
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
+                        output_hidden_states=output_hidden_states, **_encoder_inputs(flags))
         x = out.last_hidden_state if self.head is None else self.head(out.last_hidden_state)
         logits = self.qa_outputs(self.dropout(x))                                    # (batch, seq, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
@@ -462,13 +476,14 @@ class BertForReplacedTokenDetection(_HeadModel):
         self.discriminator_predictions = DiscriminatorHead(config)
         self.init_weights(self.discriminator_predictions)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False, **flags) -> TokenClassifierOutput:
         """labels: (batch, seq), 1 where the token was replaced; the loss reads the real (unpadded) tokens."""
         flags = self._flags(flags)                              # return_dict (see bertkit.outputs)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
+                        output_hidden_states=output_hidden_states, **_encoder_inputs(flags))
         logits = self.discriminator_predictions(out.last_hidden_state)               # (batch, seq)
         loss = None
         if labels is not None:

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.activations import Activation
-from bertkit import disentangled
+from bertkit import disentangled, runtime
 from bertkit.attention import ExecutionOptions, ExecutionPlan, Mode, dropout, with_bias
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.compat import PreTrainedMixin
@@ -54,7 +54,7 @@ from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.families import family
 from bertkit.modern import GLU, parts, rotary_table, rotate, window_mask
-from bertkit.outputs import ModelOutput, finish, forward_flags
+from bertkit.outputs import ENCODER_INPUTS, ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
 __all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Projection", "classifier_dropout"]
@@ -103,9 +103,10 @@ class BertEmbeddings(nn.Module):
         p = part.embedding_dropout
         self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor) -> Tensor:
-        # input_ids: (batch, seq) or packed (tokens,); position_ids broadcastable to it
-        x = self.word_embeddings(input_ids)                            # (..., dim)
+    def forward(self, input_ids: Tensor | None, token_type_ids: Tensor | None, position_ids: Tensor,
+                inputs_embeds: Tensor | None = None) -> Tensor:
+        # input_ids: (batch, seq) or packed (tokens,); position_ids broadcastable to it; or the caller's word vectors
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds      # (..., dim)
         if self.token_type_embeddings is None:
             pass
         elif token_type_ids is None:
@@ -387,10 +388,15 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
         self.config = config
         self.loading_info: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": [], "ignored_keys": []}
 
+    # set once this machine's fast paths were given (bertkit.runtime.apply) or found chosen by hand
+    runtime_planned = False
+
     def train(self, mode: bool = True):
         # checked before any module changes mode: a refused call leaves the model as it was
         if mode and any(getattr(m, "inference_only", False) for m in self.modules()):
             raise ConfigError("this model is frozen for inference (bertkit.runtime.freeze): load it again to train")
+        if mode and not self.runtime_planned:   # any loop (a plain one, transformers.Trainer, PEFT) calls train()
+            runtime.on_train(self)
         return super().train(mode)
 
     def init_weights(self, module: nn.Module | None = None) -> None:
@@ -427,9 +433,10 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
         return load_pretrained(cls, path, dtype=dtype if dtype is not None else torch_dtype, device=device,
                                revision=revision, allow_non_finite=allow_non_finite, **config_overrides)
 
-    def save_pretrained(self, path, tokenizer=None) -> None:
-        """Write config.json + model.safetensors (atomically) and, if given, the tokenizer's files."""
-        save_pretrained(self, path, tokenizer=tokenizer)
+    def save_pretrained(self, path, tokenizer=None, safe_serialization: bool = True, max_shard_size=None) -> None:
+        """Write config.json + model.safetensors (atomically) and, if given, the tokenizer's files;
+        safe_serialization=False: pytorch_model.bin; max_shard_size: shards and an index (bertkit.checkpoint)."""
+        save_pretrained(self, path, tokenizer, safe_serialization, max_shard_size)
 
     def shard_units(self) -> list[nn.Module]:
         """What FSDP shards one by one, each gathered just before it runs: the encoder layers."""
@@ -442,15 +449,22 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
         return n
 
 
-def _check_shapes(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor | None,
-                  attention_mask: Tensor | None) -> None:
+def _check_shapes(config: BertConfig, input_ids: Tensor | None, inputs_embeds: Tensor | None,
+                  token_type_ids: Tensor | None, attention_mask: Tensor | None, position_ids: Tensor | None) -> None:
     """Raise ConfigError naming the bad shape or dtype."""
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ConfigError("forward takes input_ids or inputs_embeds: give exactly one")
+    if inputs_embeds is not None:
+        dim = config.embedding_size or config.hidden_size
+        if not isinstance(inputs_embeds, Tensor) or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != dim:
+            shape = tuple(inputs_embeds.shape) if isinstance(inputs_embeds, Tensor) else type(inputs_embeds).__name__
+            raise ConfigError(f"inputs_embeds must be a (batch, seq, {dim}) tensor, got {shape}")
+    elif not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise ConfigError(f"input_ids must be a (batch, seq) tensor, got {shape}")
-    if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
+    elif input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise ConfigError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
-    b, s = input_ids.shape
+    b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
     if s > config.max_input_length:
         offset = config.max_position_embeddings - config.max_input_length
         raise ConfigError(f"sequence length {s} exceeds max_position_embeddings={config.max_position_embeddings}"
@@ -458,6 +472,8 @@ def _check_shapes(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor 
     for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
         if t is not None and tuple(t.shape) != (b, s):
             raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected {(b, s)} like input_ids")
+    if position_ids is not None and tuple(position_ids.shape) not in ((b, s), (1, s)):
+        raise ConfigError(f"position_ids has shape {tuple(position_ids.shape)}, expected {(b, s)} or {(1, s)}")
 
 
 def _check_values(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor | None) -> None:
@@ -502,33 +518,35 @@ class BertModel(BertPreTrainedModel):
         # and DeBERTa-v3 has no position table
         mode = Mode.current(input_ids.device, self.embeddings.LayerNorm.weight.dtype, self.training)
         return ExecutionPlan.build(self.execution, self.config.attn_implementation, attention_mask,
-                                   tuple(input_ids.shape), mode, output_attentions,
+                                   tuple(input_ids.shape[:2]), mode, output_attentions,
                                    self.config.attention_probs_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False,
-                first_token_only: bool = False, output_rows: Tensor | None = None, **flags) -> BertModelOutput:
+    def forward(self, input_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False, first_token_only: bool = False, output_rows: Tensor | None = None,
+                **flags) -> BertModelOutput:
         """return_dict=False returns `BertModelOutput.to_tuple()` (see bertkit.outputs).
         first_token_only: the last layer runs at position 0 ([CLS]) only, for callers that read nothing but the
         pooler: `last_hidden_state` is then (batch, 1, hidden), the full forward's `[:, :1]`.
         output_rows: (n,) flat (batch * seq) positions the caller reads (MLM at its masked tokens):
         `last_hidden_state` is then (n, hidden), the full forward's `.reshape(-1, hidden)[output_rows]`, and the
         last layer's position-wise work runs on those rows (and [CLS], for the pooler) only.
-        With attention maps or hidden states the full last layer runs (output_rows still selects the rows)."""
-        flags = forward_flags("BertModel", flags)
-        _check_shapes(self.config, input_ids, token_type_ids, attention_mask)
-        plan = self.plan(input_ids, attention_mask, output_attentions)
-        if plan.check_values:
+        With attention maps or hidden states the full last layer runs (output_rows still selects the rows).
+        **flags: return_dict, and transformers' position_ids (batch or 1, seq) and inputs_embeds (batch, seq,
+        embedding width)."""
+        flags = forward_flags("BertModel", flags, ENCODER_INPUTS)
+        position_ids, inputs_embeds = flags.get("position_ids"), flags.get("inputs_embeds")
+        _check_shapes(self.config, input_ids, inputs_embeds, token_type_ids, attention_mask, position_ids)
+        plan = self.plan(input_ids if input_ids is not None else inputs_embeds, attention_mask, output_attentions)
+        if plan.check_values and input_ids is not None:
             _check_values(self.config, input_ids, token_type_ids)
         layout = plan.layout
         rows = None
         if (first_token_only or output_rows is not None) and not (output_attentions or output_hidden_states):
             rows = self._rows(layout, attention_mask, output_rows)
-        if family(self.config.model_type).positions_from_ids:
-            positions = layout.unpad(_positions_from_ids(input_ids, self.config.pad_token_id))
-        else:
-            positions = layout.positions(input_ids.device)
-        x = self.embeddings(layout.unpad(input_ids), layout.unpad(token_type_ids), positions)
+        positions = self._positions(layout, input_ids, position_ids)
+        x = self.embeddings(layout.unpad(input_ids), layout.unpad(token_type_ids), positions,
+                            layout.unpad(inputs_embeds))
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         if plan.residual_dtype is not None:
@@ -547,6 +565,21 @@ class BertModel(BertPreTrainedModel):
             last_hidden_state=x, pooler_output=pooled,
             hidden_states=tuple(layout.pad(h) for h in hidden) if hidden is not None else None,
             attentions=tuple(attentions) if output_attentions else None), flags)
+
+    def _positions(self, layout: Layout, input_ids: Tensor | None, position_ids: Tensor | None) -> Tensor:
+        """The position of every token: the caller's, the family's from the ids (RoBERTa), or 0.. per row."""
+        pad = self.config.pad_token_id
+        if position_ids is not None:
+            if self.embeddings.position_embeddings is None:
+                raise ConfigError(f"position_ids: {self.config.model_type} has no position table (its positions are "
+                                  f"rotary or relative, counted from 0 in each row): leave it None")
+            return layout.unpad(position_ids.expand(layout.batch, layout.seq))
+        device = self.embeddings.LayerNorm.weight.device
+        if not family(self.config.model_type).positions_from_ids:
+            return layout.positions(device)
+        if input_ids is None:                           # transformers' rule for inputs_embeds: every row is real
+            return layout.positions(device) + pad + 1
+        return layout.unpad(_positions_from_ids(input_ids, pad))
 
     def _rows(self, layout: Layout, attention_mask: Tensor | None, output_rows: Tensor | None) -> Rows | None:
         """The last layer's rows for first_token_only / output_rows, or None where the full layer must run."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from bertkit.errors import ConfigError
 
-__all__ = ["ModelOutput", "extra_field", "finish", "forward_flags"]
+__all__ = ["ENCODER_INPUTS", "ModelOutput", "extra_field", "finish", "forward_flags"]
 
 
 def extra_field(default=None):
@@ -73,12 +73,14 @@ class ModelOutput:
 
 
 # transformers' forward arguments that bertkit takes only at their do-nothing value
-_NONE_ONLY = ("position_ids", "head_mask", "inputs_embeds")
+_NONE_ONLY = ("head_mask",)
+# what a head passes on to its encoder (BertModel.forward)
+ENCODER_INPUTS = ("position_ids", "inputs_embeds")
 
 
 def forward_flags(owner: str, flags: dict[str, Any], allowed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Check the **flags of a forward: `return_dict`, the names in `allowed`, and transformers' position_ids /
-    head_mask / inputs_embeds when None. Returns {name: value} of the accepted flags; anything else raises
+    """Check the **flags of a forward: `return_dict`, the names in `allowed`, and transformers' head_mask when
+    None. Returns {name: value} of the accepted flags; anything else raises
     ConfigError naming it."""
     out = {}
     for name, value in flags.items():
@@ -86,8 +88,8 @@ def forward_flags(owner: str, flags: dict[str, Any], allowed: tuple[str, ...] = 
             out[name] = value
         elif name in _NONE_ONLY:
             if value is not None:
-                raise ConfigError(f"{owner}.forward: {name} is not supported (only None); bertkit computes "
-                                  f"positions, runs every head, and embeds input_ids itself")
+                raise ConfigError(f"{owner}.forward: head_mask is not supported (only None): every head runs in "
+                                  f"bertkit's fused attention, as in transformers 5's BERT, which dropped it")
         else:
             raise ConfigError(f"{owner}.forward got an unexpected argument {name!r}; it takes return_dict"
                               f"{''.join(', ' + a for a in allowed)} besides its named arguments")

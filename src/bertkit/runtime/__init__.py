@@ -1,7 +1,8 @@
 """Execution choices applied to a model from outside it, each used only where it measured faster here.
 
     runtime.plan(device)       what this machine gets: a `RuntimePlan` (probed once per CPU model and torch version)
-    runtime.apply(model)       training and inference: attention functions, 16-bit dropout masks, bf16 residual
+    runtime.apply(model)       training and inference: attention functions, 16-bit dropout masks, bf16 residual;
+                               done by itself the first time a model is put in training mode (`on_train`)
     runtime.freeze(model)      inference only: `apply`, then frozen linear layers (fused Q/K/V and FFN activation,
                                weights cast once, prepacked oneDNN GEMMs where they won); the model can no longer train;
                                int8 layers of a quantized model (runtime.int8) run through the int8 library that won
@@ -31,7 +32,7 @@ from bertkit.runtime.linear import FrozenLinear, freeze_linears
 from bertkit.runtime.probe import MARGIN, SHORT_ROWS, cached_measurements
 
 __all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "freeze", "int8_float_below",
-           "is_frozen", "plan"]
+           "is_frozen", "on_train", "plan"]
 
 FORCES = ("measure", "all", "none")
 FORCED_BUCKET_OVERHEAD = 2.5e5                      # force="all": ~20 us a bucket at ~0.08 ns a unit (Zen 4, 1 thread)
@@ -137,6 +138,7 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     runtime = runtime or plan(next(model.parameters()).device)
     berts = [m for m in model.modules() if isinstance(m, PreTrainedMixin)]     # BertModel and the heads
     for m in berts:
+        m.runtime_planned = True
         if isinstance(getattr(m, "execution", None), ExecutionOptions):       # a BertModel
             # gradient checkpointing is the caller's choice, not a measured fast path: it stays as it was
             per_model = None if runtime.bucket_overhead is None else runtime.bucket_overhead / m.config.hidden_size
@@ -153,6 +155,20 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
                 elif not runtime.options.fast_dropout and type(child) is FastDropout:
                     setattr(module, name, nn.Dropout(child.p).train(child.training))
     return model
+
+
+def on_train(model: nn.Module) -> None:
+    """What `model.train()` does the first time: `apply` this machine's plan (for the device the parameters are on),
+    so a model trained outside bertkit's loop runs the same fast paths. Not where the execution options were set
+    by hand (anything but the defaults, gradient checkpointing aside): those stay."""
+    chosen = any(m.execution.with_(checkpoint_layers=False) != ExecutionOptions() for m in model.modules()
+                 if isinstance(getattr(m, "execution", None), ExecutionOptions))
+    if chosen:
+        for m in model.modules():
+            if isinstance(m, PreTrainedMixin):
+                m.runtime_planned = True
+        return
+    apply(model)
 
 
 def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:

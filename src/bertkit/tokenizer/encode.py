@@ -18,8 +18,8 @@ import numpy as np
 
 from bertkit.errors import BertkitError, VocabError
 from bertkit.hub import resolve_model_dir
-from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, pad_encodings, split_words_pieces,
-                                      to_tensors)
+from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, overflow, pad_encodings,
+                                      split_words_pieces, to_tensors)
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
 from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, write_model_dir
 from bertkit.tokenizer.inputs import Template
@@ -45,6 +45,8 @@ class EncodeOptions:
     return_token_type_ids: bool | None = None
     is_split_into_words: bool = False
     return_special_tokens_mask: bool = False
+    return_overflowing_tokens: bool = False     # long inputs as windows (hfcall.overflow), stride pieces shared
+    stride: int = 0
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "EncodeOptions":
@@ -63,6 +65,8 @@ _DEFAULT_OPTIONS = EncodeOptions()
 
 class Tokenizer:
     """WordPiece tokenizer with BERT semantics: the stages of the bertkit.tokenizer package, and the model inputs."""
+
+    padding_side = "right"          # or "left": where padding goes (transformers' attribute; collators read it)
 
     def __init__(self, vocab: str | os.PathLike | dict[str, int], lowercase: bool = True,
                  strip_accents: bool | None = None, model_max_length: int | None = None):
@@ -280,6 +284,13 @@ class Tokenizer:
                 truncation not in (None, False, "do_not_truncate") or padding == "max_length"):
             max_length = self.model_max_length
         strategy = _truncation_strategy(truncation, max_length, padding)
+        mapping = None
+        if opts.return_overflowing_tokens:         # windows: the rows come already cut to max_length
+            n_special = (self.template if opts.add_special_tokens else Template.none()).n_special(second is not None)
+            first, second, words, mapping = overflow(
+                self, first, second, words, lambda na, nb: _truncated_lengths(na, nb, max_length, strategy, n_special)
+                if strategy else (na, nb or 0), opts.stride)
+            strategy, single = None, False
         if (strategy is not None and padding not in (False, None, "do_not_pad") and pad_to_multiple_of
                 and max_length is not None and max_length % pad_to_multiple_of):
             raise BertkitError(f"max_length={max_length} (truncation with padding) must be a multiple of "
@@ -296,6 +307,8 @@ class Tokenizer:
             result["special_tokens_mask"] = specials
         if return_offsets:
             result["offset_mapping" if opts.return_offsets_mapping else "offsets"] = out_offsets
+        if mapping is not None:
+            result["overflow_to_sample_mapping"] = mapping
         if opts.return_tensors is not None:
             result = to_tensors(result, opts.return_tensors)
         elif single:
@@ -363,20 +376,19 @@ class Tokenizer:
             if not isinstance(multiple, int) or multiple <= 0:
                 raise BertkitError(f"pad_to_multiple_of must be a positive int, got {multiple!r}")
             target = -(-target // multiple) * multiple
-        pad = self.pad_token_id
-        if pad is None:
+        if self.pad_token_id is None:
             raise BertkitError("padding needs a pad token, and this tokenizer has none (pad_token in "
                                "tokenizer_config.json)")
+        if self.padding_side not in ("right", "left"):
+            raise BertkitError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
+        fills = [(rows, fill) for rows, fill in ((ids, self.pad_token_id), (types, 0), (mask, 0), (offsets, (0, 0)),
+                                                (specials, 1)) if rows is not None]
+        left = self.padding_side == "left"
         for i in range(len(ids)):
             n = target - len(ids[i])
-            if n > 0:
-                ids[i].extend([pad] * n)
-                types[i].extend([0] * n)
-                mask[i].extend([0] * n)
-                if offsets is not None:
-                    offsets[i].extend([(0, 0)] * n)
-                if specials is not None:
-                    specials[i].extend([1] * n)
+            for rows, fill in fills if n > 0 else ():
+                at = 0 if left else len(rows[i])
+                rows[i][at:at] = [fill] * n
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
@@ -394,6 +406,18 @@ class Tokenizer:
         """Pieces back to text without transformers' clean-up: joined by spaces, a word's "##" continuations glued
         on ("cap ##ital" -> "capital")."""
         return " ".join(self.convert_ids_to_tokens(list(ids))).replace(" ##", "")
+
+    def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens: bool = False
+                                ) -> list[int]:
+        """transformers' name: 1 at each special token of the ids (already_has_special_tokens), or of the row the
+        template would make of them."""
+        if already_has_special_tokens:
+            return [int(int(i) in self._special_ids) for i in as_id_list(token_ids_0)]
+        return self._special_mask(len(token_ids_0), None if token_ids_1 is None else len(token_ids_1), True)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted(self._special_ids)
 
     @property
     def special_ids(self) -> frozenset[int]:

@@ -1,5 +1,6 @@
 """What transformers' tokenizer callers expect of a result: BatchEncoding (a dict with attribute access, .to(device),
-.word_ids(i)), words given pre-split (is_split_into_words), and pad() of encodings made earlier."""
+.word_ids(i), .sequence_ids(i)), words given pre-split (is_split_into_words), windows over long inputs
+(return_overflowing_tokens with stride), and pad() of encodings made earlier."""
 
 from __future__ import annotations
 
@@ -42,37 +43,93 @@ class BatchEncoding(dict):
             raise ValueError("word_ids() needs an encoding made by the tokenizer call")
         return _Layout(*self._layout).word_ids(batch_index)
 
+    def sequence_ids(self, batch_index: int = 0) -> list[int | None]:
+        """Per token, 0 for the text, 1 for the pair, None for special tokens and padding."""
+        if getattr(self, "_layout", None) is None:
+            raise ValueError("sequence_ids() needs an encoding made by the tokenizer call")
+        return _Layout(*self._layout).sequence_ids(batch_index)
+
 
 class _Layout:
     """Enough to rebuild word ids: the rows as laid out, the kept lengths of a and b per row, and each piece's word
-    per sequence where the pieces came with them (the tokenizers library's, or is_split_into_words)."""
+    per sequence where the pieces came with them (the tokenizers library's, is_split_into_words, or windows)."""
 
     def __init__(self, tokenizer, ids, lengths, special: bool, words):
         self.tokenizer, self.ids, self.lengths, self.special, self.words = tokenizer, ids, lengths, special, words
 
-    def word_ids(self, i: int) -> list[int | None]:
+    def _row(self, i: int) -> list[int]:
         flat = isinstance(self.ids, list) and (not self.ids or isinstance(self.ids[0], int))   # an unbatched call
         ids = self.ids if flat else self.ids[i]
-        row = ids.tolist() if hasattr(ids, "tolist") else ids
+        return ids.tolist() if hasattr(ids, "tolist") else ids
+
+    def _place(self, row: list[int], a: list, b: list | None) -> list:
+        """Values of a's and b's tokens laid out as the row is: None at the specials and the padding."""
+        out = self.tokenizer.template.wrap(a, b, None) if self.special else [*a, *(b or ())]
+        pad = [None] * (len(row) - len(out))
+        return pad + out if self.tokenizer.padding_side == "left" else out + pad
+
+    def word_ids(self, i: int) -> list[int | None]:
+        row = self._row(i)
         na, nb = self.lengths[i]
-        start = len(self.tokenizer.template.single[0]) if self.special else 0
-        a = self._words(i, 0, row[start:start + na])
+        real = len(self._place([], [0] * na, None if nb is None else [0] * nb))        # the row less its padding
+        start = len(row) - real if self.tokenizer.padding_side == "left" else 0
+        a_start = start + (len(self.tokenizer.template.single[0]) if self.special else 0)
+        a = self._words(i, 0, row[a_start:a_start + na])
         b = None
         if nb is not None:
-            b_start = self.tokenizer.template.first_len(na) if self.special else na
+            b_start = start + (self.tokenizer.template.first_len(na) if self.special else na)
             b = self._words(i, 1, row[b_start:b_start + nb])
-        out = self.tokenizer.template.wrap(a, b, None) if self.special else [*a, *(b or ())]
-        return out + [None] * (len(row) - len(out))
+        return self._place(row, a, b)
+
+    def sequence_ids(self, i: int) -> list[int | None]:
+        na, nb = self.lengths[i]
+        return self._place(self._row(i), [0] * na, None if nb is None else [1] * nb)
 
     def _words(self, i: int, part: int, ids: list[int]) -> list[int]:
         if self.words is not None:
             return self.words[i][part][:len(ids)]
-        word, out = -1, []
-        for k, continues in enumerate(self.tokenizer.continues_word(ids)):
-            if not continues or k == 0:  # a continuation piece never starts a word
-                word += 1
-            out.append(word)
-        return out
+        return word_index(self.tokenizer, ids)
+
+
+def word_index(tokenizer, ids: list[int]) -> list[int]:
+    """Each piece's word, counted from 0 in `ids`: a word starts at every piece that does not continue one."""
+    word, out = -1, []
+    for k, continues in enumerate(tokenizer.continues_word(ids)):
+        if not continues or k == 0:  # a continuation piece never starts a word
+            word += 1
+        out.append(word)
+    return out
+
+
+def overflow(tokenizer, first, second, words, cut, stride: int):
+    """return_overflowing_tokens: every input as windows of the sequences truncation cuts, `stride` pieces shared by
+    neighbours, in the tokenizers library's order (the first windows of both, then each later window of the text
+    with every window of the pair, then the first text window with each later pair window). `cut(na, nb)` gives the
+    window lengths. Returns the rows' pieces (first, second), their words and each row's input index."""
+    rows_a, rows_b, rows_w, mapping = [], [] if second is not None else None, [], []
+    for i, a in enumerate(first):
+        b = second[i] if second is not None else ([], None)
+        na, nb = cut(len(a[0]), None if second is None else len(b[0]))
+        wa, wb = _windows(len(a[0]), na, stride), _windows(len(b[0]), nb, stride)
+        w = words[i] if words is not None else (word_index(tokenizer, a[0]), word_index(tokenizer, b[0]))
+        for x, y in [(wa[0], wb[0]), *((x, y) for x in wa[1:] for y in wb), *((wa[0], y) for y in wb[1:])]:
+            rows_a.append(tuple(None if p is None else p[x] for p in a))
+            if rows_b is not None:
+                rows_b.append(tuple(None if p is None else p[y] for p in b))
+            rows_w.append((w[0][x], w[1][y]))
+            mapping.append(i)
+    return rows_a, rows_b, rows_w, mapping
+
+
+def _windows(n: int, keep: int, stride: int) -> list[slice]:
+    """[0, keep), then windows `keep - stride` further on until the last reaches n; one window where nothing is cut."""
+    if keep >= n:
+        return [slice(0, n)]
+    if not 0 <= stride < keep:
+        raise BertkitError(f"stride={stride} must be at least 0 and less than the {keep} tokens a window of the "
+                           f"truncated sequence holds (max_length less the specials and the other sequence)")
+    starts = range(0, n - stride, keep - stride)
+    return [slice(s, min(s + keep, n)) for s in starts]
 
 
 def split_words_pieces(tokenizer, sequences: Sequence[Sequence[str]], offsets: bool):
@@ -95,21 +152,26 @@ def split_words_pieces(tokenizer, sequences: Sequence[Sequence[str]], offsets: b
     return pieces, words
 
 
+_PADDED = ("input_ids", "token_type_ids", "attention_mask", "special_tokens_mask")   # pad() pads these keys only
+
+
 def pad_encodings(tokenizer, encodings, padding, max_length, pad_to_multiple_of, return_tensors) -> BatchEncoding:
-    """Tokenizer.pad: encodings made earlier, padded as one batch."""
+    """Tokenizer.pad: encodings made earlier, padded as one batch; other keys (labels, ...) kept as they are, made
+    tensors with the rest."""
     if isinstance(encodings, dict):
-        batch = {k: [list(as_id_list(r)) for r in v] for k, v in encodings.items()}
+        batch = dict(encodings)
     else:
         encodings = list(encodings)
         if any("input_ids" not in e for e in encodings):
             raise BertkitError("pad: every encoding needs input_ids")
-        batch = {k: [list(as_id_list(e[k])) for e in encodings] for k in encodings[0]} if encodings else {}
-    ids = batch.get("input_ids", [])
-    types = batch.get("token_type_ids", [[0] * len(x) for x in ids])
-    mask = batch.get("attention_mask", [[1] * len(x) for x in ids])
-    tokenizer._pad(ids, types, mask, None, padding, max_length, pad_to_multiple_of)
-    result = {"input_ids": ids, **({"token_type_ids": types} if "token_type_ids" in batch else {}),
-              "attention_mask": mask}
+        batch = {k: [e[k] for e in encodings] for k in encodings[0]} if encodings else {}
+    rows = {k: [list(as_id_list(r)) for r in batch[k]] for k in _PADDED if k in batch}
+    ids = rows.get("input_ids", [])
+    rows.setdefault("attention_mask", [[1] * len(x) for x in ids])
+    types = rows.get("token_type_ids", [[0] * len(x) for x in ids])
+    tokenizer._pad(ids, types, rows["attention_mask"], None, padding, max_length, pad_to_multiple_of,
+                   rows.get("special_tokens_mask"))
+    result = {**batch, **rows}
     if return_tensors is not None:
         result = to_tensors(result, return_tensors)
     return BatchEncoding(result)
@@ -137,15 +199,16 @@ def to_tensors(result: dict, kind: str) -> dict:
     if len(lengths) > 1:
         raise BertkitError("cannot make tensors from sequences of different lengths "
                          f"({min(lengths)}..{max(lengths)}): pass padding=True or padding='max_length'")
-    out = {}
-    for k, v in result.items():
-        arr = np.asarray(v, dtype=np.int64)
-        if k == "offsets":
-            arr = arr.reshape(len(v), -1, 2)
-        out[k] = arr
     if kind == "pt":
         import torch
-        out = {k: torch.from_numpy(v) for k, v in out.items()}
+    out = {}
+    for k, v in result.items():
+        if k in _PADDED or k in ("offsets", "offset_mapping", "overflow_to_sample_mapping"):
+            arr = np.asarray(v, dtype=np.int64)
+            arr = arr.reshape(len(v), -1, 2) if k == "offsets" else arr
+            out[k] = torch.from_numpy(arr) if kind == "pt" else arr
+        else:                                       # labels and the like: their own dtype, as transformers makes them
+            out[k] = torch.as_tensor(v) if kind == "pt" else np.asarray(v)
     return out
 
 
