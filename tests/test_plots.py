@@ -44,7 +44,7 @@ def test_plot_run_errors(tmp_path):
     with pytest.raises(DataError, match="no metrics.jsonl"):
         plot_run(tmp_path, tmp_path / "x.png")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "lr": 0.1}\n')
-    with pytest.raises(DataError, match="no loss or accuracy"):
+    with pytest.raises(DataError, match="no finite loss or accuracy"):
         plot_run(tmp_path, tmp_path / "x.png")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\nnot json\n')
     with pytest.raises(DataError, match=r"metrics.jsonl:2"):

@@ -15,13 +15,42 @@ and is one `error` line naming the file (exit 2 in the CLI), not an OSError trac
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-__all__ = ["replacing", "write_text", "write_bytes", "write_json", "file_mode"]
+__all__ = ["replacing", "write_text", "write_bytes", "write_json", "file_mode", "write_failure", "disk_full"]
+
+# How writers that wrap the OS error say a disk or quota is full: safetensors (Rust) "... (os error 28)", torch's
+# zip writer "file write failed"
+_FULL = ("os error 28", "os error 122", "no space left on device", "disk quota exceeded", "file write failed")
+
+
+def _full(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return isinstance(e, Exception) and any(w in str(e).lower() for w in _FULL)
+
+
+def write_failure(e: BaseException) -> str | None:
+    """Why a write failed, when the file system refused it (an OSError: a full disk, a quota, a read-only or
+    forbidden path) or a writer reports a full disk in its own exception (safetensors, torch.save); None for
+    anything else, which is a bug."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e).splitlines()[0]
+    return "No space left on device" if _full(e) else None
+
+
+def disk_full(e: BaseException | None) -> bool:
+    """Whether `e`, or an error it was raised from (a bertkit error's one line hides it), is a full disk or quota."""
+    for _ in range(8):
+        if e is None or _full(e):
+            return e is not None
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def file_mode() -> int:
@@ -43,8 +72,11 @@ def replacing(path, error: type[BertkitError] = BertkitError):
             os.fsync(f.fileno())
         os.chmod(tmp, file_mode())
         os.replace(tmp, path)
-    except OSError as e:
-        raise error(f"cannot write {path}: {e.strerror or e}; the previous file, if any, is unchanged") from None
+    except Exception as e:
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        raise error(f"cannot write {path}: {reason}; the previous file, if any, is unchanged") from None
     finally:
         tmp.unlink(missing_ok=True)
 

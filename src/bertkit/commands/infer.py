@@ -12,6 +12,7 @@ from bertkit import progress
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 from bertkit.commands.embed import embed_encoder, search_or_write, vector_out, wants_encoder
 from bertkit.errors import ConfigError, DataError
+from bertkit.serve.limits import ServeConfig
 from bertkit.textfiles import is_stdin_copy, read_text
 
 
@@ -91,6 +92,10 @@ def fill_mask(args) -> int:
     from bertkit.infer import Predictor
     texts = _texts(args.text, args.file)
     p = Predictor.load(args.model, precision=inference_precision(args, "fill-mask"))
+    limit, mask = ServeConfig.max_masks, p.tokenizer.mask_token
+    for text in texts:          # joint decoding costs a forward per mask and beam: the server's cap, before any work
+        if text.count(mask) > limit:
+            raise ConfigError(f"a text holds {text.count(mask)} {mask}s; fill-mask decodes at most {limit} per text")
     show = progress.wanted(args.progress) and len(texts) > 1
     with progress.bar(texts, show=show, desc="fill-mask", unit="text") as bar:
         write = bar.write if show else print      # a result line that does not tear the bar on stderr

@@ -148,8 +148,10 @@ def _map_npy(path: Path) -> tuple[np.ndarray, mmap.mmap, int]:
         shape, fortran, dtype = read_header(f)
         offset = f.tell()
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if fortran:
-        raise DataError(f"{path}: Fortran-ordered arrays are not an index layout")
+    if fortran or dtype.hasobject:
+        raise DataError(f"{path}: Fortran-ordered or object arrays are not an index layout")
+    if offset + int(np.prod(shape)) * dtype.itemsize > len(mm):      # a copy cut short: never read past its end
+        raise DataError(f"{path}: truncated ({len(mm)} bytes for a {'x'.join(map(str, shape))} {dtype} array)")
     return np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset), mm, offset
 
 

@@ -46,7 +46,7 @@ import torch
 
 from bertkit import runtime
 from bertkit.atomic import replacing, write_text
-from bertkit.config import BertConfig
+from bertkit.config import BertConfig, read_json_config
 from bertkit.errors import ConfigError
 from bertkit.precision import resolve
 from bertkit.progress import forward_bar, say
@@ -153,7 +153,7 @@ def load_task(model_dir: str | Path):
             raise ConfigError(f"{model_dir}: holds one model per seed ({', '.join(seeds)}): give one of them, "
                               f"e.g. --model {model_dir / seeds[0]}")
         raise ConfigError(f"{model_dir}: no config.json (not a model directory)")
-    settings = json.loads(cfg_path.read_text()).get("bertkit_task")
+    settings = read_json_config(cfg_path).get("bertkit_task")
     if not isinstance(settings, dict) or settings.get("kind") not in TASKS:
         raise ConfigError(f"{cfg_path}: no 'bertkit_task' entry: not a model fine-tuned by bertkit "
                           f"(evaluate/predict need the task kind and label map saved by `bertkit finetune`)")
