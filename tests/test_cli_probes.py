@@ -67,6 +67,35 @@ def _models(w: Path) -> None:
         (w / name / "config.json").write_text(json.dumps(change(c)))
 
 
+# hostile JSON in a model directory: (file, how it is spoiled), for fill-mask / embed / attention / export / finetune
+# (from W/mlm) and evaluate / predict / quantize (from W/clf); each is a one-line refusal naming the file or field
+_SPOILED = {
+    "cfg-empty": ("config.json", lambda c: b"", "config.json"),
+    "cfg-deep": ("config.json", lambda c: b"[" * 200_000 + b"]" * 200_000, "config.json"),
+    "cfg-binary": ("config.json", lambda c: BINARY, "config.json"),
+    "cfg-string": ("config.json", lambda c: b'"a config"', "config.json"),
+    "cfg-nan-eps": ("config.json", lambda c: {**c, "layer_norm_eps": float("nan")}, "layer_norm_eps"),
+    "cfg-inf-init": ("config.json", lambda c: {**c, "initializer_range": float("inf")}, "initializer_range"),
+    "cfg-evil-attn": ("config.json", lambda c: {**c, "attn_implementation": "evil"}, "attn_implementation"),
+    "cfg-str-hidden": ("config.json", lambda c: {**c, "hidden_size": "32"}, "hidden_size"),
+    "cfg-neg-vocab": ("config.json", lambda c: {**c, "vocab_size": -1}, "vocab_size"),
+    "cfg-bool-layers": ("config.json", lambda c: {**c, "num_hidden_layers": True}, "num_hidden_layers"),
+    "tok-maybe": ("tokenizer_config.json", lambda c: {**c, "do_lower_case": "maybe"}, "do_lower_case"),
+    "tok-list": ("tokenizer_config.json", lambda c: [c], "tokenizer_config.json"),
+    "tok-deep": ("tokenizer_config.json", lambda c: b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000,
+                 "tokenizer_config.json"),
+}
+
+
+def _spoiled(w: Path) -> None:
+    for base in ("mlm", "clf"):
+        for name, (file, spoil, _) in _SPOILED.items():
+            d = w / f"{base}-{name}"
+            shutil.copytree(w / base, d)
+            got = spoil(json.loads((d / file).read_text()))
+            (d / file).write_bytes(got if isinstance(got, bytes) else json.dumps(got).encode())
+
+
 def _data(w: Path) -> None:
     from bertkit.tasks.readers import write_table
     d = w / "data"
@@ -105,6 +134,19 @@ def _trained(w: Path) -> None:
     prepare(PrepareConfig([str(w / "corpus.txt")], str(w / "vocab" / "vocab.txt"), str(w / "shards"), seq_len=32,
                           progress=False))
     shutil.copytree(Path(__file__).parent / "fixtures" / "tf_bert_tiny", w / "tf")
+    _spoiled(w)
+    _indexes(w)
+
+
+def _indexes(w: Path) -> None:
+    """An embedding index of W/data/sents.txt, and copies with one file cut in half."""
+    from bertkit.cli import main
+    assert main(["embed", str(w / "mlm"), "--file", str(w / "data" / "sents.txt"), "--out", str(w / "index") + "/"]) == 0
+    for name in ("vectors.npy", "ids.npy", "manifest.json"):
+        d = w / f"index-cut-{name.split('.')[0]}"
+        shutil.copytree(w / "index", d)
+        data = (d / name).read_bytes()
+        (d / name).write_bytes(data[:len(data) // 2])
 
 
 @pytest.fixture(scope="module")
@@ -402,6 +444,101 @@ def model_probes() -> list[Probe]:
     return probes
 
 
+_MODEL_READERS = {      # M: the model directory
+    "fill-mask": ["fill-mask", "M", "the [MASK]"],
+    "embed": ["embed", "M", "the man"],
+    "attention": ["attention", "M", "the man", "--out", "T/a"],
+    "export": ["export", "M", "T/m.onnx", "--no-check"],
+    "finetune": ["finetune", "--task", "classify", "--model", "M", "--train", "W/data/train.csv", "--dev",
+                 "W/data/dev.csv", "--out", "T/f", "--quiet"],
+}
+_TASK_MODEL_READERS = {
+    "evaluate": ["evaluate", "--model", "M", "--data", "W/data/dev.csv"],
+    "predict": ["predict", "--model", "M", "--data", "W/data/dev.csv", "--out", "T/p.jsonl"],
+    "quantize": ["quantize", "M", "T/q"],
+}
+
+
+def hostile_json_probes() -> list[Probe]:
+    # quantize copies the tokenizer files as they are (it never reads them): their refusal comes where they are read
+    return [Probe(f"json:{name}:{cmd}", [f"W/{base}-{name}" if a == "M" else a for a in argv], match)
+            for base, cmds in (("mlm", _MODEL_READERS), ("clf", _TASK_MODEL_READERS))
+            for name, (_, _, match) in _SPOILED.items() for cmd, argv in cmds.items()
+            if not (cmd == "quantize" and name.startswith("tok-"))]
+
+
+FIFO = b"<a named pipe>"        # a setup value: make a FIFO there (nothing ever writes to it)
+_FT = ["finetune", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev", "W/data/dev.csv", "--out", "T/f",
+       "--epochs", "1", "--quiet"]
+_SQUAD = {"data": [{"title": "t", "paragraphs": [{"context": "the dog run", "qas": [
+    {"id": "q1", "question": "what", "answers": [{"text": "dog", "answer_start": -5}]}]}]}]}
+
+
+def accepted_silently_probes() -> list[Probe]:
+    """What was taken without a word (or crashed later): refused before any work."""
+    qa = ["finetune", "--task", "qa", "--model", "W/mlm", "--train", "T/q.json", "--dev", "T/q.json", "--out", "T/f",
+          "--quiet"]
+    good_squad = json.loads(json.dumps(_SQUAD))
+    good_squad["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 4
+    masks = lambda n: " ".join(["[MASK]"] * n)      # noqa: E731
+    probes = [
+        Probe("said:finetune:max-length-1", [*_FT, "--task", "classify", "--max-length", "1"], "--max-length 1"),
+        Probe("said:finetune:max-length-4", [*_FT, "--task", "tag", "--max-length", "4"], "--max-length 4"),
+        Probe("said:finetune:scheme-on-classify", [*_FT, "--task", "classify", "--scheme", "BIOES"], "--scheme"),
+        Probe("said:finetune:scheme-on-regress", [*_FT, "--task", "regress", "--scheme", "IOB2"], "--scheme"),
+        Probe("said:finetune:qa-negative-start", qa, "answer_start", {"T/q.json": _SQUAD}),
+        Probe("said:finetune:qa-query-fills-input", [*qa, "--max-query-length", "500", "--max-length", "64"],
+              "--max-query-length 500", {"T/q.json": good_squad}),
+        Probe("said:finetune:qa-query-equals-input", [*qa, "--max-query-length", "60", "--max-length", "64"],
+              "--max-query-length 60", {"T/q.json": good_squad}),
+        Probe("said:embed:int8-npy", ["embed", "W/mlm", "the man", "--dtype", "int8", "--out", "T/e.npy"],
+              "--dtype int8"),
+        Probe("said:embed:float16-jsonl", ["embed", "W/mlm", "the man", "--dtype", "float16", "--out", "T/e.jsonl"],
+              "--dtype float16"),
+        Probe("said:embed:int8-stdout", ["embed", "W/mlm", "the man", "--dtype", "int8"], "--dtype int8"),
+        Probe("said:embed:int8-search", ["embed", "W/mlm", "the man", "--dtype", "int8", "--search", "a"], "--dtype"),
+        Probe("trace:fill-mask:300-masks", ["fill-mask", "W/mlm", masks(300)], "at most 8"),
+        Probe("trace:fill-mask:9-masks", ["fill-mask", "W/mlm", masks(9)], "9 [MASK]s"),
+        Probe("trace:fill-mask:file-300-masks", ["fill-mask", "W/mlm", "--file", "T/m.txt"], "at most 8",
+              {"T/m.txt": ("the [MASK]\n" + masks(300) + "\n").encode()}),
+        Probe("trace:plot:nan-losses", ["plot", "T/run", "--out", "T/c.png"], "no finite",
+              {"T/run/metrics.jsonl": b'{"step": 1, "loss": NaN}\n{"step": 2, "loss": Infinity}\n'}),
+        Probe("trace:plot:nan-steps", ["plot", "T/run", "--out", "T/c.png"], "no finite",
+              {"T/run/metrics.jsonl": b'{"step": NaN, "lr": 1}\n{"step": -Infinity, "loss": NaN}\n'}),
+        Probe("loss:prepare:empty-corpus-overwrite", ["prepare", "--corpus", "T/empty.txt", "--vocab", "W/vocab",
+                                                      "--out", "T/s", "--overwrite"], "no examples",
+              {"T/empty.txt": b"", "T/s/" + MARKER: {"command": "prepare"}, "T/s/w00-00000.tokens.npy": b"earlier",
+               "T/s/manifest.json": b"{}"}),
+    ]
+    probes += [Probe(f"trace:search:cut-{part}", ["search", f"W/index-cut-{part}", "--query", "a dog"],
+                     f"index-cut-{part}") for part in ("vectors", "ids", "manifest")]
+    probes += [Probe(f"trace:evaluate:{name}", ["evaluate", "--model", f"W/clf-{name}", "--data", "W/data/dev.csv",
+                                                "--out", "T/e"], "config.json") for name in ("cfg-empty", "cfg-deep")]
+    return probes
+
+
+def fifo_probes() -> list[Probe]:
+    """A named pipe where an output goes: refused by its kind, never opened (which would wait for a reader)."""
+    probes = [Probe(f"fifo:{cmd}:out", _with_out(argv, "T/pipe", _OVERWRITE.get(cmd, "--overwrite")),
+                    "expected a directory", {"T/pipe": FIFO}) for cmd, argv in _DIR_CMDS.items()]
+    probes += [Probe(f"fifo:{cmd}:out", _with_out(argv, "T/pipe", "--overwrite"), "not a regular file",
+                     {"T/pipe": FIFO}) for cmd, (argv, _) in _FILE_CMDS.items()]
+    probes += [
+        Probe("fifo:embed:npy", ["embed", "W/mlm", "the man", "--out", "T/pipe.npy", "--overwrite"],
+              "not a regular file", {"T/pipe.npy": FIFO}),
+        Probe("fifo:embed:jsonl", ["embed", "W/mlm", "the man", "--out", "T/pipe.jsonl", "--overwrite"],
+              "not a regular file", {"T/pipe.jsonl": FIFO}),
+        Probe("fifo:embed:index", ["embed", "W/mlm", "the man", "--out", "T/pipe", "--overwrite"],
+              "expected an index directory", {"T/pipe": FIFO}),
+        Probe("fifo:mine:out", ["mine", "W/mlm", "--data", "W/data/train.csv", "--out", "T/pipe.jsonl",
+                                "--overwrite"], "not a regular file", {"T/pipe.jsonl": FIFO}),
+        Probe("fifo:quantize:out", ["quantize", "W/clf", "T/pipe", "--overwrite"], "is a file", {"T/pipe": FIFO}),
+        Probe("fifo:predict:into-dir", ["predict", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "T/o/",
+                                        "--overwrite"], "not a regular file", {"T/o/dev.predictions.jsonl": FIFO}),
+    ]
+    return probes
+
+
 def serve_probes(port: str) -> list[Probe]:
     return [
         Probe("serve:busy-port", ["serve", "W/mlm", "--port", port], "in use"),
@@ -411,7 +548,8 @@ def serve_probes(port: str) -> list[Probe]:
     ]
 
 
-ALL = range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes()
+ALL = (range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes() + hostile_json_probes()
+       + accepted_silently_probes() + fifo_probes())
 SERVE = serve_probes("PORT")
 
 
@@ -444,7 +582,7 @@ def _digest(root: Path) -> dict[str, str]:
         return out
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
-        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "fifo" if p.is_fifo() else "dir"
     return out
 
 
@@ -469,7 +607,10 @@ def _check(probe: Probe, w: Path, t: Path, capsys) -> None:
     for rel, content in probe.setup.items():
         p = t / rel[2:]
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(json.dumps(content).encode() if isinstance(content, dict) else content)
+        if content is FIFO:
+            os.mkfifo(p)
+        else:
+            p.write_bytes(json.dumps(content).encode() if isinstance(content, dict) else content)
     before = (_digest(w), _digest(t))
     rc, _, err = run_cli(_paths(probe.argv, w, t), capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]

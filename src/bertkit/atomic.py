@@ -62,34 +62,37 @@ def file_mode() -> int:
 
 
 @contextlib.contextmanager
-def replacing(path, error: type[BertkitError] = BertkitError):
-    """Yield a temp Path beside `path`; on a clean exit it is fsynced and renamed over `path`, otherwise removed."""
+def replacing(path, error: type[BertkitError] = BertkitError, sync: bool = True):
+    """Yield a temp Path beside `path`; on a clean exit it is fsynced and renamed over `path`, otherwise removed.
+    sync=False skips the fsync (a few ms each) for many small files that a later `os.sync()` makes durable
+    together, their sizes and hashes recorded to catch a torn one (pre-training shards)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
-        with open(tmp, "rb+") as f:                     # the bytes reach the disk before the name points at them
-            os.fsync(f.fileno())
+        if sync:
+            with open(tmp, "rb+") as f:                 # the bytes reach the disk before the name points at them
+                os.fsync(f.fileno())
         os.chmod(tmp, file_mode())
         os.replace(tmp, path)
-    except Exception as e:
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
         reason = write_failure(e)
         if reason is None:
             raise
         raise error(f"cannot write {path}: {reason}; the previous file, if any, is unchanged") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
-def write_bytes(path, data: bytes, error: type[BertkitError] = BertkitError) -> Path:
-    with replacing(path, error) as tmp:
+def write_bytes(path, data: bytes, error: type[BertkitError] = BertkitError, sync: bool = True) -> Path:
+    with replacing(path, error, sync) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 
 
-def write_text(path, text: str, error: type[BertkitError] = BertkitError) -> Path:
-    return write_bytes(path, text.encode("utf-8"), error)
+def write_text(path, text: str, error: type[BertkitError] = BertkitError, sync: bool = True) -> Path:
+    return write_bytes(path, text.encode("utf-8"), error, sync)
 
 
-def write_json(path, obj, indent: int | None = 2, error: type[BertkitError] = BertkitError) -> Path:
-    return write_text(path, json.dumps(obj, indent=indent) + "\n", error)
+def write_json(path, obj, indent: int | None = 2, error: type[BertkitError] = BertkitError, sync: bool = True
+               ) -> Path:
+    return write_text(path, json.dumps(obj, indent=indent) + "\n", error, sync)

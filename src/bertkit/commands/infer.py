@@ -45,8 +45,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout), or to "
                                  "an index directory for `bertkit search` (any other name, e.g. index/)")
-    p.add_argument("--dtype", choices=("float32", "float16", "int8"), default="float16",
-                   help="index vectors' storage type")
+    p.add_argument("--dtype", choices=("float32", "float16", "int8"),
+                   help="index vectors' storage type (default float16; .npy / .jsonl vectors are float32)")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
