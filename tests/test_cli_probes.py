@@ -986,3 +986,177 @@ def test_pretrain_config_from_stdin(world, tmp_path, capsys, monkeypatch):
                           "--batch-size", "4", "--no-progress", "--precision", "fp32"], capsys)
     assert rc == 0, err[-2000:]
     assert json.loads((out / "config.stdin.json").read_text())["hidden_size"] == 32
+
+
+# ------------------------------------------------------------------------------------------------ links, full disks
+
+# every writing command: its argv (OUT: where the output goes) and the names it writes there ("": OUT is the file)
+_TRAIN = ["--epochs", "1", "--quiet", "--fp32", "--batch-size", "8"]
+_WRITERS = {
+    "finetune": (["finetune", "--task", "classify", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev",
+                  "W/data/dev.csv", "--out", "OUT", *_TRAIN],
+                 ["metrics.json", "summary.json", "predictions_dev.jsonl", "confusion_dev.png", "config.json",
+                  "model.safetensors", "settings.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json"]),
+    "distill": (["distill", "--teacher", "W/clf", "--student-layers", "1", "--train", "W/data/train.csv", "--dev",
+                 "W/data/dev.csv", "--out", "OUT", *_TRAIN],
+                ["metrics.json", "summary.json", "predictions_dev.jsonl", "confusion_dev.png", "config.json",
+                 "model.safetensors", "vocab.txt"]),
+    "evaluate": (["evaluate", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"],
+                 ["metrics_dev.json", "predictions_dev.jsonl", "confusion_dev.png"]),
+    "task-data": (["task-data", "sentiment", "--out", "OUT"], ["train.csv", "dev.csv", "test.csv", "stats.json"]),
+    "vocab": (["vocab", "--files", "W/corpus.txt", "--vocab-size", "60", "--out", "OUT", "--no-progress"],
+              ["vocab.txt", "tokenizer.json", "tokenizer_config.json"]),
+    "prepare": (["prepare", "--corpus", "W/corpus.txt", "--vocab", "W/vocab", "--out", "OUT", "--seq-len", "32"],
+                ["manifest.json", "vocab.txt", "w00-00000.done.json", "w00-00000.tokens.npy", "w00-00000.meta.npy"]),
+    "pretrain": (["pretrain", "W/shards", "--preset", "tiny", "--out", "OUT", "--steps", "2", "--batch-size", "4",
+                  "--precision", "fp32", "--no-progress"],
+                 ["metrics.jsonl", "curves.png", "pretrain_config.json", "summary.json", "summary.md"]),
+    "attention": (["attention", "W/mlm", "the man", "--out", "OUT"], ["attention_grid.png"]),
+    "convert": (["convert", "W/tf", "OUT"], ["config.json", "model.safetensors", "vocab.txt", "tokenizer.json"]),
+    "quantize": (["quantize", "W/clf", "OUT"], ["config.json", "model.safetensors", "settings.json", "vocab.txt"]),
+    "predict": (["predict", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"], [""]),
+    "plot-curves": (["plot", "W/run", "--out", "OUT"], [""]),
+    "plot-confusion": (["plot", "W/data/preds.jsonl", "--confusion", "--out", "OUT"], [""]),
+    "export": (["export", "W/mlm", "OUT", "--no-check"], [""]),
+    "embed-npy": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"], [""]),
+    "embed-jsonl": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"], [""]),
+    "embed-index": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"],
+                    ["manifest.json", "vectors.npy", "ids.npy", "texts.jsonl", "bertkit_source.json"]),
+    "mine": (["mine", "W/mlm", "--data", "T/pairs.jsonl", "--out", "OUT"], [""]),
+}
+_SUFFIX = {"predict": ".jsonl", "plot-curves": ".png", "plot-confusion": ".png", "export": ".onnx", "embed-npy": ".npy",
+           "embed-jsonl": ".jsonl", "mine": ".jsonl"}
+_SLOW_WRITERS = ("distill", "pretrain", "export")      # the longest runs: their link and commit cases run under -m slow
+_PAIRS = "".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in (
+    ("the man", "the man is eating food"), ("a dog", "a dog run"), ("paris", "paris france")))
+
+
+def _writer(cmd: str, w: Path, t: Path, out: Path, *extra) -> list[str]:
+    (t / "pairs.jsonl").write_text(_PAIRS)
+    return _paths([str(out) if a == "OUT" else a for a in _WRITERS[cmd][0]] + ["--overwrite", *extra], w, t)
+
+
+def _scratch(cmd: str, w: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """(T, the output path) for a writer's run in tmp_path; an index command's output holds an earlier index."""
+    t = tmp_path / "T"
+    t.mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = t / ("out" + _SUFFIX.get(cmd, ""))
+    if cmd == "embed-index":
+        shutil.copytree(w / "index", out)
+    return t, out
+
+
+@pytest.mark.parametrize("kind", ["hard", "symbolic"])
+@pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if c in _SLOW_WRITERS else c
+                                 for c in _WRITERS])
+def test_a_link_in_the_output_is_replaced_never_written_through(cmd, kind, world, tmp_path, capsys, monkeypatch):
+    """Each name the command writes is a hard or symbolic link to a file outside --out: the command replaces the
+    link with its own file and the link's target keeps its bytes."""
+    t, out = _scratch(cmd, world, tmp_path, monkeypatch)
+    names = _WRITERS[cmd][1]
+    victims = {}
+    for i, name in enumerate(names):
+        target = out / name if name else out
+        target.parent.mkdir(parents=True, exist_ok=True)
+        victim = t / f"victim-{i}"
+        victim.write_bytes(f"precious {i}\n".encode())
+        target.unlink(missing_ok=True)
+        os.link(victim, target) if kind == "hard" else target.symlink_to(victim)
+        victims[victim] = victim.read_bytes()
+    rc, _, err = run_cli(_writer(cmd, world, t, out), capsys)
+    assert rc == 0, f"{cmd}: exit {rc}: {err[-2000:]}"
+    for i, name in enumerate(names):
+        victim, target = t / f"victim-{i}", out / name if name else out
+        assert victim.read_bytes() == victims[victim], f"{cmd}: wrote through the {kind} link {name or out.name}"
+        assert not target.is_symlink() and not target.samefile(victim), f"{cmd}: {name} is still the link"
+
+
+def _fail_commit(*args, **kwargs):
+    """os.replace of a temp file or staged directory into place: the disk is full (half the bytes written)."""
+    src = Path(args[0])
+    if MARKER + ".tmp" in src.name:         # the run's record (test_a_full_disk_before_the_run_begins)
+        return _REAL_REPLACE(*args, **kwargs)
+    if ".tmp-" in src.name or src.parent.name.startswith(".bertkit-tmp") or src.name.startswith(".bertkit-tmp"):
+        if src.is_file():
+            src.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+    return _REAL_REPLACE(*args, **kwargs)
+
+
+_REAL_REPLACE = os.replace
+
+
+def _fail_safetensors(tensors, filename, *a, **k):
+    Path(filename).write_bytes(b"half")
+    import safetensors
+    raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _fail_torch_save(obj, f, *a, **k):
+    Path(f).write_bytes(b"half")
+    raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file "
+                       "data/0: file write failed")
+
+
+def _fail_np_save(file, *a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+_SAFETENSORS = ("finetune", "distill", "convert", "quantize", "pretrain")
+_FULL_DISKS = ([(c, "commit") for c in _WRITERS] + [(c, "safetensors") for c in _SAFETENSORS]
+               + [("pretrain", "torch.save"), ("prepare", "np.save"), ("embed-npy", "np.save"),
+                  ("embed-index", "np.save")])
+
+
+@pytest.mark.parametrize("cmd, how", [pytest.param(c, h, marks=pytest.mark.slow) if c in _SLOW_WRITERS
+                                      and h == "commit" else (c, h) for c, h in _FULL_DISKS],
+                         ids=[f"{c}-{h}" for c, h in _FULL_DISKS])
+def test_a_full_disk_under_every_writer(cmd, how, world, tmp_path, capsys, monkeypatch):
+    """The disk fills while the command writes its output: one line, exit 2, the earlier output as it was, no temp
+    file or half a file left."""
+    import numpy as np
+    import safetensors.torch
+    import torch
+    t, out = _scratch(cmd, world, tmp_path, monkeypatch)
+    if cmd in _SUFFIX:
+        out.write_bytes(b"the earlier output")
+    elif cmd != "embed-index":          # (an index: the earlier one is there already)
+        out.mkdir()
+        (out / MARKER).write_text(json.dumps({"command": _WRITERS[cmd][0][0]}))
+        (out / "earlier.txt").write_text("the earlier run")
+    before = _digest(out) if out.is_dir() else out.read_bytes()
+    target = {"commit": (os, "replace", _fail_commit), "safetensors": (safetensors.torch, "save_file", _fail_safetensors),
+              "torch.save": (torch, "save", _fail_torch_save), "np.save": (np, "save", _fail_np_save)}[how]
+    monkeypatch.setattr(*target)
+    rc, _, err = run_cli(_writer(cmd, world, t, out), capsys)
+    monkeypatch.undo()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "space" in lines[0].lower(), f"{cmd}/{how}: exit {rc}: {err[-3000:]}"
+    assert (_digest(out) if out.is_dir() else out.read_bytes()) == before, f"{cmd}/{how}: the earlier output changed"
+    left = [p for p in tmp_path.rglob("*") if "tmp" in p.name or p.name.startswith(".bertkit-tmp")]
+    assert not left, f"{cmd}/{how}: left {left}"
+
+
+def test_the_campaign_counts(capsys):
+    from bertkit.cli import build_parser  # noqa: F401 - the campaign's parser builds
+    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS)
+    print(f"campaign: {n} probes (links {2 * len(_WRITERS)}, full disks {len(_FULL_DISKS)})")
+    assert n > 450
+
+
+def test_a_full_disk_before_the_run_begins(world, tmp_path, capsys, monkeypatch):
+    """The disk is full when --overwrite records the new run: the earlier run, set aside a moment before, is back."""
+    out = tmp_path / "v"
+    assert run_cli(_vocab_argv(world, out), capsys)[0] == 0
+    before = _digest(out)
+
+    def full(src, dst):
+        if MARKER + ".tmp" in Path(src).name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return _REAL_REPLACE(src, dst)
+    monkeypatch.setattr(os, "replace", full)
+    rc, _, err = run_cli(_vocab_argv(world, out, "--overwrite"), capsys)
+    monkeypatch.undo()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "No space left" in err, err
+    assert _digest(out) == before

@@ -5,6 +5,7 @@
     write_text(path, text)                 # the same for a string, bytes or a JSON value
     write_bytes(path, data)
     write_json(path, obj, indent=2)
+    copy_file(src, path)
 
 The temp name sits in the same directory (so the rename is atomic and never crosses file systems) and is fsynced
 before it replaces `path`. `path` itself is replaced, never written through: a hard link or symlink of that name
@@ -18,11 +19,12 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-__all__ = ["replacing", "write_text", "write_bytes", "write_json", "file_mode", "write_failure", "disk_full"]
+__all__ = ["replacing", "write_text", "write_bytes", "write_json", "file_mode", "write_failure", "disk_full", "copy_file"]
 
 # How writers that wrap the OS error say a disk or quota is full: safetensors (Rust) "... (os error 28)", torch's
 # zip writer "file write failed"
@@ -87,6 +89,13 @@ def write_bytes(path, data: bytes, error: type[BertkitError] = BertkitError, syn
     with replacing(path, error, sync) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def copy_file(src, dst, error: type[BertkitError] = BertkitError) -> Path:
+    """shutil.copy2 into a temp file beside `dst`, then moved into place (a link at `dst` keeps its target)."""
+    with replacing(dst, error) as tmp:
+        shutil.copy2(src, tmp)
+    return Path(dst)
 
 
 def write_text(path, text: str, error: type[BertkitError] = BertkitError, sync: bool = True) -> Path:

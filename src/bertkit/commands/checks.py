@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertkit.atomic import write_failure
+from bertkit.atomic import write_failure, write_json
 from bertkit.errors import BertkitError
 from bertkit.textfiles import STDIN_FORMATS
 
@@ -244,6 +244,14 @@ def _set_aside(d: Path, gone: list[Path]) -> None:
         raise
 
 
+def _put_back(d: Path) -> None:
+    held = d / REPLACED
+    for entry in held.iterdir():
+        if entry.name != _HELD:
+            os.replace(entry, d / entry.name)
+    shutil.rmtree(held)
+
+
 def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
             reuse: bool = False, known: tuple[str, ...] = (), dry_run: bool = False) -> Path:
     """Check (and create) the output directory of `bertkit COMMAND`, before any work.
@@ -301,7 +309,12 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         return d
     made = str(_first_missing(d) or "")      # "": the directory was there
     d.mkdir(parents=True, exist_ok=True)
-    (d / MARKER).write_text(json.dumps({"command": command, "made": made, "keep": keep}) + "\n", encoding="utf-8")
+    try:
+        write_json(d / MARKER, {"command": command, "made": made, "keep": keep}, indent=None)
+    except BertkitError:        # a full disk before the run began: the run set aside goes back
+        if (d / REPLACED).is_dir():
+            _put_back(d)
+        raise
     _CLAIMED.add(d)
     return d
 
@@ -342,8 +355,7 @@ def settle_out(path, ok: bool, disk_full: bool = False) -> str | None:
         wrote = [e.name for e in d.iterdir() if e.name not in keep]
         held = d / REPLACED
         # what this run wrote, success or not: a later --overwrite replaces that and leaves files added since
-        (d / MARKER).write_text(json.dumps({**info, "keep": sorted(keep - {MARKER, REPLACED}),
-                                            "wrote": sorted(wrote)}) + "\n", encoding="utf-8")
+        write_json(d / MARKER, {**info, "keep": sorted(keep - {MARKER, REPLACED}), "wrote": sorted(wrote)}, None)
         if ok:
             shutil.rmtree(held, ignore_errors=True)
             return None
@@ -352,10 +364,7 @@ def settle_out(path, ok: bool, disk_full: bool = False) -> str | None:
         _clear([d / n for n in wrote])                      # empty directories this run made, or its part-run
         (d / MARKER).unlink()
         if held.is_dir():                                               # nothing written: the earlier run goes back
-            for entry in held.iterdir():
-                if entry.name != _HELD:
-                    os.replace(entry, d / entry.name)
-            shutil.rmtree(held)
+            _put_back(d)
             return None
         made = Path(info["made"]) if info.get("made") else None
         while made is not None and d != made.parent:

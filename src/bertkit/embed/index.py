@@ -119,12 +119,21 @@ class IndexWriter:
         if self.scales is not None:
             self.scales.flush()
         del self.vectors, self.scales
-        np.save(self.tmp / "ids.npy", np.array(self.ids, dtype=str))
-        (self.tmp / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n", encoding="utf-8")
         old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
-        if self.final.exists():                          # a directory cannot be renamed over a non-empty one
-            os.replace(self.final, old)
-        os.replace(self.tmp, self.final)
+        try:
+            np.save(self.tmp / "ids.npy", np.array(self.ids, dtype=str))
+            (self.tmp / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n", encoding="utf-8")
+            if self.final.exists():                      # a directory cannot be renamed over a non-empty one
+                os.replace(self.final, old)
+            try:
+                os.replace(self.tmp, self.final)
+            except BaseException:
+                if old.exists():                         # the earlier index goes back
+                    os.replace(old, self.final)
+                raise
+        except BaseException:       # a full disk: no half index left beside the earlier one
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         shutil.rmtree(old, ignore_errors=True)
         return EmbeddingIndex.open(self.final)
 
