@@ -1026,7 +1026,6 @@ _WRITERS = {
 }
 _SUFFIX = {"predict": ".jsonl", "plot-curves": ".png", "plot-confusion": ".png", "export": ".onnx", "embed-npy": ".npy",
            "embed-jsonl": ".jsonl", "mine": ".jsonl"}
-_SLOW_WRITERS = ("distill", "pretrain", "export")      # the longest runs: their link and commit cases run under -m slow
 _PAIRS = "".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in (
     ("the man", "the man is eating food"), ("a dog", "a dog run"), ("paris", "paris france")))
 
@@ -1048,8 +1047,7 @@ def _scratch(cmd: str, w: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path
 
 
 @pytest.mark.parametrize("kind", ["hard", "symbolic"])
-@pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if c in _SLOW_WRITERS else c
-                                 for c in _WRITERS])
+@pytest.mark.parametrize("cmd", list(_WRITERS))
 def test_a_link_in_the_output_is_replaced_never_written_through(cmd, kind, world, tmp_path, capsys, monkeypatch):
     """Each name the command writes is a hard or symbolic link to a file outside --out: the command replaces the
     link with its own file and the link's target keeps its bytes."""
@@ -1109,9 +1107,7 @@ _FULL_DISKS = ([(c, "commit") for c in _WRITERS] + [(c, "safetensors") for c in 
                   ("embed-index", "np.save")])
 
 
-@pytest.mark.parametrize("cmd, how", [pytest.param(c, h, marks=pytest.mark.slow) if c in _SLOW_WRITERS
-                                      and h == "commit" else (c, h) for c, h in _FULL_DISKS],
-                         ids=[f"{c}-{h}" for c, h in _FULL_DISKS])
+@pytest.mark.parametrize("cmd, how", _FULL_DISKS, ids=[f"{c}-{h}" for c, h in _FULL_DISKS])
 def test_a_full_disk_under_every_writer(cmd, how, world, tmp_path, capsys, monkeypatch):
     """The disk fills while the command writes its output: one line, exit 2, the earlier output as it was, no temp
     file or half a file left."""
@@ -1140,8 +1136,9 @@ def test_a_full_disk_under_every_writer(cmd, how, world, tmp_path, capsys, monke
 
 def test_the_campaign_counts(capsys):
     from bertkit.cli import build_parser  # noqa: F401 - the campaign's parser builds
-    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS)
-    print(f"campaign: {n} probes (links {2 * len(_WRITERS)}, full disks {len(_FULL_DISKS)})")
+    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS) + 1 + len(_PIPED)
+    print(f"campaign: {n} probes (links {2 * len(_WRITERS)}, full disks {len(_FULL_DISKS) + 1}, pipes read "
+          f"{len(_PIPED)})")
     assert n > 450
 
 
@@ -1160,3 +1157,76 @@ def test_a_full_disk_before_the_run_begins(world, tmp_path, capsys, monkeypatch)
     monkeypatch.undo()
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "No space left" in err, err
     assert _digest(out) == before
+
+
+class _PipeWriter:
+    """Feeds `data` to the named pipe `path` each time a reader opens it (as `<(...)` would, once), until stopped."""
+
+    def __init__(self, path: Path, data: bytes):
+        import threading
+        self.path, self.data, self.done = path, data, False
+        os.mkfifo(path)
+        self.thread = threading.Thread(target=self._feed, daemon=True)
+        self.thread.start()
+
+    def _feed(self):
+        while not self.done:
+            try:
+                with open(self.path, "wb") as f:     # waits for a reader
+                    if not self.done:
+                        f.write(self.data)
+            except OSError:                          # the reader left early (a refusal after a peek)
+                pass
+
+    def stop(self):
+        self.done = True
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)      # releases a writer still waiting for a reader
+        os.close(fd)
+        self.thread.join(timeout=10)
+
+
+_CSV = b"text,label\nthe film was great,pos\nthe plot was awful,neg\n"
+_PIPED = {      # P: the named pipe; what is written into it
+    "embed": (["embed", "W/mlm", "--file", "P"], b"the man\na dog run\n"),
+    "fill-mask": (["fill-mask", "W/mlm", "--file", "P"], b"the [MASK]\n"),
+    "tokenize": (["tokenize", "--vocab", "W/vocab/vocab.txt", "--file", "P"], b"the man\n"),
+    "vocab": (["vocab", "--files", "P", "--vocab-size", "60", "--out", "T/v", "--no-progress"], b"the man is\n" * 50),
+    "prepare": (["prepare", "--corpus", "P", "--vocab", "W/vocab", "--out", "T/s", "--seq-len", "32"], b"the man\n"),
+    "predict": (["predict", "--model", "W/clf", "--data", "P", "--out", "T/p.jsonl"], _CSV),
+    "evaluate": (["evaluate", "--model", "W/clf", "--data", "P"], _CSV),
+    "finetune": (["finetune", "--task", "classify", "--model", "W/mlm", "--train", "P", "--dev", "W/data/dev.csv",
+                  "--out", "T/f", *_TRAIN], _CSV),
+    "plot": (["plot", "P", "--confusion", "--out", "T/c.png"], b'{"label": "pos", "prediction": "neg"}\n'),
+    "pretrain": (["pretrain", "W/shards", "--config", "P", "--out", "T/r", "--steps", "1", "--no-progress"], b"{}"),
+    "mine": (["mine", "W/mlm", "--data", "P", "--out", "T/m.jsonl"], _PAIRS.encode()),
+    "embed-binary": (["embed", "W/mlm", "--file", "P"], BINARY),
+}
+
+
+@pytest.mark.parametrize("cmd", list(_PIPED))
+def test_a_named_pipe_as_an_input(cmd, world, tmp_path, capsys, monkeypatch):
+    """A pipe for an input file (`<(...)`, mkfifo): the command reads it or refuses it in one line; it never hangs,
+    never raises and never changes an input."""
+    monkeypatch.chdir(tmp_path)
+    t = tmp_path / "T"
+    t.mkdir()
+    argv, data = _PIPED[cmd]
+    pipe = _PipeWriter(tmp_path / "pipe", data)
+    before = _digest(world)
+    try:
+        rc, _, err = run_cli([str(pipe.path) if a == "P" else a for a in _paths(argv, world, t)], capsys)
+    finally:
+        pipe.stop()
+    lines = [ln for ln in err.splitlines() if ln.strip() and "error" in ln]
+    assert rc in (0, 2), f"{cmd}: {rc}: {err[-2000:]}"
+    assert rc == 0 or len(lines) == 1, f"{cmd}: {err[-2000:]}"
+    assert _digest(world) == before
+
+
+def test_a_preset_model_gets_a_word_table_the_size_of_its_vocab(world, tmp_path, capsys):
+    rc, _, err = run_cli(["finetune", "--task", "classify", "--model", "tiny", "--vocab", str(world / "vocab"),
+                          "--train", str(world / "data" / "train.csv"), "--dev", str(world / "data" / "dev.csv"),
+                          "--out", str(tmp_path / "f"), *_TRAIN], capsys)
+    assert rc == 0, err[-2000:]
+    rows = len((world / "vocab" / "vocab.txt").read_text().split())
+    assert json.loads((tmp_path / "f" / "config.json").read_text())["vocab_size"] == rows == 22
