@@ -24,7 +24,8 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-__all__ = ["replacing", "write_text", "write_bytes", "write_json", "file_mode", "write_failure", "disk_full", "copy_file"]
+__all__ = ["replacing", "write_text", "write_bytes", "write_json", "copy_file", "file_mode", "write_failure",
+           "disk_full"]
 
 # How writers that wrap the OS error say a disk or quota is full: safetensors (Rust) "... (os error 28)", torch's
 # zip writer "file write failed"

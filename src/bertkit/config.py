@@ -13,8 +13,8 @@ in `extra` and written back unchanged, so a read -> write round trip loses nothi
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -337,8 +337,9 @@ def settle_out(path, ok: bool, disk_full: bool = False) -> str | None:
     """After a command that wrote to the output directory `path` (out_dir): on success record what it wrote (a later
     --overwrite replaces only that) and delete the run it replaced; on failure or interruption put the replaced run
     back if this one wrote nothing (or the disk filled up: its part-run is deleted for the complete one), else leave
-    it in REPLACED, and remove a directory this run created and left empty. Acts only on a directory out_dir set up in this process (a PID can repeat; a path cannot be claimed
-    twice). Returns a line for the user where the earlier run stays aside."""
+    it in REPLACED, and remove a directory this run created and left empty. Acts only on a directory out_dir set up
+    in this process (a PID can repeat; a path cannot be claimed twice). Returns a line for the user where the
+    earlier run stays aside."""
     if path is None:
         return None
     try:

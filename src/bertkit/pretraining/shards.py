@@ -12,9 +12,9 @@ A shard directory:
 
 Plain .npy files (no pickle: `allow_pickle=False` everywhere) so the reader memory-maps them. Crash safety: every
 file is written under a temporary name and renamed; the shard's `.done.json` comes after its files, and
-`manifest.json` (fsynced, renamed into place) only after every shard is done and synced to disk. A reader refuses a directory without a
-manifest (the build did not finish), a shard whose marker is missing, and a file whose size differs from the
-manifest (truncated / replaced); `verify="full"` also checks sha256.
+`manifest.json` (fsynced, renamed into place) only after every shard is done and synced to disk. A reader refuses
+a directory without a manifest (the build did not finish), a shard whose marker is missing, and a file whose size
+differs from the manifest (truncated / replaced); `verify="full"` also checks sha256.
 
 The reader (`ShardReader`) is an iterable of batches following the pre-training batch contract:
 input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as (B, S) long tensors and
@@ -127,7 +127,8 @@ class ShardWriter:
             path, buf = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
             np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)     # hashed in memory, not read back
             write_bytes(path, buf.getvalue(), sync=False)
-            files[field] = {"file": path.name, "bytes": buf.tell(), "sha256": hashlib.sha256(buf.getvalue()).hexdigest()}
+            digest = hashlib.sha256(buf.getvalue()).hexdigest()
+            files[field] = {"file": path.name, "bytes": buf.tell(), "sha256": digest}
         entry = {"name": name, "examples": int(self._n), "files": files}
         write_json(self.out_dir / f"{name}.done.json", entry, indent=1, sync=False)   # write_manifest syncs
         self.shards.append(entry)
