@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -87,3 +88,13 @@ def test_cli_plot(tmp_path):
     assert _is_png(tmp_path / "preds.confusion.png")
     preds.write_text('{"label": "pos"}\n')
     assert main(["plot", str(preds), "--confusion"]) == 2
+
+
+def test_non_finite_values_are_gaps(tmp_path):
+    """A diverged step's NaN / Infinity loss breaks the curve there; a field with no finite value is no curve."""
+    from bertkit.plots import read_metrics
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 3, "lr": NaN}\n{"step": 2, "loss": NaN}\n'
+                                            '{"step": Infinity, "loss": Infinity}\n{"step": 4, "loss": 1}\n')
+    s = read_metrics(tmp_path)
+    assert "lr" not in s and [x for x, _ in s["loss"]] == [1.0, 2.0, 3.0, 4.0]
+    assert [y for _, y in s["loss"]][::3] == [3.0, 1.0] and all(math.isnan(y) for _, y in s["loss"][1:3])

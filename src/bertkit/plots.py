@@ -119,11 +119,12 @@ def _read_metrics_file(path: Path) -> dict[str, list[tuple[float, float]]]:
             x = next((rec[k] for k in _X_KEYS if _finite(rec.get(k))), lineno)
             split = next((str(rec[k]) for k in _SPLIT_KEYS if isinstance(rec.get(k), str)), None)
             for key, value in rec.items():
-                if key in _X_KEYS or not _finite(value):      # NaN / Infinity (a diverged step): a gap
+                if key in _X_KEYS or not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
                 name = f"{split}/{key}" if split and "/" not in key else key
-                series.setdefault(name, []).append((float(x), float(value)))
-    return series
+                # NaN / Infinity (a diverged step): a gap in the curve
+                series.setdefault(name, []).append((float(x), float(value) if _finite(value) else math.nan))
+    return {name: points for name, points in series.items() if any(math.isfinite(y) for _, y in points)}
 
 
 def _finite(value) -> bool:
@@ -158,7 +159,7 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
                     zorder=3 if held_out else 2, alpha=1.0 if held_out else 0.45)
         ax.set(xlabel="step", ylabel=kind)
         if kind == "loss":
-            values = [y for pts in group.values() for _, y in pts]
+            values = [y for pts in group.values() for _, y in pts if math.isfinite(y)]
             if min(values) > 0 and max(values) / min(values) > 10:
                 ax.set_yscale("log")
         ax.grid(alpha=0.3)
