@@ -1,13 +1,32 @@
-"""Shared fixtures. Tests that need ../shared or a real corpus skip with a reason when it is absent."""
+"""Shared fixtures. Tests that need ../shared or a real corpus skip with a reason when it is absent.
+
+The suite never depends on chance (a failure is a bug, never a draw):
+- the runtime's fast paths are all on (`BERTKIT_FAST_PATHS=all`, also for the CLI's child processes): measured,
+  they would depend on the load at the moment of the probe, on whether a probe file for this thread count is in
+  $BERTKIT_CACHE already (`make demo` leaves them) and on a measurement running inside whichever test asks first;
+- hypothesis draws from a fixed seed and keeps no example database (a `.hypothesis/` of an earlier run would
+  replay its own draws); BERTKIT_HYPOTHESIS=random draws afresh, to hunt for bugs.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("BERTKIT_FAST_PATHS", "all")
+try:
+    from hypothesis import settings
+except ImportError:     # the property tests skip without it
+    pass
+else:
+    settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
+    settings.register_profile("random", database=None, print_blob=True)
+    settings.load_profile("random" if os.environ.get("BERTKIT_HYPOTHESIS") == "random" else "fixed")
 
 REPO = Path(__file__).resolve().parents[1]
 TF_FIXTURE = REPO / "tests" / "fixtures" / "tf_bert_tiny"

@@ -67,6 +67,35 @@ def _models(w: Path) -> None:
         (w / name / "config.json").write_text(json.dumps(change(c)))
 
 
+# hostile JSON in a model directory: (file, how it is spoiled), for fill-mask / embed / attention / export / finetune
+# (from W/mlm) and evaluate / predict / quantize (from W/clf); each is a one-line refusal naming the file or field
+_SPOILED = {
+    "cfg-empty": ("config.json", lambda c: b"", "config.json"),
+    "cfg-deep": ("config.json", lambda c: b"[" * 200_000 + b"]" * 200_000, "config.json"),
+    "cfg-binary": ("config.json", lambda c: BINARY, "config.json"),
+    "cfg-string": ("config.json", lambda c: b'"a config"', "config.json"),
+    "cfg-nan-eps": ("config.json", lambda c: {**c, "layer_norm_eps": float("nan")}, "layer_norm_eps"),
+    "cfg-inf-init": ("config.json", lambda c: {**c, "initializer_range": float("inf")}, "initializer_range"),
+    "cfg-evil-attn": ("config.json", lambda c: {**c, "attn_implementation": "evil"}, "attn_implementation"),
+    "cfg-str-hidden": ("config.json", lambda c: {**c, "hidden_size": "32"}, "hidden_size"),
+    "cfg-neg-vocab": ("config.json", lambda c: {**c, "vocab_size": -1}, "vocab_size"),
+    "cfg-bool-layers": ("config.json", lambda c: {**c, "num_hidden_layers": True}, "num_hidden_layers"),
+    "tok-maybe": ("tokenizer_config.json", lambda c: {**c, "do_lower_case": "maybe"}, "do_lower_case"),
+    "tok-list": ("tokenizer_config.json", lambda c: [c], "tokenizer_config.json"),
+    "tok-deep": ("tokenizer_config.json", lambda c: b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000,
+                 "tokenizer_config.json"),
+}
+
+
+def _spoiled(w: Path) -> None:
+    for base in ("mlm", "clf"):
+        for name, (file, spoil, _) in _SPOILED.items():
+            d = w / f"{base}-{name}"
+            shutil.copytree(w / base, d)
+            got = spoil(json.loads((d / file).read_text()))
+            (d / file).write_bytes(got if isinstance(got, bytes) else json.dumps(got).encode())
+
+
 def _data(w: Path) -> None:
     from bertkit.tasks.readers import write_table
     d = w / "data"
@@ -105,6 +134,19 @@ def _trained(w: Path) -> None:
     prepare(PrepareConfig([str(w / "corpus.txt")], str(w / "vocab" / "vocab.txt"), str(w / "shards"), seq_len=32,
                           progress=False))
     shutil.copytree(Path(__file__).parent / "fixtures" / "tf_bert_tiny", w / "tf")
+    _spoiled(w)
+    _indexes(w)
+
+
+def _indexes(w: Path) -> None:
+    """An embedding index of W/data/sents.txt, and copies with one file cut in half."""
+    from bertkit.cli import main
+    assert main(["embed", str(w / "mlm"), "--file", str(w / "data" / "sents.txt"), "--out", str(w / "index") + "/"]) == 0
+    for name in ("vectors.npy", "ids.npy", "manifest.json"):
+        d = w / f"index-cut-{name.split('.')[0]}"
+        shutil.copytree(w / "index", d)
+        data = (d / name).read_bytes()
+        (d / name).write_bytes(data[:len(data) // 2])
 
 
 @pytest.fixture(scope="module")
@@ -402,6 +444,101 @@ def model_probes() -> list[Probe]:
     return probes
 
 
+_MODEL_READERS = {      # M: the model directory
+    "fill-mask": ["fill-mask", "M", "the [MASK]"],
+    "embed": ["embed", "M", "the man"],
+    "attention": ["attention", "M", "the man", "--out", "T/a"],
+    "export": ["export", "M", "T/m.onnx", "--no-check"],
+    "finetune": ["finetune", "--task", "classify", "--model", "M", "--train", "W/data/train.csv", "--dev",
+                 "W/data/dev.csv", "--out", "T/f", "--quiet"],
+}
+_TASK_MODEL_READERS = {
+    "evaluate": ["evaluate", "--model", "M", "--data", "W/data/dev.csv"],
+    "predict": ["predict", "--model", "M", "--data", "W/data/dev.csv", "--out", "T/p.jsonl"],
+    "quantize": ["quantize", "M", "T/q"],
+}
+
+
+def hostile_json_probes() -> list[Probe]:
+    # quantize copies the tokenizer files as they are (it never reads them): their refusal comes where they are read
+    return [Probe(f"json:{name}:{cmd}", [f"W/{base}-{name}" if a == "M" else a for a in argv], match)
+            for base, cmds in (("mlm", _MODEL_READERS), ("clf", _TASK_MODEL_READERS))
+            for name, (_, _, match) in _SPOILED.items() for cmd, argv in cmds.items()
+            if not (cmd == "quantize" and name.startswith("tok-"))]
+
+
+FIFO = b"<a named pipe>"        # a setup value: make a FIFO there (nothing ever writes to it)
+_FT = ["finetune", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev", "W/data/dev.csv", "--out", "T/f",
+       "--epochs", "1", "--quiet"]
+_SQUAD = {"data": [{"title": "t", "paragraphs": [{"context": "the dog run", "qas": [
+    {"id": "q1", "question": "what", "answers": [{"text": "dog", "answer_start": -5}]}]}]}]}
+
+
+def accepted_silently_probes() -> list[Probe]:
+    """What was taken without a word (or crashed later): refused before any work."""
+    qa = ["finetune", "--task", "qa", "--model", "W/mlm", "--train", "T/q.json", "--dev", "T/q.json", "--out", "T/f",
+          "--quiet"]
+    good_squad = json.loads(json.dumps(_SQUAD))
+    good_squad["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 4
+    masks = lambda n: " ".join(["[MASK]"] * n)      # noqa: E731
+    probes = [
+        Probe("said:finetune:max-length-1", [*_FT, "--task", "classify", "--max-length", "1"], "--max-length 1"),
+        Probe("said:finetune:max-length-4", [*_FT, "--task", "tag", "--max-length", "4"], "--max-length 4"),
+        Probe("said:finetune:scheme-on-classify", [*_FT, "--task", "classify", "--scheme", "BIOES"], "--scheme"),
+        Probe("said:finetune:scheme-on-regress", [*_FT, "--task", "regress", "--scheme", "IOB2"], "--scheme"),
+        Probe("said:finetune:qa-negative-start", qa, "answer_start", {"T/q.json": _SQUAD}),
+        Probe("said:finetune:qa-query-fills-input", [*qa, "--max-query-length", "500", "--max-length", "64"],
+              "--max-query-length 500", {"T/q.json": good_squad}),
+        Probe("said:finetune:qa-query-equals-input", [*qa, "--max-query-length", "60", "--max-length", "64"],
+              "--max-query-length 60", {"T/q.json": good_squad}),
+        Probe("said:embed:int8-npy", ["embed", "W/mlm", "the man", "--dtype", "int8", "--out", "T/e.npy"],
+              "--dtype int8"),
+        Probe("said:embed:float16-jsonl", ["embed", "W/mlm", "the man", "--dtype", "float16", "--out", "T/e.jsonl"],
+              "--dtype float16"),
+        Probe("said:embed:int8-stdout", ["embed", "W/mlm", "the man", "--dtype", "int8"], "--dtype int8"),
+        Probe("said:embed:int8-search", ["embed", "W/mlm", "the man", "--dtype", "int8", "--search", "a"], "--dtype"),
+        Probe("trace:fill-mask:300-masks", ["fill-mask", "W/mlm", masks(300)], "at most 8"),
+        Probe("trace:fill-mask:9-masks", ["fill-mask", "W/mlm", masks(9)], "9 [MASK]s"),
+        Probe("trace:fill-mask:file-300-masks", ["fill-mask", "W/mlm", "--file", "T/m.txt"], "at most 8",
+              {"T/m.txt": ("the [MASK]\n" + masks(300) + "\n").encode()}),
+        Probe("trace:plot:nan-losses", ["plot", "T/run", "--out", "T/c.png"], "no finite",
+              {"T/run/metrics.jsonl": b'{"step": 1, "loss": NaN}\n{"step": 2, "loss": Infinity}\n'}),
+        Probe("trace:plot:nan-steps", ["plot", "T/run", "--out", "T/c.png"], "no finite",
+              {"T/run/metrics.jsonl": b'{"step": NaN, "lr": 1}\n{"step": -Infinity, "loss": NaN}\n'}),
+        Probe("loss:prepare:empty-corpus-overwrite", ["prepare", "--corpus", "T/empty.txt", "--vocab", "W/vocab",
+                                                      "--out", "T/s", "--overwrite"], "no examples",
+              {"T/empty.txt": b"", "T/s/" + MARKER: {"command": "prepare"}, "T/s/w00-00000.tokens.npy": b"earlier",
+               "T/s/manifest.json": b"{}"}),
+    ]
+    probes += [Probe(f"trace:search:cut-{part}", ["search", f"W/index-cut-{part}", "--query", "a dog"],
+                     f"index-cut-{part}") for part in ("vectors", "ids", "manifest")]
+    probes += [Probe(f"trace:evaluate:{name}", ["evaluate", "--model", f"W/clf-{name}", "--data", "W/data/dev.csv",
+                                                "--out", "T/e"], "config.json") for name in ("cfg-empty", "cfg-deep")]
+    return probes
+
+
+def fifo_probes() -> list[Probe]:
+    """A named pipe where an output goes: refused by its kind, never opened (which would wait for a reader)."""
+    probes = [Probe(f"fifo:{cmd}:out", _with_out(argv, "T/pipe", _OVERWRITE.get(cmd, "--overwrite")),
+                    "expected a directory", {"T/pipe": FIFO}) for cmd, argv in _DIR_CMDS.items()]
+    probes += [Probe(f"fifo:{cmd}:out", _with_out(argv, "T/pipe", "--overwrite"), "not a regular file",
+                     {"T/pipe": FIFO}) for cmd, (argv, _) in _FILE_CMDS.items()]
+    probes += [
+        Probe("fifo:embed:npy", ["embed", "W/mlm", "the man", "--out", "T/pipe.npy", "--overwrite"],
+              "not a regular file", {"T/pipe.npy": FIFO}),
+        Probe("fifo:embed:jsonl", ["embed", "W/mlm", "the man", "--out", "T/pipe.jsonl", "--overwrite"],
+              "not a regular file", {"T/pipe.jsonl": FIFO}),
+        Probe("fifo:embed:index", ["embed", "W/mlm", "the man", "--out", "T/pipe", "--overwrite"],
+              "expected an index directory", {"T/pipe": FIFO}),
+        Probe("fifo:mine:out", ["mine", "W/mlm", "--data", "W/data/train.csv", "--out", "T/pipe.jsonl",
+                                "--overwrite"], "not a regular file", {"T/pipe.jsonl": FIFO}),
+        Probe("fifo:quantize:out", ["quantize", "W/clf", "T/pipe", "--overwrite"], "is a file", {"T/pipe": FIFO}),
+        Probe("fifo:predict:into-dir", ["predict", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "T/o/",
+                                        "--overwrite"], "not a regular file", {"T/o/dev.predictions.jsonl": FIFO}),
+    ]
+    return probes
+
+
 def serve_probes(port: str) -> list[Probe]:
     return [
         Probe("serve:busy-port", ["serve", "W/mlm", "--port", port], "in use"),
@@ -411,7 +548,8 @@ def serve_probes(port: str) -> list[Probe]:
     ]
 
 
-ALL = range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes()
+ALL = (range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes() + hostile_json_probes()
+       + accepted_silently_probes() + fifo_probes())
 SERVE = serve_probes("PORT")
 
 
@@ -444,7 +582,7 @@ def _digest(root: Path) -> dict[str, str]:
         return out
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
-        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "fifo" if p.is_fifo() else "dir"
     return out
 
 
@@ -469,7 +607,10 @@ def _check(probe: Probe, w: Path, t: Path, capsys) -> None:
     for rel, content in probe.setup.items():
         p = t / rel[2:]
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(json.dumps(content).encode() if isinstance(content, dict) else content)
+        if content is FIFO:
+            os.mkfifo(p)
+        else:
+            p.write_bytes(json.dumps(content).encode() if isinstance(content, dict) else content)
     before = (_digest(w), _digest(t))
     rc, _, err = run_cli(_paths(probe.argv, w, t), capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -845,3 +986,247 @@ def test_pretrain_config_from_stdin(world, tmp_path, capsys, monkeypatch):
                           "--batch-size", "4", "--no-progress", "--precision", "fp32"], capsys)
     assert rc == 0, err[-2000:]
     assert json.loads((out / "config.stdin.json").read_text())["hidden_size"] == 32
+
+
+# ------------------------------------------------------------------------------------------------ links, full disks
+
+# every writing command: its argv (OUT: where the output goes) and the names it writes there ("": OUT is the file)
+_TRAIN = ["--epochs", "1", "--quiet", "--fp32", "--batch-size", "8"]
+_WRITERS = {
+    "finetune": (["finetune", "--task", "classify", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev",
+                  "W/data/dev.csv", "--out", "OUT", *_TRAIN],
+                 ["metrics.json", "summary.json", "predictions_dev.jsonl", "confusion_dev.png", "config.json",
+                  "model.safetensors", "settings.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json"]),
+    "distill": (["distill", "--teacher", "W/clf", "--student-layers", "1", "--train", "W/data/train.csv", "--dev",
+                 "W/data/dev.csv", "--out", "OUT", *_TRAIN],
+                ["metrics.json", "summary.json", "predictions_dev.jsonl", "confusion_dev.png", "config.json",
+                 "model.safetensors", "vocab.txt"]),
+    "evaluate": (["evaluate", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"],
+                 ["metrics_dev.json", "predictions_dev.jsonl", "confusion_dev.png"]),
+    "task-data": (["task-data", "sentiment", "--out", "OUT"], ["train.csv", "dev.csv", "test.csv", "stats.json"]),
+    "vocab": (["vocab", "--files", "W/corpus.txt", "--vocab-size", "60", "--out", "OUT", "--no-progress"],
+              ["vocab.txt", "tokenizer.json", "tokenizer_config.json"]),
+    "prepare": (["prepare", "--corpus", "W/corpus.txt", "--vocab", "W/vocab", "--out", "OUT", "--seq-len", "32"],
+                ["manifest.json", "vocab.txt", "w00-00000.done.json", "w00-00000.tokens.npy", "w00-00000.meta.npy"]),
+    "pretrain": (["pretrain", "W/shards", "--preset", "tiny", "--out", "OUT", "--steps", "2", "--batch-size", "4",
+                  "--precision", "fp32", "--no-progress"],
+                 ["metrics.jsonl", "curves.png", "pretrain_config.json", "summary.json", "summary.md"]),
+    "attention": (["attention", "W/mlm", "the man", "--out", "OUT"], ["attention_grid.png"]),
+    "convert": (["convert", "W/tf", "OUT"], ["config.json", "model.safetensors", "vocab.txt", "tokenizer.json"]),
+    "quantize": (["quantize", "W/clf", "OUT"], ["config.json", "model.safetensors", "settings.json", "vocab.txt"]),
+    "predict": (["predict", "--model", "W/clf", "--data", "W/data/dev.csv", "--out", "OUT"], [""]),
+    "plot-curves": (["plot", "W/run", "--out", "OUT"], [""]),
+    "plot-confusion": (["plot", "W/data/preds.jsonl", "--confusion", "--out", "OUT"], [""]),
+    "export": (["export", "W/mlm", "OUT", "--no-check"], [""]),
+    "embed-npy": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"], [""]),
+    "embed-jsonl": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"], [""]),
+    "embed-index": (["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "OUT"],
+                    ["manifest.json", "vectors.npy", "ids.npy", "texts.jsonl", "bertkit_source.json"]),
+    "mine": (["mine", "W/mlm", "--data", "T/pairs.jsonl", "--out", "OUT"], [""]),
+}
+_SUFFIX = {"predict": ".jsonl", "plot-curves": ".png", "plot-confusion": ".png", "export": ".onnx", "embed-npy": ".npy",
+           "embed-jsonl": ".jsonl", "mine": ".jsonl"}
+_PAIRS = "".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in (
+    ("the man", "the man is eating food"), ("a dog", "a dog run"), ("paris", "paris france")))
+
+
+def _writer(cmd: str, w: Path, t: Path, out: Path, *extra) -> list[str]:
+    (t / "pairs.jsonl").write_text(_PAIRS)
+    return _paths([str(out) if a == "OUT" else a for a in _WRITERS[cmd][0]] + ["--overwrite", *extra], w, t)
+
+
+def _scratch(cmd: str, w: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """(T, the output path) for a writer's run in tmp_path; an index command's output holds an earlier index."""
+    t = tmp_path / "T"
+    t.mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = t / ("out" + _SUFFIX.get(cmd, ""))
+    if cmd == "embed-index":
+        shutil.copytree(w / "index", out)
+    return t, out
+
+
+@pytest.mark.parametrize("kind", ["hard", "symbolic"])
+@pytest.mark.parametrize("cmd", list(_WRITERS))
+def test_a_link_in_the_output_is_replaced_never_written_through(cmd, kind, world, tmp_path, capsys, monkeypatch):
+    """Each name the command writes is a hard or symbolic link to a file outside --out: the command replaces the
+    link with its own file and the link's target keeps its bytes."""
+    t, out = _scratch(cmd, world, tmp_path, monkeypatch)
+    names = _WRITERS[cmd][1]
+    victims = {}
+    for i, name in enumerate(names):
+        target = out / name if name else out
+        target.parent.mkdir(parents=True, exist_ok=True)
+        victim = t / f"victim-{i}"
+        victim.write_bytes(f"precious {i}\n".encode())
+        target.unlink(missing_ok=True)
+        os.link(victim, target) if kind == "hard" else target.symlink_to(victim)
+        victims[victim] = victim.read_bytes()
+    rc, _, err = run_cli(_writer(cmd, world, t, out), capsys)
+    assert rc == 0, f"{cmd}: exit {rc}: {err[-2000:]}"
+    for i, name in enumerate(names):
+        victim, target = t / f"victim-{i}", out / name if name else out
+        assert victim.read_bytes() == victims[victim], f"{cmd}: wrote through the {kind} link {name or out.name}"
+        assert not target.is_symlink() and not target.samefile(victim), f"{cmd}: {name} is still the link"
+
+
+def _fail_commit(*args, **kwargs):
+    """os.replace of a temp file or staged directory into place: the disk is full (half the bytes written)."""
+    src = Path(args[0])
+    if MARKER + ".tmp" in src.name:         # the run's record (test_a_full_disk_before_the_run_begins)
+        return _REAL_REPLACE(*args, **kwargs)
+    if ".tmp-" in src.name or src.parent.name.startswith(".bertkit-tmp") or src.name.startswith(".bertkit-tmp"):
+        if src.is_file():
+            src.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+    return _REAL_REPLACE(*args, **kwargs)
+
+
+_REAL_REPLACE = os.replace
+
+
+def _fail_safetensors(tensors, filename, *a, **k):
+    Path(filename).write_bytes(b"half")
+    import safetensors
+    raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _fail_torch_save(obj, f, *a, **k):
+    Path(f).write_bytes(b"half")
+    raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file "
+                       "data/0: file write failed")
+
+
+def _fail_np_save(file, *a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+_SAFETENSORS = ("finetune", "distill", "convert", "quantize", "pretrain")
+_FULL_DISKS = ([(c, "commit") for c in _WRITERS] + [(c, "safetensors") for c in _SAFETENSORS]
+               + [("pretrain", "torch.save"), ("prepare", "np.save"), ("embed-npy", "np.save"),
+                  ("embed-index", "np.save")])
+
+
+@pytest.mark.parametrize("cmd, how", _FULL_DISKS, ids=[f"{c}-{h}" for c, h in _FULL_DISKS])
+def test_a_full_disk_under_every_writer(cmd, how, world, tmp_path, capsys, monkeypatch):
+    """The disk fills while the command writes its output: one line, exit 2, the earlier output as it was, no temp
+    file or half a file left."""
+    import numpy as np
+    import safetensors.torch
+    import torch
+    t, out = _scratch(cmd, world, tmp_path, monkeypatch)
+    if cmd in _SUFFIX:
+        out.write_bytes(b"the earlier output")
+    elif cmd != "embed-index":          # (an index: the earlier one is there already)
+        out.mkdir()
+        (out / MARKER).write_text(json.dumps({"command": _WRITERS[cmd][0][0]}))
+        (out / "earlier.txt").write_text("the earlier run")
+    before = _digest(out) if out.is_dir() else out.read_bytes()
+    target = {"commit": (os, "replace", _fail_commit), "safetensors": (safetensors.torch, "save_file", _fail_safetensors),
+              "torch.save": (torch, "save", _fail_torch_save), "np.save": (np, "save", _fail_np_save)}[how]
+    monkeypatch.setattr(*target)
+    rc, _, err = run_cli(_writer(cmd, world, t, out), capsys)
+    monkeypatch.undo()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "space" in lines[0].lower(), f"{cmd}/{how}: exit {rc}: {err[-3000:]}"
+    assert (_digest(out) if out.is_dir() else out.read_bytes()) == before, f"{cmd}/{how}: the earlier output changed"
+    left = [p for p in tmp_path.rglob("*") if "tmp" in p.name or p.name.startswith(".bertkit-tmp")]
+    assert not left, f"{cmd}/{how}: left {left}"
+
+
+def test_the_campaign_counts(capsys):
+    from bertkit.cli import build_parser  # noqa: F401 - the campaign's parser builds
+    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS) + 1 + len(_PIPED)
+    print(f"campaign: {n} probes (links {2 * len(_WRITERS)}, full disks {len(_FULL_DISKS) + 1}, pipes read "
+          f"{len(_PIPED)})")
+    assert n > 450
+
+
+def test_a_full_disk_before_the_run_begins(world, tmp_path, capsys, monkeypatch):
+    """The disk is full when --overwrite records the new run: the earlier run, set aside a moment before, is back."""
+    out = tmp_path / "v"
+    assert run_cli(_vocab_argv(world, out), capsys)[0] == 0
+    before = _digest(out)
+
+    def full(src, dst):
+        if MARKER + ".tmp" in Path(src).name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return _REAL_REPLACE(src, dst)
+    monkeypatch.setattr(os, "replace", full)
+    rc, _, err = run_cli(_vocab_argv(world, out, "--overwrite"), capsys)
+    monkeypatch.undo()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "No space left" in err, err
+    assert _digest(out) == before
+
+
+class _PipeWriter:
+    """Feeds `data` to the named pipe `path` each time a reader opens it (as `<(...)` would, once), until stopped."""
+
+    def __init__(self, path: Path, data: bytes):
+        import threading
+        self.path, self.data, self.done = path, data, False
+        os.mkfifo(path)
+        self.thread = threading.Thread(target=self._feed, daemon=True)
+        self.thread.start()
+
+    def _feed(self):
+        while not self.done:
+            try:
+                with open(self.path, "wb") as f:     # waits for a reader
+                    if not self.done:
+                        f.write(self.data)
+            except OSError:                          # the reader left early (a refusal after a peek)
+                pass
+
+    def stop(self):
+        self.done = True
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)      # releases a writer still waiting for a reader
+        os.close(fd)
+        self.thread.join(timeout=10)
+
+
+_CSV = b"text,label\nthe film was great,pos\nthe plot was awful,neg\n"
+_PIPED = {      # P: the named pipe; what is written into it
+    "embed": (["embed", "W/mlm", "--file", "P"], b"the man\na dog run\n"),
+    "fill-mask": (["fill-mask", "W/mlm", "--file", "P"], b"the [MASK]\n"),
+    "tokenize": (["tokenize", "--vocab", "W/vocab/vocab.txt", "--file", "P"], b"the man\n"),
+    "vocab": (["vocab", "--files", "P", "--vocab-size", "60", "--out", "T/v", "--no-progress"], b"the man is\n" * 50),
+    "prepare": (["prepare", "--corpus", "P", "--vocab", "W/vocab", "--out", "T/s", "--seq-len", "32"], b"the man\n"),
+    "predict": (["predict", "--model", "W/clf", "--data", "P", "--out", "T/p.jsonl"], _CSV),
+    "evaluate": (["evaluate", "--model", "W/clf", "--data", "P"], _CSV),
+    "finetune": (["finetune", "--task", "classify", "--model", "W/mlm", "--train", "P", "--dev", "W/data/dev.csv",
+                  "--out", "T/f", *_TRAIN], _CSV),
+    "plot": (["plot", "P", "--confusion", "--out", "T/c.png"], b'{"label": "pos", "prediction": "neg"}\n'),
+    "pretrain": (["pretrain", "W/shards", "--config", "P", "--out", "T/r", "--steps", "1", "--no-progress"], b"{}"),
+    "mine": (["mine", "W/mlm", "--data", "P", "--out", "T/m.jsonl"], _PAIRS.encode()),
+    "embed-binary": (["embed", "W/mlm", "--file", "P"], BINARY),
+}
+
+
+@pytest.mark.parametrize("cmd", list(_PIPED))
+def test_a_named_pipe_as_an_input(cmd, world, tmp_path, capsys, monkeypatch):
+    """A pipe for an input file (`<(...)`, mkfifo): the command reads it or refuses it in one line; it never hangs,
+    never raises and never changes an input."""
+    monkeypatch.chdir(tmp_path)
+    t = tmp_path / "T"
+    t.mkdir()
+    argv, data = _PIPED[cmd]
+    pipe = _PipeWriter(tmp_path / "pipe", data)
+    before = _digest(world)
+    try:
+        rc, _, err = run_cli([str(pipe.path) if a == "P" else a for a in _paths(argv, world, t)], capsys)
+    finally:
+        pipe.stop()
+    lines = [ln for ln in err.splitlines() if ln.strip() and "error" in ln]
+    assert rc in (0, 2), f"{cmd}: {rc}: {err[-2000:]}"
+    assert rc == 0 or len(lines) == 1, f"{cmd}: {err[-2000:]}"
+    assert _digest(world) == before
+
+
+def test_a_preset_model_gets_a_word_table_the_size_of_its_vocab(world, tmp_path, capsys):
+    rc, _, err = run_cli(["finetune", "--task", "classify", "--model", "tiny", "--vocab", str(world / "vocab"),
+                          "--train", str(world / "data" / "train.csv"), "--dev", str(world / "data" / "dev.csv"),
+                          "--out", str(tmp_path / "f"), *_TRAIN], capsys)
+    assert rc == 0, err[-2000:]
+    rows = len((world / "vocab" / "vocab.txt").read_text().split())
+    assert json.loads((tmp_path / "f" / "config.json").read_text())["vocab_size"] == rows == 22

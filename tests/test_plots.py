@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def test_plot_run_errors(tmp_path):
     with pytest.raises(DataError, match="no metrics.jsonl"):
         plot_run(tmp_path, tmp_path / "x.png")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "lr": 0.1}\n')
-    with pytest.raises(DataError, match="no loss or accuracy"):
+    with pytest.raises(DataError, match="no finite loss or accuracy"):
         plot_run(tmp_path, tmp_path / "x.png")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\nnot json\n')
     with pytest.raises(DataError, match=r"metrics.jsonl:2"):
@@ -87,3 +88,13 @@ def test_cli_plot(tmp_path):
     assert _is_png(tmp_path / "preds.confusion.png")
     preds.write_text('{"label": "pos"}\n')
     assert main(["plot", str(preds), "--confusion"]) == 2
+
+
+def test_non_finite_values_are_gaps(tmp_path):
+    """A diverged step's NaN / Infinity loss breaks the curve there; a field with no finite value is no curve."""
+    from bertkit.plots import read_metrics
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 3, "lr": NaN}\n{"step": 2, "loss": NaN}\n'
+                                            '{"step": Infinity, "loss": Infinity}\n{"step": 4, "loss": 1}\n')
+    s = read_metrics(tmp_path)
+    assert "lr" not in s and [x for x, _ in s["loss"]] == [1.0, 2.0, 3.0, 4.0]
+    assert [y for _, y in s["loss"]][::3] == [3.0, 1.0] and all(math.isnan(y) for _, y in s["loss"][1:3])

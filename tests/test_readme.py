@@ -367,13 +367,16 @@ def _free_port() -> int:
 
 
 def _serve(argv: list[str], ws: Path) -> tuple[int, str, str]:
-    """Start the server as the README does (on a free port), wait for /health, stop it."""
-    port = str(_free_port())
-    argv = [port if a == "8080" else a for a in argv]
+    """Start the server as the README does (on a port the kernel picks: a port found free and then handed over can
+    be taken in between), wait for /health, stop it."""
+    argv = ["0" if a == "8080" else a for a in argv]
+    argv += [] if "--port" in argv else ["--port", "0"]
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "bertkit", *argv], cwd=ws, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
+        started = proc.stdout.readline()            # "bertkit serve: MODEL on http://HOST:PORT  endpoints: ..."
+        port = started.split("http://", 1)[-1].split()[0].rsplit(":", 1)[-1] if "http://" in started else "0"
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
             try:

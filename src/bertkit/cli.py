@@ -17,10 +17,10 @@ import sys
 import threading
 
 from bertkit import __version__
+from bertkit.atomic import disk_full
 from bertkit.commands import settle_model
 from bertkit.commands.checks import error_line, one_line_errors, settle_out
 from bertkit.config import PRESETS
-from bertkit.errors import BertkitError
 from bertkit.hub import cli_model_arg
 from bertkit.textfiles import stdin_inputs
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         from bertkit.checkpoint import ALLOW_NON_FINITE_ENV  # deferred: torch, off `bertkit -h`'s start path
         os.environ[ALLOW_NON_FINITE_ENV] = "1"     # every loader below reads it (from_pretrained's default)
     stdin_spec, stdin_format = vars(args).pop("_stdin", {}), vars(args).pop("stdin_format", None)
-    ok = False
+    ok = full = False
     # SIGTERM (a scheduler, `kill`, `timeout`) ends the command like an error would, so the finally below settles
     # its output directory: a replaced run goes back or stays aside with a note, as on Ctrl-C
     installed = threading.current_thread() is threading.main_thread()
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `bertkit tokenize ... | head`: the reader had enough, the command's work is done
         ok = True
         return 0
-    except (BertkitError, OSError, MemoryError, UnicodeDecodeError) as e:
-        line = error_line(e)
+    except Exception as e:      # noqa: BLE001 - error_line tells a user's error from a bug, which is raised again
+        line, full = error_line(e), disk_full(e)
         if line is None:    # a bug: keep the traceback
             raise
         print(f"bertkit {args.command}: error: {line}", file=sys.stderr)
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:    # every way out, a bug's traceback included: the output directory settled (checks.settle_out)
         if installed:   # None: a handler set outside Python, which cannot be handed back; the default is closest
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        note = settle_out(getattr(args, "out", None), ok)
+        note = settle_out(getattr(args, "out", None), ok, full)
         if note:
             print(f"bertkit {args.command}: {note}", file=sys.stderr)
     return int(rc or 0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ MAX_PARAMETERS = 20_000_000_000
 
 # HF keys that we store under a different spelling (HF writes the first, we read both).
 _BERTKIT_ATTN_KEY = "bertkit_attn_implementation"
+_HF_ATTN = ("flash_attention_2", "flash_attention_3", "flex_attention", None)    # kept for the round trip
 
 
 @dataclass
@@ -135,8 +137,10 @@ class BertConfig:
         if self.position_embedding_type != "absolute":
             raise ConfigError(f"BertConfig.position_embedding_type={self.position_embedding_type!r} is not "
                               f"supported (only 'absolute')")
-        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
-            raise ConfigError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        for name in ("layer_norm_eps", "initializer_range"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0 < v < math.inf:      # NaN too
+                raise ConfigError(f"BertConfig.{name} must be a finite number > 0, got {v!r}")
         if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"BertConfig.pad_token_id={self.pad_token_id!r} is outside the vocab "
                               f"(vocab_size={self.vocab_size})")
@@ -190,6 +194,9 @@ class BertConfig:
                 extra[key] = value
         if "attn_implementation" in kw and kw["attn_implementation"] not in ATTN_IMPLEMENTATIONS:
             # an HF value such as "flash_attention_2": keep it for the round trip, choose ours automatically
+            if kw["attn_implementation"] not in _HF_ATTN:
+                raise ConfigError(f"BertConfig.attn_implementation={str(kw['attn_implementation'])[:40]!r} is not "
+                                  f"one of {ATTN_IMPLEMENTATIONS} or transformers' {_HF_ATTN}")
             extra["attn_implementation"] = kw.pop("attn_implementation")
         if "num_labels" in kw and "id2label" in kw and kw["id2label"] is not None \
                 and len(kw["id2label"]) != kw["num_labels"]:

@@ -116,15 +116,19 @@ def _read_metrics_file(path: Path) -> dict[str, list[tuple[float, float]]]:
                 raise DataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
             if not isinstance(rec, dict):
                 continue
-            x = next((rec[k] for k in _X_KEYS if isinstance(rec.get(k), (int, float))), lineno)
+            x = next((rec[k] for k in _X_KEYS if _finite(rec.get(k))), lineno)
             split = next((str(rec[k]) for k in _SPLIT_KEYS if isinstance(rec.get(k), str)), None)
             for key, value in rec.items():
-                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-                if key in _X_KEYS or not numeric or not math.isfinite(value):
+                if key in _X_KEYS or not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
                 name = f"{split}/{key}" if split and "/" not in key else key
-                series.setdefault(name, []).append((float(x), float(value)))
-    return series
+                # NaN / Infinity (a diverged step): a gap in the curve
+                series.setdefault(name, []).append((float(x), float(value) if _finite(value) else math.nan))
+    return {name: points for name, points in series.items() if any(math.isfinite(y) for _, y in points)}
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_loss(name: str) -> bool:
@@ -141,8 +145,8 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
     losses = {k: v for k, v in series.items() if _is_loss(k)}
     scores = {k: v for k, v in series.items() if _is_score(k)}
     if not losses and not scores:
-        raise DataError(f"{find_metrics_file(run_dir)}: no loss or accuracy fields to plot "
-                        f"(fields: {', '.join(sorted(series)) or 'none'})")
+        raise DataError(f"{find_metrics_file(run_dir)}: no finite loss or accuracy values to plot "
+                        f"(fields with one: {', '.join(sorted(series)) or 'none'})")
     plt = _pyplot()
     panels = [(n, s) for n, s in (("loss", losses), ("score", scores)) if s]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.2), squeeze=False)
@@ -155,7 +159,7 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
                     zorder=3 if held_out else 2, alpha=1.0 if held_out else 0.45)
         ax.set(xlabel="step", ylabel=kind)
         if kind == "loss":
-            values = [y for pts in group.values() for _, y in pts]
+            values = [y for pts in group.values() for _, y in pts if math.isfinite(y)]
             if min(values) > 0 and max(values) / min(values) > 10:
                 ax.set_yscale("log")
         ax.grid(alpha=0.3)

@@ -27,7 +27,7 @@ from pathlib import Path
 from torch import nn
 
 from bertkit import runtime
-from bertkit.atomic import write_text
+from bertkit.atomic import copy_file, write_text
 from bertkit.embed.st_format import module_dirs
 from bertkit.errors import BertkitError, CheckpointError, ConfigError
 from bertkit.predict.load import head_of
@@ -141,9 +141,9 @@ def write(q: Quantized, out) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for f in q.model_dir.iterdir():                  # tokenizer and other side files, as they are
         if f.is_file() and f.name not in _WEIGHT_FILES and not any(fnmatch(f.name, p) for p in _RUN_FILES):
-            shutil.copy2(f, out / f.name)
+            copy_file(f, out / f.name)
     for sub in q.module_dirs:                        # sentence-transformers' pooling / dense / normalize, as they are
-        shutil.copytree(q.model_dir / sub, out / sub, dirs_exist_ok=True)
+        shutil.copytree(q.model_dir / sub, out / sub, dirs_exist_ok=True, copy_function=copy_file)
     q.model.save_pretrained(out)
     qc = q.model.config.extra["quantization_config"]
     size = (out / "model.safetensors").stat().st_size

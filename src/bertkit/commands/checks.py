@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bertkit.atomic import write_failure, write_json
 from bertkit.errors import BertkitError
 from bertkit.textfiles import STDIN_FORMATS
 
@@ -53,6 +54,8 @@ def error_line(e: BaseException) -> str | None:
         where = f"{e.filename}: " if e.filename else ""
         hint = " (free some space and run again)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         return f"{where}{e.strerror or str(e).splitlines()[0]}{hint}"
+    if not isinstance(e, OSError) and write_failure(e):    # a writer's own exception for a full disk
+        return f"{write_failure(e)} (free some space and run again)"
     if isinstance(e, MemoryError):     # numpy names the array it could not allocate
         return f"not enough memory: {e or 'allocation failed'}; ask for less"
     if isinstance(e, UnicodeDecodeError):
@@ -241,6 +244,14 @@ def _set_aside(d: Path, gone: list[Path]) -> None:
         raise
 
 
+def _put_back(d: Path) -> None:
+    held = d / REPLACED
+    for entry in held.iterdir():
+        if entry.name != _HELD:
+            os.replace(entry, d / entry.name)
+    shutil.rmtree(held)
+
+
 def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
             reuse: bool = False, known: tuple[str, ...] = (), dry_run: bool = False) -> Path:
     """Check (and create) the output directory of `bertkit COMMAND`, before any work.
@@ -298,7 +309,12 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         return d
     made = str(_first_missing(d) or "")      # "": the directory was there
     d.mkdir(parents=True, exist_ok=True)
-    (d / MARKER).write_text(json.dumps({"command": command, "made": made, "keep": keep}) + "\n", encoding="utf-8")
+    try:
+        write_json(d / MARKER, {"command": command, "made": made, "keep": keep}, indent=None)
+    except BertkitError:        # a full disk before the run began: the run set aside goes back
+        if (d / REPLACED).is_dir():
+            _put_back(d)
+        raise
     _CLAIMED.add(d)
     return d
 
@@ -317,12 +333,13 @@ def _first_missing(d: Path) -> Path | None:
     return d
 
 
-def settle_out(path, ok: bool) -> str | None:
+def settle_out(path, ok: bool, disk_full: bool = False) -> str | None:
     """After a command that wrote to the output directory `path` (out_dir): on success record what it wrote (a later
     --overwrite replaces only that) and delete the run it replaced; on failure or interruption put the replaced run
-    back if this one wrote nothing, else leave it in REPLACED, and remove a directory this run created and left
-    empty. Acts only on a directory out_dir set up in this process (a PID can repeat; a path cannot be claimed
-    twice). Returns a line for the user where the earlier run stays aside."""
+    back if this one wrote nothing (or the disk filled up: its part-run is deleted for the complete one), else leave
+    it in REPLACED, and remove a directory this run created and left empty. Acts only on a directory out_dir set up
+    in this process (a PID can repeat; a path cannot be claimed twice). Returns a line for the user where the
+    earlier run stays aside."""
     if path is None:
         return None
     try:
@@ -339,20 +356,16 @@ def settle_out(path, ok: bool) -> str | None:
         wrote = [e.name for e in d.iterdir() if e.name not in keep]
         held = d / REPLACED
         # what this run wrote, success or not: a later --overwrite replaces that and leaves files added since
-        (d / MARKER).write_text(json.dumps({**info, "keep": sorted(keep - {MARKER, REPLACED}),
-                                            "wrote": sorted(wrote)}) + "\n", encoding="utf-8")
+        write_json(d / MARKER, {**info, "keep": sorted(keep - {MARKER, REPLACED}), "wrote": sorted(wrote)}, None)
         if ok:
             shutil.rmtree(held, ignore_errors=True)
             return None
-        if any(_holds_a_file(d / n) for n in wrote):
+        if any(_holds_a_file(d / n) for n in wrote) and not (disk_full and held.is_dir()):
             return f"{path}: the run --overwrite replaced is kept in {held}" if held.is_dir() else None
-        _clear([d / n for n in wrote])                                  # empty directories this run made
+        _clear([d / n for n in wrote])                      # empty directories this run made, or its part-run
         (d / MARKER).unlink()
         if held.is_dir():                                               # nothing written: the earlier run goes back
-            for entry in held.iterdir():
-                if entry.name != _HELD:
-                    os.replace(entry, d / entry.name)
-            shutil.rmtree(held)
+            _put_back(d)
             return None
         made = Path(info["made"]) if info.get("made") else None
         while made is not None and d != made.parent:

@@ -240,6 +240,9 @@ def embed_encoder(args) -> int:
 
 def vector_out(args) -> Path | None:
     """The checked .npy / .jsonl output file of `bertkit embed` (None: stdout, or a search), before any work."""
+    if args.dtype not in (None, "float32"):
+        raise ConfigError(f"--dtype {args.dtype} is an index's storage type: vectors (.npy, .jsonl, stdout, "
+                          f"--search) are float32; write an index directory (e.g. --out index/) or drop --dtype")
     if not args.out or args.search:
         return None
     return checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
@@ -282,12 +285,12 @@ def _write_index(args, encoder, texts, ids, vecs) -> int:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.index import INDEX_SOURCE, model_hash, write_index
     out = Path(args.out)
-    index = write_index(out, vecs, ids, model_hash(encoder), dtype=args.dtype, normalized=True)
+    index = write_index(out, vecs, ids, model_hash(encoder), dtype=args.dtype or "float16", normalized=True)
     (out / INDEX_TEXTS).write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
     source = {"model": str(Path(args.model).resolve()), "pooling": encoder.pooling.mode,
               "max_length": encoder.max_seq_length}
     (out / INDEX_SOURCE).write_text(json.dumps(source, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps({"index": str(out), "count": len(index), "dim": index.dim, "dtype": args.dtype}))
+    print(json.dumps({"index": str(out), "count": len(index), "dim": index.dim, "dtype": index.manifest["dtype"]}))
     return 0
 
 

@@ -18,7 +18,7 @@ from bertkit import progress
 from bertkit.commands import add_precision_argument, checks, chosen_precision, inference_precision
 from bertkit.commands import embed as embed_cmd
 from bertkit.errors import ConfigError
-from bertkit.tasks.registry import TASKS
+from bertkit.tasks.registry import TASKS, default
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -58,7 +58,7 @@ def register(sub) -> None:
     p.add_argument("--label-all-pieces", action="store_true", help="tag: label every piece, not only the first")
     p.add_argument("--scheme", choices=("IOB1", "IOB2", "BIOES"), help="tag: convert tags before training")
     p.add_argument("--doc-stride", type=checks.positive_int, default=128)
-    p.add_argument("--max-query-length", type=checks.positive_int, default=64)
+    p.add_argument("--max-query-length", type=checks.positive_int, help="qa: question pieces kept (default 64)")
     p.add_argument("--max-answer-length", type=checks.positive_int, default=30)
     p.add_argument("--n-best", type=checks.positive_int, default=20)
     p.add_argument("--no-save", action="store_true", help="do not write the model (metrics only)")
@@ -151,9 +151,13 @@ def _finetune(args) -> int:
     if args.task == "embed":
         return embed_cmd.finetune(args)
     # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    from bertkit.tasks.runner import FinetuneConfig, check_query_budget, finetune, finetune_recipe
     from bertkit.train.loop import TrainConfig
     embed_cmd.refuse_embed_flags(args)
+    if args.max_query_length is None:
+        args.max_query_length = default("qa", "max_query_length")
+    elif args.task == "qa":
+        check_query_budget(args.max_query_length, args.max_length or default("qa", "max_length"))
     values = {k: v for k, v in vars(args).items()
               if k not in ("func", "command", "fp32", "no_save", "overwrite") and k not in embed_cmd.FINETUNE_DESTS}
     values.update(run_values(args))

@@ -12,6 +12,7 @@ from bertkit import progress
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 from bertkit.commands.embed import add_prompt_arguments, embed_encoder, search_or_write, vector_out, wants_encoder
 from bertkit.errors import ConfigError, DataError
+from bertkit.serve.limits import ServeConfig
 from bertkit.textfiles import is_stdin_copy, read_text
 
 
@@ -45,8 +46,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout), or to "
                                  "an index directory for `bertkit search` (any other name, e.g. index/)")
-    p.add_argument("--dtype", choices=("float32", "float16", "int8"), default="float16",
-                   help="index vectors' storage type")
+    p.add_argument("--dtype", choices=("float32", "float16", "int8"),
+                   help="index vectors' storage type (default float16; .npy / .jsonl vectors are float32)")
     p.add_argument("--search", metavar="QUERY", action="append",
                    help="instead of writing vectors: the --top-k sentences of --file / texts closest to QUERY")
     p.add_argument("--top-k", type=checks.positive_int, default=5)
@@ -92,6 +93,10 @@ def fill_mask(args) -> int:
     from bertkit.infer import Predictor
     texts = _texts(args.text, args.file)
     p = Predictor.load(args.model, precision=inference_precision(args, "fill-mask"))
+    limit, mask = ServeConfig.max_masks, p.tokenizer.mask_token
+    for text in texts:          # joint decoding costs a forward per mask and beam: the server's cap, before any work
+        if text.count(mask) > limit:
+            raise ConfigError(f"a text holds {text.count(mask)} {mask}s; fill-mask decodes at most {limit} per text")
     show = progress.wanted(args.progress) and len(texts) > 1
     with progress.bar(texts, show=show, desc="fill-mask", unit="text") as bar:
         write = bar.write if show else print      # a result line that does not tear the bar on stderr

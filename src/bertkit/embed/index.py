@@ -119,12 +119,21 @@ class IndexWriter:
         if self.scales is not None:
             self.scales.flush()
         del self.vectors, self.scales
-        np.save(self.tmp / "ids.npy", np.array(self.ids, dtype=str))
-        (self.tmp / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n", encoding="utf-8")
         old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
-        if self.final.exists():                          # a directory cannot be renamed over a non-empty one
-            os.replace(self.final, old)
-        os.replace(self.tmp, self.final)
+        try:
+            np.save(self.tmp / "ids.npy", np.array(self.ids, dtype=str))
+            (self.tmp / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n", encoding="utf-8")
+            if self.final.exists():                      # a directory cannot be renamed over a non-empty one
+                os.replace(self.final, old)
+            try:
+                os.replace(self.tmp, self.final)
+            except BaseException:
+                if old.exists():                         # the earlier index goes back
+                    os.replace(old, self.final)
+                raise
+        except BaseException:       # a full disk: no half index left beside the earlier one
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         shutil.rmtree(old, ignore_errors=True)
         return EmbeddingIndex.open(self.final)
 
@@ -148,8 +157,10 @@ def _map_npy(path: Path) -> tuple[np.ndarray, mmap.mmap, int]:
         shape, fortran, dtype = read_header(f)
         offset = f.tell()
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if fortran:
-        raise DataError(f"{path}: Fortran-ordered arrays are not an index layout")
+    if fortran or dtype.hasobject:
+        raise DataError(f"{path}: Fortran-ordered or object arrays are not an index layout")
+    if offset + int(np.prod(shape)) * dtype.itemsize > len(mm):      # a copy cut short: never read past its end
+        raise DataError(f"{path}: truncated ({len(mm)} bytes for a {'x'.join(map(str, shape))} {dtype} array)")
     return np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset), mm, offset
 
 

@@ -304,10 +304,6 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     tok = load_tokenizer(cfg.vocab)
     out = Path(cfg.out)
     _prepare_out_dir(out, cfg.overwrite)
-    vocab_copy = out / "vocab.txt"
-    write_text(vocab_copy, "\n".join(tok.ids_to_tokens) + "\n")
-    if isinstance(tok, LibraryTokenizer):       # BPE / Unigram: its specials and word starts are in its own files
-        tok.save(out)
 
     by_files = len(files) >= cfg.workers
     shares = _split_files(files, cfg.workers) if by_files else [[str(f) for f in files]] * cfg.workers
@@ -325,6 +321,10 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     if bstats.examples == 0:
         raise DataError(f"corpus {[str(f) for f in files][:3]}... produced no examples "
                         f"({cstats.documents} documents; skipped: {cstats.skipped()})")
+    vocab_copy = out / "vocab.txt"      # written once there are shards: a refused run leaves nothing of its own
+    write_text(vocab_copy, "\n".join(tok.ids_to_tokens) + "\n")
+    if isinstance(tok, LibraryTokenizer):       # BPE / Unigram: its specials and word starts are in its own files
+        tok.save(out)
     summary = PrepareSummary(str(out), seconds, cstats, bstats, mstats, len(shards), len(jobs), cfg.dynamic)
     write_manifest(out, {
         "format": "bertkit-pretraining-shards", "version": FORMAT_VERSION,

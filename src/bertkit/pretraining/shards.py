@@ -11,10 +11,10 @@ A shard directory:
     <name>.done.json                completeness marker: the shard's files, sizes and sha256, written last
 
 Plain .npy files (no pickle: `allow_pickle=False` everywhere) so the reader memory-maps them. Crash safety: every
-file is written under a temporary name, fsynced and renamed; the shard's `.done.json` comes after its files, and
-`manifest.json` (also renamed into place) only after every shard is done. A reader refuses a directory without a
-manifest (the build did not finish), a shard whose marker is missing, and a file whose size differs from the
-manifest (truncated / replaced); `verify="full"` also checks sha256.
+file is written under a temporary name and renamed; the shard's `.done.json` comes after its files, and
+`manifest.json` (fsynced, renamed into place) only after every shard is done and synced to disk. A reader refuses
+a directory without a manifest (the build did not finish), a shard whose marker is missing, and a file whose size
+differs from the manifest (truncated / replaced); `verify="full"` also checks sha256.
 
 The reader (`ShardReader`) is an iterable of batches following the pre-training batch contract:
 input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as (B, S) long tensors and
@@ -30,14 +30,16 @@ consumed in it): exact resume.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from bertkit.atomic import replacing, write_json
+from bertkit.atomic import write_bytes, write_json
 from bertkit.errors import DataError
 from bertkit.options import with_options
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch, splitmix64
@@ -122,12 +124,13 @@ class ShardWriter:
             arrays["mask_ids"] = self._ids[:self._n]
         files = {}
         for field, arr in arrays.items():
-            path = self.out_dir / f"{name}.{field}.npy"
-            with replacing(path) as tmp, open(tmp, "wb") as f:      # a file object: np.save adds .npy to a name
-                np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
-            files[field] = {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+            path, buf = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
+            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)     # hashed in memory, not read back
+            write_bytes(path, buf.getvalue(), sync=False)
+            digest = hashlib.sha256(buf.getvalue()).hexdigest()
+            files[field] = {"file": path.name, "bytes": buf.tell(), "sha256": digest}
         entry = {"name": name, "examples": int(self._n), "files": files}
-        write_json(self.out_dir / f"{name}.done.json", entry, indent=1)
+        write_json(self.out_dir / f"{name}.done.json", entry, indent=1, sync=False)   # write_manifest syncs
         self.shards.append(entry)
         self._reset()
 
@@ -137,6 +140,7 @@ class ShardWriter:
 
 
 def write_manifest(out_dir: str | Path, manifest: dict) -> Path:
+    os.sync()       # the shards, written unsynced (an fsync each made one-example shards 100x slower), reach the disk
     return write_json(Path(out_dir) / MANIFEST, manifest, indent=1)
 
 

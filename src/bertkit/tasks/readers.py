@@ -428,14 +428,14 @@ def _place_answer(a: dict, context: str, where: str, qid: str, fix_offsets: bool
     """(text, start) of one answer; a start that does not hold the text moves to its nearest occurrence when
     `fix_offsets` (noted in `fixed`), else DataError."""
     text, start = a.get("text"), a.get("answer_start")
-    if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool):
-        raise DataError(f"{where}: question {qid!r} has an answer without 'text' / integer 'answer_start': "
+    if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise DataError(f"{where}: question {qid!r} has an answer without 'text' / an integer 'answer_start' >= 0: "
                         f"{str(a)[:80]}")
-    if context[start:start + len(text)] == text and start >= 0:
+    if context[start:start + len(text)] == text:
         return text, start
     hits = [m.start() for m in re.finditer(re.escape(text), context)]
     if not (fix_offsets and hits):
-        found = context[max(start, 0):max(start, 0) + len(text)]
+        found = context[start:start + len(text)]
         raise DataError(f"{where}: question {qid!r}: answer {text!r} is not at answer_start={start} of its context "
                         f"(found {found!r})" + ("" if hits else "; the text does not occur in the context"))
     new = min(hits, key=lambda h: abs(h - start))

@@ -46,7 +46,7 @@ import torch
 
 from bertkit import runtime
 from bertkit.atomic import replacing, write_text
-from bertkit.config import BertConfig
+from bertkit.config import BertConfig, read_json_config
 from bertkit.errors import ConfigError
 from bertkit.precision import resolve
 from bertkit.progress import forward_bar, say
@@ -120,9 +120,31 @@ class FinetuneConfig:
             raise ConfigError(f"--task {self.task!r}: choose one of {', '.join(TASKS)}")
         if self.max_length is None:
             self.max_length = default(self.task, "max_length")
+        _check_task_fit(self)
         self.seeds = run_seeds(self.seeds)
         check_recipe(self.training, batch_size=self.batch_size, max_length=self.max_length,
                      bucket_batches=self.bucket_batches)
+
+
+# the most pieces a model's specials take around a text pair (RoBERTa: <s> a </s></s> b </s>)
+_SPECIALS = 4
+
+
+def _check_task_fit(cfg: FinetuneConfig) -> None:
+    """One line for a setting the run cannot use: a length with no room for text, a tag option on another task."""
+    if cfg.max_length <= _SPECIALS:
+        raise ConfigError(f"--max-length {cfg.max_length} leaves no room for text (a model's special tokens take up "
+                          f"to {_SPECIALS} pieces); give at least {_SPECIALS + 1}")
+    if cfg.scheme is not None and cfg.task != "tag":
+        raise ConfigError(f"--scheme {cfg.scheme} converts the tags of --task tag; --task {cfg.task} has none")
+
+
+def check_query_budget(max_query_length: int, max_length: int) -> None:
+    """A question budget asked for that leaves no room for the context in the input is refused (the default one is
+    only an upper bound: each question's own pieces count)."""
+    if max_query_length + _SPECIALS >= max_length:
+        raise ConfigError(f"--max-query-length {max_query_length} leaves no room for the context in --max-length "
+                          f"{max_length}; give a --max-query-length below {max_length - _SPECIALS}")
 
 
 def check_recipe(training: TrainConfig, **values) -> None:
@@ -153,7 +175,7 @@ def load_task(model_dir: str | Path):
             raise ConfigError(f"{model_dir}: holds one model per seed ({', '.join(seeds)}): give one of them, "
                               f"e.g. --model {model_dir / seeds[0]}")
         raise ConfigError(f"{model_dir}: no config.json (not a model directory)")
-    settings = json.loads(cfg_path.read_text()).get("bertkit_task")
+    settings = read_json_config(cfg_path).get("bertkit_task")
     if not isinstance(settings, dict) or settings.get("kind") not in TASKS:
         raise ConfigError(f"{cfg_path}: no 'bertkit_task' entry: not a model fine-tuned by bertkit "
                           f"(evaluate/predict need the task kind and label map saved by `bertkit finetune`)")
@@ -276,7 +298,7 @@ def _build_model(cfg: FinetuneConfig, task: Task, seed: int):
     if path.is_dir():
         return cls.from_pretrained(path, **over)
     try:
-        config = BertConfig.preset(cfg.model, **over)
+        config = BertConfig.preset(cfg.model, **{"vocab_size": len(_tokenizer(cfg)), **over})   # rows for the vocab
     except ConfigError:
         raise ConfigError(f"--model {cfg.model!r} is neither a model directory nor a preset name") from None
     return cls(config)

@@ -83,6 +83,9 @@ def _read_config(cfg_file: Path) -> dict:
     if cfg.get("tokenize_chinese_chars", True) is not True:
         raise _unsupported(cfg_file, "tokenize_chinese_chars", cfg["tokenize_chinese_chars"])
     kwargs = {}
+    for name in ("do_lower_case", "strip_accents"):     # "maybe" would read as True
+        if not isinstance(cfg.get(name, False), (bool, type(None))):
+            raise VocabError(f"{cfg_file}: {name} must be true, false or null, got {str(cfg[name])[:40]!r}")
     if "do_lower_case" in cfg:
         kwargs["lowercase"] = bool(cfg["do_lower_case"])
     if cfg.get("strip_accents") is not None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bertkit.atomic import write_text
+from bertkit.atomic import write_failure, write_text
 from bertkit.errors import CheckpointError, ConfigError
 from bertkit.pretraining.shards import file_sha256
 from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
@@ -267,10 +267,12 @@ class Checkpoints:
             msd, osd = full_state(model, optimizer, self.cfg.fsdp)
             try:
                 self._write_tmp(tmp, state, model, msd, osd, data_state)
-            except OSError as e:    # a full disk, a quota: nothing half-written stays, earlier checkpoints intact
+            except BaseException as e:    # a full disk, a quota, Ctrl-C: nothing half-written stays
                 shutil.rmtree(tmp, ignore_errors=True)
+                if write_failure(e) is None:
+                    raise
                 earlier = latest_checkpoint(self.out)
-                raise CheckpointError(f"cannot write checkpoint {final}: {e.strerror or e}; removed the partial "
+                raise CheckpointError(f"cannot write checkpoint {final}: {write_failure(e)}; removed the partial "
                                       f"write, the newest intact checkpoint is {earlier or '(none)'}") from None
             if self.d.main:
                 os.replace(tmp, final)
