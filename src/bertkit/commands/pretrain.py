@@ -67,11 +67,32 @@ def register(subparsers) -> None:
                    help="examples per process per micro-batch (default 32; planned)")
     b.add_argument("--global-batch", type=checks.positive_int,
                    help="examples per optimizer step over all processes; accumulation is derived")
+    b.add_argument("--packing", action="store_true",
+                   help="batches of --batch-size x seq_len tokens of whole examples, rows of similar length (~1%% "
+                        "padding instead of ~10%%); each example still attends only to itself")
     b.add_argument("--steps", dest="max_steps", type=checks.positive_int, help="optimizer steps")
     b.add_argument("--epochs", type=checks.positive_float, help="passes over the shards")
     b.add_argument("--budget",
                    help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time; from scratch, a planned recipe")
-    o = p.add_argument_group("optimisation")
+    _optimisation_arguments(p.add_argument_group("optimisation"))
+    c = p.add_argument_group("checkpoints and logging")
+    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, help="checkpoint every N steps")
+    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
+                   help="checkpoint every M minutes")
+    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept")
+    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
+    c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
+    progress.add_arguments(c)
+    c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
+    c.add_argument("--vocab", help="vocab.txt saved with the model (default: the shards')")
+    checks.stdin_ok(p, "config", suffix="")       # read here, kept in the run directory
+    checks.stdin_ok(p, "vocab", suffix=".txt")
+    p.set_defaults(func=run)
+
+
+def _optimisation_arguments(o) -> None:
+    """The optimiser, schedule, precision and device flags."""
     o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
     o.add_argument("--lr", type=checks.positive_float, help="peak learning rate (default 1e-4; planned)")
     o.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
@@ -93,20 +114,6 @@ def register(subparsers) -> None:
     o.add_argument("--device", type=checks.device, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")
     o.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
-    c = p.add_argument_group("checkpoints and logging")
-    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, help="checkpoint every N steps")
-    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
-                   help="checkpoint every M minutes")
-    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept")
-    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
-    c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
-    c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
-    progress.add_arguments(c)
-    c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
-    c.add_argument("--vocab", help="vocab.txt saved with the model (default: the shards')")
-    checks.stdin_ok(p, "config", suffix="")       # read here, kept in the run directory
-    checks.stdin_ok(p, "vocab", suffix=".txt")
-    p.set_defaults(func=run)
 
 
 def config_from_args(args):

@@ -39,6 +39,7 @@ from bertkit.model import BertModel
 from bertkit.pretraining.electra import ElectraForPreTraining
 from bertkit.pretraining.local_init import local_attention_init
 from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
+from bertkit.pretraining.packing import PackedReader
 from bertkit.pretraining.shards import ShardReader, read_manifest
 from bertkit.progress import say
 from bertkit.tokenizer import Tokenizer
@@ -86,6 +87,8 @@ class PretrainConfig:
     # batch
     batch_size: int = 32                        # per process per micro-batch
     global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
+    packing: bool = False                       # training batches of batch_size x seq_len tokens of whole examples
+                                                # (pretraining.packing) instead of batch_size padded rows
     verify: str = "size"                        # shard file check: "size" or "full" (sha256)
     vocab: str | None = None                    # tokenizer to save with the model (default: the shards' vocab.txt)
     # the settings the caller chose (bertkit pretrain: the flags given); with a budget and no init the others come
@@ -453,6 +456,8 @@ def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool 
     masking = _masking(pc, path) if masked else None
     r = ShardReader(path, pc.batch_size, seed=pc.train.seed, vocab_size=config.vocab_size, verify=pc.verify,
                     masking=masking, **kw)
+    if pc.packing and masked:
+        r = PackedReader(r)
     if objective in ("mlm", "electra") and r.task != "none":
         return _DropKeys(r, ("next_sentence_label",))
     return r
