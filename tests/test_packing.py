@@ -17,16 +17,9 @@ from bertkit.pretraining.packing import pack_batches, padding_share
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory, bbc_articles):
+def shards(bbc_nsp_shards):
     """NSP shards (seq 128, dynamic masks) from 60 BBC articles, a vocab of 600."""
-    from bertkit.pretraining import PrepareConfig, prepare
-    from bertkit.vocab import train_vocab
-    root = tmp_path_factory.mktemp("packing")
-    (root / "train.txt").write_text("".join("\n".join([a.title, *a.paragraphs]) + "\n\n" for a in bbc_articles[:60]))
-    train_vocab([str(root / "train.txt")], vocab_size=600).save(root / "vocab")
-    prepare(PrepareConfig(str(root / "train.txt"), str(root / "vocab"), str(root / "shards"), seq_len=128, task="nsp",
-                          dynamic=True, corpus_format="prose"))
-    return root
+    return bbc_nsp_shards(60, 128)
 
 
 def test_pack_batches_fit_the_budget_and_cover_every_row():
@@ -39,7 +32,7 @@ def test_pack_batches_fit_the_budget_and_cover_every_row():
 
 
 def test_packed_reader_on_real_text(shards):
-    reader = ShardReader(shards / "shards", 8, seed=3)
+    reader = ShardReader(shards, 8, seed=3)
     packed = PackedReader(reader)
     lengths, plan = packed.lengths, packed.batches(0)
     before = padding_share(lengths, [reader.indices(0, i * 8, i * 8 + 8) for i in range(len(reader))], width=128)
@@ -59,18 +52,18 @@ def test_packed_reader_on_real_text(shards):
 
 
 def test_packed_reader_resumes_exactly_and_ranks_step_together(shards):
-    packed = PackedReader(ShardReader(shards / "shards", 8, seed=3))
+    packed = PackedReader(ShardReader(shards, 8, seed=3))
     packed.set_epoch(1)
     it = iter(packed)
     next(it), next(it)
     state = packed.state_dict()
     rest = [b["input_ids"] for b in it]
-    again = PackedReader(ShardReader(shards / "shards", 8, seed=3))
+    again = PackedReader(ShardReader(shards, 8, seed=3))
     again.load_state_dict(state)
     assert all(torch.equal(a, b["input_ids"]) for a, b in zip(rest, again, strict=True))
     with pytest.raises(DataError, match="packed"):
-        PackedReader(ShardReader(shards / "shards", 8, seed=3)).load_state_dict({**state, "packed": None})
-    ranks = [PackedReader(ShardReader(shards / "shards", 8, seed=3, rank=r, world_size=2)).batches(0) for r in (0, 1)]
+        PackedReader(ShardReader(shards, 8, seed=3)).load_state_dict({**state, "packed": None})
+    ranks = [PackedReader(ShardReader(shards, 8, seed=3, rank=r, world_size=2)).batches(0) for r in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) and not set(np.concatenate(ranks[0])) & set(np.concatenate(ranks[1]))
 
 
@@ -80,7 +73,7 @@ def test_packed_batch_gives_each_example_its_own_mlm_loss(shards):
     from bertkit import BertConfig, BertForMaskedLM
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=600)).eval()
-    packed = PackedReader(ShardReader(shards / "shards", 8, seed=3))
+    packed = PackedReader(ShardReader(shards, 8, seed=3))
     batch = next(b for b in (packed.batch(i) for i in packed.batches(0))
                  if len(set(b["attention_mask"].sum(1).tolist())) > 1)
     batch = {k: v for k, v in batch.items() if k != "next_sentence_label"}
@@ -102,7 +95,7 @@ def test_packed_batch_gives_each_example_its_own_mlm_loss(shards):
 
 def test_pretrain_packing_flag_trains(shards, tmp_path):
     out = tmp_path / "run"
-    assert cli(["pretrain", str(shards / "shards"), "--out", str(out), "--preset", "tiny", "--batch-size", "8",
+    assert cli(["pretrain", str(shards), "--out", str(out), "--preset", "tiny", "--batch-size", "8",
                 "--precision", "fp32", "--no-progress", "--steps", "3", "--packing", "--save-every", "3"]) == 0
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r["split"] == "train"] == [1, 2, 3]
