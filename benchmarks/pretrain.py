@@ -194,7 +194,9 @@ def packing(shape: str, batch: int, steps: int, repeats: int, precision: str) ->
             "steps_per_round": steps, "rounds": repeats, "threads": torch.get_num_threads(),
             "padding_rows": round(pad_rows, 4), "padding_packed": round(pad_packed, 4),
             "rows_tokens_per_s": round(f, 1), "packed_tokens_per_s": round(o, 1), "ratio": round(o / f, 3),
-            "packed_rounds": [round(x, 1) for x in tps["packed"]], "rows_rounds": [round(x, 1) for x in tps["rows"]]}
+            "packed_rounds": [round(x, 1) for x in tps["packed"]], "rows_rounds": [round(x, 1) for x in tps["rows"]],
+            # each round's two runs are neighbours in time: on a loaded machine their ratio is the steadier figure
+            "round_ratios": [round(p / r, 3) for p, r in zip(tps["packed"], tps["rows"])]}
 
 
 # ---------------------------------------------------------------------------------------------- faithful
