@@ -2,6 +2,7 @@
 
     flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/pretrain.py                 # speed, small + base
     flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/pretrain.py --mode faithful # held-out MLM loss
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/pretrain.py --mode packing  # --packing vs rows
 
 Data: BBC articles (95% train / 5% held out, split by seed 0) -> shards (seq 128, NSP, dynamic token masking) with
 the bert-base-uncased vocabulary (speed) or a vocab trained on the training articles (faithful); both sides read the
@@ -154,6 +155,50 @@ def speed(shape: str, batch: int, steps: int, repeats: int, precision: str) -> d
             "ours_rounds": [round(x, 1) for x in ours_tps], "reference_rounds": [round(x, 1) for x in ref_tps]}
 
 
+def our_rounds(model, readers: dict, steps: int, repeats: int, precision: str) -> dict:
+    """{name: [tokens/s per round]}: our loop on each reader in turn, alternating in the same process (round 0
+    warms up); wall time from the end of each round's first step to the end of its last."""
+    from bertkit.train import TrainConfig, train
+    tps = {name: [] for name in readers}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats + 1):
+            for name, reader in readers.items():
+                res = train(model, reader, TrainConfig(max_steps=2 if r == 0 else steps + 1, lr=1e-4, warmup=0,
+                                                       schedule="constant", precision=precision, progress=False,
+                                                       plot=False, tensorboard=False, save_final=False,
+                                                       peak_flops=1.0), Path(tmp) / f"{name}{r}")
+                h = res.history
+                if r:
+                    tps[name].append(sum(x["tokens"] for x in h[1:]) / (h[-1]["elapsed_s"] - h[0]["elapsed_s"]))
+    return tps
+
+
+def packing(shape: str, batch: int, steps: int, repeats: int, precision: str) -> dict:
+    """Our loop on the BBC shards with --packing against without it, in the same process: the padded share of the
+    batch grids and tokens/s (ratio = packed / rows)."""
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForPreTraining
+    from bertkit.pretraining import PackedReader, ShardReader
+    from bertkit.pretraining.packing import padding_share
+    train_dir, _ = bbc_shards("bert")
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset(shape, vocab_size=30522))
+    model.masked_logits_only = True
+    rows, packed = ShardReader(train_dir, batch, seed=0), PackedReader(ShardReader(train_dir, batch, seed=0))
+    grids = [rows.indices(0, i * batch, (i + 1) * batch) for i in range(len(rows))]
+    pad_rows = padding_share(packed.lengths, grids, width=rows.seq_len)
+    pad_packed = padding_share(packed.lengths, packed.batches(0))
+    tps = our_rounds(model, {"rows": rows, "packed": packed}, steps, repeats, precision)
+    o, f = statistics.median(tps["packed"]), statistics.median(tps["rows"])
+    return {"benchmark": "pretrain_packing", "shape": shape, "seq": rows.seq_len, "batch": batch, "dtype": precision,
+            "steps_per_round": steps, "rounds": repeats, "threads": torch.get_num_threads(),
+            "padding_rows": round(pad_rows, 4), "padding_packed": round(pad_packed, 4),
+            "rows_tokens_per_s": round(f, 1), "packed_tokens_per_s": round(o, 1), "ratio": round(o / f, 3),
+            "packed_rounds": [round(x, 1) for x in tps["packed"]], "rows_rounds": [round(x, 1) for x in tps["rows"]],
+            # each round's two runs are neighbours in time: on a loaded machine their ratio is the steadier figure
+            "round_ratios": [round(p / r, 3) for p, r in zip(tps["packed"], tps["rows"])]}
+
+
 # ---------------------------------------------------------------------------------------------- faithful
 def heldout_mlm_loss(model, batches, bf16: bool) -> float:
     """Mean MLM cross-entropy over every masked token of the held-out batches (full logits: model-agnostic)."""
@@ -225,7 +270,7 @@ def faithful(shape: str, batch: int, steps: int, every: int, lr: float, precisio
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=("speed", "faithful"), default="speed")
+    ap.add_argument("--mode", choices=("speed", "faithful", "packing"), default="speed")
     ap.add_argument("--shapes", nargs="+", default=["small", "base"])
     ap.add_argument("--batch", type=int, default=None, help="speed: default 32 small / 16 base; faithful: 32")
     ap.add_argument("--steps", type=int, default=None, help="speed: timed steps per round (3); faithful: 200")
@@ -237,10 +282,11 @@ def main() -> None:
     args = ap.parse_args()
     from bertkit.hardware import resolve_precision
     precision = resolve_precision(args.precision, "cpu")
-    if args.mode == "speed":
+    if args.mode in ("speed", "packing"):
+        run = speed if args.mode == "speed" else packing
         for shape in args.shapes:
             b = args.batch or (16 if shape in ("base", "large") else 32)
-            print(json.dumps(speed(shape, b, args.steps or 3, args.repeats, precision)), flush=True)
+            print(json.dumps(run(shape, b, args.steps or 3, args.repeats, precision)), flush=True)
     else:
         print(json.dumps(faithful("mini" if args.shapes == ["small", "base"] else args.shapes[0], args.batch or 32,
                                   args.steps or 200, args.every, args.lr, precision)), flush=True)

@@ -61,6 +61,21 @@ def bbc_articles():
 
 
 @pytest.fixture(scope="session")
+def bbc_nsp_shards(tmp_path_factory, bbc_articles):
+    """make(n, seq_len): NSP shards (dynamic masks) of the first n BBC articles under a 600-token vocab."""
+    def make(n: int, seq_len: int) -> Path:
+        from bertkit.pretraining import PrepareConfig, prepare
+        from bertkit.vocab import train_vocab
+        root = tmp_path_factory.mktemp(f"bbc{n}-{seq_len}")
+        (root / "train.txt").write_text("".join("\n".join([a.title, *a.paragraphs]) + "\n\n" for a in bbc_articles[:n]))
+        train_vocab([str(root / "train.txt")], vocab_size=600).save(root / "vocab")
+        prepare(PrepareConfig(str(root / "train.txt"), str(root / "vocab"), str(root / "shards"), seq_len=seq_len,
+                              task="nsp", dynamic=True, corpus_format="prose"))
+        return root / "shards"
+    return make
+
+
+@pytest.fixture(scope="session")
 def rotten_tomatoes():
     from bertkit import datasets
     return _dataset(datasets.rotten_tomatoes)

@@ -2,8 +2,14 @@
 
 * `param_groups(model, weight_decay)`: two groups, as BERT does it: weight decay on every matrix / embedding, none on
   biases and LayerNorm weights (any 1-D parameter). Tied parameters appear once.
-* `build_optimizer(model, cfg)`: AdamW (decoupled weight decay; BERT's betas 0.9/0.999 and eps 1e-6) or LAMB.
-  AdamW uses PyTorch's fused kernel when it exists for the device (CPU and CUDA in torch >= 2.4), else foreach.
+* `build_optimizer(model, cfg)`: AdamW (decoupled weight decay; BERT's betas 0.9/0.999 and eps 1e-6), LAMB or
+  StableAdamW. AdamW uses PyTorch's fused kernel when it exists for the device (CPU and CUDA in torch >= 2.4), else
+  foreach.
+* `StableAdamW`: AdamW with AdaFactor's update clipping per tensor (Wortsman et al. 2023, "Stable and low-precision
+  training for large-scale vision-language models"; ModernBERT's optimiser): a tensor whose gradient is large
+  against its second-moment estimate (RMS of g^2 / v_hat over the tensor above 1) takes a step shrunk by that RMS,
+  so a gradient spike cannot make one huge update. Without spikes (RMS <= 1) it is AdamW exactly; it replaces
+  gradient-norm clipping, which scales every tensor by one global number.
 * `Lamb`: layer-wise adaptive moments (You et al. 2019, "Large Batch Optimization for Deep Learning"): the Adam
   update plus decoupled weight decay, rescaled per parameter tensor by the trust ratio ||w|| / ||update|| (1 when
   either norm is 0), so every layer moves by a similar relative amount; what makes batch 32k work for BERT.
@@ -26,10 +32,10 @@ from torch import nn
 
 from bertkit.errors import ConfigError
 
-__all__ = ["param_groups", "build_optimizer", "Lamb", "lr_factor", "warmup_steps", "SCHEDULES", "OPTIMIZERS"]
+__all__ = ["param_groups", "build_optimizer", "Lamb", "StableAdamW", "lr_factor", "warmup_steps", "SCHEDULES", "OPTIMIZERS"]
 
 SCHEDULES = ("linear", "cosine", "constant", "wsd")
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "stableadamw")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -54,7 +60,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
                     betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                     fused: bool | None = None) -> torch.optim.Optimizer:
-    """AdamW or LAMB over `param_groups(model, weight_decay)`. fused=None: the fused AdamW kernel when available."""
+    """AdamW, LAMB or StableAdamW over `param_groups(model, weight_decay)`. fused=None: the fused AdamW kernel when
+    available."""
     groups = param_groups(model, weight_decay)
     if name == "adamw":
         fused = _fused_adamw_ok(groups) if fused is None else fused
@@ -62,6 +69,8 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, wei
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name == "stableadamw":
+        return StableAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
 
 
@@ -78,17 +87,12 @@ def _fused_adamw_ok(groups: list[dict]) -> bool:
     return dev == "cuda"
 
 
-class Lamb(torch.optim.Optimizer):
-    """LAMB: Adam moments + decoupled weight decay, each tensor's update scaled by the trust ratio ||w|| / ||u||.
+class _Moments(torch.optim.Optimizer):
+    """Adam's bias-corrected moments per parameter, in fp32; subclasses turn them into a step (`_apply`)."""
 
-    Bias correction is applied (as in the paper's v3 and NVIDIA's implementation). Groups with weight_decay 0
-    (biases, LayerNorm) still get the trust ratio, as in the reference implementations.
-    """
-
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01):
+    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
         if lr < 0 or eps < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
-            raise ConfigError(f"invalid LAMB hyper-parameters lr={lr} betas={betas} eps={eps}")
+            raise ConfigError(f"invalid {type(self).__name__} hyper-parameters lr={lr} betas={betas} eps={eps}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -110,16 +114,48 @@ class Lamb(torch.optim.Optimizer):
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.mul_(beta1).add_(g, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                m_hat = m / (1 - beta1 ** t)
-                v_hat = v / (1 - beta2 ** t)
-                update = m_hat / (v_hat.sqrt() + group["eps"])
-                w = p.float()
-                if group["weight_decay"]:
-                    update.add_(w, alpha=group["weight_decay"])
-                w_norm, u_norm = w.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_((update * trust).to(p.dtype), alpha=-group["lr"])
+                self._apply(p, g, m / (1 - beta1 ** t), v / (1 - beta2 ** t), group)
         return loss
+
+    def _apply(self, p, g, m_hat, v_hat, group) -> None:
+        raise NotImplementedError
+
+
+class Lamb(_Moments):
+    """LAMB: Adam moments + decoupled weight decay, each tensor's update scaled by the trust ratio ||w|| / ||u||.
+
+    Bias correction is applied (as in the paper's v3 and NVIDIA's implementation). Groups with weight_decay 0
+    (biases, LayerNorm) still get the trust ratio, as in the reference implementations.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def _apply(self, p, g, m_hat, v_hat, group) -> None:
+        update = m_hat / (v_hat.sqrt() + group["eps"])
+        w = p.float()
+        if group["weight_decay"]:
+            update.add_(w, alpha=group["weight_decay"])
+        w_norm, u_norm = w.norm(), update.norm()
+        trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        p.add_((update * trust).to(p.dtype), alpha=-group["lr"])
+
+
+class StableAdamW(_Moments):
+    """AdamW whose lr per tensor is divided by max(1, RMS(g^2 / v_hat)) (see the module docstring); the decoupled
+    weight decay uses that lr too. v_hat is floored at eps^2 so a zero second moment cannot divide by zero."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.98),
+                 eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def _apply(self, p, g, m_hat, v_hat, group) -> None:
+        rms = (g * g / v_hat.clamp(min=group["eps"] ** 2)).mean().sqrt()
+        lr = group["lr"] / rms.clamp(min=1.0)                     # a 0-d tensor: no host sync per tensor
+        if group["weight_decay"]:
+            p.mul_(1 - lr * group["weight_decay"])
+        p.sub_((m_hat / (v_hat.sqrt() + group["eps"]) * lr).to(p.dtype))
 
 
 def warmup_steps(warmup: float, total: int) -> int:

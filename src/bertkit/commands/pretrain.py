@@ -28,6 +28,20 @@ from bertkit.errors import ConfigError
 from bertkit.textfiles import read_text
 
 
+# a published recipe's settings, applied where its flag is not given: the reasons are in docs/pretraining.md
+RECIPES = {
+    "bert": {"objective": "auto", "optimizer": "adamw", "beta2": 0.999, "weight_decay": 0.01, "lr": 1e-4,
+             "warmup": 0.01, "schedule": "linear"},
+    "roberta": {"objective": "mlm", "masking": "token", "mask_prob": 0.15, "optimizer": "adamw", "beta2": 0.98,
+                "weight_decay": 0.01, "lr": 6e-4, "warmup": 0.048, "schedule": "linear"},
+    "modernbert": {"objective": "mlm", "masking": "token", "mask_prob": 0.3, "optimizer": "stableadamw",
+                   "beta2": 0.98, "weight_decay": 1e-5, "lr": 8e-4, "warmup": 0.01, "schedule": "wsd",
+                   "decay_fraction": 0.1},
+}
+# the flags a recipe may set whose default is not None (argparse leaves them None so a given one is told apart)
+DEFAULTS = {"objective": "auto", "optimizer": "adamw", "beta2": 0.999, "weight_decay": 0.01}
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="pre-train BERT (MLM+NSP/SOP, MLM, ELECTRA) on shards",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,29 +68,60 @@ def register(subparsers) -> None:
     m.add_argument("--output-vocab", choices=("full", "corpus"),
                    help="the MLM softmax in training: every vocabulary id (default) or only those the training "
                         "shards hold (faster with a large vocabulary; evaluation scores all; planned)")
-    p.add_argument("--objective", choices=("auto", "mlm", "electra"), default="auto",
-                   help="auto: the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
+    p.add_argument("--recipe", choices=tuple(RECIPES),
+                   help="a published recipe's settings (docs/pretraining.md has the table and why); every flag you "
+                        "give wins over it")
+    p.add_argument("--objective", choices=("auto", "mlm", "electra"),
+                   help="auto (default): the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
     p.add_argument("--electra-weight", type=checks.nonneg_float, default=50.0, help="discriminator loss weight (paper: 50)")
     p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"),
                    help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
                         "the stored tokens, fresh every epoch, static shards too (planned)")
     p.add_argument("--mask-prob", type=float,
                    help="share of tokens masked at batch time (default: the shards'; planned)")
+    p.add_argument("--mask-prob-end", type=float,
+                   help="the masking share at the last step: it falls linearly from --mask-prob (mmBERT)")
     b = p.add_argument_group("batch and length")
     b.add_argument("--batch-size", type=checks.positive_int,
                    help="examples per process per micro-batch (default 32; planned)")
     b.add_argument("--global-batch", type=checks.positive_int,
                    help="examples per optimizer step over all processes; accumulation is derived")
+    b.add_argument("--packing", action="store_true",
+                   help="batches of --batch-size x seq_len tokens of whole examples, rows of similar length (~1%% "
+                        "padding instead of ~10%%); each example still attends only to itself")
     b.add_argument("--steps", dest="max_steps", type=checks.positive_int, help="optimizer steps")
     b.add_argument("--epochs", type=checks.positive_float, help="passes over the shards")
     b.add_argument("--budget",
                    help="wall-clock budget, e.g. 10m, 2h: the schedule fits the time; from scratch, a planned recipe")
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
+    _optimisation_arguments(p.add_argument_group("optimisation"))
+    c = p.add_argument_group("checkpoints and logging")
+    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, help="checkpoint every N steps")
+    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
+                   help="checkpoint every M minutes")
+    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept")
+    c.add_argument("--average-last", type=checks.positive_int, default=1,
+                   help="the saved model is the mean of the weights of the last N checkpoints (default 1: the last)")
+    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
+    c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
+    progress.add_arguments(c)
+    c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
+    c.add_argument("--vocab", help="vocab.txt saved with the model (default: the shards')")
+    checks.stdin_ok(p, "config", suffix="")       # read here, kept in the run directory
+    checks.stdin_ok(p, "vocab", suffix=".txt")
+    p.set_defaults(func=run)
+
+
+def _optimisation_arguments(o) -> None:
+    """The optimiser, schedule, precision and device flags."""
+    o.add_argument("--optimizer", choices=("adamw", "lamb", "stableadamw"),
+                   help="adamw (default), lamb (large batches) or stableadamw (AdamW with per-tensor update "
+                        "clipping; ModernBERT)")
     o.add_argument("--lr", type=checks.positive_float, help="peak learning rate (default 1e-4; planned)")
-    o.add_argument("--weight-decay", type=checks.nonneg_float, default=0.01)
-    o.add_argument("--adam-beta2", dest="beta2", type=checks.probability, default=0.999,
-                   help="AdamW's second-moment decay (BERT 0.999; RoBERTa's 0.98 tolerates higher learning rates)")
+    o.add_argument("--weight-decay", type=checks.nonneg_float, help="default 0.01")
+    o.add_argument("--adam-beta2", dest="beta2", type=checks.probability,
+                   help="AdamW's second-moment decay (default 0.999, BERT's; RoBERTa's 0.98 tolerates higher "
+                        "learning rates)")
     o.add_argument("--warmup", type=checks.nonneg_float,
                    help="< 1: fraction of steps; >= 1: steps (default 0.01; planned)")
     o.add_argument("--schedule", choices=("linear", "cosine", "constant", "wsd"),
@@ -93,20 +138,6 @@ def register(subparsers) -> None:
     o.add_argument("--device", type=checks.device, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")
     o.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
-    c = p.add_argument_group("checkpoints and logging")
-    c.add_argument("--save-every", dest="save_every_steps", type=checks.positive_int, help="checkpoint every N steps")
-    c.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
-                   help="checkpoint every M minutes")
-    c.add_argument("--keep", dest="keep_last", type=checks.positive_int, default=3, help="checkpoints kept")
-    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
-    c.add_argument("--overwrite", action="store_true", help="start afresh in an --out holding an earlier run")
-    c.add_argument("--log-every", dest="log_every_steps", type=checks.positive_int, default=1)
-    progress.add_arguments(c)
-    c.add_argument("--verify", choices=("size", "full"), default="size", help="shard check (full = sha256)")
-    c.add_argument("--vocab", help="vocab.txt saved with the model (default: the shards')")
-    checks.stdin_ok(p, "config", suffix="")       # read here, kept in the run directory
-    checks.stdin_ok(p, "vocab", suffix=".txt")
-    p.set_defaults(func=run)
 
 
 def config_from_args(args):
@@ -117,6 +148,8 @@ def config_from_args(args):
 
     # `_stdin` / `stdin_format` are the CLI's (cli.main pops them; config_from_argv's parse keeps them)
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "_stdin", "stdin_format")}
+    for table in (RECIPES.get(values.pop("recipe", None), {}), DEFAULTS):   # a given flag wins, then the recipe
+        values.update({k: v for k, v in table.items() if values.get(k) is None})
     given = tuple(n for n in (*PLANNED, "global_batch") if values.get(n) is not None)
     values = {k: v for k, v in values.items() if not (k in PLANNED and v is None)}  # the dataclass defaults
     # the flags that are not a TrainConfig field as they are typed; every other flag's dest names its field

@@ -39,9 +39,11 @@ from bertkit.model import BertModel
 from bertkit.pretraining.electra import ElectraForPreTraining
 from bertkit.pretraining.local_init import local_attention_init
 from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
+from bertkit.pretraining.packing import PackedReader
 from bertkit.pretraining.shards import ShardReader, read_manifest
 from bertkit.progress import say
 from bertkit.tokenizer import Tokenizer
+from bertkit.train.callbacks import Callback
 from bertkit.train.checkpointing import Checkpoints, check_writable, latest_checkpoint
 from bertkit.train.distributed import Dist
 from bertkit.train.loop import (Phase, TrainConfig, TrainingDiverged, load_model_weights, seed_everything, train,
@@ -75,6 +77,8 @@ class PretrainConfig:
     # from the stored tokens, fresh every epoch (static shards too); mask_prob alone re-masks in the shards' mode
     masking: str = "shards"
     mask_prob: float | None = None
+    mask_prob_end: float | None = None          # the share at the last step, falling linearly from mask_prob (mmBERT)
+    average_last: int = 1                       # the saved model: the mean weights of the last N checkpoints
     unigram_bias: bool = True                   # a fresh MLM output bias starts at log unigram frequencies of the
                                                 # shards: the model starts at the unigram loss, not log(vocab)
     output_vocab: str = "full"                  # "corpus": the training softmax scores only the ids the training
@@ -86,11 +90,35 @@ class PretrainConfig:
     # batch
     batch_size: int = 32                        # per process per micro-batch
     global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
+    packing: bool = False                       # training batches of batch_size x seq_len tokens of whole examples
+                                                # (pretraining.packing) instead of batch_size padded rows
     verify: str = "size"                        # shard file check: "size" or "full" (sha256)
     vocab: str | None = None                    # tokenizer to save with the model (default: the shards' vocab.txt)
     # the settings the caller chose (bertkit pretrain: the flags given); with a budget and no init the others come
     # from bertkit.train.recipe's plan. None: no plan, every field as given
     set_fields: tuple[str, ...] | None = None
+
+
+class MaskRateSchedule(Callback):
+    """A training callback: the masking share of `configs` (the readers' own MaskingConfigs, changed in place)
+    falls linearly from `start` at the first step to `end` at the last (mmBERT: 30% to 5% over its phases; a high
+    rate early gives many predictions while the model learns the easy ones, a low one late matches what it sees
+    when fine-tuned). Set from the step count alone, before each step's batches are read, so a resumed run masks
+    exactly as the uninterrupted one."""
+
+    def __init__(self, configs: list[MaskingConfig], start: float, end: float):
+        self.configs, self.start, self.end = configs, start, end
+
+    def rate(self, step: int, total: int) -> float:
+        return self.start + (self.end - self.start) * min(1.0, step / max(total - 1, 1))
+
+    def on_train_begin(self, state) -> None:
+        self.on_step_end(state, {})
+
+    def on_step_end(self, state, logs: dict) -> None:
+        for c in self.configs:
+            c.mask_prob = self.rate(state.step, state.total)
+
 
 
 def _manifests(pc: PretrainConfig) -> dict[str, dict]:
@@ -337,6 +365,9 @@ def pretrain(pc: PretrainConfig, callbacks=()):
         log.info("pre-training %s (%s, %.1fM parameters) on %s: objective %s, global batch %d (%d x %d x %d)",
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
                  objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
+    if pc.mask_prob_end is not None:
+        masks = [r.masking for r in (data, phase2) if r is not None]
+        callbacks = (*callbacks, MaskRateSchedule(masks, masks[0].mask_prob, pc.mask_prob_end))
     result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step,
                    on_start=_starter(pc, plan, cfg, out, d), callbacks=callbacks)
     if result.steps > result.start_step or not (out / "model" / "config.json").is_file():
@@ -394,8 +425,13 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError(f"--output-vocab {pc.output_vocab}: choose full or corpus")
     if pc.masking not in ("shards", *MASK_MODES):
         raise ConfigError(f"--masking {pc.masking}: choose one of shards, {', '.join(MASK_MODES)}")
-    if pc.mask_prob is not None and not 0 < pc.mask_prob < 1:
-        raise ConfigError(f"--mask-prob {pc.mask_prob}: a share of the tokens, in (0, 1)")
+    for flag, v in (("--mask-prob", pc.mask_prob), ("--mask-prob-end", pc.mask_prob_end)):
+        if v is not None and not 0 < v < 1:
+            raise ConfigError(f"{flag} {v}: a share of the tokens, in (0, 1)")
+    t = pc.train
+    if pc.average_last > 1 and not (t.save_every_steps or t.save_every_minutes) or pc.average_last > t.keep_last:
+        raise ConfigError(f"--average-last {pc.average_last} averages the last checkpoints: give --save-every or "
+                          f"--save-minutes, and --keep >= {pc.average_last} (now {t.keep_last})")
 
 
 def _train_config(pc: PretrainConfig, world: int):
@@ -453,6 +489,8 @@ def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool 
     masking = _masking(pc, path) if masked else None
     r = ShardReader(path, pc.batch_size, seed=pc.train.seed, vocab_size=config.vocab_size, verify=pc.verify,
                     masking=masking, **kw)
+    if pc.packing and masked:
+        r = PackedReader(r)
     if objective in ("mlm", "electra") and r.task != "none":
         return _DropKeys(r, ("next_sentence_label",))
     return r
@@ -460,7 +498,7 @@ def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool 
 
 def _masking(pc: PretrainConfig, path: str):
     """The masks to draw at batch time instead of the shards' own, or None to keep theirs."""
-    if pc.masking == "shards" and pc.mask_prob is None:
+    if pc.masking == "shards" and pc.mask_prob is None and pc.mask_prob_end is None:
         return None
     stored = read_manifest(path)["masking"]
     return MaskingConfig(mode=stored["mode"] if pc.masking == "shards" else pc.masking,
@@ -469,11 +507,26 @@ def _masking(pc: PretrainConfig, path: str):
                          max_ngram=stored["max_ngram"], dynamic=True)
 
 
+def _averaged_weights(out: Path, k: int) -> dict:
+    """The mean of the model weights of the newest `k` checkpoints in out/checkpoints (in fp32, cast back): a
+    cheap ensemble that smooths the last steps' noise."""
+    import torch
+
+    done = sorted(p for p in (out / "checkpoints").glob("step-*") if (p / "state.json").is_file())[-k:]
+    if len(done) < k:
+        say(f"bertkit pretrain: --average-last {k}: the run has {len(done)} checkpoints, averaging those")
+    weights = [load_model_weights(p / "model.safetensors") for p in done]
+    return {name: torch.stack([w[name].float() for w in weights]).mean(0).to(t.dtype)
+            if t.is_floating_point() else t for name, t in weights[-1].items()}
+
+
 def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
     """out/model: the trained weights as an HF-format directory with the tokenizer (FSDP: from the checkpoint)."""
     if pc.train.fsdp and result.checkpoint is not None:   # the trained model is sharded: rebuild it whole on rank 0
         model = type(model)(model.config)
         model.load_state_dict(load_model_weights(result.checkpoint / "model.safetensors"))
+    if pc.average_last > 1:
+        model.load_state_dict(_averaged_weights(out, pc.average_last))
     vocab = pc.vocab or str(Path(pc.shards) / "vocab.txt")
     try:
         lowercase = bool(read_manifest(pc.shards).get("lowercase", True))
