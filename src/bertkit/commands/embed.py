@@ -215,6 +215,7 @@ def embed_encoder(args) -> int:
     """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
+    from bertkit.train.distributed import Dist, encode_shared
     if args.layers not in (None, [-1]):
         raise ConfigError("--layers applies to plain BERT directories only (a sentence embedding model pools its "
                           "last layer)")
@@ -222,16 +223,20 @@ def embed_encoder(args) -> int:
     normalize = False if args.no_normalize else (True if index else None)
     if index and args.no_normalize:
         raise ConfigError("an index is searched by cosine: its vectors are always normalised (drop --no-normalize)")
-    if index:
+    d = Dist.setup()        # under torchrun each rank encodes a share of the texts; rank 0 alone checks and writes
+    if index and d.main:
         checks.out_index(args.out, inputs=(args.model, args.file), overwrite=args.overwrite)
-    out = None if index else vector_out(args)
+    out = None if index or not d.main else vector_out(args)
     texts, ids = _texts_and_ids(args)
     encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
     precision = inference_precision(args, "embed")
-    show = progress.wanted(args.progress) and len(texts) > args.batch_size
+    show = progress.wanted(args.progress) and len(texts) > args.batch_size and d.main
     prompt = encoder.prompts.text(args.prompt, args.prompt_name)
     with progress.forward_bar(encoder, -(-len(texts) // args.batch_size), "embed", show):
-        vecs = encoder.encode(tok, texts, args.batch_size, precision, prompt=prompt)      # (n, dim) float32
+        vecs = encode_shared(lambda part: encoder.encode(tok, part, args.batch_size, precision, prompt=prompt),
+                             texts, d)                                             # (n, dim) float32
+    if not d.main:
+        return 0
     if index:
         return _write_index(args, encoder, texts, ids, vecs)
     return search_or_write(args, out, texts, vecs,

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 from bertkit.errors import CheckpointError
 
-__all__ = ["Dist", "distributed_context", "wrap", "unwrap", "grad_sync", "full_state", "load_full_state"]
+__all__ = ["Dist", "distributed_context", "wrap", "unwrap", "grad_sync", "full_state", "load_full_state",
+           "encode_shared"]
 
 
 @dataclass
@@ -89,6 +90,20 @@ def distributed_context(device: str | None = None) -> tuple[int, int]:
     can be built for this rank before training starts."""
     d = Dist.setup(device)
     return d.rank, d.world
+
+
+def encode_shared(encode, texts: list, d: Dist):
+    """`encode(texts)` ((n, dim) array) split across the ranks: each encodes a contiguous share, rank 0 gets every
+    vector in the order of `texts`, the other ranks None."""
+    if d.world == 1:
+        return encode(texts)
+    import numpy as np
+    import torch.distributed as dist
+    bounds = [len(texts) * r // d.world for r in range(d.world + 1)]
+    share = texts[bounds[d.rank]:bounds[d.rank + 1]]
+    parts = [None] * d.world if d.main else None
+    dist.gather_object(encode(share) if share else None, parts, dst=0)
+    return np.concatenate([p for p in parts if p is not None]) if d.main else None
 
 
 def wrap(model: nn.Module, fsdp: bool, d: Dist) -> nn.Module:
