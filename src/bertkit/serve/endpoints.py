@@ -17,6 +17,7 @@ from bertkit.predict.decode import class_scores, relevance, score_function
 from bertkit.rerank import positive_label, single_text_kind
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint
+from bertkit.serve.batcher import Part, chunks
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
@@ -103,6 +104,28 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                 else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate) for r in reqs]
         return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
     return run
+
+
+def _embed_split(predictor, config: ServeConfig, field: str) -> Callable[[Any, int], list[Part]]:
+    """(request, quantum) -> its parts: runs of its texts (request.<field>) of at most quantum padded tokens, each
+    counted, so that the batcher can budget forwards by tokens and interleave a long request with others."""
+    def split(r, quantum: int) -> list[Part]:
+        texts = [r.text] if isinstance(r, S.EmbedRequest) else getattr(r, field)
+        limit = _embed_tokens(predictor, config)
+        runs = chunks([min(n, limit) for n in _token_counts(predictor, texts)], quantum)
+        return [Part(r if len(runs) == 1 else r.model_copy(update={field: texts[a:b]}), b - a, longest)
+                for a, b, longest in runs]
+    return split
+
+
+def _embed_join(r, results: list):
+    return results[0] if isinstance(r, S.EmbedRequest) else [v for res in results for v in res]
+
+
+def _openai_join(r, results: list) -> dict:
+    data = [dict(d, index=i) for i, d in enumerate(d for res in results for d in res["data"])]
+    tokens = sum(res["usage"]["prompt_tokens"] for res in results)
+    return {**results[0], "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
@@ -281,9 +304,11 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     eps = [
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
                  "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
-                 *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config)),
+                 *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config),
+                 split=_embed_split(predictor, config, "inputs"), join=_embed_join),
         Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor, config), S.OpenAIEmbedResponse,
-                 "OpenAI-compatible embeddings", *_counted(lambda r: len(r.input), config)),
+                 "OpenAI-compatible embeddings", *_counted(lambda r: len(r.input), config),
+                 split=_embed_split(predictor, config, "input"), join=_openai_join),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
                  "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),
     ]
