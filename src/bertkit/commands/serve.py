@@ -35,13 +35,18 @@ def register(sub) -> None:
                    help="tokens a client address may have queued before 429 (with Retry-After)")
     p.add_argument("--max-queue-tokens", type=int, default=d.max_queue_tokens,
                    help="tokens queued in all before 503 (with Retry-After)")
-    p.add_argument("--api-key", default=os.environ.get("BERTKIT_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every request (default: $BERTKIT_API_KEY)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request "
+                                      "(default: $BERTKIT_API_KEY, else none)")
     # the options above are checked by ServeConfig.validate (one line naming the flag); this one is not
     p.add_argument("--threads", type=checks.number(int, 0, 1024), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     add_precision_argument(p)
     p.set_defaults(func=run)
+
+
+def _api_key(args) -> str | None:
+    # the environment keeps the key out of `ps`; an empty variable means none, an empty --api-key is a mistake
+    return args.api_key if args.api_key is not None else os.environ.get("BERTKIT_API_KEY") or None
 
 
 def run(args) -> int:
@@ -52,7 +57,7 @@ def run(args) -> int:
                       max_connections=args.max_connections, max_batch_tokens=args.max_batch_tokens,
                       max_client_connections=args.max_client_connections,
                       max_client_tokens=args.max_client_tokens, max_queue_tokens=args.max_queue_tokens,
-                      api_key=args.api_key).validate()
+                      api_key=_api_key(args)).validate()
     require_serve_extra()
     # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model

@@ -2,10 +2,11 @@
 
 A request arrives as one or more `Part`s (an embedding request with many long texts is cut into parts of at most
 `quantum` padded tokens), queued per client (the client's address). The worker fills a batch round-robin over the
-clients, taking from each at most `quantum` tokens per turn, until the batch holds `max_batch` texts or its padded
-size (texts x longest text) would pass `max_batch_tokens`; a client whose part did not fit keeps its place at the
-head of the round for the next batch. So a client sending the largest requests gets its share of the forwards while
-everyone else's short requests wait for one batch, not for its whole request. The first part of a batch waits up to
+clients, taking from each at most `quantum` tokens per turn and one turn per batch while others wait (a client alone
+takes as many as fit), until the batch holds `max_batch` texts or its padded size (texts x longest text) would pass
+`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch. So
+a client sending the largest requests gets its share of the forwards while everyone else's short requests wait for
+one short batch, not for its whole request. The first part of a batch waits up to
 `max_wait_ms` for company when other requests were in flight as it came (under load the batch fills first, so the
 wait costs nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
 
@@ -50,9 +51,9 @@ class Budget:
 
     @property
     def quantum(self) -> int:
-        """Tokens a client gets per turn of the round (and the size of a request's parts): a quarter of a batch,
-        so that a heavy request shares its batches with others."""
-        return max(1, self.max_batch_tokens // 4) if self.max_batch_tokens else 0
+        """Tokens a client gets per turn (and the size of a request's parts): an eighth of a batch, so that the
+        forward a short request may wait behind is a short one."""
+        return max(1, self.max_batch_tokens // 8) if self.max_batch_tokens else 0
 
 
 def chunks(tokens: list[int], quantum: int) -> list[tuple[int, int, int]]:
@@ -102,6 +103,7 @@ class _Queued(NamedTuple):
 class _Batch:
     def __init__(self, max_batch: int, max_tokens: int):
         self.parts: list[_Queued] = []
+        self.turns: set[str] = set()                  # clients that have had their turn in this batch
         self.max_batch, self.max_tokens = max_batch, max_tokens
         self.texts = self.longest = 0
 
@@ -201,29 +203,34 @@ class Batcher:
     # ----------------------------------------------------------------------------------------------- the worker
 
     def _fill(self, batch: _Batch) -> None:
-        """Rounds over the clients, each turn taking up to a quantum of a client's parts, until nothing more fits."""
-        quantum = self.quantum
+        """Turns over the clients in round order until nothing more fits; while others wait, a client gets one turn
+        per batch (a heavy one may fill a batch only when it is alone)."""
         progress = True
         while progress and not batch.full:
             progress = False
             for client in list(self._queues):
-                queue, spent = self._queues[client], 0
-                while queue and (queue[0].job.gone() or (not spent or quantum and spent + queue[0].part.cost <= quantum)
-                                 and batch.fits(queue[0].part)):
-                    queued = queue.pop(0)
-                    if queued.job.gone():            # nobody waits for it: never computed
-                        self._release(queued)
-                        self.expired += queued.index == 0
-                        continue
-                    batch.add(queued)
-                    spent += queued.part.cost
-                del self._queues[client]
-                if queue:                           # served: to the back of the round; not served: keeps its place
-                    if spent:
-                        self._queues[client] = queue
-                    else:
-                        self._queues = {client: queue, **self._queues}
-                progress = progress or spent > 0
+                if client not in batch.turns or len(self._queues) == 1:
+                    progress = self._turn(client, batch) or progress
+
+    def _turn(self, client: str, batch: _Batch) -> bool:
+        """Up to a quantum of the client's parts into the batch; True if it took any."""
+        queue, spent, quantum = self._queues[client], 0, self.quantum
+        while queue:
+            head = queue[0]
+            if head.job.gone():                     # nobody waits for it: never computed
+                self._release(queue.pop(0))
+                self.expired += head.index == 0
+                continue
+            if spent and not (quantum and spent + head.part.cost <= quantum) or not batch.fits(head.part):
+                break
+            batch.add(queue.pop(0))
+            spent += head.part.cost
+        del self._queues[client]
+        if spent:
+            batch.turns.add(client)
+        if queue:        # served: to the back of the round; not served (it did not fit): first in the next batch
+            self._queues = {**self._queues, client: queue} if spent else {client: queue, **self._queues}
+        return spent > 0
 
     def _take_batch(self) -> list[_Queued]:
         with self._cond:

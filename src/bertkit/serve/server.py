@@ -46,10 +46,19 @@ class _Guarded(H11Protocol):
         self._address = self.client[0] if self.client else ""
         self.clients[self._address] = self.clients.get(self._address, 0) + 1
         if self.clients[self._address] > self.limits.max_client_connections:
-            self._answer(503, f"this address already has {self.limits.max_client_connections} connections open",
-                         retry_after=1)
+            # held a second, unread and outside uvicorn's count, before the 503: a client that reconnects as soon as
+            # it is answered spins slowly instead of making the server accept thousands of sockets a second
+            self.connections.discard(self)
+            self.transport.pause_reading()
+            self._read_timer = self.loop.call_later(1.0, self._refuse_crowded)
         else:
             self._arm()
+
+    def _refuse_crowded(self) -> None:
+        self._read_timer = None
+        self._answer(503, f"this address already has {self.limits.max_client_connections} connections open",
+                     retry_after=1)
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()
@@ -73,14 +82,13 @@ class _Guarded(H11Protocol):
             self.transport.close()
 
     def _answer(self, status: int, message: str, retry_after: int | None = None) -> None:
-        """An error written straight to the socket, and the connection closed: for what the app never sees."""
+        """An error written straight to the socket (the caller closes it): for what the app never sees."""
         body = json.dumps({"error": message}).encode()
         extra = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n")
         self._disarm()
         self.transport.write(head.encode() + body)
-        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         self._heard = True
@@ -90,6 +98,7 @@ class _Guarded(H11Protocol):
         declared = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)   # h11's chunked reader
         if isinstance(declared, int) and declared > self.limits.max_body_bytes:
             self._answer(413, f"a chunk of {declared} bytes exceeds the body limit of {self.limits.max_body_bytes}")
+            self.transport.close()
         elif self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             self._disarm()        # the request is in (or the connection is done): the batcher's timeout governs
 
