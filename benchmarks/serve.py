@@ -91,6 +91,15 @@ def start_server(kind: str, args, max_batch: int, ref_dir: Path | None, src: Pat
     raise SystemExit("server did not come up within 120 s")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:     # still closing connections: it has been measured, so stop it hard
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def load(port: int, endpoint: str, bodies: list[bytes], clients: int, n_requests: int, max_seconds: float) -> dict:
     """`clients` threads, each with one keep-alive connection, share `n_requests` requests (or stop at max_seconds)."""
     lat: list[float] = []
@@ -175,8 +184,7 @@ def run_levels(args, bodies: list[bytes], clients: list[int], ref_dir: Path | No
         return results
     finally:
         for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_server(proc)
 
 
 def summarize(results: dict, clients: list[int]) -> dict:
@@ -348,8 +356,7 @@ def attack_server(args, src: Path, bodies: list[bytes], heavy: bytes) -> dict:
         phases = {name: attack_phase(port, bodies, heavy, args, attackers if name == "attack" else [])
                   for name in ("quiet", "attack", "after")}
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_server(proc)
     quiet = phases["quiet"]["normal"]["p50_ms"]
     bound = max(3 * quiet, quiet + 100) if quiet else None
     holds = {phase: bool(bound) and phases[phase]["normal"]["p50_ms"] is not None

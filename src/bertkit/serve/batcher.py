@@ -138,6 +138,8 @@ class Batcher:
         self.budget = budget or Budget()
         self._queues: dict[str, list[_Queued]] = {}     # client -> its parts; the dict's order is the round
         self._held: dict[str, int] = {}                 # client -> tokens queued or running
+        self._seen: dict[str, float] = {}               # client -> when it last sent a request (lately)
+        self._forward_s = 0.0                           # how long the last forward took
         self._cond = threading.Condition()
         self._in_flight = 0
         self._rate = 0.0        # tokens per second of recent forwards, for Retry-After
@@ -160,6 +162,7 @@ class Batcher:
             self._admit(client, cost)
             job = _Job(fut, client, deadline, self._in_flight > 0, [None] * len(parts), len(parts))
             self._in_flight += 1
+            self._seen[client] = time.monotonic()
             self._held[client] = self._held.get(client, 0) + cost
             self._queues.setdefault(client, []).extend(_Queued(job, i, p) for i, p in enumerate(parts))
             self._cond.notify()
@@ -203,14 +206,23 @@ class Batcher:
     # ----------------------------------------------------------------------------------------------- the worker
 
     def _fill(self, batch: _Batch) -> None:
-        """Turns over the clients in round order until nothing more fits; while others wait, a client gets one turn
-        per batch (a heavy one may fill a batch only when it is alone)."""
+        """Turns over the clients in round order until nothing more fits; a client gets one turn per batch while
+        other clients are about (a heavy one fills a batch only when it has the server to itself)."""
         progress = True
         while progress and not batch.full:
             progress = False
             for client in list(self._queues):
-                if client not in batch.turns or len(self._queues) == 1:
+                if client not in batch.turns or not self._others_about(client):
                     progress = self._turn(client, batch) or progress
+
+    def _others_about(self, client: str) -> bool:
+        """Another client sent a request lately: a client between two requests of its own is not queued, and a batch
+        filled in that moment would be the long forward its next request waits behind."""
+        since = time.monotonic() - max(1.0, 3 * self._forward_s)
+        for other, seen in list(self._seen.items()):
+            if seen < since:
+                del self._seen[other]
+        return len(self._seen) > (client in self._seen)
 
     def _turn(self, client: str, batch: _Batch) -> bool:
         """Up to a quantum of the client's parts into the batch; True if it took any."""
@@ -244,7 +256,7 @@ class Batcher:
             # would only add latency, so take what is already queued and go
             until = time.monotonic() + (self.max_wait if first.job.busy else 0.0)
             self._fill(batch)
-            while not batch.full and self._queues and time.monotonic() < until:
+            while not batch.full and time.monotonic() < until:
                 self._cond.wait(until - time.monotonic())
                 self._fill(batch)
             return batch.parts
@@ -273,6 +285,7 @@ class Batcher:
         self.batches += 1
         self.items += len(batch)
         tokens = sum(q.part.cost for q in batch)
+        self._forward_s = seconds
         if seconds > 0:
             self._rate = 0.8 * self._rate + 0.2 * tokens / seconds if self._rate else tokens / seconds
         if self.on_batch is not None:
