@@ -10,7 +10,16 @@ always stops by itself. The settings alternate level by level, repeated --repeat
 default model is MiniLM-L6 on /embed with BBC sentences of realistic length, sent as {"text": ...}, which both servers
 take. Every response must be a 200: the benchmark reports the failure count and exits 1 if it is not zero.
 One JSON line at the end: per concurrency, ours (batched), ours one by one, the stdlib reference (batched), and
-ratio_rps = ours / reference (and batching_ratio = ours / ours one by one).
+ratio_rps = ours / reference (and batching_ratio = ours / ours one by one). --baseline SRC adds bertkit served from
+another checkout's src (same options): ratio_to_baseline_rps = ours / it.
+
+    .venv/bin/python benchmarks/serve.py --attack [--normal 16] [--seconds 15] [--baseline /path/to/old/src]
+
+--attack is the fairness test: one server with its default limits, --normal clients (each from its own loopback
+address, 127.0.1.N) alone, then beside 2 heavy clients sending the largest legal /embed request (32 texts cut at
+256 tokens; 127.0.0.2, .3), a 300-socket idle flood (127.0.0.4) and a malformed-request flood (127.0.0.5), each in
+its own process, then alone again. It exits 1 unless the normal clients got no refusal and no 5xx and their p50
+stayed within max(3x, +100 ms) of the quiet p50 under attack and after it.
 """
 
 from __future__ import annotations
@@ -73,12 +82,15 @@ def start_server(kind: str, args, max_batch: int, ref_dir: Path | None, src: Pat
     """A server subprocess of `kind` running bertkit from `src`; waits for its /health."""
     port = free_port()
     cmd = server_command(kind, args.model, port, max_batch, args.threads, ref_dir) + list(extra)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    # a file, not a pipe: a server logging every malformed request would block on a full pipe nobody reads
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
                             env={**os.environ, "PYTHONPATH": str(src)})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise SystemExit(f"server exited: {log.read().decode()[-2000:]}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")

@@ -80,8 +80,9 @@ def test_chunks_keep_each_run_within_the_quantum():
 
 
 def test_a_heavy_client_is_split_and_takes_turns():
-    """Client "heavy" queues 8 parts of 2 x 16 tokens (the quantum of a 128-token budget is 32) before a light client
-    sends one short text: the light one rides in the next forward, not after the heavy request's eight."""
+    """Client "heavy" queues 8 parts of 2 x 16 tokens (the quantum of a 128-token budget is 16: a part each turn)
+    before a light client sends one short text: the light one rides in the next forward, not after the heavy
+    request's eight."""
     batches = []
 
     def run(items):
@@ -95,7 +96,7 @@ def test_a_heavy_client_is_split_and_takes_turns():
     assert light.result(timeout=5) == ["light"]
     assert heavy.result(timeout=5) == [f"h{i}" for i in range(8)]         # the parts come back in order
     at = next(i for i, batch in enumerate(batches) if "light" in batch)
-    assert at <= 1, batches
+    assert at <= 1 and len(batches[0]) > 1, batches          # alone, the heavy client filled the first forward
     # padded size (texts x longest) never passes the budget
     assert all(len(batch) * 2 * 16 <= 128 for batch in batches if "light" not in batch), batches
     b.close()
