@@ -10,7 +10,16 @@ always stops by itself. The settings alternate level by level, repeated --repeat
 default model is MiniLM-L6 on /embed with BBC sentences of realistic length, sent as {"text": ...}, which both servers
 take. Every response must be a 200: the benchmark reports the failure count and exits 1 if it is not zero.
 One JSON line at the end: per concurrency, ours (batched), ours one by one, the stdlib reference (batched), and
-ratio_rps = ours / reference (and batching_ratio = ours / ours one by one).
+ratio_rps = ours / reference (and batching_ratio = ours / ours one by one). --baseline SRC adds bertkit served from
+another checkout's src (same options): ratio_to_baseline_rps = ours / it.
+
+    .venv/bin/python benchmarks/serve.py --attack [--normal 16] [--seconds 15] [--baseline /path/to/old/src]
+
+--attack is the fairness test: one server with its default limits, --normal clients (each from its own loopback
+address, 127.0.1.N) alone, then beside 2 heavy clients sending the largest legal /embed request (32 texts cut at
+256 tokens; 127.0.0.2, .3), a 300-socket idle flood (127.0.0.4) and a malformed-request flood (127.0.0.5), each in
+its own process, then alone again. It exits 1 unless the normal clients got no refusal and no 5xx and their p50
+stayed within max(3x, +100 ms) of the quiet p50 under attack and after it.
 """
 
 from __future__ import annotations
@@ -65,18 +74,23 @@ def server_command(kind: str, model: str, port: int, max_batch: int, threads: in
     if kind == "reference":
         return [sys.executable, "-c", REFERENCE_RUNNER, str(ref_dir), model, str(port), str(max_batch), str(threads)]
     return [sys.executable, "-m", "bertkit", "serve", model, "--host", "127.0.0.1", "--port", str(port),
-            "--max-batch", str(max_batch), "--max-wait-ms", "5", "--threads", str(threads), "--max-length", "128"]
+            "--max-batch", str(max_batch), "--max-wait-ms", "5", "--threads", str(threads)]
 
 
-def start_server(kind: str, args, max_batch: int, ref_dir: Path | None) -> tuple[subprocess.Popen, int]:
+def start_server(kind: str, args, max_batch: int, ref_dir: Path | None, src: Path = REPO / "src",
+                 extra: tuple = ("--max-length", "128")) -> tuple[subprocess.Popen, int]:
+    """A server subprocess of `kind` running bertkit from `src`; waits for its /health."""
     port = free_port()
-    cmd = server_command(kind, args.model, port, max_batch, args.threads, ref_dir)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    cmd = server_command(kind, args.model, port, max_batch, args.threads, ref_dir) + list(extra)
+    # a file, not a pipe: a server logging every malformed request would block on a full pipe nobody reads
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+                            env={**os.environ, "PYTHONPATH": str(src)})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise SystemExit(f"server exited: {log.read().decode()[-2000:]}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")
@@ -87,6 +101,15 @@ def start_server(kind: str, args, max_batch: int, ref_dir: Path | None) -> tuple
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("server did not come up within 120 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:     # still closing connections: it has been measured, so stop it hard
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def load(port: int, endpoint: str, bodies: list[bytes], clients: int, n_requests: int, max_seconds: float) -> dict:
@@ -148,16 +171,18 @@ def sentences(n: int) -> list[str]:
     return out
 
 
-SETTINGS = {"ours": ("ours", 32), "ours_one_by_one": ("ours", 1), "reference": ("reference", 32)}
+SETTINGS = {"ours": ("ours", 32), "ours_one_by_one": ("ours", 1), "reference": ("reference", 32),
+            "baseline": ("ours", 32)}
 
 
 def run_levels(args, bodies: list[bytes], clients: list[int], ref_dir: Path | None) -> dict:
     """setting -> clients -> one load() result per repeat; the settings alternate so background load hits all."""
-    names = [n for n in SETTINGS if n != "reference" or ref_dir is not None]
+    names = [n for n in SETTINGS if (n != "reference" or ref_dir is not None) and (n != "baseline" or args.baseline)]
     servers = {}
     try:
         for n in names:
-            servers[n] = start_server(SETTINGS[n][0], args, SETTINGS[n][1], ref_dir)
+            src = Path(args.baseline) if n == "baseline" else REPO / "src"
+            servers[n] = start_server(SETTINGS[n][0], args, SETTINGS[n][1], ref_dir, src)
         results: dict[str, dict[int, list[dict]]] = {n: {c: [] for c in clients} for n in servers}
         for _, port in servers.values():        # warm-up: first forwards allocate
             load(port, args.endpoint, bodies, 4, 16, 30)
@@ -171,8 +196,7 @@ def run_levels(args, bodies: list[bytes], clients: list[int], ref_dir: Path | No
         return results
     finally:
         for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_server(proc)
 
 
 def summarize(results: dict, clients: list[int]) -> dict:
@@ -189,8 +213,183 @@ def summarize(results: dict, clients: list[int]) -> dict:
         lvl["batching_ratio"] = round(lvl["ours"]["rps"] / lvl["ours_one_by_one"]["rps"], 2)
         if "reference" in lvl:
             lvl["ratio_rps"] = round(lvl["ours"]["rps"] / lvl["reference"]["rps"], 2)
+        if "baseline" in lvl:
+            lvl["ratio_to_baseline_rps"] = round(lvl["ours"]["rps"] / lvl["baseline"]["rps"], 2)
         levels[str(c)] = lvl
     return {"levels": levels, "failed_total": failed}
+
+
+# ------------------------------------------------------------------------------------------- --attack: fairness
+
+MALFORMED = [b"GARBAGE / HTTP/1.1\r\n\r\n",
+             b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{\"inputs\"",
+             b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n"
+             b"{\"text\": 5}}",
+             b"POST /embed HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n",
+             b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n"]
+
+
+def _post_loop(port: int, source: str, bodies: list[bytes], stop: threading.Event, out: list) -> None:
+    """One client at `source` posting to /embed back to back on a keep-alive connection: (status, seconds) each; a
+    connection error counts as status 0 (a refusal)."""
+    conn, i = None, 0
+    while not stop.is_set():
+        if conn is None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120, source_address=(source, 0))
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", "/embed", body=bodies[i % len(bodies)], headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            status = resp.status
+            if (resp.getheader("connection") or "").lower() == "close":
+                conn.close()
+                conn = None
+        except OSError:
+            status = 0
+            conn.close()
+            conn = None
+        out.append((status, time.perf_counter() - t0))
+        i += 1
+    if conn is not None:
+        conn.close()
+
+
+def _idle_flood(port: int, source: str, n: int, stop: threading.Event, counts: dict) -> None:
+    """Holds n sockets that never send a byte, and opens a new one whenever the server closes one."""
+    import selectors
+    sel = selectors.DefaultSelector()
+
+    def open_one():
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.bind((source, 0))
+            s.connect_ex(("127.0.0.1", port))
+            sel.register(s, selectors.EVENT_READ)
+            counts["opened"] = counts.get("opened", 0) + 1
+        except OSError:
+            s.close()
+            counts["open_errors"] = counts.get("open_errors", 0) + 1
+            time.sleep(0.01)
+    for _ in range(n):
+        open_one()
+    while not stop.is_set():
+        for key, _ in sel.select(0.2):
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            counts["closed_by_server"] = counts.get("closed_by_server", 0) + 1
+            open_one()
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()
+
+
+def _malformed_flood(port: int, source: str, stop: threading.Event, counts: dict) -> None:
+    i = 0
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
+                s.sendall(MALFORMED[i % len(MALFORMED)])
+                status = s.recv(4096)[9:12].decode(errors="replace") or "closed"
+            counts[status] = counts.get(status, 0) + 1
+        except OSError:
+            counts["error"] = counts.get("error", 0) + 1
+        i += 1
+
+
+def _latency(lat: list[float]) -> dict:
+    lat = sorted(lat)
+    q = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 1) if lat else None  # noqa: E731
+    return {"p50_ms": q(0.5), "p99_ms": q(0.99)}
+
+
+def _attacker(kind: str, port: int, source: str, heavy: bytes, seconds: float, results) -> None:
+    """One attacker in its own process (the clients' GIL is not the server's bottleneck), for `seconds`."""
+    stop, out = threading.Event(), {}
+    if kind == "heavy":
+        done: list = []
+        threads = [threading.Thread(target=_post_loop, args=(port, source, [heavy], stop, done))]
+    elif kind == "idle":
+        threads = [threading.Thread(target=_idle_flood, args=(port, source, 300, stop, out))]
+    else:
+        threads = [threading.Thread(target=_malformed_flood, args=(port, source, stop, out))]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    if kind == "heavy":
+        out = {"requests": len(done), "ok": sum(s == 200 for s, _ in done),
+               **_latency([dt for s, dt in done if s == 200]), "statuses": sorted({s for s, _ in done})}
+    results.put((f"{kind} {source}", out))
+
+
+ATTACKERS = {"heavy": ("127.0.0.2", "127.0.0.3"), "idle": ("127.0.0.4",), "malformed": ("127.0.0.5",)}
+
+
+def attack_phase(port: int, bodies: list[bytes], heavy: bytes, args, attackers: list[str]) -> dict:
+    """args.normal clients (each at its own address 127.0.1.N) for args.seconds, beside the attackers: 2 heavy
+    clients (127.0.0.2, .3), a 300-socket idle flood (127.0.0.4), a malformed-request flood (127.0.0.5)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    stop, normal, results = threading.Event(), [], ctx.Queue()
+    procs = [ctx.Process(target=_attacker, args=(kind, port, source, heavy, args.seconds, results))
+             for kind in attackers for source in ATTACKERS[kind]]
+    threads = [threading.Thread(target=_post_loop, args=(port, f"127.0.1.{i + 1}", bodies[i::args.normal], stop,
+                                                         normal)) for i in range(args.normal)]
+    for p in procs:
+        p.start()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(args.seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    statuses = [s for s, _ in normal]
+    out = {"normal": {"requests": len(normal), "rps": round(len(normal) / wall, 1),
+                      **_latency([dt for s, dt in normal if s == 200]),
+                      "refused": sum(s in (0, 429, 503) for s in statuses), "5xx": sum(s >= 500 for s in statuses),
+                      "other_failed": sum(s not in (0, 200, 429) and s < 500 for s in statuses)}}
+    out.update(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join()
+    return out
+
+
+def attack_server(args, src: Path, bodies: list[bytes], heavy: bytes) -> dict:
+    """Quiet, attacked, quiet again, on one server running bertkit from src with its default limits."""
+    proc, port = start_server("ours", args, 32, None, src, extra=())
+    try:
+        load(port, "embed", bodies, 4, 16, 30)                                            # warm-up
+        attackers = args.attackers.split(",")
+        phases = {name: attack_phase(port, bodies, heavy, args, attackers if name == "attack" else [])
+                  for name in ("quiet", "attack", "after")}
+    finally:
+        stop_server(proc)
+    quiet = phases["quiet"]["normal"]["p50_ms"]
+    bound = max(3 * quiet, quiet + 100) if quiet else None
+    holds = {phase: bool(bound) and phases[phase]["normal"]["p50_ms"] is not None
+             and phases[phase]["normal"]["p50_ms"] <= bound and not phases[phase]["normal"]["refused"]
+             and not phases[phase]["normal"]["5xx"] for phase in ("attack", "after")}
+    print(f"{src}: {json.dumps(phases)}", file=sys.stderr)
+    return {**phases, "p50_bound_ms": bound, "holds": holds}
+
+
+def attack_main(args) -> None:
+    texts = sentences(256)
+    bodies = [json.dumps({"text": t}).encode() for t in texts]
+    long = " ".join(texts)[:1900]                  # ~400 tokens: cut to the model's 256 by truncate
+    heavy = json.dumps({"inputs": [long] * 32, "truncate": True}).encode()
+    result = {"benchmark": "serve --attack", "model": Path(args.model).name, "normal_clients": args.normal,
+              "seconds_per_phase": args.seconds, "ours": attack_server(args, REPO / "src", bodies, heavy)}
+    if args.baseline:
+        result["baseline"] = attack_server(args, Path(args.baseline), bodies, heavy)
+    print(json.dumps(result))
+    if not all(result["ours"]["holds"].values()):
+        raise SystemExit(1)
 
 
 def main() -> None:
@@ -203,10 +402,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads in the server")
     ap.add_argument("--no-reference", action="store_true", help="skip the stdlib server from git history")
+    ap.add_argument("--baseline", metavar="SRC", help="also serve bertkit from this src directory (an earlier "
+                                                      "checkout's), same options: ratio_to_baseline_rps")
+    ap.add_argument("--attack", action="store_true", help="the fairness test instead (see serve_attack)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="--attack: seconds per phase")
+    ap.add_argument("--normal", type=int, default=16, help="--attack: normal clients")
+    ap.add_argument("--attackers", default="heavy,idle,malformed", help="--attack: which attackers run")
     args = ap.parse_args()
     if args.model is None:
         from bertkit.datasets import minilm_dir
         args.model = str(minilm_dir())
+    if args.attack:
+        return attack_main(args)
     texts = sentences(256)
     if args.endpoint == "fill-mask":
         texts = [" ".join(t.split()[:12] + ["[MASK]"] + t.split()[13:30]) for t in texts]

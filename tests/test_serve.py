@@ -1,6 +1,5 @@
-"""Serving: the dynamic batcher batches and drops expired work, the HTTP layer (FastAPI on a real uvicorn, 127.0.0.1,
-ephemeral port) answers every client mistake with a 4xx and a one-line message (never a 500), timeouts give 504, and
-tiny real models serve bertkit's, text-embeddings-inference's and OpenAI's routes with the library's numbers."""
+"""Serving: the HTTP layer (FastAPI on a real uvicorn, 127.0.0.1, ephemeral port) answers every client mistake with
+a 4xx and a one-line message (never a 500), timeouts give 504, and tiny real models serve bertkit's, text-embeddings-inference's and OpenAI's routes with the library's numbers."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from pydantic import Field  # noqa: E402
 
-from bertkit.serve import Batcher, Endpoint, ServeConfig, ServerThread, make_app  # noqa: E402
+from bertkit.serve import Endpoint, ServeConfig, ServerThread, make_app  # noqa: E402
 from bertkit.serve import schemas as S  # noqa: E402
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", ".", "who", "?"]
@@ -59,60 +58,6 @@ def _request(port, method, path, body=None, headers=None, raw: bytes | None = No
     conn.close()
     payload = json.loads(text or b"null") if "json" in resp.getheader("content-type", "") else text.decode()
     return (resp.status, payload, resp) if full else (resp.status, payload)
-
-
-# ------------------------------------------------------------------------------------------------------ batcher
-
-def test_batcher_groups_concurrent_requests():
-    sizes = []
-    b = Batcher(lambda items: (sizes.append(len(items)), [x["v"] * 2 for x in items])[1], max_batch=8, max_wait_ms=50)
-    futs = [b.submit({"v": i}) for i in range(20)]
-    assert [f.result(timeout=5) for f in futs] == [2 * i for i in range(20)]
-    assert sum(sizes) == 20 and max(sizes) == 8 and len(sizes) <= 4
-    b.close()
-    one = Batcher(lambda items: [len(items)] * len(items), max_batch=1)
-    assert {one.submit({}).result(timeout=5) for _ in range(5)} == {1}
-    one.close()
-
-
-def test_batcher_counts_texts_not_requests():
-    sizes = []
-    b = Batcher(lambda items: (sizes.append(sum(items)), items)[1], max_batch=8, max_wait_ms=100)
-    futs = [b.submit(w, weight=w) for w in (5, 5, 3, 20, 1)]
-    assert [f.result(timeout=5) for f in futs] == [5, 5, 3, 20, 1]
-    assert max(sizes) == 20 and all(s <= 8 for s in sizes if s != 20), sizes    # an oversized request goes alone
-    b.close()
-
-
-def test_batcher_lone_request_does_not_wait():
-    """Sparse traffic, or one client at a time: a request that comes while no other is in flight runs at once, not
-    after max_wait_ms, even right after the one before it."""
-    b = Batcher(lambda items: [len(items)] * len(items), max_batch=8, max_wait_ms=400)
-    for pause in (0.0, 0.0, 0.45):
-        t0 = time.monotonic()
-        assert b.submit({}).result(timeout=5) == 1
-        assert time.monotonic() - t0 < 0.2
-        time.sleep(pause)
-    # a burst still batches: the first goes alone at once, the rest wait for each other
-    futs = [b.submit({}) for _ in range(6)]
-    assert sum(f.result(timeout=5) > 1 for f in futs) >= 4
-    b.close()
-
-
-def test_batcher_isolates_per_item_errors_and_drops_expired():
-    b = Batcher(lambda items: [ValueError("bad") if x["v"] < 0 else x["v"] for x in items], max_batch=4, max_wait_ms=20)
-    good, bad = b.submit({"v": 1}), b.submit({"v": -1})
-    assert good.result(timeout=5) == 1
-    with pytest.raises(ValueError, match="bad"):
-        bad.result(timeout=5)
-    b.close()
-    ran = []
-    slow = Batcher(lambda items: (ran.extend(items), time.sleep(0.3), items)[2], max_batch=1)
-    first, late = slow.submit("first", timeout=5), slow.submit("late", timeout=0.1)
-    assert first.result(timeout=5) == "first"
-    time.sleep(0.2)
-    assert ran == ["first"] and late.cancelled() and slow.expired == 1
-    slow.close()
 
 
 # ------------------------------------------------------------------------------------------------- HTTP layer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
 from bertkit.serve.limits import ServeConfig, require_serve_extra
 
@@ -25,6 +27,16 @@ def register(sub) -> None:
                    help="seconds to receive a whole request before the connection is closed")
     p.add_argument("--keep-alive", type=int, default=d.keep_alive_s, help="seconds an idle connection stays open")
     p.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections before 503")
+    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                   help="padded tokens (texts x longest) per forward; longer requests are split and interleaved")
+    p.add_argument("--max-client-connections", type=int, default=d.max_client_connections,
+                   help="open connections per client address before 503")
+    p.add_argument("--max-client-tokens", type=int, default=d.max_client_tokens,
+                   help="tokens a client address may have queued before 429 (with Retry-After)")
+    p.add_argument("--max-queue-tokens", type=int, default=d.max_queue_tokens,
+                   help="tokens queued in all before 503 (with Retry-After)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request "
+                                      "(default: $BERTKIT_API_KEY, else none)")
     # the options above are checked by ServeConfig.validate (one line naming the flag); this one is not
     p.add_argument("--threads", type=checks.number(int, 0, 1024), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--verbose", action="store_true", help="log every request")
@@ -32,12 +44,20 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _api_key(args) -> str | None:
+    # the environment keeps the key out of `ps`; an empty variable means none, an empty --api-key is a mistake
+    return args.api_key if args.api_key is not None else os.environ.get("BERTKIT_API_KEY") or None
+
+
 def run(args) -> int:
     cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                       max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
                       timeout_s=args.timeout, max_length=args.max_length, max_inputs=args.max_inputs,
                       max_masks=args.max_masks, read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive,
-                      max_connections=args.max_connections).validate()
+                      max_connections=args.max_connections, max_batch_tokens=args.max_batch_tokens,
+                      max_client_connections=args.max_client_connections,
+                      max_client_tokens=args.max_client_tokens, max_queue_tokens=args.max_queue_tokens,
+                      api_key=_api_key(args)).validate()
     require_serve_extra()
     # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model

@@ -13,6 +13,7 @@ work is dropped). Every error is one line, in the shape of the route's API: Open
 from __future__ import annotations
 
 import asyncio
+import hmac
 import inspect
 import json
 import os
@@ -31,7 +32,7 @@ from starlette.responses import Response
 
 import bertkit
 from bertkit.serve import schemas as S
-from bertkit.serve.batcher import Batcher
+from bertkit.serve.batcher import Batcher, Budget, Part
 from bertkit.serve.limits import RequestError, ServeConfig, parse_json
 from bertkit.serve.metrics import CONTENT_TYPE, Metrics
 
@@ -57,6 +58,8 @@ class Endpoint:
     summary: str = ""
     weight: Callable[[Any], int] | None = None         # texts in a request (a batch holds max_batch texts)
     check: Callable[[Any], None] | None = None         # limits checked before queueing (raises RequestError)
+    split: Callable[[Any, int], list[Part]] | None = None   # (request, quantum) -> its parts, token-counted
+    join: Callable[[Any, list], Any] | None = None     # (request, its parts' results) -> its result
 
 
 def json_response(status: int, payload: Any, headers: dict | None = None) -> Response:
@@ -84,8 +87,12 @@ def error_response(path: str, status: int, message: str, headers: dict | None = 
         kind = "invalid_request_error" if status < 500 else "server_error"
         return json_response(status, {"error": {"message": message, "type": kind, "param": param, "code": None}},
                              headers)
-    kind = "Overloaded" if status == 429 else "Backend" if status >= 500 else "Validation"
-    return json_response(status, {"error": message, "error_type": kind}, headers)
+    return json_response(status, {"error": message, "error_type": _tei_kind(status)}, headers)
+
+
+def _tei_kind(status: int) -> str:
+    """text-embeddings-inference's error_type of an HTTP status."""
+    return "Overloaded" if status == 429 else "Backend" if status >= 500 else "Validation"
 
 
 # ------------------------------------------------------------------------------------------------- validation
@@ -150,7 +157,9 @@ class Runtime:
         self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()}, prometheus)
         for name, ep in self.endpoints.items():
             self.batchers[name] = Batcher(ep.run, config.max_batch, config.max_wait_ms, name=f"batch-{name}",
-                                          on_batch=partial(self.metrics.batch, name))
+                                          on_batch=partial(self.metrics.batch, name),
+                                          budget=Budget(config.max_batch_tokens, config.max_client_tokens,
+                                                        config.max_queue_tokens))
 
     def close(self) -> None:
         for b in self.batchers.values():
@@ -201,13 +210,21 @@ class Runtime:
             item = route.validate(parse_json(body, self.config))
             if ep.check is not None:
                 ep.check(item)
-            weight = ep.weight(item) if ep.weight is not None else 1
-            fut = self.batchers[ep.name].submit(item, weight, timeout=self.config.timeout_s)
-            return json_response(200, await self._result(fut, request))
+            batcher, texts = self.batchers[ep.name], ep.weight(item) if ep.weight else 1
+            if ep.split is None:
+                parts = [Part(item, texts)]
+            else:   # counting many long texts' tokens takes a while: off the event loop, which serves everyone
+                split = partial(ep.split, item, batcher.quantum)
+                parts = split() if texts == 1 else await asyncio.to_thread(split)
+            client = request.client.host if request.client else ""
+            results = await self._result(batcher.submit(parts, client, timeout=self.config.timeout_s), request)
+            return json_response(200, ep.join(item, results) if ep.join else results[0])
         except RequestError as e:
             # the rest of an oversized body is never read: close rather than parse it as the next request
-            return error_response(request.url.path, e.status, e.message,
-                                  {"Connection": "close"} if e.status == 413 else None, getattr(e, "param", None))
+            headers = {"Connection": "close"} if e.status == 413 else {}
+            if e.retry_after is not None:
+                headers["Retry-After"] = str(e.retry_after)
+            return error_response(request.url.path, e.status, e.message, headers or None, getattr(e, "param", None))
         except ClientDisconnect:      # nobody to answer; 499 ("client closed request") is what the metrics see
             return Response(status_code=499)
         except ValueError as e:       # BertkitError is a ValueError: a user mistake found by the model code
@@ -275,6 +292,32 @@ class _MetricsMiddleware:
             self.metrics.request(route, method, status[0], time.perf_counter() - t0)
 
 
+async def _refuse(send, status: int, message: str, headers: list | None = None) -> None:
+    """An error answered by a middleware, before any route, in text-embeddings-inference's shape; the connection
+    closed."""
+    body = json.dumps({"error": message, "error_type": _tei_kind(status)}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _BearerKey:
+    """With --api-key, every request must carry "Authorization: Bearer KEY" (as text-embeddings-inference's); 401
+    otherwise. Compared in constant time, so the answer's timing does not leak the key."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                return await _refuse(send, 401, "missing or wrong API key: send the header Authorization: Bearer KEY",
+                                     [(b"www-authenticate", b"Bearer")])
+        return await self.app(scope, receive, send)
+
+
 class _FramingGuard:
     """A request with both Content-Length and Transfer-Encoding is how bodies get smuggled past a proxy that reads
     the other header: refuse it and close the connection (RFC 9112 6.3), so nothing after it on the socket is read."""
@@ -286,12 +329,7 @@ class _FramingGuard:
         if scope["type"] == "http":
             names = {k for k, _ in scope["headers"]}
             if b"content-length" in names and b"transfer-encoding" in names:
-                body = json.dumps({"error": "both Content-Length and Transfer-Encoding: send one",
-                                   "error_type": "Validation"}).encode()
-                await send({"type": "http.response.start", "status": 400, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")]})
-                return await send({"type": "http.response.body", "body": body})
+                return await _refuse(send, 400, "both Content-Length and Transfer-Encoding: send one")
         return await self.app(scope, receive, send)
 
 
@@ -354,6 +392,8 @@ def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, 
     app.add_exception_handler(Exception, _internal_error)
     paths = {r.path for r in app.routes if hasattr(r, "path")}
     gets = {r.path for r in app.routes if "GET" in getattr(r, "methods", ())}
+    if config.api_key:
+        app.add_middleware(_BearerKey, key=config.api_key)
     app.add_middleware(_FramingGuard)
     app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics, paths=paths, gets=gets)
     return app

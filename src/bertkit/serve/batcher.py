@@ -1,51 +1,148 @@
-"""Dynamic batching: requests queue per endpoint, one worker thread per endpoint runs the model on batches of them.
+"""Dynamic batching, fair between clients: one worker thread per endpoint runs the model on batches of request parts.
 
-The worker takes the first queued request, then keeps taking requests until the batch holds `max_batch` texts or
-`max_wait_ms` have passed since the first one arrived, runs the model once on the padded batch and hands each request
-its own result. Under load the batch fills before the wait runs out, so the wait costs nothing; a request that comes
-while no other is in flight (sparse traffic, or one client at a time) does not wait at all. `max_batch=1` turns
-batching off. A request carries a deadline: one whose client has given up (504) is dropped before the model runs, never
-computed for nobody.
+A request arrives as one or more `Part`s (an embedding request with many long texts is cut into parts of at most
+`quantum` padded tokens), queued per client (the client's address). The worker fills a batch round-robin over the
+clients, taking from each at most `quantum` tokens per turn and one turn per batch while others wait (a client alone
+takes as many as fit), until the batch holds `max_batch` texts or its padded size (texts x longest text) would pass
+`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch. So
+a client sending the largest requests gets its share of the forwards while everyone else's short requests wait for
+one short batch, not for its whole request. The first part of a batch waits up to
+`max_wait_ms` for company when other requests were in flight as it came (under load the batch fills first, so the
+wait costs nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
+
+Admission is bounded: a client holding `max_client_tokens` of queued work gets 429, a queue holding `max_queue_tokens`
+answers 503, both with a Retry-After computed from the measured tokens per second: refused at once rather than
+answered late. A request carries a deadline: one whose client has given up (504, hang-up) is dropped unrun.
 """
 
 from __future__ import annotations
 
 import math
-import queue
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
-__all__ = ["Batcher"]
+from bertkit.serve.limits import RequestError
+
+__all__ = ["Batcher", "Budget", "Part", "chunks"]
+
+
+class Part(NamedTuple):
+    """A piece of a request the batch function runs on its own: `texts` texts, the longest `tokens` long (0: the
+    route does not count tokens, so only max_batch bounds its batch)."""
+    item: Any
+    texts: int = 1
+    tokens: int = 0
+
+    @property
+    def cost(self) -> int:
+        """Padded tokens it adds to a forward (its texts where tokens are not counted)."""
+        return self.texts * self.tokens or self.texts
 
 
 @dataclass
+class Budget:
+    """What one forward, one client and the whole queue may hold, in padded tokens (0: no bound)."""
+    max_batch_tokens: int = 0
+    max_client_tokens: int = 0
+    max_queue_tokens: int = 0
+
+    @property
+    def quantum(self) -> int:
+        """Tokens a client gets per turn (and the size of a request's parts): an eighth of a batch, so that the
+        forward a short request may wait behind is a short one."""
+        return max(1, self.max_batch_tokens // 8) if self.max_batch_tokens else 0
+
+
+def chunks(tokens: list[int], quantum: int) -> list[tuple[int, int, int]]:
+    """(start, stop, longest) runs of consecutive texts whose padded size stays within quantum (one text at least)."""
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(tokens):
+        if i > start and quantum and (i + 1 - start) * max(longest, n) > quantum:
+            out.append((start, i, longest))
+            start, longest = i, 0
+        longest = max(longest, n)
+    return out + [(start, len(tokens), longest)] if tokens else out
+
+
+@dataclass(eq=False)
 class _Job:
-    item: Any
     future: Future
-    weight: int          # texts in the request: a batch holds at most max_batch texts
-    busy: bool           # other requests were in flight when it came: company is likely, worth waiting for
+    client: str
     deadline: float      # time.monotonic() after which nobody waits for the answer
+    busy: bool           # other requests were in flight when it came: company is likely, worth waiting for
+    results: list = field(default_factory=list)
+    left: int = 0
+
+    def gone(self) -> bool:
+        if self.deadline < time.monotonic():
+            self.future.cancel()
+        return self.future.done()
+
+    def settle(self, index: int, result: Any) -> None:
+        try:
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+                return
+            self.results[index] = result
+            self.left -= 1
+            if self.left == 0:
+                self.future.set_result(self.results)
+        except InvalidStateError:        # cancelled (504, hang-up) or failed by an earlier part meanwhile
+            pass
+
+
+class _Queued(NamedTuple):
+    job: _Job
+    index: int
+    part: Part
+
+
+class _Batch:
+    def __init__(self, max_batch: int, max_tokens: int):
+        self.parts: list[_Queued] = []
+        self.turns: set[str] = set()                  # clients that have had their turn in this batch
+        self.max_batch, self.max_tokens = max_batch, max_tokens
+        self.texts = self.longest = 0
+
+    def fits(self, part: Part) -> bool:
+        texts = self.texts + part.texts
+        padded = texts * max(self.longest, part.tokens)
+        return not self.parts or (texts <= self.max_batch and (not self.max_tokens or padded <= self.max_tokens))
+
+    def add(self, queued: _Queued) -> None:
+        self.parts.append(queued)
+        self.texts += queued.part.texts
+        self.longest = max(self.longest, queued.part.tokens)
+
+    @property
+    def full(self) -> bool:
+        return self.texts >= self.max_batch
 
 
 class Batcher:
     """Collects concurrent requests into batches for `run` (see the module docstring).
 
     run(list of items) -> list of results, same order and length; an entry that is an exception fails only its own
-    request. `on_batch(size)` is called after each forward (metrics)."""
+    request. submit(parts) -> a Future of the parts' results, in order. `on_batch(texts)` is called after each
+    forward (metrics)."""
 
     def __init__(self, run: Callable[[list], list], max_batch: int = 32, max_wait_ms: float = 5.0,
-                 name: str = "batcher", on_batch: Callable[[int], None] | None = None):
+                 name: str = "batcher", on_batch: Callable[[int], None] | None = None, budget: Budget | None = None):
         self.run = run
         self.max_batch = max(1, int(max_batch))
         self.max_wait = max(0.0, max_wait_ms) / 1000.0
         self.on_batch = on_batch
-        self.queue: queue.Queue[_Job] = queue.Queue()
-        self._carry: _Job | None = None     # taken from the queue but did not fit the batch before
+        self.budget = budget or Budget()
+        self._queues: dict[str, list[_Queued]] = {}     # client -> its parts; the dict's order is the round
+        self._held: dict[str, int] = {}                 # client -> tokens queued or running
+        self._seen: dict[str, float] = {}               # client -> when it last sent a request (lately)
+        self._forward_s = 0.0                           # how long the last forward took
+        self._cond = threading.Condition()
         self._in_flight = 0
-        self._lock = threading.Lock()
+        self._rate = 0.0        # tokens per second of recent forwards, for Retry-After
         self.batches = 0        # counters, for /health, /metrics and the tests
         self.items = 0
         self.expired = 0        # dropped unrun: their deadline passed or their client cancelled
@@ -53,86 +150,143 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, item: Any, weight: int = 1, timeout: float | None = None) -> Future:
+    @property
+    def quantum(self) -> int:
+        return self.budget.quantum
+
+    def submit(self, parts: list[Part], client: str = "", timeout: float | None = None) -> Future:
         fut: Future = Future()
-        with self._lock:
-            busy = self._in_flight > 0
-            self._in_flight += 1
-        fut.add_done_callback(self._finished)
+        cost = sum(p.cost for p in parts)
         deadline = time.monotonic() + timeout if timeout is not None else math.inf
-        self.queue.put(_Job(item, fut, max(1, int(weight)), busy, deadline))
+        with self._cond:
+            self._admit(client, cost)
+            job = _Job(fut, client, deadline, self._in_flight > 0, [None] * len(parts), len(parts))
+            self._in_flight += 1
+            self._seen[client] = time.monotonic()
+            self._held[client] = self._held.get(client, 0) + cost
+            self._queues.setdefault(client, []).extend(_Queued(job, i, p) for i, p in enumerate(parts))
+            self._cond.notify()
+        fut.add_done_callback(self._finished)
         return fut
 
+    def _admit(self, client: str, cost: int) -> None:
+        """Refuse now (429 / 503 with Retry-After) what could only be answered late; a client with nothing queued
+        always gets one request in, however large."""
+        b, held, queued = self.budget, self._held.get(client, 0), sum(self._held.values())
+        if b.max_client_tokens and held and held + cost > b.max_client_tokens:
+            raise RequestError(429, f"this client already has {held} tokens queued; the limit is "
+                                    f"{b.max_client_tokens}", retry_after=self._retry_after(held))
+        if b.max_queue_tokens and queued and queued + cost > b.max_queue_tokens:
+            raise RequestError(503, f"the server has {queued} tokens queued; the limit is {b.max_queue_tokens}",
+                               retry_after=self._retry_after(queued))
+
+    def _retry_after(self, tokens: int) -> int:
+        return min(60, max(1, math.ceil(tokens / self._rate))) if self._rate > 0 else 1
+
     def _finished(self, _fut: Future) -> None:
-        with self._lock:
+        with self._cond:
             self._in_flight -= 1
+
+    def _release(self, queued: _Queued) -> None:
+        client = queued.job.client
+        self._held[client] -= queued.part.cost
+        if self._held[client] <= 0:
+            del self._held[client]
 
     @property
     def depth(self) -> int:
-        """Requests waiting for a batch."""
-        return self.queue.qsize() + (self._carry is not None)
+        """Request parts waiting for a batch."""
+        with self._cond:
+            return sum(len(q) for q in self._queues.values())
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
 
-    def _next(self, timeout: float | None) -> _Job:
-        if self._carry is not None:
-            job, self._carry = self._carry, None
-            return job
-        return self.queue.get(timeout=timeout) if timeout is None or timeout > 0 else self.queue.get_nowait()
+    # ----------------------------------------------------------------------------------------------- the worker
 
-    def _take_batch(self) -> list[_Job]:
-        try:
-            first = self._next(0.1)
-        except queue.Empty:
-            return []
-        batch, weight = [first], first.weight
-        # nothing else was in flight when it came (sparse traffic, one client at a time): waiting for company would
-        # only add latency, so take what is already queued and go
-        deadline = time.monotonic() + (self.max_wait if first.busy else 0.0)
-        while weight < self.max_batch:
-            try:
-                job = self._next(deadline - time.monotonic())
-            except queue.Empty:
-                break
-            if weight + job.weight > self.max_batch:
-                self._carry = job
-                break
-            batch.append(job)
-            weight += job.weight
-        return batch
+    def _fill(self, batch: _Batch) -> None:
+        """Turns over the clients in round order until nothing more fits; a client gets one turn per batch while
+        other clients are about (a heavy one fills a batch only when it has the server to itself)."""
+        progress = True
+        while progress and not batch.full:
+            progress = False
+            for client in list(self._queues):
+                if client not in batch.turns or not self._others_about(client):
+                    progress = self._turn(client, batch) or progress
 
-    def _live(self, batch: list[_Job]) -> list[_Job]:
-        """The jobs still wanted: an expired or cancelled one is dropped here, before the model runs."""
-        now, live = time.monotonic(), []
-        for job in batch:
-            if job.deadline < now:
-                job.future.cancel()
-            if job.future.set_running_or_notify_cancel():
-                live.append(job)
-            else:
-                self.expired += 1
-        return live
+    def _others_about(self, client: str) -> bool:
+        """Another client sent a request lately: a client between two requests of its own is not queued, and a batch
+        filled in that moment would be the long forward its next request waits behind."""
+        since = time.monotonic() - max(1.0, 3 * self._forward_s)
+        for other, seen in list(self._seen.items()):
+            if seen < since:
+                del self._seen[other]
+        return len(self._seen) > (client in self._seen)
+
+    def _turn(self, client: str, batch: _Batch) -> bool:
+        """Up to a quantum of the client's parts into the batch; True if it took any."""
+        queue, spent, quantum = self._queues[client], 0, self.quantum
+        while queue:
+            head = queue[0]
+            if head.job.gone():                     # nobody waits for it: never computed
+                self._release(queue.pop(0))
+                self.expired += head.index == 0
+                continue
+            if spent and not (quantum and spent + head.part.cost <= quantum) or not batch.fits(head.part):
+                break
+            batch.add(queue.pop(0))
+            spent += head.part.cost
+        del self._queues[client]
+        if spent:
+            batch.turns.add(client)
+        if queue:        # served: to the back of the round; not served (it did not fit): first in the next batch
+            self._queues = {**self._queues, client: queue} if spent else {client: queue, **self._queues}
+        return spent > 0
+
+    def _take_batch(self) -> list[_Queued]:
+        with self._cond:
+            if not self._queues:
+                self._cond.wait(0.1)
+            batch = _Batch(self.max_batch, self.budget.max_batch_tokens)
+            first = next(iter(self._queues.values()), [None])[0]
+            if first is None:
+                return []
+            # nothing else was in flight when it came (sparse traffic, one client at a time): waiting for company
+            # would only add latency, so take what is already queued and go
+            until = time.monotonic() + (self.max_wait if first.job.busy else 0.0)
+            self._fill(batch)
+            while not batch.full and time.monotonic() < until:
+                self._cond.wait(until - time.monotonic())
+                self._fill(batch)
+            return batch.parts
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            batch = self._live(self._take_batch())
+            batch = self._take_batch()
             if not batch:
                 continue
+            t0 = time.perf_counter()
             try:
-                results = self.run([job.item for job in batch])
+                results = self.run([q.part.item for q in batch])
                 if len(results) != len(batch):
                     raise RuntimeError(f"batch function returned {len(results)} results for {len(batch)} requests")
             except Exception as e:  # noqa: BLE001 - handed to every waiting request
                 results = [e] * len(batch)
             else:
-                self.batches += 1
-                self.items += len(batch)
-                if self.on_batch is not None:
-                    self.on_batch(sum(job.weight for job in batch))
-            for job, res in zip(batch, results):
-                if isinstance(res, BaseException):
-                    job.future.set_exception(res)
-                else:
-                    job.future.set_result(res)
+                self._count(batch, time.perf_counter() - t0)
+            with self._cond:
+                for queued in batch:
+                    self._release(queued)
+            for queued, res in zip(batch, results):
+                queued.job.settle(queued.index, res)
+
+    def _count(self, batch: list[_Queued], seconds: float) -> None:
+        self.batches += 1
+        self.items += len(batch)
+        tokens = sum(q.part.cost for q in batch)
+        self._forward_s = seconds
+        if seconds > 0:
+            self._rate = 0.8 * self._rate + 0.2 * tokens / seconds if self._rate else tokens / seconds
+        if self.on_batch is not None:
+            self.on_batch(sum(q.part.texts for q in batch))

@@ -19,6 +19,7 @@ from bertkit.predict.engine import forward_batches, id_batch
 from bertkit.rerank import CrossEncoder, single_text_kind
 from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint, FieldError
+from bertkit.serve.batcher import Part, chunks
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
@@ -37,10 +38,11 @@ def _each(reqs: list, results: list, shape: Callable) -> list:
     return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, results)]
 
 
-def _token_counts(predictor, texts: list[str]) -> list[int]:
-    """Tokens per text with [CLS] and [SEP], untruncated."""
-    bounds = predictor.tokenizer.encode_pieces(texts).bounds
-    return (np.diff(bounds) + 2).tolist()
+def _token_counts(predictor, inputs: list) -> list[int]:
+    """Tokens per input, untruncated: a text's with [CLS] and [SEP], token ids as given."""
+    texts = [x for x in inputs if isinstance(x, str)]
+    counts = iter((np.diff(predictor.tokenizer.encode_pieces(texts).bounds) + 2).tolist() if texts else [])
+    return [next(counts) if isinstance(x, str) else len(x) for x in inputs]
 
 
 def _too_long(counts: list[int], max_length: int) -> RequestError | None:
@@ -171,6 +173,28 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                                left=r.truncation_direction == "Left", prompt_name=r.prompt_name) for r in reqs]
         return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
     return run
+
+
+def _embed_split(predictor, config: ServeConfig, field: str) -> Callable[[Any, int], list[Part]]:
+    """(request, quantum) -> its parts: runs of its texts (request.<field>) of at most quantum padded tokens, each
+    counted, so that the batcher can budget forwards by tokens and interleave a long request with others."""
+    def split(r, quantum: int) -> list[Part]:
+        texts = [r.text] if isinstance(r, S.EmbedRequest) else getattr(r, field)
+        limit = _embed_tokens(predictor, config)
+        runs = chunks([min(n, limit) for n in _token_counts(predictor, texts)], quantum)
+        return [Part(r if len(runs) == 1 else r.model_copy(update={field: texts[a:b]}), b - a, longest)
+                for a, b, longest in runs]
+    return split
+
+
+def _embed_join(r, results: list):
+    return results[0] if isinstance(r, S.EmbedRequest) else [v for res in results for v in res]
+
+
+def _openai_join(r, results: list) -> dict:
+    data = [dict(d, index=i) for i, d in enumerate(d for res in results for d in res["data"])]
+    tokens = sum(res["usage"]["prompt_tokens"] for res in results)
+    return {**results[0], "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
@@ -384,13 +408,15 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
                  "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
                  *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config,
-                           _dimensions(predictor, 422))),
+                           _dimensions(predictor, 422)),
+                 split=_embed_split(predictor, config, "inputs"), join=_embed_join),
         Endpoint("embed_all", S.EmbedAllRequest, _embed_all_run(predictor, config), list[list[list[float]]],
                  "every token's vector (the encoder's last hidden state), TEI's shape",
                  *_counted(lambda r: len(r.inputs), config)),
         Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor, config), S.OpenAIEmbedResponse,
                  "OpenAI-compatible embeddings",
-                 *_counted(lambda r: len(r.input), config, _dimensions(predictor, 400))),
+                 *_counted(lambda r: len(r.input), config, _dimensions(predictor, 400)),
+                 split=_embed_split(predictor, config, "input"), join=_openai_join),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
                  "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),
         Endpoint("decode", S.DecodeRequest, _decode_run(predictor), list[str], "token ids -> text, TEI's /decode",

@@ -56,12 +56,18 @@ class ServeConfig:
     read_timeout_s: float = 10.0       # to receive a whole request (headers and body) once it is awaited
     keep_alive_s: int = 5              # an idle keep-alive connection is closed after this
     max_connections: int = 256         # open connections (or in-flight requests) before 503
+    max_batch_tokens: int = 2048       # padded tokens (texts x longest) per forward, as TEI's --max-batch-tokens
+    max_client_connections: int = 64   # open connections per client address; more are answered 503 and closed
+    max_client_tokens: int = 32768     # tokens a client address may have queued -> 429 with Retry-After
+    max_queue_tokens: int = 262144     # tokens queued in all -> 503 with Retry-After
+    api_key: str | None = None         # required as "Authorization: Bearer KEY" on every request (401 otherwise)
 
     def validate(self) -> "ServeConfig":
         """Raise a one-line ConfigError naming the first bad option (by its command-line flag)."""
         at_least = {"max_batch": 1, "max_length": 3, "max_body_bytes": 2, "max_text_chars": 1, "max_inputs": 1,
                     "max_masks": 1, "max_top_k": 1, "max_beam_size": 1, "max_json_depth": 2, "max_int": 1,
-                    "keep_alive_s": 1, "max_connections": 1}
+                    "keep_alive_s": 1, "max_connections": 1, "max_batch_tokens": 1, "max_client_connections": 1,
+                    "max_client_tokens": 1, "max_queue_tokens": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is None and name == "max_length":
@@ -77,11 +83,20 @@ class ServeConfig:
             raise ConfigError(f"--port must be in 0..65535, got {self.port!r}")
         if not isinstance(self.host, str) or not self.host.strip() or any(c.isspace() for c in self.host):
             raise ConfigError(f"--host must be a host name or address, got {self.host!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()
+                                         or any(c.isspace() or not c.isprintable() for c in self.api_key)):
+            raise ConfigError("--api-key must be a non-empty string without spaces")
         return self
+
+    @property
+    def loopback(self) -> bool:
+        """Bound to this machine only (no one else can connect)."""
+        return self.host in ("localhost", "::1") or self.host.startswith("127.")
 
     def describe(self) -> str:
         """The limits in one line, printed when the server starts."""
-        shown = {**asdict(self), "max_length": self.max_length or f"model's (embeddings) / {DEFAULT_MAX_LENGTH}"}
+        shown = {**asdict(self), "max_length": self.max_length or f"model's (embeddings) / {DEFAULT_MAX_LENGTH}",
+                 "api_key": "set" if self.api_key else "none"}       # never the key itself: logs are read by others
         return "limits: " + " ".join(f"{k}={v}" for k, v in shown.items() if k not in ("host", "port"))
 
 
@@ -95,10 +110,11 @@ def flag(name: str) -> str:
 class RequestError(Exception):
     """A client mistake: becomes a 4xx JSON response {"error": message}."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after      # seconds, sent as Retry-After (429 / 503: busy, not broken)
 
 
 # ------------------------------------------------------------------------------------------------- bounded JSON

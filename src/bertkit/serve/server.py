@@ -1,17 +1,23 @@
-"""Running the app under uvicorn: the listening socket (bad host / busy port found before the model loads), a read
-deadline per request, the keep-alive and connection limits, and a server in a thread for tests and benchmarks.
+"""Running the app under uvicorn: the listening socket (bad host / busy port found before the model loads), the
+connection guards, and a server in a thread for tests and benchmarks.
 
 uvicorn closes a keep-alive connection that stays idle, but not one that trickles its request a byte at a time, nor
-a fresh connection that never sends anything: `_ReadDeadline` closes a connection whose request has not fully
-arrived `read_timeout_s` after the server started waiting for it.
+a fresh connection that never sends anything, nor counts connections per client. `_Guarded` does, so that idle and
+slow clients are dropped by the server rather than starving the others: a connection that has sent nothing of its
+next request within keep_alive_s, or not all of it within read_timeout_s, is closed; an address holding
+max_client_connections gets 503 and its next one closed at once; a chunk declared larger than the body limit is
+answered 413 at once instead of being waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import socket
+import sys
 import threading
+from http import HTTPStatus
 
 import h11
 import uvicorn
@@ -26,18 +32,39 @@ from bertkit.serve.limits import ServeConfig
 
 __all__ = ["listen", "uvicorn_config", "ServerThread", "serve_model"]
 
+OPEN_WARNING = ("bertkit serve: warning: --host {host} is reachable from other machines and no --api-key is set: "
+                "anyone who can connect can use the model")
 
-class _ReadDeadline(H11Protocol):
-    read_timeout_s = 10.0
+
+class _Guarded(H11Protocol):
+    limits = ServeConfig()
+    clients: dict[str, int] = {}      # address -> open connections; one dict per server (see uvicorn_config)
 
     def connection_made(self, transport):  # type: ignore[override]
         super().connection_made(transport)
         self._read_timer: asyncio.TimerHandle | None = None
-        self._arm()
+        self._address = self.client[0] if self.client else ""
+        self.clients[self._address] = self.clients.get(self._address, 0) + 1
+        if self.clients[self._address] > self.limits.max_client_connections:
+            # held a second, unread and outside uvicorn's count, before the 503: a client that reconnects as soon as
+            # it is answered spins slowly instead of making the server accept thousands of sockets a second
+            self.connections.discard(self)
+            self.transport.pause_reading()
+            self._read_timer = self.loop.call_later(1.0, self._refuse_crowded)
+        else:
+            self._arm()
+
+    def _refuse_crowded(self) -> None:
+        self._read_timer = None
+        self._answer(503, f"this address already has {self.limits.max_client_connections} connections open",
+                     retry_after=1)
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()
-        self._read_timer = self.loop.call_later(self.read_timeout_s, self._expire)
+        self._since, self._heard = self.loop.time(), False
+        idle = min(self.limits.keep_alive_s, self.limits.read_timeout_s)
+        self._read_timer = self.loop.call_later(idle, self._expire)
 
     def _disarm(self) -> None:
         if self._read_timer is not None:
@@ -46,12 +73,33 @@ class _ReadDeadline(H11Protocol):
 
     def _expire(self) -> None:
         self._read_timer = None
-        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY) or self.transport.is_closing():
+            return
+        left = self._since + self.limits.read_timeout_s - self.loop.time()
+        if self._heard and left > 0:        # the request is coming: it has until read_timeout_s in all
+            self._read_timer = self.loop.call_later(left, self._expire)
+        else:
             self.transport.close()
 
+    def _answer(self, status: int, message: str, retry_after: int | None = None) -> None:
+        """An error written straight to the socket (the caller closes it): for what the app never sees."""
+        body = json.dumps({"error": message}).encode()
+        extra = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n")
+        self._disarm()
+        self.transport.write(head.encode() + body)
+
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         super().data_received(data)
-        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+        if self.transport.is_closing():
+            return
+        declared = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)   # h11's chunked reader
+        if isinstance(declared, int) and declared > self.limits.max_body_bytes:
+            self._answer(413, f"a chunk of {declared} bytes exceeds the body limit of {self.limits.max_body_bytes}")
+            self.transport.close()
+        elif self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             self._disarm()        # the request is in (or the connection is done): the batcher's timeout governs
 
     def on_response_complete(self) -> None:
@@ -61,6 +109,9 @@ class _ReadDeadline(H11Protocol):
 
     def connection_lost(self, exc):
         self._disarm()
+        self.clients[self._address] -= 1
+        if not self.clients[self._address]:
+            del self.clients[self._address]
         super().connection_lost(exc)
 
 
@@ -85,7 +136,7 @@ def listen(config: ServeConfig) -> socket.socket:
 
 
 def uvicorn_config(app, config: ServeConfig, verbose: bool = False) -> uvicorn.Config:
-    protocol = type("ReadDeadlineProtocol", (_ReadDeadline,), {"read_timeout_s": float(config.read_timeout_s)})
+    protocol = type("GuardedProtocol", (_Guarded,), {"limits": config, "clients": {}})
     return uvicorn.Config(app, http=protocol, ws="none", lifespan="on", log_level="info" if verbose else "warning",
                           access_log=verbose, timeout_keep_alive=config.keep_alive_s,
                           limit_concurrency=config.max_connections, server_header=False, proxy_headers=False,
@@ -129,6 +180,8 @@ def serve_model(model_path: str, config: ServeConfig, verbose: bool = False, pre
     """Load a model directory through `Predictor.load` (forwards in `precision`) and serve it until interrupted."""
     config.validate()
     sock = listen(config)          # before loading: a busy port fails at once, not after the model has loaded
+    if not config.loopback and not config.api_key:
+        print(OPEN_WARNING.format(host=config.host), file=sys.stderr, flush=True)
     try:
         predictor = Predictor.load(model_path, precision=precision)
         endpoints = model_endpoints(predictor, config)

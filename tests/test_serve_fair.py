@@ -1,0 +1,212 @@
+"""Serving stays fair: the batcher budgets forwards by padded tokens and takes clients in turn (a heavy request is
+split and waits its turn), admission is bounded (429 / 503 with Retry-After), connections are capped per address,
+idle ones dropped, a huge declared chunk is answered 413 at once, and --api-key requires a Bearer token."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from bertkit.serve import Batcher, RequestError, ServeConfig  # noqa: E402
+from bertkit.serve.batcher import Budget, Part, chunks  # noqa: E402
+from test_serve import _echo_endpoints, _raw_exchange, _request, server  # noqa: E402,F401
+
+
+def _one(b: Batcher, item, weight: int = 1, **kw):
+    return b.submit([Part(item, weight)], **kw)
+
+
+def test_batcher_groups_concurrent_requests():
+    sizes = []
+    b = Batcher(lambda items: (sizes.append(len(items)), [x["v"] * 2 for x in items])[1], max_batch=8, max_wait_ms=50)
+    futs = [_one(b, {"v": i}) for i in range(20)]
+    assert [f.result(timeout=5) for f in futs] == [[2 * i] for i in range(20)]
+    assert sum(sizes) == 20 and max(sizes) == 8 and len(sizes) <= 4
+    b.close()
+    one = Batcher(lambda items: [len(items)] * len(items), max_batch=1)
+    assert {_one(one, {}).result(timeout=5)[0] for _ in range(5)} == {1}
+    one.close()
+
+
+def test_batcher_counts_texts_not_requests():
+    sizes = []
+    b = Batcher(lambda items: (sizes.append(sum(items)), items)[1], max_batch=8, max_wait_ms=100)
+    futs = [_one(b, w, weight=w) for w in (5, 5, 3, 20, 1)]
+    assert [f.result(timeout=5)[0] for f in futs] == [5, 5, 3, 20, 1]
+    assert max(sizes) == 20 and all(s <= 8 for s in sizes if s != 20), sizes    # an oversized request goes alone
+    b.close()
+
+
+def test_batcher_lone_request_does_not_wait():
+    """Sparse traffic, or one client at a time: a request that comes while no other is in flight runs at once, not
+    after max_wait_ms, even right after the one before it."""
+    b = Batcher(lambda items: [len(items)] * len(items), max_batch=8, max_wait_ms=400)
+    for pause in (0.0, 0.0, 0.45):
+        t0 = time.monotonic()
+        assert _one(b, {}).result(timeout=5) == [1]
+        assert time.monotonic() - t0 < 0.2
+        time.sleep(pause)
+    # a burst still batches: the first goes alone at once, the rest wait for each other
+    futs = [_one(b, {}) for _ in range(6)]
+    assert sum(f.result(timeout=5)[0] > 1 for f in futs) >= 4
+    b.close()
+
+
+def test_batcher_isolates_per_item_errors_and_drops_expired():
+    b = Batcher(lambda items: [ValueError("bad") if x["v"] < 0 else x["v"] for x in items], max_batch=4, max_wait_ms=20)
+    good, bad = _one(b, {"v": 1}), _one(b, {"v": -1})
+    assert good.result(timeout=5) == [1]
+    with pytest.raises(ValueError, match="bad"):
+        bad.result(timeout=5)
+    b.close()
+    ran = []
+    slow = Batcher(lambda items: (ran.extend(items), time.sleep(0.3), items)[2], max_batch=1)
+    first, late = _one(slow, "first", timeout=5), _one(slow, "late", timeout=0.1)
+    assert first.result(timeout=5) == ["first"]
+    time.sleep(0.2)
+    assert ran == ["first"] and late.cancelled() and slow.expired == 1
+    slow.close()
+
+
+def test_chunks_keep_each_run_within_the_quantum():
+    assert chunks([10, 10, 10, 10], 20) == [(0, 2, 10), (2, 4, 10)]
+    assert chunks([5, 30, 5], 20) == [(0, 1, 5), (1, 2, 30), (2, 3, 5)]      # a text over the quantum goes alone
+    assert chunks([3, 3, 3], 0) == [(0, 3, 3)] and chunks([], 8) == []
+
+
+def test_a_heavy_client_is_split_and_takes_turns():
+    """Client "heavy" queues 8 parts of 2 x 16 tokens (the quantum of a 128-token budget is 16: a part each turn)
+    before a light client sends one short text: the light one rides in the next forward, not after the heavy
+    request's eight."""
+    batches = []
+
+    def run(items):
+        batches.append(list(items))
+        time.sleep(0.05)
+        return items
+    b = Batcher(run, max_batch=32, max_wait_ms=0, budget=Budget(max_batch_tokens=128))
+    heavy = b.submit([Part(f"h{i}", 2, 16) for i in range(8)], client="heavy")
+    time.sleep(0.01)
+    light = b.submit([Part("light", 1, 8)], client="light")
+    assert light.result(timeout=5) == ["light"]
+    assert heavy.result(timeout=5) == [f"h{i}" for i in range(8)]         # the parts come back in order
+    at = next(i for i, batch in enumerate(batches) if "light" in batch)
+    assert at <= 1 and len(batches[0]) > 1, batches          # alone, the heavy client filled the first forward
+    # padded size (texts x longest) never passes the budget
+    assert all(len(batch) * 2 * 16 <= 128 for batch in batches if "light" not in batch), batches
+    b.close()
+
+
+def test_a_long_embed_request_is_split_and_joined_unchanged(tmp_path):
+    """With a 16-token budget (quantum 4: one text per part) a TEI and an OpenAI request are answered in pieces,
+    and the answers equal the library's in one piece."""
+    import numpy as np
+    from test_serve_models import TEXTS, _save, _serve
+    from bertkit.infer import Predictor
+    pred = Predictor.load(_save(tmp_path / "m", "BertForMaskedLM"))
+    srv = _serve(pred, max_batch_tokens=16)
+    try:
+        texts = TEXTS * 2
+        batcher = srv.server.config.app.state.runtime.batchers["embed"]
+        status, got = _request(srv.port, "POST", "/embed", {"inputs": texts})
+        assert status == 200 and np.abs(np.array(got) - pred.embed(texts)).max() < 1e-5
+        assert batcher.batches >= 4 and batcher.items == len(texts)        # at most two short texts per forward
+        status, got = _request(srv.port, "POST", "/v1/embeddings", {"input": texts, "model": "m"})
+        counts = [len(pred.tokenizer.tokenize(t)) + 2 for t in texts]
+        assert status == 200 and [d["index"] for d in got["data"]] == list(range(len(texts)))
+        assert got["usage"] == {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}
+        assert np.abs(np.array([d["embedding"] for d in got["data"]]) - pred.embed(texts)).max() < 1e-5
+    finally:
+        srv.stop()
+
+
+def test_admission_is_bounded_with_retry_after():
+    b = Batcher(lambda items: (time.sleep(0.3), items)[1], max_batch=1,
+                budget=Budget(max_client_tokens=100, max_queue_tokens=150))
+    first = b.submit([Part("a", 4, 20)], client="x")                      # 80 tokens: a client's first always goes in
+    with pytest.raises(RequestError) as e:
+        b.submit([Part("b", 2, 20)], client="x")                          # 80 + 40 > 100
+    assert e.value.status == 429 and e.value.retry_after >= 1
+    with pytest.raises(RequestError) as e:
+        b.submit([Part("c", 4, 20)], client="y")                          # 80 + 80 > 150 in all
+    assert e.value.status == 503 and e.value.retry_after >= 1
+    assert first.result(timeout=5) == ["a"]
+    assert b.submit([Part("b", 2, 20)], client="x").result(timeout=5) == ["b"]   # served again once it drained
+    b.close()
+
+
+def test_a_busy_client_gets_429_over_http(server):
+    from concurrent.futures import ThreadPoolExecutor
+    port = server(_echo_endpoints([], delay=0.5), max_client_tokens=1, max_batch=1)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_request, port, "POST", "/echo", {"text": "a"})
+        time.sleep(0.15)
+        status, body, resp = _request(port, "POST", "/echo", {"text": "b"}, full=True)
+        assert first.result()[0] == 200
+    assert status == 429 and resp.getheader("Retry-After", "").isdigit() and "limit" in body["error"]
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind((source, 0))                       # Linux routes all of 127/8 to lo: another "client address"
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def test_connections_are_capped_per_address_and_idle_ones_dropped(server):
+    port = server(_echo_endpoints([]), max_client_connections=3, keep_alive_s=1, read_timeout_s=5)
+    held = [_connect(port, "127.0.0.2") for _ in range(3)]
+    try:
+        extra = _connect(port, "127.0.0.2")
+        got = extra.recv(1000)
+        assert got.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in got.lower()
+        extra.close()
+        assert _request(port, "POST", "/echo", {"text": "a"})[0] == 200        # another address is served
+        t0 = time.monotonic()                  # the held ones never sent a byte: dropped after keep_alive_s
+        assert all(s.recv(100) == b"" for s in held) and time.monotonic() - t0 < 3
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    again = _connect(port, "127.0.0.2")
+    again.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert again.recv(1000).startswith(b"HTTP/1.1 200")
+    again.close()
+
+
+def test_a_huge_declared_chunk_is_413_at_once(server):
+    port = server(_echo_endpoints([]), read_timeout_s=10)
+    t0 = time.monotonic()
+    got = _raw_exchange(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              b"ffffffffffffffff\r\n{", wait=5)
+    assert got.startswith(b"HTTP/1.1 413") and time.monotonic() - t0 < 2
+
+
+def test_api_key_is_required_as_bearer(server):
+    port = server(_echo_endpoints([]), api_key="s3cret")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        status, body, resp = _request(port, "POST", "/echo", {"text": "a"},
+                                      headers={"Content-Type": "application/json", **headers}, full=True)
+        assert status == 401 and resp.getheader("WWW-Authenticate") == "Bearer" and "API key" in body["error"]
+    assert _request(port, "GET", "/health", headers={"Authorization": "Bearer wrong"})[0] == 401
+    ok = _request(port, "POST", "/echo", {"text": "a"},
+                  headers={"Content-Type": "application/json", "Authorization": "Bearer s3cret"})
+    assert ok == (200, {"upper": "A", "n": 1})
+
+
+def test_binding_beyond_loopback_without_a_key_warns(tmp_path, capsys):
+    from bertkit.serve import serve_model
+    with pytest.raises(Exception):                # the model is missing: it stops right after the warning
+        serve_model(str(tmp_path / "absent"), ServeConfig(host="0.0.0.0", port=0))
+    assert "no --api-key" in capsys.readouterr().err
+    with pytest.raises(Exception):
+        serve_model(str(tmp_path / "absent"), ServeConfig(host="0.0.0.0", port=0, api_key="k"))
+    assert "no --api-key" not in capsys.readouterr().err
+    with pytest.raises(Exception, match="--api-key"):
+        ServeConfig(api_key="two words").validate()
