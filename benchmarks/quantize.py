@@ -55,6 +55,22 @@ def emit(record: dict) -> dict:
     return record
 
 
+def work_dir(args, prefix: str) -> Path:
+    """--threads applied, and the --work directory (a fresh temp one by default), made."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = Path(args.work or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def emit_all(records: list[dict]) -> dict:
+    """The closing record: the machine, torch, this CPU's int8 plan and every record of the run."""
+    return emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
+                 "int8_plan": [x for x in runtime.describe(runtime.plan("cpu")) if x.startswith("int8")],
+                 "records": records})
+
+
 def batches_of(model_dir: Path, texts: list[str], batch: int) -> list[dict]:
     from bertkit.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(model_dir)
@@ -237,15 +253,11 @@ def main() -> None:
                    help="accuracy case: layers kept in float (as `bertkit quantize --keep-float`)")
     p.add_argument("--work", default=None, help="directory for ONNX files, the base weights and fine-tuned runs")
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    work = Path(args.work or tempfile.mkdtemp(prefix="bertkit-quantize-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args, "bertkit-quantize-")
     records = []
     for case in args.cases.split(","):
         records += {"speed": speed, "accuracy": accuracy}[case](args, work)
-    emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
-          "int8_plan": [line for line in runtime.describe(runtime.plan("cpu")) if line.startswith("int8")], "records": records})
+    emit_all(records)
 
 
 if __name__ == "__main__":
