@@ -17,7 +17,7 @@ shape (random weights, saved once so every runner reads the same file):
   residual stream). `--no-anchors` leaves out transformers and onnxruntime (bertkit's own paths only).
 Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
 sequences/s from the median repeat; "ratios" divide bertkit int8 by each, "int8_vs_best_float" by the faster of
-bertkit fp32 and bf16 (the issue's line: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
+bertkit fp32 and bf16 (the target: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
 thread count.
 
 accuracy: MiniLM-L6 fine-tuned by `bertkit finetune` (lr 5e-5, settings in ACCURACY_TASKS) on the sentiment
