@@ -26,11 +26,8 @@ The machine's other load moves every figure; the shares and fractions move less 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -40,10 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quantize import batches_of, bbc_sentences, model_dir_for  # noqa: E402
+from quantize import batches_of, bbc_sentences, emit, emit_all, model_dir_for, work_dir  # noqa: E402
 
 from bertkit import runtime  # noqa: E402
-from bertkit.hardware import cpu_model, native_bf16  # noqa: E402
+from bertkit.hardware import native_bf16  # noqa: E402
 
 # op class -> substrings of profiler op names, first match wins (checked in this order)
 CLASSES = {
@@ -54,12 +51,6 @@ CLASSES = {
     "quantize": ("quantize", "aminmax", "int_repr"),
     "layout": ("index", "copy_", "cat", "fill_", "zero_", "gather", "scatter", "masked", "nonzero", "pad"),
 }
-
-
-def emit(record: dict) -> dict:
-    record.setdefault("threads", torch.get_num_threads())
-    print(json.dumps(record), flush=True)
-    return record
 
 
 def int8_peak(n: int = 2048) -> float:
@@ -180,19 +171,14 @@ def main() -> None:
     p.add_argument("--int8-engine", default=None, help="fbgemm or onednn (default: the probe's, else PyTorch's)")
     p.add_argument("--work", default=None, help="directory for the BERT-base weights file")
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    work = Path(args.work or tempfile.mkdtemp(prefix="bertkit-profile-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args, "bertkit-profile-")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                  # int8 kernels' deprecation notes
         peak = peaks()
         emit({"case": "peak", "how": "measured: best 2048^3 GEMM per dtype ever seen here", **{k: round(v / 1e9, 1)
                                                                                 for k, v in peak.items()}})
         records = run(args, work, peak)
-    emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
-          "int8_plan": [x for x in runtime.describe(runtime.plan("cpu")) if x.startswith("int8")],
-          "records": records})
+    emit_all(records)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ shape (random weights, saved once so every runner reads the same file):
   residual stream). `--no-anchors` leaves out transformers and onnxruntime (bertkit's own paths only).
 Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
 sequences/s from the median repeat; "ratios" divide bertkit int8 by each, "int8_vs_best_float" by the faster of
-bertkit fp32 and bf16 (the issue's line: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
+bertkit fp32 and bf16 (the target: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
 thread count.
 
 accuracy: MiniLM-L6 fine-tuned by `bertkit finetune` (lr 5e-5, settings in ACCURACY_TASKS) on the sentiment
@@ -53,6 +53,22 @@ def emit(record: dict) -> dict:
     record.setdefault("threads", torch.get_num_threads())
     print(json.dumps(record), flush=True)
     return record
+
+
+def work_dir(args, prefix: str) -> Path:
+    """--threads applied, and the --work directory (a fresh temp one by default), made."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = Path(args.work or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def emit_all(records: list[dict]) -> dict:
+    """The closing record: the machine, torch, this CPU's int8 plan and every record of the run."""
+    return emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
+                 "int8_plan": [x for x in runtime.describe(runtime.plan("cpu")) if x.startswith("int8")],
+                 "records": records})
 
 
 def batches_of(model_dir: Path, texts: list[str], batch: int) -> list[dict]:
@@ -237,15 +253,11 @@ def main() -> None:
                    help="accuracy case: layers kept in float (as `bertkit quantize --keep-float`)")
     p.add_argument("--work", default=None, help="directory for ONNX files, the base weights and fine-tuned runs")
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    work = Path(args.work or tempfile.mkdtemp(prefix="bertkit-quantize-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args, "bertkit-quantize-")
     records = []
     for case in args.cases.split(","):
         records += {"speed": speed, "accuracy": accuracy}[case](args, work)
-    emit({"case": "all", "cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
-          "int8_plan": [line for line in runtime.describe(runtime.plan("cpu")) if line.startswith("int8")], "records": records})
+    emit_all(records)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def test_cli_embed_and_serve_equal_sentence_transformers(encoder_dir, tmp_path, 
         assert _cosines(np.load(tmp_path / "v.npy"), theirs).min() >= 0.99999, args
     srv = _serve(Predictor.load(tmp_path / "m"))
     try:
-        for body, name in (({}, "query"), ({"prompt_name": "passage"}, "passage")):
+        for body, name in (({}, "query"), ({"prompt_name": "passage"}, "passage"),
+                           ({"truncation_direction": "Left"}, "query")):      # laid out as id rows, prompt left out
             got = httpx.post(f"{srv.url}/embed", json={"inputs": TEXTS, **body}, timeout=30)
             assert got.status_code == 200
             assert _cosines(got.json(), model.encode(TEXTS, prompt_name=name)).min() >= 0.99999, body

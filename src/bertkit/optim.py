@@ -8,8 +8,9 @@
 * `StableAdamW`: AdamW with AdaFactor's update clipping per tensor (Wortsman et al. 2023, "Stable and low-precision
   training for large-scale vision-language models"; ModernBERT's optimiser): a tensor whose gradient is large
   against its second-moment estimate (RMS of g^2 / v_hat over the tensor above 1) takes a step shrunk by that RMS,
-  so a gradient spike cannot make one huge update. Without spikes (RMS <= 1) it is AdamW exactly; it replaces
-  gradient-norm clipping, which scales every tensor by one global number.
+  so a gradient spike cannot make one huge update. Without spikes (RMS <= 1) it is AdamW exactly. Unlike
+  gradient-norm clipping (one global factor for every tensor, which the training loop still applies unless
+  clip is 0) it acts per tensor.
 * `Lamb`: layer-wise adaptive moments (You et al. 2019, "Large Batch Optimization for Deep Learning"): the Adam
   update plus decoupled weight decay, rescaled per parameter tensor by the trust ratio ||w|| / ||update|| (1 when
   either norm is 0), so every layer moves by a similar relative amount; what makes batch 32k work for BERT.

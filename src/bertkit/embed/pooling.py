@@ -221,8 +221,11 @@ class SentenceEncoder(nn.Module):
                       device=next(self.parameters()).device)
 
     def prompt_length(self, tokenizer, prompt: str, max_length: int | None = None) -> int:
-        """The prompt's tokens at the start of a prompted text: [CLS] and its pieces, as sentence-transformers
-        counts them (the prompt tokenized alone, less a closing special token)."""
+        """The prompt's tokens at the start of a prompted text that pooling leaves out: [CLS] and its pieces, as
+        sentence-transformers counts them (the prompt tokenized alone, less a closing special token); 0 where the
+        pooling includes the prompt."""
+        if not prompt or self.pooling.include_prompt:
+            return 0
         ids = self.tokenize(tokenizer, [prompt], max_length)["input_ids"][0].tolist()
         return len(ids) - (ids[-1] in tokenizer.special_ids)
 
@@ -235,24 +238,29 @@ class SentenceEncoder(nn.Module):
         prompt) goes before each text."""
         prompt = self.prompts.text(prompt, prompt_name)
         texts = [prompt + t for t in texts]
-        skip = self.prompt_length(tokenizer, prompt, max_length) if prompt and not self.pooling.include_prompt else 0
+        skip = self.prompt_length(tokenizer, prompt, max_length)
         return self._vectors([len(t) for t in texts],
-                             lambda idx: self.tokenize(tokenizer, [texts[i] for i in idx], max_length), batch_size,
-                             precision, progress, skip)
+                             lambda idx: {**self.tokenize(tokenizer, [texts[i] for i in idx], max_length),
+                                          "prompt_length": skip}, batch_size, precision, progress)
 
     @torch.inference_mode()
     def encode_ids(self, tokenizer, rows: Sequence[list[int]], batch_size: int = 32,
-                   precision: str | bool | None = PRECISION) -> np.ndarray:
+                   precision: str | bool | None = PRECISION, prompt_lengths: Sequence[int] | None = None) -> np.ndarray:
         """(n, dim) float32 vectors of model inputs given as ids, each row whole ([CLS] ... [SEP] as the caller put
-        them) and already within the model's length."""
+        them) and already within the model's length; prompt_lengths: per row, the prompt tokens pooling leaves out
+        (`prompt_length`; 0 for a row without a prompt)."""
         device = next(self.parameters()).device
-        return self._vectors([len(r) for r in rows], lambda idx: id_batch(tokenizer, [rows[i] for i in idx], device),
-                             batch_size, precision)
 
-    def _vectors(self, lengths: list[int], make_batch, batch_size: int, precision, progress: bool = False,
-                 prompt_length: int = 0):
+        def batch(idx: list[int]) -> dict:
+            out = id_batch(tokenizer, [rows[i] for i in idx], device)
+            if prompt_lengths is not None:
+                out["prompt_length"] = torch.tensor([prompt_lengths[i] for i in idx], device=device)
+            return out
+        return self._vectors([len(r) for r in rows], batch, batch_size, precision)
+
+    def _vectors(self, lengths: list[int], make_batch, batch_size: int, precision, progress: bool = False):
         out = np.zeros((len(lengths), self.dim), dtype=np.float32)
-        batches = forward_batches(self, lengths, make_batch, batch_size, precision, prompt_length=prompt_length)
+        batches = forward_batches(self, lengths, make_batch, batch_size, precision)
         if progress:                    # no bar object at all otherwise: serve embeds one request's texts per call
             batches = progress_bar(batches, show=True, total=-(-len(lengths) // batch_size), desc="embed",
                                    unit="batch")

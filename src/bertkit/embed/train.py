@@ -174,8 +174,8 @@ class EmbedBatches:
         for name, texts in zip(data.columns, columns):
             limit, prompt = self.max_lengths.get(name), self.prompts.get(name, "")
             features = self.encoder.tokenize(self.tokenizer, [prompt + t for t in texts], limit)
-            if prompt and not self.encoder.pooling.include_prompt:
-                skip = self.encoder.prompt_length(self.tokenizer, prompt, limit)
+            skip = self.encoder.prompt_length(self.tokenizer, prompt, limit)
+            if skip:
                 features["prompt_length"] = torch.full((len(texts),), skip, device=features["input_ids"].device)
             for field, t in features.items():
                 batch[f"{name}.{field}"] = t                                   # (batch, seq), prompt_length (batch,)

@@ -126,9 +126,9 @@ class ShardWriter:
         for field, arr in arrays.items():
             path, buf = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
             np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)     # hashed in memory, not read back
-            write_bytes(path, buf.getvalue(), sync=False)
-            digest = hashlib.sha256(buf.getvalue()).hexdigest()
-            files[field] = {"file": path.name, "bytes": buf.tell(), "sha256": digest}
+            data = buf.getvalue()                   # one copy of the bytes, written and hashed
+            write_bytes(path, data, sync=False)
+            files[field] = {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         entry = {"name": name, "examples": int(self._n), "files": files}
         write_json(self.out_dir / f"{name}.done.json", entry, indent=1, sync=False)   # write_manifest syncs
         self.shards.append(entry)

@@ -226,11 +226,10 @@ def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = Fal
         m.float_below, m.float_packed, m.bf16_faster = float_below, float_packed, bf16_faster
 
 
-def runs_int8(model: nn.Module, bf16: bool = True) -> bool:
-    """Whether some layer of `model` runs the int8 kernel (`set_engine`), under bf16 autocast if `bf16`: a model
-    that does wants fp32 activations, as the kernel takes them."""
-    return any(isinstance(m, Int8Linear) and m.engine is not None and not (bf16 and m.bf16_faster)
-               for m in model.modules())
+def runs_int8(model: nn.Module) -> bool:
+    """Whether some layer of `model` runs the int8 kernel (`set_engine`) under bf16 autocast: a model that does
+    wants fp32 activations, as the kernel takes them."""
+    return any(isinstance(m, Int8Linear) and m.engine is not None and not m.bf16_faster for m in model.modules())
 
 
 def _matches(name: str, patterns) -> bool:

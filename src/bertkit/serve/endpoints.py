@@ -131,7 +131,10 @@ def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
     for (as_rows, pooling, normalize, prompt), idx in groups.items():  # requests with the same options share a forward
         if as_rows:
             rows = [r for i in idx for r in out[i]]
-            vecs = predictor.embed_ids(rows, normalize=normalize, batch_size=len(rows))
+            # a text's prompt is left out of the pooling as on the text path (include_prompt false); ids get none
+            skip = predictor.sentence_encoder(None, normalize).prompt_length(predictor.tokenizer, prompt, max_length)
+            skips = [skip if isinstance(x, str) else 0 for i in idx for x in jobs[i].inputs]
+            vecs = predictor.embed_ids(rows, normalize=normalize, batch_size=len(rows), prompt_lengths=skips)
         else:
             texts = [t for i in idx for t in jobs[i].inputs]
             vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,

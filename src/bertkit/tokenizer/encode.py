@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bertkit.errors import BertkitError, VocabError
+from bertkit.errors import BertkitError
 from bertkit.hub import resolve_model_dir
 from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, overflow, pad_encodings,
                                       split_words_pieces, to_tensors)

@@ -120,7 +120,6 @@ class MaskRateSchedule(Callback):
             c.mask_prob = self.rate(state.step, state.total)
 
 
-
 def _manifests(pc: PretrainConfig) -> dict[str, dict]:
     dirs = {name: getattr(pc, name) for name in ("shards", "phase2_shards", "eval_shards") if getattr(pc, name)}
     out = {name: read_manifest(path, strict=True) for name, path in dirs.items()}

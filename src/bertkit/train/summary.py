@@ -7,7 +7,6 @@ one whole word masked, and the trained model's top-5 for it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
