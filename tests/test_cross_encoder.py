@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 st = pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
@@ -63,8 +64,10 @@ def cross_encoders(tmp_path_factory):
 
 
 def _predict(path, docs=DOCS) -> np.ndarray:
-    """CrossEncoder.predict's score of each (QUERY, doc): its output, or the relevant label's column of it."""
-    scores = st.CrossEncoder(str(path)).predict([(QUERY, d) for d in docs])
+    """CrossEncoder.predict's score of each (QUERY, doc): its output, or the relevant label's column of it (raw
+    logits of several labels softmaxed)."""
+    ce = st.CrossEncoder(str(path))
+    scores = ce.predict([(QUERY, d) for d in docs], apply_softmax=isinstance(ce.activation_fn, torch.nn.Identity))
     column = {3: 1}.get(scores.shape[-1], -1) if scores.ndim == 2 else None     # entailment, else the last label
     return scores if column is None else scores[:, column]
 

@@ -241,7 +241,8 @@ def test_rerank_scores_and_sorts(capsys, tiny_ce, data):
     got = ce.score("the man is eating", docs)
     logits = ce.predictor.logits(["the man is eating"] * len(docs), docs)
     assert np.allclose(sorted(got, reverse=True), scores, atol=1e-6)
-    assert np.allclose(got, logits[:, 1], atol=1e-6)        # two labels: label "1"'s logit, as CrossEncoder.predict
+    probs = torch.from_numpy(logits).softmax(-1)[:, 1].numpy()     # two labels: label "1"'s probability,
+    assert np.allclose(got, probs, atol=1e-6)                       # as CrossEncoder.predict(apply_softmax=True)
     top = rerank(tiny_ce, "the man is eating", docs, top_k=2)
     assert [r["index"] for r in top] == [r["index"] for r in results[:2]]
     assert "document 2 is empty" in str(pytest.raises(Exception, ce.score, "q", ["a man", " "]).value)

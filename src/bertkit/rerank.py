@@ -6,8 +6,8 @@
 
 The score of a pair is sentence-transformers' `CrossEncoder.predict`'s, at every front door (`rerank`, `search
 --rerank`, serve's /rerank, this module): the model's saved activation on its logits (by default Sigmoid for one
-output, the logits as they are for two or more), then the relevant label's column: the label named 1 / positive /
-pos / relevant / true / yes / entailment, else the last label.
+output, none for two or more: these are softmaxed, as predict(apply_softmax=True)), then the relevant label's
+column: the label named 1 / positive / pos / relevant / true / yes / entailment, else the last label.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ class CrossEncoder:
     def from_logits(self, logits: np.ndarray, raw: bool = False) -> np.ndarray:
         """(n, labels) logits -> (n,) scores, CrossEncoder.predict's; raw: the relevant label's logits, the
         activation skipped (TEI's raw_scores)."""
-        return relevance(logits, torch.nn.Identity() if raw else self.activation, self.positive)
+        if raw:
+            return np.asarray(logits, dtype=np.float32)[:, self.positive]
+        return relevance(logits, self.activation, self.positive)
 
     def score(self, query: str, docs: Sequence[str], batch_size: int = 32, max_length: int | None = None) -> np.ndarray:
         """(len(docs),) float32 scores of (query, doc) pairs, cut to max_length pieces (default: self.max_length)."""

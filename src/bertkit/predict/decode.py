@@ -58,9 +58,13 @@ def class_scores(logits, function: str):
 def relevance(logits, activation, positive: int = 0) -> np.ndarray:
     """(n, labels) logits -> (n,) float32 scores as sentence-transformers' CrossEncoder.predict gives them: its
     `activation` (a torch module: Sigmoid, Identity...) on the logits, then label `positive`'s column (a one-output
-    model's only one)."""
+    model's only one). Two or more raw logits (Identity) are softmaxed first, as predict(apply_softmax=True): one
+    label's logit alone does not rank pairs, since softmax lets every logit of a row move together."""
     with torch.no_grad():
-        return activation(torch.as_tensor(logits).float())[:, positive].numpy().astype(np.float32)
+        scores = activation(torch.as_tensor(logits).float())
+        if isinstance(activation, torch.nn.Identity) and scores.shape[-1] > 1:
+            scores = scores.softmax(-1)
+        return scores[:, positive].numpy().astype(np.float32)
 
 
 def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
