@@ -1,6 +1,6 @@
 """Where the inference time goes: achieved FLOP/s against this CPU's peak, and the share of time per op class.
 
-    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/profile.py [--models minilm,base] [--repeats 3]
+    flock /tmp/bertkit-bench.lock .venv/bin/python benchmarks/time_shares.py [--models minilm,base] [--repeats 3]
 
 For MiniLM-L6 (the real all-MiniLM-L6-v2 weights) and BERT-base shape (random weights), at batch 32 and 1, on real
 BBC sentences (bertkit.datasets, up to 128 tokens, as benchmarks/quantize.py): bertkit frozen fp32, bf16 autocast
