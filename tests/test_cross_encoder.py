@@ -123,7 +123,7 @@ def _pairs_file(path, regress: bool):
     return str(path)
 
 
-@pytest.mark.parametrize("task", ["pair", "regress"])
+@pytest.mark.parametrize("task", ["cross-encoder", "regress"])      # cross-encoder: the pair task's other name
 def test_a_bertkit_cross_encoder_loads_in_cross_encoder_with_equal_scores(tmp_path, task, capsys):
     from bertkit.cli import main
     from bertkit.rerank import rerank

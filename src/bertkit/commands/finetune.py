@@ -18,7 +18,7 @@ from bertkit import progress
 from bertkit.commands import add_precision_argument, checks, chosen_precision, inference_precision
 from bertkit.commands import embed as embed_cmd
 from bertkit.errors import ConfigError
-from bertkit.tasks.registry import TASKS, default
+from bertkit.tasks.registry import ALIASES, TASKS, default
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -39,7 +39,7 @@ def register(sub) -> None:
                        description="Fine-tune a pre-trained (or preset, randomly initialised) BERT on a task file. "
                                    "Defaults follow the BERT paper (A.3): lr 5e-5 (grid 5e-5/3e-5/2e-5), batch 32, "
                                    "3 epochs, 10% warmup, dropout 0.1, bf16 autocast where native.")
-    p.add_argument("--task", required=True, choices=(*TASKS, "embed"))
+    p.add_argument("--task", required=True, choices=(*TASKS, *ALIASES, "embed"))
     p.add_argument("--model", required=True, help="model directory (HF format) or preset name (tiny/mini/...)")
     p.add_argument("--vocab", help="vocab.txt or model directory, for a preset model")
     p.add_argument("--train", required=True, help="training file (.csv/.tsv/.jsonl, CoNLL, SQuAD .json)")

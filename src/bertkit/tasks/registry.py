@@ -12,11 +12,13 @@ from dataclasses import fields
 from bertkit.errors import ConfigError
 from bertkit.tasks.task import Task
 
-__all__ = ["TASKS", "make_task", "task_class", "default"]
+__all__ = ["TASKS", "ALIASES", "make_task", "task_class", "default"]
 
 TASKS = {"classify": "bertkit.tasks.classify.SequenceTask", "pair": "bertkit.tasks.classify.SequenceTask",
          "regress": "bertkit.tasks.classify.SequenceTask", "multilabel": "bertkit.tasks.classify.SequenceTask",
          "tag": "bertkit.tasks.tag.TokenTask", "qa": "bertkit.tasks.qa.QATask"}
+# sentence-transformers' name for a pair classifier that reranks: the same task, saved as "pair"
+ALIASES = {"cross-encoder": "pair"}
 
 
 def task_class(kind: str) -> type[Task]:

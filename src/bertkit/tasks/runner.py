@@ -52,7 +52,7 @@ from bertkit.precision import resolve
 from bertkit.progress import forward_bar, say
 from bertkit.tasks.batching import BucketBatchSampler, collate
 from bertkit.tasks.memory import materialize
-from bertkit.tasks.registry import TASKS, default, make_task
+from bertkit.tasks.registry import ALIASES, TASKS, default, make_task
 from bertkit.tasks.resume import Settings, checkpointing, finished
 from bertkit.tasks.task import Feature, Task
 from bertkit.textfiles import shown_all
@@ -116,6 +116,7 @@ class FinetuneConfig:
     def __post_init__(self):
         self.resume = bool(self.resume or self.training.resume)
         self.training = replace(self.training, resume=self.resume)
+        self.task = ALIASES.get(self.task, self.task)
         if self.task not in TASKS:
             raise ConfigError(f"--task {self.task!r}: choose one of {', '.join(TASKS)}")
         if self.max_length is None:
