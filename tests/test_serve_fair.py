@@ -210,3 +210,29 @@ def test_binding_beyond_loopback_without_a_key_warns(tmp_path, capsys):
     assert "no --api-key" not in capsys.readouterr().err
     with pytest.raises(Exception, match="--api-key"):
         ServeConfig(api_key="two words").validate()
+
+
+def test_an_address_flooding_malformed_requests_is_braked(server):
+    """127.0.0.2 sends malformed requests back to back: past a burst of ten seconds' max_client_errors 4xx, its new
+    connections are held a second and answered 429, so it gets few answers, while 127.0.0.3 is served at once; the brake wears off."""
+    port = server(_echo_endpoints([]), max_client_errors=5)
+    answers, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < 2.5:
+        s = _connect(port, "127.0.0.2")
+        s.sendall(b"GARBAGE / HTTP/1.1\r\n\r\n")
+        answers.append((s.recv(1000)[:12], time.monotonic()))
+        s.close()
+    bad = [t for a, t in answers if a == b"HTTP/1.1 400"]
+    held = [a for a, _ in answers if a == b"HTTP/1.1 429"]
+    assert 50 <= len(bad) <= 50 + 5 * 3 and held and len(bad) + len(held) == len(answers), answers[:20]
+    other = _connect(port, "127.0.0.3")                   # meanwhile another address: answered at once
+    t1 = time.monotonic()
+    other.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert other.recv(1000).startswith(b"HTTP/1.1 200") and time.monotonic() - t1 < 0.5
+    other.close()
+    time.sleep(2.1)                                       # quiet for two seconds: served again, at once
+    again = _connect(port, "127.0.0.2")
+    t2 = time.monotonic()
+    again.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert again.recv(1000).startswith(b"HTTP/1.1 200") and time.monotonic() - t2 < 0.5
+    again.close()

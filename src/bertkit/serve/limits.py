@@ -60,6 +60,8 @@ class ServeConfig:
     max_client_connections: int = 64   # open connections per client address; more are answered 503 and closed
     max_client_tokens: int = 32768     # tokens a client address may have queued -> 429 with Retry-After
     max_queue_tokens: int = 262144     # tokens queued in all -> 503 with Retry-After
+    max_client_errors: int = 20        # 4xx answers a second an address may cause (over ten seconds) before its
+                                       # new connections are held a second and answered 429; 0: no brake
     api_key: str | None = None         # required as "Authorization: Bearer KEY" on every request (401 otherwise)
 
     def validate(self) -> "ServeConfig":
@@ -67,7 +69,7 @@ class ServeConfig:
         at_least = {"max_batch": 1, "max_length": 3, "max_body_bytes": 2, "max_text_chars": 1, "max_inputs": 1,
                     "max_masks": 1, "max_top_k": 1, "max_beam_size": 1, "max_json_depth": 2, "max_int": 1,
                     "keep_alive_s": 1, "max_connections": 1, "max_batch_tokens": 1, "max_client_connections": 1,
-                    "max_client_tokens": 1, "max_queue_tokens": 1}
+                    "max_client_tokens": 1, "max_queue_tokens": 1, "max_client_errors": 0}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is None and name == "max_length":

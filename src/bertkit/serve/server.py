@@ -5,8 +5,9 @@ uvicorn closes a keep-alive connection that stays idle, but not one that trickle
 a fresh connection that never sends anything, nor counts connections per client. `_Guarded` does, so that idle and
 slow clients are dropped by the server rather than starving the others: a connection that has sent nothing of its
 next request within keep_alive_s, or not all of it within read_timeout_s, is closed; an address holding
-max_client_connections gets 503 and its next one closed at once; a chunk declared larger than the body limit is
-answered 413 at once instead of being waited for.
+max_client_connections gets 503; an address that causes more than max_client_errors 4xx answers a second (a flood
+of malformed requests) gets 429 on its new connections and its kept-alive ones closed, so its share of the event
+loop is bounded; a chunk declared larger than the body limit is answered 413 at once instead of being waited for.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import socket
 import sys
 import threading
+import time
 from http import HTTPStatus
 
 import h11
@@ -36,28 +39,82 @@ OPEN_WARNING = ("bertkit serve: warning: --host {host} is reachable from other m
                 "anyone who can connect can use the model")
 
 
+class _Brake:
+    """4xx answers per address as a token bucket: each takes a token, `rate` come back a second, ten seconds' worth
+    are kept (a client's burst of mistakes is not a flood); an address with none left is braked. rate 0: never."""
+
+    def __init__(self, rate: int):
+        self.rate, self.burst = rate, 10 * rate
+        self.tokens: dict[str, tuple[float, float]] = {}     # address -> (tokens, when); absent: a full bucket
+
+    def _left(self, address: str, now: float) -> float:
+        tokens, then = self.tokens.get(address, (self.burst, now))
+        return min(self.burst, tokens + (now - then) * self.rate)
+
+    def spend(self, address: str, now: float) -> None:
+        if not self.rate:
+            return
+        if len(self.tokens) > 4096:             # forget the addresses whose bucket has filled up again
+            self.tokens = {a: v for a, v in self.tokens.items() if self._left(a, now) < self.burst}
+        # down to -rate: a brake lasts at most two seconds after the errors stop
+        self.tokens[address] = (max(-self.rate, self._left(address, now) - 1), now)
+
+    def braked(self, address: str, now: float) -> bool:
+        return self.rate > 0 and self._left(address, now) < 1
+
+
+class _Sparse(logging.Filter):
+    """uvicorn's warning for each malformed request, at most one a second: a flood of them is not a flood of lines."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = -1.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != "Invalid HTTP request received.":
+            return True
+        now = time.monotonic()
+        if now - self.last < 1.0:
+            return False
+        self.last = now
+        return True
+
+
 class _Guarded(H11Protocol):
     limits = ServeConfig()
     clients: dict[str, int] = {}      # address -> open connections; one dict per server (see uvicorn_config)
+    brake = _Brake(0)                 # address -> 4xx answers it caused; one per server
 
     def connection_made(self, transport):  # type: ignore[override]
         super().connection_made(transport)
         self._read_timer: asyncio.TimerHandle | None = None
+        self._held = False
         self._address = self.client[0] if self.client else ""
         self.clients[self._address] = self.clients.get(self._address, 0) + 1
+        send = self.conn.send
+        self.conn.send = lambda event: (self._counted(getattr(event, "status_code", 200)), send(event))[1]
         if self.clients[self._address] > self.limits.max_client_connections:
-            # held a second, unread and outside uvicorn's count, before the 503: a client that reconnects as soon as
-            # it is answered spins slowly instead of making the server accept thousands of sockets a second
-            self.connections.discard(self)
-            self.transport.pause_reading()
-            self._read_timer = self.loop.call_later(1.0, self._refuse_crowded)
+            self._hold(503, f"this address already has {self.limits.max_client_connections} connections open")
+        elif self.brake.braked(self._address, self.loop.time()):
+            self._hold(429, "this address sent too many bad requests; send fewer")
         else:
             self._arm()
 
-    def _refuse_crowded(self) -> None:
+    def _counted(self, status: int) -> None:
+        if 400 <= status < 500 and status != 429:       # a client's mistake, not the server's refusal
+            self.brake.spend(self._address, self.loop.time())
+
+    def _hold(self, status: int, message: str) -> None:
+        # held a second, unread and outside uvicorn's count, before the answer: a client that reconnects as soon as
+        # it is answered spins slowly instead of making the server accept thousands of sockets a second
+        self.connections.discard(self)
+        self._held = True                  # what it sends meanwhile is dropped unread: pause_reading can come late
+        self.transport.pause_reading()
+        self._read_timer = self.loop.call_later(1.0, self._refuse, status, message)
+
+    def _refuse(self, status: int, message: str) -> None:
         self._read_timer = None
-        self._answer(503, f"this address already has {self.limits.max_client_connections} connections open",
-                     retry_after=1)
+        self._answer(status, message, retry_after=1)
         self.transport.close()
 
     def _arm(self) -> None:
@@ -88,9 +145,12 @@ class _Guarded(H11Protocol):
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n")
         self._disarm()
+        self._counted(status)
         self.transport.write(head.encode() + body)
 
     def data_received(self, data: bytes) -> None:
+        if self._held:
+            return
         self._heard = True
         super().data_received(data)
         if self.transport.is_closing():
@@ -104,7 +164,9 @@ class _Guarded(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        if self.brake.braked(self._address, self.loop.time()):
+            self.transport.close()     # a braked address's next request waits at a new connection, held
+        elif not self.transport.is_closing():
             self._arm()           # the next request on this connection gets its own deadline
 
     def connection_lost(self, exc):
@@ -136,11 +198,16 @@ def listen(config: ServeConfig) -> socket.socket:
 
 
 def uvicorn_config(app, config: ServeConfig, verbose: bool = False) -> uvicorn.Config:
-    protocol = type("GuardedProtocol", (_Guarded,), {"limits": config, "clients": {}})
-    return uvicorn.Config(app, http=protocol, ws="none", lifespan="on", log_level="info" if verbose else "warning",
+    protocol = type("GuardedProtocol", (_Guarded,), {"limits": config, "clients": {},
+                                                     "brake": _Brake(config.max_client_errors)})
+    made = uvicorn.Config(app, http=protocol, ws="none", lifespan="on", log_level="info" if verbose else "warning",
                           access_log=verbose, timeout_keep_alive=config.keep_alive_s,
                           limit_concurrency=config.max_connections, server_header=False, proxy_headers=False,
                           timeout_graceful_shutdown=2)
+    logger = logging.getLogger("uvicorn.error")       # after uvicorn.Config, which sets its logging up
+    if not any(isinstance(f, _Sparse) for f in logger.filters):
+        logger.addFilter(_Sparse())
+    return made
 
 
 class ServerThread:
