@@ -35,6 +35,9 @@ def register(sub) -> None:
                    help="tokens a client address may have queued before 429 (with Retry-After)")
     p.add_argument("--max-queue-tokens", type=int, default=d.max_queue_tokens,
                    help="tokens queued in all before 503 (with Retry-After)")
+    p.add_argument("--max-client-errors", type=int, default=d.max_client_errors,
+                   help="4xx answers a second a client address may cause (over ten seconds) before its new "
+                        "connections get 429; 0: off")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request "
                                       "(default: $BERTKIT_API_KEY, else none)")
     # the options above are checked by ServeConfig.validate (one line naming the flag); this one is not
@@ -57,7 +60,7 @@ def run(args) -> int:
                       max_connections=args.max_connections, max_batch_tokens=args.max_batch_tokens,
                       max_client_connections=args.max_client_connections,
                       max_client_tokens=args.max_client_tokens, max_queue_tokens=args.max_queue_tokens,
-                      api_key=_api_key(args)).validate()
+                      max_client_errors=args.max_client_errors, api_key=_api_key(args)).validate()
     require_serve_extra()
     # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model
