@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_train import Batches, TinyMLM, _cfg, _one_thread  # noqa: E402, F401 (_one_thread: one thread here too)
 
 from bertkit import hardware, precision  # noqa: E402
+from bertkit.errors import ConfigError  # noqa: E402
 from bertkit.cli import build_parser  # noqa: E402
 from bertkit.train import latest_checkpoint, pretraining_step, train  # noqa: E402
 
@@ -89,3 +90,10 @@ def test_fp16_is_a_training_choice_only(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["predict", "--model", "m", "--data", "d.csv", "--out", "o", "--precision", "fp16"])
     assert "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
+def test_fp16_is_refused_under_fsdp(tmp_path):
+    # its GradScaler would find inf in each rank's own shards, and the ranks could disagree on a skipped step
+    with pytest.raises(ConfigError, match=r"precision='fp16' does not run with fsdp"):
+        train(TinyMLM(), Batches(), _cfg(precision="fp16", fsdp=True), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -312,6 +312,9 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
     # step functions that take `token_weight` get the global-batch token weighting (see _token_weights)
     weighted = "token_weight" in inspect.signature(step_fn).parameters
     d = Dist.setup(cfg.device)
+    precision = resolve(cfg.precision, d.device)
+    if precision == "fp16" and cfg.fsdp:        # GradScaler finds inf in each rank's own shards: ranks could disagree
+        raise ConfigError("TrainConfig.precision='fp16' does not run with fsdp (use bf16 or fp32 there)")
     checkpoints = Checkpoints(out, cfg, d)
     checkpoints.check_writable()
     if cfg.deterministic:
@@ -322,7 +325,6 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
                                 betas=tuple(cfg.betas), eps=cfg.eps)
     stream = Stream(batches)
     state = RunState(total=_initial_total(cfg, stream), execution=asdict(fast.options))
-    precision = resolve(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
     return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state, scaler), checkpoints
 
@@ -356,8 +358,7 @@ def _start(run: _Run, checkpoints: Checkpoints, out: Path) -> None:
         seed_everything(cfg.seed + d.rank)  # dropout, sampling: reproducible, a different stream per rank
     if cfg.resume:
         checkpoints.resume(run.state, run.model, run.optimizer, run.stream)
-        if run.state.scaler and run.scaler.is_enabled():     # fp16: the loss scale the run had reached
-            run.scaler.load_state_dict(run.state.scaler)
+        run.scaler.load_state_dict(run.state.scaler or run.scaler.state_dict())   # fp16: the loss scale reached
         # the options the run started with: a resumed run draws the same dropout stream on any machine
         runtime.apply(run.raw, runtime.RuntimePlan(ExecutionOptions(**run.state.execution)))
     else:
@@ -528,10 +529,9 @@ def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
     overflow = scaler.get_scale() < scale
     if finite and not overflow:
         state.bad_run = []
-    else:
+    else:   # an fp16 overflow at a finite loss is the GradScaler's to handle, not a step toward a divergence
         state.skipped += 1
-        if not (overflow and math.isfinite(loss)):
-            state.bad_run.append(state.step)
+        state.bad_run += [] if overflow and math.isfinite(loss) else [state.step]
     run.optimizer.zero_grad(set_to_none=True)
     return finite and not overflow, grad_norm
 
