@@ -1,6 +1,6 @@
 """On a CUDA GPU: the encoders give transformers' outputs there (padded and unpadded attention), pre-training runs
-in bf16 with its MFU, and a bare `device="cuda"` means this process's GPU. Skipped without a GPU; `pytest -m cuda`
-(benchmarks/gpu_suite.sh does) runs exactly these."""
+in bf16 with its MFU and in fp16 with a GradScaler, and a bare `device="cuda"` means this process's GPU. Skipped
+without a GPU; `pytest -m cuda` (benchmarks/gpu_suite.sh does) runs exactly these."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_encoder_on_cuda_equals_transformers(tmp_path, family, backend):
     torch.testing.assert_close(got[real], want[real], atol=2e-4, rtol=1e-4)
 
 
-def test_pretraining_on_a_bare_cuda_device_runs_bf16_with_mfu(tmp_path):
+def _pretrain(out, precision: str, steps: int, **cfg):
+    """A tiny BERT pre-trained on one batch, `steps` times, on this process's GPU: (model, TrainResult)."""
     from bertkit.train import TrainConfig, train
     from bertkit.train.steps import pretraining_step
     torch.manual_seed(0)
@@ -61,10 +62,25 @@ def test_pretraining_on_a_bare_cuda_device_runs_bf16_with_mfu(tmp_path):
     batch = {"input_ids": ids.masked_fill(masked, 4), "token_type_ids": torch.zeros_like(ids),
              "attention_mask": torch.ones_like(ids), "labels": ids.masked_fill(~masked, -100),
              "next_sentence_label": torch.randint(0, 2, (8,), generator=g)}
-    res = train(model, [batch], TrainConfig(max_steps=3, lr=1e-3, warmup=0, device="cuda", precision="auto",
-                                            progress=False, plot=False, tensorboard=False, save_final=False),
-                tmp_path / "run", step_fn=pretraining_step)
+    cfg = TrainConfig(max_steps=steps, lr=1e-3, warmup=0, device="cuda", precision=precision, progress=False,
+                      plot=False, tensorboard=False, **cfg)
+    return model, train(model, [batch], cfg, out, step_fn=pretraining_step)
+
+
+def test_pretraining_on_a_bare_cuda_device_runs_bf16_with_mfu(tmp_path):
+    model, res = _pretrain(tmp_path / "run", "auto", 3, save_final=False)
     assert next(model.parameters()).device == torch.device("cuda", torch.cuda.current_device())
     assert res.steps == 3 and all(math.isfinite(x) for x in res.losses)
     assert res.losses[-1] < res.losses[0]            # the same batch three times: it learns it
     assert all(0 < r["mfu"] < 1 for r in res.history)
+
+
+def test_fp16_pretraining_scales_the_loss_and_learns(tmp_path):
+    import json
+    from bertkit.train import latest_checkpoint
+    _, res = _pretrain(tmp_path / "run", "fp16", 8)
+    finite = [x for x in res.losses if math.isfinite(x)]
+    assert res.steps == 8 and len(finite) >= 6 and finite[-1] < finite[0]
+    assert res.steps - res.skipped_steps == len(finite)     # a skipped step is an overflow the GradScaler took
+    saved = json.loads((latest_checkpoint(tmp_path / "run") / "state.json").read_text())["scaler"]
+    assert saved["scale"] == 65536.0 / 2 ** res.skipped_steps      # the scale halved once per skipped step

@@ -36,11 +36,13 @@ def test_env_override_and_bad_values(monkeypatch):
     assert hardware.resolve_precision("auto") == "fp32"
     monkeypatch.setenv("BERTKIT_PRECISION", "bf16")
     assert hardware.resolve_precision("auto") == "bf16"
+    monkeypatch.setenv("BERTKIT_PRECISION", "fp16")
+    assert hardware.resolve_precision("auto") == "fp16"
     monkeypatch.setenv("BERTKIT_PRECISION", "fp8")
     with pytest.raises(ConfigError, match="BERTKIT_PRECISION"):
         hardware.resolve_precision("auto")
-    with pytest.raises(ConfigError, match="fp16"):
-        hardware.resolve_precision("fp16")
+    with pytest.raises(ConfigError, match="fp8"):
+        hardware.resolve_precision("fp8")
 
 
 def test_emulated_bf16_warns_once(monkeypatch):

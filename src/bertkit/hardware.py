@@ -28,7 +28,7 @@ from bertkit.errors import ConfigError
 
 __all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "cpu_model", "cpu_signature", "PRECISIONS"]
 
-PRECISIONS = ("auto", "bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32", "fp16")
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -100,18 +100,19 @@ _warned: set[str] = set()
 
 
 def resolve_precision(precision: str, device=None) -> str:
-    """"auto" -> "bf16" where bf16 is native on `device`, else "fp32" ($BERTKIT_PRECISION overrides "auto").
+    """"auto" -> "bf16" where bf16 is native on `device`, else "fp16" on CUDA (V100, T4: half precision is what
+    their tensor cores multiply), else "fp32" ($BERTKIT_PRECISION overrides "auto").
     An explicit "bf16" is kept, with a one-time warning where it is emulated (and so very slow)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is not one of {PRECISIONS}")
     d = _device(device)
     if precision == "auto":
         env = os.environ.get("BERTKIT_PRECISION", "").strip().lower()
-        if env in ("bf16", "fp32"):
+        if env in PRECISIONS[1:]:
             return env
         if env and env != "auto":
             raise ConfigError(f"$BERTKIT_PRECISION={env!r} is not one of {PRECISIONS}")
-        return "bf16" if native_bf16(d) else "fp32"
+        return "bf16" if native_bf16(d) else "fp16" if d.type == "cuda" else "fp32"
     if precision == "bf16" and not native_bf16(d) and d.type not in _warned:
         _warned.add(d.type)
         what = platform.processor() or platform.machine() or d.type

@@ -1,8 +1,9 @@
-"""One precision setting, "auto" | "bf16" | "fp32", from the command line to every forward pass, and the one
+"""One precision setting, "auto" | "bf16" | "fp32" | "fp16", from the command line to every forward pass, and the one
 autocast that applies it: the training loop, the fine-tuning evaluation and the task predictions use it.
 
-"auto" is bf16 where the device multiplies in bf16 natively, else fp32 (bertkit.hardware decides; bf16 keeps the
-weights and optimizer state in fp32). The task code's bf16 flags are accepted too: True = "bf16", False = "fp32",
+"auto" is bf16 where the device multiplies in bf16 natively, else fp16 on CUDA, else fp32 (bertkit.hardware
+decides; bf16 and fp16 keep the weights and optimizer state in fp32, and training scales an fp16 loss with a
+GradScaler: bertkit.train.loop). The task code's bf16 flags are accepted too: True = "bf16", False = "fp32",
 None = "auto".
 """
 
@@ -14,7 +15,9 @@ from bertkit.errors import ConfigError
 from bertkit.hardware import PRECISIONS, resolve_precision
 from bertkit.runtime.int8 import runs_int8
 
-__all__ = ["PRECISIONS", "as_precision", "resolve", "autocast", "for_model"]
+__all__ = ["PRECISIONS", "DTYPES", "as_precision", "resolve", "autocast", "for_model"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}     # the autocast dtype of each half precision
 
 
 def as_precision(value: str | bool | None) -> str:
@@ -29,7 +32,7 @@ def as_precision(value: str | bool | None) -> str:
 
 
 def resolve(value: str | bool | None, device="cpu") -> str:
-    """"bf16" or "fp32": what `value` means on `device` (an explicit bf16 where it is emulated warns once)."""
+    """"bf16", "fp16" or "fp32": what `value` means on `device` (an explicit bf16 where it is emulated warns once)."""
     return resolve_precision(as_precision(value), device)
 
 
@@ -44,7 +47,9 @@ def for_model(value: str | bool | None, model: torch.nn.Module) -> str:
 
 
 def autocast(value: str | bool | None, device="cpu") -> torch.autocast:
-    """bf16 autocast on `device` when `value` resolves to bf16; otherwise autocast off, so fp32 means fp32 even
-    inside an enclosing autocast."""
+    """bf16 / fp16 autocast on `device` when `value` resolves to one; otherwise autocast off, so fp32 means fp32
+    even inside an enclosing autocast."""
     device = torch.device(device)
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=resolve(value, device) == "bf16")
+    value = resolve(value, device)
+    return torch.autocast(device.type, dtype=DTYPES.get(value, torch.bfloat16), enabled=value in DTYPES)
+

@@ -32,10 +32,13 @@ def settle_model(args) -> None:
 
 def add_precision_argument(parser, default: str = "fp32", verb: str = "run") -> None:
     """--precision (and --fp32, its short form). Inference commands default to fp32, as every front door does (the
-    numbers transformers and sentence-transformers give); training to auto. bf16 is said on stderr when chosen."""
-    parser.add_argument("--precision", choices=("fp32", "auto", "bf16"), default=default,
-                        help=f"{verb} in fp32 or bf16 autocast; auto: bf16 where the device multiplies bf16 natively "
-                             "(CUDA, AMX / AVX-512 BF16 CPUs: faster there, numbers differ by ~1e-3), else fp32")
+    numbers transformers and sentence-transformers give); training to auto, and only training takes fp16 (its loss
+    scaling is the training loop's). A half precision is said on stderr when chosen."""
+    fp16 = ("fp16",) if verb == "train" else ()
+    parser.add_argument("--precision", choices=("fp32", "auto", "bf16", *fp16), default=default,
+                        help=f"{verb} in fp32 or bf16 autocast{' or fp16 with loss scaling' if fp16 else ''}; auto: "
+                             "bf16 where the device multiplies bf16 natively (CUDA, AMX / AVX-512 BF16 CPUs: faster "
+                             "there, numbers differ by ~1e-3), else fp16 on CUDA, else fp32")
     parser.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
 
 
@@ -49,7 +52,7 @@ def inference_precision(args, command: str) -> str:
     import sys
     from bertkit.precision import resolve       # deferred: torch stays off `bertkit -h`'s path
     precision = chosen_precision(args)
-    if resolve(precision) == "bf16":
-        print(f"bertkit {command}: bf16 autocast (--precision {precision}); --precision fp32 for fp32 numbers",
+    if (resolved := resolve(precision)) != "fp32":
+        print(f"bertkit {command}: {resolved} autocast (--precision {precision}); --precision fp32 for fp32 numbers",
               file=sys.stderr)
     return precision

@@ -131,9 +131,9 @@ def _optimisation_arguments(o) -> None:
                    help="wsd only: share of the steps that decay (default 0.2; planned)")
     o.add_argument("--min-lr-ratio", type=checks.probability, default=0.0)
     o.add_argument("--clip", dest="max_grad_norm", type=checks.nonneg_float, default=1.0, help="gradient norm clip (0: none)")
-    o.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+    o.add_argument("--precision", choices=("auto", "bf16", "fp32", "fp16"), default="auto",
                    help="auto (default): bf16 autocast where the device has native bf16 (CUDA, AMX / AVX-512 BF16 "
-                        "CPUs), else fp32")
+                        "CPUs), else fp16 autocast with loss scaling on CUDA (V100, T4), else fp32")
     o.add_argument("--seed", type=checks.nonneg_int, default=0)
     o.add_argument("--device", type=checks.device, help="cpu, cuda, cuda:1 (default: cuda if available)")
     o.add_argument("--fsdp", action="store_true", help="shard the model across processes (FSDP)")

@@ -57,6 +57,7 @@ class RunState:
     bad_run: list[int] = field(default_factory=list)  # not saved: the current run of non-finite steps
     execution: dict | None = None         # the execution options the run trains with (a resume keeps them)
     callbacks: dict | None = None         # the stateful callbacks' state_dict()s, by key (a resume hands them back)
+    scaler: dict | None = None            # fp16: the GradScaler's state_dict() (the loss scale reached)
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -173,7 +174,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
-_SAVED = ("step", "total", "tokens", "elapsed", "skipped", "phase_time", "phase_steps")   # RunState's, in state.json
+# RunState's, in state.json
+_SAVED = ("step", "total", "tokens", "elapsed", "skipped", "phase_time", "phase_steps", "scaler")
 
 
 def _verify(path: Path) -> dict:

@@ -33,7 +33,7 @@ from bertkit.attention import ExecutionOptions
 from bertkit.errors import BertkitError, ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_factor, warmup_steps
-from bertkit.precision import PRECISIONS, autocast, resolve
+from bertkit.precision import DTYPES, PRECISIONS, autocast, resolve
 from bertkit.progress import say
 from bertkit.train.callbacks import Callback, Events
 from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoint, load_model_weights,
@@ -76,7 +76,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.0             # the decay ends at lr * min_lr_ratio
     decay_fraction: float | None = None   # wsd only: the decay's last fraction of the steps (None: optim's default)
     # -- precision & placement
-    precision: str = "auto"               # bf16 autocast (fp32 weights) | fp32 | auto: bf16 where native (hardware)
+    precision: str = "auto"               # bf16 | fp16 (+ GradScaler) autocast, fp32 weights | fp32 | auto (hardware)
     device: str | None = None             # None: cuda:<LOCAL_RANK> when CUDA is available, else cpu
     fsdp: bool = False                    # shard parameters/gradients/optimizer state across ranks (big models)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise-reproducible on CPU)
@@ -229,7 +229,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     run.model.train()
     events.begin(state, out / "tb" if cfg.tensorboard else None)
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
-    dtype = torch.bfloat16 if run.precision == "bf16" else torch.float32
+    dtype = DTYPES.get(run.precision, torch.float32)
     flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
     losses, history, evals = [], [], []     # per step, train records, eval records
     session_t0, prior_elapsed = time.perf_counter(), state.elapsed
@@ -295,8 +295,9 @@ class _Run:
     stream: Stream
     step_fn: Callable
     weighted: bool                        # step_fn takes `token_weight` (see _token_weights)
-    precision: str                        # "bf16" | "fp32": cfg.precision resolved on this device
+    precision: str                        # "bf16" | "fp16" | "fp32": cfg.precision resolved on this device
     state: RunState
+    scaler: torch.amp.GradScaler          # fp16's loss scaling; disabled (a no-op) for the other precisions
     interrupt_requested: bool = False     # this rank got Ctrl-C (SIGINT) during the run (see _Interrupt)
 
     @property
@@ -311,6 +312,9 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
     # step functions that take `token_weight` get the global-batch token weighting (see _token_weights)
     weighted = "token_weight" in inspect.signature(step_fn).parameters
     d = Dist.setup(cfg.device)
+    precision = resolve(cfg.precision, d.device)
+    if precision == "fp16" and cfg.fsdp:        # GradScaler finds inf in each rank's own shards: ranks could disagree
+        raise ConfigError("TrainConfig.precision='fp16' does not run with fsdp (use bf16 or fp32 there)")
     checkpoints = Checkpoints(out, cfg, d)
     checkpoints.check_writable()
     if cfg.deterministic:
@@ -321,13 +325,14 @@ def _setup(model, batches, cfg: TrainConfig, out: Path, step_fn) -> tuple[_Run, 
                                 betas=tuple(cfg.betas), eps=cfg.eps)
     stream = Stream(batches)
     state = RunState(total=_initial_total(cfg, stream), execution=asdict(fast.options))
-    precision = resolve(cfg.precision, d.device)
-    return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state), checkpoints
+    scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
+    return _Run(cfg, d, model, optimizer, stream, step_fn, weighted, precision, state, scaler), checkpoints
 
 
 def _save(run: _Run, checkpoints: Checkpoints, events: Events) -> Path:
     """A checkpoint of the run, the callbacks' state with it."""
     run.state.callbacks = {events.key(cb): cb.state_dict() for cb in events.stateful()}
+    run.state.scaler = run.scaler.state_dict() or None
     path = checkpoints.save(run.state, run.model, run.optimizer, run.stream.state_dict())
     events("on_save", run.state, path)
     return path
@@ -353,6 +358,7 @@ def _start(run: _Run, checkpoints: Checkpoints, out: Path) -> None:
         seed_everything(cfg.seed + d.rank)  # dropout, sampling: reproducible, a different stream per rank
     if cfg.resume:
         checkpoints.resume(run.state, run.model, run.optimizer, run.stream)
+        run.scaler.load_state_dict(run.state.scaler or run.scaler.state_dict())   # fp16: the loss scale reached
         # the options the run started with: a resumed run draws the same dropout stream on any machine
         runtime.apply(run.raw, runtime.RuntimePlan(ExecutionOptions(**run.state.execution)))
     else:
@@ -461,7 +467,7 @@ def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
                     out = run.step_fn(run.model, batch, token_weight=weights[i])
                 else:
                     out = run.step_fn(run.model, batch)
-            (out.loss / cfg.grad_accum).backward()
+            run.scaler.scale(out.loss / cfg.grad_accum).backward()
         loss_sum += out.loss.detach().double().cpu()
         for name, value in out.metrics.items():
             s, c = value if isinstance(value, tuple) else (value, 1)
@@ -505,8 +511,11 @@ def _all_reduce(d: Dist, loss_sum: Tensor, metric_sums: dict[str, list], tokens:
 
 
 def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
-    """Clip the gradients, then step unless the loss or the gradient norm is not finite: (finite, grad norm)."""
-    cfg, state = run.cfg, run.state
+    """Clip the gradients, then step unless the loss or the gradients are not finite: (stepped, grad norm). fp16's
+    gradients overflowing at a finite loss are the GradScaler's (it halves the scale): skipped, not a divergence."""
+    cfg, state, scaler = run.cfg, run.state, run.scaler
+    scaler.unscale_(run.optimizer)        # fp16: the true gradients, for the clip and the norm logged
+    scale = scaler.get_scale()
     finite = math.isfinite(loss)
     grad_norm = float("nan")
     if finite and cfg.max_grad_norm is not None:
@@ -515,13 +524,16 @@ def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
         grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         finite = math.isfinite(grad_norm)
     if finite:
-        run.optimizer.step()
+        scaler.step(run.optimizer)        # fp16: no step where unscale_ found inf / NaN gradients
+    scaler.update()
+    overflow = scaler.get_scale() < scale
+    if finite and not overflow:
         state.bad_run = []
-    else:
+    else:   # an fp16 overflow at a finite loss is the GradScaler's to handle, not a step toward a divergence
         state.skipped += 1
-        state.bad_run.append(state.step)
+        state.bad_run += [] if overflow and math.isfinite(loss) else [state.step]
     run.optimizer.zero_grad(set_to_none=True)
-    return finite, grad_norm
+    return finite and not overflow, grad_norm
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C
