@@ -13,11 +13,12 @@ from pathlib import Path
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
-# an exit hook registered before bertkit's runs after it (last in, first out): it sees what bertkit's left
+# an exit hook registered before bertkit's runs after it (last in, first out): it sees what bertkit's left; it writes
+# its line in one os.write, since the two workers share the pipe and print's text and newline may interleave
 SCRIPT = textwrap.dedent("""
     import atexit, os, sys
     import torch, torch.distributed as dist
-    atexit.register(lambda: print(f"rank {os.environ['RANK']} open at exit: {dist.is_initialized()}", flush=True))
+    atexit.register(lambda: os.write(1, f"rank {os.environ['RANK']} open at exit: {dist.is_initialized()}\\n".encode()))
     from bertkit.train.distributed import Dist
     d = Dist.setup("cpu")
     assert d.world == 2 and float(d.all_reduce_sum(torch.ones(1))) == 2.0
