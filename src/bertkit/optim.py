@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import abc
 import inspect
 import math
 from typing import Iterable
@@ -88,7 +89,7 @@ def _fused_adamw_ok(groups: list[dict]) -> bool:
     return dev == "cuda"
 
 
-class _Moments(torch.optim.Optimizer):
+class _Moments(torch.optim.Optimizer, abc.ABC):
     """Adam's bias-corrected moments per parameter, in fp32; subclasses turn them into a step (`_apply`)."""
 
     def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
@@ -118,8 +119,9 @@ class _Moments(torch.optim.Optimizer):
                 self._apply(p, g, m / (1 - beta1 ** t), v / (1 - beta2 ** t), group)
         return loss
 
+    @abc.abstractmethod
     def _apply(self, p, g, m_hat, v_hat, group) -> None:
-        raise NotImplementedError
+        """Update parameter p in place from its gradient g and the bias-corrected moments (the optimizer's rule)."""
 
 
 class Lamb(_Moments):
