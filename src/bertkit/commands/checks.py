@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertkit.atomic import write_failure, write_json
+from bertkit.atomic import disk_full, write_failure, write_json
 from bertkit.errors import BertkitError
 from bertkit.textfiles import STDIN_FORMATS
 
@@ -52,10 +52,11 @@ def error_line(e: BaseException) -> str | None:
         return str(e)
     if isinstance(e, OSError) and e.errno in USER_ERRNOS:
         where = f"{e.filename}: " if e.filename else ""
-        hint = " (free some space and run again)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        hint = " (free some space and run again)" if disk_full(e) else ""
         return f"{where}{e.strerror or str(e).splitlines()[0]}{hint}"
-    if not isinstance(e, OSError) and write_failure(e):    # a writer's own exception for a full disk
-        return f"{write_failure(e)} (free some space and run again)"
+    reason = None if isinstance(e, OSError) else write_failure(e)    # a writer's own exception for a full disk
+    if reason:
+        return f"{reason} (free some space and run again)"
     if isinstance(e, MemoryError):     # numpy names the array it could not allocate
         return f"not enough memory: {e or 'allocation failed'}; ask for less"
     if isinstance(e, UnicodeDecodeError):

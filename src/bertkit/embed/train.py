@@ -153,6 +153,7 @@ class EmbedBatches:
         self.batch_size, self.seed, self.shuffle, self.epoch = batch_size, seed, shuffle, 0
         self.max_lengths: dict[str, int] = {}        # column -> its own piece limit (a shorter query side)
         self.prompts: dict[str, str] = {}            # column -> the prompt before its texts
+        self._skips: dict[str, int] = {}             # column -> its prompt's tokens pooling leaves out (once a run)
 
     def __len__(self) -> int:
         return len(self.data) // self.batch_size
@@ -174,7 +175,9 @@ class EmbedBatches:
         for name, texts in zip(data.columns, columns):
             limit, prompt = self.max_lengths.get(name), self.prompts.get(name, "")
             features = self.encoder.tokenize(self.tokenizer, [prompt + t for t in texts], limit)
-            skip = self.encoder.prompt_length(self.tokenizer, prompt, limit)
+            if name not in self._skips:
+                self._skips[name] = self.encoder.prompt_length(self.tokenizer, prompt, limit)
+            skip = self._skips[name]
             if skip:
                 features["prompt_length"] = torch.full((len(texts),), skip, device=features["input_ids"].device)
             for field, t in features.items():

@@ -145,14 +145,14 @@ def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
     return out
 
 
-def _dimensions(predictor, status: int) -> Callable[[Any], None]:
-    """The check of a request's `dimensions`: at most the model's width (`status`: OpenAI answers 400, TEI 422)."""
+def _dimensions(predictor) -> Callable[[Any], None]:
+    """The check of a request's `dimensions`: at most the model's width (422; error_response makes it 400 on /v1)."""
     dims = predictor.embedding_dim
 
     def check(r) -> None:
         k = getattr(r, "dimensions", None)          # bertkit's own {text} body has none
         if k is not None and k > dims:
-            raise FieldError(status, f"dimensions={k} is more than this model's {dims}", "dimensions")
+            raise FieldError(422, f"dimensions={k} is more than this model's {dims}", "dimensions")
     return check
 
 
@@ -181,9 +181,10 @@ def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 def _embed_split(predictor, config: ServeConfig, field: str) -> Callable[[Any, int], list[Part]]:
     """(request, quantum) -> its parts: runs of its texts (request.<field>) of at most quantum padded tokens, each
     counted, so that the batcher can budget forwards by tokens and interleave a long request with others."""
+    limit = _embed_tokens(predictor, config)
+
     def split(r, quantum: int) -> list[Part]:
         texts = [r.text] if isinstance(r, S.EmbedRequest) else getattr(r, field)
-        limit = _embed_tokens(predictor, config)
         runs = chunks([min(n, limit) for n in _token_counts(predictor, texts)], quantum)
         return [Part(r if len(runs) == 1 else r.model_copy(update={field: texts[a:b]}), b - a, longest)
                 for a, b, longest in runs]
@@ -411,14 +412,14 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
                  "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
                  *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config,
-                           _dimensions(predictor, 422)),
+                           _dimensions(predictor)),
                  split=_embed_split(predictor, config, "inputs"), join=_embed_join),
         Endpoint("embed_all", S.EmbedAllRequest, _embed_all_run(predictor, config), list[list[list[float]]],
                  "every token's vector (the encoder's last hidden state), TEI's shape",
                  *_counted(lambda r: len(r.inputs), config)),
         Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor, config), S.OpenAIEmbedResponse,
                  "OpenAI-compatible embeddings",
-                 *_counted(lambda r: len(r.input), config, _dimensions(predictor, 400)),
+                 *_counted(lambda r: len(r.input), config, _dimensions(predictor)),
                  split=_embed_split(predictor, config, "input"), join=_openai_join),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
                  "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),

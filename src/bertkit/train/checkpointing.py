@@ -35,8 +35,8 @@ from bertkit.pretraining.shards import file_sha256
 from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
 from bertkit.train.monitor import jsonable
 
-__all__ = ["CHECKPOINT_DIR", "RunState", "Checkpoints", "latest_checkpoint", "save_model_weights",
-           "load_model_weights", "to_plain", "from_plain", "check_writable"]
+__all__ = ["CHECKPOINT_DIR", "RunState", "Checkpoints", "latest_checkpoint", "complete_checkpoints",
+           "save_model_weights", "load_model_weights", "to_plain", "from_plain", "check_writable"]
 
 log = logging.getLogger("bertkit.train")
 
@@ -142,14 +142,14 @@ def from_plain(obj):
 
 
 # ---------------------------------------------------------------------------------------------- files
-def _complete(root: Path) -> list[Path]:
+def complete_checkpoints(root: Path) -> list[Path]:
     """The complete checkpoint directories under `root`, oldest first (temp directories are ignored)."""
     return sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").is_file())
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint directory under out_dir/checkpoints."""
-    done = _complete(Path(out_dir) / CHECKPOINT_DIR)
+    done = complete_checkpoints(Path(out_dir) / CHECKPOINT_DIR)
     return done[-1] if done else None
 
 
@@ -271,10 +271,11 @@ class Checkpoints:
                 self._write_tmp(tmp, state, model, msd, osd, data_state)
             except BaseException as e:    # a full disk, a quota, Ctrl-C: nothing half-written stays
                 shutil.rmtree(tmp, ignore_errors=True)
-                if write_failure(e) is None:
+                reason = write_failure(e)
+                if reason is None:
                     raise
                 earlier = latest_checkpoint(self.out)
-                raise CheckpointError(f"cannot write checkpoint {final}: {write_failure(e)}; removed the partial "
+                raise CheckpointError(f"cannot write checkpoint {final}: {reason}; removed the partial "
                                       f"write, the newest intact checkpoint is {earlier or '(none)'}") from None
             if self.d.main:
                 os.replace(tmp, final)
@@ -347,7 +348,7 @@ class Checkpoints:
 
     def _intact(self):
         """(path, state.json, files) of the newest checkpoint whose files are intact; each one skipped is logged."""
-        done = _complete(self.root)[::-1]
+        done = complete_checkpoints(self.root)[::-1]
         for i, path in enumerate(done):
             try:
                 return self._named(path)

@@ -44,7 +44,8 @@ from bertkit.pretraining.shards import ShardReader, read_manifest
 from bertkit.progress import say
 from bertkit.tokenizer import Tokenizer
 from bertkit.train.callbacks import Callback
-from bertkit.train.checkpointing import Checkpoints, check_writable, latest_checkpoint
+from bertkit.train.checkpointing import (CHECKPOINT_DIR, Checkpoints, check_writable, complete_checkpoints,
+                                        latest_checkpoint)
 from bertkit.train.distributed import Dist
 from bertkit.train.loop import (Phase, TrainConfig, TrainingDiverged, load_model_weights, seed_everything, train,
                                 why_stopped)
@@ -509,14 +510,16 @@ def _masking(pc: PretrainConfig, path: str):
 def _averaged_weights(out: Path, k: int) -> dict:
     """The mean of the model weights of the newest `k` checkpoints in out/checkpoints (in fp32, cast back): a
     cheap ensemble that smooths the last steps' noise."""
-    import torch
-
-    done = sorted(p for p in (out / "checkpoints").glob("step-*") if (p / "state.json").is_file())[-k:]
+    done = complete_checkpoints(out / CHECKPOINT_DIR)[-k:]
     if len(done) < k:
         say(f"bertkit pretrain: --average-last {k}: the run has {len(done)} checkpoints, averaging those")
-    weights = [load_model_weights(p / "model.safetensors") for p in done]
-    return {name: torch.stack([w[name].float() for w in weights]).mean(0).to(t.dtype)
-            if t.is_floating_point() else t for name, t in weights[-1].items()}
+    total, last = {}, {}
+    for p in done:                  # a running sum: one checkpoint in memory at a time
+        last = load_model_weights(p / "model.safetensors")
+        for name, t in last.items():
+            if t.is_floating_point():
+                total[name] = total[name] + t.float() if name in total else t.float()
+    return {name: (total[name] / len(done)).to(t.dtype) if t.is_floating_point() else t for name, t in last.items()}
 
 
 def _save_final(model, result, pc: PretrainConfig, out: Path) -> None:
