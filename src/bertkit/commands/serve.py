@@ -5,7 +5,30 @@ from __future__ import annotations
 import os
 
 from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
-from bertkit.serve.limits import ServeConfig, require_serve_extra
+from bertkit.serve.limits import ServeConfig, flag, require_serve_extra
+
+# ServeConfig's limits as flags of the same dest (serve.limits.flag spells each), in -h order: (field, type, help)
+_LIMITS = (
+    ("port", int, None),
+    ("max_batch", int, "texts per forward; 1 = no batching"),
+    ("max_wait_ms", float, "how long a batch waits to fill"),
+    ("max_body_bytes", int, None),
+    ("max_text_chars", int, None),
+    ("max_length", int, "tokens per text (default: the model's max_seq_length for embeddings, 256 otherwise)"),
+    ("max_inputs", int, "texts per request"),
+    ("max_masks", int, "[MASK]s per fill-mask request"),
+    ("timeout_s", float, "seconds per request before 504"),
+    ("read_timeout_s", float, "seconds to receive a whole request before the connection is closed"),
+    ("keep_alive_s", int, "seconds an idle connection stays open"),
+    ("max_connections", int, "open connections before 503"),
+    ("max_batch_tokens", int, "padded tokens (texts x longest) per forward; longer requests are split and "
+                              "interleaved"),
+    ("max_client_connections", int, "open connections per client address before 503"),
+    ("max_client_tokens", int, "tokens a client address may have queued before 429 (with Retry-After)"),
+    ("max_queue_tokens", int, "tokens queued in all before 503 (with Retry-After)"),
+    ("max_client_errors", int, "4xx answers a second a client address may cause (over ten seconds) before its new "
+                               "connections get 429; 0: off"),
+)
 
 
 def register(sub) -> None:
@@ -13,31 +36,10 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over HTTP/JSON with dynamic batching (pip install 'bertkit[serve]')")
     add_model_argument(p, "model directory (endpoints follow its head)")
     p.add_argument("--host", default=d.host, help=f"bind address (default {d.host}: loopback only)")
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--max-batch", type=int, default=d.max_batch, help="texts per forward; 1 = no batching")
-    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="how long a batch waits to fill")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-text-chars", type=int, default=d.max_text_chars)
-    p.add_argument("--max-length", type=int, default=d.max_length,
-                   help="tokens per text (default: the model's max_seq_length for embeddings, 256 otherwise)")
-    p.add_argument("--max-inputs", type=int, default=d.max_inputs, help="texts per request")
-    p.add_argument("--max-masks", type=int, default=d.max_masks, help="[MASK]s per fill-mask request")
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds per request before 504")
-    p.add_argument("--read-timeout", type=float, default=d.read_timeout_s,
-                   help="seconds to receive a whole request before the connection is closed")
-    p.add_argument("--keep-alive", type=int, default=d.keep_alive_s, help="seconds an idle connection stays open")
-    p.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections before 503")
-    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
-                   help="padded tokens (texts x longest) per forward; longer requests are split and interleaved")
-    p.add_argument("--max-client-connections", type=int, default=d.max_client_connections,
-                   help="open connections per client address before 503")
-    p.add_argument("--max-client-tokens", type=int, default=d.max_client_tokens,
-                   help="tokens a client address may have queued before 429 (with Retry-After)")
-    p.add_argument("--max-queue-tokens", type=int, default=d.max_queue_tokens,
-                   help="tokens queued in all before 503 (with Retry-After)")
-    p.add_argument("--max-client-errors", type=int, default=d.max_client_errors,
-                   help="4xx answers a second a client address may cause (over ten seconds) before its new "
-                        "connections get 429; 0: off")
+    for name, kind, text in _LIMITS:
+        option = flag(name)
+        p.add_argument(option, dest=name, metavar=option[2:].upper().replace("-", "_"), type=kind,
+                       default=getattr(d, name), help=text)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request "
                                       "(default: $BERTKIT_API_KEY, else none)")
     # the options above are checked by ServeConfig.validate (one line naming the flag); this one is not
@@ -53,14 +55,8 @@ def _api_key(args) -> str | None:
 
 
 def run(args) -> int:
-    cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                      max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
-                      timeout_s=args.timeout, max_length=args.max_length, max_inputs=args.max_inputs,
-                      max_masks=args.max_masks, read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive,
-                      max_connections=args.max_connections, max_batch_tokens=args.max_batch_tokens,
-                      max_client_connections=args.max_client_connections,
-                      max_client_tokens=args.max_client_tokens, max_queue_tokens=args.max_queue_tokens,
-                      max_client_errors=args.max_client_errors, api_key=_api_key(args)).validate()
+    cfg = ServeConfig(host=args.host, **{name: getattr(args, name) for name, _, _ in _LIMITS},
+                      api_key=_api_key(args)).validate()
     require_serve_extra()
     # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model
