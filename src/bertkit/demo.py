@@ -26,7 +26,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit import datasets, plots
@@ -74,7 +74,6 @@ class DemoConfig:
     sentiment_train_examples: int | None = 4000   # a quick run; None = all ~8.3k training sentences
     sentiment_lr: float = 1e-4            # one short epoch: the top of the usual range for a 6-layer model
     progress: bool = True
-    stage_seconds: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------- helpers

@@ -31,7 +31,6 @@ from bertkit.tasks.task import Feature, Task, write_jsonl
 
 __all__ = ["SequenceTask", "encode_examples"]
 
-KINDS = ("classify", "pair", "regress", "multilabel")
 PROBLEM = {"classify": "single_label_classification", "pair": "single_label_classification",
            "regress": "regression", "multilabel": "multi_label_classification"}
 
