@@ -44,11 +44,8 @@ from bertkit.train.steps import StepOutput, default_step, pretraining_eval, pret
 from bertkit.train.stream import Phase, Stream
 
 __all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "seed_everything", "run_seeds",
-           "latest_checkpoint", "why_stopped",
-           "load_model_weights", "save_model_weights", "estimate_flops_per_token", "peak_flops", "parse_duration",
-           "distributed_context"]
-
-
+           "latest_checkpoint", "why_stopped", "load_model_weights", "save_model_weights", "estimate_flops_per_token",
+           "peak_flops", "parse_duration", "distributed_context"]
 
 class TrainingDiverged(BertkitError):
     """The loss (or gradient norm) was NaN/inf for too many optimizer steps in a row."""
@@ -119,12 +116,9 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ConfigError(f"TrainConfig.{name} must be a positive number, got {v!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"TrainConfig.optimizer={self.optimizer!r} is not one of {OPTIMIZERS}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"TrainConfig.schedule={self.schedule!r} is not one of {SCHEDULES}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"TrainConfig.precision={self.precision!r} is not one of {PRECISIONS}")
+        for name, choices in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"TrainConfig.{name}={getattr(self, name)!r} is not one of {choices}")
         if self.warmup < 0:
             raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
         if self.decay_fraction is not None:
@@ -190,8 +184,6 @@ def parse_duration(text: str | float | int) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"a time budget must be > 0, got {text!r}")
     return seconds
-
-
 
 
 def _tokens_in(batch: dict) -> int:
