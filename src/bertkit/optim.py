@@ -69,11 +69,10 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, wei
         fused = _fused_adamw_ok(groups) if fused is None else fused
         kw = {"fused": True} if fused else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
-    if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    if name == "stableadamw":
-        return StableAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+    moments = Lamb if name == "lamb" else StableAdamW
+    return moments(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 def _fused_adamw_ok(groups: list[dict]) -> bool:
@@ -92,7 +91,11 @@ def _fused_adamw_ok(groups: list[dict]) -> bool:
 class _Moments(torch.optim.Optimizer, abc.ABC):
     """Adam's bias-corrected moments per parameter, in fp32; subclasses turn them into a step (`_apply`)."""
 
-    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+    default_betas = (0.9, 0.999)
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] | None = None,
+                 eps: float = 1e-6, weight_decay: float = 0.01):
+        betas = self.default_betas if betas is None else betas
         if lr < 0 or eps < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
             raise ConfigError(f"invalid {type(self).__name__} hyper-parameters lr={lr} betas={betas} eps={eps}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -131,10 +134,6 @@ class Lamb(_Moments):
     (biases, LayerNorm) still get the trust ratio, as in the reference implementations.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01):
-        super().__init__(params, lr, betas, eps, weight_decay)
-
     def _apply(self, p, g, m_hat, v_hat, group) -> None:
         update = m_hat / (v_hat.sqrt() + group["eps"])
         w = p.float()
@@ -149,9 +148,7 @@ class StableAdamW(_Moments):
     """AdamW whose lr per tensor is divided by max(1, RMS(g^2 / v_hat)) (see the module docstring); the decoupled
     weight decay uses that lr too. v_hat is floored at eps^2 so a zero second moment cannot divide by zero."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.98),
-                 eps: float = 1e-6, weight_decay: float = 0.01):
-        super().__init__(params, lr, betas, eps, weight_decay)
+    default_betas = (0.9, 0.98)
 
     def _apply(self, p, g, m_hat, v_hat, group) -> None:
         rms = (g * g / v_hat.clamp(min=group["eps"] ** 2)).mean().sqrt()
