@@ -24,12 +24,8 @@ from bertkit.tasks.registry import ALIASES, TASKS, default
 def _seeds(text: str) -> tuple[int, ...]:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.train.loop import run_seeds
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds wants comma-separated integers, got {text!r}") from None
     try:                # at parse time, so the one line names the flag
-        return run_seeds(seeds)
+        return run_seeds(checks.int_list(text))
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("seeds: ")) from None
 
