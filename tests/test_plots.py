@@ -69,7 +69,8 @@ def test_attention_pictures(tmp_path):
 
 
 def test_confusion(tmp_path):
-    from bertkit.plots import confusion_matrix, plot_confusion
+    from bertkit.plots import plot_confusion
+    from bertkit.tasks.metrics import confusion_matrix
     m = confusion_matrix([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], 3)
     assert m.tolist() == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
     assert _is_png(plot_confusion(m, ["neg", "neu", "pos"], tmp_path / "cm.png"))

@@ -229,6 +229,7 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
     # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
     from bertkit.infer import Predictor
     from bertkit.tasks.data import build
+    from bertkit.tasks.metrics import confusion_matrix
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
     stats = build("sentiment", out / "data", seed=cfg.seed)
     files = stats["files"]
@@ -246,7 +247,7 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
     labels = pred.labels or ["neg", "pos"]
     got = [r["label"] for r in pred.classify([r["text"] for r in rows], max_length=128, batch_size=128)]
     ix = {l: i for i, l in enumerate(labels)}
-    m = plots.confusion_matrix([ix[r["label"]] for r in rows], [ix[g] for g in got], len(labels))
+    m = confusion_matrix([ix[r["label"]] for r in rows], [ix[g] for g in got], len(labels))
     acc = sum(int(r["label"] == g) for r, g in zip(rows, got)) / len(rows)
     with plots.optional():
         plots.plot_confusion(m, labels, out / "confusion_test.png",

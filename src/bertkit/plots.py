@@ -32,7 +32,7 @@ from bertkit.progress import say
 from bertkit.textfiles import utf8_errors
 
 __all__ = ["PlotsMissing", "require", "optional", "read_metrics", "plot_run", "plot_attention", "plot_attention_from", "plot_confusion",
-           "find_metrics_file", "confusion_matrix"]
+           "find_metrics_file"]
 
 _X_KEYS = ("step", "global_step", "epoch")
 _LOSS_WORDS = ("loss", "perplexity", "ppl")
@@ -285,11 +285,3 @@ def plot_confusion(matrix, labels: Sequence[str], out_png: str | Path, title: st
     fig.tight_layout()
     return _save(fig, out_png)
 
-
-def confusion_matrix(y_true: Sequence[int], y_pred: Sequence[int], num_labels: int):
-    """Counts (num_labels, num_labels), rows = true label."""
-    import numpy as np
-    m = np.zeros((num_labels, num_labels), dtype=np.int64)
-    for t, p in zip(y_true, y_pred):
-        m[int(t), int(p)] += 1
-    return m

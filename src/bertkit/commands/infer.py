@@ -164,8 +164,9 @@ def attention(args) -> int:
 
 
 def plot(args) -> int:
-    # deferred: matplotlib is the plots extra
+    # deferred: matplotlib is the plots extra, numpy stays off `bertkit -h`'s path
     from bertkit import plots
+    from bertkit.tasks.metrics import confusion_matrix
     plots.require()
     run = Path(args.run)
     if args.confusion:
@@ -184,7 +185,7 @@ def plot(args) -> int:
             raise DataError(f"{run}: no predictions in the file")
         labels = sorted({x for pair in pairs for x in pair})
         ix = {l: i for i, l in enumerate(labels)}
-        m = plots.confusion_matrix([ix[a] for a, _ in pairs], [ix[b] for _, b in pairs], len(labels))
+        m = confusion_matrix([ix[a] for a, _ in pairs], [ix[b] for _, b in pairs], len(labels))
         out = _plot_out(args, run.with_suffix(".confusion.png"))
         draw = lambda png: plots.plot_confusion(m, labels, png)     # noqa: E731
     else:
