@@ -33,43 +33,34 @@ _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 @functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (Linux); empty where there is none to read."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags from /proc/cpuinfo (Linux); empty where there is none to read."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(_cpuinfo().get("flags", "").split())
 
 
-@functools.cache
 def cpu_model() -> str:
     """The CPU's model name (Linux /proc/cpuinfo), else what platform reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 @functools.cache
 def cpu_signature() -> str:
     """The model name with family / model / stepping and a hash of the feature flags: a virtual machine may report
     one name ("AMD EPYC") for CPU generations that differ in what runs fast."""
-    fields = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model", "stepping") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
     flags = hashlib.sha1(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:8]
-    ids = "-".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    ids = "-".join(_cpuinfo().get(k, "?") for k in ("cpu family", "model", "stepping"))
     return f"{cpu_model()} ({ids}, flags {flags})"
 
 
