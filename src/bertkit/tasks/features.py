@@ -152,8 +152,6 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
     """Train a `Probe` on fixed features with the shared loop (`bertkit.train`, fp32, linear decay, 10% warmup);
     the state with the best dev accuracy is kept. Returns (probe, {"dev_accuracy", "best_step", "history"})."""
     import tempfile
-
-
     cfg = cfg or ProbeConfig()
     seed_everything(cfg.seed)
     probe = Probe(np.asarray(X_train).shape[1], num_labels, cfg)
