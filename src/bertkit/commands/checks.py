@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -304,20 +305,34 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
         inside = [name for name, r in ins for e in gone if e == r or e in r.parents]
         if inside:
             raise OutputError(f"{shown}: holds the input {inside[0]}, which --overwrite would delete")
-        if not dry_run:
-            _set_aside(d, gone)
     if dry_run:
         return d
-    made = str(_first_missing(d) or "")      # "": the directory was there
-    d.mkdir(parents=True, exist_ok=True)
-    try:
-        write_json(d / MARKER, {"command": command, "made": made, "keep": keep}, indent=None)
-    except BertkitError:        # a full disk before the run began: the run set aside goes back
-        if (d / REPLACED).is_dir():
-            _put_back(d)
-        raise
-    _CLAIMED.add(d)
+    with _signals_held():   # a SIGTERM between setting the earlier run aside and claiming d would strand it there
+        if entries or earlier:
+            _set_aside(d, gone)
+        made = str(_first_missing(d) or "")      # "": the directory was there
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            write_json(d / MARKER, {"command": command, "made": made, "keep": keep}, indent=None)
+        except BertkitError:        # a full disk before the run began: the run set aside goes back
+            if (d / REPLACED).is_dir():
+                _put_back(d)
+            raise
+        _CLAIMED.add(d)
     return d
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT / SIGTERM wait until the block ends (then they act as usual); where signals cannot be masked, nothing."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    mask = getattr(signal, "pthread_sigmask", None)
+    previous = mask(signal.SIG_BLOCK, held) if mask else None
+    try:
+        yield
+    finally:
+        if mask:
+            mask(signal.SIG_SETMASK, previous)
 
 
 def _holds_a_file(path: Path) -> bool:
