@@ -300,7 +300,7 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
     out, rows = Path(args.out), PART_BATCHES * args.batch_size
     parts = out.with_name(f".{out.name}.parts")
     spans = {parts / f"part-{i:05d}.npy": slice(i * rows, (i + 1) * rows) for i in range(-(-len(texts) // rows))}
-    digest = model_hash(encoder)
+    digest = model_hash(encoder) if d.main else None
     if d.main:
         _keep_parts(parts, {"model_hash": digest, "settings": settings, "rows": rows,
                             "texts": hashlib.sha256(json.dumps([ids, texts]).encode()).hexdigest()})
