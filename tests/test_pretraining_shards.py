@@ -298,13 +298,25 @@ def test_parallel_build_merges_and_is_deterministic(small_corpus, vocab, tmp_pat
     assert m2["counts"]["padding"] / (m2["counts"]["padding"] + m2["counts"]["tokens"]) < 0.02
     b = next(iter(ShardReader(tmp_path / "w2", batch_size=8)))
     assert "next_sentence_label" not in b and (b["token_type_ids"] == 0).all()
-    # the CLI process has no torch imported, so its workers are forked (here they were spawned): same shards
+    # the CLI's workers: the same shards
     subprocess.run([sys.executable, "-m", "bertkit", "prepare", "--corpus", str(small_corpus), "--vocab", str(vocab),
                     "--out", str(tmp_path / "cli"), "--seq-len", "64", "--task", "none", "--masking", "ngram",
                     "--workers", "2", "--no-progress"], check=True, capture_output=True)
     m_cli = read_manifest(tmp_path / "cli")
     assert [e["files"]["tokens"]["sha256"] for e in m_cli["shards"]] == [e["files"]["tokens"]["sha256"] for e in m2["shards"]]
     assert [e["files"]["mask_pos"]["sha256"] for e in m_cli["shards"]] == [e["files"]["mask_pos"]["sha256"] for e in m2["shards"]]
+
+
+def test_spawned_workers_do_not_run_the_main_script_again(small_corpus, vocab, tmp_path):
+    """The `bertkit` console script imports the CLI and with it torch, so workers are spawned; one that ran the
+    script again (as multiprocessing does by default) paid seconds of imports before its first line of text."""
+    script, runs = tmp_path / "bertkit_script.py", tmp_path / "runs.txt"
+    script.write_text(f"import sys\nwith open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\n"
+                      "from bertkit.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    subprocess.run([sys.executable, str(script), "prepare", "--corpus", str(small_corpus), "--vocab", str(vocab),
+                    "--out", str(tmp_path / "out"), "--seq-len", "64", "--workers", "2", "--no-progress"],
+                   check=True, capture_output=True)
+    assert runs.read_text() == "ran\n" and read_manifest(tmp_path / "out")["workers"] == 2
 
 
 def test_workers_with_a_single_document_each_are_warned_about(bbc_articles, vocab, tmp_path, capsys):

@@ -121,3 +121,46 @@ def test_modernbert_recipe_trains_with_falling_masks_and_averages_checkpoints(sh
     key = next(k for k in saved if k.endswith("layer.0.attention.self.query.weight"))
     mean = sum(w[name] for w in weights) / 3
     assert torch.allclose(saved[key], mean, atol=1e-6) and not torch.allclose(saved[key], weights[-1][name])
+
+
+def test_a_context_extension_phase_loads_in_transformers_with_equal_logits(bbc_nsp_shards, tmp_path):
+    """ModernBERT's recipe on a small scale: rows of 32 at rotary base 10,000, then continued (--init) on rows of
+    64 at 160,000; the phase-2 model's config.json carries the new base and length, and transformers' ModernBERT
+    loads it with bertkit's logits (which the base changes)."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from bertkit.cli import main as cli
+    from bertkit.heads import BertForMaskedLM
+    short, long = bbc_nsp_shards(40, 32), bbc_nsp_shards(40, 64)
+    config = tmp_path / "modernbert.json"
+    # transformers refuses a null classifier_dropout (bertkit writes one when the config leaves it out); a wide init
+    # peaks the attention, so the rotary base shows in the logits
+    config.write_text(json.dumps({"model_type": "modernbert", "vocab_size": 600, "hidden_size": 32,
+                                  "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 48,
+                                  "max_position_embeddings": 32, "local_attention": 8, "pad_token_id": 0,
+                                  "classifier_dropout": 0.0, "initializer_range": 0.3, "hidden_dropout_prob": 0.0,
+                                  "attention_probs_dropout_prob": 0.0}))
+    flags = ["--objective", "mlm", "--steps", "2", "--batch-size", "4", "--precision", "fp32", "--no-progress"]
+    one, two = tmp_path / "phase1", tmp_path / "phase2"
+    assert cli(["pretrain", str(short), "--config", str(config), "--rope-theta", "10000", "--out", str(one),
+                *flags]) == 0
+    assert cli(["pretrain", str(long), "--init", str(one / "model"), "--rope-theta", "160000", "--out", str(two),
+                *flags]) == 0
+    ref = transformers.ModernBertForMaskedLM.from_pretrained(two / "model", attn_implementation="eager").eval()
+    rope = ref.config.rope_parameters
+    assert (rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]) == (160000, 10000)
+    assert ref.config.max_position_embeddings == 64
+    ours = BertForMaskedLM.from_pretrained(two / "model")
+    ids = torch.randint(5, 600, (2, 64), generator=torch.Generator().manual_seed(0))
+    raw = json.loads((two / "model" / "config.json").read_text())
+    raw["rope_parameters"]["full_attention"]["rope_theta"] = 10000.0
+    (tmp_path / "base10k").mkdir()
+    (tmp_path / "base10k" / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "base10k" / "model.safetensors").symlink_to(two / "model" / "model.safetensors")
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+        torch.testing.assert_close(ours(ids).logits, want, atol=1e-5, rtol=1e-5)
+        # the comparison tells the bases apart: phase 1's base gives logits outside its tolerance
+        other = BertForMaskedLM.from_pretrained(tmp_path / "base10k")(ids).logits
+        assert not torch.allclose(other, want, atol=1e-5, rtol=1e-5)

@@ -1,7 +1,8 @@
 """Pre-training on several processes and nodes, on CPU (gloo, fp32, no dropout): FSDP2 gives the per-step losses
 and the final weights of DDP; torchrun with 2 nodes x 1 process (c10d rendezvous on loopback, two launchers)
 gives the losses of 1 node x 2 processes; a 2-node run killed (SIGKILL) after its last checkpoint resumes from it
-and ends with the losses and weights of the run never stopped; `embed` on 2 processes writes the vectors of one."""
+and ends with the losses and weights of the run never stopped; `embed` on 2 processes writes the vectors (a file, or
+an index built in parts) of one, and an index interrupted mid-way is finished by a rerun from its parts."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_embed_cli import data as embed_data, tiny_st  # noqa: F401  (a tiny sentence encoder, 8 lines)
+from test_embed_cli import WORDS, data as embed_data, tiny_st  # noqa: F401  (a tiny sentence encoder, 8 lines)
 from test_finetune_resume import CHILD as WORKER  # `bertkit ARGS`, killed by SIGKILL after $KILL_AT steps
 from test_train_pretrain import data  # noqa: F401  (the same tiny shards)
 
@@ -122,3 +123,74 @@ def test_embed_on_two_processes_writes_the_vectors_of_one(tiny_st, embed_data, t
     one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
     assert one.shape == two.shape == (8, one.shape[1])
     assert np.abs(one - two).max() <= 1e-6
+
+
+def _docs(tmp: Path, n: int) -> Path:
+    """`n` lines of 3 to 8 words: at --batch-size 1, one index part (embed.PART_BATCHES batches) every 64 lines."""
+    rng = np.random.default_rng(1)
+    path = tmp / "many.txt"
+    path.write_text("".join(" ".join(rng.choice(WORDS, rng.integers(3, 9))) + "\n" for _ in range(n)))
+    return path
+
+
+@pytest.fixture
+def one_thread():
+    """A tiny model in this process: one torch thread is ~10x faster than two on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _index(path: Path):
+    from bertkit.embed.index import EmbeddingIndex
+    index = EmbeddingIndex.open(path)
+    return np.asarray(index.vectors), list(index.ids), index.manifest
+
+
+def test_an_index_on_two_processes_holds_the_vectors_of_one(tiny_st, tmp_path, one_thread):  # noqa: F811
+    """Four parts (64, 64, 64, 8 lines), two a rank, each written by its rank; rank 0 writes the one index."""
+    from bertkit.cli import main as cli
+    args = ["embed", str(tiny_st), "--file", str(_docs(tmp_path, 200)), "--batch-size", "1", "--fp32", "--dtype",
+            "float32", "--no-progress"]
+    assert cli([*args, "--out", str(tmp_path / "one")]) == 0
+    _launch(tmp_path, "embed", [*args, "--out", str(tmp_path / "two")])
+    (one, one_ids, a), (two, two_ids, b) = _index(tmp_path / "one"), _index(tmp_path / "two")
+    assert one.shape == two.shape == (200, one.shape[1]) and one_ids == two_ids == [str(i) for i in range(200)]
+    assert np.abs(one - two).max() <= 1e-6 and a == b
+    assert not (tmp_path / ".two.parts").exists() and (tmp_path / "two" / "texts.jsonl").is_file()
+
+
+def test_an_interrupted_index_is_finished_from_its_parts(tiny_st, tmp_path, monkeypatch, one_thread):  # noqa: F811
+    """A run stopped after its first part leaves that part beside the index; the rerun encodes only the other
+    parts and writes the index of an uninterrupted run; parts of another model are not reused."""
+    from bertkit.cli import main as cli
+    from bertkit.embed.pooling import SentenceEncoder
+    args = ["embed", str(tiny_st), "--file", str(_docs(tmp_path, 150)), "--batch-size", "1", "--fp32", "--dtype",
+            "float32", "--no-progress"]
+    assert cli([*args, "--out", str(tmp_path / "whole")]) == 0
+    encode, calls = SentenceEncoder.encode, []
+
+    def stopping(self, tok, texts, *a, **kw):
+        calls.append(len(texts))
+        if len(calls) == 2 and stop:
+            raise KeyboardInterrupt         # the second part: as a kill, nothing after it runs
+        return encode(self, tok, texts, *a, **kw)
+    monkeypatch.setattr(SentenceEncoder, "encode", stopping)
+    stop = True
+    assert cli([*args, "--out", str(tmp_path / "index")]) != 0
+    parts = tmp_path / ".index.parts"
+    assert sorted(p.name for p in parts.iterdir()) == ["part-00000.npy", "plan.json"]
+    assert not (tmp_path / "index").exists()
+    stop, calls[:] = False, []
+    assert cli([*args, "--out", str(tmp_path / "index")]) == 0
+    assert calls == [64, 22]                    # parts 1 and 2; part 0 was done
+    (got, got_ids, _), (want, want_ids, _) = _index(tmp_path / "index"), _index(tmp_path / "whole")
+    assert np.array_equal(got, want) and got_ids == want_ids
+    assert not parts.exists()
+    stop, calls[:] = True, []                   # again, then parts of another model: all encoded anew
+    assert cli([*args, "--out", str(tmp_path / "index"), "--overwrite"]) != 0
+    plan = json.loads((parts / "plan.json").read_text())
+    (parts / "plan.json").write_text(json.dumps({**plan, "model_hash": "sha256:another"}))
+    stop, calls[:] = False, []
+    assert cli([*args, "--out", str(tmp_path / "index"), "--overwrite"]) == 0 and calls == [64, 64, 22]

@@ -25,6 +25,7 @@ from bertkit.tasks.readers import write_table
 from bertkit.commands import add_model_argument, add_precision_argument, checks, chosen_precision, inference_precision
 
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
+PART_BATCHES = 64                          # batches in a part of an index being built: what a kill can cost a rank
 _VECTOR_SUFFIXES = (".npy", ".jsonl", ".json")
 
 
@@ -230,17 +231,16 @@ def embed_encoder(args) -> int:
     texts, ids = _texts_and_ids(args)
     encoder, tok = load_encoder(args.model, args.pooling, normalize, args.max_length)
     precision = inference_precision(args, "embed")
-    show = progress.wanted(args.progress) and len(texts) > args.batch_size and d.main
     prompt = encoder.prompts.text(args.prompt, args.prompt_name)
-    with progress.forward_bar(encoder, -(-len(texts) // args.batch_size), "embed", show):
-        vecs = encode_shared(lambda part: encoder.encode(tok, part, args.batch_size, precision, prompt=prompt),
-                             texts, d)                                             # (n, dim) float32
-    if not d.main:
-        return 0
+
+    def encode(part: list[str]):                                                   # (n, dim) float32
+        return encoder.encode(tok, part, args.batch_size, precision, prompt=prompt)
     if index:
-        return _write_index(args, encoder, texts, ids, vecs)
-    return search_or_write(args, out, texts, vecs,
-                           lambda queries: encoder.encode(tok, queries, args.batch_size, precision, prompt=prompt))
+        return _index_in_parts(args, d, encoder, texts, ids, encode, [precision, prompt])
+    show = progress.wanted(args.progress) and len(texts) > args.batch_size and d.main
+    with progress.forward_bar(encoder, -(-len(texts) // args.batch_size), "embed", show):
+        vecs = encode_shared(encode, texts, d)
+    return search_or_write(args, out, texts, vecs, encode) if d.main else 0
 
 
 def vector_out(args) -> Path | None:
@@ -286,11 +286,68 @@ def write_vectors(out: Path | None, texts, vecs) -> int:
     return 0
 
 
-def _write_index(args, encoder, texts, ids, vecs) -> int:
+def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int:
+    """The index, built in parts of PART_BATCHES batches kept beside it (`.NAME.parts/`): each rank encodes every
+    world-th missing part and writes it atomically (a part file is whole or absent), then rank 0 streams the parts
+    into the index and removes them. A rerun after a kill encodes only the missing parts, shared anew among its
+    ranks; parts of another model, texts or settings are discarded first."""
+    import hashlib
+
+    import numpy as np
     # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.index import INDEX_SOURCE, model_hash, write_index
+    from bertkit.atomic import replacing
+    from bertkit.embed.index import model_hash
+    out, rows = Path(args.out), PART_BATCHES * args.batch_size
+    parts = out.with_name(f".{out.name}.parts")
+    spans = {parts / f"part-{i:05d}.npy": slice(i * rows, (i + 1) * rows) for i in range(-(-len(texts) // rows))}
+    digest = model_hash(encoder) if d.main else None
+    if d.main:
+        _keep_parts(parts, {"model_hash": digest, "settings": settings, "rows": rows,
+                            "texts": hashlib.sha256(json.dumps([ids, texts]).encode()).hexdigest()})
+    d.barrier()                             # every rank sees the same complete parts, so they share the rest alike
+    mine = [name for name in spans if not name.is_file()][d.rank::d.world]
+    batches = sum(-(-len(texts[spans[name]]) // args.batch_size) for name in mine)
+    with progress.forward_bar(encoder, batches, "embed", progress.wanted(args.progress) and d.main and batches > 1):
+        for name in mine:
+            with replacing(name, DataError) as tmp, open(tmp, "wb") as f:
+                np.save(f, encode(texts[spans[name]]))
+    d.barrier()
+    return _write_index(args, encoder, texts, ids, spans, digest) if d.main else 0
+
+
+def _keep_parts(parts: Path, plan: dict) -> None:
+    """`parts` ready for this run: an earlier run's of the same plan kept as it is, anything else made afresh."""
+    import shutil
+    # deferred: torch stays off `bertkit -h`'s path
+    from bertkit.atomic import write_json
+    plan_file = parts / "plan.json"
+    if plan_file.is_file() and json.loads(plan_file.read_text(encoding="utf-8")) == plan:
+        done = len(list(parts.glob("part-*.npy")))
+        print(f"bertkit embed: {parts} holds {done} encoded parts of this index: encoding the rest", file=sys.stderr)
+        return
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    write_json(plan_file, plan)
+
+
+def _write_index(args, encoder, texts, ids, spans: dict[Path, slice], digest: str) -> int:
+    """Rank 0: the parts streamed into the index (one in memory at a time), its texts and source beside it."""
+    import shutil
+
+    import numpy as np
+    # deferred: torch stays off `bertkit -h`'s path
+    from bertkit.embed.index import INDEX_SOURCE, IndexWriter
     out = Path(args.out)
-    index = write_index(out, vecs, ids, model_hash(encoder), dtype=args.dtype or "float16", normalized=True)
+    writer = None
+    for name, span in spans.items():
+        if not name.is_file():
+            raise DataError(f"{name}: missing once every rank had finished; the ranks of a run must write to one "
+                            "filesystem (an --out every node sees)")
+        vecs = np.load(name)
+        writer = writer or IndexWriter(out, len(texts), vecs.shape[1], digest, args.dtype or "float16", True)
+        writer.add(vecs, ids[span])
+    index = writer.commit()
+    shutil.rmtree(name.parent)
     (out / INDEX_TEXTS).write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
     source = {"model": str(Path(args.model).resolve()), "pooling": encoder.pooling.mode,
               "max_length": encoder.max_seq_length}

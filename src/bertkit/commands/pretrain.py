@@ -4,6 +4,7 @@
     bertkit pretrain shards128/ --phase2 shards512/ --preset base --out run/ --steps 1000000   # 90% / 10%
     bertkit pretrain shards/ --preset mini --out run/ --budget 15m --eval-shards heldout/   # a planned recipe
     bertkit pretrain shards/ --init run/model --out run2/ --steps 10000          # continue from a checkpoint
+    bertkit pretrain shards8192/ --init run/model --rope-theta 160000 --out run2/ ...   # context extension
     bertkit pretrain shards/ --preset small --objective electra --out run/ --steps 20000
     bertkit pretrain ... --resume                                                  # after a crash / kill
     torchrun --nproc_per_node=4 -m bertkit pretrain ...                           # DDP (gloo CPU / nccl GPU)
@@ -60,6 +61,10 @@ def register(subparsers) -> None:
     m.add_argument("--init", help="model directory to continue pre-training from")
     m.add_argument("--dropout", type=checks.probability,
                    help="hidden + attention dropout override (default: the model's; planned)")
+    m.add_argument("--rope-theta", type=checks.positive_float,
+                   help="rotary models (ModernBERT): the global attention layers' base, saved in config.json; "
+                        "continued with --init on longer shards, a context extension (ModernBERT: 10000 at 1024 "
+                        "tokens, then 160000 at 8192); max_position_embeddings rises to the shards' length")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",
                    help="keep a fresh MLM output bias at zero (default: log unigram frequencies of the shards)")
     m.add_argument("--attention-init", choices=("random", "local"),

@@ -17,6 +17,7 @@ Memory stays flat in the corpus size: one document at a time, the NotNext buffer
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import sys
 import time
@@ -399,12 +400,28 @@ def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
         ctx = mp.get_context("fork" if sys.platform == "linux" and "torch" not in sys.modules else "spawn")
         shared = ctx.Array("q", len(jobs), lock=False)
         with ProcessPoolExecutor(len(jobs), mp_context=ctx, initializer=_init_worker, initargs=(shared,)) as pool:
-            futures = [pool.submit(_worker, job) for job in jobs]
+            with _main_script_hidden():              # submit starts the workers
+                futures = [pool.submit(_worker, job) for job in jobs]
             while not all(f.done() for f in futures):
                 time.sleep(0.2)
                 bar.n = sum(shared)
                 bar.refresh()
             return [f.result() for f in futures]
+
+
+@contextlib.contextmanager
+def _main_script_hidden():
+    """A spawned worker runs the parent's main script first (as __mp_main__); the `bertkit` console script imports
+    the CLI and torch, seconds a worker against milliseconds for this module's imports. The workers run a function
+    of this module, so they are started without the script (`python -m bertkit` is skipped by multiprocessing
+    itself)."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
 
 
 class _BarCounter:

@@ -19,6 +19,8 @@ against the checkpoint's vocab.txt when there is one), sequence length against m
 output directory, batch arithmetic (global batch = batch_size x accumulation x processes), the time budget.
 
 Two phases (BERT: 90% of the steps at seq 128, then 512): give `phase2_shards`; one schedule spans both.
+Context extension (ModernBERT: 1024 tokens at rotary base 10,000, then 8,192 at 160,000) is a second run continued
+from the first's model: `init` it, the longer shards, and `rope_theta` (written to the saved config.json).
 Output: `out/model/` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) plus what train() writes.
 """
 
@@ -35,7 +37,9 @@ from bertkit.atomic import write_json, write_text
 from bertkit.config import BertConfig, peek_json_config, read_json_config
 from bertkit.errors import CheckpointError, ConfigError, DataError
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.families import family
 from bertkit.model import BertModel
+from bertkit.modern import parts
 from bertkit.pretraining.electra import ElectraForPreTraining
 from bertkit.pretraining.local_init import local_attention_init
 from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
@@ -74,6 +78,8 @@ class PretrainConfig:
     config: str | None = None
     init: str | None = None
     dropout: float | None = None                # overrides hidden + attention dropout when given
+    rope_theta: float | None = None             # rotary models: the global layers' base (ModernBERT: 10,000 at
+                                                # 1024 tokens, 160,000 once extended to 8,192)
     # masks of the training rows: "shards" = as the shards were built; token | wwm | ngram = drawn at batch time
     # from the stored tokens, fresh every epoch (static shards too); mask_prob alone re-masks in the shards' mode
     masking: str = "shards"
@@ -143,13 +149,15 @@ def _objective(pc: PretrainConfig, task: str) -> str:
     return task  # "nsp" | "sop"
 
 
-def build_model(pc: PretrainConfig, manifest: dict, objective: str):
+def build_model(pc: PretrainConfig, manifests: dict[str, dict], objective: str):
     """(model, BertConfig): from a preset, a config.json or a checkpoint, checked against the shards' vocab."""
     chosen = [n for n in ("preset", "init") if getattr(pc, n)]
     if len(chosen) > 1 or (not chosen and not pc.config):
         raise ConfigError("choose the model with one of --preset NAME, --config config.json or --init CHECKPOINT_DIR"
                           " (--config may refine --init)")
+    manifest = manifests["shards"]
     vocab_size = int(manifest["vocab_size"])
+    longest = max(int(m["seq_len"]) for m in manifests.values())
     drop = {} if pc.dropout is None else {"hidden_dropout_prob": pc.dropout, "attention_probs_dropout_prob": pc.dropout}
     cls = {"nsp": BertForPreTraining, "sop": BertForPreTraining, "mlm": BertForMaskedLM}.get(objective)
     if pc.init:
@@ -162,6 +170,10 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
             _check_vocab_file(vocab_file, manifest, str(vocab_file), f"rebuild the shards with --vocab {vocab_file}")
         model = (BertModel if objective == "electra" else cls).from_pretrained(init, **overrides)
         _check_vocab(model.config, vocab_size, init)
+        if pc.rope_theta is not None:       # the base is read when the layers are built: build them anew
+            loaded, model = model, type(model)(_rotary_base(model.config, pc.rope_theta, longest))
+            model.load_state_dict(loaded.state_dict())
+            model.loading_info = loaded.loading_info
         if objective == "electra":
             body, model = model, ElectraForPreTraining(model.config, rtd_weight=pc.electra_weight)
             model.discriminator.load_state_dict(body.state_dict(), strict=False)
@@ -173,9 +185,28 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
         _check_vocab(config, vocab_size, pc.config)
         if drop:
             config = config.replace(**drop)
+    if pc.rope_theta is not None:
+        config = _rotary_base(config, pc.rope_theta, longest)
     if objective == "electra":
         return ElectraForPreTraining(config, rtd_weight=pc.electra_weight), config
     return cls(config), config
+
+
+def _rotary_base(config, theta: float, seq_len: int):
+    """`config` with its global layers' rotary base `theta` (the local layers' kept) and its longest input raised to
+    `seq_len` where shorter: rotary positions have no table, so a longer context changes no weight's shape. Written
+    as transformers >= 5 reads it (rope_parameters), and the older key in step where the config has it."""
+    if not family(config.model_type).rotary:
+        raise ConfigError(f"--rope-theta {theta:g}: model_type {config.model_type} has no rotary positions "
+                          "(ModernBERT has)")
+    if not theta > 0:
+        raise ConfigError(f"--rope-theta {theta:g}: a rotary base must be > 0")
+    extra = {**config.extra, "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": float(theta)},
+        "sliding_attention": {"rope_type": "default", "rope_theta": parts(config).local_theta}}}
+    if "global_rope_theta" in extra:
+        extra["global_rope_theta"] = float(theta)
+    return config.replace(extra=extra, max_position_embeddings=max(config.max_position_embeddings, seq_len))
 
 
 def unigram_bias_init(model, shards) -> bool:
@@ -220,7 +251,7 @@ def _check_vocab_file(path, manifest: dict, what: str, fix: str) -> None:
 # the fields that decide the weights' shapes and what they compute: a resumed run must keep them
 _ARCHITECTURE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size", "hidden_act", "position_embedding_type", "model_type",
-                 "embedding_size", "num_hidden_groups", "relative_attention_num_buckets")
+                 "embedding_size", "num_hidden_groups", "relative_attention_num_buckets", "rope_parameters")
 
 
 def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
@@ -326,7 +357,7 @@ def pretrain(pc: PretrainConfig, callbacks=()):
     pc, plan = _start_plan(pc, manifests["shards"], objective)
     cfg = _train_config(pc, d.world)
     seed_everything(cfg.seed)
-    model, config = build_model(pc, manifests["shards"], objective)
+    model, config = build_model(pc, manifests, objective)
     if pc.train.resume:
         _check_resume_model(pc, config, out)
     model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
