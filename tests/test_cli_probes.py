@@ -514,6 +514,10 @@ def accepted_silently_probes() -> list[Probe]:
                      f"index-cut-{part}") for part in ("vectors", "ids", "manifest")]
     probes += [Probe(f"trace:evaluate:{name}", ["evaluate", "--model", f"W/clf-{name}", "--data", "W/data/dev.csv",
                                                 "--out", "T/e"], "config.json") for name in ("cfg-empty", "cfg-deep")]
+    probes += [Probe(f"trace:distill:{name}", ["distill", "--teacher", f"W/clf-{name}", "--student-layers", "1",
+                                               "--train", "W/data/train.csv", "--dev", "W/data/dev.csv",
+                                               "--out", "T/d"], "config.json")
+               for name in ("cfg-empty", "cfg-deep", "cfg-binary", "cfg-string")]
     return probes
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from bertkit import progress
 from bertkit.commands import checks
 from bertkit.commands.finetune import RECIPE_DESTS, run_brief, add_recipe_args, run_values
-from bertkit.config import peek_json_config
+from bertkit.config import peek_json_config, read_json_config
 from bertkit.errors import ConfigError
 
 _TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight", "patience")
@@ -106,7 +106,7 @@ def _teacher_task(teacher: str) -> dict:
     path = Path(teacher) / "config.json"
     if not path.is_file():
         raise ConfigError(f"--teacher {teacher}: no config.json (not a model directory)")
-    settings = json.loads(path.read_text()).get("bertkit_task")
+    settings = read_json_config(path).get("bertkit_task")
     if not isinstance(settings, dict) or "kind" not in settings:
         raise ConfigError(f"--teacher {teacher}: not fine-tuned by `bertkit finetune` (config.json has no "
                           f"bertkit_task); task distillation needs a fine-tuned teacher (or use --text)")
