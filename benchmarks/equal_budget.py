@@ -15,6 +15,7 @@ Models (4 layers, 256 hidden, 4 heads, ~same feed-forward parameters):
   modernbert  a `--config` of model_type modernbert: rotary positions, pre-norm with a final norm, GeGLU 2 x 672
               wide (the parameters of BERT's 1,024), no biases, layers 0 and 3 global, 1 and 2 a sliding window of
               32 tokens (ModernBERT's one global layer in three; its 128-token window would span these 64-token rows)
+  bert-random `--models bert,modernbert,bert-random` adds it: `mini` from BERT's random init, as ModernBERT starts
 
 Both run `bertkit pretrain --budget B --objective mlm --lr 1e-3` with the plan's other settings (wsd, 16 x 64 a
 step, no dropout, ...; the lr is given because the plan picks it by preset, and a `--config` would get 1e-4).
@@ -48,7 +49,7 @@ MODERN = {"model_type": "modernbert", "hidden_size": 256, "num_hidden_layers": 4
           "intermediate_size": 672, "hidden_activation": "gelu", "max_position_embeddings": 512,
           "local_attention": 32, "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0,
           "local_rope_theta": 10000.0, "norm_eps": 1e-5, "pad_token_id": 0}
-FAMILIES = ("bert", "modernbert")
+MODELS = ("bert", "modernbert", "bert-random")
 
 
 def bertkit(*args: str) -> list[str]:
@@ -99,19 +100,21 @@ def prepare_data(work: Path, seed: int) -> dict:
     return paths
 
 
-def model_args(family: str, paths: dict) -> list[str]:
-    if family == "bert":
-        return ["--preset", "mini"]
-    return ["--config", str(paths["modernbert"]), "--attention-init", "random"]
+def model_args(model: str, paths: dict) -> list[str]:
+    """bert: the plan's local attention init; bert-random: BERT's own random init, as ModernBERT starts."""
+    if model == "modernbert":
+        return ["--config", str(paths["modernbert"]), "--attention-init", "random"]
+    return ["--preset", "mini", *(["--attention-init", "random"] if model == "bert-random" else [])]
 
 
-def pretrain_commands(paths: dict, work: Path, budget: str | None, steps: int | None, tag: str) -> dict:
+def pretrain_commands(paths: dict, work: Path, models: list[str], budget: str | None, steps: int | None,
+                      tag: str) -> dict:
     # the plan picks the lr by preset, and gives a --config BERT-base's 1e-4: both get the mini's 1e-3
     length = ["--budget", budget, "--lr", "1e-3"] if budget else ["--steps", str(steps), "--eval-batches", "8"]
     return {f"{fam}{tag}": bertkit("pretrain", str(paths["train"]), "--out", str(work / f"{fam}{tag}"), *length,
                                    "--objective", "mlm", "--eval-shards", str(paths["heldout"]), "--seed", "0",
                                    "--no-progress", "--overwrite", *model_args(fam, paths))
-            for fam in FAMILIES}
+            for fam in models}
 
 
 def finetune_commands(paths: dict, work: Path, runs: list[str], args) -> dict:
@@ -160,7 +163,13 @@ def main(argv=None) -> int:
     p.add_argument("--ft-lr", type=float, default=3e-4)
     p.add_argument("--ft-epochs", type=float, default=2.0)
     p.add_argument("--train-examples", type=int, help="fine-tune on the first N training articles only")
+    p.add_argument("--models", default="bert,modernbert", help=f"comma-separated, side by side: {', '.join(MODELS)}")
+    p.add_argument("--no-controls", dest="controls", action="store_false",
+                   help="skip fine-tuning each model after one pre-training step")
     args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if not models or set(models) - set(MODELS):
+        p.error(f"--models {args.models}: choose from {', '.join(MODELS)}")
     if args.quick:
         args.budget, args.train_examples, args.ft_epochs = "20s", args.train_examples or 200, 1.0
     work = Path(args.work or tempfile.mkdtemp(prefix="bertkit-equal-budget-"))
@@ -168,16 +177,19 @@ def main(argv=None) -> int:
     t0 = time.time()
     paths = prepare_data(work, args.seed)
     start = machine()
-    side_by_side(pretrain_commands(paths, work, args.budget, None, ""), work / "logs")
-    side_by_side(pretrain_commands(paths, work, None, 1, "_init"), work / "logs")     # the controls
-    for pair in (list(FAMILIES), [f"{f}_init" for f in FAMILIES]):
+    side_by_side(pretrain_commands(paths, work, models, args.budget, None, ""), work / "logs")
+    runs = [models]
+    if args.controls:
+        side_by_side(pretrain_commands(paths, work, models, None, 1, "_init"), work / "logs")
+        runs.append([f"{m}_init" for m in models])
+    for pair in runs:
         side_by_side(finetune_commands(paths, work, pair, args), work / "logs")
     end = machine()
-    for fam in FAMILIES:
-        print(json.dumps({"model": f"{fam}-style mini", "budget": args.budget, "threads": 1, **pretrained(work / fam),
-                          "topic": finetuned(work / f"ft_{fam}"), "topic_after_1_step": finetuned(work / f"ft_{fam}_init"),
-                          "machine_at_start": start, "machine_at_end": end, "total_s": round(time.time() - t0),
-                          "work": str(work)}))
+    for m in models:
+        control = {"topic_after_1_step": finetuned(work / f"ft_{m}_init")} if args.controls else {}
+        print(json.dumps({"model": m, "budget": args.budget, "threads": 1, **pretrained(work / m),
+                          "topic": finetuned(work / f"ft_{m}"), **control, "machine_at_start": start,
+                          "machine_at_end": end, "total_s": round(time.time() - t0), "work": str(work)}))
     return 0
 
 

@@ -42,7 +42,7 @@ def test_the_dry_run_prints_both_families(tmp_path):
                            "--work", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [r["model"] for r in lines] == ["bert-style mini", "modernbert-style mini"]
+    assert [r["model"] for r in lines] == ["bert", "modernbert"]
     for r in lines:
         assert r["steps"] > 0 and 0 < r["heldout_mlm_acc"] < 1 and r["heldout_curve"][-1][0] == r["steps"]
         for run in ("topic", "topic_after_1_step"):
