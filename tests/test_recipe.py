@@ -131,3 +131,18 @@ def test_evaluations_fit_their_share_of_the_budget():
     assert plan.value("eval_every_steps") == 100 and plan.eval_s == pytest.approx(int(600 / (20 + cost)) * cost)
     few = plan_recipe(600, "mini", 0.2, manifest(), heldout_rows=40, eval_batch_s=0.05)   # 2 batches of 16 rows
     assert few.eval_s == pytest.approx(9 * 2 * 0.05)
+
+
+def test_a_config_model_gets_the_lr_of_its_width_and_no_local_start_without_a_position_table():
+    """A --config model has no preset: the lr follows its width, and a family without a learned position table
+    (ModernBERT's rotary, DeBERTa-v3's relative positions) is not planned a local start it cannot take."""
+    from bertkit.config import BertConfig
+    bert = BertConfig.from_dict({"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4})
+    modern = BertConfig.from_dict({"model_type": "modernbert", "hidden_size": 256, "num_hidden_layers": 2,
+                                   "num_attention_heads": 4, "intermediate_size": 384})
+    plan = plan_recipe(900, None, 1.0, manifest(), model=bert)
+    assert (plan.value("lr"), plan.value("attention_init")) == (1e-3, "local")
+    assert "mini's width" in plan.choices["lr"].reason
+    plan = plan_recipe(900, None, 1.0, manifest(), model=modern)
+    assert (plan.value("lr"), plan.value("attention_init")) == (1e-3, "random")
+    assert "no learned position table" in plan.choices["attention_init"].reason

@@ -164,3 +164,17 @@ def test_a_context_extension_phase_loads_in_transformers_with_equal_logits(bbc_n
         # the comparison tells the bases apart: phase 1's base gives logits outside its tolerance
         other = BertForMaskedLM.from_pretrained(tmp_path / "base10k")(ids).logits
         assert not torch.allclose(other, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_local_start_is_refused_by_name_for_a_model_without_a_position_table(bbc_nsp_shards, tmp_path, capsys):
+    import json
+
+    from bertkit.cli import main as cli
+    config = tmp_path / "modernbert.json"
+    config.write_text(json.dumps({"model_type": "modernbert", "vocab_size": 600, "hidden_size": 32,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+                                  "max_position_embeddings": 32, "pad_token_id": 0}))
+    rc = cli(["pretrain", str(bbc_nsp_shards(40, 32)), "--config", str(config), "--attention-init", "local",
+              "--objective", "mlm", "--steps", "1", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--attention-init local: a modernbert model has no learned position table" in err, err

@@ -260,6 +260,13 @@ class BertConfig:
         return self.max_position_embeddings - offset
 
     @property
+    def position_table(self) -> bool:
+        """A learned absolute position table: rotary families (ModernBERT) rotate q and k by position instead, and
+        DeBERTa-v3 has relative positions only."""
+        spec = disentangled.settings(self)
+        return not family(self.model_type).rotary and (spec is None or spec.absolute_positions)
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

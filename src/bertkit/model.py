@@ -93,10 +93,8 @@ class BertEmbeddings(nn.Module):
         dim = config.embedding_size or config.hidden_size             # ELECTRA: smaller, projected up by the model
         part = parts(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
-        # rotary families (ModernBERT) rotate q and k by position instead; DeBERTa-v3 has relative positions only
-        spec = disentangled.settings(config)
-        absolute = not family(config.model_type).rotary and (spec is None or spec.absolute_positions)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim) if absolute else None
+        # None: rotary (ModernBERT) or relative-only (DeBERTa-v3) positions are applied inside attention instead
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim) if config.position_table else None
         # DistilBERT has no segments at all; token_type_ids are then ignored
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size else None
         self.LayerNorm = nn.LayerNorm(dim, eps=config.layer_norm_eps, bias=part.norm_bias)

@@ -34,6 +34,16 @@ def _offset(head: int) -> int:
     return OFFSETS[head] if head < len(OFFSETS) else (head // 2 + 1) * (-1 if head % 2 == 0 else 1)
 
 
+def unfit_for(config) -> str | None:
+    """Why `config`'s model cannot start local (it needs a learned position table as wide as the layers and separate
+    query / key weights), or None where it can."""
+    if not config.position_table:
+        return f"a {config.model_type} model has no learned position table to start from"
+    if (config.embedding_size or config.hidden_size) != config.hidden_size:
+        return "its factorised position table is narrower than its layers"
+    return None
+
+
 def local_attention_init(model: nn.Module, length_scale: float = 1.5, dims: int = 32, beta: float = 8.0,
                          layers: int = 1, seed: int = 0) -> None:
     """Re-initialise `model`'s position embeddings and the query / key weights of its first `layers` layers so that

@@ -41,7 +41,7 @@ from bertkit.families import family
 from bertkit.model import BertModel
 from bertkit.modern import parts
 from bertkit.pretraining.electra import ElectraForPreTraining
-from bertkit.pretraining.local_init import local_attention_init
+from bertkit.pretraining.local_init import local_attention_init, unfit_for
 from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
 from bertkit.pretraining.packing import PackedReader
 from bertkit.pretraining.shards import ShardReader, read_manifest
@@ -358,6 +358,8 @@ def pretrain(pc: PretrainConfig, callbacks=()):
     cfg = _train_config(pc, d.world)
     seed_everything(cfg.seed)
     model, config = build_model(pc, manifests, objective)
+    if pc.attention_init == "local" and (unfit := unfit_for(config)):
+        raise ConfigError(f"--attention-init local: {unfit}; use --attention-init random")
     if pc.train.resume:
         _check_resume_model(pc, config, out)
     model.masked_logits_only = True          # the loss and accuracy read the masked rows: project only those
@@ -382,7 +384,7 @@ def pretrain(pc: PretrainConfig, callbacks=()):
             say(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
                 f"{config.vocab_size:,}); evaluation scores them all")
     if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
-        pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)))
+        pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)), config)
         cfg = dataclasses.replace(pc.train, grad_accum=cfg.grad_accum)
         cfg.validate()
     batches = data
@@ -491,13 +493,14 @@ def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
     if plan is not None:
         say(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}")
     else:
-        plan = plan_recipe(t.budget_s, pc.preset, None, manifest, given_settings(pc), _heldout_rows(pc))
+        model = BertConfig.from_json(pc.config) if pc.config and not pc.preset else None
+        plan = plan_recipe(t.budget_s, pc.preset, None, manifest, given_settings(pc), _heldout_rows(pc), model=model)
     return apply_plan(pc, plan), plan
 
 
-def _plan(pc: PretrainConfig, manifest: dict, times: tuple[float, float]):
+def _plan(pc: PretrainConfig, manifest: dict, times: tuple[float, float], config: BertConfig):
     plan = plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, given_settings(pc), _heldout_rows(pc),
-                       eval_batch_s=times[1])
+                       eval_batch_s=times[1], model=None if pc.preset else config)
     return apply_plan(pc, plan), plan
 
 

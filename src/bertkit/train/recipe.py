@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from bertkit import runtime
+from bertkit.config import PRESETS, BertConfig
 from bertkit.optim import build_optimizer
 from bertkit.precision import autocast, resolve
+from bertkit.pretraining.local_init import unfit_for
 from bertkit.train.steps import pretraining_step, to_device
 
 __all__ = ["Choice", "RecipePlan", "plan_recipe", "apply_plan", "given_settings", "probe_times", "load_plan",
@@ -146,22 +148,27 @@ def _choose(plan: RecipePlan, given: dict, name: str, value, reason: str) -> Non
 
 
 def plan_recipe(budget_s: float, preset: str | None, measured_step_s: float | None, manifest: dict,
-                given: dict | None = None, heldout_rows: int = 0, eval_batch_s: float | None = None) -> RecipePlan:
+                given: dict | None = None, heldout_rows: int = 0, eval_batch_s: float | None = None,
+                model: BertConfig | None = None) -> RecipePlan:
     """The recipe for `budget_s` seconds from scratch on the shards of `manifest` (a pure function).
 
     `given`: the settings the user chose (kept, marked as theirs); `measured_step_s`: seconds per optimizer step at
     the planned shape, from which the steps the budget affords follow (None: the step-count choices, warmup and
     evaluation interval, are left out); `heldout_rows`: rows of the held-out shards (0: none to evaluate on);
-    `eval_batch_s`: measured seconds per evaluation batch (None: a third of a step, the FLOP ratio)."""
+    `eval_batch_s`: measured seconds per evaluation batch (None: a third of a step, the FLOP ratio); `model`: the
+    config.json's model where there is no preset (its size picks the lr, its family whether it can start local)."""
     given = dict(given or {})
+    size = preset   # a config.json's model takes the lr of the preset of its width
+    if model is not None and size is None:
+        size = next((n for n, (_, h, _) in PRESETS.items() if h == model.hidden_size), None)
     counts = manifest.get("counts", {})
     examples = max(int(counts.get("examples", 0)), 1)
     corpus = int(counts.get("tokens", 0))
     plan = RecipePlan(budget_s, preset, int(manifest["seq_len"]), measured_step_s,
                       corpus / examples if corpus else float(manifest["seq_len"]), corpus, eval_batch_s)
     _plan_masks(plan, given, manifest["masking"])
-    _plan_shape(plan, given, heldout_rows > 0)
-    _plan_optimiser(plan, given, preset)
+    _plan_shape(plan, given, heldout_rows > 0, unfit_for(model) if model is not None else None)
+    _plan_optimiser(plan, given, size)
     if measured_step_s:
         if heldout_rows:
             _plan_evaluation(plan, given, heldout_rows)
@@ -197,7 +204,7 @@ def _plan_masks(plan: RecipePlan, given: dict, stored: dict) -> None:
                           f"from their stored tokens ({_describe(want)}, fresh every epoch)")
 
 
-def _plan_shape(plan: RecipePlan, given: dict, evaluate: bool) -> None:
+def _plan_shape(plan: RecipePlan, given: dict, evaluate: bool, unfit: str | None) -> None:
     seq = plan.seq_len
     batch = max(1, STEP_TOKENS // seq)
     if seq == ROW_TOKENS:
@@ -210,8 +217,12 @@ def _plan_shape(plan: RecipePlan, given: dict, evaluate: bool) -> None:
         why = f"the largest micro-batch up to {STEP_TOKENS // seq} that divides your --global-batch"
     _choose(plan, given, "batch_size", batch, why)
     _choose(plan, given, "dropout", 0.0, "a few passes over the data: nothing to regularise yet (and it costs time)")
-    _choose(plan, given, "attention_init", "local", "the first layer's heads start on the neighbouring tokens: "
-            "the plateau (every [MASK] the same few words) ended within ~300 steps instead of after 5,000+ on a novel")
+    if unfit:
+        _choose(plan, given, "attention_init", "random", f"no local start: {unfit}")
+    else:
+        _choose(plan, given, "attention_init", "local", "the first layer's heads start on the neighbouring tokens: "
+                "the plateau (every [MASK] the same few words) ended within ~300 steps instead of after 5,000+ on a "
+                "novel")
     _choose(plan, given, "output_vocab", "corpus", "the softmax scores only the ids the training shards hold (the "
             "others are never a target): with a 30k vocabulary it is as costly as the encoder")
     if evaluate:
@@ -220,9 +231,9 @@ def _plan_shape(plan: RecipePlan, given: dict, evaluate: bool) -> None:
                 f"~{EVAL_TOKENS // 1024}k held-out tokens an evaluation: a steady accuracy")
 
 
-def _plan_optimiser(plan: RecipePlan, given: dict, preset: str | None) -> None:
-    lr = LRS.get(preset or "", 1e-4)
-    _choose(plan, given, "lr", lr, _LR_WHY[lr])
+def _plan_optimiser(plan: RecipePlan, given: dict, size: str | None) -> None:
+    lr = LRS.get(size or "", 1e-4)
+    _choose(plan, given, "lr", lr, _LR_WHY[lr] + ("" if size == plan.preset else f"; your model is {size}'s width"))
     _choose(plan, given, "schedule", "wsd", "the peak lr held through the plateau, decayed only at the end")
     if plan.value("schedule") == "wsd":
         _choose(plan, given, "decay_fraction", DECAY_FRACTION, "the decay of the measured runs")
