@@ -231,12 +231,6 @@ def test_bert_directories_still_load_bertkits_wordpiece(tmp_path):
     assert ours.continues_word(ours("ac a")["input_ids"]) == [False, False, True, False, False]
 
 
-def test_sentencepiece_model_alone_is_refused_in_one_line(tmp_path):
-    (tmp_path / "spiece.model").write_bytes(b"\x00")
-    with pytest.raises(VocabError, match=r"spiece\.model: a SentencePiece model without tokenizer\.json"):
-        Tokenizer.from_pretrained(tmp_path)
-
-
 @pytest.mark.parametrize("model", ["bpe", "unigram"])
 def test_vocab_command_trains_a_directory_both_load(tmp_path, model, capsys):
     from bertkit.cli import main as cli_main

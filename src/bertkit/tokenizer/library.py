@@ -24,6 +24,7 @@ from bertkit.tokenizer.formats import read_json_object, vocab_hash
 from bertkit.tokenizer.hfcall import as_id_list
 from bertkit.tokenizer.hfjson import NO_LIMIT, read_structured
 from bertkit.tokenizer.inputs import Template
+from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
 
 _SPECIALS = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -84,19 +85,19 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
     def from_dir(cls, path: Path, **overrides) -> "LibraryTokenizer":
         """A model directory: tokenizer.json, with tokenizer_config.json and special_tokens_map.json where present."""
         json_file = path / "tokenizer.json"
-        if not json_file.is_file():
-            models = sorted(p.name for p in path.glob("*.model"))
-            if models:
-                raise VocabError(f"{path / models[0]}: a SentencePiece model without tokenizer.json; convert it once "
-                                 f"with transformers (pip install sentencepiece protobuf; AutoTokenizer."
-                                 f"from_pretrained(dir).save_pretrained(dir)) and load the directory again")
-            raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
         config = {}
         for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins, as in transformers
             if (path / name).is_file():
                 config.update(read_structured(path / name, read_json_object))
         config.update({("do_lower_case" if k == "lowercase" else k): v for k, v in overrides.items()})
-        return cls(read_structured(json_file, read_json_object), config, str(json_file))
+        if json_file.is_file():
+            return cls(read_structured(json_file, read_json_object), config, str(json_file))
+        models = sorted(path.glob("*.model"))
+        if not models:
+            raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
+        model_cfg = read_json_object(path / "config.json") if (path / "config.json").is_file() else {}
+        spec, config = sentencepiece_json(models[0], config, model_cfg.get("model_type"))
+        return cls(spec, config, str(models[0]))
 
     def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
         """tokenizer.json, tokenizer_config.json and special_tokens_map.json, as transformers' AutoTokenizer loads
