@@ -263,3 +263,18 @@ def test_masking_tables_follow_continues_word(tmp_path):
     assert t.continuation[ids][2:-1].tolist() == tok.continues_word(ids)[2:-1]   # (the first piece after <s> is
     assert t.continuation[ids[1]] and not tok.continues_word(ids)[1]            # a word: masking checks its neighbour)
     assert t.never_mask[[tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id]].all()
+
+
+def test_padding_and_truncation_side_from_tokenizer_config(family_dir, tmp_path):
+    import shutil
+
+    root = tmp_path / "left"
+    shutil.copytree(family_dir, root)
+    cfg = json.loads((root / "tokenizer_config.json").read_text())
+    (root / "tokenizer_config.json").write_text(json.dumps({**cfg, "padding_side": "left", "truncation_side": "left"}))
+    ours, ref = _pair(root)
+    assert (ours.padding_side, ours.truncation_side) == (ref.padding_side, ref.truncation_side) == ("left", "left")
+    for strategy in ("longest_first", "only_first"):
+        assert_same(ours, ref, REAL[:5], ["a b", "c", "d e f", "g", "h"], truncation=strategy, max_length=12,
+                    padding=True)
+    assert_same(ours, ref, REAL, None, truncation=True, max_length=9, padding="max_length")

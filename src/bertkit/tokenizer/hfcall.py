@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.tokenizer.inputs import cut
 
 
 class BatchEncoding(dict):
@@ -86,8 +87,8 @@ class _Layout:
         return self._place(self._row(i), [0] * na, None if nb is None else [1] * nb)
 
     def _words(self, i: int, part: int, ids: list[int]) -> list[int]:
-        if self.words is not None:
-            return self.words[i][part][:len(ids)]
+        if self.words is not None:     # each piece's word before truncation: the kept pieces' are the cut's
+            return cut(self.words[i][part], len(ids), self.tokenizer.truncation_side)
         return word_ids(self.tokenizer.continues_word(ids))
 
 
@@ -101,6 +102,12 @@ def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
             word += 1
         out.append(None if c is None else word)
     return out
+
+
+def uncut_words(tokenizer, first, second) -> list[tuple[list, list]]:
+    """Each piece's word in the sequences (first and second, per row) before truncation cuts them."""
+    return [(word_ids(tokenizer.continues_word(a)), word_ids(tokenizer.continues_word(second[i][0])) if second else [])
+            for i, (a, _) in enumerate(first)]
 
 
 def overflow(tokenizer, first, second, words, cut, stride: int):

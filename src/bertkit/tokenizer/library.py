@@ -22,7 +22,7 @@ from bertkit.errors import BertkitError, VocabError
 from bertkit.tokenizer.encode import Tokenizer, gc_paused
 from bertkit.tokenizer.formats import read_json_object, vocab_hash
 from bertkit.tokenizer.hfcall import as_id_list
-from bertkit.tokenizer.hfjson import NO_LIMIT, read_structured
+from bertkit.tokenizer.hfjson import NO_LIMIT, read_sides, read_structured
 from bertkit.tokenizer.inputs import Template
 from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
@@ -57,6 +57,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self.template = _template(self._backend)
         self._set_specials(config)
+        self.__dict__.update(read_sides(config, source))    # else the class's "right"
         mml = config.get("model_max_length")
         self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
         self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
@@ -107,7 +108,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         files = directory / "tokenizer.json", directory / "tokenizer_config.json", directory / "special_tokens_map.json"
         write_text(files[0], self._backend.to_str(pretty=True) + "\n")
         specials = {f"{n}_token": getattr(self, f"{n}_token") for n in _SPECIALS if getattr(self, f"{n}_token")}
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **self.config, **specials,
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **self.config, **specials, **self.sides(),
                "model_max_length": NO_LIMIT if self.model_max_length is None else self.model_max_length}
         write_json(files[1], cfg)
         write_json(files[2], specials)
