@@ -88,6 +88,7 @@ class PretrainConfig:
                                                 # neighbours (bertkit.pretraining.local_init)
     objective: str = "auto"                     # auto (the shards' task) | mlm | electra
     electra_weight: float = 50.0
+    generator: str | None = None                # electra with init: the generator's checkpoint (else a fresh one)
     # batch
     batch_size: int = 32                        # per process per micro-batch
     global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
@@ -152,6 +153,9 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
     vocab_size = int(manifest["vocab_size"])
     drop = {} if pc.dropout is None else {"hidden_dropout_prob": pc.dropout, "attention_probs_dropout_prob": pc.dropout}
     cls = {"nsp": BertForPreTraining, "sop": BertForPreTraining, "mlm": BertForMaskedLM}.get(objective)
+    if pc.generator and not (pc.init and objective == "electra"):
+        raise ConfigError("--generator is the generator of an ELECTRA pair: it needs --objective electra and --init "
+                          "with the discriminator")
     if pc.init:
         init = Path(pc.init)
         if not (init / "config.json").is_file():
@@ -160,11 +164,11 @@ def build_model(pc: PretrainConfig, manifest: dict, objective: str):
         vocab_file = init / "vocab.txt"
         if vocab_file.is_file():
             _check_vocab_file(vocab_file, manifest, str(vocab_file), f"rebuild the shards with --vocab {vocab_file}")
-        model = (BertModel if objective == "electra" else cls).from_pretrained(init, **overrides)
-        _check_vocab(model.config, vocab_size, init)
         if objective == "electra":
-            body, model = model, ElectraForPreTraining(model.config, rtd_weight=pc.electra_weight)
-            model.discriminator.load_state_dict(body.state_dict(), strict=False)
+            model = ElectraForPreTraining.from_pretrained(init, pc.generator, pc.electra_weight, **overrides)
+        else:
+            model = cls.from_pretrained(init, **overrides)
+        _check_vocab(model.config, vocab_size, init)
         return model, model.config
     if pc.preset:
         config = BertConfig.preset(pc.preset, vocab_size=vocab_size, **drop)
