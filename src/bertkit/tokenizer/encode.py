@@ -22,8 +22,7 @@ from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, o
                                       split_words_pieces, to_tensors, uncut_words)
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
 from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, read_sides, write_model_dir
-from bertkit.tokenizer.inputs import (TRUNCATION_STRATEGIES, Template, cut, truncated_lengths,
-                                      truncation_strategy)
+from bertkit.tokenizer.inputs import Template, cut, truncated_lengths, truncation_strategy
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, PieceTable, decode_pieces
 

@@ -35,7 +35,6 @@ from bertkit.atomic import write_json, write_text
 from bertkit.config import BertConfig, peek_json_config, read_json_config
 from bertkit.errors import CheckpointError, ConfigError, DataError
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.model import BertModel
 from bertkit.pretraining.electra import ElectraForPreTraining
 from bertkit.pretraining.local_init import local_attention_init
 from bertkit.pretraining.masking import MaskingConfig, MODES as MASK_MODES
