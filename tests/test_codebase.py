@@ -67,7 +67,7 @@ def test_model_inputs_are_laid_out_by_the_tokenizer_only():
 # below. Runtime and checkpoint sit under the model, as transformers' modeling_utils and quantizers sit under its
 # model files: the model's from_pretrained loads through them, and they know the model's modules by their names.
 LAYERS = [
-    ["", "errors", "atomic", "progress", "textfiles", "options", "hub", "datasets"],   # "": bertkit/__init__.py
+    ["", "errors", "atomic", "progress", "textfiles", "options", "hub", "datasets", "protobuf"],   # "": bertkit/__init__.py
     ["families", "disentangled", "config", "hardware"],
     ["tokenizer", "vocab"],
     ["attention", "padding", "activations", "outputs", "compat", "modern"],

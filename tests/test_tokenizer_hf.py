@@ -238,3 +238,47 @@ def test_batch_encoding_pickles_as_data(pair):
     enc = pickle.loads(pickle.dumps(ours(TRICKY[:2], padding=True)))
     assert type(enc).__name__ == "BatchEncoding" and enc.input_ids == ours(TRICKY[:2], padding=True)["input_ids"]
     assert len(pickle.dumps(enc)) < 2000
+
+
+FULL = dict(return_offsets_mapping=True, return_special_tokens_mask=True, return_token_type_ids=True)
+
+
+def assert_same_sides(ours, ref, texts, pairs, **options) -> None:
+    """ids, types, masks, offsets and word ids equal transformers' with the directory's padding / truncation side."""
+    a, b = ours(texts, pairs, **FULL, **options), ref(texts, pairs, **FULL, **options)
+    for k in ("input_ids", "token_type_ids", "attention_mask", "special_tokens_mask", "offset_mapping"):
+        assert [list(map(tuple, r)) if k == "offset_mapping" else r for r in a[k]] == \
+            [list(map(tuple, r)) if k == "offset_mapping" else r for r in b[k]], (k, options)
+    for i in range(len(texts)):
+        assert a.word_ids(i) == b.word_ids(i), (i, options)
+        assert a.sequence_ids(i) == b.sequence_ids(i), (i, options)
+
+
+@pytest.mark.parametrize("padding_side, truncation_side", [("left", "left"), ("right", "left"), ("left", "right")])
+def test_padding_and_truncation_side_from_tokenizer_config(tmp_path, padding_side, truncation_side):
+    ref, out = hf_dir(tmp_path)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg.update(padding_side=padding_side, truncation_side=truncation_side)
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    ours, ref = Tokenizer.from_pretrained(out), transformers.AutoTokenizer.from_pretrained(str(out))
+    assert (ours.padding_side, ours.truncation_side) == (ref.padding_side, ref.truncation_side)
+    texts, pairs = TRICKY, [p[1] for p in PAIRS] * 5
+    assert_same_sides(ours, ref, texts[:8], pairs[:8], truncation="longest_first", max_length=11, padding=True)
+    long, short = ["unaffable café naïve, the longer world!", "中国 the 中国人 hello world"], ["the", "a b"]
+    assert_same_sides(ours, ref, long, short, truncation="only_first", max_length=9, padding=True)
+    assert_same_sides(ours, ref, short, long, truncation="only_second", max_length=9, padding=True)
+    assert_same_sides(ours, ref, texts, None, truncation=True, max_length=6, padding="max_length")
+    words = [t.split() or ["x"] for t in TRICKY]
+    assert_same_sides(ours, ref, words, None, is_split_into_words=True, truncation=True, max_length=5, padding=True)
+    saved = ours.save_pretrained(tmp_path / "bk")      # the sides travel with the directory
+    again = Tokenizer.from_pretrained(tmp_path / "bk")
+    assert (again.padding_side, again.truncation_side) == (padding_side, truncation_side) and saved
+
+
+def test_a_bad_side_in_tokenizer_config_is_one_line(tmp_path):
+    _, out = hf_dir(tmp_path)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "middle"}))
+    with pytest.raises(VocabError, match=r'tokenizer_config\.json: truncation_side must be "right" or "left", '
+                                         r'got "middle"'):
+        Tokenizer.from_pretrained(out)

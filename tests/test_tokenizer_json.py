@@ -231,12 +231,6 @@ def test_bert_directories_still_load_bertkits_wordpiece(tmp_path):
     assert ours.continues_word(ours("ac a")["input_ids"]) == [False, False, True, False, False]
 
 
-def test_sentencepiece_model_alone_is_refused_in_one_line(tmp_path):
-    (tmp_path / "spiece.model").write_bytes(b"\x00")
-    with pytest.raises(VocabError, match=r"spiece\.model: a SentencePiece model without tokenizer\.json"):
-        Tokenizer.from_pretrained(tmp_path)
-
-
 @pytest.mark.parametrize("model", ["bpe", "unigram"])
 def test_vocab_command_trains_a_directory_both_load(tmp_path, model, capsys):
     from bertkit.cli import main as cli_main
@@ -269,3 +263,18 @@ def test_masking_tables_follow_continues_word(tmp_path):
     assert t.continuation[ids][2:-1].tolist() == tok.continues_word(ids)[2:-1]   # (the first piece after <s> is
     assert t.continuation[ids[1]] and not tok.continues_word(ids)[1]            # a word: masking checks its neighbour)
     assert t.never_mask[[tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id]].all()
+
+
+def test_padding_and_truncation_side_from_tokenizer_config(family_dir, tmp_path):
+    import shutil
+
+    root = tmp_path / "left"
+    shutil.copytree(family_dir, root)
+    cfg = json.loads((root / "tokenizer_config.json").read_text())
+    (root / "tokenizer_config.json").write_text(json.dumps({**cfg, "padding_side": "left", "truncation_side": "left"}))
+    ours, ref = _pair(root)
+    assert (ours.padding_side, ours.truncation_side) == (ref.padding_side, ref.truncation_side) == ("left", "left")
+    for strategy in ("longest_first", "only_first"):
+        assert_same(ours, ref, REAL[:5], ["a b", "c", "d e f", "g", "h"], truncation=strategy, max_length=12,
+                    padding=True)
+    assert_same(ours, ref, REAL, None, truncation=True, max_length=9, padding="max_length")

@@ -61,6 +61,9 @@ class Family:
     config_defaults: tuple[tuple[str, object], ...] = ()  # fields the family's config.json never writes
     class_names: dict[str, str] = field(default_factory=dict)   # our suffix -> theirs where they differ
     disentangled: bool = False            # DeBERTa's relative-position attention terms (bertkit.disentangled)
+    # the family's own fresh init (ModernBERT's): (our module name's ending, "in" | "out" | "final") -> that std,
+    # truncated normal (bertkit.modern.init_family); the modules it does not name keep BERT's
+    init_stds: tuple[tuple[str, str], ...] = ()
     # a head spelled otherwise where config.json says so: head -> ((key, value), rules); reading takes either
     variants: dict[str, tuple[tuple[str, object], tuple[tuple[str, str], ...]]] = field(default_factory=dict)
 
@@ -226,6 +229,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                      ("qa_outputs", "classifier")),
         },
         tied=("decoder.weight",),
+        # transformers' ModernBertPreTrainedModel: inputs at initializer_range, each residual branch's output layer
+        # scaled down by sqrt(2 x layers), the final classifier at hidden_size ** -0.5
+        init_stds=(("word_embeddings", "in"), ("attention.self.Wqkv", "in"), ("intermediate.dense", "in"),
+                   ("attention.output.dense", "out"), ("output.dense", "out"), ("transform.dense", "out"),
+                   ("head.dense", "out"), ("classifier", "final"), ("qa_outputs", "final")),
         config_keys=(("layer_norm_eps", "norm_eps"), ("hidden_act", "hidden_activation"),
                      ("attention_probs_dropout_prob", "attention_dropout")),
         config_defaults=(("type_vocab_size", 0), ("hidden_dropout_prob", 0.0))),

@@ -53,7 +53,7 @@ from bertkit.compat import PreTrainedMixin
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.families import family
-from bertkit.modern import GLU, parts, rotary_table, rotate, window_mask
+from bertkit.modern import GLU, init_family, parts, rotary_table, rotate, window_mask
 from bertkit.outputs import ENCODER_INPUTS, ModelOutput, finish, forward_flags
 from bertkit.padding import Layout, Rows, starts_full
 
@@ -414,6 +414,7 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
                 nn.init.ones_(m.weight)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+        init_family(self, module or self)      # a family's own scheme (ModernBERT's) over BERT's
         self._init_extra()
 
     def _init_extra(self) -> None:

@@ -5,6 +5,7 @@
     sliding window     local layers attend to keys with |i - j| <= local_attention // 2, combined with the key mask
     GLU feed-forward   the first linear layer gives 2 x intermediate: act(input) * gate, then the second
     biases             linear layers and LayerNorms without bias (`attention_bias`, `mlp_bias`, `norm_bias`, ...)
+    init               a fresh model's stds by module (init_family; `Family.init_stds`), truncated normal
 
 Which family uses which is `bertkit.families` (switches `rotary`, `pre_norm`, `glu`, `head_transform`); the values
 (thetas, window, biases, pooling) are the config.json's own keys, kept in `BertConfig.extra` so they are written
@@ -13,6 +14,7 @@ back unchanged, read here with ModernBERT's defaults. BERT's families get `Parts
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -134,3 +136,22 @@ class GLU(nn.Module):
         h, gate = x.chunk(2, dim=-1)
         return self.dropout(self.fn(h) * gate)
 
+
+def init_family(model: nn.Module, module: nn.Module) -> None:
+    """A fresh model's init by its family's own stds, for the modules of `module` the family names
+    (families.Family.init_stds; ModernBERT's, as transformers initialises it): "in" initializer_range, "out" that
+    over sqrt(2 x layers), "final" hidden_size ** -0.5, a normal truncated at initializer_cutoff_factor stds (its
+    config's default 2; 3 where it is null)."""
+    rules, c = family(model.config.model_type).init_stds, model.config
+    if not rules:
+        return
+    stds = {"in": c.initializer_range, "out": c.initializer_range / math.sqrt(2 * c.num_hidden_layers),
+            "final": c.hidden_size ** -0.5}
+    cutoff = c.extra.get("initializer_cutoff_factor", 2.0)
+    cutoff = 3.0 if cutoff is None else float(cutoff)
+    names = {id(m): name for name, m in model.named_modules()}  # init_weights(part) names parts from the top
+    for m in module.modules():
+        name = names.get(id(m), "")
+        role = next((r for end, r in rules if name == end or name.endswith("." + end)), None)
+        if role is not None and isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(m.weight, 0.0, stds[role], -cutoff * stds[role], cutoff * stds[role])

@@ -34,6 +34,7 @@ import numpy as np
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError, CheckpointError
 from bertkit.heads import BertForPreTraining
+from bertkit.protobuf import Malformed as _Malformed, fields as _fields, varint as _varint
 from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer, load_vocab
 
@@ -51,10 +52,6 @@ _RENAMED = {"cls/predictions/output_bias": "cls.predictions.bias",
             "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",
             "cls/seq_relationship/output_bias": "cls.seq_relationship.bias"}
 _LEAVES = {"kernel": "weight", "bias": "bias", "gamma": "weight", "beta": "bias"}
-
-
-class _Malformed(Exception):
-    """Bytes that do not parse; the caller re-raises it as a CheckpointError naming the file."""
 
 
 # ---------------------------------------------------------------------------------------------- CRC-32C
@@ -107,39 +104,6 @@ def _masked(crc: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- wire formats
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Malformed("truncated or overlong varint")
-        b = buf[pos]
-        value |= (b & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if b < 0x80:
-            return value, pos
-
-
-def _fields(buf: bytes):
-    """(field number, value) pairs of a protobuf message: ints for varint/fixed fields, bytes for the rest."""
-    pos = 0
-    while pos < len(buf):
-        tag, pos = _varint(buf, pos)
-        wire = tag & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            value, pos = int.from_bytes(buf[pos:pos + n], "little"), pos + n
-        elif wire == 2:
-            n, pos = _varint(buf, pos)
-            value, pos = buf[pos:pos + n], pos + n
-        else:
-            raise _Malformed(f"protobuf wire type {wire} is not used by tensor bundles")
-        if pos > len(buf):
-            raise _Malformed("protobuf message is truncated")
-        yield tag >> 3, value
-
-
 def _block(data: bytes, handle: bytes) -> bytes:
     """The contents of the table block a handle (varint offset, varint size) points at, checked."""
     offset, pos = _varint(handle, 0)

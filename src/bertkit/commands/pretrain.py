@@ -79,6 +79,8 @@ def register(subparsers) -> None:
     p.add_argument("--objective", choices=("auto", "mlm", "electra"),
                    help="auto (default): the shards' task (nsp / sop -> MLM + that head, none -> MLM); mlm; electra")
     p.add_argument("--electra-weight", type=checks.nonneg_float, default=50.0, help="discriminator loss weight (paper: 50)")
+    p.add_argument("--generator", help="electra with --init (the discriminator): the generator's checkpoint "
+                                       "(transformers' ElectraForMaskedLM directory); default a fresh generator")
     p.add_argument("--masking", choices=("shards", "token", "wwm", "ngram"),
                    help="training masks: shards = as built (default); token / wwm / ngram = drawn at batch time from "
                         "the stored tokens, fresh every epoch, static shards too (planned)")
@@ -183,7 +185,7 @@ def run(args) -> int:
     # --resume and a refused earlier run are the trainer's; --overwrite sets the earlier run aside until this one
     # succeeds (checks.settle_out), on rank 0 only: the other ranks of a torchrun launch check and move nothing
     checks.out_dir(args.out, "pretrain", inputs=(args.shards, args.phase2_shards, args.eval_shards, args.init,
-                                                  args.config), overwrite=args.overwrite or args.resume,
+                                                  args.config, args.generator), overwrite=args.overwrite or args.resume,
                    reuse=not args.overwrite, dry_run=not main_rank)
     if args.config:   # read by the trainer; a binary or non-UTF-8 file is refused here naming it
         text = read_text(args.config)

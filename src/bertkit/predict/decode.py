@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from bertkit.errors import BertkitError, ConfigError
+from bertkit.tokenizer.hfcall import word_ids  # the tokenizer's word ids: one rule for both
 
 __all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "WORD_RULES", "word_ids", "word_labels",
            "hidden_states", "FillVocab", "top_fills", "join_pieces"]
@@ -65,18 +66,6 @@ def relevance(logits, activation, positive: int = 0) -> np.ndarray:
         if isinstance(activation, torch.nn.Identity) and scores.shape[-1] > 1:
             scores = scores.softmax(-1)
         return scores[:, positive].numpy().astype(np.float32)
-
-
-def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
-    """The word of each position, from whether its piece continues the word before it (the tokenizer's
-    `continues_word`); None stays None (a special or padding position)."""
-    out: list[int | None] = []
-    word = -1
-    for c in continues:
-        if c is not None and not (c and word >= 0):      # a piece that starts a word, or the first piece
-            word += 1
-        out.append(None if c is None else word)
-    return out
 
 
 WORD_RULES = ("first", "average", "max")

@@ -15,6 +15,12 @@ feed-forward width (half), rather than in hidden size as in the paper (1/4 to 1/
 works best there). After pre-training the discriminator is the model to fine-tune: `save_pretrained(dir)` writes
 it as an HF-format BertModel directory that every bertkit / transformers BERT head loads.
 
+Continued pre-training (`from_pretrained`) starts from a checkpoint pair as transformers saves one: the
+discriminator and its head from an ElectraForPreTraining directory (or any encoder of the family: a fresh head), and
+the generator's encoder and MLM head from an ElectraForMaskedLM directory (`google/electra-*-generator`), narrower
+than the discriminator as in the paper; both project the shared embeddings (embedding_size) to their own width. The
+generator's own copy of the embeddings is not read: the pair trains with the discriminator's, as the paper ties them.
+
 The shard batches are used as they are: masked positions (labels != -100) are where the generator predicts and the
 discriminator input is corrupted; `next_sentence_label`, if present, is ignored.
 """
@@ -28,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertkit.config import BertConfig
-from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, DiscriminatorHead
+from bertkit.errors import ConfigError
+from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForReplacedTokenDetection, DiscriminatorHead
 from bertkit.model import BertModel
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
@@ -61,15 +68,35 @@ class ElectraForPreTraining(nn.Module):
         self.discriminator = BertModel(config, add_pooling_layer=False)
         self.discriminator_predictions = DiscriminatorHead(config)
         gcfg = generator or generator_config(config)
-        if gcfg.hidden_size != config.hidden_size or gcfg.vocab_size != config.vocab_size:
-            raise ValueError("the generator must have the discriminator's hidden_size and vocab_size (shared "
-                             "embeddings)")
+        width = [(c.embedding_size or c.hidden_size, c.vocab_size) for c in (gcfg, config)]
+        if width[0] != width[1]:
+            raise ConfigError(f"the generator's embeddings (width, vocab) {width[0]} differ from the discriminator's "
+                              f"{width[1]}: the two share them")
         self.generator = BertForMaskedLM(gcfg)
         self.generator.masked_logits_only = True     # sampling below reads the masked rows' (n_masked, vocab) logits
         # share the embedding module; the generator's tied MLM decoder follows the shared word embeddings
         self.generator.bert.embeddings = self.discriminator.embeddings
         self.generator.cls.predictions.__dict__["_word_embeddings"] = self.discriminator.embeddings.word_embeddings
         self.discriminator.init_weights(self.discriminator_predictions)
+
+    @classmethod
+    def from_pretrained(cls, path, generator=None, rtd_weight: float = 50.0, **overrides) -> "ElectraForPreTraining":
+        """The pair from checkpoints (module docstring): the discriminator and its head from path, the generator from
+        the `generator` directory where given, else a fresh one; overrides are config fields of the discriminator."""
+        disc = BertForReplacedTokenDetection.from_pretrained(path, **overrides)
+        gen = BertForMaskedLM.from_pretrained(generator) if generator is not None else None
+        try:
+            model = cls(disc.config, rtd_weight, gen.config if gen is not None else None)
+        except ConfigError as e:
+            raise ConfigError(f"--generator {generator}: {e}") from None
+        model.discriminator.load_state_dict(disc.bert.state_dict())
+        model.discriminator_predictions.load_state_dict(disc.discriminator_predictions.state_dict())
+        if gen is not None:     # all but the embeddings, which are the discriminator's
+            state = {k: v for k, v in gen.state_dict().items() if not k.startswith("bert.embeddings.")}
+            missing, unexpected = model.generator.load_state_dict(state, strict=False)
+            assert not unexpected and all(k.startswith("bert.embeddings.") for k in missing), (missing, unexpected)
+            model.generator.masked_logits_only = True
+        return model
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, next_sentence_label: Tensor | None = None) -> ElectraOutput:

@@ -21,6 +21,7 @@ from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint, FieldError
 from bertkit.serve.batcher import Part, chunks
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
+from bertkit.tokenizer.inputs import cut
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
 
@@ -96,12 +97,12 @@ def _input_rows(predictor, job: _EmbedJob, max_length: int, prompt: str = "") ->
         if isinstance(x, str):
             ids, n_text = pieces.text(n_text)[0], n_text + 1
             if len(ids) > keep and job.truncate:
-                ids = ids[len(ids) - keep:] if job.left else ids[:keep]
+                ids = cut(ids, keep, "left" if job.left else "right")
             x = tok.template.wrap(ids)
         elif max(x) >= tok.vocab_size:
             return RequestError(422, f"input {i} has token id {max(x)}; this model's vocabulary has {tok.vocab_size}")
         elif len(x) > max_length and job.truncate:
-            x = x[len(x) - max_length:] if job.left else x[:max_length]
+            x = cut(x, max_length, "left" if job.left else "right")
         rows.append(x)
     return _too_long([len(r) for r in rows], max_length) or rows
 

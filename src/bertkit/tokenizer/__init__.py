@@ -15,6 +15,7 @@ The WordPiece pipeline, a module per stage:
     wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
     encode.py       Tokenizer: truncation, padding, tensors, batches; Tokenizer.build_inputs builds model inputs
                     from piece ids for callers that make their own pieces
+    spm.py          a SentencePiece .model file alone: read (bertkit.protobuf) and rebuilt for the library
     inputs.py       the layout of model inputs, written once: a Template of special tokens and token types ([CLS] /
                     [SEP], or the post-processor's), attention masks, padded batches (the tokenizer, task features, QA windows, pre-training rows and ONNX samples use it)
     formats.py      vocab.txt, JSON files, text files
@@ -34,7 +35,8 @@ Invalid input policy:
     [PAD]/[UNK]/[CLS]/[SEP]/[MASK]) raises VocabError naming the file and line.
 """
 
-from bertkit.tokenizer.encode import TRUNCATION_STRATEGIES, EncodeOptions, Tokenizer
+from bertkit.tokenizer.encode import EncodeOptions, Tokenizer
+from bertkit.tokenizer.inputs import TRUNCATION_STRATEGIES
 from bertkit.tokenizer.library import LibraryTokenizer  # registers itself as the reader of other pipelines
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, load_vocab, read_text_file
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD, PieceArrays

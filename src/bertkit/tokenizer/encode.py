@@ -19,14 +19,12 @@ import numpy as np
 from bertkit.errors import BertkitError
 from bertkit.hub import resolve_model_dir
 from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, overflow, pad_encodings,
-                                      split_words_pieces, to_tensors)
+                                      split_words_pieces, to_tensors, uncut_words)
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
-from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, write_model_dir
-from bertkit.tokenizer.inputs import Template
+from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, read_sides, write_model_dir
+from bertkit.tokenizer.inputs import Template, cut, truncated_lengths, truncation_strategy
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, PieceTable, decode_pieces
-
-TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,11 @@ class Tokenizer:
     """WordPiece tokenizer with BERT semantics: the stages of the bertkit.tokenizer package, and the model inputs."""
 
     padding_side = "right"          # or "left": where padding goes (transformers' attribute; collators read it)
+    truncation_side = "right"       # or "left": truncation keeps the end of a sequence (tokenizer_config.json)
 
     def __init__(self, vocab: str | os.PathLike | dict[str, int], lowercase: bool = True,
-                 strip_accents: bool | None = None, model_max_length: int | None = None):
+                 strip_accents: bool | None = None, model_max_length: int | None = None,
+                 padding_side: str | None = None, truncation_side: str | None = None):
         if isinstance(vocab, (str, os.PathLike)):
             self.vocab_file: str | None = str(vocab)
             vocab = load_vocab(vocab)
@@ -98,6 +98,8 @@ class Tokenizer:
         self.template = Template.bert(self.cls_token_id, self.sep_token_id)
         self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
+        sides = {"padding_side": padding_side, "truncation_side": truncation_side}
+        self.__dict__.update(read_sides(sides, "tokenizer"))       # unset: the class's "right", as transformers
         # used by truncation=True / padding="max_length" without max_length; None: they then do nothing (as HF does)
         self.model_max_length = model_max_length
         self._pretok = PreTokenizer(self.lowercase, self.strip_accents, SPECIAL_TOKENS)
@@ -139,16 +141,18 @@ class Tokenizer:
     def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
         """As transformers' save_pretrained: write the model directory files; returns their paths."""
         files = write_model_dir(Path(directory), self.vocab, self.ids_to_tokens, self.lowercase, self.strip_accents,
-                                self.model_max_length)
+                                self.model_max_length, self.sides())
         return tuple(str(f) for f in files)
 
     def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
         return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
-                "vocab_file": self.vocab_file, "model_max_length": self.model_max_length}
+                "vocab_file": self.vocab_file, "model_max_length": self.model_max_length,
+                "sides": (self.padding_side, self.truncation_side)}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"],
-                      model_max_length=state["model_max_length"])
+                      model_max_length=state["model_max_length"], padding_side=state["sides"][0],
+                      truncation_side=state["sides"][1])
         self.vocab_file = state["vocab_file"]
 
     def __len__(self) -> int:
@@ -283,12 +287,18 @@ class Tokenizer:
         if max_length is None and self.model_max_length is not None and (
                 truncation not in (None, False, "do_not_truncate") or padding == "max_length"):
             max_length = self.model_max_length
-        strategy = _truncation_strategy(truncation, max_length, padding)
+        strategy = truncation_strategy(truncation, max_length, padding)
         mapping = None
+        left = strategy is not None and self.sides()["truncation_side"] == "left"
+        if left and opts.return_overflowing_tokens:
+            raise BertkitError("return_overflowing_tokens windows run from the start: they need truncation_side "
+                               "'right'")
+        if left and words is None:      # word ids count from the text's first word, cut or not (as transformers)
+            words = uncut_words(self, first, second)
         if opts.return_overflowing_tokens:         # windows: the rows come already cut to max_length
             n_special = (self.template if opts.add_special_tokens else Template.none()).n_special(second is not None)
             first, second, words, mapping = overflow(
-                self, first, second, words, lambda na, nb: _truncated_lengths(na, nb, max_length, strategy, n_special)
+                self, first, second, words, lambda na, nb: truncated_lengths(na, nb, max_length, strategy, n_special)
                 if strategy else (na, nb or 0), opts.stride)
             strategy, single = None, False
         if (strategy is not None and padding not in (False, None, "do_not_pad") and pad_to_multiple_of
@@ -326,17 +336,17 @@ class Tokenizer:
     def _lay_out(self, first, second, strategy, max_length, special: bool, offsets: bool):
         """Per row: ids, token types and offsets of the template around a (and b), or of a b when not special, a and
         b truncated by strategy; and the lengths of a and b kept."""
-        template = self.template if special else Template.none()
+        template, side = self.template if special else Template.none(), self.truncation_side
         wrap, types, n_special = template.wrap, template.types, (template.n_special(False), template.n_special(True))
         out_ids, out_types, out_offsets, lengths = [], [], [], []
         for i, (a_ids, a_off) in enumerate(first):
             b_ids, b_off = second[i] if second is not None else (None, None)
             if strategy is not None:
-                na, nb = _truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy,
+                na, nb = truncated_lengths(len(a_ids), None if b_ids is None else len(b_ids), max_length, strategy,
                                             n_special[b_ids is not None])
-                a_ids, a_off = a_ids[:na], a_off[:na] if a_off is not None else None
+                a_ids, a_off = cut(a_ids, na, side), cut(a_off, na, side) if a_off is not None else None
                 if b_ids is not None:
-                    b_ids, b_off = b_ids[:nb], b_off[:nb] if b_off is not None else None
+                    b_ids, b_off = cut(b_ids, nb, side), cut(b_off, nb, side) if b_off is not None else None
             nb = None if b_ids is None else len(b_ids)
             lengths.append((len(a_ids), nb))
             out_ids.append(wrap(a_ids, b_ids))
@@ -379,16 +389,18 @@ class Tokenizer:
         if self.pad_token_id is None:
             raise BertkitError("padding needs a pad token, and this tokenizer has none (pad_token in "
                                "tokenizer_config.json)")
-        if self.padding_side not in ("right", "left"):
-            raise BertkitError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
         fills = [(rows, fill) for rows, fill in ((ids, self.pad_token_id), (types, 0), (mask, 0), (offsets, (0, 0)),
                                                 (specials, 1)) if rows is not None]
-        left = self.padding_side == "left"
+        left = self.sides()["padding_side"] == "left"
         for i in range(len(ids)):
             n = target - len(ids[i])
             for rows, fill in fills if n > 0 else ():
                 at = 0 if left else len(rows[i])
                 rows[i][at:at] = [fill] * n
+
+    def sides(self) -> dict[str, str]:
+        """padding_side and truncation_side, checked ("right" or "left"), as tokenizer_config.json writes them."""
+        return read_sides({"padding_side": self.padding_side, "truncation_side": self.truncation_side}, "tokenizer")
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
@@ -500,7 +512,6 @@ class Tokenizer:
         return self.ids_to_tokens[i]
 
 
-
 @contextlib.contextmanager
 def gc_paused():
     """Pause the cyclic GC: encoding a batch allocates millions of small lists / tuples / ints (none cyclic), and
@@ -517,63 +528,6 @@ def gc_paused():
 def _short_repr(x, limit: int = 60) -> str:
     r = repr(x)
     return r if len(r) <= limit else r[:limit] + "..."
-
-
-def _truncation_strategy(truncation, max_length, padding) -> str | None:
-    """None (no truncation) or one of TRUNCATION_STRATEGIES, from the user's `truncation` argument. Unset, it
-    means longest_first when max_length is given without padding (BertTokenizerFast's rule)."""
-    if truncation is None:
-        unpadded = padding is False or padding is None or padding == "do_not_pad"
-        return "longest_first" if max_length is not None and unpadded else None
-    if truncation is False or truncation == "do_not_truncate":
-        return None
-    if max_length is None:
-        return None  # nothing to truncate to (BertTokenizerFast would use the model's max length)
-    if truncation is True:
-        return "longest_first"
-    if truncation in TRUNCATION_STRATEGIES:
-        return truncation
-    raise BertkitError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
-
-
-def _truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str, n_special: int) -> tuple[int, int]:
-    """Lengths (first, second) after truncating so that, with the n_special [CLS]/[SEP] tokens, the input fits
-    max_length.
-
-    longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
-    to the same length and one token is left over it goes to the longer (to the second on a tie).
-    """
-    budget = max_length - n_special
-    nb0 = nb or 0
-    if budget < 0:
-        return na, nb0  # BertTokenizerFast leaves the inputs untruncated when max_length < the special tokens
-    if budget == 0:
-        return 0, 0
-    excess = na + nb0 - budget
-    if excess <= 0:
-        return na, nb0
-    if strategy == "longest_first":
-        if nb is None:
-            return budget, 0
-        short, long_ = min(na, nb), max(na, nb)
-        half = budget // 2
-        if short > half:
-            short, long_ = half, budget - half
-        else:
-            long_ = budget - short
-        return (long_, short) if na > nb else (short, long_)
-    if strategy == "only_first":
-        if na <= excess:
-            raise BertkitError(f"truncation='only_first' cannot fit max_length={max_length}: the first sequence "
-                             f"has {na} tokens but {excess} must go")
-        return na - excess, nb0
-    # only_second
-    if nb is None:
-        raise BertkitError("truncation='only_second' needs a pair, but no second sequence was given")
-    if nb <= excess:
-        raise BertkitError(f"truncation='only_second' cannot fit max_length={max_length}: the second sequence "
-                         f"has {nb} tokens but {excess} must go")
-    return na, nb - excess
 
 
 _WORKER_TOKENIZER: "Tokenizer | None" = None

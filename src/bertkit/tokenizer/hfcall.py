@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.tokenizer.inputs import cut
 
 
 class BatchEncoding(dict):
@@ -86,19 +87,27 @@ class _Layout:
         return self._place(self._row(i), [0] * na, None if nb is None else [1] * nb)
 
     def _words(self, i: int, part: int, ids: list[int]) -> list[int]:
-        if self.words is not None:
-            return self.words[i][part][:len(ids)]
-        return word_index(self.tokenizer, ids)
+        if self.words is not None:     # each piece's word before truncation: the kept pieces' are the cut's
+            return cut(self.words[i][part], len(ids), self.tokenizer.truncation_side)
+        return word_ids(self.tokenizer.continues_word(ids))
 
 
-def word_index(tokenizer, ids: list[int]) -> list[int]:
-    """Each piece's word, counted from 0 in `ids`: a word starts at every piece that does not continue one."""
-    word, out = -1, []
-    for k, continues in enumerate(tokenizer.continues_word(ids)):
-        if not continues or k == 0:  # a continuation piece never starts a word
+def word_ids(continues: Sequence[bool | None]) -> list[int | None]:
+    """The word of each position, from whether its piece continues the word before it (the tokenizer's
+    `continues_word`); None stays None (a special or padding position)."""
+    out: list[int | None] = []
+    word = -1
+    for c in continues:
+        if c is not None and not (c and word >= 0):      # a piece that starts a word, or the first piece
             word += 1
-        out.append(word)
+        out.append(None if c is None else word)
     return out
+
+
+def uncut_words(tokenizer, first, second) -> list[tuple[list, list]]:
+    """Each piece's word in the sequences (first and second, per row) before truncation cuts them."""
+    return [(word_ids(tokenizer.continues_word(a)), word_ids(tokenizer.continues_word(second[i][0])) if second else [])
+            for i, (a, _) in enumerate(first)]
 
 
 def overflow(tokenizer, first, second, words, cut, stride: int):
@@ -111,7 +120,8 @@ def overflow(tokenizer, first, second, words, cut, stride: int):
         b = second[i] if second is not None else ([], None)
         na, nb = cut(len(a[0]), None if second is None else len(b[0]))
         wa, wb = _windows(len(a[0]), na, stride), _windows(len(b[0]), nb, stride)
-        w = words[i] if words is not None else (word_index(tokenizer, a[0]), word_index(tokenizer, b[0]))
+        w = words[i] if words is not None else (word_ids(tokenizer.continues_word(a[0])),
+                                                word_ids(tokenizer.continues_word(b[0])))
         for x, y in [(wa[0], wb[0]), *((x, y) for x in wa[1:] for y in wb), *((wa[0], y) for y in wb[1:])]:
             rows_a.append(tuple(None if p is None else p[x] for p in a))
             if rows_b is not None:

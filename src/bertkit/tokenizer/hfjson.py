@@ -14,6 +14,7 @@ from pathlib import Path
 from bertkit.atomic import write_json, write_text
 from bertkit.errors import VocabError
 from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, read_json_object, vocab_hash
+from bertkit.tokenizer.inputs import SIDES
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
 
 
@@ -93,7 +94,17 @@ def _read_config(cfg_file: Path) -> dict:
     mml = cfg.get("model_max_length")
     if isinstance(mml, int) and 0 < mml < 1_000_000:  # HF writes 1e30 for "no limit"
         kwargs["model_max_length"] = mml
-    return kwargs
+    return {**kwargs, **read_sides(cfg, cfg_file)}
+
+
+def read_sides(cfg: dict, where) -> dict[str, str]:
+    """padding_side and truncation_side where a tokenizer config sets them ("right" or "left", as transformers reads
+    them); VocabError naming the file, field and value otherwise."""
+    sides = {name: cfg[name] for name in ("padding_side", "truncation_side") if cfg.get(name) is not None}
+    for name, side in sides.items():
+        if side not in SIDES:
+            raise VocabError(f"{where}: {name} must be \"right\" or \"left\", got {json.dumps(side)[:40]}")
+    return sides
 
 
 def _check_special_fields(path: Path, cfg: dict) -> None:
@@ -111,7 +122,7 @@ def _check_special_fields(path: Path, cfg: dict) -> None:
 
 
 def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], lowercase: bool,
-                    strip_accents: bool, model_max_length: int | None) -> tuple[Path, Path, Path]:
+                    strip_accents: bool, model_max_length: int | None, sides: dict) -> tuple[Path, Path, Path]:
     """Write vocab.txt, tokenizer.json and tokenizer_config.json into directory (created); returns the files."""
     directory.mkdir(parents=True, exist_ok=True)
     files = directory / "vocab.txt", directory / "tokenizer.json", directory / "tokenizer_config.json"
@@ -121,7 +132,7 @@ def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], l
     cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
            "tokenize_chinese_chars": True, **_SPECIAL_FIELDS, "tokenizer_class": "BertTokenizer",
            "model_max_length": NO_LIMIT if model_max_length is None else model_max_length,
-           "vocab_hash": vocab_hash(tokens)}
+           "vocab_hash": vocab_hash(tokens), **sides}
     write_json(files[2], cfg)
     return files
 

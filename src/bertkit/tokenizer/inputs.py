@@ -8,6 +8,8 @@ windows, pre-training examples and shard batches, ONNX sample inputs), so the la
                                     types 0/1, RoBERTa's <s> a </s> (</s> b </s>) all 0, ...; .wrap / .types /
                                     .wrap_array as below, for any layout
     wrap_array(a, b, cls, sep)      [CLS] a [SEP] (b [SEP]) as int32 numpy rows (pre-training builds millions of them)
+    truncated_lengths(na, nb, ...)  how many pieces of a and b a truncation strategy keeps
+    cut(seq, keep, side)            what truncation leaves: the first `keep`, or the last on side "left"
     pad_batch(rows, types, pad_id)  ragged rows -> (batch, seq) input_ids / token_type_ids / attention_mask tensors
     row_masks(length, a_len, seq)   stored rows of known lengths -> (batch, seq) attention and token-type masks
 """
@@ -19,7 +21,13 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Template", "pad_batch", "row_masks", "wrap_array"]
+from bertkit.errors import BertkitError
+
+__all__ = ["Template", "pad_batch", "row_masks", "wrap_array", "cut", "SIDES", "TRUNCATION_STRATEGIES",
+           "truncation_strategy", "truncated_lengths"]
+
+TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+SIDES = ("right", "left")    # padding_side / truncation_side: where padding goes, which end truncation cuts
 
 _IDS = object()  # wrap's default fill: the special tokens' own ids
 
@@ -79,6 +87,69 @@ class Template:
     def first_len(self, len_a: int) -> int:
         """Tokens before b in a pair's row (the specials before a, a, and those between a and b)."""
         return len(self.pair[0]) + len_a + len(self.pair[1])
+
+
+def truncation_strategy(truncation, max_length, padding) -> str | None:
+    """None (no truncation) or one of TRUNCATION_STRATEGIES, from the user's `truncation` argument. Unset, it
+    means longest_first when max_length is given without padding (BertTokenizerFast's rule)."""
+    if truncation is None:
+        unpadded = padding is False or padding is None or padding == "do_not_pad"
+        return "longest_first" if max_length is not None and unpadded else None
+    if truncation is False or truncation == "do_not_truncate":
+        return None
+    if max_length is None:
+        return None  # nothing to truncate to (BertTokenizerFast would use the model's max length)
+    if truncation is True:
+        return "longest_first"
+    if truncation in TRUNCATION_STRATEGIES:
+        return truncation
+    raise BertkitError(f"truncation must be a bool or one of {', '.join(TRUNCATION_STRATEGIES)}, got {truncation!r}")
+
+
+def truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str, n_special: int) -> tuple[int, int]:
+    """Lengths (first, second) after truncating so that, with the n_special [CLS]/[SEP] tokens, the input fits
+    max_length.
+
+    longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
+    to the same length and one token is left over it goes to the longer (to the second on a tie).
+    """
+    budget = max_length - n_special
+    nb0 = nb or 0
+    if budget < 0:
+        return na, nb0  # BertTokenizerFast leaves the inputs untruncated when max_length < the special tokens
+    if budget == 0:
+        return 0, 0
+    excess = na + nb0 - budget
+    if excess <= 0:
+        return na, nb0
+    if strategy == "longest_first":
+        if nb is None:
+            return budget, 0
+        short, long_ = min(na, nb), max(na, nb)
+        half = budget // 2
+        if short > half:
+            short, long_ = half, budget - half
+        else:
+            long_ = budget - short
+        return (long_, short) if na > nb else (short, long_)
+    if strategy == "only_first":
+        if na <= excess:
+            raise BertkitError(f"truncation='only_first' cannot fit max_length={max_length}: the first sequence "
+                             f"has {na} tokens but {excess} must go")
+        return na - excess, nb0
+    # only_second
+    if nb is None:
+        raise BertkitError("truncation='only_second' needs a pair, but no second sequence was given")
+    if nb <= excess:
+        raise BertkitError(f"truncation='only_second' cannot fit max_length={max_length}: the second sequence "
+                         f"has {nb} tokens but {excess} must go")
+    return na, nb - excess
+
+
+def cut(seq, keep: int, side: str = "right"):
+    """What truncation to `keep` items leaves of seq: the first ones, or the last ones where side is "left" (the
+    tokenizer's truncation_side; serve's truncation_direction)."""
+    return seq[max(len(seq) - keep, 0):] if side == "left" else seq[:keep]
 
 
 def wrap_array(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int) -> np.ndarray:

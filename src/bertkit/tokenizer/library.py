@@ -22,8 +22,9 @@ from bertkit.errors import BertkitError, VocabError
 from bertkit.tokenizer.encode import Tokenizer, gc_paused
 from bertkit.tokenizer.formats import read_json_object, vocab_hash
 from bertkit.tokenizer.hfcall import as_id_list
-from bertkit.tokenizer.hfjson import NO_LIMIT, read_structured
+from bertkit.tokenizer.hfjson import NO_LIMIT, read_sides, read_structured
 from bertkit.tokenizer.inputs import Template
+from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
 
 _SPECIALS = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -56,6 +57,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self.template = _template(self._backend)
         self._set_specials(config)
+        self.__dict__.update(read_sides(config, source))    # else the class's "right"
         mml = config.get("model_max_length")
         self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
         self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
@@ -84,19 +86,19 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
     def from_dir(cls, path: Path, **overrides) -> "LibraryTokenizer":
         """A model directory: tokenizer.json, with tokenizer_config.json and special_tokens_map.json where present."""
         json_file = path / "tokenizer.json"
-        if not json_file.is_file():
-            models = sorted(p.name for p in path.glob("*.model"))
-            if models:
-                raise VocabError(f"{path / models[0]}: a SentencePiece model without tokenizer.json; convert it once "
-                                 f"with transformers (pip install sentencepiece protobuf; AutoTokenizer."
-                                 f"from_pretrained(dir).save_pretrained(dir)) and load the directory again")
-            raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
         config = {}
         for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins, as in transformers
             if (path / name).is_file():
                 config.update(read_structured(path / name, read_json_object))
         config.update({("do_lower_case" if k == "lowercase" else k): v for k, v in overrides.items()})
-        return cls(read_structured(json_file, read_json_object), config, str(json_file))
+        if json_file.is_file():
+            return cls(read_structured(json_file, read_json_object), config, str(json_file))
+        models = sorted(path.glob("*.model"))
+        if not models:
+            raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
+        model_cfg = read_json_object(path / "config.json") if (path / "config.json").is_file() else {}
+        spec, config = sentencepiece_json(models[0], config, model_cfg.get("model_type"))
+        return cls(spec, config, str(models[0]))
 
     def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
         """tokenizer.json, tokenizer_config.json and special_tokens_map.json, as transformers' AutoTokenizer loads
@@ -106,7 +108,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         files = directory / "tokenizer.json", directory / "tokenizer_config.json", directory / "special_tokens_map.json"
         write_text(files[0], self._backend.to_str(pretty=True) + "\n")
         specials = {f"{n}_token": getattr(self, f"{n}_token") for n in _SPECIALS if getattr(self, f"{n}_token")}
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **self.config, **specials,
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **self.config, **specials, **self.sides(),
                "model_max_length": NO_LIMIT if self.model_max_length is None else self.model_max_length}
         write_json(files[1], cfg)
         write_json(files[2], specials)

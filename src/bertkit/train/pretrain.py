@@ -38,7 +38,6 @@ from bertkit.config import BertConfig, peek_json_config, read_json_config
 from bertkit.errors import CheckpointError, ConfigError, DataError
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.families import family
-from bertkit.model import BertModel
 from bertkit.modern import parts
 from bertkit.pretraining.electra import ElectraForPreTraining
 from bertkit.pretraining.local_init import local_attention_init, unfit_for
@@ -94,6 +93,7 @@ class PretrainConfig:
                                                 # neighbours (bertkit.pretraining.local_init)
     objective: str = "auto"                     # auto (the shards' task) | mlm | electra
     electra_weight: float = 50.0
+    generator: str | None = None                # electra with init: the generator's checkpoint (else a fresh one)
     # batch
     batch_size: int = 32                        # per process per micro-batch
     global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
@@ -160,6 +160,9 @@ def build_model(pc: PretrainConfig, manifests: dict[str, dict], objective: str):
     longest = max(int(m["seq_len"]) for m in manifests.values())
     drop = {} if pc.dropout is None else {"hidden_dropout_prob": pc.dropout, "attention_probs_dropout_prob": pc.dropout}
     cls = {"nsp": BertForPreTraining, "sop": BertForPreTraining, "mlm": BertForMaskedLM}.get(objective)
+    if pc.generator and not (pc.init and objective == "electra"):
+        raise ConfigError("--generator is the generator of an ELECTRA pair: it needs --objective electra and --init "
+                          "with the discriminator")
     if pc.init:
         init = Path(pc.init)
         if not (init / "config.json").is_file():
@@ -168,15 +171,15 @@ def build_model(pc: PretrainConfig, manifests: dict[str, dict], objective: str):
         vocab_file = init / "vocab.txt"
         if vocab_file.is_file():
             _check_vocab_file(vocab_file, manifest, str(vocab_file), f"rebuild the shards with --vocab {vocab_file}")
-        model = (BertModel if objective == "electra" else cls).from_pretrained(init, **overrides)
+        if objective == "electra":
+            model = ElectraForPreTraining.from_pretrained(init, pc.generator, pc.electra_weight, **overrides)
+        else:
+            model = cls.from_pretrained(init, **overrides)
         _check_vocab(model.config, vocab_size, init)
         if pc.rope_theta is not None:       # the base is read when the layers are built: build them anew
             loaded, model = model, type(model)(_rotary_base(model.config, pc.rope_theta, longest))
             model.load_state_dict(loaded.state_dict())
             model.loading_info = loaded.loading_info
-        if objective == "electra":
-            body, model = model, ElectraForPreTraining(model.config, rtd_weight=pc.electra_weight)
-            model.discriminator.load_state_dict(body.state_dict(), strict=False)
         return model, model.config
     if pc.preset:
         config = BertConfig.preset(pc.preset, vocab_size=vocab_size, **drop)
