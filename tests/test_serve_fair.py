@@ -102,6 +102,29 @@ def test_a_heavy_client_is_split_and_takes_turns():
     b.close()
 
 
+def test_clients_take_turns_in_round_order():
+    """Three clients queue four one-text parts each while the model is busy: each batch of three then takes one part
+    from each, in the order the clients came, and a client that came later joins the round at its back."""
+    import threading
+    gate, batches = threading.Event(), []
+
+    def run(items):
+        batches.append(list(items))
+        gate.wait(5)
+        return items
+    b = Batcher(run, max_batch=3, max_wait_ms=0)
+    busy = b.submit([Part("x", 1)], client="x")
+    while not batches:
+        time.sleep(0.005)
+    futs = [b.submit([Part(f"{c}{i}", 1) for i in range(4)], client=c) for c in "abc"]
+    late = b.submit([Part("d0", 1)], client="d")
+    gate.set()
+    assert [f.result(timeout=5) for f in futs] == [[f"{c}{i}" for i in range(4)] for c in "abc"]
+    assert busy.result(timeout=5) == ["x"] and late.result(timeout=5) == ["d0"]
+    assert batches[1:] == [["a0", "b0", "c0"], ["d0", "a1", "b1"], ["c1", "a2", "b2"], ["c2", "a3", "b3"], ["c3"]]
+    b.close()
+
+
 def test_a_long_embed_request_is_split_and_joined_unchanged(tmp_path):
     """With a 16-token budget (quantum 4: one text per part) a TEI and an OpenAI request are answered in pieces,
     and the answers equal the library's in one piece."""
