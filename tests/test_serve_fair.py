@@ -4,6 +4,7 @@ idle ones dropped, a huge declared chunk is answered 413 at once, and --api-key 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -209,6 +210,8 @@ def test_a_huge_declared_chunk_is_413_at_once(server):
     got = _raw_exchange(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                               b"ffffffffffffffff\r\n{", wait=5)
     assert got.startswith(b"HTTP/1.1 413") and time.monotonic() - t0 < 2
+    body = json.loads(got.split(b"\r\n\r\n", 1)[1])               # the shape of the app's own errors
+    assert body["error_type"] == "Validation" and "body limit" in body["error"]
 
 
 def test_api_key_is_required_as_bearer(server):
