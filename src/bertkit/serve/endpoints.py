@@ -22,6 +22,7 @@ from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint, FieldError
 from bertkit.serve.batcher import Part, chunks
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
+from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
 
@@ -37,21 +38,6 @@ def _pieces(flat, sizes: list[int]) -> list:
 def _each(reqs: list, results: list, shape: Callable) -> list:
     """shape(request, result) per request; a result that is an exception stays that request's failure."""
     return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, results)]
-
-
-def _token_counts(predictor, inputs: list) -> list[int]:
-    """Tokens per input, untruncated: a text's with [CLS] and [SEP], token ids as given."""
-    texts = [x for x in inputs if isinstance(x, str)]
-    counts = iter((np.diff(predictor.tokenizer.encode_pieces(texts).bounds) + 2).tolist() if texts else [])
-    return [next(counts) if isinstance(x, str) else len(x) for x in inputs]
-
-
-def _too_long(counts: list[int], max_length: int) -> RequestError | None:
-    for i, n in enumerate(counts):
-        if n > max_length:
-            return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} "
-                                     f"(send truncate: true to cut it)")
-    return None
 
 
 def _tokens(config: ServeConfig) -> int:
@@ -252,8 +238,8 @@ def _decode_run(predictor) -> Callable[[list], list]:
 # ------------------------------------------------------------------------------------------- classification heads
 
 def _singles_then_pairs(items: list, paired: Callable[[Any], bool], run: Callable[[list[int], bool], Any]) -> list:
-    """run(indices, paired) on the single-text items, then on the pairs (two forwards where both come); per item its
-    result, in the items' order."""
+    """run(indices, paired) on the single-text items, then on the pairs (a tokenizer call or a forward each); per
+    item its result, in the items' order."""
     out: list = [None] * len(items)
     for kind in (False, True):
         idx = [i for i, x in enumerate(items) if paired(x) == kind]
@@ -263,29 +249,40 @@ def _singles_then_pairs(items: list, paired: Callable[[Any], bool], run: Callabl
     return out
 
 
-def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray:
-    """(n, labels) logits of single texts ([a]) or pairs ([a, b])."""
-    def run(idx: list[int], paired: bool) -> np.ndarray:
-        pairs = [rows[i][1] for i in idx] if paired else None
-        return predictor.logits([rows[i][0] for i in idx], pairs, max_length, batch_size=len(idx))
-    return np.array(_singles_then_pairs(rows, lambda row: len(row) == 2, run), dtype=np.float32)
+def _encoded_rows(predictor, rows: list[list[str]], max_length: int, truncate: bool) -> list[tuple[list, list]]:
+    """(model ids, token types) of each row, a single text ([a]) or a pair ([a, b]), its one tokenization: cut
+    longest-first to max_length when truncating; otherwise a row too long is a RequestError."""
+    cut = {"max_length": max_length, "truncation": "longest_first"} if truncate else {}
 
-
-def _rows_too_long(predictor, rows: list[list[str]], max_length: int) -> RequestError | None:
-    counts = _token_counts(predictor, [t for row in rows for t in row])
-    # a pair shares one [CLS]
-    return _too_long([sum(c) - (len(c) - 1) for c in _pieces(counts, [len(row) for row in rows])], max_length)
+    def encode(idx: list[int], paired: bool) -> list:
+        enc = predictor.tokenizer([rows[i][0] for i in idx], [rows[i][1] for i in idx] if paired else None, **cut)
+        return list(zip(enc["input_ids"], enc["token_type_ids"]))
+    encoded = _singles_then_pairs(rows, lambda row: len(row) == 2, encode)
+    for i, (ids, _) in enumerate(encoded):
+        if len(ids) > max_length:
+            raise RequestError(422, f"input {i} is {len(ids)} tokens; the limit is {max_length} "
+                                    f"(send truncate: true to cut it)")
+    return encoded
 
 
 def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_length: int) -> list:
-    """Per request (rows, truncate): its (rows, labels) logits, all requests in one forward (two with pairs), or
-    the RequestError of a request with a row too long to serve untruncated."""
-    out: list = [None if truncate else _rows_too_long(predictor, rows, max_length) for rows, truncate in requests]
-    ok = [i for i, err in enumerate(out) if err is None]
-    if ok:
-        logits = _row_logits(predictor, [row for i in ok for row in requests[i][0]], max_length)
-        for i, z in zip(ok, _pieces(logits, [len(requests[i][0]) for i in ok])):
-            out[i] = z
+    """Per request (rows, truncate): its (rows, labels) logits, all requests' rows in one forward, or the
+    RequestError of a request with a row too long to serve untruncated."""
+    out: list = []
+    for rows, truncate in requests:
+        try:
+            out.append(_encoded_rows(predictor, rows, max_length, truncate))
+        except RequestError as e:
+            out.append(e)
+    ok = [i for i, x in enumerate(out) if not isinstance(x, Exception)]
+    ids, types = [r for i in ok for r, _ in out[i]], [t for i in ok for _, t in out[i]]
+    logits = np.zeros((len(ids), predictor.model.config.num_labels), dtype=np.float32)
+    for idx, _, o in forward_batches(predictor.model, [len(r) for r in ids], lambda idx: pad_batch(
+            [ids[i] for i in idx], [types[i] for i in idx], predictor.tokenizer.pad_token_id, device=predictor.device),
+            max(len(ids), 1), predictor.precision):
+        logits[idx] = o.logits.float().cpu().numpy()
+    for i, z in zip(ok, _pieces(logits, [len(out[i]) for i in ok])):
+        out[i] = z
     return out
 
 
