@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
