@@ -4,8 +4,8 @@ A request arrives as one or more `Part`s (an embedding request with many long te
 `quantum` padded tokens), queued per client (the client's address). The worker fills a batch round-robin over the
 clients, taking from each at most `quantum` tokens per turn and one turn per batch while others wait (a client alone
 takes as many as fit), until the batch holds `max_batch` texts or its padded size (texts x longest text) would pass
-`max_batch_tokens`; the client whose part did not fit keeps its place at the head of the round for the next batch
-(clients served go to its back), and a submit or a part taken costs O(1) however many clients wait. So a client
+`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch
+(clients served go to its back), and a submit or a fill costs the same however many clients wait. So a client
 sending the largest requests gets its share of the forwards while everyone else's short requests wait for
 one short batch, not for its whole request. The first part of a batch waits up to
 `max_wait_ms` for company when other requests were in flight as it came (under load the batch fills first, so the
@@ -18,6 +18,7 @@ answered late. A request carries a deadline: one whose client has given up (504,
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -215,15 +216,16 @@ class Batcher:
     # ----------------------------------------------------------------------------------------------- the worker
 
     def _fill(self, batch: _Batch) -> None:
-        """One turn each to the clients in round order until one's part does not fit (it heads the next round);
-        then more turns to those served while no other client is about (a heavy one fills a batch only when it has
-        the server to itself). Each client visited takes a part or ends the fill: O(1) per part."""
-        while self._round and not batch.full:
-            client = next(iter(self._round))
+        """One turn each to the clients in round order; a client whose part does not fit keeps its place at the head
+        of the round. Only the round's first 2 x max_batch clients are looked at (at most max_batch take a turn), so a
+        fill costs the same however many clients wait. Then more turns to those served while no other client is
+        about (a heavy one fills a batch only when it has the server to itself)."""
+        for client in list(itertools.islice(self._round, 2 * self.max_batch)):
+            if batch.full:
+                break
             took = self._turn(client, batch)
-            if not took and client in self._queues:
-                return
-            del self._round[client]
+            if took or client not in self._queues:      # served, or all its parts expired: out of this round
+                del self._round[client]
             if took:
                 self._turned[client] = None
         progress = True
