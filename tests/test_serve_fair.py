@@ -126,6 +126,37 @@ def test_clients_take_turns_in_round_order():
     b.close()
 
 
+def test_the_tokenizer_is_shared_safely_between_threads():
+    """The server tokenizes on its event loop, in worker threads and in each route's batcher at once: words new to
+    the tokenizer's table, met by eight threads together, get the pieces one thread alone gives them."""
+    import random
+    import string
+    import sys
+    import threading
+    from bertkit.tokenizer import Tokenizer
+    letters = list(string.ascii_lowercase)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *("##" + c for c in letters)]
+    rng = random.Random(0)
+    batches = [[" ".join("".join(rng.choices(letters, k=7)) for _ in range(40)) for _ in range(10)] for _ in range(8)]
+    expected = [Tokenizer({t: i for i, t in enumerate(vocab)}).encode_pieces(b).ids.tolist() for b in batches]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                 # threads switch often: the table grows under each of them
+    try:
+        for _ in range(10):                     # a fresh table each round: its every growth is a chance to lose rows
+            shared, got = Tokenizer({t: i for i, t in enumerate(vocab)}), [None] * len(batches)
+
+            def work(i: int) -> None:
+                got[i] = shared.encode_pieces(batches[i]).ids.tolist()
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert got == expected
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_a_long_embed_request_is_split_and_joined_unchanged(tmp_path):
     """With a 16-token budget (quantum 4: one text per part) a TEI and an OpenAI request are answered in pieces,
     and the answers equal the library's in one piece."""
