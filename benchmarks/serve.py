@@ -11,7 +11,8 @@ default model is MiniLM-L6 on /embed with BBC sentences of realistic length, sen
 take. Every response must be a 200: the benchmark reports the failure count and exits 1 if it is not zero.
 One JSON line at the end: per concurrency, ours (batched), ours one by one, the stdlib reference (batched), and
 ratio_rps = ours / reference (and batching_ratio = ours / ours one by one). --baseline SRC adds bertkit served from
-another checkout's src (same options): ratio_to_baseline_rps = ours / it.
+another checkout's src (same options): ratio_to_baseline_rps = ours / it, and cpu_ratio_to_baseline = its server's
+CPU time per request / ours (Linux): on a shared machine other jobs move requests/s far more than CPU per request.
 
     .venv/bin/python benchmarks/serve.py --attack [--normal 16] [--seconds 15] [--baseline /path/to/old/src]
 
@@ -103,6 +104,15 @@ def start_server(kind: str, args, max_batch: int, ref_dir: Path | None, src: Pat
     raise SystemExit("server did not come up within 120 s")
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used, all its threads (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -188,11 +198,15 @@ def run_levels(args, bodies: list[bytes], clients: list[int], ref_dir: Path | No
             load(port, args.endpoint, bodies, 4, 16, 30)
         for rep in range(args.repeats):
             for c in clients:
-                for name, (_, port) in servers.items():
+                for name, (proc, port) in servers.items():
+                    cpu = cpu_seconds(proc.pid)
                     r = load(port, args.endpoint, bodies, c, args.requests, args.max_seconds)
+                    spent = None if cpu is None else cpu_seconds(proc.pid) - cpu
+                    r["cpu_ms"] = None if spent is None else spent * 1000 / max(r["requests"], 1)
                     results[name][c].append(r)
                     print(f"rep {rep} {name:>16s} clients={c:>2d}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
-                          f"p99 {r['p99_ms']:7.1f} ms  ok {r['requests']}  failed {r['failed']}", file=sys.stderr)
+                          f"p99 {r['p99_ms']:7.1f} ms  cpu/request {r['cpu_ms'] or 0:6.2f} ms  ok {r['requests']}  "
+                          f"failed {r['failed']}", file=sys.stderr)
         return results
     finally:
         for proc, _ in servers.values():
@@ -210,11 +224,16 @@ def summarize(results: dict, clients: list[int]) -> dict:
                          "p50_ms": round(statistics.median(r["p50_ms"] for r in rs), 1),
                          "p99_ms": round(statistics.median(r["p99_ms"] for r in rs), 1),
                          "requests": sum(r["requests"] for r in rs), "failed": sum(r["failed"] for r in rs)}
+            if all(r["cpu_ms"] is not None for r in rs):
+                lvl[name]["cpu_ms_per_request"] = round(statistics.median(r["cpu_ms"] for r in rs), 2)
         lvl["batching_ratio"] = round(lvl["ours"]["rps"] / lvl["ours_one_by_one"]["rps"], 2)
         if "reference" in lvl:
             lvl["ratio_rps"] = round(lvl["ours"]["rps"] / lvl["reference"]["rps"], 2)
         if "baseline" in lvl:
             lvl["ratio_to_baseline_rps"] = round(lvl["ours"]["rps"] / lvl["baseline"]["rps"], 2)
+            if "cpu_ms_per_request" in lvl["baseline"] and "cpu_ms_per_request" in lvl["ours"]:
+                lvl["cpu_ratio_to_baseline"] = round(lvl["baseline"]["cpu_ms_per_request"]
+                                                     / lvl["ours"]["cpu_ms_per_request"], 2)
         levels[str(c)] = lvl
     return {"levels": levels, "failed_total": failed}
 

@@ -4,6 +4,7 @@ idle ones dropped, a huge declared chunk is answered 413 at once, and --api-key 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -102,6 +103,60 @@ def test_a_heavy_client_is_split_and_takes_turns():
     b.close()
 
 
+def test_clients_take_turns_in_round_order():
+    """Three clients queue four one-text parts each while the model is busy: each batch of three then takes one part
+    from each, in the order the clients came, and a client that came later joins the round at its back."""
+    import threading
+    gate, batches = threading.Event(), []
+
+    def run(items):
+        batches.append(list(items))
+        gate.wait(5)
+        return items
+    b = Batcher(run, max_batch=3, max_wait_ms=0)
+    busy = b.submit([Part("x", 1)], client="x")
+    while not batches:
+        time.sleep(0.005)
+    futs = [b.submit([Part(f"{c}{i}", 1) for i in range(4)], client=c) for c in "abc"]
+    late = b.submit([Part("d0", 1)], client="d")
+    gate.set()
+    assert [f.result(timeout=5) for f in futs] == [[f"{c}{i}" for i in range(4)] for c in "abc"]
+    assert busy.result(timeout=5) == ["x"] and late.result(timeout=5) == ["d0"]
+    assert batches[1:] == [["a0", "b0", "c0"], ["d0", "a1", "b1"], ["c1", "a2", "b2"], ["c2", "a3", "b3"], ["c3"]]
+    b.close()
+
+
+def test_the_tokenizer_is_shared_safely_between_threads():
+    """The server tokenizes on its event loop, in worker threads and in each route's batcher at once: words new to
+    the tokenizer's table, met by eight threads together, get the pieces one thread alone gives them."""
+    import random
+    import string
+    import sys
+    import threading
+    from bertkit.tokenizer import Tokenizer
+    letters = list(string.ascii_lowercase)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *("##" + c for c in letters)]
+    rng = random.Random(0)
+    batches = [[" ".join("".join(rng.choices(letters, k=7)) for _ in range(40)) for _ in range(10)] for _ in range(8)]
+    expected = [Tokenizer({t: i for i, t in enumerate(vocab)}).encode_pieces(b).ids.tolist() for b in batches]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                 # threads switch often: the table grows under each of them
+    try:
+        for _ in range(10):                     # a fresh table each round: its every growth is a chance to lose rows
+            shared, got = Tokenizer({t: i for i, t in enumerate(vocab)}), [None] * len(batches)
+
+            def work(i: int) -> None:
+                got[i] = shared.encode_pieces(batches[i]).ids.tolist()
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert got == expected
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_a_long_embed_request_is_split_and_joined_unchanged(tmp_path):
     """With a 16-token budget (quantum 4: one text per part) a TEI and an OpenAI request are answered in pieces,
     and the answers equal the library's in one piece."""
@@ -186,6 +241,8 @@ def test_a_huge_declared_chunk_is_413_at_once(server):
     got = _raw_exchange(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                               b"ffffffffffffffff\r\n{", wait=5)
     assert got.startswith(b"HTTP/1.1 413") and time.monotonic() - t0 < 2
+    body = json.loads(got.split(b"\r\n\r\n", 1)[1])               # the shape of the app's own errors
+    assert body["error_type"] == "Validation" and "body limit" in body["error"]
 
 
 def test_api_key_is_required_as_bearer(server):

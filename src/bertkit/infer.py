@@ -359,12 +359,12 @@ class Predictor:
                               max_length or (self.embed_max_length if pooling is None else EMBED_MAX_LENGTH),
                               progress, prompt)
 
-    def embed_ids(self, rows: Sequence[list[int]], normalize: bool | None = None, batch_size: int = 32,
-                  prompt_lengths: Sequence[int] | None = None) -> np.ndarray:
+    def embed_ids(self, rows: Sequence[list[int]], pooling: str | None = None, normalize: bool | None = None,
+                  batch_size: int = 32, prompt_lengths: Sequence[int] | None = None) -> np.ndarray:
         """(n, dims) float32 sentence vectors, as `embed` makes them, of whole model inputs given as ids ([CLS] and
         [SEP] included), each within the model's length; prompt_lengths: see SentenceEncoder.encode_ids."""
-        return self.sentence_encoder(None, normalize).encode_ids(self.tokenizer, rows, batch_size, self.precision,
-                                                                 prompt_lengths)
+        return self.sentence_encoder(pooling, normalize).encode_ids(self.tokenizer, rows, batch_size, self.precision,
+                                                                    prompt_lengths)
 
     def sentence_encoder(self, pooling: str | None = None, normalize: bool | None = None,
                          layers: Sequence[int] | None = None) -> SentenceEncoder:

@@ -36,7 +36,7 @@ from bertkit.serve.batcher import Batcher, Budget, Part
 from bertkit.serve.limits import RequestError, ServeConfig, parse_json
 from bertkit.serve.metrics import CONTENT_TYPE, Metrics
 
-__all__ = ["Endpoint", "FieldError", "make_app", "json_response", "error_response"]
+__all__ = ["Endpoint", "FieldError", "make_app", "json_response", "error_response", "tei_error"]
 
 NON_FINITE = "the response would contain non-finite numbers (NaN or Inf): the model's output is not usable"
 _ERRORS = {"4XX": {"model": S.ErrorBody, "description": "a client mistake (400 bad JSON or field, 413 too large, "
@@ -66,7 +66,7 @@ def json_response(status: int, payload: Any, headers: dict | None = None) -> Res
     try:
         body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError:   # the last guard: a non-finite float must not reach a client as NaN
-        status, body = 503, json.dumps({"error": NON_FINITE, "error_type": "Backend"})
+        status, body = 503, json.dumps(tei_error(503, NON_FINITE))
     return Response(body.encode("utf-8"), status_code=status, media_type="application/json", headers=headers)
 
 
@@ -87,12 +87,13 @@ def error_response(path: str, status: int, message: str, headers: dict | None = 
         kind = "invalid_request_error" if status < 500 else "server_error"
         return json_response(status, {"error": {"message": message, "type": kind, "param": param, "code": None}},
                              headers)
-    return json_response(status, {"error": message, "error_type": _tei_kind(status)}, headers)
+    return json_response(status, tei_error(status, message), headers)
 
 
-def _tei_kind(status: int) -> str:
-    """text-embeddings-inference's error_type of an HTTP status."""
-    return "Overloaded" if status == 429 else "Backend" if status >= 500 else "Validation"
+def tei_error(status: int, message: str) -> dict:
+    """text-embeddings-inference's error body: the message and the error_type of the HTTP status."""
+    return {"error": message,
+            "error_type": "Overloaded" if status == 429 else "Backend" if status >= 500 else "Validation"}
 
 
 # ------------------------------------------------------------------------------------------------- validation
@@ -295,7 +296,7 @@ class _MetricsMiddleware:
 async def _refuse(send, status: int, message: str, headers: list | None = None) -> None:
     """An error answered by a middleware, before any route, in text-embeddings-inference's shape; the connection
     closed."""
-    body = json.dumps({"error": message, "error_type": _tei_kind(status)}).encode()
+    body = json.dumps(tei_error(status, message)).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"), *(headers or [])]})

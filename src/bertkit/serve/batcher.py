@@ -4,8 +4,9 @@ A request arrives as one or more `Part`s (an embedding request with many long te
 `quantum` padded tokens), queued per client (the client's address). The worker fills a batch round-robin over the
 clients, taking from each at most `quantum` tokens per turn and one turn per batch while others wait (a client alone
 takes as many as fit), until the batch holds `max_batch` texts or its padded size (texts x longest text) would pass
-`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch. So
-a client sending the largest requests gets its share of the forwards while everyone else's short requests wait for
+`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch
+(clients served go to its back), and a submit or a fill costs the same however many clients wait. So a client
+sending the largest requests gets its share of the forwards while everyone else's short requests wait for
 one short batch, not for its whole request. The first part of a batch waits up to
 `max_wait_ms` for company when other requests were in flight as it came (under load the batch fills first, so the
 wait costs nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
@@ -17,9 +18,11 @@ answered late. A request carries a deadline: one whose client has given up (504,
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
+from collections import OrderedDict, deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -103,7 +106,6 @@ class _Queued(NamedTuple):
 class _Batch:
     def __init__(self, max_batch: int, max_tokens: int):
         self.parts: list[_Queued] = []
-        self.turns: set[str] = set()                  # clients that have had their turn in this batch
         self.max_batch, self.max_tokens = max_batch, max_tokens
         self.texts = self.longest = 0
 
@@ -136,9 +138,12 @@ class Batcher:
         self.max_wait = max(0.0, max_wait_ms) / 1000.0
         self.on_batch = on_batch
         self.budget = budget or Budget()
-        self._queues: dict[str, list[_Queued]] = {}     # client -> its parts; the dict's order is the round
+        self._queues: dict[str, deque[_Queued]] = {}    # client -> its waiting parts (none: no entry)
+        self._round: OrderedDict[str, None] = OrderedDict()   # clients with parts waiting, in turn order
+        self._turned: dict[str, None] = {}              # clients served in the batch being filled, in order
         self._held: dict[str, int] = {}                 # client -> tokens queued or running
-        self._seen: dict[str, float] = {}               # client -> when it last sent a request (lately)
+        self._held_total = 0                            # their sum
+        self._seen: OrderedDict[str, float] = OrderedDict()   # client -> when it last sent a request, oldest first
         self._forward_s = 0.0                           # how long the last forward took
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -163,8 +168,12 @@ class Batcher:
             job = _Job(fut, client, deadline, self._in_flight > 0, [None] * len(parts), len(parts))
             self._in_flight += 1
             self._seen[client] = time.monotonic()
+            self._seen.move_to_end(client)
             self._held[client] = self._held.get(client, 0) + cost
-            self._queues.setdefault(client, []).extend(_Queued(job, i, p) for i, p in enumerate(parts))
+            self._held_total += cost
+            self._queues.setdefault(client, deque()).extend(_Queued(job, i, p) for i, p in enumerate(parts))
+            if client not in self._round and client not in self._turned:    # served this batch: back in after it
+                self._round[client] = None
             self._cond.notify()
         fut.add_done_callback(self._finished)
         return fut
@@ -172,7 +181,7 @@ class Batcher:
     def _admit(self, client: str, cost: int) -> None:
         """Refuse now (429 / 503 with Retry-After) what could only be answered late; a client with nothing queued
         always gets one request in, however large."""
-        b, held, queued = self.budget, self._held.get(client, 0), sum(self._held.values())
+        b, held, queued = self.budget, self._held.get(client, 0), self._held_total
         if b.max_client_tokens and held and held + cost > b.max_client_tokens:
             raise RequestError(429, f"this client already has {held} tokens queued; the limit is "
                                     f"{b.max_client_tokens}", retry_after=self._retry_after(held))
@@ -190,6 +199,7 @@ class Batcher:
     def _release(self, queued: _Queued) -> None:
         client = queued.job.client
         self._held[client] -= queued.part.cost
+        self._held_total -= queued.part.cost
         if self._held[client] <= 0:
             del self._held[client]
 
@@ -206,22 +216,30 @@ class Batcher:
     # ----------------------------------------------------------------------------------------------- the worker
 
     def _fill(self, batch: _Batch) -> None:
-        """Turns over the clients in round order until nothing more fits; a client gets one turn per batch while
-        other clients are about (a heavy one fills a batch only when it has the server to itself)."""
+        """One turn each to the clients in round order; a client whose part does not fit keeps its place at the head
+        of the round. Only the round's first 2 x max_batch clients are looked at (at most max_batch take a turn), so a
+        fill costs the same however many clients wait. Then more turns to those served while no other client is
+        about (a heavy one fills a batch only when it has the server to itself)."""
+        for client in list(itertools.islice(self._round, 2 * self.max_batch)):
+            if batch.full:
+                break
+            took = self._turn(client, batch)
+            if took or client not in self._queues:      # served, or all its parts expired: out of this round
+                del self._round[client]
+            if took:
+                self._turned[client] = None
         progress = True
         while progress and not batch.full:
             progress = False
-            for client in list(self._queues):
-                if client not in batch.turns or not self._others_about(client):
-                    progress = self._turn(client, batch) or progress
+            for client in [c for c in self._turned if c in self._queues and not self._others_about(c)]:
+                progress = self._turn(client, batch) or progress
 
     def _others_about(self, client: str) -> bool:
         """Another client sent a request lately: a client between two requests of its own is not queued, and a batch
         filled in that moment would be the long forward its next request waits behind."""
         since = time.monotonic() - max(1.0, 3 * self._forward_s)
-        for other, seen in list(self._seen.items()):
-            if seen < since:
-                del self._seen[other]
+        while self._seen and next(iter(self._seen.values())) < since:
+            self._seen.popitem(last=False)
         return len(self._seen) > (client in self._seen)
 
     def _turn(self, client: str, batch: _Batch) -> bool:
@@ -230,28 +248,32 @@ class Batcher:
         while queue:
             head = queue[0]
             if head.job.gone():                     # nobody waits for it: never computed
-                self._release(queue.pop(0))
+                self._release(queue.popleft())
                 self.expired += head.index == 0
                 continue
             if spent and not (quantum and spent + head.part.cost <= quantum) or not batch.fits(head.part):
                 break
-            batch.add(queue.pop(0))
+            batch.add(queue.popleft())
             spent += head.part.cost
-        del self._queues[client]
-        if spent:
-            batch.turns.add(client)
-        if queue:        # served: to the back of the round; not served (it did not fit): first in the next batch
-            self._queues = {**self._queues, client: queue} if spent else {client: queue, **self._queues}
+        if not queue:
+            del self._queues[client]
         return spent > 0
+
+    def _end_turns(self) -> None:
+        """The clients served in this batch go to the back of the round, in the order they were served."""
+        for client in self._turned:
+            if client in self._queues:
+                self._round[client] = None
+        self._turned.clear()
 
     def _take_batch(self) -> list[_Queued]:
         with self._cond:
-            if not self._queues:
+            if not self._round:
                 self._cond.wait(0.1)
             batch = _Batch(self.max_batch, self.budget.max_batch_tokens)
-            first = next(iter(self._queues.values()), [None])[0]
-            if first is None:
+            if not self._round:
                 return []
+            first = self._queues[next(iter(self._round))][0]
             # nothing else was in flight when it came (sparse traffic, one client at a time): waiting for company
             # would only add latency, so take what is already queued and go
             until = time.monotonic() + (self.max_wait if first.job.busy else 0.0)
@@ -259,6 +281,7 @@ class Batcher:
             while not batch.full and time.monotonic() < until:
                 self._cond.wait(until - time.monotonic())
                 self._fill(batch)
+            self._end_turns()
             return batch.parts
 
     def _loop(self) -> None:

@@ -7,8 +7,9 @@ a request whose input cannot be served (too long without `truncate`, a non-finit
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+import functools
+from dataclasses import replace
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from bertkit.serve import schemas as S
 from bertkit.serve.app import Endpoint, FieldError
 from bertkit.serve.batcher import Part, chunks
 from bertkit.serve.limits import DEFAULT_MAX_LENGTH, RequestError, ServeConfig
-from bertkit.tokenizer.inputs import cut
+from bertkit.tokenizer.inputs import cut, pad_batch
 
 __all__ = ["model_endpoints", "model_info", "absent_routes"]
 
@@ -39,21 +40,6 @@ def _each(reqs: list, results: list, shape: Callable) -> list:
     return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, results)]
 
 
-def _token_counts(predictor, inputs: list) -> list[int]:
-    """Tokens per input, untruncated: a text's with [CLS] and [SEP], token ids as given."""
-    texts = [x for x in inputs if isinstance(x, str)]
-    counts = iter((np.diff(predictor.tokenizer.encode_pieces(texts).bounds) + 2).tolist() if texts else [])
-    return [next(counts) if isinstance(x, str) else len(x) for x in inputs]
-
-
-def _too_long(counts: list[int], max_length: int) -> RequestError | None:
-    for i, n in enumerate(counts):
-        if n > max_length:
-            return RequestError(422, f"input {i} is {n} tokens; the limit is {max_length} "
-                                     f"(send truncate: true to cut it)")
-    return None
-
-
 def _tokens(config: ServeConfig) -> int:
     """Tokens per text for the heads' endpoints."""
     return config.max_length or DEFAULT_MAX_LENGTH
@@ -67,82 +53,88 @@ def _embed_tokens(predictor, config: ServeConfig) -> int:
 
 # ------------------------------------------------------------------------------------------------------ embeddings
 
-@dataclass
-class _EmbedJob:
-    inputs: list                        # texts, or lists of token ids (whole model inputs)
-    pooling: str | None = None          # None: the model's own (sentence-transformers modules, else mean)
-    normalize: bool = True
-    truncate: bool = True
-    left: bool = False                  # truncation_direction "Left": cut the start, keep the end
-    prompt_name: str | None = None      # None: the model's default prompt
-
-    @property
-    def as_rows(self) -> bool:
-        """Laid out here as id rows: token ids, or a cut from the left (texts cut from the right take the tokenizer
-        path of `Predictor.embed`)."""
-        return self.left or not all(isinstance(x, str) for x in self.inputs)
+def _cut(row: list[int], max_length: int, left: bool, specials: tuple[int, int]) -> list[int]:
+    """row within max_length tokens, its leading and trailing specials kept: cut from its start (left) or end."""
+    a, b = specials
+    return row[:a] + cut(row[a:len(row) - b], max_length - a - b, "left" if left else "right") + row[len(row) - b:]
 
 
-def _input_rows(predictor, job: _EmbedJob, max_length: int, prompt: str = "") -> list[list[int]] | RequestError:
-    """Each input as whole model ids: a text within the tokenizer's specials (lower-cased first where the model's
-    modules say so), ids as given (no prompt: they are the model's whole input, as TEI takes them); cut to max_length
-    from the job's side, or refused when it does not truncate."""
+def _input_rows(predictor, inputs: list, max_length: int, truncate: bool, left: bool = False, prompt: str = "",
+                lower: bool = False) -> list[list[int]]:
+    """Each input as whole model ids, its one tokenization: a text after its prompt (lower-cased where the model's
+    modules say so) within the tokenizer's specials; ids as given (no prompt: they are the model's whole input, as
+    TEI takes them). Cut to max_length from the chosen end when truncating; otherwise too long is a RequestError."""
     tok = predictor.tokenizer
-    texts = [prompt + x for x in job.inputs if isinstance(x, str)]
-    if predictor.sentence_encoder().do_lower_case:
-        texts = [t.lower() for t in texts]
-    pieces = tok.encode_pieces(texts) if texts else None
-    keep, rows, n_text = max_length - tok.template.n_special(False), [], 0
-    for i, x in enumerate(job.inputs):
-        if isinstance(x, str):
-            ids, n_text = pieces.text(n_text)[0], n_text + 1
-            if len(ids) > keep and job.truncate:
-                ids = cut(ids, keep, "left" if job.left else "right")
-            x = tok.template.wrap(ids)
-        elif max(x) >= tok.vocab_size:
-            return RequestError(422, f"input {i} has token id {max(x)}; this model's vocabulary has {tok.vocab_size}")
-        elif len(x) > max_length and job.truncate:
-            x = cut(x, max_length, "left" if job.left else "right")
-        rows.append(x)
-    return _too_long([len(r) for r in rows], max_length) or rows
+    texts = [prompt + x for x in inputs if isinstance(x, str)]
+    encoded = iter(tok([t.lower() for t in texts] if lower else texts)["input_ids"] if texts else [])
+    text_specials = tuple(map(len, tok.template.single))
+    rows = []
+    for i, x in enumerate(inputs):
+        row = next(encoded) if isinstance(x, str) else x
+        if not isinstance(x, str) and max(x) >= tok.vocab_size:
+            raise RequestError(422, f"input {i} has token id {max(x)}; this model's vocabulary has {tok.vocab_size}")
+        if len(row) > max_length and not truncate:
+            raise RequestError(422, f"input {i} is {len(row)} tokens; the limit is {max_length} "
+                                    f"(send truncate: true to cut it)")
+        rows.append(row if len(row) <= max_length else
+                    _cut(row, max_length, left, text_specials if isinstance(x, str) else (0, 0)))
+    return rows
 
 
-def _embed_jobs(predictor, jobs: list[_EmbedJob], config: ServeConfig) -> list:
-    """Per job: (vectors (n, dims), tokens seen: None for a truncating text job) or the exception that job alone
-    fails with."""
-    max_length = _embed_tokens(predictor, config)
-    out: list = [None] * len(jobs)
-    groups: dict[tuple, list[int]] = {}
-    for i, job in enumerate(jobs):
+class _Run(NamedTuple):
+    """A run of one embedding request's inputs, tokenized (the batch function's item)."""
+    request: Any                        # the whole request: its options, and its answer joined from its runs'
+    rows: list[list[int]]               # model ids per input
+    skips: list[int]                    # per input, the prompt tokens pooling leaves out (0: none)
+
+
+def _embed_options(r) -> tuple:
+    """(inputs, pooling, normalize, truncate, cut from the left, prompt name) of any embedding request."""
+    if isinstance(r, S.EmbedRequest):
+        return [r.text], r.pooling, r.normalize, True, False, None
+    if isinstance(r, S.OpenAIEmbedRequest):
+        return r.input, None, True, False, False, None
+    return r.inputs, None, r.normalize, r.truncate, r.truncation_direction == "Left", r.prompt_name
+
+
+def _embed_split(predictor, config: ServeConfig) -> Callable[[Any, int], list[Part]]:
+    """(request, quantum) -> its parts: runs of its inputs of at most quantum padded tokens, each tokenized once here
+    (the count the batcher budgets forwards by, and the ids the forward takes), so that a long request is
+    interleaved with others."""
+    limit = _embed_tokens(predictor, config)
+
+    @functools.cache
+    def skip(pooling: str | None, normalize: bool, prompt: str) -> int:
+        """The prompt's tokens that pooling leaves out (include_prompt false), as the text path counts them."""
+        return predictor.sentence_encoder(pooling, normalize).prompt_length(predictor.tokenizer, prompt, limit)
+
+    def split(r, quantum: int) -> list[Part]:
+        inputs, pooling, normalize, truncate, left, prompt_name = _embed_options(r)
         try:
-            prompt = predictor.prompts.text(name=job.prompt_name)
+            prompt = predictor.prompts.text(name=prompt_name)
         except ConfigError as e:
-            out[i] = RequestError(422, str(e))
-            continue
-        if job.as_rows:
-            out[i] = _input_rows(predictor, job, max_length, prompt)
-            err = out[i] if isinstance(out[i], RequestError) else None
-        else:
-            # a truncating job needs no count: skip a second tokenization of its texts (the forward tokenizes them)
-            counts = None if job.truncate else _token_counts(predictor, [prompt + t for t in job.inputs])
-            err = None if counts is None else _too_long(counts, max_length)
-            out[i] = err or (counts and [min(n, max_length) for n in counts])
-        if err is None:
-            groups.setdefault((job.as_rows, job.pooling, job.normalize, prompt), []).append(i)
-    for (as_rows, pooling, normalize, prompt), idx in groups.items():  # requests with the same options share a forward
-        if as_rows:
-            rows = [r for i in idx for r in out[i]]
-            # a text's prompt is left out of the pooling as on the text path (include_prompt false); ids get none
-            skip = predictor.sentence_encoder(None, normalize).prompt_length(predictor.tokenizer, prompt, max_length)
-            skips = [skip if isinstance(x, str) else 0 for i in idx for x in jobs[i].inputs]
-            vecs = predictor.embed_ids(rows, normalize=normalize, batch_size=len(rows), prompt_lengths=skips)
-        else:
-            texts = [t for i in idx for t in jobs[i].inputs]
-            vecs = predictor.embed(texts, pooling=pooling, normalize=normalize, max_length=max_length,
-                                   batch_size=len(texts), prompt=prompt)
-        for i, v in zip(idx, _pieces(vecs, [len(jobs[i].inputs) for i in idx])):
-            counts = [len(r) for r in out[i]] if as_rows else out[i]
-            out[i] = (v, counts) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
+            raise RequestError(422, str(e)) from None
+        lower = predictor.sentence_encoder(pooling, normalize).do_lower_case
+        rows = _input_rows(predictor, inputs, limit, truncate, left, prompt, lower)
+        skips = [skip(pooling, normalize, prompt) if isinstance(x, str) else 0 for x in inputs]
+        return [Part(_Run(r, rows[a:b], skips[a:b]), b - a, longest)
+                for a, b, longest in chunks([len(row) for row in rows], quantum)]
+    return split
+
+
+def _embed_runs(predictor, runs: list[_Run]) -> list:
+    """Per run: (vectors (n, dims), tokens per input), or the 503 of a non-finite output; runs with the same pooling
+    and normalisation share a forward."""
+    out: list = [None] * len(runs)
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        groups.setdefault(_embed_options(run.request)[1:3], []).append(i)
+    for (pooling, normalize), idx in groups.items():
+        rows, skips = [r for i in idx for r in runs[i].rows], [s for i in idx for s in runs[i].skips]
+        vecs = predictor.embed_ids(rows, pooling=pooling, normalize=normalize, batch_size=len(rows),
+                                   prompt_lengths=skips if any(skips) else None)
+        for i, v in zip(idx, _pieces(vecs, [len(runs[i].rows) for i in idx])):
+            out[i] = (v, [len(r) for r in runs[i].rows]) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
     return out
 
 
@@ -165,31 +157,12 @@ def _matryoshka(vecs: np.ndarray, k: int | None, normalize: bool) -> np.ndarray:
     return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12) if normalize else vecs
 
 
-def _embed_run(predictor, config: ServeConfig) -> Callable[[list], list]:
+def _embed_run(predictor) -> Callable[[list], list]:
     def shape(r, res: tuple) -> dict | list:
         if isinstance(r, S.EmbedRequest):
             return {"embedding": np.round(res[0][0].astype(np.float64), 6).tolist()}
         return _matryoshka(res[0], r.dimensions, r.normalize).astype(np.float64).round(7).tolist()
-
-    def run(reqs: list) -> list:
-        jobs = [_EmbedJob([r.text], r.pooling, r.normalize) if isinstance(r, S.EmbedRequest)
-                else _EmbedJob(r.inputs, normalize=r.normalize, truncate=r.truncate,
-                               left=r.truncation_direction == "Left", prompt_name=r.prompt_name) for r in reqs]
-        return _each(reqs, _embed_jobs(predictor, jobs, config), shape)
-    return run
-
-
-def _embed_split(predictor, config: ServeConfig, field: str) -> Callable[[Any, int], list[Part]]:
-    """(request, quantum) -> its parts: runs of its texts (request.<field>) of at most quantum padded tokens, each
-    counted, so that the batcher can budget forwards by tokens and interleave a long request with others."""
-    limit = _embed_tokens(predictor, config)
-
-    def split(r, quantum: int) -> list[Part]:
-        texts = [r.text] if isinstance(r, S.EmbedRequest) else getattr(r, field)
-        runs = chunks([min(n, limit) for n in _token_counts(predictor, texts)], quantum)
-        return [Part(r if len(runs) == 1 else r.model_copy(update={field: texts[a:b]}), b - a, longest)
-                for a, b, longest in runs]
-    return split
+    return lambda runs: _each([run.request for run in runs], _embed_runs(predictor, runs), shape)
 
 
 def _embed_join(r, results: list):
@@ -202,7 +175,7 @@ def _openai_join(r, results: list) -> dict:
     return {**results[0], "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
+def _openai_run(predictor) -> Callable[[list], list]:
     def shape(r: S.OpenAIEmbedRequest, res: tuple) -> dict:
         vecs, counts = res
         vecs = _matryoshka(vecs, r.dimensions, True)
@@ -214,9 +187,7 @@ def _openai_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                 "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
                 "usage": {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}}
 
-    def run(reqs: list) -> list:
-        return _each(reqs, _embed_jobs(predictor, [_EmbedJob(r.input, truncate=False) for r in reqs], config), shape)
-    return run
+    return lambda runs: _each([run.request for run in runs], _embed_runs(predictor, runs), shape)
 
 
 def _embed_all_run(predictor, config: ServeConfig) -> Callable[[list], list]:
@@ -234,9 +205,15 @@ def _embed_all_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                 out[i] = h[:len(rows[i])]
         return out
 
+    def rows(r: S.EmbedAllRequest) -> list[list[int]] | RequestError:
+        try:
+            return _input_rows(predictor, r.inputs, max_length, r.truncate, r.truncation_direction == "Left",
+                               lower=predictor.sentence_encoder().do_lower_case)
+        except RequestError as e:
+            return e
+
     def run(reqs: list) -> list:
-        out = [_input_rows(predictor, _EmbedJob(r.inputs, truncate=r.truncate, left=r.truncation_direction == "Left"),
-                           max_length) for r in reqs]
+        out = [rows(r) for r in reqs]
         ok = [i for i, rows in enumerate(out) if not isinstance(rows, Exception)]
         hidden = states([row for i in ok for row in out[i]])
         for i, hs in zip(ok, _pieces(hidden, [len(out[i]) for i in ok])):
@@ -260,8 +237,8 @@ def _decode_run(predictor) -> Callable[[list], list]:
 # ------------------------------------------------------------------------------------------- classification heads
 
 def _singles_then_pairs(items: list, paired: Callable[[Any], bool], run: Callable[[list[int], bool], Any]) -> list:
-    """run(indices, paired) on the single-text items, then on the pairs (two forwards where both come); per item its
-    result, in the items' order."""
+    """run(indices, paired) on the single-text items, then on the pairs (a tokenizer call or a forward each); per
+    item its result, in the items' order."""
     out: list = [None] * len(items)
     for kind in (False, True):
         idx = [i for i, x in enumerate(items) if paired(x) == kind]
@@ -271,29 +248,40 @@ def _singles_then_pairs(items: list, paired: Callable[[Any], bool], run: Callabl
     return out
 
 
-def _row_logits(predictor, rows: list[list[str]], max_length: int) -> np.ndarray:
-    """(n, labels) logits of single texts ([a]) or pairs ([a, b])."""
-    def run(idx: list[int], paired: bool) -> np.ndarray:
-        pairs = [rows[i][1] for i in idx] if paired else None
-        return predictor.logits([rows[i][0] for i in idx], pairs, max_length, batch_size=len(idx))
-    return np.array(_singles_then_pairs(rows, lambda row: len(row) == 2, run), dtype=np.float32)
+def _encoded_rows(predictor, rows: list[list[str]], max_length: int, truncate: bool) -> list[tuple[list, list]]:
+    """(model ids, token types) of each row, a single text ([a]) or a pair ([a, b]), its one tokenization: cut
+    longest-first to max_length when truncating; otherwise a row too long is a RequestError."""
+    cut = {"max_length": max_length, "truncation": "longest_first"} if truncate else {}
 
-
-def _rows_too_long(predictor, rows: list[list[str]], max_length: int) -> RequestError | None:
-    counts = _token_counts(predictor, [t for row in rows for t in row])
-    # a pair shares one [CLS]
-    return _too_long([sum(c) - (len(c) - 1) for c in _pieces(counts, [len(row) for row in rows])], max_length)
+    def encode(idx: list[int], paired: bool) -> list:
+        enc = predictor.tokenizer([rows[i][0] for i in idx], [rows[i][1] for i in idx] if paired else None, **cut)
+        return list(zip(enc["input_ids"], enc["token_type_ids"]))
+    encoded = _singles_then_pairs(rows, lambda row: len(row) == 2, encode)
+    for i, (ids, _) in enumerate(encoded):
+        if len(ids) > max_length:
+            raise RequestError(422, f"input {i} is {len(ids)} tokens; the limit is {max_length} "
+                                    f"(send truncate: true to cut it)")
+    return encoded
 
 
 def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_length: int) -> list:
-    """Per request (rows, truncate): its (rows, labels) logits, all requests in one forward (two with pairs), or
-    the RequestError of a request with a row too long to serve untruncated."""
-    out: list = [None if truncate else _rows_too_long(predictor, rows, max_length) for rows, truncate in requests]
-    ok = [i for i, err in enumerate(out) if err is None]
-    if ok:
-        logits = _row_logits(predictor, [row for i in ok for row in requests[i][0]], max_length)
-        for i, z in zip(ok, _pieces(logits, [len(requests[i][0]) for i in ok])):
-            out[i] = z
+    """Per request (rows, truncate): its (rows, labels) logits, all requests' rows in one forward, or the
+    RequestError of a request with a row too long to serve untruncated."""
+    out: list = []
+    for rows, truncate in requests:
+        try:
+            out.append(_encoded_rows(predictor, rows, max_length, truncate))
+        except RequestError as e:
+            out.append(e)
+    ok = [i for i, x in enumerate(out) if not isinstance(x, Exception)]
+    ids, types = [r for i in ok for r, _ in out[i]], [t for i in ok for _, t in out[i]]
+    logits = np.zeros((len(ids), predictor.model.config.num_labels), dtype=np.float32)
+    for idx, _, o in forward_batches(predictor.model, [len(r) for r in ids], lambda idx: pad_batch(
+            [ids[i] for i in idx], [types[i] for i in idx], predictor.tokenizer.pad_token_id, device=predictor.device),
+            max(len(ids), 1), predictor.precision):
+        logits[idx] = o.logits.float().cpu().numpy()
+    for i, z in zip(ok, _pieces(logits, [len(out[i]) for i in ok])):
+        out[i] = z
     return out
 
 
@@ -410,18 +398,18 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     config = config or ServeConfig()
     L = _tokens(config)
     eps = [
-        Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor, config), S.AnyEmbedResult,
+        Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor), S.AnyEmbedResult,
                  "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
                  *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config,
                            _dimensions(predictor)),
-                 split=_embed_split(predictor, config, "inputs"), join=_embed_join),
+                 split=_embed_split(predictor, config), join=_embed_join),
         Endpoint("embed_all", S.EmbedAllRequest, _embed_all_run(predictor, config), list[list[list[float]]],
                  "every token's vector (the encoder's last hidden state), TEI's shape",
                  *_counted(lambda r: len(r.inputs), config)),
-        Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor, config), S.OpenAIEmbedResponse,
+        Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor), S.OpenAIEmbedResponse,
                  "OpenAI-compatible embeddings",
                  *_counted(lambda r: len(r.input), config, _dimensions(predictor)),
-                 split=_embed_split(predictor, config, "input"), join=_openai_join),
+                 split=_embed_split(predictor, config), join=_openai_join),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
                  "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),
         Endpoint("decode", S.DecodeRequest, _decode_run(predictor), list[str], "token ids -> text, TEI's /decode",

@@ -29,7 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from bertkit.errors import ConfigError
 from bertkit.infer import Predictor
 from bertkit.predict.engine import PRECISION
-from bertkit.serve.app import make_app
+from bertkit.serve.app import make_app, tei_error
 from bertkit.serve.endpoints import absent_routes, model_endpoints, model_info
 from bertkit.serve.limits import ServeConfig
 
@@ -139,8 +139,9 @@ class _Guarded(H11Protocol):
             self.transport.close()
 
     def _answer(self, status: int, message: str, retry_after: int | None = None) -> None:
-        """An error written straight to the socket (the caller closes it): for what the app never sees."""
-        body = json.dumps({"error": message}).encode()
+        """An error written straight to the socket (the caller closes it): for what the app never sees, in the
+        shape the app's own errors have."""
+        body = json.dumps(tei_error(status, message)).encode()
         extra = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n")

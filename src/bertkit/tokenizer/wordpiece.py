@@ -12,6 +12,7 @@ and splits them back per text. Other text takes the per-word general path; both 
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -83,6 +84,7 @@ class PieceTable:
 
     def __init__(self, wordpiece, vocab: dict[str, int]):
         self.wordpiece, self.vocab = wordpiece, vocab
+        self._lock = threading.Lock()       # a server tokenizes from several threads; the table grows under them
         self.reset()
 
     def reset(self) -> None:
@@ -136,19 +138,21 @@ class PieceTable:
         self.n_words += len(rows_w)
         self.n_pieces += len(rows_p)
 
-    def lookup(self, keys: list[str]) -> np.ndarray:
-        """Word ids of keys; afterwards self.words / self.pieces cover every id returned."""
-        if self.n_words > self.MAX_WORDS:
-            self.reset()
-        if not self.prefilled:
-            self.prefilled = True
-            self.prefill(self.vocab)
-        wids = np.fromiter(map(self.index.__getitem__, keys), dtype=np.int64, count=len(keys))
-        if self.pending_words:
-            self.words = self._append(self.words, self.n_words - len(self.pending_words), self.pending_words)
-            self.pieces = self._append(self.pieces, self.n_pieces - len(self.pending_pieces), self.pending_pieces)
-            self.pending_words, self.pending_pieces = [], []
-        return wids
+    def lookup(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Word ids of keys, and the words / pieces arrays that cover every id returned (one thread at a time: a
+        growth or restart by another thread would lose rows or renumber words)."""
+        with self._lock:
+            if self.n_words > self.MAX_WORDS:
+                self.reset()
+            if not self.prefilled:
+                self.prefilled = True
+                self.prefill(self.vocab)
+            wids = np.fromiter(map(self.index.__getitem__, keys), dtype=np.int64, count=len(keys))
+            if self.pending_words:
+                self.words = self._append(self.words, self.n_words - len(self.pending_words), self.pending_words)
+                self.pieces = self._append(self.pieces, self.n_pieces - len(self.pending_pieces), self.pending_pieces)
+                self.pending_words, self.pending_pieces = [], []
+            return wids, self.words, self.pieces
 
 
 class _LazyIndex(dict):
@@ -235,9 +239,7 @@ class PieceEncoder:
         lookup per word, numpy for the rest."""
         joined = "\n".join(texts)  # the newline is whitespace, so no word spans two texts
         toks = tokens_with_space(joined, pattern)
-        table = self.table
-        wids = table.lookup(toks)                                  # (n_words,)
-        words, pieces = table.words, table.pieces
+        wids, words, pieces = self.table.lookup(toks)              # (n_words,)
         tok_end = np.cumsum(words[wids, 2])                        # (n_words,) end of each word in joined
         counts = words[wids, 1]
         first = words[wids, 0]
