@@ -228,3 +228,12 @@ def test_fill_mask_over_a_file_results_on_stdout_bar_on_stderr(tiny_workspace, t
     assert all(len(r["candidates"]) == 2 for r in rows) and "fill-mask: 100%|" in err and "3/3" in err
     assert main(["fill-mask", "tiny-bert", "--top-k", "2"]) == 2
     assert "no texts" in capsys.readouterr().err
+
+
+def test_the_command_line_starts_without_torch():
+    """`bertkit -h` and the argument parsing of every subcommand stay off torch's import (~1-3 s on a small CPU):
+    a command imports what it runs."""
+    import subprocess
+    import sys
+    code = "import sys, bertkit.cli; bertkit.cli.build_parser(); sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

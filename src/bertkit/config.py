@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertkit import disentangled
 from bertkit.atomic import write_text
 from bertkit.errors import CheckpointError, ConfigError
 from bertkit.families import family
@@ -144,7 +143,7 @@ class BertConfig:
         if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"BertConfig.pad_token_id={self.pad_token_id!r} is outside the vocab "
                               f"(vocab_size={self.vocab_size})")
-        disentangled.settings(self)           # DeBERTa's keys: refused here, by name, if bertkit cannot run them
+        _ = self.disentangled           # DeBERTa's keys: refused here, by name, if bertkit cannot run them
 
     def _check_total_size(self) -> None:
         """Refuse a config whose weights alone would need more than MAX_PARAMETERS (before anything is allocated)."""
@@ -260,15 +259,67 @@ class BertConfig:
         return self.max_position_embeddings - offset
 
     @property
+    def disentangled(self) -> Disentangled | None:
+        """DeBERTa's attention settings (None for other families)."""
+        return _disentangled(self)
+
+    @property
     def position_table(self) -> bool:
         """A learned absolute position table: rotary families (ModernBERT) rotate q and k by position instead, and
         DeBERTa-v3 has relative positions only."""
-        spec = disentangled.settings(self)
+        spec = self.disentangled
         return not family(self.model_type).rotary and (spec is None or spec.absolute_positions)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True)
+class Disentangled:
+    """DeBERTa's disentangled-attention settings (bertkit.disentangled computes them): config.json keys kept in
+    `BertConfig.extra`, read with transformers' defaults."""
+    relative_attention: bool     # the c2p / p2c terms at all
+    terms: tuple[str, ...]       # pos_att_type: "c2p", "p2c"
+    span: int                    # relative embeddings each way: position_buckets, else max_relative_positions
+    buckets: int                 # position_buckets (<= 0: distances unbucketed)
+    max_position: int            # max_relative_positions (< 1: max_position_embeddings)
+    share_att_key: bool          # the terms project R with the layer's own query / key
+    norm: bool                   # norm_rel_ebd "layer_norm": R through encoder.LayerNorm
+    absolute_positions: bool     # position_biased_input: v2 adds absolute position embeddings, v3 does not
+    pooler_act: str              # the classifier's hidden layer (ContextPooler): activation and dropout before it
+    pooler_dropout: float
+
+    @property
+    def scale(self) -> float:
+        return 1.0 + len(self.terms)
+
+
+def _disentangled(config: "BertConfig") -> Disentangled | None:
+    """The disentangled-attention settings of a DeBERTa config, None for other families; ConfigError naming a key
+    whose value bertkit does not compute (v2-xlarge's convolution layer, a head size other than hidden / heads)."""
+    if not family(config.model_type).disentangled:
+        return None
+    x = config.extra
+    for key, ok in (("conv_kernel_size", lambda v: not v), ("embedding_size", lambda v: v in (None, config.hidden_size)),
+                    ("attention_head_size", lambda v: v in (None, config.head_dim)),
+                    ("pooler_hidden_size", lambda v: v in (None, config.hidden_size))):
+        value = getattr(config, key, None) if key == "embedding_size" else x.get(key)
+        if not ok(value):
+            raise ConfigError(f"{config.model_type} config key {key}={value!r} is not supported by bertkit")
+    terms = x.get("pos_att_type") or []
+    terms = tuple(t.strip() for t in (terms.lower().split("|") if isinstance(terms, str) else terms))
+    if not set(terms) <= {"c2p", "p2c"}:
+        raise ConfigError(f"{config.model_type} config key pos_att_type={x.get('pos_att_type')!r}: "
+                          f"expected c2p and / or p2c")
+    max_position = x.get("max_relative_positions", -1)
+    max_position = max_position if max_position >= 1 else config.max_position_embeddings
+    buckets = x.get("position_buckets", -1)
+    return Disentangled(bool(x.get("relative_attention", False)), terms, buckets if buckets > 0 else max_position,
+                        buckets, max_position, bool(x.get("share_att_key", False)),
+                        "layer_norm" in str(x.get("norm_rel_ebd", "none")).lower().split("|"),
+                        bool(x.get("position_biased_input", True)), x.get("pooler_hidden_act", "gelu"),
+                        float(x.get("pooler_dropout", 0.0)))
 
 
 def read_json_config(p: Path, error=ConfigError) -> dict:

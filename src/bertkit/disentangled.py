@@ -11,68 +11,21 @@ terms depend only on q, k and positions counted from 0, so they are a float mask
 both layouts (each unpadded bucket's rows start at position 0). Only the rows of R that the sequence's distances
 reach are projected (at most 2 * len - 1 of them), where transformers projects and multiplies all 2 * span.
 
-The settings are config.json keys bertkit keeps as they are (`BertConfig.extra`), read here with transformers'
-defaults; what bertkit does not compute (v2-xlarge's convolution layer, a head size other than hidden / heads) is
-refused by name.
+The settings are config.json keys bertkit keeps as they are (`BertConfig.extra`), read by `BertConfig.disentangled`
+with transformers' defaults; what bertkit does not compute (v2-xlarge's convolution layer, a head size other than
+hidden / heads) is refused by name there.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from bertkit.errors import ConfigError
-from bertkit.families import family
+from bertkit.config import Disentangled
 
-__all__ = ["Settings", "settings", "RelativeEmbeddings", "Terms"]
-
-
-@dataclass(frozen=True)
-class Settings:
-    relative_attention: bool     # the c2p / p2c terms at all
-    terms: tuple[str, ...]       # pos_att_type: "c2p", "p2c"
-    span: int                    # relative embeddings each way: position_buckets, else max_relative_positions
-    buckets: int                 # position_buckets (<= 0: distances unbucketed)
-    max_position: int            # max_relative_positions (< 1: max_position_embeddings)
-    share_att_key: bool          # the terms project R with the layer's own query / key
-    norm: bool                   # norm_rel_ebd "layer_norm": R through encoder.LayerNorm
-    absolute_positions: bool     # position_biased_input: v2 adds absolute position embeddings, v3 does not
-    pooler_act: str              # the classifier's hidden layer (ContextPooler): activation and dropout before it
-    pooler_dropout: float
-
-    @property
-    def scale(self) -> float:
-        return 1.0 + len(self.terms)
-
-
-def settings(config) -> Settings | None:
-    """The disentangled-attention settings of a DeBERTa config (transformers' defaults for keys it lacks), None for
-    other families; ConfigError naming a key whose value bertkit does not compute."""
-    if not family(config.model_type).disentangled:
-        return None
-    x = config.extra
-    for key, ok in (("conv_kernel_size", lambda v: not v), ("embedding_size", lambda v: v in (None, config.hidden_size)),
-                    ("attention_head_size", lambda v: v in (None, config.head_dim)),
-                    ("pooler_hidden_size", lambda v: v in (None, config.hidden_size))):
-        value = getattr(config, key, None) if key == "embedding_size" else x.get(key)
-        if not ok(value):
-            raise ConfigError(f"{config.model_type} config key {key}={value!r} is not supported by bertkit")
-    terms = x.get("pos_att_type") or []
-    terms = tuple(t.strip() for t in (terms.lower().split("|") if isinstance(terms, str) else terms))
-    if not set(terms) <= {"c2p", "p2c"}:
-        raise ConfigError(f"{config.model_type} config key pos_att_type={x.get('pos_att_type')!r}: "
-                          f"expected c2p and / or p2c")
-    max_position = x.get("max_relative_positions", -1)
-    max_position = max_position if max_position >= 1 else config.max_position_embeddings
-    buckets = x.get("position_buckets", -1)
-    return Settings(bool(x.get("relative_attention", False)), terms, buckets if buckets > 0 else max_position,
-                    buckets, max_position, bool(x.get("share_att_key", False)),
-                    "layer_norm" in str(x.get("norm_rel_ebd", "none")).lower().split("|"),
-                    bool(x.get("position_biased_input", True)), x.get("pooler_hidden_act", "gelu"),
-                    float(x.get("pooler_dropout", 0.0)))
+__all__ = ["RelativeEmbeddings", "Terms"]
 
 
 def log_bucket(relative: Tensor, buckets: int, max_position: int) -> Tensor:
@@ -90,7 +43,7 @@ def log_bucket(relative: Tensor, buckets: int, max_position: int) -> Tensor:
 class RelativeEmbeddings(nn.Module):
     """R, shared by the layers: encoder.rel_embeddings (2 * span, hidden), LayerNorm'd by encoder.LayerNorm."""
 
-    def __init__(self, config, spec: Settings):
+    def __init__(self, config, spec: Disentangled):
         super().__init__()
         self.rel_embeddings = nn.Embedding(2 * spec.span, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if spec.norm else None
@@ -104,7 +57,7 @@ class Terms(nn.Module):
     """One layer's c2p + p2c terms as an additive score bias. The layer's query / key are looked up on `owner` at
     every call (a frozen or quantized replacement is the one that runs)."""
 
-    def __init__(self, config, spec: Settings, owner: nn.Module):
+    def __init__(self, config, spec: Disentangled, owner: nn.Module):
         super().__init__()
         self.__dict__["owner"] = owner                  # not a submodule: query / key are registered there
         self.spec = spec
@@ -150,7 +103,7 @@ class Terms(nn.Module):
 
 
 @functools.lru_cache(maxsize=256)
-def _index(spec: Settings, sq: int, sk: int) -> tuple[Tensor, int, int]:
+def _index(spec: Disentangled, sq: int, sk: int) -> tuple[Tensor, int, int]:
     """The (sq, sk) rows of R for query i, key j: span + bucket(i - j), clamped, less the first row used `lo`; and
     how many rows from `lo` on are used. On the host, once per shape: the distances are sq + sk - 1 values."""
     d = torch.arange(-(sk - 1), sq)                                         # every distance i - j

@@ -122,7 +122,7 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
-        spec = disentangled.settings(config)
+        spec = config.disentangled
         # DeBERTa scales every score term by 1 / sqrt(head_dim * (1 + relative terms)) and adds the terms per layer
         self.scale = (self.head_dim * (spec.scale if spec else 1.0)) ** -0.5
         self.relative = disentangled.Terms(config, spec, self) if spec and spec.relative_attention and spec.terms \
@@ -290,7 +290,7 @@ class BertEncoder(nn.Module):
         buckets = config.relative_attention_num_buckets
         self.relative_attention_bias = nn.Embedding(buckets, config.num_attention_heads) if buckets else None
         # DeBERTa: relative-position embeddings every layer projects into its own bias (bertkit.disentangled)
-        spec = disentangled.settings(config)
+        spec = config.disentangled
         self.relative = disentangled.RelativeEmbeddings(config, spec) if spec and spec.relative_attention else None
 
     def position_bias(self, seq: int, device) -> Tensor:
@@ -335,7 +335,7 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig, classifier: bool = False):
         super().__init__()
-        fam, spec = family(config.model_type), disentangled.settings(config)
+        fam, spec = family(config.model_type), config.disentangled
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = Activation((spec.pooler_act if spec else fam.classifier_act) if classifier else "tanh")
         first = classifier and fam.classifier_dropout_first

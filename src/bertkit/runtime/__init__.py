@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from bertkit import disentangled
 from bertkit.attention import ExecutionOptions, dropout
 from bertkit.compat import PreTrainedMixin
 from bertkit.datasets import cache_dir
@@ -142,7 +141,7 @@ def apply(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
         if isinstance(getattr(m, "execution", None), ExecutionOptions):       # a BertModel
             # gradient checkpointing is the caller's choice, not a measured fast path: it stays as it was
             per_model = None if runtime.bucket_overhead is None else runtime.bucket_overhead / m.config.hidden_size
-            spec = disentangled.settings(m.config)
+            spec = m.config.disentangled
             if spec and spec.relative_attention:      # DeBERTa's terms add ~10 small kernels a bucket: the fixed
                 per_model = None                      # few buckets measured faster (benchmarks/families.py)
             m.execution = runtime.options.with_(checkpoint_layers=m.execution.checkpoint_layers,
