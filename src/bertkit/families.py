@@ -236,7 +236,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                    ("head.dense", "out"), ("classifier", "final"), ("qa_outputs", "final")),
         config_keys=(("layer_norm_eps", "norm_eps"), ("hidden_act", "hidden_activation"),
                      ("attention_probs_dropout_prob", "attention_dropout")),
-        config_defaults=(("type_vocab_size", 0), ("hidden_dropout_prob", 0.0))),
+        # transformers' ModernBertConfig defaults (it refuses a null classifier_dropout)
+        config_defaults=(("type_vocab_size", 0), ("hidden_dropout_prob", 0.0), ("classifier_dropout", 0.0))),
     Family(
         "deberta-v2", prefix="deberta", class_prefix="DebertaV2", classifier_dropout_first=True, pooler=False,
         disentangled=True,
