@@ -144,6 +144,8 @@ def test_a_context_extension_phase_loads_in_transformers_with_equal_logits(bbc_n
     one, two = tmp_path / "phase1", tmp_path / "phase2"
     assert cli(["pretrain", str(short), "--config", str(config), "--rope-theta", "10000", "--out", str(one),
                 *flags]) == 0
+    # the run's summary fills masks with its MLM head, sentence-pair shards or not
+    assert json.loads((one / "summary.json").read_text())["fill_mask"]["examples"]
     assert cli(["pretrain", str(long), "--init", str(one / "model"), "--rope-theta", "160000", "--out", str(two),
                 *flags]) == 0
     ref = transformers.ModernBertForMaskedLM.from_pretrained(two / "model", attn_implementation="eager").eval()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.atomic import write_json, write_text
-from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.heads import BertForMaskedLM
 from bertkit.pretraining.shards import ShardReader
 from bertkit.tokenizer.inputs import wrap_array
 from bertkit.tokenizer.wordpiece import decode_pieces
@@ -67,7 +67,7 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
     import torch
 
     reader = ShardReader(shard_dir, 1, shuffle=False, drop_last=False)
-    model = (BertForMaskedLM if reader.task == "none" else BertForPreTraining).from_pretrained(model_dir).eval()
+    model = BertForMaskedLM.from_pretrained(model_dir).eval()     # a pre-training model's NSP / SOP head unused
     if any(k.startswith("cls.predictions") for k in (getattr(model, "loading_info", None) or {}).get("missing_keys", ())):
         return []
     vocab = (Path(shard_dir) / "vocab.txt").read_text(encoding="utf-8").split("\n")
@@ -85,8 +85,7 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
         ids[pos + 1] = t.mask_id
         with torch.no_grad():
             res = model(torch.from_numpy(ids)[None])
-        logits = getattr(res, "prediction_logits", None)
-        logits = (res.logits if logits is None else logits)[0, pos + 1]
+        logits = res.logits[0, pos + 1]
         score, top = torch.softmax(logits.float(), -1).topk(top_k)
         lo, hi = max(0, pos - _CONTEXT), min(len(segment), pos + _CONTEXT + 1)
         while lo > 0 and t.continuation[segment[lo]]:               # whole words at the window's edges
