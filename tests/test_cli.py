@@ -237,3 +237,14 @@ def test_the_command_line_starts_without_torch():
     import sys
     code = "import sys, bertkit.cli; bertkit.cli.build_parser(); sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_the_parsers_choices_are_the_trainers():
+    """The choices spelled in the parser (kept off torch's import) are exactly what the training loop accepts."""
+    from bertkit.cli import build_parser
+    from bertkit.hardware import PRECISIONS
+    from bertkit.optim import OPTIMIZERS, SCHEDULES
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["pretrain"]
+    choices = {a.dest: tuple(a.choices) for a in sub._actions if a.choices}
+    assert set(choices["optimizer"]) == set(OPTIMIZERS) and set(choices["schedule"]) == set(SCHEDULES)
+    assert set(choices["precision"]) == set(PRECISIONS)

@@ -120,7 +120,8 @@ def register(subparsers) -> None:
 
 
 def _optimisation_arguments(o) -> None:
-    """The optimiser, schedule, precision and device flags."""
+    """The optimiser, schedule, precision and device flags. Their choices are spelled here, not imported from
+    optim / hardware (which import torch: parsing stays off it); tests/test_cli.py keeps them equal."""
     o.add_argument("--optimizer", choices=("adamw", "lamb", "stableadamw"),
                    help="adamw (default), lamb (large batches) or stableadamw (AdamW with per-tensor update "
                         "clipping; ModernBERT)")
