@@ -279,3 +279,14 @@ def test_keep_float_can_name_one_of_query_key_value():
     loaded.load_state_dict(q.state_dict())
     assert type(loaded.encoder.layer[0].attention.self.key) is torch.nn.Linear
     assert torch.equal(_hidden(loaded, ids, mask), _hidden(q, ids, mask))
+
+
+def test_loading_an_int8_model_quantizes_nothing(tmp_path, monkeypatch):
+    """The int8 layers a load builds take the checkpoint's values as they are: quantizing the freshly initialised
+    float weights first was work thrown away on every load (seconds of a `predict` command)."""
+    ids, mask = _batch()
+    q = int8.quantize(_tiny())
+    q.save_pretrained(tmp_path)
+    monkeypatch.setattr(int8, "quantize_rows", lambda w: pytest.fail("a load quantized weights"))
+    loaded = BertModel.from_pretrained(tmp_path)
+    assert torch.equal(_hidden(loaded, ids, mask), _hidden(q, ids, mask))

@@ -171,9 +171,13 @@ class Int8Linear(nn.Module):
         self._qpacked: tuple = (None, None)          # (stamp, `_qlinear_prepack` of the weights)
 
     @classmethod
-    def from_float(cls, linear: nn.Module, act: str | None = None) -> "Int8Linear":
+    def from_float(cls, linear: nn.Module, act: str | None = None, values: bool = True) -> "Int8Linear":
+        """The int8 layer of `linear`'s shape; with `values`, its weights quantized (without: a checkpoint's will
+        be loaded, and quantizing a freshly initialised model's would be wasted work at every load)."""
         out_f, in_f = linear.weight.shape
         m = cls(in_f, out_f, linear.bias is not None, act)
+        if not values:
+            return m
         q, s = quantize_rows(linear.weight)
         m.weight.copy_(q)
         m.weight_scale.copy_(s)
@@ -300,9 +304,9 @@ def _linear_like(m: nn.Module) -> bool:
         and m.weight.is_floating_point()
 
 
-def _swap_attention(m: nn.Module) -> None:
+def _swap_attention(m: nn.Module, values: bool) -> None:
     for name in ("query", "key", "value"):
-        setattr(m, name, Int8Linear.from_float(getattr(m, name)))
+        setattr(m, name, Int8Linear.from_float(getattr(m, name), values=values))
     m.qkv = Int8Fused(m, ("query", "key", "value"))
     m.kv = Int8Fused(m, ("key", "value"))
     m.q = Int8Fused(m, ("query",))
@@ -321,9 +325,10 @@ def check_keep_float(model: nn.Module, patterns) -> None:
                           f"nothing would be quantized")
 
 
-def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
+def quantize_linears(model: nn.Module, keep_float=(), values: bool = True) -> list[str]:
     """Swap the model's linear layers for Int8Linear in place, except those whose module name matches a pattern in
-    `keep_float` (fnmatch, e.g. "classifier" or "bert.encoder.layer.5.output.*"). Returns the names quantized."""
+    `keep_float` (fnmatch, e.g. "classifier" or "bert.encoder.layer.5.output.*"); `values=False`: the int8 layers
+    of the right shapes only, for a checkpoint's values to load into. Returns the names quantized."""
     done = []
     for path, module in list(model.named_modules()):
         if _matches(path, keep_float):
@@ -332,11 +337,11 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
                                                          for n in ("query", "key", "value")):
             kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
             if not kept:
-                _swap_attention(module)
+                _swap_attention(module, values)
             else:       # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
                 for name in ("query", "key", "value"):
                     if name not in kept:
-                        setattr(module, name, Int8Linear.from_float(getattr(module, name)))
+                        setattr(module, name, Int8Linear.from_float(getattr(module, name), values=values))
             done += [f"{path}.{n}" for n in ("query", "key", "value") if n not in kept]
             continue
         for name, child in list(module.named_children()):
@@ -347,7 +352,7 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
             if is_ffn_input(module) and name == "dense":
                 act = getattr(child, "act", None) or module.intermediate_act_fn.name
                 module.intermediate_act_fn = nn.Identity()
-            setattr(module, name, Int8Linear.from_float(child, act))
+            setattr(module, name, Int8Linear.from_float(child, act, values))
             done.append(full)
     for p in model.parameters():                      # what is left (embeddings, LayerNorms): read-only
         p.requires_grad_(False)
@@ -366,7 +371,7 @@ def prepare(model: nn.Module, config) -> nn.Module:
     qc = config.extra.get("quantization_config")
     if not isinstance(qc, dict) or qc.get("method") != METHOD:
         raise ConfigError(f"quantization_config {qc!r} is not bertkit's: expected method {METHOD!r}")
-    quantize_linears(model, qc.get("keep_float", ()))
+    quantize_linears(model, qc.get("keep_float", ()), values=False)
     return model.eval()
 
 
