@@ -14,7 +14,10 @@ BERT-base shapes: 2.2-4.4x the fp32 GEMM, where `torch._int_mm` with per-token s
 0.9-3.1x and `torch._weight_int8pack_mm` (weight-only) 30x slower than fp32 (benchmarks/int8_kernels.py,
 docs/performance.md). Without VNNI the kernel narrows activations to 7 bits (`reduce_range`), as int16 sums in AVX2
 would saturate. `runtime.plan` measures int8 against fp32 and (native bf16) a bf16 encoder layer: where int8 lost,
-the layers run their dequantized weights in float (`set_engine`).
+the layers run their dequantized weights in float (`set_engine`). Under bf16 autocast a second kernel,
+`qlinear_bf16` (oneDNN's int8 GEMM on bf16 activations quantized in PyTorch ops, bf16 out), runs where the plan's
+encoder-layer probe found it faster than bf16: on an AMX Xeon it won on one sentence and lost on batches, as the
+activation quantization costs more than int8 saves over AMX bf16 at MiniLM's width (docs/performance.md).
 An Int8Linear has no trainable parameter: a quantized model is inference-only, like a frozen one.
 """
 
@@ -37,8 +40,9 @@ from bertkit.hardware import cpu_flags
 from bertkit.activations import activation
 from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, tensors_stamp
 
-__all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
-           "is_int8_dir", "check_keep_float", "METHOD", "EMBEDDING_KEY"]
+__all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
+           "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
+           "EMBEDDING_KEY", "BF16_KERNEL_ALWAYS"]
 
 log = logging.getLogger("bertkit.runtime.int8")
 
@@ -234,7 +238,8 @@ class Int8Linear(nn.Module):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_packed"] = state["_float"] = state["_qpacked"] = (None, None)    # derived; prepacked weights cannot be copied
+        # derived; prepacked weights cannot be copied
+        state["_packed"] = state["_float"] = state["_qpacked"] = (None, None)
         return state
 
 
