@@ -13,8 +13,9 @@ shape (random weights, saved once so every runner reads the same file):
   (where the CPU has native bf16: what precision "auto" runs) | bertkit int8 (as `predict` / `serve` run it here:
   the int8 kernel with fp32 activations where the runtime probe found it faster than the fastest float GEMM, else
   the int8 weights dequantized to float under "auto") | bertkit int8_kernel (the int8 kernel forced on, fp32
-  activations) | bertkit int8 kernel under bf16 autocast (native bf16 only: int8 GEMMs, bf16 attention and
-  residual stream). `--no-anchors` leaves out transformers and onnxruntime (bertkit's own paths only).
+  activations) | bertkit int8 kernel under bf16 autocast (native bf16 only: int8 GEMMs on fp32 activations, bf16
+  attention and residual stream) | bertkit int8_bf16_kernel (native bf16 and oneDNN's int8 GEMM: int8 GEMMs on
+  bf16 activations, runtime.int8.qlinear_bf16, forced on). `--no-anchors` leaves out transformers and onnxruntime (bertkit's own paths only).
 Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
 sequences/s from the median repeat; "ratios" divide bertkit int8 by each, "int8_vs_best_float" by the faster of
 bertkit fp32 and bf16 (the target: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
@@ -24,6 +25,10 @@ accuracy: MiniLM-L6 fine-tuned by `bertkit finetune` (lr 5e-5, settings in ACCUR
 (Rotten Tomatoes), topic (BBC), NER (silver BBC tags; entity F1) and cloze QA (BBC; SQuAD F1, EM alongside) task
 data, then `bertkit quantize --check TEST` with fp32 and "auto" activations: the test-split scores of fp32 and
 int8 in points of the task's main metric, and the sizes on disk.
+
+predict: the whole `bertkit predict` command on 1,000 unseen sentence pairs through a MiniLM-L6 pair classifier
+(a short fine-tune, --work keeps it) and its int8 copy, at predict's default precision and at auto: seconds per
+command (median of --repeats, alternating) and int8's speed-up (the target: >= 1.3x at the default precision).
 """
 
 from __future__ import annotations
@@ -140,6 +145,10 @@ def runners(model_dir: Path, work: Path, threads: int, with_anchors: bool = True
     if native_bf16("cpu"):                            # what precision "auto" runs here, float and int8
         out["bertkit_bf16"] = torch_fn(ours, "bf16")
         out["bertkit_int8_bf16"] = torch_fn(kernel, "bf16")
+    if native_bf16("cpu") and int8.qlinear_bf16_ok():  # int8 GEMMs on bf16 activations, even where bf16 won here
+        bf16_kernel = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))
+        int8.set_engine(bf16_kernel, plan.int8_engine, bf16_faster=True, bf16_kernel_below=int8.BF16_KERNEL_ALWAYS)
+        out["bertkit_int8_bf16_kernel"] = torch_fn(bf16_kernel, "bf16")
     return out
 
 
@@ -180,7 +189,8 @@ def speed(args, work: Path) -> list[dict]:
                 "seq_per_s": seq_s, "ratios": {f"int8_vs_{k}": round(seq_s["bertkit_int8"] / v, 2)
                                                for k, v in seq_s.items() if k != "bertkit_int8"},
                 "int8_vs_best_float": {k: round(seq_s[k] / max(seq_s["bertkit_fp32"], seq_s.get("bertkit_bf16", 0)), 2)
-                                       for k in ("bertkit_int8", "bertkit_int8_kernel")}}))
+                                       for k in ("bertkit_int8", "bertkit_int8_kernel", "bertkit_int8_bf16_kernel")
+                                       if k in seq_s}}))
     return records
 
 
@@ -239,9 +249,59 @@ def accuracy(args, work: Path) -> list[dict]:
     return records
 
 
+def pair_model(work: Path) -> tuple[Path, Path, Path]:
+    """A MiniLM-L6 pair classifier (a short fine-tune on the BBC pairs task), its int8 copy, and 1,000 pairs it
+    never saw (the train split past the fine-tune's examples, then test), built once in `work`."""
+    import csv
+
+    from bertkit.datasets import minilm_dir
+    from bertkit.quantize import quantize_dir
+    from bertkit.tasks.data import build
+    from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
+    data, run, q, pairs = work / "data" / "pairs", work / "runs" / "pairs", work / "int8" / "pairs", work / "pairs.csv"
+    if not (data / "test.csv").is_file():
+        build("pairs", data)
+    if not (run / "model.safetensors").is_file():
+        finetune(FinetuneConfig(task="pair", model=str(minilm_dir()), train=str(data / "train.csv"),
+                                dev=str(data / "dev.csv"), out=str(run), max_length=96, max_train_examples=400,
+                                quiet=True, training=finetune_recipe(lr=5e-5, epochs=1)))
+    if not (q / "model.safetensors").is_file():
+        quantize_dir(run, q, overwrite=True)
+    rows = []
+    for split in ("train", "test"):
+        with open(data / f"{split}.csv", newline="", encoding="utf-8") as f:
+            rows += list(csv.DictReader(f))[400 if split == "train" else 0:]
+    with open(pairs, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "text_pair"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows[:1000])
+    return run, q, pairs
+
+
+def predict_command(args, work: Path) -> list[dict]:
+    """The whole `bertkit predict` command (a fresh process: start, model load, tokenization, inference, writing)
+    on 1,000 unseen pairs, the int8 model against the float one, each at predict's default precision and at auto,
+    alternating, `repeats` times: seconds (median) and int8's speed-up."""
+    import subprocess
+    import os
+    run, q, pairs = pair_model(work)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    cmds = {f"{name}_{p}": [sys.executable, "-m", "bertkit", "predict", "--model", str(d), "--data", str(pairs),
+                            "--out", str(work / f"{name}-{p}.jsonl"), "--overwrite", "--no-progress",
+                            *(["--precision", p] if p != "default" else [])]
+            for name, d in (("float", run), ("int8", q)) for p in ("default", "auto")}
+    t = interleaved(cmds, lambda cmd: subprocess.run(cmd, env=env, check=True, capture_output=True), args.repeats)
+    return [emit({"case": "predict", "pairs": 1000, "seconds": {k: round(v, 2) for k, v in t.items()},
+                  "int8_speedup": {p: round(t[f"float_{p}"] / t[f"int8_{p}"], 2) for p in ("default", "auto")},
+                  "int8_default_vs_float_best": round(min(t["float_default"], t["float_auto"]) / t["int8_default"],
+                                                      2)})]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default="speed", help="speed,accuracy")
+    p.add_argument("--cases", default="speed", help="speed,accuracy,predict")
     p.add_argument("--models", default="minilm,base")
     p.add_argument("--sentences", type=int, default=256, help="MiniLM texts per repeat at batch 32 (1/4 at batch 1)")
     p.add_argument("--base-sentences", type=int, default=96, help="BERT-base texts per repeat")
@@ -256,7 +316,7 @@ def main() -> None:
     work = work_dir(args, "bertkit-quantize-")
     records = []
     for case in args.cases.split(","):
-        records += {"speed": speed, "accuracy": accuracy}[case](args, work)
+        records += {"speed": speed, "accuracy": accuracy, "predict": predict_command}[case](args, work)
     emit_all(records)
 
 

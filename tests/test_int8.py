@@ -219,6 +219,35 @@ def test_short_inputs_run_the_float_gemm_where_int8_lost_on_them(caplog):
     assert torch.equal(_hidden(model, ids, mask), _hidden(reference, ids, mask))
 
 
+def test_bf16_kernel_runs_int8_gemms_on_bf16_activations_under_its_row_limit():
+    """Where the plan found int8 GEMMs with bf16 activations faster than bf16 (`int8_bf16_kernel_below`), inputs
+    of fewer rows under bf16 autocast run oneDNN's int8 GEMM (bf16 in and out, the activation in its epilogue) on
+    the same int8 weights; longer ones, and every fp32 run, keep the path they had."""
+    if not int8.qlinear_bf16_ok():
+        pytest.skip("no oneDNN int8 GEMM with VNNI here")
+    torch.manual_seed(0)
+    q = Int8Linear.from_float(torch.nn.Linear(64, 48), act="gelu")
+    q.bf16_faster = True
+    w, b = q.dequantized()
+    short, long = torch.randn(2, 5, 64).bfloat16(), torch.randn(4, 20, 64).bfloat16()     # 10 rows, 80 rows
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_short, bf16_long = q(short), q(long)
+        model = runtime.freeze(int8.quantize(_tiny()), runtime.RuntimePlan(
+            runtime.plan(force="none").options, int8_engine=int8.default_engine(), int8_bf16_faster=True,
+            int8_bf16_kernel_below=64))
+        assert {m.bf16_kernel_below for m in model.modules() if isinstance(m, Int8Linear)} == {64}
+        q.bf16_kernel_below = 64
+        y = q(short)
+        assert y.dtype == torch.bfloat16 and y.shape == (2, 5, 48) and not torch.equal(y, bf16_short)
+        ref = torch.nn.functional.gelu(torch.nn.functional.linear(short.float(), w, b))
+        assert (y.float() - ref).abs().max() < 0.03 * ref.abs().max()
+        assert torch.equal(q(long), bf16_long)
+        plain = copy.deepcopy(q)
+        plain.bf16_kernel_below = 0
+    with torch.no_grad():                                              # fp32: the int8 kernel as before
+        assert torch.equal(q(short.float()), plain(short.float()))
+
+
 def test_predictor_loads_an_int8_directory(tmp_path):
     """What every inference command and `serve` use (Predictor.load) reads the int8 directory as it is."""
     from bertkit import Tokenizer
@@ -249,4 +278,15 @@ def test_keep_float_can_name_one_of_query_key_value():
     loaded = int8.prepare(_tiny(), q.config)
     loaded.load_state_dict(q.state_dict())
     assert type(loaded.encoder.layer[0].attention.self.key) is torch.nn.Linear
+    assert torch.equal(_hidden(loaded, ids, mask), _hidden(q, ids, mask))
+
+
+def test_loading_an_int8_model_quantizes_nothing(tmp_path, monkeypatch):
+    """The int8 layers a load builds take the checkpoint's values as they are: quantizing the freshly initialised
+    float weights first was work thrown away on every load (seconds of a `predict` command)."""
+    ids, mask = _batch()
+    q = int8.quantize(_tiny())
+    q.save_pretrained(tmp_path)
+    monkeypatch.setattr(int8, "quantize_rows", lambda w: pytest.fail("a load quantized weights"))
+    loaded = BertModel.from_pretrained(tmp_path)
     assert torch.equal(_hidden(loaded, ids, mask), _hidden(q, ids, mask))

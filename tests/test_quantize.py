@@ -191,3 +191,19 @@ def test_keep_float_patterns_that_match_nothing_or_everything_are_refused(finetu
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_speed_line_says_how_int8_runs_here(monkeypatch):
+    """`quantize`'s one line on speed follows the plan: float where int8 lost, bf16 with the int8 GEMMs on short
+    inputs where they won only there, int8 on bf16 activations where they won everywhere."""
+    from bertkit import quantize, runtime
+    opts = runtime.plan(force="none").options
+    why = {"int8_linear": "2 ms vs fp32 6 ms"}
+    cases = [(runtime.RuntimePlan(opts, reasons=why), "not faster than float"),
+             (runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why, int8_bf16_faster=True,
+                                  int8_bf16_kernel_below=64), "bf16 activations under 64 tokens"),
+             (runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why, int8_bf16_faster=True,
+                                  int8_bf16_kernel_below=int8.BF16_KERNEL_ALWAYS), "under auto or bf16 on bf16")]
+    for plan, words in cases:
+        monkeypatch.setattr(runtime, "plan", lambda device="cpu", plan=plan: plan)
+        assert words in quantize.speed_here()["line"], plan

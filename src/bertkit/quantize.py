@@ -99,9 +99,13 @@ def speed_here() -> dict:
     if plan.int8_engine is None:
         line = (f"int8 is not faster than float on this CPU ({why}): predict and serve run this model's weights in "
                 f"float here; the directory keeps int8 for its size")
+    elif plan.int8_bf16_kernel_below == int8.BF16_KERNEL_ALWAYS:
+        line = f"int8 runs here, under auto or bf16 on bf16 activations ({why})"
     elif plan.int8_bf16_faster:
+        short = (f" (int8 GEMMs on bf16 activations under {plan.int8_bf16_kernel_below} tokens)"
+                 if plan.int8_bf16_kernel_below else "")
         line = (f"int8 beats fp32 but not bf16 on this CPU ({why}): at --precision fp32 (the inference default) "
-                f"predict and serve run int8, under auto or bf16 this model's weights in bf16")
+                f"predict and serve run int8, under auto or bf16 this model's weights in bf16{short}")
     else:
         line = f"int8 runs here ({why})"
     return {"int8_runs": plan.int8_engine is not None, "bf16_faster": plan.int8_bf16_faster, "line": line}

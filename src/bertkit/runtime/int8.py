@@ -14,7 +14,10 @@ BERT-base shapes: 2.2-4.4x the fp32 GEMM, where `torch._int_mm` with per-token s
 0.9-3.1x and `torch._weight_int8pack_mm` (weight-only) 30x slower than fp32 (benchmarks/int8_kernels.py,
 docs/performance.md). Without VNNI the kernel narrows activations to 7 bits (`reduce_range`), as int16 sums in AVX2
 would saturate. `runtime.plan` measures int8 against fp32 and (native bf16) a bf16 encoder layer: where int8 lost,
-the layers run their dequantized weights in float (`set_engine`).
+the layers run their dequantized weights in float (`set_engine`). Under bf16 autocast a second kernel,
+`qlinear_bf16` (oneDNN's int8 GEMM on bf16 activations quantized in PyTorch ops, bf16 out), runs where the plan's
+encoder-layer probe found it faster than bf16: on an AMX Xeon it won on one sentence and lost on batches, as the
+activation quantization costs more than int8 saves over AMX bf16 at MiniLM's width (docs/performance.md).
 An Int8Linear has no trainable parameter: a quantized model is inference-only, like a frozen one.
 """
 
@@ -37,14 +40,16 @@ from bertkit.hardware import cpu_flags
 from bertkit.activations import activation
 from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, tensors_stamp
 
-__all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare", "int8_kernel_ok",
-           "is_int8_dir", "check_keep_float", "METHOD", "EMBEDDING_KEY"]
+__all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
+           "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
+           "EMBEDDING_KEY", "BF16_KERNEL_ALWAYS"]
 
 log = logging.getLogger("bertkit.runtime.int8")
 
 METHOD = "bertkit-int8"
 EMBEDDING_KEY = "embeddings.word_embeddings.weight"
 ENGINES = ("fbgemm", "onednn")                       # PyTorch's two x86 int8 GEMM libraries; runtime.plan picks one
+BF16_KERNEL_ALWAYS = 1 << 62                          # bf16_kernel_below where `qlinear_bf16` won at every length
 
 
 def _vnni() -> bool:
@@ -76,6 +81,54 @@ def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None, engine: str):
             return torch.ops.quantized.linear_prepack(qw, None if bias is None else bias.float().cpu())
     finally:
         torch.backends.quantized.engine = old
+
+
+# activation -> oneDNN post-op (name, algorithm) of the bf16-activation kernel; others run after it
+_QLINEAR_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
+                "relu": ("relu", "")}
+
+
+def _qlinear_prepack(q: Tensor, scale: Tensor, bias: Tensor | None) -> tuple:
+    """int8 weight + scales -> what `qlinear_bf16` takes: the weight prepacked for oneDNN, its scales, zero points
+    and bias."""
+    return (torch.ops.onednn.qlinear_prepack(q.cpu(), None), scale.float().cpu(),
+            torch.zeros(q.shape[0], dtype=torch.long), None if bias is None else bias.float().cpu())
+
+
+_ZERO = torch.zeros((), dtype=torch.int32)        # the activations' zero point: symmetric
+
+
+def qlinear_bf16(x: Tensor, packed: tuple, act: str | None) -> Tensor:
+    """act(x W^T + b) for bf16 `x` of any leading shape: x quantized to int8 with one symmetric scale (its absolute
+    maximum, as a tensor: no sync with Python), oneDNN's int8 GEMM (AMX / VNNI) with the scales, bias and activation
+    in its epilogue, bf16 out. Unlike `quantized::linear_dynamic` it takes and gives bf16, so the rest of a layer
+    stays in bf16 under autocast."""
+    w, w_scale, w_zero, b = packed
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    lo, hi = torch.aminmax(x2)                      # one pass, the fastest absolute maximum measured
+    scale = torch.maximum(hi, lo.neg()).float().clamp_(min=1e-12).div_(127.0)
+    xq = x2.div(scale).round_().to(torch.int8)
+    post, algorithm = _QLINEAR_ACT.get(act, ("none", ""))
+    y = torch.ops.onednn.qlinear_pointwise.tensor(xq, scale, _ZERO, w, w_scale, w_zero, b, 1.0, 0, torch.bfloat16,
+                                                   post, [], algorithm).reshape(*x.shape[:-1], -1)
+    return y if act is None or act in _QLINEAR_ACT else activation(act)(y)
+
+
+@functools.cache
+def qlinear_bf16_ok() -> bool:
+    """Whether oneDNN's int8 GEMM with bf16 activations (`qlinear_bf16`) runs here and agrees with the bf16
+    product of the dequantized weights."""
+    if "onednn" not in torch.backends.quantized.supported_engines or not _vnni():
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 64, generator=g).bfloat16(), torch.randn(32, 64, generator=g)
+        q, s = quantize_rows(w)
+        y = qlinear_bf16(x, _qlinear_prepack(q, s, None), None).float()
+        ref = F.linear(x.float(), q.float() * s[:, None])
+        return bool((y - ref).abs().max() < 0.05 * ref.abs().max())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
 
 
 @functools.cache
@@ -113,15 +166,22 @@ class Int8Linear(nn.Module):
         self.engine = default_engine()                # the library measured fastest here (None: the float GEMM,
                                                       # where fp32 beat int8 here)
         self.bf16_faster = False                      # under bf16 autocast, the float GEMM (bf16 beat int8 here)
+        self.bf16_kernel_below = 0                    # under bf16 autocast, inputs of fewer rows run
+                                                      # `qlinear_bf16` (where it beat the bf16 GEMM here)
         self.float_below = 0                          # fewer rows: the float GEMM (where int8 lost on short inputs)
         self.float_packed: frozenset = frozenset()    # ... prepacked in these dtypes, as frozen fp32 layers are
         self._packed: tuple = (None, None)           # (stamp of weight / scale / bias + engine, prepacked weight)
         self._float: tuple = (None, None)            # (stamp, FrozenLinear of the dequantized weights)
+        self._qpacked: tuple = (None, None)          # (stamp, `_qlinear_prepack` of the weights)
 
     @classmethod
-    def from_float(cls, linear: nn.Module, act: str | None = None) -> "Int8Linear":
+    def from_float(cls, linear: nn.Module, act: str | None = None, values: bool = True) -> "Int8Linear":
+        """The int8 layer of `linear`'s shape; with `values`, its weights quantized (without: a checkpoint's will
+        be loaded, and quantizing a freshly initialised model's would be wasted work at every load)."""
         out_f, in_f = linear.weight.shape
         m = cls(in_f, out_f, linear.bias is not None, act)
+        if not values:
+            return m
         q, s = quantize_rows(linear.weight)
         m.weight.copy_(q)
         m.weight_scale.copy_(s)
@@ -156,6 +216,11 @@ class Int8Linear(nn.Module):
         if tracing() or x.device.type != "cpu" or not int8_kernel_ok():
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+        elif x.numel() < self.bf16_kernel_below * x.shape[-1] and torch.is_autocast_enabled("cpu"):
+            stamp = self.stamp()
+            if self._qpacked[0] != stamp:
+                self._qpacked = (stamp, _qlinear_prepack(*self.parts()))
+            return qlinear_bf16(x, self._qpacked[1], self.act)
         elif self.engine is None or x.numel() < self.float_below * x.shape[-1] or (
                 self.bf16_faster and torch.is_autocast_enabled("cpu")):
             stamp = self.stamp()                     # int8 measured slower than float (here, or at this few rows)
@@ -173,7 +238,8 @@ class Int8Linear(nn.Module):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_packed"] = state["_float"] = (None, None)    # derived; prepacked weights cannot be copied
+        # derived; prepacked weights cannot be copied
+        state["_packed"] = state["_float"] = state["_qpacked"] = (None, None)
         return state
 
 
@@ -208,12 +274,13 @@ class Int8Fused(Int8Linear):
 
 
 def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False, float_below: int = 0,
-               float_packed: frozenset = frozenset(), bf16_faster: bool = False) -> None:
+               float_packed: frozenset = frozenset(), bf16_faster: bool = False, bf16_kernel_below: int = 0) -> None:
     """Run every int8 layer of `model` through `engine` (None: the default one). Where int8 lost here, the layers
     take their float GEMM instead (a FrozenLinear of the dequantized weights, prepacked in `float_packed` dtypes,
     built on first use): everywhere with `measured_slower` (int8 lost to fp32: the user is told once), on inputs
     of fewer than `float_below` rows (int8 lost on short inputs), under bf16 autocast with `bf16_faster` (bf16 GEMMs
-    beat int8: precision.for_model then lets "auto" run bf16)."""
+    beat int8: precision.for_model then lets "auto" run bf16), except inputs of fewer than `bf16_kernel_below`
+    rows, which run `qlinear_bf16` (int8 GEMMs with bf16 activations, where they beat bf16 here)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if layers and measured_slower:
         log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the int8 layers "
@@ -224,6 +291,7 @@ def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = Fal
     for m in layers:
         m.engine = None if measured_slower else engine or default_engine()
         m.float_below, m.float_packed, m.bf16_faster = float_below, float_packed, bf16_faster
+        m.bf16_kernel_below = bf16_kernel_below
 
 
 def runs_int8(model: nn.Module) -> bool:
@@ -241,9 +309,9 @@ def _linear_like(m: nn.Module) -> bool:
         and m.weight.is_floating_point()
 
 
-def _swap_attention(m: nn.Module) -> None:
+def _swap_attention(m: nn.Module, values: bool) -> None:
     for name in ("query", "key", "value"):
-        setattr(m, name, Int8Linear.from_float(getattr(m, name)))
+        setattr(m, name, Int8Linear.from_float(getattr(m, name), values=values))
     m.qkv = Int8Fused(m, ("query", "key", "value"))
     m.kv = Int8Fused(m, ("key", "value"))
     m.q = Int8Fused(m, ("query",))
@@ -262,9 +330,10 @@ def check_keep_float(model: nn.Module, patterns) -> None:
                           f"nothing would be quantized")
 
 
-def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
+def quantize_linears(model: nn.Module, keep_float=(), values: bool = True) -> list[str]:
     """Swap the model's linear layers for Int8Linear in place, except those whose module name matches a pattern in
-    `keep_float` (fnmatch, e.g. "classifier" or "bert.encoder.layer.5.output.*"). Returns the names quantized."""
+    `keep_float` (fnmatch, e.g. "classifier" or "bert.encoder.layer.5.output.*"); `values=False`: the int8 layers
+    of the right shapes only, for a checkpoint's values to load into. Returns the names quantized."""
     done = []
     for path, module in list(model.named_modules()):
         if _matches(path, keep_float):
@@ -273,11 +342,11 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
                                                          for n in ("query", "key", "value")):
             kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
             if not kept:
-                _swap_attention(module)
+                _swap_attention(module, values)
             else:       # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
                 for name in ("query", "key", "value"):
                     if name not in kept:
-                        setattr(module, name, Int8Linear.from_float(getattr(module, name)))
+                        setattr(module, name, Int8Linear.from_float(getattr(module, name), values=values))
             done += [f"{path}.{n}" for n in ("query", "key", "value") if n not in kept]
             continue
         for name, child in list(module.named_children()):
@@ -288,7 +357,7 @@ def quantize_linears(model: nn.Module, keep_float=()) -> list[str]:
             if is_ffn_input(module) and name == "dense":
                 act = getattr(child, "act", None) or module.intermediate_act_fn.name
                 module.intermediate_act_fn = nn.Identity()
-            setattr(module, name, Int8Linear.from_float(child, act))
+            setattr(module, name, Int8Linear.from_float(child, act, values))
             done.append(full)
     for p in model.parameters():                      # what is left (embeddings, LayerNorms): read-only
         p.requires_grad_(False)
@@ -307,7 +376,7 @@ def prepare(model: nn.Module, config) -> nn.Module:
     qc = config.extra.get("quantization_config")
     if not isinstance(qc, dict) or qc.get("method") != METHOD:
         raise ConfigError(f"quantization_config {qc!r} is not bertkit's: expected method {METHOD!r}")
-    quantize_linears(model, qc.get("keep_float", ()))
+    quantize_linears(model, qc.get("keep_float", ()), values=False)
     return model.eval()
 
 

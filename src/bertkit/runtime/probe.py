@@ -21,7 +21,7 @@ from bertkit.attention import dropout_drop_mask, explicit_attention, sdpa_attent
 from bertkit.errors import BertkitError
 from bertkit.hardware import cpu_signature
 from bertkit.padding import Layout
-from bertkit.runtime.int8 import ENGINES, Int8Linear, int8_kernel_ok
+from bertkit.runtime.int8 import BF16_KERNEL_ALWAYS, ENGINES, Int8Linear, int8_kernel_ok, qlinear_bf16_ok
 from bertkit.runtime.linear import FrozenLinear, onednn_linear_ok, pack, packed_linear
 
 __all__ = ["MARGIN", "measure", "cached_measurements"]
@@ -82,8 +82,8 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
     changing lengths (one sentence at batch 1: the libraries differ most there, oneDNN pays per new shape; int8
     can lose there while batches win, e.g. oneDNN without VNNI). "engine": the first of ENGINES unless another has
     a mean log speed-up over fp32 better by the margin; "fast" / "plain": the engine's and fp32's time on the
-    batch cases, "short_*" the same on the short ones; where the CPU has native bf16, "layer_int8" / "layer_bf16":
-    a whole encoder layer's (`_probe_int8_encoder`)."""
+    batch cases, "short_*" the same on the short ones; where the CPU has native bf16, "layer_*": a whole encoder
+    layer's (`_probe_int8_encoder`)."""
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
     if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
@@ -111,8 +111,7 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
         out[key] = timed["minilm"][name] + timed["base"][name]
         out[f"short_{key}"] = timed["short"][name]
     if bf16_native:                                   # what "auto" would run instead: bf16 through the whole layer
-        layer = _probe_int8_encoder(engine)
-        out["layer_int8"], out["layer_bf16"] = layer["int8"], layer["bf16"]
+        out.update({f"layer_{k}": v for k, v in _probe_int8_encoder(engine).items()})
     return out
 
 
@@ -130,13 +129,16 @@ def _encoder_layer(x: torch.Tensor, mask, linears: list, norms: list, heads: int
 def _probe_int8_encoder(engine: str) -> dict:
     """One MiniLM-shaped encoder layer (random weights) on 32 sentences of 6-90 tokens, mostly short, padded: int8
     layers through `engine` with fp32 activations (as int8 models run) against the float layer under bf16 autocast
-    with prepacked bf16 GEMMs (as "auto" runs a float model). The GEMMs alone miss that bf16 also speeds the rest
-    of the layer (attention, norms, residual adds)."""
+    with prepacked bf16 GEMMs (as "auto" runs a float model), and where oneDNN's int8 GEMM takes bf16 here, the int8
+    layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16", "int8_bf16"; the last two again on one sentence
+    of changing length ("short_bf16", "short_int8_bf16"). The GEMMs alone miss that bf16 also speeds the rest of the
+    layer (attention, norms, residual adds)."""
     g = torch.Generator().manual_seed(0)
     h, heads = 384, 12
     lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()
     mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None])[:, None, None, :]
     x = torch.randn(32, mask.shape[-1], h, generator=g)
+    shorts = [torch.randn(1, n, h, generator=g).bfloat16() for n in SHORT_ROWS]
     shapes = ((h, 3 * h, None), (h, h, None), (h, 4 * h, "gelu"), (4 * h, h, None))
     floats = [(torch.nn.Linear(i, o), act) for i, o, act in shapes]
     packed = frozenset({torch.bfloat16}) if onednn_linear_ok(torch.bfloat16) else frozenset()
@@ -144,12 +146,21 @@ def _probe_int8_encoder(engine: str) -> dict:
               "int8": [Int8Linear.from_float(lin, act) for lin, act in floats]}
     for q in layers["int8"]:
         q.engine = engine
+    if qlinear_bf16_ok():
+        layers["int8_bf16"] = [Int8Linear.from_float(lin, act) for lin, act in floats]
+        for q in layers["int8_bf16"]:
+            q.bf16_kernel_below = BF16_KERNEL_ALWAYS
     norms = [torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)]
 
-    def run(name):
-        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=name == "bf16"):
-            _encoder_layer(x.bfloat16() if name == "bf16" else x, mask, layers[name], norms, heads)
-    return _time({name: lambda name=name: run(name) for name in layers})
+    def run(name, xs, m):
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=name != "int8"):
+            for t in xs:
+                _encoder_layer(t.float() if name == "int8" else t.bfloat16(), m, layers[name], norms, heads)
+    out = _time({name: lambda name=name: run(name, [x], mask) for name in layers})
+    if "int8_bf16" in layers:
+        short = _time({name: lambda name=name: run(name, shorts, None) for name in ("bf16", "int8_bf16")})
+        out.update({f"short_{k}": v for k, v in short.items()})
+    return out
 
 
 def _probe_dropout() -> dict:
@@ -219,7 +230,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 13               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 14               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
