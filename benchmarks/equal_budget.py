@@ -18,9 +18,9 @@ Models (4 layers, 256 hidden, 4 heads, ~same feed-forward parameters):
   bert-random `--models bert,modernbert,bert-random` adds it: `mini` from BERT's random init, as ModernBERT starts
 
 Both run `bertkit pretrain --budget B --objective mlm --lr 1e-3` with the plan's other settings (wsd, 16 x 64 a
-step, no dropout, ...; the lr is given because the plan picks it by preset, and a `--config` would get 1e-4).
-ModernBERT cannot take the plan's `--attention-init local` (it builds learned position embeddings and separate query /
-key weights; ModernBERT has neither), so it starts from `random`: rotary positions give it relative positions from
+step, no dropout, ...; the lr is given to both alike, the 1e-3 the plan picks for a 256-wide model).
+ModernBERT cannot take `--attention-init local` (it builds learned position embeddings and separate query / key
+weights; ModernBERT has neither), so it starts from `random`: rotary positions give it relative positions from
 the first step instead. The two pre-trainings run at the same time, one thread each (OMP_NUM_THREADS=1), so that
 load from other jobs hits both alike. Then each is fine-tuned on BBC topic classification (5 classes, 64 tokens as
 pre-trained, batch 16, lr 3e-4, 2 epochs: ~206 steps; the same for both, side by side, one thread each), and so

@@ -76,3 +76,24 @@ def test_pretrain_continues_the_pair(tmp_path, capsys):
     assert main([*run[:1], str(tmp_path / "shards"), "--preset", "tiny", "--generator", str(gen_dir), "--steps", "2",
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--generator is the generator of an ELECTRA pair" in capsys.readouterr().err
+
+
+def test_a_rotary_pair_continued_at_a_new_base_keeps_its_loss_weight_and_generator(tmp_path):
+    """--init with --objective electra and --rope-theta: the pair is rebuilt at the new base (both halves), with the
+    run's discriminator loss weight and the loaded generator's shape."""
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForMaskedLM
+    from bertkit.train.pretrain import PretrainConfig, build_model
+    config = BertConfig(model_type="modernbert", vocab_size=600, hidden_size=32, num_hidden_layers=3,
+                        num_attention_heads=4, intermediate_size=48, max_position_embeddings=32, pad_token_id=0,
+                        extra={"local_attention": 8, "global_attn_every_n_layers": 1})
+    BertForMaskedLM(config).save_pretrained(tmp_path / "disc")
+    BertForMaskedLM(config.replace(num_hidden_layers=2)).save_pretrained(tmp_path / "gen")
+    pc = PretrainConfig(shards="unused", out=str(tmp_path / "out"), init=str(tmp_path / "disc"),
+                        generator=str(tmp_path / "gen"), objective="electra", electra_weight=7.0, rope_theta=5e5)
+    model, _ = build_model(pc, {"shards": {"vocab_size": 600, "seq_len": 64}}, "electra")
+    assert model.rtd_weight == 7.0 and model.generator.config.num_hidden_layers == 2
+    thetas = {m.theta for m in model.modules() if getattr(m, "theta", None) is not None}
+    assert thetas == {5e5}
+    gen = BertForMaskedLM.from_pretrained(tmp_path / "gen")
+    torch.testing.assert_close(model.generator.bert.encoder.state_dict(), gen.bert.encoder.state_dict())

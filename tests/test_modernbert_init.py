@@ -46,7 +46,7 @@ def test_weight_std_per_module_type_equals_transformers(ours, head, cutoff):
     assert set(got) == set(want)
     for name, (std, n) in want.items():     # a 2 x hidden classifier's std is known to a few percent only
         assert got[name][0] == pytest.approx(std, rel=0.03 if n > 10_000 else 0.15), name
-    bound = (3.0 if cutoff is None else cutoff) * config.initializer_range
+    bound = cutoff * config.initializer_range
     assert model.bert.encoder.layer[0].attention.self.Wqkv.weight.abs().max() <= bound
 
 

@@ -278,3 +278,15 @@ def test_padding_and_truncation_side_from_tokenizer_config(family_dir, tmp_path)
         assert_same(ours, ref, REAL[:5], ["a b", "c", "d e f", "g", "h"], truncation=strategy, max_length=12,
                     padding=True)
     assert_same(ours, ref, REAL, None, truncation=True, max_length=9, padding="max_length")
+
+
+def test_sides_set_on_the_tokenizer_survive_a_pickle(family_dir):
+    """A collator sets padding_side / truncation_side on the tokenizer; worker processes get a pickled copy that
+    pads and cuts as the original does."""
+    ours = Tokenizer.from_pretrained(family_dir)
+    ours.padding_side, ours.truncation_side = "left", "left"
+    again = pickle.loads(pickle.dumps(ours))
+    assert (again.padding_side, again.truncation_side) == ("left", "left")
+    texts = REAL[:3]
+    assert again(texts, padding=True, truncation=True, max_length=7)["input_ids"] == \
+        ours(texts, padding=True, truncation=True, max_length=7)["input_ids"]

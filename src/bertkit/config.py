@@ -277,7 +277,7 @@ class BertConfig:
 
 @dataclass(frozen=True)
 class Disentangled:
-    """DeBERTa's disentangled-attention settings (bertkit.disentangled computes them): config.json keys kept in
+    """DeBERTa's disentangled-attention settings (bertkit.disentangled computes the terms by them): config.json keys in
     `BertConfig.extra`, read with transformers' defaults."""
     relative_attention: bool     # the c2p / p2c terms at all
     terms: tuple[str, ...]       # pos_att_type: "c2p", "p2c"

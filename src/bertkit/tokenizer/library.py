@@ -115,7 +115,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         return tuple(str(f) for f in files)
 
     def __getstate__(self) -> dict:
-        return {"spec": self._backend.to_str(), "config": self.config}
+        return {"spec": self._backend.to_str(), "config": {**self.config, **self.sides()}}  # sides set since too
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["spec"], state["config"])

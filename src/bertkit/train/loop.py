@@ -47,6 +47,7 @@ __all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "
            "latest_checkpoint", "why_stopped", "load_model_weights", "save_model_weights", "estimate_flops_per_token",
            "peak_flops", "parse_duration", "distributed_context"]
 
+
 class TrainingDiverged(BertkitError):
     """The loss (or gradient norm) was NaN/inf for too many optimizer steps in a row."""
 

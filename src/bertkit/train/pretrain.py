@@ -177,9 +177,14 @@ def build_model(pc: PretrainConfig, manifests: dict[str, dict], objective: str):
             model = cls.from_pretrained(init, **overrides)
         _check_vocab(model.config, vocab_size, init)
         if pc.rope_theta is not None:       # the base is read when the layers are built: build them anew
-            loaded, model = model, type(model)(_rotary_base(model.config, pc.rope_theta, longest))
+            loaded, config = model, _rotary_base(model.config, pc.rope_theta, longest)
+            if objective == "electra":      # the pair as loaded: its loss weight, its generator's shape
+                model = ElectraForPreTraining(config, pc.electra_weight,
+                                              _rotary_base(loaded.generator.config, pc.rope_theta, longest))
+            else:
+                model = cls(config)
+                model.loading_info = loaded.loading_info
             model.load_state_dict(loaded.state_dict())
-            model.loading_info = loaded.loading_info
         return model, model.config
     if pc.preset:
         config = BertConfig.preset(pc.preset, vocab_size=vocab_size, **drop)
