@@ -275,6 +275,43 @@ def test_padding_and_truncation_side_from_tokenizer_config(tmp_path, padding_sid
     assert (again.padding_side, again.truncation_side) == (padding_side, truncation_side) and saved
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_calls_padding_side_wins_over_the_tokenizers(tmp_path, side):
+    """padding_side= on the call (and on pad) as transformers takes it: that call pads there, word ids follow."""
+    ref, out = hf_dir(tmp_path)
+    ours = Tokenizer.from_pretrained(out)
+    ours.padding_side = ref.padding_side = "left" if side == "right" else "right"
+    texts, pairs = TRICKY[:6], ([p[1] for p in PAIRS] * 2)[:6]
+    a, b = ours(texts, pairs, padding=True, padding_side=side), ref(texts, pairs, padding=True, padding_side=side)
+    assert (a["input_ids"], a["attention_mask"]) == (b["input_ids"], b["attention_mask"])
+    assert [a.word_ids(i) for i in range(6)] == [b.word_ids(i) for i in range(6)]
+    singles = [ours(t) for t in texts]
+    assert ours.pad(singles, padding_side=side)["input_ids"] == ref.pad([ref(t) for t in texts],
+                                                                        padding_side=side)["input_ids"]
+
+
+def test_inference_pads_on_the_right_whatever_the_tokenizers_side(tmp_path):
+    """The heads read [CLS] at position 0: a tokenizer that pads on the left (tokenizer_config.json) must not move
+    it in bertkit's own batches."""
+    import torch
+
+    from bertkit.heads import BertForSequenceClassification
+    from bertkit.predict.engine import encode, forward
+    _, out = hf_dir(tmp_path)
+    tok = Tokenizer.from_pretrained(out)
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, num_labels=3)
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(cfg).save_pretrained(tmp_path / "clf")
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "clf")
+    texts = ["a dog", "the unaffable man is eating food in paris"]
+    logits = {}
+    for side in ("right", "left"):
+        tok.padding_side = side
+        logits[side] = forward(model, encode(tok, texts)).logits
+    torch.testing.assert_close(logits["left"], logits["right"], atol=0, rtol=0)
+
+
 def test_a_bad_side_in_tokenizer_config_is_one_line(tmp_path):
     _, out = hf_dir(tmp_path)
     cfg = json.loads((out / "tokenizer_config.json").read_text())

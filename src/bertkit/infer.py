@@ -435,7 +435,8 @@ class Predictor:
         keep = max_length - 2                                           # pieces that fit beside [CLS] and [SEP]
 
         def batch(idx):
-            b = self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True, return_tensors="pt")
+            b = self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True, padding_side="right",
+                                            return_tensors="pt")
             return {k: v.to(self.device) for k, v in b.items()}
         out: list = [None] * len(texts)
         for idx, _, o in forward_batches(self.model, [len(ids) for ids, _ in encoded], batch, batch_size,

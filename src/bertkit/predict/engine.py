@@ -30,11 +30,13 @@ MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 
 def encode(tok, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int | None = 256,
            device="cpu", offsets: bool = False) -> dict:
-    """[CLS] a [SEP] (b [SEP]) per text, cut longest-first to max_length (None: not cut), padded to the longest
-    row: (batch, seq) input_ids / token_type_ids / attention_mask on `device`, and with `offsets` each token's
+    """[CLS] a [SEP] (b [SEP]) per text, cut longest-first to max_length (None: not cut), padded on the right to the
+    longest row: (batch, seq) input_ids / token_type_ids / attention_mask on `device`, and with `offsets` each token's
     (start, end) in its text ("offsets": nested lists)."""
+    # padded on the right whatever the tokenizer's side: the heads read [CLS] at position 0
     enc = tok(list(texts), list(pairs) if pairs is not None else None, max_length=max_length,
-              truncation="longest_first" if max_length else None, padding=True, return_offsets=offsets)
+              truncation="longest_first" if max_length else None, padding=True, return_offsets=offsets,
+              padding_side="right")
     batch = {k: torch.tensor(enc[k], dtype=torch.long, device=device) for k in MODEL_KEYS}
     if offsets:
         batch["offsets"] = enc["offsets"]
@@ -42,8 +44,9 @@ def encode(tok, texts: Sequence[str], pairs: Sequence[str] | None = None, max_le
 
 
 def id_batch(tok, rows: Sequence[list[int]], device="cpu") -> dict:
-    """Model inputs of whole id rows (special tokens as the rows hold them), padded to the longest."""
-    return tok.build_inputs(rows, add_special_tokens=False, padding=True, return_tensors="pt").to(device)
+    """Model inputs of whole id rows (special tokens as the rows hold them), padded on the right to the longest."""
+    return tok.build_inputs(rows, add_special_tokens=False, padding=True, padding_side="right",
+                            return_tensors="pt").to(device)
 
 
 @contextlib.contextmanager

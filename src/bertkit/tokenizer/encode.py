@@ -45,6 +45,7 @@ class EncodeOptions:
     return_special_tokens_mask: bool = False
     return_overflowing_tokens: bool = False     # long inputs as windows (hfcall.overflow), stride pieces shared
     stride: int = 0
+    padding_side: str | None = None             # this call's "right" / "left" (transformers' option); None: the tokenizer's
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "EncodeOptions":
@@ -310,8 +311,9 @@ class Tokenizer:
         out_mask = [[1] * len(x) for x in out_ids]
         specials = [self._special_mask(*n, opts.add_special_tokens) for n in lengths] \
             if opts.return_special_tokens_mask else None
-        self._pad(out_ids, out_types, out_mask, out_offsets if return_offsets else None, padding, max_length,
-                  pad_to_multiple_of, specials)
+        side = self.sides({"padding_side": opts.padding_side})["padding_side"]
+        self._pad((out_ids, out_types, out_mask, out_offsets if return_offsets else None, specials), padding,
+                  max_length, pad_to_multiple_of, side)
         result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
         if specials is not None:
             result["special_tokens_mask"] = specials
@@ -324,7 +326,7 @@ class Tokenizer:
         elif single:
             result = {k: v[0] for k, v in result.items()}
         # what word_ids() needs, kept as it is: a _Layout is only built when asked for
-        layout = (self, result["input_ids"], lengths, opts.add_special_tokens, words)
+        layout = (self, result["input_ids"], lengths, opts.add_special_tokens, words, side)
         if opts.return_token_type_ids is False:
             del result["token_type_ids"]
         if opts.return_attention_mask is False:
@@ -371,7 +373,9 @@ class Tokenizer:
                 raise TypeError(f"{what}[{i}] must be str, got {type(t).__name__}: {_short_repr(t)}")
         return texts
 
-    def _pad(self, ids, types, mask, offsets, padding, max_length, multiple, specials=None) -> None:
+    def _pad(self, rows: tuple, padding, max_length, multiple, side: str) -> None:
+        """Pad (ids, token types, mask, offsets, specials mask; None where absent) in place on `side`."""
+        ids, types, mask, offsets, specials = rows
         if padding is False or padding is None or padding == "do_not_pad" or not ids:
             return
         if padding is True or padding == "longest":
@@ -391,16 +395,19 @@ class Tokenizer:
                                "tokenizer_config.json)")
         fills = [(rows, fill) for rows, fill in ((ids, self.pad_token_id), (types, 0), (mask, 0), (offsets, (0, 0)),
                                                 (specials, 1)) if rows is not None]
-        left = self.sides()["padding_side"] == "left"
+        left = side == "left"
         for i in range(len(ids)):
             n = target - len(ids[i])
             for rows, fill in fills if n > 0 else ():
                 at = 0 if left else len(rows[i])
                 rows[i][at:at] = [fill] * n
 
-    def sides(self) -> dict[str, str]:
-        """padding_side and truncation_side, checked ("right" or "left"), as tokenizer_config.json writes them."""
-        return read_sides({"padding_side": self.padding_side, "truncation_side": self.truncation_side}, "tokenizer")
+    def sides(self, call: dict | None = None) -> dict[str, str]:
+        """padding_side and truncation_side, checked ("right" or "left"), as tokenizer_config.json writes them; a
+        call's own choice (`call`, None values left out) wins."""
+        given = {k: v for k, v in (call or {}).items() if v is not None}
+        return read_sides({"padding_side": self.padding_side, "truncation_side": self.truncation_side, **given},
+                          "tokenizer")
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
@@ -441,10 +448,13 @@ class Tokenizer:
         return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in as_id_list(sequences)]
 
     def pad(self, encodings, padding: bool | str = True, max_length: int | None = None,
-            pad_to_multiple_of: int | None = None, return_tensors: str | None = None) -> BatchEncoding:
+            pad_to_multiple_of: int | None = None, return_tensors: str | None = None,
+            padding_side: str | None = None) -> BatchEncoding:
         """Pad encodings made earlier (a list of single encodings, or one batch dict) as transformers' pad does:
-        input_ids with [PAD], token_type_ids (when present) with 0, and an attention_mask (made when absent)."""
-        return pad_encodings(self, encodings, padding, max_length, pad_to_multiple_of, return_tensors)
+        input_ids with [PAD], token_type_ids (when present) with 0, and an attention_mask (made when absent), on
+        `padding_side` (None: the tokenizer's)."""
+        side = self.sides({"padding_side": padding_side})["padding_side"]
+        return pad_encodings(self, encodings, (padding, max_length, pad_to_multiple_of, side), return_tensors)
 
     def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                               processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:

@@ -55,8 +55,9 @@ class _Layout:
     """Enough to rebuild word ids: the rows as laid out, the kept lengths of a and b per row, and each piece's word
     per sequence where the pieces came with them (the tokenizers library's, is_split_into_words, or windows)."""
 
-    def __init__(self, tokenizer, ids, lengths, special: bool, words):
+    def __init__(self, tokenizer, ids, lengths, special: bool, words, side: str):
         self.tokenizer, self.ids, self.lengths, self.special, self.words = tokenizer, ids, lengths, special, words
+        self.left = side == "left"          # where the call padded
 
     def _row(self, i: int) -> list[int]:
         flat = isinstance(self.ids, list) and (not self.ids or isinstance(self.ids[0], int))   # an unbatched call
@@ -67,13 +68,13 @@ class _Layout:
         """Values of a's and b's tokens laid out as the row is: None at the specials and the padding."""
         out = self.tokenizer.template.wrap(a, b, None) if self.special else [*a, *(b or ())]
         pad = [None] * (len(row) - len(out))
-        return pad + out if self.tokenizer.padding_side == "left" else out + pad
+        return pad + out if self.left else out + pad
 
     def word_ids(self, i: int) -> list[int | None]:
         row = self._row(i)
         na, nb = self.lengths[i]
         real = len(self._place([], [0] * na, None if nb is None else [0] * nb))        # the row less its padding
-        start = len(row) - real if self.tokenizer.padding_side == "left" else 0
+        start = len(row) - real if self.left else 0
         a_start = start + (len(self.tokenizer.template.single[0]) if self.special else 0)
         a = self._words(i, 0, row[a_start:a_start + na])
         b = None
@@ -165,9 +166,9 @@ def split_words_pieces(tokenizer, sequences: Sequence[Sequence[str]], offsets: b
 _PADDED = ("input_ids", "token_type_ids", "attention_mask", "special_tokens_mask")   # pad() pads these keys only
 
 
-def pad_encodings(tokenizer, encodings, padding, max_length, pad_to_multiple_of, return_tensors) -> BatchEncoding:
-    """Tokenizer.pad: encodings made earlier, padded as one batch; other keys (labels, ...) kept as they are, made
-    tensors with the rest."""
+def pad_encodings(tokenizer, encodings, how: tuple, return_tensors) -> BatchEncoding:
+    """Tokenizer.pad: encodings made earlier, padded as one batch (`how`: Tokenizer._pad's padding, max_length,
+    multiple and side); other keys (labels, ...) kept as they are, made tensors with the rest."""
     if isinstance(encodings, dict):
         batch = dict(encodings)
     else:
@@ -179,8 +180,7 @@ def pad_encodings(tokenizer, encodings, padding, max_length, pad_to_multiple_of,
     ids = rows.get("input_ids", [])
     rows.setdefault("attention_mask", [[1] * len(x) for x in ids])
     types = rows.get("token_type_ids", [[0] * len(x) for x in ids])
-    tokenizer._pad(ids, types, rows["attention_mask"], None, padding, max_length, pad_to_multiple_of,
-                   rows.get("special_tokens_mask"))
+    tokenizer._pad((ids, types, rows["attention_mask"], None, rows.get("special_tokens_mask")), *how)
     result = {**batch, **rows}
     if return_tensors is not None:
         result = to_tensors(result, return_tensors)
