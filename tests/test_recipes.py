@@ -123,7 +123,7 @@ def test_modernbert_recipe_trains_with_falling_masks_and_averages_checkpoints(sh
     assert torch.allclose(saved[key], mean, atol=1e-6) and not torch.allclose(saved[key], weights[-1][name])
 
 
-def test_a_context_extension_phase_loads_in_transformers_with_equal_logits(bbc_nsp_shards, tmp_path):
+def test_a_context_extension_phase_loads_in_transformers_with_equal_logits(bbc_nsp_shards, tmp_path, capsys):
     """ModernBERT's recipe on a small scale: rows of 32 at rotary base 10,000, then continued (--init) on rows of
     64 at 160,000; the phase-2 model's config.json carries the new base and length, and transformers' ModernBERT
     loads it with bertkit's logits (which the base changes)."""
@@ -146,6 +146,8 @@ def test_a_context_extension_phase_loads_in_transformers_with_equal_logits(bbc_n
                 *flags]) == 0
     # the run's summary fills masks with its MLM head, sentence-pair shards or not
     assert json.loads((one / "summary.json").read_text())["fill_mask"]["examples"]
+    assert cli(["pretrain", str(long), "--init", str(one / "model"), "--out", str(tmp_path / "no"), *flags]) == 2
+    assert "--rope-theta extends a rotary model" in capsys.readouterr().err     # longer rows name the way to them
     assert cli(["pretrain", str(long), "--init", str(one / "model"), "--rope-theta", "160000", "--out", str(two),
                 *flags]) == 0
     ref = transformers.ModernBertForMaskedLM.from_pretrained(two / "model", attn_implementation="eager").eval()

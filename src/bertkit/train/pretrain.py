@@ -375,8 +375,10 @@ def pretrain(pc: PretrainConfig, callbacks=()):
         local_attention_init(model, seed=cfg.seed)
     for name, m in manifests.items():
         if int(m["seq_len"]) > config.max_input_length:
+            hint = "; --rope-theta extends a rotary model to it" if family(config.model_type).rotary else ""
             raise ConfigError(f"{getattr(pc, name)} has seq_len {m['seq_len']} > the model's longest input, "
-                              f"{config.max_input_length} (max_position_embeddings={config.max_position_embeddings})")
+                              f"{config.max_input_length} (max_position_embeddings={config.max_position_embeddings})"
+                              + hint)
     data = _reader(pc, pc.shards, config, objective, rank=d.rank, world_size=d.world)
     # a head bias that came from a checkpoint is kept; every rank sets it alike (the weights must start equal)
     fresh_head = not pc.init or "cls.predictions.bias" in (getattr(model, "loading_info", None) or {}).get(
