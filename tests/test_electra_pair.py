@@ -97,3 +97,11 @@ def test_a_rotary_pair_continued_at_a_new_base_keeps_its_loss_weight_and_generat
     assert thetas == {5e5}
     gen = BertForMaskedLM.from_pretrained(tmp_path / "gen")
     torch.testing.assert_close(model.generator.bert.encoder.state_dict(), gen.bert.encoder.state_dict())
+
+
+def test_dropout_reaches_a_loaded_generator_as_it_reaches_a_fresh_one(tmp_path):
+    disc_dir, gen_dir = _pair(tmp_path)
+    ours = ElectraForPreTraining.from_pretrained(disc_dir, gen_dir, hidden_dropout_prob=0.0,
+                                                 attention_probs_dropout_prob=0.0)
+    for half in (ours.discriminator, ours.generator):
+        assert (half.config.hidden_dropout_prob, half.config.attention_probs_dropout_prob) == (0.0, 0.0)

@@ -84,7 +84,8 @@ class ElectraForPreTraining(nn.Module):
         """The pair from checkpoints (module docstring): the discriminator and its head from path, the generator from
         the `generator` directory where given, else a fresh one; overrides are config fields of the discriminator."""
         disc = BertForReplacedTokenDetection.from_pretrained(path, **overrides)
-        gen = BertForMaskedLM.from_pretrained(generator) if generator is not None else None
+        drop = {k: v for k, v in overrides.items() if k.endswith("dropout_prob")}    # --dropout: both halves, as fresh
+        gen = BertForMaskedLM.from_pretrained(generator, **drop) if generator is not None else None
         try:
             model = cls(disc.config, rtd_weight, gen.config if gen is not None else None)
         except ConfigError as e:
