@@ -472,6 +472,15 @@ def test_checkpoint_without_checksums_still_resumes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C
+@pytest.fixture
+def ctrl_c_live():
+    """Ctrl-C as a terminal delivers it: a suite started as a background job (`cmd &` in a script) inherits SIGINT
+    ignored, and the loop then rightly leaves it alone, so these tests give Python's handler back for their span."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupting_step(at_step: int, times: int = 1):
     """pretraining_step that sends this process SIGINT `times` times during optimizer step `at_step` (grad_accum 1),
     as Ctrl-C in a terminal would."""
@@ -486,7 +495,7 @@ def _interrupting_step(at_step: int, times: int = 1):
     return step
 
 
-def test_ctrl_c_finishes_the_step_saves_and_resume_is_exact(tmp_path, capsys):
+def test_ctrl_c_finishes_the_step_saves_and_resume_is_exact(tmp_path, capsys, ctrl_c_live):
     """SIGINT during step 6 (periodic checkpoints every 4): step 6 completes, step-6 is written and named in one
     line, KeyboardInterrupt propagates with Python's handler back in place; resuming gives the losses and the final
     weights of an uninterrupted run, bit for bit."""
@@ -510,7 +519,7 @@ def test_ctrl_c_finishes_the_step_saves_and_resume_is_exact(tmp_path, capsys):
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
-def test_second_ctrl_c_and_runs_without_checkpoints_stop_at_once(tmp_path):
+def test_second_ctrl_c_and_runs_without_checkpoints_stop_at_once(tmp_path, ctrl_c_live):
     """Two SIGINTs stop inside the step, as Python's handler does: only the periodic checkpoint stays. A run that
     writes no checkpoints (fine-tuning) stops at the first. Ctrl-C on the last step lets the run finish."""
     run = tmp_path / "twice"
