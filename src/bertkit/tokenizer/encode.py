@@ -290,7 +290,8 @@ class Tokenizer:
             max_length = self.model_max_length
         strategy = truncation_strategy(truncation, max_length, padding)
         mapping = None
-        left = strategy is not None and self.sides()["truncation_side"] == "left"
+        sides = self.sides({"padding_side": opts.padding_side})     # checked once a call, for the cut and the pad
+        left = strategy is not None and sides["truncation_side"] == "left"
         if left and opts.return_overflowing_tokens:
             raise BertkitError("return_overflowing_tokens windows run from the start: they need truncation_side "
                                "'right'")
@@ -311,7 +312,7 @@ class Tokenizer:
         out_mask = [[1] * len(x) for x in out_ids]
         specials = [self._special_mask(*n, opts.add_special_tokens) for n in lengths] \
             if opts.return_special_tokens_mask else None
-        side = self.sides({"padding_side": opts.padding_side})["padding_side"]
+        side = sides["padding_side"]
         self._pad((out_ids, out_types, out_mask, out_offsets if return_offsets else None, specials), padding,
                   max_length, pad_to_multiple_of, side)
         result = {"input_ids": out_ids, "token_type_ids": out_types, "attention_mask": out_mask}
