@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -227,6 +228,28 @@ def test_bad_cache_files_are_measured_again(tmp_path, monkeypatch):
         path.write_text(bad)
         assert probe.cached_measurements(tmp_path, False) == fresh
     assert probe.cached_measurements(None, False) == fresh              # no cache directory at all
+
+
+def test_timings_taken_under_load_are_taken_again_once_quieter(tmp_path, monkeypatch):
+    """A plan measured while other work held every core (5x slower, and the int8 library 2x slower when quiet was
+    picked) must not stay cached for good; one measured quiet, or under load that has not eased, is kept."""
+    from bertkit.runtime import probe
+    calls, load = [], [3.0]
+    monkeypatch.setattr(probe, "load_per_cpu", lambda: load[0])
+    monkeypatch.setattr(probe, "measure", lambda bf16: calls.append(load[0]) or
+                        {name: {"fast": 1.0, "plain": 2.0} for name in probe.PROBES})
+    for now in (3.0, 2.0, 1.2, 0.2, 0.2, 2.5):
+        load[0] = now
+        probe.cached_measurements(tmp_path, False)
+    assert calls == [3.0, 1.2, 0.2]
+    assert json.loads(probe._cache_file(tmp_path).read_text())["load"] == 0.2
+
+
+def test_a_swamped_bucket_probe_gives_no_cost_model(monkeypatch):
+    from bertkit.runtime import probe
+    monkeypatch.setattr(probe, "_time", lambda fns, repeats=5: {k: 1.0 for k in fns})
+    t = probe._probe_cost_buckets()
+    assert t["fast"] is None and t["plain"] is None and "why" in t
 
 
 def test_each_schema_keeps_its_own_cache_file(tmp_path, monkeypatch):

@@ -26,7 +26,8 @@ import torch
 
 from bertkit.errors import ConfigError
 
-__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "cpu_model", "cpu_signature", "PRECISIONS"]
+__all__ = ["native_bf16", "resolve_precision", "use_bf16", "cpu_flags", "cpu_model", "cpu_signature", "usable_cpus",
+           "load_per_cpu", "PRECISIONS"]
 
 PRECISIONS = ("auto", "bf16", "fp32", "fp16")
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -62,6 +63,20 @@ def cpu_signature() -> str:
     flags = hashlib.sha1(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:8]
     ids = "-".join(_cpuinfo().get(k, "?") for k in ("cpu family", "model", "stepping"))
     return f"{cpu_model()} ({ids}, flags {flags})"
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity mask, where the OS has one), not the machine's total."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def load_per_cpu() -> float:
+    """The 1-minute load average over the usable cores: near or above 1, other work competes for every core and
+    timings taken now are slowed and reordered. 0.0 where the OS does not report it."""
+    try:
+        return os.getloadavg()[0] / usable_cpus()
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def _device(device) -> torch.device:

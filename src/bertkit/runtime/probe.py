@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from bertkit.atomic import write_json
 from bertkit.attention import dropout_drop_mask, explicit_attention, sdpa_attention
 from bertkit.errors import BertkitError
-from bertkit.hardware import cpu_signature
+from bertkit.hardware import cpu_signature, load_per_cpu
 from bertkit.padding import Layout
 from bertkit.runtime.int8 import BF16_KERNEL_ALWAYS, ENGINES, Int8Linear, int8_kernel_ok, qlinear_bf16_ok
 from bertkit.runtime.linear import FrozenLinear, onednn_linear_ok, pack, packed_linear
@@ -222,7 +222,9 @@ def _probe_cost_buckets() -> dict:
     with torch.no_grad():
         t = _time({"small": lambda: _bucket_attention(small, None, heads),
                    "big": lambda: _bucket_attention(big, None, heads)})
-        per_unit = max(t["big"] - t["small"], 1e-12) / ((16 * 64 ** 2 - 8 ** 2) * hidden)
+        if t["big"] <= t["small"]:                # other work swamped the timings: no cost model from them
+            return {"fast": None, "plain": None, "why": "a 16 x 64 bucket timed no slower than a 1 x 8 one"}
+        per_unit = (t["big"] - t["small"]) / ((16 * 64 ** 2 - 8 ** 2) * hidden)
         overhead = t["small"] / per_unit
         t = _time({"fast": lambda: run(overhead / hidden), "plain": lambda: run(None)})
     return {"fast": t["fast"], "plain": t["plain"], "overhead": overhead}
@@ -230,7 +232,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 14               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 15               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
@@ -281,23 +283,35 @@ def _valid(data) -> bool:
     return True
 
 
+LOADED = 0.75            # load per core above which other work skewed a probe's timings (a 2-core machine
+                         # measured 5x slower there, and picked the int8 library that is 2x slower when quiet)
+
+
+def _quieter_now(load) -> bool:
+    """Whether cached timings were taken under load and the machine is now at most half as loaded: they are taken
+    again (each re-measure halves the load of record, so a busy machine re-probes a few times at most)."""
+    return isinstance(load, (int, float)) and load > LOADED and load_per_cpu() < load / 2
+
+
 def cached_measurements(root: Path | None, bf16_native: bool) -> dict[str, dict]:
     """`measure` once per CPU model, torch version and thread count; later calls read the file (an unreadable,
-    outdated or malformed one is measured again; an unwritable cache only costs a probe next time)."""
+    outdated or malformed one is measured again, and one measured under load once the machine is quieter; an
+    unwritable cache only costs a probe next time)."""
     path = _cache_file(root) if root is not None else None
     try:
         data = json.loads(path.read_text())
-        if _valid(data):
+        if _valid(data) and not _quieter_now(data.get("load")):
             return data["probes"]
     except (OSError, ValueError, AttributeError, TypeError):
         pass
+    load = load_per_cpu()
     probes = measure(bf16_native)
     if path is None:
         return probes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"schema": SCHEMA, "cpu": cpu_signature(), "torch": torch.__version__, "probes": probes},
-                   indent=1)
+        write_json(path, {"schema": SCHEMA, "cpu": cpu_signature(), "torch": torch.__version__, "load": load,
+                          "probes": probes}, indent=1)
     except (OSError, BertkitError):
         pass                                            # an unwritable cache only costs a probe next time
     return probes
