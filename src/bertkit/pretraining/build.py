@@ -37,7 +37,7 @@ from bertkit.progress import bar as progress_bar, say
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.library import LibraryTokenizer
 
-__all__ = ["prepare", "PrepareConfig", "PrepareSummary", "load_tokenizer"]
+__all__ = ["prepare", "PrepareConfig", "PrepareSummary"]
 
 _MASK_BATCH = 512           # examples masked and written together
 _TOKENIZE_BATCH = 1024      # sentences tokenised together (documents are buffered until they hold this many)
@@ -160,10 +160,6 @@ class PrepareSummary:
         return "\n".join(lines)
 
 
-def load_tokenizer(vocab: str | Path):
-    return Tokenizer.from_pretrained(vocab)
-
-
 # ------------------------------------------------------------------------------------------------------- worker
 
 @dataclass
@@ -194,7 +190,7 @@ def _init_worker(progress) -> None:
 
 def _worker(job: _Job, progress=None) -> dict:
     progress = progress if progress is not None else _progress
-    tok = load_tokenizer(job.vocab)
+    tok = Tokenizer.from_pretrained(job.vocab)
     tables = VocabTables.from_tokenizer(tok)
     seq_len = job.examples.seq_len
     static = not job.masking.dynamic
@@ -302,7 +298,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     """Build pre-training shards in `cfg.out` from `cfg.corpus` (paths / dirs / globs). Returns the summary."""
     ecfg, mcfg = cfg.example_config(), cfg.masking_config()
     files = expand_corpus(cfg.corpus)
-    tok = load_tokenizer(cfg.vocab)
+    tok = Tokenizer.from_pretrained(cfg.vocab)
     out = Path(cfg.out)
     _prepare_out_dir(out, cfg.overwrite)
 
