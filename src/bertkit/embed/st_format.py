@@ -206,7 +206,7 @@ def read_prompts(path) -> Prompts:
     return prompts
 
 
-def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None) -> tuple[SentenceEncoder, Tokenizer]:
+def load_sentence_encoder(path) -> tuple[SentenceEncoder, Tokenizer]:
     """A sentence-transformers (or plain HF BERT) directory -> (SentenceEncoder in eval mode, Tokenizer)."""
     directory = Path(path)
     if not directory.is_dir():
@@ -214,10 +214,7 @@ def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None
     tdir = _module_list(directory)[0][1] if is_sentence_transformers_dir(directory) else directory
     bert = BertModel.from_pretrained(tdir)
     tokenizer = load_tokenizer(tdir)  # vocab.txt, or the tokenizer.json sentence-transformers 6 saves
-    encoder = sentence_pipeline(directory, bert, tokenizer)
-    if device is not None or dtype is not None:
-        encoder.to(device=device, dtype=dtype)
-    return encoder.eval(), tokenizer
+    return sentence_pipeline(directory, bert, tokenizer).eval(), tokenizer
 
 
 def sentence_pipeline(path, bert: BertModel, tokenizer: Tokenizer) -> SentenceEncoder:
