@@ -245,11 +245,9 @@ def _worker(job: _Job, progress=None) -> dict:
         if n_sentences >= _TOKENIZE_BATCH:
             build(waiting)
             waiting, n_sentences = [], 0
-    build(waiting)
+    build(waiting)      # the corpus is read: its last progress report is the total
     pending.extend(builder.finish())
     flush()
-    if progress is not None:
-        progress[job.rank] = cstats.bytes
     return {"shards": writer.close(), "corpus": asdict(cstats), "build": asdict(builder.stats),
             "masks": asdict(mstats)}
 
