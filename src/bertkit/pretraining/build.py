@@ -326,7 +326,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
         "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "lowercase": tok.lowercase,
         "seq_len": cfg.seq_len, "task": cfg.task, "short_seq_prob": ecfg.short_seq_prob,
         "dupe_factor": cfg.dupe_factor, "buffer_docs": ecfg.buffer_docs, "buffer_tokens": ecfg.buffer_tokens,
-        "masking": mcfg.to_dict(), "static_masks": not cfg.dynamic, "seed": cfg.seed, "workers": len(jobs),
+        "masking": asdict(mcfg), "static_masks": not cfg.dynamic, "seed": cfg.seed, "workers": len(jobs),
         "corpus": [str(f) for f in files][:1000], "corpus_format": cfg.corpus_format,
         "counts": {"examples": bstats.examples, "documents": cstats.documents, "sentences": cstats.sentences,
                    "tokens": bstats.tokens, "padding": bstats.padding, "label_0": bstats.is_next,
