@@ -43,7 +43,7 @@ from bertkit import datasets
 from bertkit.precision import autocast
 from bertkit.tasks import data as task_data
 from bertkit.tasks.batching import BucketBatchSampler, collate
-from bertkit.tasks.runner import (FinetuneConfig, _build_model, evaluate_task, _prepare, _task, finetune,
+from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, evaluate_task, _prepare, _task, finetune,
                                   finetune_recipe)
 
 # benchmark name -> (data set builder name, task kind, default max_length, file extension)
@@ -91,7 +91,7 @@ def run_reference(cfg: FinetuneConfig, task, data, seed: int, order: str = "same
     if init == "same":
         # the new output layer starts from the weights our run of this seed drew (both sides draw N(0, 0.02); on
         # small sets the draw alone moves NER F1 by points, which would swamp what the comparison is about)
-        ours = _build_model(cfg, task, seed)
+        ours = FinetuneHooks().build_model(cfg, task, seed)
         res = model.load_state_dict(ours.state_dict(), strict=False)
         if res.missing_keys:
             raise RuntimeError(f"reference weights not in ours: {res.missing_keys}")

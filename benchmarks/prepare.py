@@ -76,9 +76,9 @@ def _child(args) -> None:
                                       workers=args.workers, seed=1))
         res = {"seconds": s.seconds, "mb_per_s": s.mb_per_s, "bytes": s.corpus.bytes, "examples": s.build.examples}
     else:   # in-memory reference: the whole corpus as lists of WordPiece strings, like all_documents
-        from bertkit.pretraining.build import load_tokenizer
+        from bertkit import Tokenizer
         from bertkit.pretraining.corpus import iter_documents
-        tok = load_tokenizer(args.vocab)
+        tok = Tokenizer.from_pretrained(args.vocab)
         all_documents = [[tok.tokenize(s) for s in d.sentences] for d in iter_documents(files)]
         res = {"documents": len(all_documents)}
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -42,9 +42,10 @@ def encoder_dir(tmp_path_factory, minilm_dir):
     return d
 
 
-def _st_model(encoder_dir, out, mode="mean", include_prompt=True, default=None, dense=False, normalize=False):
+def _st_model(encoder_dir, out, mode="mean", include_prompt=True, default=None, dense=False, normalize=False,
+              max_seq_length=64):
     """A SentenceTransformer built on `encoder_dir` with PROMPTS, saved to `out`; returns the model."""
-    word = Transformer(str(encoder_dir), max_seq_length=64)
+    word = Transformer(str(encoder_dir), max_seq_length=max_seq_length)
     dim = word.get_embedding_dimension()
     modules = [word, Pooling(dim, pooling_mode=mode, include_prompt=include_prompt)]
     if dense:
@@ -103,6 +104,37 @@ def test_cli_embed_and_serve_equal_sentence_transformers(encoder_dir, tmp_path, 
     capsys.readouterr()
     assert cli(["embed", str(tmp_path / "m"), "x", "--prompt-name", "nope"]) == 2
     assert "prompt name 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting", ["tokenizer_config", "tokenizer_args", "processor_kwargs"])
+def test_left_truncation_cuts_the_prompt_and_still_skips_its_length(encoder_dir, tmp_path, setting):
+    """A tokenizer that truncates from the left cuts a long text's prompt away, and sentence-transformers still
+    leaves the first prompt-length tokens out of the pooling ([CLS] and the text's first pieces then): every door
+    does the same, whichever file asks for the left side."""
+    httpx = pytest.importorskip("httpx")
+    from tests.test_serve_models import _serve
+    _st_model(encoder_dir, tmp_path / "m", "mean", False, "classify", max_seq_length=16)
+    config = tmp_path / "m" / ("tokenizer_config.json" if setting == "tokenizer_config" else
+                               "sentence_bert_config.json")
+    cfg = json.loads(config.read_text())
+    cfg.update({"truncation_side": "left"} if setting == "tokenizer_config" else {setting: {"truncation_side": "left"}})
+    config.write_text(json.dumps(cfg))
+    model = st.SentenceTransformer(str(tmp_path / "m"), device="cpu")
+    assert model[0].tokenizer.truncation_side == "left"
+    texts = [" ".join(TEXTS[1:]), TEXTS[0]]                  # the first is cut, prompt and all; the second is whole
+    theirs = model.encode(texts)
+    assert _cosines(Predictor.load(tmp_path / "m").encode(texts), theirs).min() >= 0.99999
+    assert cli(["embed", str(tmp_path / "m"), *texts, "--out", str(tmp_path / "v.npy")]) == 0
+    assert _cosines(np.load(tmp_path / "v.npy"), theirs).min() >= 0.99999
+    srv = _serve(Predictor.load(tmp_path / "m"))
+    try:
+        got = httpx.post(f"{srv.url}/embed", json={"inputs": texts, "truncate": True, "truncation_direction": "Left"},
+                         timeout=30)
+        assert got.status_code == 200 and _cosines(got.json(), theirs).min() >= 0.99999
+    finally:
+        srv.stop()
+    model[0].tokenizer.truncation_side = "right"            # the prompt kept: other vectors, so the side was used
+    assert _cosines(theirs, model.encode(texts))[0] < 0.9999
 
 
 def test_encode_call_and_defaults_follow_the_model(encoder_dir, tmp_path):

@@ -346,13 +346,13 @@ def test_random_init_keeps_architecture_not_weights(tiny_dir, tmp_path):
     import torch
     from bertkit.heads import BertForSequenceClassification
     from bertkit.tasks.registry import make_task
-    from bertkit.tasks.runner import FinetuneConfig, _build_model
+    from bertkit.tasks.runner import FinetuneConfig, FinetuneHooks
     from bertkit.tasks.readers import LabelMap
     task = make_task("classify")
     task.labels = LabelMap(["neg", "pos"])
     kw = dict(task="classify", model=str(tiny_dir), train="", dev="", out=str(tmp_path))
-    fresh = _build_model(FinetuneConfig(**kw, random_init=True), task, seed=5)
-    loaded = _build_model(FinetuneConfig(**kw), task, seed=5)
+    fresh = FinetuneHooks().build_model(FinetuneConfig(**kw, random_init=True), task, seed=5)
+    loaded = FinetuneHooks().build_model(FinetuneConfig(**kw), task, seed=5)
     assert isinstance(fresh, BertForSequenceClassification) and fresh.config.hidden_size == 32
     w = "bert.embeddings.word_embeddings.weight"
     assert not torch.equal(fresh.state_dict()[w], loaded.state_dict()[w])

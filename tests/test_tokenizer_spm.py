@@ -104,15 +104,40 @@ def test_saved_directory_loads_in_transformers_with_equal_ids(spm_dir, tmp_path)
     assert ref(texts, texts[::-1])["input_ids"] == ours(texts, texts[::-1])["input_ids"]
 
 
-def test_albert_lowercases_and_strips_accents_by_default(tmp_path):
-    name, options, _ = FAMILIES["albert"]
+def _write_model(root, family: str) -> None:
+    """A small Unigram model of the family's layout, under its usual file name."""
+    name, options, _ = FAMILIES[family]
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(TRAIN), model_writer=buf, vocab_size=300,
                                    hard_vocab_limit=False, minloglevel=2, **options)
-    (tmp_path / name).write_bytes(buf.getvalue())
+    (root / name).write_bytes(buf.getvalue())
+
+
+def test_albert_lowercases_and_strips_accents_by_default(tmp_path):
+    _write_model(tmp_path, "albert")
     ours = Tokenizer.from_pretrained(tmp_path)      # no config.json: the file's name names the family
     assert ours.tokenize("Résumé ``Zoë''") == ours.tokenize('resume "zoe"')
     assert ours.cls_token == "[CLS]"
+
+
+@pytest.mark.parametrize("family", ["albert", "deberta-v2"])
+@pytest.mark.parametrize("lower", [None, True, False], ids=["default", "lower", "cased"])
+def test_do_lower_case_as_transformers_reads_it(tmp_path, family, lower):
+    _write_model(tmp_path, family)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family}))
+    if lower is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))
+    ours, ref = Tokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = REAL + ["Hello WORLD", "ÀÉÎ Ωμέγα ΣΊΣΥΦΟΣ", "MiXeD CaSe 42"]
+    assert ours(texts)["input_ids"] == ref(texts)["input_ids"]
+    assert (ours.tokenize("WORLD") == ours.tokenize("world")) == ref.do_lower_case
+
+
+def test_do_lower_case_that_is_not_a_bool_is_one_line(tmp_path):
+    _write_model(tmp_path, "deberta-v2")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": "maybe"}))
+    with pytest.raises(VocabError, match=r"tokenizer_config\.json: do_lower_case must be true or false, got 'maybe'"):
+        Tokenizer.from_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize("data, reason", [(b"", "not a Unigram or BPE SentencePiece model"),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -230,26 +229,3 @@ def check_onnx(model_dir: str | Path, onnx_path: str | Path,
     if floated is not None:
         report["int8"] = vs_float
     return report
-
-
-def time_both(model_dir: str | Path, onnx_path: str | Path, batch: int = 8, seq: int = 128, repeats: int = 10,
-              threads: int | None = None) -> dict:
-    """Median seconds per forward of PyTorch (our default backend) and onnxruntime, alternating, same inputs."""
-    import statistics
-    pred = Predictor.load(model_dir)
-    sess = onnx_session(onnx_path, threads=threads)
-    wrapped = _Wrapped(pred.model.eval(), pred.task)
-    names = OUTPUTS[pred.task]
-    x = _sample_inputs(pred.tokenizer, batch, seq)
-    args = tuple(x[n] for n in inputs_of(pred.model))
-    feed = {n: a.numpy() for n, a in zip(inputs_of(pred.model), args)}
-    runs = {"torch_s": lambda: wrapped(*args), "onnxruntime_s": lambda: sess.run(names, feed)}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    with torch.inference_mode():
-        for i in range(2 + repeats):                 # the first two: warm-up
-            for key, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                if i >= 2:
-                    times[key].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}

@@ -48,7 +48,7 @@ import torch
 
 from bertkit import runtime
 from bertkit.embed.pooling import Pooling, Prompts, SentenceEncoder
-from bertkit.embed.st_format import is_sentence_transformers_dir, read_prompts, sentence_pipeline
+from bertkit.embed.st_format import is_sentence_transformers_dir, load_tokenizer, read_prompts, sentence_pipeline
 from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
@@ -58,7 +58,6 @@ from bertkit.predict.decode import (FillVocab, class_scores, join_pieces, score_
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
 from bertkit.predict.load import head_of
 from bertkit.textfiles import read_text
-from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["Predictor", "cosine_search", "read_lines"]
@@ -129,7 +128,7 @@ class Predictor:
         model_class, task = head_of(model_dir)
         # frozen: fused, cast-once (and where this machine measured it faster, prepacked) inference weights
         model = runtime.freeze(model_class.from_pretrained(str(model_dir)).to(device))
-        tok = Tokenizer.from_pretrained(str(model_dir))
+        tok = load_tokenizer(model_dir)
         labels = None
         id2label = getattr(model.config, "id2label", None)
         if task in ("classify", "tag") and id2label:

@@ -87,11 +87,10 @@ class Pooling(nn.Module):
     def mode(self) -> str:
         return "+".join(self.modes)
 
-    def output_dim(self, hidden_size: int | None = None) -> int:
-        hidden = hidden_size or self.hidden_size
-        if hidden is None:
+    def output_dim(self) -> int:
+        if self.hidden_size is None:
             raise ConfigError("Pooling.output_dim needs the hidden size")
-        return hidden * len(self.modes)
+        return self.hidden_size * len(self.modes)
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}"

@@ -5,7 +5,8 @@ A directory as sentence-transformers writes it (any version from 2.x on):
     modules.json                       the module list: Transformer, Pooling, Dense..., Normalize
     config.json, model.safetensors     the BERT encoder in HF format (the Transformer module lives in the root)
     vocab.txt, tokenizer_config.json   the tokenizer (a tokenizer.json with a WordPiece model also reads)
-    sentence_bert_config.json          max_seq_length, do_lower_case
+    sentence_bert_config.json          max_seq_length, do_lower_case, and the tokenizer's padding_side /
+                                       truncation_side in tokenizer_args (processor_kwargs from 6.x on)
     1_Pooling/config.json              pooling_mode_* flags (or the newer `pooling_mode`, a name or a list),
                                        include_prompt (False: a prompt's tokens are not pooled)
     2_Dense/config.json + model.safetensors (or pytorch_model.bin)    in/out features, bias, activation
@@ -35,8 +36,8 @@ from bertkit.tokenizer import Tokenizer
 
 from bertkit.embed.pooling import Dense, Pooling, Prompts, SentenceEncoder
 
-__all__ = ["load_sentence_encoder", "sentence_pipeline", "save_sentence_encoder", "is_sentence_transformers_dir",
-           "model_config", "module_dirs", "read_prompts", "POOLING_FLAGS"]
+__all__ = ["load_sentence_encoder", "load_tokenizer", "sentence_pipeline", "save_sentence_encoder",
+           "is_sentence_transformers_dir", "model_config", "module_dirs", "read_prompts", "POOLING_FLAGS"]
 
 # the legacy flag of each pooling mode, in sentence-transformers' concatenation order
 POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
@@ -167,10 +168,27 @@ def _dense_from(path: Path) -> Dense:
     return dense
 
 
-def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple[int, bool]:
-    """(max_seq_length, do_lower_case): sentence_bert_config.json, else the tokenizer's model_max_length."""
+def _transformer_config(path: Path) -> dict:
+    """The Transformer module's sentence_bert_config.json ({} without one)."""
     cfg_path = path / "sentence_bert_config.json"
     cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def load_tokenizer(tdir) -> Tokenizer:
+    """The tokenizer of a Transformer module's directory as sentence-transformers loads it: the sides its
+    sentence_bert_config.json's tokenizer_args / processor_kwargs set win over tokenizer_config.json's (a
+    truncation_side "left" there cuts every text from the start, prompt first)."""
+    cfg = _transformer_config(Path(tdir))
+    options = {k: v for key in ("tokenizer_args", "processor_kwargs") if isinstance(cfg.get(key), dict)
+               for k, v in cfg[key].items()}
+    return Tokenizer.from_pretrained(tdir, **{k: options[k] for k in ("padding_side", "truncation_side")
+                                              if options.get(k) is not None})
+
+
+def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple[int, bool]:
+    """(max_seq_length, do_lower_case): sentence_bert_config.json, else the tokenizer's model_max_length."""
+    cfg = _transformer_config(path)
     length = cfg.get("max_seq_length") or tokenizer.model_max_length or _DEFAULT_MAX_SEQ
     return min(int(length), max_positions), bool(cfg.get("do_lower_case", False))
 
@@ -188,18 +206,15 @@ def read_prompts(path) -> Prompts:
     return prompts
 
 
-def load_sentence_encoder(path, *, device=None, dtype: torch.dtype | None = None) -> tuple[SentenceEncoder, Tokenizer]:
+def load_sentence_encoder(path) -> tuple[SentenceEncoder, Tokenizer]:
     """A sentence-transformers (or plain HF BERT) directory -> (SentenceEncoder in eval mode, Tokenizer)."""
     directory = Path(path)
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
     tdir = _module_list(directory)[0][1] if is_sentence_transformers_dir(directory) else directory
     bert = BertModel.from_pretrained(tdir)
-    tokenizer = Tokenizer.from_pretrained(tdir)  # vocab.txt, or the tokenizer.json sentence-transformers 6 saves
-    encoder = sentence_pipeline(directory, bert, tokenizer)
-    if device is not None or dtype is not None:
-        encoder.to(device=device, dtype=dtype)
-    return encoder.eval(), tokenizer
+    tokenizer = load_tokenizer(tdir)  # vocab.txt, or the tokenizer.json sentence-transformers 6 saves
+    return sentence_pipeline(directory, bert, tokenizer).eval(), tokenizer
 
 
 def sentence_pipeline(path, bert: BertModel, tokenizer: Tokenizer) -> SentenceEncoder:

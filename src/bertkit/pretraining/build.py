@@ -37,7 +37,7 @@ from bertkit.progress import bar as progress_bar, say
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.library import LibraryTokenizer
 
-__all__ = ["prepare", "PrepareConfig", "PrepareSummary", "load_tokenizer"]
+__all__ = ["prepare", "PrepareConfig", "PrepareSummary"]
 
 _MASK_BATCH = 512           # examples masked and written together
 _TOKENIZE_BATCH = 1024      # sentences tokenised together (documents are buffered until they hold this many)
@@ -160,10 +160,6 @@ class PrepareSummary:
         return "\n".join(lines)
 
 
-def load_tokenizer(vocab: str | Path):
-    return Tokenizer.from_pretrained(vocab)
-
-
 # ------------------------------------------------------------------------------------------------------- worker
 
 @dataclass
@@ -194,7 +190,7 @@ def _init_worker(progress) -> None:
 
 def _worker(job: _Job, progress=None) -> dict:
     progress = progress if progress is not None else _progress
-    tok = load_tokenizer(job.vocab)
+    tok = Tokenizer.from_pretrained(job.vocab)
     tables = VocabTables.from_tokenizer(tok)
     seq_len = job.examples.seq_len
     static = not job.masking.dynamic
@@ -249,11 +245,9 @@ def _worker(job: _Job, progress=None) -> dict:
         if n_sentences >= _TOKENIZE_BATCH:
             build(waiting)
             waiting, n_sentences = [], 0
-    build(waiting)
+    build(waiting)      # the corpus is read: its last progress report is the total
     pending.extend(builder.finish())
     flush()
-    if progress is not None:
-        progress[job.rank] = cstats.bytes
     return {"shards": writer.close(), "corpus": asdict(cstats), "build": asdict(builder.stats),
             "masks": asdict(mstats)}
 
@@ -302,7 +296,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     """Build pre-training shards in `cfg.out` from `cfg.corpus` (paths / dirs / globs). Returns the summary."""
     ecfg, mcfg = cfg.example_config(), cfg.masking_config()
     files = expand_corpus(cfg.corpus)
-    tok = load_tokenizer(cfg.vocab)
+    tok = Tokenizer.from_pretrained(cfg.vocab)
     out = Path(cfg.out)
     _prepare_out_dir(out, cfg.overwrite)
 
@@ -332,7 +326,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
         "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "lowercase": tok.lowercase,
         "seq_len": cfg.seq_len, "task": cfg.task, "short_seq_prob": ecfg.short_seq_prob,
         "dupe_factor": cfg.dupe_factor, "buffer_docs": ecfg.buffer_docs, "buffer_tokens": ecfg.buffer_tokens,
-        "masking": mcfg.to_dict(), "static_masks": not cfg.dynamic, "seed": cfg.seed, "workers": len(jobs),
+        "masking": asdict(mcfg), "static_masks": not cfg.dynamic, "seed": cfg.seed, "workers": len(jobs),
         "corpus": [str(f) for f in files][:1000], "corpus_format": cfg.corpus_format,
         "counts": {"examples": bstats.examples, "documents": cstats.documents, "sentences": cstats.sentences,
                    "tokens": bstats.tokens, "padding": bstats.padding, "label_0": bstats.is_next,

@@ -32,7 +32,7 @@ take the prefix that fits, then greedy rounds for the remainder); n-gram spans l
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +72,6 @@ class MaskingConfig:
                 raise ConfigError(f"max_predictions={self.max_predictions} must be >= 1")
             return self.max_predictions
         return math.ceil(self.mask_prob * seq_len)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ----------------------------------------------------------------------------------------------- vocabulary tables

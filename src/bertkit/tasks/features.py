@@ -11,7 +11,6 @@ with dynamic padding) and keeps, per text, the requested hidden layers:
   * combine: "concat" (dimension = len(layers) * hidden), "sum" or "mean" of the layers (dimension = hidden);
   * pooling: "cls" (the [CLS] vector), "mean" (mean over real tokens, padding excluded) or "tokens" (a list of
     (n_pieces, dim) arrays, for token-level probes).
-It is the library function behind `bertkit embed --layers ...` (the inference engineer's command).
 
 The probe is a linear layer or a one-hidden-layer MLP trained with the shared training loop (`bertkit.train`) on the
 fixed features: the encoder is never updated, which is the point of the feature-based approach (features computed

@@ -207,10 +207,6 @@ class LabelMap:
             names.sort(key=int)
         return cls(names)
 
-    @classmethod
-    def from_config(cls, id2label: dict) -> "LabelMap":
-        return cls([id2label[k] for k in sorted(id2label, key=int)])
-
     def __post_init__(self):
         self._index = {n: i for i, n in enumerate(self.labels)}
 

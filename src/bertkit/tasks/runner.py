@@ -289,22 +289,6 @@ def model_overrides(cfg: FinetuneConfig, task: Task) -> dict:
     return over
 
 
-def _build_model(cfg: FinetuneConfig, task: Task, seed: int):
-    torch.manual_seed(seed)  # the new head's initialisation depends on the seed
-    over = model_overrides(cfg, task)
-    cls = task.model_class
-    path = Path(cfg.model)
-    if path.is_dir() and cfg.random_init:
-        return cls(BertConfig.from_dict({**BertConfig.from_json(path / "config.json").to_dict(), **over}))
-    if path.is_dir():
-        return cls.from_pretrained(path, **over)
-    try:
-        config = BertConfig.preset(cfg.model, **{"vocab_size": len(_tokenizer(cfg)), **over})   # rows for the vocab
-    except ConfigError:
-        raise ConfigError(f"--model {cfg.model!r} is neither a model directory nor a preset name") from None
-    return cls(config)
-
-
 class FinetuneHooks:
     """What `finetune` builds, each overridable: the plain recipe here; distillation (bertkit.distill) swaps in
     the teacher's task and tokenizer, a layer-truncated student, teacher targets on the data and its own loss."""
@@ -318,7 +302,19 @@ class FinetuneHooks:
         """Change the prepared data in place (more training features, targets) before any training."""
 
     def build_model(self, cfg: FinetuneConfig, task: Task, seed: int):
-        return _build_model(cfg, task, seed)
+        torch.manual_seed(seed)  # the new head's initialisation depends on the seed
+        over = model_overrides(cfg, task)
+        cls = task.model_class
+        path = Path(cfg.model)
+        if path.is_dir() and cfg.random_init:
+            return cls(BertConfig.from_dict({**BertConfig.from_json(path / "config.json").to_dict(), **over}))
+        if path.is_dir():
+            return cls.from_pretrained(path, **over)
+        try:
+            config = BertConfig.preset(cfg.model, **{"vocab_size": len(_tokenizer(cfg)), **over})   # rows for the vocab
+        except ConfigError:
+            raise ConfigError(f"--model {cfg.model!r} is neither a model directory nor a preset name") from None
+        return cls(config)
 
     def batches(self, cfg: FinetuneConfig, data: "TaskData", seed: int, pad_id: int) -> "TrainBatches":
         return TrainBatches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches)

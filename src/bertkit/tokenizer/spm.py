@@ -28,6 +28,8 @@ _FAMILIES = {
     "albert": ("spiece.model", *_BERT_LAYOUT),
     "deberta-v2": ("spm.model", *_BERT_LAYOUT),
 }
+# what the family's transformers tokenizer does to a text before SentencePiece, where tokenizer_config.json is silent
+_FAMILY_DEFAULTS = {"albert": {"do_lower_case": True, "keep_accents": False}, "deberta-v2": {"do_lower_case": False}}
 _CLASSES = {"XLMRobertaTokenizer": "xlm-roberta", "AlbertTokenizer": "albert", "DebertaV2Tokenizer": "deberta-v2"}
 
 
@@ -35,6 +37,7 @@ def sentencepiece_json(path: Path, config: dict, model_type: str | None) -> tupl
     """(tokenizer.json text, tokenizer config with the family's special tokens) of a `.model` file; the family is
     config.json's model_type, else tokenizer_config.json's tokenizer_class, else the file's name."""
     family = _family(path, config, model_type)
+    config = {**_FAMILY_DEFAULTS.get(family, {}), **config}
     _, single, pair, cls, sep, mask = _FAMILIES[family]
     pieces, trainer, normalizer = read_model_proto(path)
     if family == "xlm-roberta":     # fairseq's layout: its own four specials first, spm's ids moved up by one
@@ -44,7 +47,7 @@ def sentencepiece_json(path: Path, config: dict, model_type: str | None) -> tupl
     if mask not in {p[0] for p in pieces}:
         pieces.append((mask, 0.0, _CONTROL))
     specials = {cls, sep, mask, *(p[0] for p in pieces if p[2] in (_CONTROL, _UNKNOWN))}
-    tok = _pipeline(pieces, trainer, normalizer, specials, family == "albert" and config)
+    tok = _pipeline(pieces, trainer, normalizer, specials, _family_normalizers(path, family, config))
     ids = {p[0]: i for i, p in enumerate(pieces)}
     from tokenizers import processors
     tok.post_processor = processors.TemplateProcessing(single=single, pair=pair,
@@ -65,9 +68,29 @@ def _family(path: Path, config: dict, model_type: str | None) -> str:
     return family
 
 
-def _pipeline(pieces: list, trainer: dict, spec: dict, specials: set, albert_config):
-    """The `tokenizers` pipeline that segments as SentencePieceProcessor (module docstring); ALBERT's tokenizer
-    first lowercases and strips accents (unless its config says otherwise), as transformers' AlbertTokenizer does."""
+def _family_normalizers(path: Path, family: str, config: dict) -> list:
+    """What the family's transformers tokenizer does to a text before SentencePiece sees it, as tokenizer_config.json
+    sets it: AlbertTokenizer lowercases and strips accents by default, DebertaV2Tokenizer lowercases where
+    do_lower_case says so; XLMRobertaTokenizer does neither."""
+    from tokenizers import normalizers
+
+    for name in _FAMILY_DEFAULTS.get(family, {}):
+        if not isinstance(config[name], bool):    # "maybe" would read as True
+            raise VocabError(f"{path.parent / 'tokenizer_config.json'}: {name} must be true or false, "
+                             f"got {str(config[name])[:40]!r}")
+    steps = []
+    if family == "albert":
+        steps += [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+        if not config["keep_accents"]:
+            steps += [normalizers.NFKD(), normalizers.StripAccents()]
+    if family in _FAMILY_DEFAULTS and config["do_lower_case"]:
+        steps.append(normalizers.Lowercase())
+    return steps
+
+
+def _pipeline(pieces: list, trainer: dict, spec: dict, specials: set, family_steps: list):
+    """The `tokenizers` pipeline that segments as SentencePieceProcessor (module docstring), after the family's own
+    normalizers."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     user = [p[0] for p in pieces if p[2] == _USER_DEFINED and p[0] not in specials]
@@ -77,13 +100,7 @@ def _pipeline(pieces: list, trainer: dict, spec: dict, specials: set, albert_con
         vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
         tok = Tokenizer(models.BPE(vocab, _merges(pieces), unk_token=pieces[trainer["unk"]][0], fuse_unk=True,
                                    byte_fallback=trainer["byte_fallback"], ignore_merges=bool(user)))
-    steps = []
-    if albert_config is not False:
-        steps += [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
-        if not albert_config.get("keep_accents", False):
-            steps += [normalizers.NFKD(), normalizers.StripAccents()]
-        if albert_config.get("do_lower_case", True):
-            steps.append(normalizers.Lowercase())
+    steps = list(family_steps)
     if spec["charsmap"]:
         steps.append(normalizers.Precompiled(spec["charsmap"]))
     if spec["remove_extra_whitespaces"]:   # spaces only: SentencePiece leaves newlines and tabs to the charsmap

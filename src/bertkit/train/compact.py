@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from bertkit.errors import ConfigError
 
-__all__ = ["CompactEmbedding", "compact_word_embeddings", "restore_word_embeddings", "used_token_ids"]
+__all__ = ["CompactEmbedding", "compact_word_embeddings", "restore_word_embeddings"]
 
 
 class CompactEmbedding(nn.Module):
@@ -113,14 +113,6 @@ class CompactEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, trained rows={self.used.numel()}"
-
-
-def used_token_ids(features, extra: tuple[int, ...] = ()) -> Tensor:
-    """The sorted distinct ids in the `input_ids` of a list of feature dicts (plus `extra`, e.g. the pad id)."""
-    seen = set(extra)
-    for f in features:
-        seen.update(f["input_ids"])
-    return torch.tensor(sorted(seen), dtype=torch.long)
 
 
 def _embeddings(model: nn.Module) -> nn.Module | None:
