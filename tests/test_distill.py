@@ -251,6 +251,23 @@ def test_a_student_of_layers_of_a_pretrained_model(base_dir, teachers, tmp_path,
     assert summary["distill"]["student"] == str(base_dir) and summary["distill"]["student_layers"] == 2
 
 
+def test_same_vocabulary_is_checked_whatever_file_holds_it(tmp_path):
+    """A byte-level BPE teacher (tokenizer.json, no vocab.txt, as RoBERTa / ModernBERT save) and a student with the
+    same tokenizer pass; one trained on other text is refused by name."""
+    from bertkit.distill import check_same_vocab
+    from bertkit.errors import ConfigError
+    from bertkit.tokenizer.train import train_library_vocab
+    texts = ["the cat sat on the mat", "a dog ran in the park", "birds sing at dawn"] * 20
+    dirs = {}
+    for name, corpus in (("teacher", texts), ("student", texts), ("other", [t.upper() for t in texts])):
+        dirs[name] = tmp_path / name
+        train_library_vocab(corpus, "bpe", vocab_size=300, min_frequency=1).save_pretrained(dirs[name])
+        assert not (dirs[name] / "vocab.txt").exists()
+    check_same_vocab(dirs["teacher"], dirs["student"])
+    with pytest.raises(ConfigError, match="vocabulary differs from the teacher"):
+        check_same_vocab(dirs["teacher"], dirs["other"])
+
+
 def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
     from bertkit.quantize import quantize_dir
     teacher, train, dev = teachers("classify")
@@ -265,7 +282,7 @@ def test_user_errors_are_one_line(base_dir, teachers, tmp_path, capsys):
     cases = [
         (["--teacher", base_dir, "--student-layers", 2, *task, tmp_path / "o1"], "not fine-tuned"),
         (["--teacher", teacher, "--student-layers", 9, *task, tmp_path / "o2"], "the teacher has 4 layers"),
-        (["--teacher", teacher, "--student", other, *task, tmp_path / "o3"], "vocab.txt differs from the teacher"),
+        (["--teacher", teacher, "--student", other, *task, tmp_path / "o3"], "vocabulary differs from the teacher"),
         (["--teacher", teacher, "--student-layers", 2, *task, tmp_path / "taken"], "is not empty"),
         (["--teacher", teacher, "--student-layers", 2, "--out", tmp_path / "o4"], "give --train and --dev"),
         (["--teacher", teacher, "--student-layers", 2, "--text", train, "--train", train, "--out", tmp_path / "o5"],

@@ -4,6 +4,7 @@ embed --out INDEX/, search (+ rerank), rerank, mine, task-data retrieval; and th
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,21 @@ def test_evaluate_embed_before_after_and_scored(capsys, tmp_path, tiny_st, data)
     assert -1 <= scored["spearman_cosine"] <= 1
     # a pair file: anchors retrieve among the distinct positives
     assert evaluate_embed(tiny_st, data / "pairs.jsonl")["queries"] == 24
+
+
+def test_evaluate_embed_replaces_a_link_in_out_and_leaves_its_target(capsys, tmp_path, tiny_st, data):
+    """A hard link named metrics_embed.json inside --out must be replaced, not written through (its target is
+    another file of the user's)."""
+    out, victim = tmp_path / "ev", tmp_path / "keep.txt"
+    victim.write_text("the user's file\n")
+    out.mkdir()
+    os.link(victim, out / "metrics_embed.json")
+    assert "--overwrite" in _error(capsys, "evaluate", "--task", "embed", "--model", tiny_st, "--data", data / "dev",
+                                   "--out", out)
+    rc, stdout, _ = _run(capsys, "evaluate", "--task", "embed", "--model", tiny_st, "--data", data / "dev", "--out",
+                         out, "--overwrite")
+    assert rc == 0 and victim.read_text() == "the user's file\n"
+    assert json.loads((out / "metrics_embed.json").read_text()) == json.loads(stdout)
 
 
 def test_baseline_needs_task_embed(capsys, tiny_st, data):

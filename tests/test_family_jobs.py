@@ -81,6 +81,10 @@ def test_distill_a_student_of_the_same_family(family, tmp_path, capsys):
         "--out", tmp_path / "student", "--epochs", "1")
     config = json.loads(next((tmp_path / "student").rglob("config.json")).read_text())
     assert config["model_type"] == model_type
+    # general (masked-LM) distillation reads the family's own vocabulary, whichever file holds it
+    _ok(capsys, "distill", "--teacher", d["mlm"], "--text", d["corpus"], "--student-layers", "1",
+        "--out", tmp_path / "general", "--epochs", "1", "--batch-size", "8", "--quiet")
+    assert json.loads((tmp_path / "general" / "config.json").read_text())["model_type"] == model_type
 
 
 def test_continued_pretraining_from_the_family_checkpoint(family, tmp_path, capsys):

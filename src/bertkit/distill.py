@@ -53,6 +53,7 @@ from bertkit.tasks.readers import TextExample
 from bertkit.tasks.runner import (FinetuneConfig, FinetuneHooks, TrainBatches, evaluate_task, finetune, load_task,
                                   model_overrides, numeric_metrics)
 from bertkit.tasks.task import Feature
+from bertkit.tokenizer import Tokenizer
 from bertkit.train.steps import StepOutput
 
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
@@ -158,13 +159,12 @@ def truncated_student(teacher: nn.Module, k: int, source: str = "the teacher") -
 
 
 def check_same_vocab(teacher_dir, student_dir) -> None:
-    """Refuse a student whose vocabulary is not the teacher's (the soft targets are over the same token ids)."""
-    a, b = Path(teacher_dir) / "vocab.txt", Path(student_dir) / "vocab.txt"
-    if not b.is_file():
-        raise ConfigError(f"--student {student_dir}: no vocab.txt (not a model directory)")
-    if a.is_file() and a.read_bytes() != b.read_bytes():
-        raise ConfigError(f"--student {student_dir}: its vocab.txt differs from the teacher's ({a}); "
-                          f"distillation needs the same vocabulary")
+    """Refuse a student whose vocabulary is not the teacher's (the soft targets are over the same token ids),
+    whichever file holds it (vocab.txt, tokenizer.json, a SentencePiece model)."""
+    teacher, student = (Tokenizer.from_pretrained(d).ids_to_tokens for d in (teacher_dir, student_dir))
+    if teacher != student:
+        raise ConfigError(f"--student {student_dir}: its vocabulary differs from the teacher's ({teacher_dir}: "
+                          f"{len(teacher)} tokens, the student {len(student)}); distillation needs the same vocabulary")
 
 
 def build_student(dcfg: DistillConfig, cls, overrides: dict):

@@ -87,7 +87,9 @@ class _MaskedBatches:
 
     def __iter__(self):
         for idx in self.sampler:
-            batch = pad_batch([self.docs[i] for i in idx], None, self.tables.pad_id, 8)
+            # rounded to 8 for the GEMMs, unless that could pass the longest input (a table of 72 - 2 RoBERTa slots)
+            batch = pad_batch([self.docs[i] for i in idx], None, self.tables.pad_id,
+                              8 if self.cfg.max_length % 8 == 0 else None)
             lengths = batch["attention_mask"].sum(1).numpy()
             keys = example_keys(self.seed, self.epoch, np.asarray(idx))
             ids, chosen = mask_batch(batch["input_ids"].numpy(), lengths, keys, self.cfg.masking, self.tables)
@@ -142,7 +144,7 @@ def distill_mlm(cfg: MlmDistillConfig) -> dict:
     summary.json; returns the summary."""
     teacher = _teacher(cfg.teacher)
     tok = Tokenizer.from_pretrained(cfg.teacher)
-    tables = VocabTables.from_vocab_file(Path(cfg.teacher) / "vocab.txt")
+    tables = VocabTables.from_tokenizer(tok)        # whichever file holds the vocabulary
     docs = _documents(cfg, tok)
     torch.manual_seed(cfg.training.seed)
     student = _student(cfg, teacher)

@@ -16,7 +16,7 @@ from pathlib import Path
 from bertkit import progress
 from bertkit.commands import checks
 from bertkit.commands.finetune import RECIPE_DESTS, run_brief, add_recipe_args, run_values
-from bertkit.config import peek_json_config, read_json_config
+from bertkit.config import BertConfig, read_json_config
 from bertkit.errors import ConfigError
 
 _TASK_ONLY = ("train", "dev", "test", "unlabeled", "augment", "student", "attention_weight", "patience")
@@ -73,12 +73,12 @@ def _distill(args) -> int:
         given = [f"--{n.replace('_', '-')}" for n in _TASK_ONLY if getattr(args, n)]
         if given:
             raise ConfigError(f"--text (general distillation) does not take {', '.join(given)}")
-        limit = peek_json_config(Path(args.teacher) / "config.json").get("max_position_embeddings")
-        limit = limit if isinstance(limit, int) and limit > 0 else None
-        if args.max_length is not None and limit and args.max_length > limit:
-            raise ConfigError(f"--max-length {args.max_length} is more than the teacher's max_position_embeddings "
-                              f"({limit})")
-        args.max_length = args.max_length or min(128, limit or 128)
+        # the positions an input may use: RoBERTa-style families reserve the first ones
+        limit = BertConfig.from_json(Path(args.teacher) / "config.json").max_input_length
+        if args.max_length is not None and args.max_length > limit:
+            raise ConfigError(f"--max-length {args.max_length} is more than the teacher's max_position_embeddings allow "
+                              f"({limit} input positions)")
+        args.max_length = args.max_length or min(128, limit)
     elif args.train is None or args.dev is None:
         raise ConfigError("give --train and --dev (task distillation) or --text (general distillation)")
     elif args.max_length is not None:

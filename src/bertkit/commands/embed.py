@@ -20,6 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from bertkit import progress
+from bertkit.atomic import write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
 from bertkit.commands import add_model_argument, add_precision_argument, checks, chosen_precision, inference_precision
@@ -163,11 +164,11 @@ def add_evaluate_args(e) -> None:
 def evaluate(args) -> int:
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import evaluate_embed
+    if args.out is not None:                 # checked before the work, as every task's evaluate does
+        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data, args.baseline), overwrite=args.overwrite)
     report = evaluate_embed(args.model, args.data, baseline=args.baseline, batch_size=args.batch_size)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics_embed.json").write_text(json.dumps(report, indent=1, default=float))
+    if args.out is not None:                 # beside its place, moved in whole: a link there is replaced
+        write_text(Path(args.out) / "metrics_embed.json", json.dumps(report, indent=1, default=float) + "\n")
     print(json.dumps(report, default=float))
     return 0
 
