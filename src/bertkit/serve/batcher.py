@@ -4,12 +4,12 @@ A request arrives as one or more `Part`s (an embedding request with many long te
 `quantum` padded tokens), queued per client (the client's address). The worker fills a batch round-robin over the
 clients, taking from each at most `quantum` tokens per turn and one turn per batch while others wait (a client alone
 takes as many as fit), until the batch holds `max_batch` texts or its padded size (texts x longest text) would pass
-`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch
-(clients served go to its back), and a submit or a fill costs the same however many clients wait. So a client
-sending the largest requests gets its share of the forwards while everyone else's short requests wait for
-one short batch, not for its whole request. The first part of a batch waits up to
-`max_wait_ms` for company when other requests were in flight as it came, or while the clients the last forward
-answered are still coming back with their next requests (under load the batch fills first, so the wait costs
+`max_batch_tokens` (twice that while all queued work is within it: only padding grows); a client whose part did not
+fit keeps its place at the head of the round for the next batch (clients served go to its back), and a submit or a
+fill costs the same however many clients wait. So a client sending the largest requests gets its share of the forwards
+while everyone else's short requests wait for one short batch, not for its whole request. The first part of a batch
+waits up to `max_wait_ms` for company when other requests were in flight as it came, or while the clients the last
+forward answered are still coming back with their next requests (under load the batch fills first, so the wait costs
 nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
 
 Admission is bounded: a client holding `max_client_tokens` of queued work gets 429, a queue holding `max_queue_tokens`
