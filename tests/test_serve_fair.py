@@ -103,6 +103,53 @@ def test_a_heavy_client_is_split_and_takes_turns():
     b.close()
 
 
+def _gated(max_batch: int = 8, max_wait_ms: float = 0, budget: Budget | None = None):
+    """A batcher whose forwards are recorded and held until the gate opens, and its first forward, "x", running."""
+    import threading
+    gate, batches = threading.Event(), []
+
+    def run(items):
+        batches.append(list(items))
+        gate.wait(5)
+        return items
+    b = Batcher(run, max_batch=max_batch, max_wait_ms=max_wait_ms, budget=budget)
+    busy = b.submit([Part("x", 1)], client="x")
+    while not batches:
+        time.sleep(0.005)
+    return b, gate, batches, busy
+
+
+def test_the_budget_doubles_only_while_all_queued_work_is_within_it():
+    """With 54 tokens queued under a 64-token budget the next forward takes all four texts though they pad to
+    4 x 30 = 120: their real tokens are within the budget, and a cut would only leave the fourth a forward of its
+    own. With 100 queued, every forward stays within 64 padded tokens."""
+    for extra, expect in ((0, [["a", "b", "c", "d"]]), (46, [["a", "b", "c"], ["d"], ["e"]])):
+        b, gate, batches, busy = _gated(budget=Budget(max_batch_tokens=64))
+        futs = [b.submit([Part(c, 1, n)], client=c) for c, n in zip("abcd", (8, 8, 8, 30))]
+        if extra:
+            futs.append(b.submit([Part("e", 1, extra)], client="e"))
+        gate.set()
+        assert [f.result(timeout=5) for f in futs] == [[c] for c in "abcde"[:len(futs)]]
+        assert busy.result(timeout=5) == ["x"] and batches[1:] == expect, batches
+        b.close()
+
+
+def test_clients_answered_together_are_waited_for():
+    """Four requests answered by one forward: their clients' next requests, 10 ms apart, make one batch (not a
+    first one alone and a second of three), which goes as soon as the fourth is in, long before max_wait_ms."""
+    b, gate, batches, busy = _gated(max_wait_ms=1000)
+    futs = [b.submit([Part(c, 1)], client=c) for c in "abcd"]
+    gate.set()
+    assert [f.result(timeout=5) for f in futs] == [[c] for c in "abcd"] and batches[1:] == [list("abcd")]
+    t0, again = time.monotonic(), []
+    for c in "efgh":
+        again.append(b.submit([Part(c, 1)], client=c))
+        time.sleep(0.01)
+    assert [f.result(timeout=5) for f in again] == [[c] for c in "efgh"]
+    assert batches[2:] == [list("efgh")] and time.monotonic() - t0 < 0.8, batches
+    b.close()
+
+
 def test_clients_take_turns_in_round_order():
     """Three clients queue four one-text parts each while the model is busy: each batch of three then takes one part
     from each, in the order the clients came, and a client that came later joins the round at its back."""

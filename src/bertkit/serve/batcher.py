@@ -4,12 +4,13 @@ A request arrives as one or more `Part`s (an embedding request with many long te
 `quantum` padded tokens), queued per client (the client's address). The worker fills a batch round-robin over the
 clients, taking from each at most `quantum` tokens per turn and one turn per batch while others wait (a client alone
 takes as many as fit), until the batch holds `max_batch` texts or its padded size (texts x longest text) would pass
-`max_batch_tokens`; a client whose part did not fit keeps its place at the head of the round for the next batch
-(clients served go to its back), and a submit or a fill costs the same however many clients wait. So a client
-sending the largest requests gets its share of the forwards while everyone else's short requests wait for
-one short batch, not for its whole request. The first part of a batch waits up to
-`max_wait_ms` for company when other requests were in flight as it came (under load the batch fills first, so the
-wait costs nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
+`max_batch_tokens` (twice that while all queued work is within it: only padding grows); a client whose part did not
+fit keeps its place at the head of the round for the next batch (clients served go to its back), and a submit or a
+fill costs the same however many clients wait. So a client sending the largest requests gets its share of the forwards
+while everyone else's short requests wait for one short batch, not for its whole request. The first part of a batch
+waits up to `max_wait_ms` for company when other requests were in flight as it came, or while the clients the last
+forward answered are still coming back with their next requests (under load the batch fills first, so the wait costs
+nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
 
 Admission is bounded: a client holding `max_client_tokens` of queued work gets 429, a queue holding `max_queue_tokens`
 answers 503, both with a Retry-After computed from the measured tokens per second: refused at once rather than
@@ -22,7 +23,7 @@ import itertools
 import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -147,6 +148,7 @@ class Batcher:
         self._forward_s = 0.0                           # how long the last forward took
         self._cond = threading.Condition()
         self._in_flight = 0
+        self._coming = 0        # requests the last forward answered whose clients have not sent another since
         self._rate = 0.0        # tokens per second of recent forwards, for Retry-After
         self.batches = 0        # counters, for /health, /metrics and the tests
         self.items = 0
@@ -165,6 +167,7 @@ class Batcher:
         deadline = time.monotonic() + timeout if timeout is not None else math.inf
         with self._cond:
             self._admit(client, cost)
+            self._coming = max(0, self._coming - 1)         # one of them is back (or a newcomer: as good)
             job = _Job(fut, client, deadline, self._in_flight > 0, [None] * len(parts), len(parts))
             self._in_flight += 1
             self._seen[client] = time.monotonic()
@@ -220,6 +223,7 @@ class Batcher:
         of the round. Only the round's first 2 x max_batch clients are looked at (at most max_batch take a turn), so a
         fill costs the same however many clients wait. Then more turns to those served while no other client is
         about (a heavy one fills a batch only when it has the server to itself)."""
+        batch.max_tokens = self._batch_tokens()
         for client in list(itertools.islice(self._round, 2 * self.max_batch)):
             if batch.full:
                 break
@@ -233,6 +237,13 @@ class Batcher:
             progress = False
             for client in [c for c in self._turned if c in self._queues and not self._others_about(c)]:
                 progress = self._turn(client, batch) or progress
+
+    def _batch_tokens(self) -> int:
+        """The padded size a forward may reach: max_batch_tokens, or twice it while all the queued work is within
+        it. Then the batch's real tokens stay within the budget (only its padding grows, which an unpadded forward
+        does not compute), and a batch cut at the budget would only leave the rest of the queue a forward of its own."""
+        b = self.budget.max_batch_tokens
+        return 2 * b if b and self._held_total <= b else b
 
     def _others_about(self, client: str) -> bool:
         """Another client sent a request lately: a client between two requests of its own is not queued, and a batch
@@ -274,11 +285,13 @@ class Batcher:
             if not self._round:
                 return []
             first = self._queues[next(iter(self._round))][0]
-            # nothing else was in flight when it came (sparse traffic, one client at a time): waiting for company
-            # would only add latency, so take what is already queued and go
-            until = time.monotonic() + (self.max_wait if first.job.busy else 0.0)
+            # nothing else in flight and nobody else answered lately (sparse traffic, one client at a time): waiting
+            # for company would only add latency, so take what is already queued and go. Clients answered together
+            # come back together, a request apart each: wait for them, or their requests make a small batch of
+            # their own
+            until = time.monotonic() + (self.max_wait if first.job.busy or self._coming else 0.0)
             self._fill(batch)
-            while not batch.full and time.monotonic() < until:
+            while not batch.full and time.monotonic() < until and (first.job.busy or self._coming):
                 self._cond.wait(until - time.monotonic())
                 self._fill(batch)
             self._end_turns()
@@ -298,9 +311,10 @@ class Batcher:
                 results = [e] * len(batch)
             else:
                 self._count(batch, time.perf_counter() - t0)
-            with self._cond:
+            with self._cond:      # before the answers go out: a client answered may be back before this line
                 for queued in batch:
                     self._release(queued)
+                self._coming = sum(n == job.left for job, n in Counter(q.job for q in batch).items())
             for queued, res in zip(batch, results):
                 queued.job.settle(queued.index, res)
 
