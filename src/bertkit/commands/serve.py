@@ -21,8 +21,8 @@ _LIMITS = (
     ("read_timeout_s", float, "seconds to receive a whole request before the connection is closed"),
     ("keep_alive_s", int, "seconds an idle connection stays open"),
     ("max_connections", int, "open connections before 503"),
-    ("max_batch_tokens", int, "padded tokens (texts x longest) per forward; longer requests are split and "
-                              "interleaved"),
+    ("max_batch_tokens", int, "tokens (texts x longest) per forward, padding up to twice it while all queued "
+                              "work fits; longer requests are split and interleaved"),
     ("max_client_connections", int, "open connections per client address before 503"),
     ("max_client_tokens", int, "tokens a client address may have queued before 429 (with Retry-After)"),
     ("max_queue_tokens", int, "tokens queued in all before 503 (with Retry-After)"),

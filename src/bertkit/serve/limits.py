@@ -56,7 +56,7 @@ class ServeConfig:
     read_timeout_s: float = 10.0       # to receive a whole request (headers and body) once it is awaited
     keep_alive_s: int = 5              # an idle keep-alive connection is closed after this
     max_connections: int = 256         # open connections (or in-flight requests) before 503
-    max_batch_tokens: int = 2048       # padded tokens (texts x longest) per forward, as TEI's --max-batch-tokens
+    max_batch_tokens: int = 2048       # tokens (texts x longest) per forward, as TEI's --max-batch-tokens
     max_client_connections: int = 64   # open connections per client address; more are answered 503 and closed
     max_client_tokens: int = 32768     # tokens a client address may have queued -> 429 with Retry-After
     max_queue_tokens: int = 262144     # tokens queued in all -> 503 with Retry-After
