@@ -345,11 +345,15 @@ def test_deberta_frozen_equals_and_int8_runs(tmp_path):
 @pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
 def test_deberta_v3_base_past_its_exact_buckets_equals_transformers(tmp_path, backend):
     """v3-base keeps distances under 128 exact: a 300-token row reaches its logarithmic buckets."""
-    cfg, ref, ours = _pair(tmp_path, "deberta-v2", "Model", shape=BASE, attn_implementation=backend)
-    ids = torch.randint(4, cfg.vocab_size, (2, 300), generator=torch.Generator().manual_seed(3))
+    assert_long_rows_equal(tmp_path, "deberta-v2", "Model", BASE, backend, 300, 140)
+
+
+def assert_long_rows_equal(tmp_path, model_type, suffix, shape, backend, length, real):
+    """Two rows of `length` tokens, the second real up to `real`: ours equals transformers at the real tokens."""
+    cfg, ref, ours = _pair(tmp_path, model_type, suffix, shape=shape, attn_implementation=backend)
+    ids = torch.randint(4, cfg.vocab_size, (2, length), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
-    mask[1, 140:] = 0
+    mask[1, real:] = 0
     with torch.no_grad():
-        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
-        got = ours(ids, attention_mask=mask).last_hidden_state[mask.bool()]
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        want, got = _main(ref(input_ids=ids, attention_mask=mask)), _main(ours(ids, attention_mask=mask))
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
