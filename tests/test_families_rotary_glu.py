@@ -66,3 +66,14 @@ def test_a_new_rotary_base_is_written_as_transformers_reads_it(model_type):
                                                               if k != "model_type"})
     assert theirs.rope_parameters["rope_theta"] == 5e5
     assert heads.BertForMaskedLM(longer).bert.encoder.layer[0].attention.self.theta == 5e5
+
+
+@pytest.mark.parametrize("model_type", ROTARY_GLU)
+def test_keys_a_config_json_leaves_out_read_as_transformers_defaults_them(model_type):
+    """Published config.json files spell few of these keys (nomic-embed's are GPT-2's: n_embd, ...)."""
+    ours, theirs = BertConfig.from_dict({"model_type": model_type}), transformers.AutoConfig.for_model(model_type)
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                "type_vocab_size", "layer_norm_eps", "pad_token_id"):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    assert parts(ours).global_theta == theirs.rope_parameters["rope_theta"]

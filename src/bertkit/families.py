@@ -257,7 +257,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         stacked=(("fc1", ("fc11", "fc12")),),
         head_keys={"ForMaskedLM": (("cls.predictions.transform.LayerNorm", "cls.predictions.transform.layer_norm"),)},
         tied=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
-        config_defaults=(("hidden_dropout_prob", 0.0), ("attention_probs_dropout_prob", 0.0))),
+        # transformers' NomicBertConfig defaults where BERT's differ (the hub's config.json spells few of its keys)
+        config_defaults=(("hidden_act", "silu"), ("vocab_size", 30528), ("max_position_embeddings", 2048),
+                         ("hidden_dropout_prob", 0.0), ("attention_probs_dropout_prob", 0.0))),
     Family(
         "gte", prefix="gte", class_prefix="Gte", pooler=False, rotary=True, glu=True, mlm_act="gelu",
         parts=(("attention_bias", True), ("mlp_bias", False), ("mlp_out_bias", True), ("mlp_dropout", None),
@@ -267,7 +269,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             ("attention.output.LayerNorm", "attn_ln"), ("intermediate.dense", "mlp.up_gate_proj"),
             ("output.dense", "mlp.down_proj"), ("output.LayerNorm", "mlp_ln")),
         head_keys={"ForMaskedLM": _mlm("lm_head.dense", "lm_head.norm", "lm_head.decoder.bias")},
-        tied=("lm_head.decoder.weight",), config_defaults=(("attention_probs_dropout_prob", 0.0),)),
+        tied=("lm_head.decoder.weight",),
+        config_defaults=(("vocab_size", 250048), ("max_position_embeddings", 8192), ("type_vocab_size", 1),
+                         ("pad_token_id", 1), ("attention_probs_dropout_prob", 0.0))),
     Family(
         "deberta-v2", prefix="deberta", class_prefix="DebertaV2", classifier_dropout_first=True, pooler=False,
         disentangled=True,
