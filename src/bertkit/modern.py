@@ -1,4 +1,4 @@
-"""The parts later encoders (ModernBERT, NomicBERT, GTE) swap into the one encoder, and the config keys that choose them.
+"""The parts later encoders (ModernBERT, NomicBERT, GTE) swap into the one encoder, and the config keys choosing them.
 
     rotary positions   q and k rotated by position-dependent angles (RoFormer): no position embeddings; one base
                        (theta) for global layers, another for local ones
@@ -41,7 +41,7 @@ class Parts:
     classifier_pooling: str = "cls"           # "cls" or "mean": what a sequence classifier reads
     classifier_activation: str | None = None  # the heads' hidden layer's; None: the family's
     embedding_dropout: float | None = None    # None: hidden_dropout_prob
-    mlp_dropout: float | None = 0.0           # inside the GLU, before its second linear layer; None: hidden_dropout_prob
+    mlp_dropout: float | None = 0.0           # inside the GLU, before its second layer; None: hidden_dropout_prob
     glu_act_half: int = 0                     # the GLU half its activation reads (the other is the gate)
     window: int | None = None                 # local layers: keys within this distance of the query
     local_layers: tuple[bool, ...] = ()       # per layer: local (sliding window) or global
