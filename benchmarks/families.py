@@ -8,7 +8,8 @@ Run (one JSON line per family):
 
 Each family at its published base shape (roberta-base, xlm-roberta-base, mpnet-base, distilbert-base,
 electra-base-discriminator, albert-base-v2, DeBERTa-v3-base, ModernBERT-base: 22 layers, GLU width 1152, a 128-token window in two
-layers of three), random weights saved by transformers and loaded by bertkit; real BBC
+layers of three, nomic-embed-text-v1.5: BERT-base with rotary base 1000 and SwiGLU, gte-base-en-v1.5: rotary base
+500000, GeGLU, no token types), random weights saved by transformers and loaded by bertkit; real BBC
 sentences in batches of 64 padded to the longest, fp32. The ids are the MiniLM WordPiece ids of the sentences
 (random weights read any ids alike; only the lengths matter for speed). Ours: the bare encoder after
 `runtime.freeze` (what bertkit's inference entry points run). The reference: transformers' model of the family at
@@ -56,6 +57,9 @@ SHAPES = {
                        position_buckets=256, type_vocab_size=0),
     "modernbert": dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
                        local_attention=128, global_attn_every_n_layers=3, pad_token_id=0),
+    "nomic_bert": dict(BASE, max_position_embeddings=2048, pad_token_id=0),
+    "gte": dict(BASE, max_position_embeddings=8192, type_vocab_size=0, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 500_000.0}),
 }
 
 

@@ -92,6 +92,8 @@ def family_dir(root, model_type: str, head: str = "ForSequenceClassification"):
                      max_position_embeddings=72, pad_token_id=fast.pad_token_id)
     if model_type in ("electra", "albert"):
         shape["embedding_size"] = 16
+    if model_type == "gte":             # gte-base-en-v1.5's: BERT's WordPiece, no token types
+        shape["type_vocab_size"] = 0
     cfg = transformers.AutoConfig.for_model(model_type, **shape, id2label={0: "neg", 1: "pos"},
                                             label2id={"neg": 0, "pos": 1})
     torch.manual_seed(0)

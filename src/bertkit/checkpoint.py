@@ -60,8 +60,9 @@ PT_WEIGHTS_NAME = "pytorch_model.bin"
 # top-level parameter groups that belong to some task head (ignored when the model being loaded lacks them)
 _HEAD_ROOTS = ("cls.", "classifier.", "qa_outputs.", "discriminator_predictions.", "head.", "unused.")
 # the first name of a bare encoder's parameters, in any family (DistilBERT's layers are "transformer.", ModernBERT's
-# "layers." and "final_norm.")
-_ENCODER_ROOTS = ("embeddings", "embeddings_project", "encoder", "transformer", "pooler", "layers", "final_norm")
+# "layers." and "final_norm.", NomicBERT's embedding norm "emb_ln.")
+_ENCODER_ROOTS = ("embeddings", "embeddings_project", "encoder", "transformer", "pooler", "layers", "final_norm",
+                  "emb_ln")
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -223,6 +224,7 @@ def family_keys(sd: dict[str, Tensor], model_type: str, head: str, prefixed: boo
     if fam.model_type == "bert":
         return sd
     bare = not any(k.startswith(fam.prefix + ".") for k in sd)
+    sd = _stack(sd, fam.stacked)
     out: dict[str, Tensor] = {}
     for key, value in sd.items():
         if key in fam.tied or key.endswith("position_ids"):
@@ -230,6 +232,38 @@ def family_keys(sd: dict[str, Tensor], model_type: str, head: str, prefixed: boo
         if prefixed and bare and key.split(".")[0] in _ENCODER_ROOTS:
             key = f"{fam.prefix}.{key}"
         out[fam.to_ours(key, head)] = value
+    return out
+
+
+def _module(key: str) -> tuple[str, str, str]:
+    """"a.b.fc11.weight" -> ("a.b", "fc11", "weight")."""
+    path, _, param = key.rpartition(".")
+    head, _, module = path.rpartition(".")
+    return head, module, param
+
+
+def _stack(sd: dict[str, Tensor], stacked) -> dict[str, Tensor]:
+    """Checkpoint names: the parts of each stacked weight (`Family.stacked`) -> the whole, parts in order along
+    dim 0. Parts that are not all there stay as they are (reported unexpected)."""
+    out = dict(sd)
+    for whole, names in stacked:
+        for key in sd:
+            head, module, param = _module(key)
+            keys = [f"{head}.{name}.{param}" for name in names]
+            if module == names[0] and all(k in out for k in keys):
+                out[f"{head}.{whole}.{param}"] = torch.cat([out.pop(k) for k in keys])
+    return out
+
+
+def _unstack(sd: dict[str, Tensor], stacked) -> dict[str, Tensor]:
+    """Inverse of `_stack`: a stacked weight -> its parts, even splits along dim 0 (own copies: safetensors
+    refuses tensors that share memory)."""
+    parts, out = dict(stacked), {}
+    for key, value in sd.items():
+        head, module, param = _module(key)
+        names = parts.get(module, ())
+        out.update({f"{head}.{n}.{param}": t.clone() for n, t in zip(names, value.chunk(len(names)))} if names
+                   else {key: value})
     return out
 
 
@@ -335,7 +369,8 @@ def save_pretrained(model, path, tokenizer=None, safe_serialization: bool = True
     directory.mkdir(parents=True, exist_ok=True)
     fam, head = family(model.config.model_type), type(model).__name__
     extra = model.config.extra
-    sd = {fam.to_theirs(k, head, extra): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    sd = _unstack({fam.to_theirs(k, head, extra): v.detach().to("cpu").contiguous()
+                   for k, v in model.state_dict().items()}, fam.stacked)
     if "quantization_config" in model.config.extra:
         sd = int8.to_storage(sd)
     if not safe_serialization:

@@ -13,6 +13,10 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
     albert       factorised embeddings, layers shared in groups (num_hidden_groups), MLM + sentence-order heads
     modernbert   rotary positions, pre-norm layers with a final norm, GLU feed-forward, no biases, local
                  sliding-window layers between global ones, heads with a dense + act + norm layer (bertkit.modern)
+    nomic_bert   BERT's post-norm layers with rotary positions (no table), a SwiGLU feed-forward, no linear
+                 biases in the layers; BERT's heads; its checkpoints hold the GLU's halves as two weights (fc11, fc12)
+    gte          NomicBERT's layers with attention biases, a GeGLU whose output layer has a bias, optional token
+                 types; RoBERTa-like MLM head names (lm_head.*)
     deberta-v2   DeBERTa-v2 / v3: disentangled attention (bertkit.disentangled), no pooler; query_proj, ...;
                  the classifier's hidden layer is `pooler.dense`; the MLM head BERT's names (or lm_predictions.*)
 
@@ -64,6 +68,11 @@ class Family:
     # the family's own fresh init (ModernBERT's): (our module name's ending, "in" | "out" | "final") -> that std,
     # truncated normal (bertkit.modern.init_family); the modules it does not name keep BERT's
     init_stds: tuple[tuple[str, str], ...] = ()
+    # NomicBERT / GTE: the bertkit.modern.Parts fields their architecture fixes (config.json has no keys for them)
+    parts: tuple[tuple[str, object], ...] = ()
+    # a weight ours holds whole that the checkpoints split along dim 0: (theirs module name, its parts' names),
+    # e.g. NomicBERT's GLU input, ours `intermediate.dense`, theirs "mlp.fc1" stored as mlp.fc11 + mlp.fc12
+    stacked: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # a head spelled otherwise where config.json says so: head -> ((key, value), rules); reading takes either
     variants: dict[str, tuple[tuple[str, object], tuple[tuple[str, str], ...]]] = field(default_factory=dict)
 
@@ -238,6 +247,31 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                      ("attention_probs_dropout_prob", "attention_dropout")),
         # transformers' ModernBertConfig defaults (it refuses a null classifier_dropout)
         config_defaults=(("type_vocab_size", 0), ("hidden_dropout_prob", 0.0), ("classifier_dropout", 0.0))),
+    Family(
+        "nomic_bert", prefix="nomic_bert", class_prefix="NomicBert", pooler=False, rotary=True, glu=True,
+        parts=(("attention_bias", False), ("mlp_bias", False), ("glu_act_half", 1), ("global_theta", 1000.0)),
+        keys=(("embeddings.LayerNorm", "emb_ln"),) + _layer("encoder.layers.#",
+            ("attention.self.Wqkv", "attn.Wqkv"), ("attention.output.dense", "attn.out_proj"),
+            ("attention.output.LayerNorm", "norm1"), ("intermediate.dense", "mlp.fc1"), ("output.dense", "mlp.fc2"),
+            ("output.LayerNorm", "norm2")),
+        stacked=(("fc1", ("fc11", "fc12")),),
+        head_keys={"ForMaskedLM": (("cls.predictions.transform.LayerNorm", "cls.predictions.transform.layer_norm"),)},
+        tied=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+        # transformers' NomicBertConfig defaults where BERT's differ (the hub's config.json spells few of its keys)
+        config_defaults=(("hidden_act", "silu"), ("vocab_size", 30528), ("max_position_embeddings", 2048),
+                         ("hidden_dropout_prob", 0.0), ("attention_probs_dropout_prob", 0.0))),
+    Family(
+        "gte", prefix="gte", class_prefix="Gte", pooler=False, rotary=True, glu=True, mlm_act="gelu",
+        parts=(("attention_bias", True), ("mlp_bias", False), ("mlp_out_bias", True), ("mlp_dropout", None),
+               ("glu_act_half", 1), ("global_theta", 160_000.0)),
+        keys=_layer("encoder.layer.#",
+            ("attention.self.Wqkv", "attention.qkv_proj"), ("attention.output.dense", "attention.o_proj"),
+            ("attention.output.LayerNorm", "attn_ln"), ("intermediate.dense", "mlp.up_gate_proj"),
+            ("output.dense", "mlp.down_proj"), ("output.LayerNorm", "mlp_ln")),
+        head_keys={"ForMaskedLM": _mlm("lm_head.dense", "lm_head.norm", "lm_head.decoder.bias")},
+        tied=("lm_head.decoder.weight",),
+        config_defaults=(("vocab_size", 250048), ("max_position_embeddings", 8192), ("type_vocab_size", 1),
+                         ("pad_token_id", 1), ("attention_probs_dropout_prob", 0.0))),
     Family(
         "deberta-v2", prefix="deberta", class_prefix="DebertaV2", classifier_dropout_first=True, pooler=False,
         disentangled=True,

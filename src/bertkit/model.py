@@ -23,6 +23,8 @@ ModernBERT's (`bertkit.modern`):
         x = x + (act(h) * g) W_2,  [h | g] = LayerNorm(x) W_1                # GLU; no biases anywhere
     x = LayerNorm(x)
 
+NomicBERT and GTE keep BERT's post-norm layers and take ModernBERT's rotary q and k (no position table) and GLU.
+
 How a forward runs is decided once, in `attention.ExecutionPlan.build`: the layout (padded, or unpadded: real tokens
 only, see `padding.py`), the attention function (see `attention.py`), dropout. Fast paths for a machine are applied
 from outside by `bertkit.runtime` (module swaps and `BertModel.execution`); this file knows nothing of them.
@@ -129,7 +131,7 @@ class BertSelfAttention(nn.Module):
             else None
         self.theta = self.window = None
         h, part = config.hidden_size, parts(config)
-        if family(config.model_type).rotary:                # ModernBERT: one Wqkv weight in its checkpoints
+        if family(config.model_type).rotary:                # one Wqkv weight in the rotary families' checkpoints
             self.Wqkv = nn.Linear(h, 3 * h, bias=part.attention_bias)
             self.qkv = Projection(self, ("Wqkv",))
             local = part.local_layers[index]
@@ -227,9 +229,10 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         part = parts(config)
-        if family(config.model_type).glu:               # act(input) * gate: twice the width in, ModernBERT's GeGLU
+        if family(config.model_type).glu:               # act(input) * gate: twice the width in (GeGLU, SwiGLU)
             self.dense = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=part.mlp_bias)
-            self.intermediate_act_fn = GLU(config.hidden_act, part.mlp_dropout)
+            p = config.hidden_dropout_prob if part.mlp_dropout is None else part.mlp_dropout
+            self.intermediate_act_fn = GLU(config.hidden_act, p, part.glu_act_half)
             return
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = Activation(config.hidden_act)
@@ -242,7 +245,8 @@ class BertOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         part = parts(config)
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=part.mlp_bias)
+        bias = part.mlp_bias if part.mlp_out_bias is None else part.mlp_out_bias
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=part.norm_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 

@@ -1,15 +1,18 @@
-"""The parts later encoders (ModernBERT) swap into the one encoder, and the config keys that choose them.
+"""The parts later encoders (ModernBERT, NomicBERT, GTE) swap into the one encoder, and the config keys choosing them.
 
     rotary positions   q and k rotated by position-dependent angles (RoFormer): no position embeddings; one base
                        (theta) for global layers, another for local ones
     sliding window     local layers attend to keys with |i - j| <= local_attention // 2, combined with the key mask
-    GLU feed-forward   the first linear layer gives 2 x intermediate: act(input) * gate, then the second
+    GLU feed-forward   the first linear layer gives 2 x intermediate: act(one half) * the other, then the second
+                       (ModernBERT's GeGLU: act on the first half; NomicBERT's SwiGLU and GTE's: [up | gate])
     biases             linear layers and LayerNorms without bias (`attention_bias`, `mlp_bias`, `norm_bias`, ...)
     init               a fresh model's stds by module (init_family; `Family.init_stds`), truncated normal
 
-Which family uses which is `bertkit.families` (switches `rotary`, `pre_norm`, `glu`, `head_transform`); the values
-(thetas, window, biases, pooling) are the config.json's own keys, kept in `BertConfig.extra` so they are written
-back unchanged, read here with ModernBERT's defaults. BERT's families get `Parts()`: every bias, no window.
+Which family uses which is `bertkit.families` (switches `rotary`, `pre_norm`, `glu`, `head_transform`). ModernBERT's
+values (thetas, window, biases, pooling) are the config.json's own keys, kept in `BertConfig.extra` so they are
+written back unchanged, read here with ModernBERT's defaults; NomicBERT's and GTE's biases are fixed by the family
+(`Family.parts`), their one rotary base read from `rope_parameters`. BERT's families get `Parts()`: every bias, no
+window.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ class Parts:
     norm_bias: bool = True
     attention_bias: bool = True
     mlp_bias: bool = True
+    mlp_out_bias: bool | None = None          # the feed-forward's second layer's (GTE's alone); None: mlp_bias
     classifier_bias: bool = True              # the heads' hidden layer (ModernBERT's `head.dense`)
     decoder_bias: bool = True                 # the MLM decoder's
     classifier_pooling: str = "cls"           # "cls" or "mean": what a sequence classifier reads
     classifier_activation: str | None = None  # the heads' hidden layer's; None: the family's
     embedding_dropout: float | None = None    # None: hidden_dropout_prob
-    mlp_dropout: float = 0.0                  # inside the GLU, before its second linear layer
+    mlp_dropout: float | None = 0.0           # inside the GLU, before its second layer; None: hidden_dropout_prob
+    glu_act_half: int = 0                     # the GLU half its activation reads (the other is the gate)
     window: int | None = None                 # local layers: keys within this distance of the query
     local_layers: tuple[bool, ...] = ()       # per layer: local (sliding window) or global
     global_theta: float = 160_000.0
@@ -51,9 +56,16 @@ _MODERN = dict(norm_bias=False, attention_bias=False, mlp_bias=False, classifier
 
 def parts(config) -> Parts:
     """The parts `config` chooses beyond BERT's fields; ConfigError naming a bad key."""
-    if not family(config.model_type).rotary:
+    fam, extra = family(config.model_type), config.extra
+    if not fam.rotary:
         return Parts()
-    extra = config.extra
+    if fam.parts:                         # NomicBERT, GTE: the family's biases, one rotary base, every layer global
+        head_dim = extra.get("head_dim", config.head_dim)
+        _check("head_dim", head_dim, head_dim == config.head_dim)
+        _check("rope_scaling", extra.get("rope_scaling"), extra.get("rope_scaling") is None)
+        fixed = dict(fam.parts)
+        fixed["global_theta"] = _theta(extra, None, "rope_theta", fixed["global_theta"])
+        return Parts(**fixed, local_layers=(False,) * config.num_hidden_layers)
     kw = {name: extra.get(name, default) for name, default in _MODERN.items()}
     for name in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias", "decoder_bias"):
         _check(name, kw[name], isinstance(kw[name], bool))
@@ -80,10 +92,12 @@ def _check(name: str, value, ok: bool) -> None:
         raise ConfigError(f"config.json key {name}={value!r:.80} is not a value bertkit reads")
 
 
-def _theta(extra: dict, layer_type: str, old_key: str, default: float) -> float:
-    """A rotary base from `rope_parameters` (transformers >= 5), else the older top-level key."""
-    rope = (extra.get("rope_parameters") or {}).get(layer_type) or {}
-    _check(f"rope_parameters.{layer_type}.rope_type", rope.get("rope_type"),
+def _theta(extra: dict, layer_type: str | None, old_key: str, default: float) -> float:
+    """A rotary base from `rope_parameters` (transformers >= 5; one per layer type, or one for all where
+    `layer_type` is None), else the older top-level key."""
+    rope = extra.get("rope_parameters") or {}
+    rope = rope if layer_type is None else rope.get(layer_type) or {}
+    _check("rope_parameters" + (f".{layer_type}" if layer_type else "") + ".rope_type", rope.get("rope_type"),
            rope.get("rope_type", "default") == "default")
     theta = rope.get("rope_theta", extra.get(old_key, default))
     _check(old_key, theta, isinstance(theta, (int, float)) and theta > 0)
@@ -125,16 +139,18 @@ def window_mask(mask: Tensor | None, length: int, window: int, device) -> Tensor
 
 
 class GLU(nn.Module):
-    """(..., 2 x intermediate) -> act(input) * gate, dropout: the gated feed-forward's middle (GeGLU for GELU)."""
+    """(..., 2 x intermediate) -> act(one half) * the other, dropout: the gated feed-forward's middle (GeGLU for
+    GELU, SwiGLU for SiLU). `half`: which half the activation reads."""
 
-    def __init__(self, name: str, p: float):
+    def __init__(self, name: str, p: float, half: int = 0):
         super().__init__()
         self.fn = activation(name)
         self.dropout = nn.Dropout(p)
+        self.half = half
 
     def forward(self, x: Tensor) -> Tensor:
-        h, gate = x.chunk(2, dim=-1)
-        return self.dropout(self.fn(h) * gate)
+        halves = x.chunk(2, dim=-1)
+        return self.dropout(self.fn(halves[self.half]) * halves[1 - self.half])
 
 
 def init_family(model: nn.Module, module: nn.Module) -> None:

@@ -204,14 +204,17 @@ def _rotary_base(config, theta: float, seq_len: int):
     """`config` with its global layers' rotary base `theta` (the local layers' kept) and its longest input raised to
     `seq_len` where shorter: rotary positions have no table, so a longer context changes no weight's shape. Written
     as transformers >= 5 reads it (rope_parameters), and the older key in step where the config has it."""
-    if not family(config.model_type).rotary:
+    fam = family(config.model_type)
+    if not fam.rotary:
         raise ConfigError(f"--rope-theta {theta:g}: model_type {config.model_type} has no rotary positions "
-                          "(ModernBERT has)")
+                          "(ModernBERT, NomicBERT and GTE have)")
     if not theta > 0:
         raise ConfigError(f"--rope-theta {theta:g}: a rotary base must be > 0")
-    extra = {**config.extra, "rope_parameters": {
-        "full_attention": {"rope_type": "default", "rope_theta": float(theta)},
-        "sliding_attention": {"rope_type": "default", "rope_theta": parts(config).local_theta}}}
+    rope = {"rope_type": "default", "rope_theta": float(theta)}
+    if not fam.parts:                   # ModernBERT: a base per layer type (NomicBERT, GTE: one for all)
+        rope = {"full_attention": rope,
+                "sliding_attention": {"rope_type": "default", "rope_theta": parts(config).local_theta}}
+    extra = {**config.extra, "rope_parameters": rope}
     if "global_rope_theta" in extra:
         extra["global_rope_theta"] = float(theta)
     return config.replace(extra=extra, max_position_embeddings=max(config.max_position_embeddings, seq_len))
