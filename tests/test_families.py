@@ -67,9 +67,11 @@ HEADS = {"Model": BertModel, "ForMaskedLM": heads.BertForMaskedLM,
          "ForSequenceClassification": heads.BertForSequenceClassification,
          "ForTokenClassification": heads.BertForTokenClassification,
          "ForQuestionAnswering": heads.BertForQuestionAnswering}
-# every head transformers has for the family (NomicBERT and GTE have no question answering)
-FAMILY_HEADS = [(t, h) for t in FAMILIES if t != "bert" for h in HEADS
-                if hasattr(transformers, FAMILIES[t].class_prefix + h)]
+# every head transformers has for the family: NomicBERT and GTE have no question answering (named, so that a renamed
+# class fails below instead of skipping a family)
+NO_HEAD = {("nomic_bert", "ForQuestionAnswering"), ("gte", "ForQuestionAnswering")}
+FAMILY_HEADS = [(t, h) for t in FAMILIES if t != "bert" for h in HEADS if (t, h) not in NO_HEAD]
+assert all(hasattr(transformers, FAMILIES[t].class_prefix + h) for t, h in FAMILY_HEADS)
 FAMILY_HEADS += [("electra", "ForPreTraining"),                 # ELECTRA's discriminator
                  ("albert", "ForPreTraining")]                  # ALBERT's MLM + sentence order
 

@@ -257,6 +257,7 @@ def test_each_schema_keeps_its_own_cache_file(tmp_path, monkeypatch):
     every run: a probe costs ~1 s of the first training step's time."""
     from bertkit.runtime import probe
     calls = []
+    monkeypatch.setattr(probe, "load_per_cpu", lambda: 0.0)           # the real load must not re-probe here
     monkeypatch.setattr(probe, "measure", lambda bf16: calls.append(1) or
                         {name: {"fast": 1.0, "plain": 2.0} for name in probe.PROBES})
     for schema in (probe.SCHEMA, probe.SCHEMA + 1, probe.SCHEMA, probe.SCHEMA + 1):

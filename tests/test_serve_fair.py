@@ -150,6 +150,20 @@ def test_clients_answered_together_are_waited_for():
     b.close()
 
 
+def test_a_request_after_the_answered_clients_went_quiet_does_not_wait():
+    """Two requests answered together, one client comes back and the other never does: once the quiet has lasted
+    past the window, a lone request goes at once instead of waiting max_wait_ms for the one that left."""
+    b, gate, batches, busy = _gated(max_wait_ms=2000)
+    futs = [b.submit([Part(c, 1)], client=c) for c in "ab"]
+    gate.set()
+    assert [f.result(timeout=5) for f in futs] == [["a"], ["b"]]
+    b._answered_at -= 2 * b._recent()                # the quiet, without sleeping through it
+    t0 = time.monotonic()
+    assert b.submit([Part("c", 1)], client="a").result(timeout=5) == ["c"]
+    assert time.monotonic() - t0 < 1.0
+    b.close()
+
+
 def test_clients_take_turns_in_round_order():
     """Three clients queue four one-text parts each while the model is busy: each batch of three then takes one part
     from each, in the order the clients came, and a client that came later joins the round at its back."""

@@ -39,6 +39,8 @@ def test_pad_batch_equals_the_padded_call():
     eight = pad_batch(plain["input_ids"], None, tok.pad_token_id, multiple_of=8)
     assert eight["input_ids"].shape[1] % 8 == 0 and not eight["token_type_ids"].any()
     assert torch.equal(eight["attention_mask"].sum(1), enc["attention_mask"].sum(1))
+    longest = enc["input_ids"].shape[1]                  # 11 pieces: 16 rounded, but the model takes only 12
+    assert pad_batch(plain["input_ids"], None, tok.pad_token_id, 8, cap=longest + 1)["input_ids"].shape[1] == longest + 1
 
 
 def test_row_masks_match_stored_lengths():

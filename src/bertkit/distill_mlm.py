@@ -87,9 +87,8 @@ class _MaskedBatches:
 
     def __iter__(self):
         for idx in self.sampler:
-            # rounded to 8 for the GEMMs, unless that could pass the longest input (a table of 72 - 2 RoBERTa slots)
-            batch = pad_batch([self.docs[i] for i in idx], None, self.tables.pad_id,
-                              8 if self.cfg.max_length % 8 == 0 else None)
+            # rounded to 8 for the GEMMs, never past max_length (RoBERTa-style tables leave it off a multiple of 8)
+            batch = pad_batch([self.docs[i] for i in idx], None, self.tables.pad_id, 8, cap=self.cfg.max_length)
             lengths = batch["attention_mask"].sum(1).numpy()
             keys = example_keys(self.seed, self.epoch, np.asarray(idx))
             ids, chosen = mask_batch(batch["input_ids"].numpy(), lengths, keys, self.cfg.masking, self.tables)

@@ -96,7 +96,12 @@ def _theta(extra: dict, layer_type: str | None, old_key: str, default: float) ->
     """A rotary base from `rope_parameters` (transformers >= 5; one per layer type, or one for all where
     `layer_type` is None), else the older top-level key."""
     rope = extra.get("rope_parameters") or {}
-    rope = rope if layer_type is None else rope.get(layer_type) or {}
+    _check("rope_parameters", rope, isinstance(rope, dict))
+    if layer_type is None:                # one base for all: a per-layer-type dict is another family's
+        _check("rope_parameters", rope, not any(isinstance(v, dict) for v in rope.values()))
+    else:
+        rope = rope.get(layer_type) or {}
+        _check(f"rope_parameters.{layer_type}", rope, isinstance(rope, dict))
     _check("rope_parameters" + (f".{layer_type}" if layer_type else "") + ".rope_type", rope.get("rope_type"),
            rope.get("rope_type", "default") == "default")
     theta = rope.get("rope_theta", extra.get(old_key, default))

@@ -76,8 +76,8 @@ def _distill(args) -> int:
         # the positions an input may use: RoBERTa-style families reserve the first ones
         limit = BertConfig.from_json(Path(args.teacher) / "config.json").max_input_length
         if args.max_length is not None and args.max_length > limit:
-            raise ConfigError(f"--max-length {args.max_length} is more than the teacher's max_position_embeddings allow "
-                              f"({limit} input positions)")
+            raise ConfigError(f"--max-length {args.max_length} is more than the teacher's max_position_embeddings "
+                              f"allow ({limit} input positions)")
         args.max_length = args.max_length or min(128, limit)
     elif args.train is None or args.dev is None:
         raise ConfigError("give --train and --dev (task distillation) or --text (general distillation)")

@@ -62,7 +62,8 @@ def register(subparsers) -> None:
     m.add_argument("--dropout", type=checks.probability,
                    help="hidden + attention dropout override (default: the model's; planned)")
     m.add_argument("--rope-theta", type=checks.positive_float,
-                   help="rotary models (ModernBERT): the global attention layers' base, saved in config.json; "
+                   help="rotary models: the rotary base (ModernBERT: its global layers'; NomicBERT, GTE: the one "
+                        "base), saved in config.json; "
                         "continued with --init on longer shards, a context extension (ModernBERT: 10000 at 1024 "
                         "tokens, then 160000 at 8192); max_position_embeddings rises to the shards' length")
     m.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false",

@@ -33,6 +33,7 @@ from bertkit.config import CONFIG_NAME
 from bertkit.errors import CheckpointError
 from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer
+from bertkit.tokenizer.hfjson import read_sides
 
 from bertkit.embed.pooling import Dense, Pooling, Prompts, SentenceEncoder
 
@@ -182,8 +183,8 @@ def load_tokenizer(tdir) -> Tokenizer:
     cfg = _transformer_config(Path(tdir))
     options = {k: v for key in ("tokenizer_args", "processor_kwargs") if isinstance(cfg.get(key), dict)
                for k, v in cfg[key].items()}
-    return Tokenizer.from_pretrained(tdir, **{k: options[k] for k in ("padding_side", "truncation_side")
-                                              if options.get(k) is not None})
+    where = f"{Path(tdir) / 'sentence_bert_config.json'}: tokenizer_args / processor_kwargs"
+    return Tokenizer.from_pretrained(tdir, **read_sides(options, where))
 
 
 def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple[int, bool]:

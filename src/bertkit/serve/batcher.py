@@ -10,7 +10,7 @@ fill costs the same however many clients wait. So a client sending the largest r
 while everyone else's short requests wait for one short batch, not for its whole request. The first part of a batch
 waits up to `max_wait_ms` for company when other requests were in flight as it came, or while the clients the last
 forward answered are still coming back with their next requests (under load the batch fills first, so the wait costs
-nothing); a request that comes alone does not wait. `max_batch=1` turns batching off.
+nothing); a request that comes alone, or after those clients have been quiet for a while, does not wait. `max_batch=1` turns batching off.
 
 Admission is bounded: a client holding `max_client_tokens` of queued work gets 429, a queue holding `max_queue_tokens`
 answers 503, both with a Retry-After computed from the measured tokens per second: refused at once rather than
@@ -149,6 +149,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._in_flight = 0
         self._coming = 0        # requests the last forward answered whose clients have not sent another since
+        self._answered_at = 0.0  # when that forward ended: after `_recent()` nobody is counted as coming back
         self._rate = 0.0        # tokens per second of recent forwards, for Retry-After
         self.batches = 0        # counters, for /health, /metrics and the tests
         self.items = 0
@@ -245,10 +246,14 @@ class Batcher:
         b = self.budget.max_batch_tokens
         return 2 * b if b and self._held_total <= b else b
 
+    def _recent(self) -> float:
+        """Seconds within which a client is taken to be between two requests of its own."""
+        return max(1.0, 3 * self._forward_s)
+
     def _others_about(self, client: str) -> bool:
         """Another client sent a request lately: a client between two requests of its own is not queued, and a batch
         filled in that moment would be the long forward its next request waits behind."""
-        since = time.monotonic() - max(1.0, 3 * self._forward_s)
+        since = time.monotonic() - self._recent()
         while self._seen and next(iter(self._seen.values())) < since:
             self._seen.popitem(last=False)
         return len(self._seen) > (client in self._seen)
@@ -289,6 +294,8 @@ class Batcher:
             # for company would only add latency, so take what is already queued and go. Clients answered together
             # come back together, a request apart each: wait for them, or their requests make a small batch of
             # their own
+            if self._coming and time.monotonic() - self._answered_at > self._recent():
+                self._coming = 0                     # those clients left: a later request comes alone
             until = time.monotonic() + (self.max_wait if first.job.busy or self._coming else 0.0)
             self._fill(batch)
             while not batch.full and time.monotonic() < until and (first.job.busy or self._coming):
@@ -314,7 +321,11 @@ class Batcher:
             with self._cond:      # before the answers go out: a client answered may be back before this line
                 for queued in batch:
                     self._release(queued)
-                self._coming = sum(n == job.left for job, n in Counter(q.job for q in batch).items())
+                # a job whose client gave up (504, hang-up) or that failed brings nobody back
+                failed = {q.job for q, r in zip(batch, results) if isinstance(r, BaseException)}
+                self._coming = sum(n == job.left and job not in failed and not job.future.done()
+                                   for job, n in Counter(q.job for q in batch).items())
+                self._answered_at = time.monotonic()
             for queued, res in zip(batch, results):
                 queued.job.settle(queued.index, res)
 

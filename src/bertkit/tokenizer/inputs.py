@@ -164,13 +164,15 @@ def wrap_array(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int) -> np.nd
 
 
 def pad_batch(rows: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, pad_id: int,
-              multiple_of: int | None = None, device=None) -> dict:
+              multiple_of: int | None = None, device=None, cap: int | None = None) -> dict:
     """Ragged rows -> {"input_ids", "token_type_ids", "attention_mask"}: (batch, seq) long tensors padded to the
-    longest row (rounded up to `multiple_of`); padding has id `pad_id`, type 0 and mask 0. `types=None`: all 0."""
+    longest row (rounded up to `multiple_of`, but not past `cap`: the longest input the model takes); padding has
+    id `pad_id`, type 0 and mask 0. `types=None`: all 0."""
     import torch
 
     longest = max(len(r) for r in rows)
     seq = -(-longest // multiple_of) * multiple_of if multiple_of else longest
+    seq = max(longest, min(seq, cap)) if cap else seq
     ids = torch.full((len(rows), seq), pad_id, dtype=torch.long)
     tt = torch.zeros((len(rows), seq), dtype=torch.long)
     mask = torch.zeros((len(rows), seq), dtype=torch.long)

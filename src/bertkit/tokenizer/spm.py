@@ -75,7 +75,8 @@ def _family_normalizers(path: Path, family: str, config: dict) -> list:
     from tokenizers import normalizers
 
     for name in _FAMILY_DEFAULTS.get(family, {}):
-        if not isinstance(config[name], bool):    # "maybe" would read as True
+        if not isinstance(config[name], (bool, type(None))):    # "maybe" would read as True; null reads as false,
+                                                                  # as transformers' tokenizers read it
             raise VocabError(f"{path.parent / 'tokenizer_config.json'}: {name} must be true or false, "
                              f"got {str(config[name])[:40]!r}")
     steps = []

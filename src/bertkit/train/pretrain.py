@@ -215,8 +215,9 @@ def _rotary_base(config, theta: float, seq_len: int):
         rope = {"full_attention": rope,
                 "sliding_attention": {"rope_type": "default", "rope_theta": parts(config).local_theta}}
     extra = {**config.extra, "rope_parameters": rope}
-    if "global_rope_theta" in extra:
-        extra["global_rope_theta"] = float(theta)
+    old = "rope_theta" if fam.parts else "global_rope_theta"       # the pre-rope_parameters spelling
+    if old in extra:
+        extra[old] = float(theta)
     return config.replace(extra=extra, max_position_embeddings=max(config.max_position_embeddings, seq_len))
 
 
