@@ -147,7 +147,7 @@ def runners(model_dir: Path, work: Path, threads: int, with_anchors: bool = True
         out["bertkit_int8_bf16"] = torch_fn(kernel, "bf16")
     if native_bf16("cpu") and int8.qlinear_bf16_ok():  # int8 GEMMs on bf16 activations, even where bf16 won here
         bf16_kernel = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))
-        int8.set_engine(bf16_kernel, plan.int8_engine, bf16_faster=True, bf16_kernel_below=int8.BF16_KERNEL_ALWAYS)
+        int8.set_engine(bf16_kernel, plan.int8_engine, under_bf16=((1, True, int8.BF16_KERNEL_ALWAYS),))
         out["bertkit_int8_bf16_kernel"] = torch_fn(bf16_kernel, "bf16")
     return out
 

@@ -179,7 +179,7 @@ def test_int8_layers_run_float_where_float_measured_faster():
         assert layer.engine is None and for_model("auto", frozen) == "auto"
         assert torch.allclose(layer(x), ref, atol=1e-5)
         frozen, layer, ref = first_layer(runtime.RuntimePlan(none, int8_engine=int8.default_engine(),
-                                                             int8_bf16_faster=True))
+                                                             int8_under_bf16=((384, True, 0),)))
         assert for_model("auto", frozen) == "auto" and for_model("fp32", frozen) == "fp32"
         assert not torch.allclose(layer(x), ref, atol=1e-5)            # fp32: the int8 kernel
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -220,7 +220,7 @@ def test_short_inputs_run_the_float_gemm_where_int8_lost_on_them(caplog):
 
 
 def test_bf16_kernel_runs_int8_gemms_on_bf16_activations_under_its_row_limit():
-    """Where the plan found int8 GEMMs with bf16 activations faster than bf16 (`int8_bf16_kernel_below`), inputs
+    """Where the plan found int8 GEMMs with bf16 activations faster than bf16 (`int8_under_bf16`), inputs
     of fewer rows under bf16 autocast run oneDNN's int8 GEMM (bf16 in and out, the activation in its epilogue) on
     the same int8 weights; longer ones, and every fp32 run, keep the path they had."""
     if not int8.qlinear_bf16_ok():
@@ -233,8 +233,9 @@ def test_bf16_kernel_runs_int8_gemms_on_bf16_activations_under_its_row_limit():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         bf16_short, bf16_long = q(short), q(long)
         model = runtime.freeze(int8.quantize(_tiny()), runtime.RuntimePlan(
-            runtime.plan(force="none").options, int8_engine=int8.default_engine(), int8_bf16_faster=True,
-            int8_bf16_kernel_below=64))
+            runtime.plan(force="none").options, int8_engine=int8.default_engine(),
+            int8_under_bf16=((128, True, 64), (768, True, 0))))
+        # the tiny model's layers (width 128) follow the probe nearest their width
         assert {m.bf16_kernel_below for m in model.modules() if isinstance(m, Int8Linear)} == {64}
         q.bf16_kernel_below = 64
         y = q(short)

@@ -200,10 +200,17 @@ def test_speed_line_says_how_int8_runs_here(monkeypatch):
     opts = runtime.plan(force="none").options
     why = {"int8_linear": "2 ms vs fp32 6 ms"}
     cases = [(runtime.RuntimePlan(opts, reasons=why), "not faster than float"),
-             (runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why, int8_bf16_faster=True,
-                                  int8_bf16_kernel_below=64), "bf16 activations under 64 tokens"),
-             (runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why, int8_bf16_faster=True,
-                                  int8_bf16_kernel_below=int8.BF16_KERNEL_ALWAYS), "under auto or bf16 on bf16")]
+             (runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why,
+                                  int8_under_bf16=((384, True, 64),)), "bf16 activations under 64 tokens"),
+             (runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why,
+                                  int8_under_bf16=((384, True, int8.BF16_KERNEL_ALWAYS),)), "under auto or bf16 on bf16")]
     for plan, words in cases:
         monkeypatch.setattr(runtime, "plan", lambda device="cpu", plan=plan: plan)
-        assert words in quantize.speed_here()["line"], plan
+        assert words in quantize.speed_here(384)["line"], plan
+    # each width follows the probe nearest it: the bf16-activation kernel at base width, bf16 GEMMs at MiniLM's
+    plan = runtime.RuntimePlan(opts, int8_engine="onednn", reasons=why,
+                               int8_under_bf16=((384, True, 0), (768, True, int8.BF16_KERNEL_ALWAYS)))
+    monkeypatch.setattr(runtime, "plan", lambda device="cpu": plan)
+    assert "not bf16" in quantize.speed_here(384)["line"] and "not bf16" in quantize.speed_here(256)["line"]
+    assert "on bf16 activations" in quantize.speed_here(768)["line"]
+    assert "on bf16 activations" in quantize.speed_here(1024)["line"]

@@ -130,7 +130,7 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
             "int8_linear": {**fake, "engine": "fbgemm", **short}, "explicit_train_attention": fake,
             "explicit_train_short": slow, "explicit_masked_inference": na, "cost_buckets": {**fake, "overhead": 3.0e5}})
         got = runtime.plan()
-        assert got.int8_engine == "fbgemm" and got.int8_float_below == below and not got.int8_bf16_faster
+        assert got.int8_engine == "fbgemm" and got.int8_float_below == below and not got.int8_under_bf16
         line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
         assert ("under 64 rows the int8 layers run a float GEMM" in line) == bool(below), line
     # int8 against bf16 where the CPU has it: int8 beats fp32 but not bf16, so bf16 runs take the float GEMM
@@ -139,30 +139,34 @@ def test_measured_plan_is_cached_and_printable(tmp_path, monkeypatch):
         monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path / f"bf16-{bf16}"))
         monkeypatch.setattr(probe, "measure", lambda native, bf16=bf16: {
             "packed_linear_fp32": slow, "packed_linear_bf16": fake, "fast_dropout": fake,
-            "int8_linear": {"fast": 1.0, "plain": 3.0, "layer_int8": 1.0, "layer_bf16": bf16, "engine": "onednn"},
+            "int8_linear": {"fast": 1.0, "plain": 3.0, "layer384_int8": 1.0, "layer384_bf16": bf16,
+                            "engine": "onednn"},
             "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": fake,
             "cost_buckets": {**fake, "overhead": 3.0e5}})
         got = runtime.plan()
-        assert got.int8_engine == "onednn" and got.int8_bf16_faster == faster
+        assert got.int8_engine == "onednn" and got.int8_under_bf16 == ((384, faster, 0),)
         line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
-        assert f"1000.00 ms vs fp32 3000.00 ms, onednn; one encoder layer 1000.00 ms vs bf16 {bf16 * 1e3:.2f} ms" \
-            in line, line
+        assert f"1000.00 ms vs fp32 3000.00 ms, onednn; one encoder layer of width 384 1000.00 ms vs bf16 " \
+               f"{bf16 * 1e3:.2f} ms" in line, line
         assert ("under bf16 autocast the int8 layers run bf16" in line) == faster, line
-    # int8 GEMMs with bf16 activations against bf16: on every input where they won the batch, on one sentence's
-    # rows where they won only there, nowhere where they lost both
+    # int8 GEMMs with bf16 activations against bf16, per layer width: on every input where they won the batch, on
+    # one sentence's rows where they won only there, nowhere where they lost both
     for kernel, short, below in ((0.4, 0.9, int8.BF16_KERNEL_ALWAYS), (2.0, 0.5, 64), (2.0, 2.0, 0)):
         runtime._measured_plan.cache_clear()
         monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path / f"kernel-{kernel}-{short}"))
         monkeypatch.setattr(probe, "measure", lambda native, kernel=kernel, short=short: {
             "packed_linear_fp32": slow, "packed_linear_bf16": fake, "fast_dropout": fake,
-            "int8_linear": {"fast": 1.0, "plain": 3.0, "layer_int8": 1.0, "layer_bf16": 0.5, "engine": "onednn",
-                            "layer_int8_bf16": kernel, "layer_short_bf16": 1.0, "layer_short_int8_bf16": short},
+            "int8_linear": {"fast": 1.0, "plain": 3.0, "layer384_int8": 1.0, "layer384_bf16": 0.5, "engine": "onednn",
+                            "layer384_int8_bf16": 2.0, "layer384_short_bf16": 1.0, "layer384_short_int8_bf16": 2.0,
+                            "layer768_int8": 1.0, "layer768_bf16": 0.5, "layer768_int8_bf16": kernel,
+                            "layer768_short_bf16": 1.0, "layer768_short_int8_bf16": short},
             "explicit_train_attention": fake, "explicit_train_short": slow, "explicit_masked_inference": fake,
             "cost_buckets": {**fake, "overhead": 3.0e5}})
         got = runtime.plan()
-        assert got.int8_bf16_kernel_below == below and got.int8_bf16_faster, kernel
+        assert got.int8_under_bf16 == ((384, True, 0), (768, True, below)), kernel
         line = next(x for x in runtime.describe(got) if x.startswith("int8_linear: on"))
-        assert f"with bf16 activations {kernel * 1e3:.2f} ms vs bf16 500.00 ms" in line, line
+        assert f"width 768 1000.00 ms vs bf16 500.00 ms: under bf16 autocast the int8 layers run bf16; with bf16 " \
+               f"activations {kernel * 1e3:.2f} ms vs bf16 500.00 ms" in line, line
     runtime._measured_plan.cache_clear()                       # later tests measure with the real probes
 
 
@@ -272,6 +276,6 @@ def test_int8_encoder_probe_times_both_layers():
     from bertkit.runtime import int8, probe
     if not int8.int8_kernel_ok():
         pytest.skip("no int8 linear kernel in this PyTorch build")
-    t = probe._probe_int8_encoder(int8.default_engine())
+    t = probe._probe_int8_encoder(int8.default_engine(), 96)
     kernel = {"int8_bf16", "short_bf16", "short_int8_bf16"} if int8.qlinear_bf16_ok() else set()
     assert set(t) == {"int8", "bf16"} | kernel and all(v > 0 for v in t.values())

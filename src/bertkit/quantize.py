@@ -92,23 +92,25 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     return figures
 
 
-def speed_here() -> dict:
-    """Whether the int8 kernel runs on this CPU against its float paths, with the probe's figures, in one line."""
+def speed_here(width: int) -> dict:
+    """Whether the int8 kernel runs on this CPU against its float paths for a model of hidden size `width`, with
+    the probe's figures, in one line."""
     plan = runtime.plan("cpu")
     why = f"int8_linear: {plan.reasons.get('int8_linear', plan.reasons.get('all', ''))}"
+    bf16_faster, kernel_below = int8.under_bf16_for(width, plan.int8_under_bf16)
     if plan.int8_engine is None:
         line = (f"int8 is not faster than float on this CPU ({why}): predict and serve run this model's weights in "
                 f"float here; the directory keeps int8 for its size")
-    elif plan.int8_bf16_kernel_below == int8.BF16_KERNEL_ALWAYS:
-        line = f"int8 runs here, under auto or bf16 on bf16 activations ({why})"
-    elif plan.int8_bf16_faster:
-        short = (f" (int8 GEMMs on bf16 activations under {plan.int8_bf16_kernel_below} tokens)"
-                 if plan.int8_bf16_kernel_below else "")
-        line = (f"int8 beats fp32 but not bf16 on this CPU ({why}): at --precision fp32 (the inference default) "
-                f"predict and serve run int8, under auto or bf16 this model's weights in bf16{short}")
+    elif kernel_below == int8.BF16_KERNEL_ALWAYS:
+        line = f"int8 runs here, under auto or bf16 on bf16 activations at width {width} ({why})"
+    elif bf16_faster:
+        short = f" (int8 GEMMs on bf16 activations under {kernel_below} tokens)" if kernel_below else ""
+        line = (f"int8 beats fp32 but not bf16 on this CPU at width {width} ({why}): at --precision fp32 (the "
+                f"inference default) predict and serve run int8, under auto or bf16 this model's weights in "
+                f"bf16{short}")
     else:
         line = f"int8 runs here ({why})"
-    return {"int8_runs": plan.int8_engine is not None, "bf16_faster": plan.int8_bf16_faster, "line": line}
+    return {"int8_runs": plan.int8_engine is not None, "bf16_faster": bf16_faster, "line": line}
 
 
 @dataclass
@@ -119,7 +121,7 @@ class Quantized:
     model: nn.Module                   # Int8Linear layers, quantization_config (with the check) in its config
     fp32_bytes: int                    # the fp32 weight files' size, for the size ratio
     module_dirs: list[Path]            # sentence-transformers module folders, relative to model_dir
-    speed: dict                        # speed_here(): whether int8 runs on this CPU, with the figures
+    speed: dict                        # speed_here(width): whether int8 runs on this CPU, with the figures
 
 
 def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
@@ -135,7 +137,8 @@ def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), 
     if check is not None:
         qc = quantized.config.extra["quantization_config"]
         qc["check"] = gate(model_dir, fp32, quantized, check, max_drop, precision)
-    return Quantized(model_dir, quantized, size, module_dirs(model_dir), speed_here())
+    return Quantized(model_dir, quantized, size, module_dirs(model_dir),
+                     speed_here(quantized.config.hidden_size))
 
 
 def write(q: Quantized, out) -> dict:

@@ -16,8 +16,8 @@ docs/performance.md). Without VNNI the kernel narrows activations to 7 bits (`re
 would saturate. `runtime.plan` measures int8 against fp32 and (native bf16) a bf16 encoder layer: where int8 lost,
 the layers run their dequantized weights in float (`set_engine`). Under bf16 autocast a second kernel,
 `qlinear_bf16` (oneDNN's int8 GEMM on bf16 activations quantized in PyTorch ops, bf16 out), runs where the plan's
-encoder-layer probe found it faster than bf16: on an AMX Xeon it won on one sentence and lost on batches, as the
-activation quantization costs more than int8 saves over AMX bf16 at MiniLM's width (docs/performance.md).
+encoder-layer probe at the layer's width found it faster than bf16: on an AMX Xeon it lost at MiniLM's width, where
+the activation quantization costs more than int8 saves over AMX bf16 (docs/performance.md).
 An Int8Linear has no trainable parameter: a quantized model is inference-only, like a frozen one.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import logging
+import math
 import warnings
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, ten
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
            "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
-           "EMBEDDING_KEY", "BF16_KERNEL_ALWAYS"]
+           "EMBEDDING_KEY", "BF16_KERNEL_ALWAYS", "under_bf16_for"]
 
 log = logging.getLogger("bertkit.runtime.int8")
 
@@ -208,6 +209,10 @@ class Int8Linear(nn.Module):
         """What derived copies of this layer's weights depend on (runtime.linear._stamp)."""
         return tensors_stamp(self.parts())
 
+    def width(self) -> int:
+        """The model width this layer belongs to: the narrower side (hidden size for Q/K/V, attention out, FFN)."""
+        return min(self._buffers["weight"].shape)
+
     def dequantized(self) -> tuple[Tensor, Tensor | None]:
         q, s, b = self.parts()
         return q.float() * s.float()[:, None], b
@@ -260,6 +265,9 @@ class Int8Fused(Int8Linear):
     def stamp(self) -> tuple:
         return tuple([m.stamp() for m in self._sources()])
 
+    def width(self) -> int:
+        return self._sources()[0].width()
+
     def parts(self) -> tuple[Tensor, Tensor, Tensor | None]:
         stamp = self.stamp()
         if self._fused[0] != stamp:
@@ -273,14 +281,25 @@ class Int8Fused(Int8Linear):
         return state
 
 
+def under_bf16_for(width: int, choices: tuple) -> tuple[bool, int]:
+    """(bf16 GEMMs beat the fp32-activation int8 kernel, rows under which `qlinear_bf16` runs) for a layer of
+    `width`: the choice measured at the probed width nearest it by ratio, in `choices` ((width, faster, below),
+    ...); (False, 0) where nothing was measured."""
+    if not choices:
+        return False, 0
+    _, faster, below = min(choices, key=lambda c: abs(math.log(width / c[0])))
+    return faster, below
+
+
 def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = False, float_below: int = 0,
-               float_packed: frozenset = frozenset(), bf16_faster: bool = False, bf16_kernel_below: int = 0) -> None:
+               float_packed: frozenset = frozenset(), under_bf16: tuple = ()) -> None:
     """Run every int8 layer of `model` through `engine` (None: the default one). Where int8 lost here, the layers
     take their float GEMM instead (a FrozenLinear of the dequantized weights, prepacked in `float_packed` dtypes,
     built on first use): everywhere with `measured_slower` (int8 lost to fp32: the user is told once), on inputs
-    of fewer than `float_below` rows (int8 lost on short inputs), under bf16 autocast with `bf16_faster` (bf16 GEMMs
-    beat int8: precision.for_model then lets "auto" run bf16), except inputs of fewer than `bf16_kernel_below`
-    rows, which run `qlinear_bf16` (int8 GEMMs with bf16 activations, where they beat bf16 here)."""
+    of fewer than `float_below` rows (int8 lost on short inputs). Under bf16 autocast each layer follows the
+    `under_bf16` choice of its width (`under_bf16_for`): the float GEMM where bf16 beat int8 (precision.for_model
+    then lets "auto" run bf16), except inputs of fewer rows than its limit, which run `qlinear_bf16` (int8 GEMMs
+    with bf16 activations, where they beat bf16 here)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if layers and measured_slower:
         log.warning("this CPU's int8 path measured slower than fp32 (python -m bertkit.hardware): the int8 layers "
@@ -290,8 +309,8 @@ def set_engine(model: nn.Module, engine: str | None, measured_slower: bool = Fal
                     f"inputs under {float_below} tokens run the int8 layers' weights in float")
     for m in layers:
         m.engine = None if measured_slower else engine or default_engine()
-        m.float_below, m.float_packed, m.bf16_faster = float_below, float_packed, bf16_faster
-        m.bf16_kernel_below = bf16_kernel_below
+        m.float_below, m.float_packed = float_below, float_packed
+        m.bf16_faster, m.bf16_kernel_below = under_bf16_for(m.width(), under_bf16)
 
 
 def runs_int8(model: nn.Module) -> bool:

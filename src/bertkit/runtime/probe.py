@@ -60,6 +60,7 @@ def _probe_packed_linear(dtype: torch.dtype) -> dict:
 
 
 SHORT_ROWS = range(12, 60, 3)     # rows of the int8 probe's short case: one sentence of 12-57 pieces
+LAYER_WIDTHS = (384, 768)         # its encoder layer's widths, MiniLM's and BERT-base's: int8 gains with width
 
 
 def _float_gemms(xs: list, lin: torch.nn.Linear, bf16_native: bool) -> dict:
@@ -82,8 +83,8 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
     changing lengths (one sentence at batch 1: the libraries differ most there, oneDNN pays per new shape; int8
     can lose there while batches win, e.g. oneDNN without VNNI). "engine": the first of ENGINES unless another has
     a mean log speed-up over fp32 better by the margin; "fast" / "plain": the engine's and fp32's time on the
-    batch cases, "short_*" the same on the short ones; where the CPU has native bf16, "layer_*": a whole encoder
-    layer's (`_probe_int8_encoder`)."""
+    batch cases, "short_*" the same on the short ones; where the CPU has native bf16, "layer<width>_*": a whole
+    encoder layer's at each of LAYER_WIDTHS (`_probe_int8_encoder`)."""
     engines = [e for e in ENGINES if int8_kernel_ok(e)]
     if not engines:
         return {"fast": None, "plain": None, "why": "no int8 linear kernel in this PyTorch build"}
@@ -110,8 +111,8 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
     for key, name in (("fast", engine), ("plain", "fp32")):
         out[key] = timed["minilm"][name] + timed["base"][name]
         out[f"short_{key}"] = timed["short"][name]
-    if bf16_native:                                   # what "auto" would run instead: bf16 through the whole layer
-        out.update({f"layer_{k}": v for k, v in _probe_int8_encoder(engine).items()})
+    for h in LAYER_WIDTHS if bf16_native else ():     # what "auto" would run instead: bf16 through the whole layer
+        out.update({f"layer{h}_{k}": v for k, v in _probe_int8_encoder(engine, h).items()})
     return out
 
 
@@ -126,15 +127,15 @@ def _encoder_layer(x: torch.Tensor, mask, linears: list, norms: list, heads: int
     return norms[1](x + ffn_out(ffn_in(x)))
 
 
-def _probe_int8_encoder(engine: str) -> dict:
-    """One MiniLM-shaped encoder layer (random weights) on 32 sentences of 6-90 tokens, mostly short, padded: int8
-    layers through `engine` with fp32 activations (as int8 models run) against the float layer under bf16 autocast
+def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
+    """One encoder layer of width `h` (12 heads, random weights) on 32 sentences of 6-90 tokens, mostly short,
+    padded: int8 layers through `engine` with fp32 activations (as int8 models run) against the float layer under bf16 autocast
     with prepacked bf16 GEMMs (as "auto" runs a float model), and where oneDNN's int8 GEMM takes bf16 here, the int8
     layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16", "int8_bf16"; the last two again on one sentence
     of changing length ("short_bf16", "short_int8_bf16"). The GEMMs alone miss that bf16 also speeds the rest of the
     layer (attention, norms, residual adds)."""
     g = torch.Generator().manual_seed(0)
-    h, heads = 384, 12
+    heads = 12
     lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()
     mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None])[:, None, None, :]
     x = torch.randn(32, mask.shape[-1], h, generator=g)
@@ -232,7 +233,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 15               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 16               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
