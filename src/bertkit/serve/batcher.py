@@ -10,7 +10,8 @@ fill costs the same however many clients wait. So a client sending the largest r
 while everyone else's short requests wait for one short batch, not for its whole request. The first part of a batch
 waits up to `max_wait_ms` for company when other requests were in flight as it came, or while the clients the last
 forward answered are still coming back with their next requests (under load the batch fills first, so the wait costs
-nothing); a request that comes alone, or after those clients have been quiet for a while, does not wait. `max_batch=1` turns batching off.
+nothing); a request that comes alone, or after those clients have been quiet for a while, does not wait.
+`max_batch=1` turns batching off.
 
 Admission is bounded: a client holding `max_client_tokens` of queued work gets 429, a queue holding `max_queue_tokens`
 answers 503, both with a Retry-After computed from the measured tokens per second: refused at once rather than
