@@ -154,3 +154,17 @@ def test_embed_a_sentence_transformers_directory_equals_sentence_transformers(tm
     ours = np.array([json.loads(line)["embedding"] for line in captured.out.splitlines()])
     cos = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
     assert cos.min() >= 0.99999, cos
+
+
+def test_a_small_position_table_caps_the_default_length_and_the_padding(tmp_path, capsys):
+    """A RoBERTa-style model with a 72-slot table takes 70 pieces: finetune's default --max-length (128) is capped
+    there, and batches rounded up to a multiple of 8 stop at 70 instead of reaching 72 (both refused before)."""
+    d = family_dir(tmp_path / "clf", "xlm-roberta")
+    assert json.loads((d / "config.json").read_text())["max_position_embeddings"] == 72
+    long = " ".join(["the film was great and the plot was boring"] * 12)
+    data = _jsonl(tmp_path / "train.jsonl", [{"text": long, "label": "pos" if i % 2 else "neg"} for i in range(8)])
+    rc = main(["finetune", "--task", "classify", "--model", str(d), "--train", str(data), "--dev", str(data),
+               "--out", str(tmp_path / "ft"), "--epochs", "1", "--no-progress", "--quiet"])
+    assert rc == 0, capsys.readouterr().err[-500:]
+    saved = json.loads(next((tmp_path / "ft").rglob("config.json")).read_text())
+    assert saved["bertkit_task"]["max_length"] == 70

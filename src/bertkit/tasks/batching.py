@@ -69,10 +69,12 @@ class BucketBatchSampler:
         yield from self.batches()
 
 
-def collate(features: list[Feature], pad_token_id: int = 0, multiple_of: int = 8) -> dict[str, torch.Tensor]:
-    """Pad a list of features to the batch's longest sequence (rounded up to `multiple_of`)."""
+def collate(features: list[Feature], pad_token_id: int = 0, multiple_of: int = 8,
+            cap: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad a list of features to the batch's longest sequence (rounded up to `multiple_of`, never past `cap`: the
+    longest input the model takes)."""
     out = pad_batch([f.input_ids for f in features], [f.token_type_ids for f in features], pad_token_id,
-                    multiple_of)
+                    multiple_of, cap=cap)
     b, seq = out["input_ids"].shape
     first = features[0]
     lab = first.labels
@@ -97,8 +99,10 @@ def predict_batches(model, features: list[Feature], batch_size: int = 64, precis
     yields (original indices, model output)."""
     device = next(model.parameters()).device
 
+    cap = getattr(getattr(model, "config", None), "max_input_length", None)
+
     def batch(idx: list[int]) -> dict:
-        b = collate([features[i] for i in idx], pad_token_id)
+        b = collate([features[i] for i in idx], pad_token_id, cap=cap)
         return {k: b[k].to(device) for k in MODEL_KEYS}
     lengths = [len(f.input_ids) for f in features]
     for idx, _, out in forward_batches(model, lengths, batch, batch_size, precision, **(model_kwargs or {})):

@@ -90,7 +90,8 @@ class FinetuneConfig:
     random_init: bool = False              # fresh weights: the baseline that shows what pre-training is worth
     batch_size: int = 32
     dropout: float = 0.1                   # hidden + attention dropout of the encoder (and the head)
-    max_length: int | None = None          # pieces per example; None: the task's default (384 for qa, else 128)
+    max_length: int | None = None          # pieces per example; None: the task's default (384 for qa, else 128),
+                                           # at most what the model's position table takes
     seeds: tuple[int, ...] = (1,)
     grid: bool = False                     # the paper's grid is lr {5e-5, 3e-5, 2e-5} x batch {16, 32}
     patience: int = 0                      # stop after this many evaluations without improvement; 0 = never
@@ -120,11 +121,17 @@ class FinetuneConfig:
         if self.task not in TASKS:
             raise ConfigError(f"--task {self.task!r}: choose one of {', '.join(TASKS)}")
         if self.max_length is None:
-            self.max_length = default(self.task, "max_length")
+            self.max_length = min(default(self.task, "max_length"), _model_positions(self.model))
         _check_task_fit(self)
         self.seeds = run_seeds(self.seeds)
         check_recipe(self.training, batch_size=self.batch_size, max_length=self.max_length,
                      bucket_batches=self.bucket_batches)
+
+
+def _model_positions(model) -> int:
+    """The longest input a model directory's position table takes (a preset's table is larger than any default)."""
+    path = Path(model) / "config.json"
+    return BertConfig.from_json(path).max_input_length if path.is_file() else 1 << 30
 
 
 # the most pieces a model's specials take around a text pair (RoBERTa: <s> a </s></s> b </s>)
@@ -317,7 +324,7 @@ class FinetuneHooks:
         return cls(config)
 
     def batches(self, cfg: FinetuneConfig, data: "TaskData", seed: int, pad_id: int) -> "TrainBatches":
-        return TrainBatches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches)
+        return TrainBatches(data.train_feats, cfg.batch_size, seed, pad_id, cfg.bucket_batches, cfg.max_length)
 
     def trained(self, model):
         """The model to evaluate and save, from the trained one (at its best dev state)."""
@@ -374,8 +381,9 @@ class TrainBatches:
     """The training batches of one run: length-bucketed, reshuffled per epoch (`set_epoch`, called by the loop),
     padded per batch. Counts the examples it hands out, for examples/s."""
 
-    def __init__(self, feats: list[Feature], batch_size: int, seed: int, pad_id: int, bucket_batches: int = 50):
-        self.feats, self.pad_id = feats, pad_id
+    def __init__(self, feats: list[Feature], batch_size: int, seed: int, pad_id: int, bucket_batches: int = 50,
+                 cap: int | None = None):
+        self.feats, self.pad_id, self.cap = feats, pad_id, cap        # cap: padded no longer than max_length
         self.sampler = BucketBatchSampler([len(f.input_ids) for f in feats], batch_size, seed,
                                           bucket_batches=bucket_batches)
         self.examples = 0
@@ -393,7 +401,7 @@ class TrainBatches:
 
     def batch(self, feats: list[Feature]) -> dict:
         """One padded batch of these features."""
-        return collate(feats, self.pad_id)
+        return collate(feats, self.pad_id, cap=self.cap)
 
 
 def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
