@@ -129,11 +129,12 @@ def _encoder_layer(x: torch.Tensor, mask, linears: list, norms: list, heads: int
 
 def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
     """One encoder layer of width `h` (12 heads, random weights) on 32 sentences of 6-90 tokens, mostly short,
-    padded: int8 layers through `engine` with fp32 activations (as int8 models run) against the float layer under bf16 autocast
-    with prepacked bf16 GEMMs (as "auto" runs a float model), and where oneDNN's int8 GEMM takes bf16 here, the int8
-    layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16", "int8_bf16"; the last two again on one sentence
-    of changing length ("short_bf16", "short_int8_bf16"). The GEMMs alone miss that bf16 also speeds the rest of the
-    layer (attention, norms, residual adds)."""
+    padded: int8 layers through `engine` with fp32 activations (as int8 models run) against the float layer under
+    bf16 autocast with prepacked bf16 GEMMs (as "auto" runs a float model), and where oneDNN's int8 GEMM takes bf16
+    here, the int8 layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16", "int8_bf16"; the last two again on
+    one sentence of changing length ("short_bf16", "short_int8_bf16"). The GEMMs alone miss that bf16 also speeds
+    the rest of the layer (attention, norms, residual adds). Padded, unlike the model's unpadded forward: at BERT-base
+    width this layer has int8 losing where the whole model measured it faster (docs/performance.md)."""
     g = torch.Generator().manual_seed(0)
     heads = 12
     lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()

@@ -287,7 +287,7 @@ class Batcher:
         with self._cond:
             if not self._round:
                 self._cond.wait(0.1)
-            batch = _Batch(self.max_batch, self.budget.max_batch_tokens)
+            batch = _Batch(self.max_batch, self._batch_tokens())     # _fill renews the size as the queue moves
             if not self._round:
                 return []
             first = self._queues[next(iter(self._round))][0]
