@@ -162,6 +162,7 @@ class BertSelfAttention(nn.Module):
             probs = None
         else:
             ctx, probs = self._attend(qkv, layout.mask, plan, pos)
+            ctx = ctx.reshape(*ctx.shape[:2], -1)
         return (ctx if rows is None else layout.select(ctx, rows)), probs
 
     def _positions(self, plan: ExecutionPlan, seq: int) -> tuple | None:
@@ -171,7 +172,8 @@ class BertSelfAttention(nn.Module):
 
     def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan, pos: tuple | None = None
                 ) -> tuple[Tensor, Tensor | None]:
-        """(rows, len, 3 * hidden) -> (rows, len, hidden) through the plan's attention function."""
+        """(rows, len, 3 * hidden) -> (rows, len, heads, head_dim), a strided view, through the plan's attention
+        function."""
         b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if plan.bias is not None:            # relative positions: rows start at position 0 in either layout
@@ -181,7 +183,7 @@ class BertSelfAttention(nn.Module):
         if pos is not None:
             mask = with_bias(self.relative(q, k, pos), mask)
         ctx, probs = plan.attend(q, k, v, mask, self.scale)            # (rows, heads, len, head_dim)
-        return ctx.transpose(1, 2).reshape(b, s, -1), probs
+        return ctx.transpose(1, 2), probs
 
     def _first(self, x: Tensor, plan: ExecutionPlan) -> Tensor:
         """The context at each sequence's first position only, against all keys: (batch, 1, hidden). Keys and

@@ -201,9 +201,11 @@ class Layout:
         return [grid[b.offset:b.offset + b.rows * b.length].view(b.rows, b.length, -1) for b in self.buckets]
 
     def from_buckets(self, grids: list[Tensor]) -> Tensor:
-        """[(rows, length, d)] -> packed (tokens, d): the inverse of `to_buckets` on the real slots."""
-        flat = [g.reshape(-1, g.shape[-1]) for g in grids]
-        grid = flat[0] if len(flat) == 1 else torch.cat(flat)          # (grid_size, d)
+        """[(rows, length, ...)] -> packed (tokens, d), d the product of the trailing dims: the inverse of
+        `to_buckets` on the real slots. Each grid, strided or not, is copied once into one buffer (no reshape, no cat)."""
+        grid = grids[0].new_empty(self.grid_size, grids[0][0, 0].numel())
+        for g, b in zip(grids, self.buckets):
+            grid[b.offset:b.offset + b.rows * b.length].view(g.shape).copy_(g)
         return grid.index_select(0, self.grid_index)
 
 
