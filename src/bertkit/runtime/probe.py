@@ -116,31 +116,31 @@ def _probe_int8_linear(bf16_native: bool) -> dict:
     return out
 
 
-def _encoder_layer(x: torch.Tensor, mask, linears: list, norms: list, heads: int) -> torch.Tensor:
-    """A post-norm BERT layer as the frozen model runs it: fused Q/K/V, SDPA, output + residual + LayerNorm, FFN
-    with its GELU in the first GEMM, output + residual + LayerNorm."""
+def _encoder_layer(x: torch.Tensor, layout: Layout, linears: list, norms: list, heads: int) -> torch.Tensor:
+    """A post-norm BERT layer as the frozen model runs it, on packed tokens (tokens, h): fused Q/K/V, SDPA in the
+    layout's buckets, output + residual + LayerNorm, FFN with its GELU in the first GEMM, output + residual +
+    LayerNorm."""
     qkv, out, ffn_in, ffn_out = linears
-    b, s, h = x.shape
-    q, k, v = qkv(x).view(b, s, 3, heads, h // heads).permute(2, 0, 3, 1, 4).unbind(0)
-    ctx = sdpa_attention(q, k, v, mask, (h // heads) ** -0.5, 0.0, None)[0].transpose(1, 2).reshape(b, s, h)
+    ctx = layout.from_buckets([_bucket_attention(g, b.mask, heads) for g, b in zip(layout.to_buckets(qkv(x)),
+                                                                                    layout.buckets)])
     x = norms[0](x + out(ctx))
     return norms[1](x + ffn_out(ffn_in(x)))
 
 
 def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
     """One encoder layer of width `h` (12 heads, random weights) on 32 sentences of 6-90 tokens, mostly short,
-    padded: int8 layers through `engine` with fp32 activations (as int8 models run) against the float layer under
-    bf16 autocast with prepacked bf16 GEMMs (as "auto" runs a float model), and where oneDNN's int8 GEMM takes bf16
-    here, the int8 layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16", "int8_bf16"; the last two again on
-    one sentence of changing length ("short_bf16", "short_int8_bf16"). The GEMMs alone miss that bf16 also speeds
-    the rest of the layer (attention, norms, residual adds). Padded, unlike the model's unpadded forward: at BERT-base
-    width this layer has int8 losing where the whole model measured it faster (docs/performance.md)."""
+    unpadded as the model runs them: int8 layers through `engine` with fp32 activations (as int8 models run)
+    against the float layer under bf16 autocast with prepacked bf16 GEMMs (as "auto" runs a float model), and where
+    oneDNN's int8 GEMM takes bf16 here, the int8 layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16",
+    "int8_bf16"; the last two again on one sentence of changing length ("short_bf16", "short_int8_bf16"). The GEMMs
+    alone miss that bf16 also speeds the rest of the layer (attention, norms, residual adds); a padded layer
+    misjudged BERT-base width, where padding's extra rows favour bf16's GEMMs (docs/performance.md)."""
     g = torch.Generator().manual_seed(0)
     heads = 12
     lengths = (torch.rand(32, generator=g) ** 2 * 84 + 6).long()
-    mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None])[:, None, None, :]
-    x = torch.randn(32, mask.shape[-1], h, generator=g)
-    shorts = [torch.randn(1, n, h, generator=g).bfloat16() for n in SHORT_ROWS]
+    mask = torch.arange(int(lengths.max()))[None] < lengths[:, None]
+    batch = (torch.randn(int(lengths.sum()), h, generator=g), Layout.build("unpadded", mask, *mask.shape))
+    shorts = [(torch.randn(n, h, generator=g).bfloat16(), Layout.build("unpadded", None, 1, n)) for n in SHORT_ROWS]
     shapes = ((h, 3 * h, None), (h, h, None), (h, 4 * h, "gelu"), (4 * h, h, None))
     floats = [(torch.nn.Linear(i, o), act) for i, o, act in shapes]
     packed = frozenset({torch.bfloat16}) if onednn_linear_ok(torch.bfloat16) else frozenset()
@@ -154,13 +154,13 @@ def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
             q.bf16_kernel_below = BF16_KERNEL_ALWAYS
     norms = [torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)]
 
-    def run(name, xs, m):
+    def run(name, inputs):
         with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=name != "int8"):
-            for t in xs:
-                _encoder_layer(t.float() if name == "int8" else t.bfloat16(), m, layers[name], norms, heads)
-    out = _time({name: lambda name=name: run(name, [x], mask) for name in layers})
+            for t, layout in inputs:
+                _encoder_layer(t.float() if name == "int8" else t.bfloat16(), layout, layers[name], norms, heads)
+    out = _time({name: lambda name=name: run(name, [batch]) for name in layers})
     if "int8_bf16" in layers:
-        short = _time({name: lambda name=name: run(name, shorts, None) for name in ("bf16", "int8_bf16")})
+        short = _time({name: lambda name=name: run(name, shorts) for name in ("bf16", "int8_bf16")})
         out.update({f"short_{k}": v for k, v in short.items()})
     return out
 
@@ -234,7 +234,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 16               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 17               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
