@@ -78,3 +78,53 @@ def test_keys_a_config_json_leaves_out_read_as_transformers_defaults_them(model_
                 "type_vocab_size", "layer_norm_eps", "pad_token_id"):
         assert getattr(ours, key) == getattr(theirs, key), key
     assert parts(ours).global_theta == theirs.rope_parameters["rope_theta"]
+
+
+def _as_remote_code(src, dst, suffix: str) -> None:
+    """A transformers-saved GTE directory rewritten as gte-base-en-v1.5's authors' code writes it: model_type "new",
+    New* classes, the base's weights under `new.`, the remote config's own keys."""
+    from safetensors.torch import load_file, save_file
+    dst.mkdir()
+    raw = json.loads((src / "config.json").read_text())
+    theta = raw.pop("rope_parameters")["rope_theta"]
+    raw.update(model_type="new", architectures=["New" + suffix], position_embedding_type="rope", rope_theta=theta,
+               rope_scaling=None, logn_attention_scale=False, pack_qkv=True, layer_norm_type="layer_norm",
+               auto_map={"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"})
+    (dst / "config.json").write_text(json.dumps(raw))
+    weights = load_file(src / "model.safetensors")
+    save_file({("new." + k[4:] if k.startswith("gte.") else k): v for k, v in weights.items()},
+              dst / "model.safetensors")
+
+
+@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM", "ForSequenceClassification"])
+def test_gte_as_its_authors_code_saves_it_loads_and_saves_back_unchanged(tmp_path, suffix):
+    cfg, ref, _ = _pair(tmp_path, "gte", suffix, shape=dict(TINY, rope_parameters={"rope_type": "default",
+                                                                                   "rope_theta": 500_000.0}))
+    _as_remote_code(tmp_path / "hf", tmp_path / "new", suffix)
+    cls = BertModel if suffix == "Model" else getattr(heads, "Bert" + suffix)
+    ours = cls.from_pretrained(tmp_path / "new").eval()
+    assert ours.loading_info["missing_keys"] == [] and ours.loading_info["ignored_keys"] == []
+    assert parts(ours.config).global_theta == 500_000.0
+    ids = torch.randint(4, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = ref(input_ids=ids), ours(ids)
+    key = "last_hidden_state" if suffix == "Model" else "logits"
+    torch.testing.assert_close(getattr(got, key), getattr(want, key), atol=1e-5, rtol=1e-5)
+    ours.save_pretrained(tmp_path / "back")
+    from safetensors.torch import load_file
+    assert sorted(load_file(tmp_path / "back" / "model.safetensors")) == \
+        sorted(load_file(tmp_path / "new" / "model.safetensors"))
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["model_type"] == "new" and back["architectures"] == ["New" + suffix]
+    assert back["auto_map"] and back["position_embedding_type"] == "rope" and back["rope_theta"] == 500_000.0
+
+
+@pytest.mark.parametrize("key,value", [("logn_attention_scale", True), ("layer_norm_type", "rms_norm"),
+                                       ("position_embedding_type", "absolute")])
+def test_gte_remote_code_settings_bertkit_does_not_compute_are_refused_by_name(tmp_path, key, value):
+    _pair(tmp_path, "gte", "Model")
+    _as_remote_code(tmp_path / "hf", tmp_path / "new", "Model")
+    raw = json.loads((tmp_path / "new" / "config.json").read_text())
+    (tmp_path / "new" / "config.json").write_text(json.dumps(dict(raw, **{key: value})))
+    with pytest.raises(ConfigError, match=key):
+        BertModel.from_pretrained(tmp_path / "new")

@@ -13,12 +13,12 @@ import pytest
 from bertkit.cli import main
 from bertkit.families import FAMILIES
 
-from test_family_journeys import family_dir, family_tokenizer, _jsonl, _rows  # noqa: F401
+from test_family_journeys import FAMILY_TYPES, family_dir, family_tokenizer, _jsonl, _rows  # noqa: F401
 
 CORPUS = "the film was great and the plot was boring but the music was lovely at the end of the show\n" * 24
 
 
-@pytest.fixture(scope="module", params=[t for t in FAMILIES if t != "bert"])
+@pytest.fixture(scope="module", params=FAMILY_TYPES)
 def family(request, tmp_path_factory):
     """The family's directories: a fine-tuned classifier (by bertkit), its MLM and bare encoder, and data."""
     root = tmp_path_factory.mktemp(request.param)

@@ -103,7 +103,7 @@ def family_dir(root, model_type: str, head: str = "ForSequenceClassification"):
     return root
 
 
-FAMILY_TYPES = [t for t in FAMILIES if t != "bert"]
+FAMILY_TYPES = [t for t in FAMILIES if t != "bert" and hasattr(transformers, FAMILIES[t].class_prefix + "Model")]
 
 
 def _jsonl(path, rows):

@@ -133,9 +133,10 @@ class BertConfig:
                               ("problem_type", PROBLEM_TYPES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"BertConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
-        if self.position_embedding_type != "absolute":
+        kind = dict(family(self.model_type).config_defaults).get("position_embedding_type", "absolute")
+        if self.position_embedding_type != kind:          # the one kind the family's checkpoints use
             raise ConfigError(f"BertConfig.position_embedding_type={self.position_embedding_type!r} is not "
-                              f"supported (only 'absolute')")
+                              f"supported (only {kind!r} for model_type {self.model_type!r})")
         for name in ("layer_norm_eps", "initializer_range"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 < v < math.inf:      # NaN too

@@ -17,6 +17,7 @@ which a transformers `model_type` uses and how its checkpoints spell the paramet
                  biases in the layers; BERT's heads; its checkpoints hold the GLU's halves as two weights (fc11, fc12)
     gte          NomicBERT's layers with attention biases, a GeGLU whose output layer has a bias, optional token
                  types; RoBERTa-like MLM head names (lm_head.*)
+    new          GTE as its authors' remote code names it (prefix `new.`, classes NewModel, ...)
     deberta-v2   DeBERTa-v2 / v3: disentangled attention (bertkit.disentangled), no pooler; query_proj, ...;
                  the classifier's hidden layer is `pooler.dense`; the MLM head BERT's names (or lm_predictions.*)
 
@@ -164,6 +165,21 @@ def _roberta_heads(prefix: str) -> dict:
 _ROBERTA = dict(prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
                 head_keys=_roberta_heads("roberta"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
 
+_GTE = dict(pooler=False, rotary=True, glu=True, mlm_act="gelu",
+            keys=_layer("encoder.layer.#",
+                ("attention.self.Wqkv", "attention.qkv_proj"), ("attention.output.dense", "attention.o_proj"),
+                ("attention.output.LayerNorm", "attn_ln"), ("intermediate.dense", "mlp.up_gate_proj"),
+                ("output.dense", "mlp.down_proj"), ("output.LayerNorm", "mlp_ln")),
+            head_keys={"ForMaskedLM": _mlm("lm_head.dense", "lm_head.norm", "lm_head.decoder.bias")},
+            tied=("lm_head.decoder.weight",))
+
+
+def _gte_parts(theta: float) -> tuple[tuple[str, object], ...]:
+    """GTE's fixed parts, with the rotary base its config class defaults to."""
+    return (("attention_bias", True), ("mlp_bias", False), ("mlp_out_bias", True), ("mlp_dropout", None),
+            ("glu_act_half", 1), ("global_theta", theta))
+
+
 _albert_mlm = _mlm("predictions.dense", "predictions.LayerNorm", "predictions.bias")
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -260,18 +276,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         # transformers' NomicBertConfig defaults where BERT's differ (the hub's config.json spells few of its keys)
         config_defaults=(("hidden_act", "silu"), ("vocab_size", 30528), ("max_position_embeddings", 2048),
                          ("hidden_dropout_prob", 0.0), ("attention_probs_dropout_prob", 0.0))),
-    Family(
-        "gte", prefix="gte", class_prefix="Gte", pooler=False, rotary=True, glu=True, mlm_act="gelu",
-        parts=(("attention_bias", True), ("mlp_bias", False), ("mlp_out_bias", True), ("mlp_dropout", None),
-               ("glu_act_half", 1), ("global_theta", 160_000.0)),
-        keys=_layer("encoder.layer.#",
-            ("attention.self.Wqkv", "attention.qkv_proj"), ("attention.output.dense", "attention.o_proj"),
-            ("attention.output.LayerNorm", "attn_ln"), ("intermediate.dense", "mlp.up_gate_proj"),
-            ("output.dense", "mlp.down_proj"), ("output.LayerNorm", "mlp_ln")),
-        head_keys={"ForMaskedLM": _mlm("lm_head.dense", "lm_head.norm", "lm_head.decoder.bias")},
-        tied=("lm_head.decoder.weight",),
-        config_defaults=(("vocab_size", 250048), ("max_position_embeddings", 8192), ("type_vocab_size", 1),
-                         ("pad_token_id", 1), ("attention_probs_dropout_prob", 0.0))),
+    Family("gte", prefix="gte", class_prefix="Gte", **_GTE, parts=_gte_parts(160_000.0),
+           config_defaults=(("vocab_size", 250048), ("max_position_embeddings", 8192), ("type_vocab_size", 1),
+                            ("pad_token_id", 1), ("attention_probs_dropout_prob", 0.0))),
+    # the same checkpoints as their authors' own code saves them (gte-base-en-v1.5 on the hub: config.json's
+    # model_type "new", read by transformers only with trust_remote_code); its NewConfig's defaults
+    Family("new", prefix="new", class_prefix="New", **_GTE, parts=_gte_parts(10_000.0),
+           config_defaults=(("vocab_size", 30528), ("type_vocab_size", 2), ("attention_probs_dropout_prob", 0.0),
+                            ("position_embedding_type", "rope"))),
     Family(
         "deberta-v2", prefix="deberta", class_prefix="DebertaV2", classifier_dropout_first=True, pooler=False,
         disentangled=True,

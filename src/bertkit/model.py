@@ -172,8 +172,7 @@ class BertSelfAttention(nn.Module):
 
     def _attend(self, qkv: Tensor, mask: Tensor | None, plan: ExecutionPlan, pos: tuple | None = None
                 ) -> tuple[Tensor, Tensor | None]:
-        """(rows, len, 3 * hidden) -> (rows, len, heads, head_dim), a strided view, through the plan's attention
-        function."""
+        """(rows, len, 3 * hidden) -> a strided (rows, len, heads, head_dim), by the plan's attention function."""
         b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if plan.bias is not None:            # relative positions: rows start at position 0 in either layout

@@ -63,6 +63,8 @@ def parts(config) -> Parts:
         head_dim = extra.get("head_dim", config.head_dim)
         _check("head_dim", head_dim, head_dim == config.head_dim)
         _check("rope_scaling", extra.get("rope_scaling"), extra.get("rope_scaling") is None)
+        for key, want in (("logn_attention_scale", False), ("pack_qkv", True), ("layer_norm_type", "layer_norm")):
+            _check(key, extra.get(key, want), extra.get(key, want) == want)     # GTE's own code's other settings
         fixed = dict(fam.parts)
         fixed["global_theta"] = _theta(extra, None, "rope_theta", fixed["global_theta"])
         return Parts(**fixed, local_layers=(False,) * config.num_hidden_layers)
