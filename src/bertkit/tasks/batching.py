@@ -37,32 +37,25 @@ class BucketBatchSampler:
     lengths: list[int]
     batch_size: int
     seed: int = 0
-    shuffle: bool = True
     bucket_batches: int = 50
-    drop_last: bool = False
     epoch: int = field(default=0, init=False)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        n = len(self.lengths)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return -(-len(self.lengths) // self.batch_size)
 
     def batches(self) -> list[list[int]]:
         idx = list(range(len(self.lengths)))
         rng = random.Random(self.seed * 100_003 + self.epoch)
-        if self.shuffle:
-            rng.shuffle(idx)
+        rng.shuffle(idx)
         window = self.batch_size * self.bucket_batches
         out: list[list[int]] = []
         for w in range(0, len(idx), window):
             chunk = sorted(idx[w:w + window], key=lambda i: self.lengths[i])
             out.extend(chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size))
-        if self.drop_last:
-            out = [b for b in out if len(b) == self.batch_size]
-        if self.shuffle:
-            rng.shuffle(out)
+        rng.shuffle(out)
         return out
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -26,7 +26,7 @@ import io
 import json
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.atomic import replacing, write_text
@@ -228,14 +228,6 @@ class LabelMap:
     def name(self, i: int) -> str:
         return self.labels[i]
 
-    @property
-    def id2label(self) -> dict[str, str]:  # JSON keys are strings (as in HF config.json)
-        return {str(i): n for i, n in enumerate(self.labels)}
-
-    @property
-    def label2id(self) -> dict[str, int]:
-        return dict(self._index)
-
 
 # ------------------------------------------------------------------------------------------------------ CoNLL
 
@@ -327,7 +319,6 @@ class SquadData:
     examples: list[SquadExample]
     version_2: bool                      # any is_impossible question in the file
     fixed_offsets: int = 0               # answers whose answer_start was moved to where the text really is
-    details: list[str] = field(default_factory=list)
 
 
 def _id_lines(raw: str) -> dict[str, list[int]]:
@@ -408,7 +399,7 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
                 out.append(SquadExample(qid, question, context, answers, impossible, title, where))
     if not out:
         raise DataError(f"{path}: no questions")
-    return SquadData(out, any(e.is_impossible for e in out), len(fixed), fixed)
+    return SquadData(out, any(e.is_impossible for e in out), len(fixed))
 
 
 def _objects(parent: dict, key: str, where: str) -> list[dict]:

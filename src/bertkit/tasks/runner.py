@@ -166,11 +166,8 @@ def check_recipe(training: TrainConfig, **values) -> None:
 # ---------------------------------------------------------------------------------------------------- tasks
 
 def _task(cfg: FinetuneConfig) -> Task:
-    """The run's task, its settings from the configuration."""
-    return make_task(cfg.task, {"max_length": cfg.max_length, "label_all_pieces": cfg.label_all_pieces,
-                                "convert_to": cfg.scheme, "doc_stride": cfg.doc_stride,
-                                "max_query_length": cfg.max_query_length, "max_answer_length": cfg.max_answer_length,
-                                "n_best": cfg.n_best, "multilabel_sep": cfg.multilabel_sep})
+    """The run's task, its settings the configuration's fields of the same name (--scheme is its convert_to)."""
+    return make_task(cfg.task, {**vars(cfg), "convert_to": cfg.scheme})
 
 
 def load_task(model_dir: str | Path):
@@ -566,15 +563,22 @@ def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None, callbacks=
 
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
+def _over_file(model_dir, path, batch_size: int, precision: str, progress: bool, what: str):
+    """(task, examples, features, raw predictions) of a fine-tuned model over a data file, labels read for
+    "evaluate"; `progress`: a bar on stderr."""
+    task, model, tok = load_task(model_dir)
+    examples = task.read(path, require_label=what == "evaluate")
+    feats = task.features(tok, examples, with_labels=what == "evaluate")
+    with forward_bar(model, math.ceil(len(feats) / batch_size), what, progress):
+        return task, examples, feats, task.predict(model, examples, feats, batch_size, precision)
+
+
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
              precision: str = "auto", progress: bool = False) -> dict:
     """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir);
     `progress`: a bar on stderr."""
-    task, model, tok = load_task(model_dir)
-    examples = task.read(path)
-    feats = task.features(tok, examples)
-    with forward_bar(model, math.ceil(len(feats) / batch_size), "evaluate", progress):
-        report, raw = evaluate_task(task, model, examples, feats, batch_size, precision)
+    task, examples, feats, raw = _over_file(model_dir, path, batch_size, precision, progress, "evaluate")
+    report = task.score(examples, feats, raw)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -586,11 +590,6 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
 def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch_size: int = 128,
             precision: str = "auto", progress: bool = False) -> Path:
     """Predictions of a fine-tuned model for an unlabelled (or labelled) file; `progress`: a bar on stderr."""
-    task, model, tok = load_task(model_dir)
-    examples = task.read(path, require_label=False)
-    feats = task.features(tok, examples, with_labels=False)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with forward_bar(model, math.ceil(len(feats) / batch_size), "predict", progress):
-        raw = task.predict(model, examples, feats, batch_size, precision)
-    return task.write_predictions(out_path, examples, feats, raw)
+    task, examples, feats, raw = _over_file(model_dir, path, batch_size, precision, progress, "predict")
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    return task.write_predictions(Path(out_path), examples, feats, raw)
