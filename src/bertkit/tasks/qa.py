@@ -67,9 +67,6 @@ class QATask(Task):
         self.stats["fixed_offsets"] += data.fixed_offsets
         return data.examples
 
-    def config_overrides(self) -> dict:
-        return {"num_labels": 2}
-
     # ------------------------------------------------------------------ features
     def counts(self) -> dict:
         # unanswerable windows are the [CLS] targets; SQuAD 2.0 is decided by the data, not a flag

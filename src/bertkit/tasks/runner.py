@@ -185,10 +185,9 @@ def load_task(model_dir: str | Path):
         raise ConfigError(f"{cfg_path}: no 'bertkit_task' entry: not a model fine-tuned by bertkit "
                           f"(evaluate/predict need the task kind and label map saved by `bertkit finetune`)")
     task = make_task(settings["kind"], settings)
-    config = BertConfig.from_json(cfg_path)
-    if config.id2label:
-        task.restore_labels([config.id2label[i] for i in sorted(config.id2label)])
     model = runtime.freeze(task.model_class.from_pretrained(model_dir))     # evaluate / predict only
+    if model.config.id2label:
+        task.restore_labels([model.config.id2label[i] for i in sorted(model.config.id2label)])
     return task, model, Tokenizer.from_pretrained(model_dir)
 
 
