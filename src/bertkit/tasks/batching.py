@@ -6,13 +6,9 @@ Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one)
   * `BucketBatchSampler` shuffles the data, cuts it into windows of `batch_size * bucket_batches` examples, sorts
     each window by length and cuts it into batches, then shuffles the batch order. Batches hold similar lengths
     (little padding) yet stay random from epoch to epoch (the window is random, and so is the batch order).
-  * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly).
-  * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference) and hands
-    back per-batch outputs with the original indices, under the precision asked for (`bertkit.precision`).
-
-Features are `tasks.task.Feature` dataclasses (`input_ids`, `token_type_ids`, optional `labels`,
-`start_positions`, ...); `collate` turns a list of them into a dict of tensors. Per-token labels (features flagged
-`token_labels`) are padded with -100, which the loss ignores.
+  * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly);
+    per-token labels are padded with -100, which the loss ignores.
+  * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Readers for fine-tuning data: table files (CSV / TSV / JSONL), CoNLL token files, SQuAD JSON.
 
-Every reader returns plain dataclasses that remember where each record came from (`source = "file:line"`), so a
-later error (an unknown label in dev, an answer span that does not fit) can still name the file and line.
-
-    read_table(path, text_column="text", pair_column="text_pair", label_column="label")   -> list[TextExample]
-    read_conll(path, tag_column=-1)                                                        -> list[Sentence]
-    read_squad(path)                                                                       -> SquadData
+Every reader returns plain dataclasses (`read_table` -> TextExample, `read_conll` -> Sentence, `read_squad` ->
+SquadData) that remember where each record came from (`source = "file:line"`), so a later error (an unknown label
+in dev, an answer span that does not fit) can still name the file and line.
 
 Rules (nothing is dropped silently):
   * a missing column, an empty text, a missing label, a CoNLL line whose column count differs from the file's,

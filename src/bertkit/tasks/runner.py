@@ -17,9 +17,6 @@ make fine-tuning unstable, so:
 `train` / `dev` / `test` are files or in-memory examples (tasks.memory). `resume=True` continues a killed run
 exactly (tasks.resume: settings, checkpoints; DevTracker: the dev state carried in them).
 
-`FinetuneConfig.training` is the shared loop's TrainConfig (`finetune_recipe()`: the paper's recipe; lr, epochs,
-warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is what only fine-tuning has.
-
 Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
 model, the batches and the dev evaluation. `run` is the one fine-tuning driver (seeds, metrics.json, summary.json)
 for every kind of run: `TaskRun` for the registry's tasks (tasks.registry), embed.runner's for bi-encoders.
