@@ -30,7 +30,7 @@ from bertkit.atomic import replacing, write_text
 from bertkit.errors import DataError
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
-           "read_squad", "table_rows", "write_table", "write_conll", "write_squad"]
+           "read_squad", "table_rows", "write_table", "write_jsonl", "write_conll", "write_squad"]
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -173,17 +173,20 @@ def write_table(path: str | Path, rows: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = _table_format(path)
+    if fmt == "jsonl":
+        return write_jsonl(path, rows)
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        if fmt == "jsonl":
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        else:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ",",
-                               quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
-                               escapechar="\\" if fmt == "tsv" else None)
-            w.writeheader()
-            w.writerows(rows)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ",",
+                           quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                           escapechar="\\" if fmt == "tsv" else None)
+        w.writeheader()
+        w.writerows(rows)
     return path
+
+
+def write_jsonl(path: Path, records) -> Path:
+    """One JSON object per line, written whole (bertkit.atomic)."""
+    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 # ------------------------------------------------------------------------------------------------------ labels

@@ -370,25 +370,18 @@ def _prepare(cfg: FinetuneConfig, task: Task, tok) -> TaskData:
     return TaskData(train, dev, test, train_feats, dev_feats, test_feats, counts)
 
 
-class TrainBatches:
-    """The training batches of one run: length-bucketed, reshuffled per epoch (`set_epoch`, called by the loop),
-    padded per batch. Counts the examples it hands out, for examples/s."""
+class TrainBatches(BucketBatchSampler):
+    """The training batches of one run: the sampler's length-bucketed index batches (reshuffled per epoch:
+    `set_epoch`, called by the loop) as padded batches of the features. Counts the examples it hands out."""
 
     def __init__(self, feats: list[Feature], batch_size: int, seed: int, pad_id: int, bucket_batches: int = 50,
                  cap: int | None = None):
+        super().__init__([len(f.input_ids) for f in feats], batch_size, seed, bucket_batches)
         self.feats, self.pad_id, self.cap = feats, pad_id, cap        # cap: padded no longer than max_length
-        self.sampler = BucketBatchSampler([len(f.input_ids) for f in feats], batch_size, seed,
-                                          bucket_batches=bucket_batches)
         self.examples = 0
 
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
     def __iter__(self):
-        for idx in self.sampler:
+        for idx in self.batches():
             self.examples += len(idx)
             yield self.batch([self.feats[i] for i in idx])
 

@@ -14,13 +14,11 @@ no artifacts).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
 
-from bertkit.atomic import write_text
-from bertkit.tasks.readers import LabelMap
+from bertkit.tasks.readers import LabelMap, write_jsonl
 
 __all__ = ["Feature", "Task", "write_jsonl"]
 
@@ -105,7 +103,3 @@ class Task(Protocol):
         """The task from settings (`settings()` of a saved model, or a run's configuration)."""
         return cls(**{f.name: settings[f.name] for f in fields(cls) if f.init and f.name in settings})
 
-
-def write_jsonl(path: Path, records) -> Path:
-    """One JSON object per line, written whole (bertkit.atomic)."""
-    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
