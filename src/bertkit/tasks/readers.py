@@ -289,7 +289,7 @@ def write_conll(path: str | Path, sentences: list[Sentence]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
-    with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8") as f:
+    with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8", newline="\n") as f:
         last_doc = None
         for s in sentences:
             if s.doc != last_doc:
