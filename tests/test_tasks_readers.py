@@ -52,7 +52,7 @@ def test_label_map():
     lm = LabelMap.from_labels(["10", "2", "1", "2"])
     assert lm.labels == ["1", "2", "10"]
     assert LabelMap.from_labels(["pos", "neg"]).labels == ["neg", "pos"]
-    assert lm.label2id["10"] == 2
+    assert lm.id("10") == 2
     with pytest.raises(DataError, match=r"dev\.csv:7: unknown label 'neutral'"):
         LabelMap(["neg", "pos"]).id("neutral", source="dev.csv:7")
 

@@ -1,9 +1,5 @@
-"""The inference engine every front door calls: text -> model inputs -> one forward loop -> one decoder per head.
-
-    batch = encode(tok, texts, pairs, max_length)          # the tokenizer's own batch call, longest-first truncation
-    for idx, batch, out in forward_batches(model, lengths, make_batch, batch_size, precision): ...
-    class_scores(logits, score_function(config))            # the decoders: pure functions of the model's outputs
-    relevance(logits, activation, positive) / word_labels(scores, words) / best_spans(...) / top_fills(...) / ...
+"""The inference engine every front door calls: text -> model inputs (engine.encode) -> one forward loop
+(engine.forward_batches) -> one decoder per head (decode.py, answers.py: pure functions of the model's outputs).
 
 The front doors (`Predictor`, `pipeline()`, `serve`, the CLI, the task evaluations) parse their inputs and format
 their outputs; loading, batching, the forward pass, precision and decoding live here, once.

@@ -1,13 +1,5 @@
 """The heads' decoders: pure functions from model outputs to answers, one per head, shared by every front door.
 
-    class_scores(logits, score_function(config))   # (n, labels) -> probabilities (softmax / sigmoid) or as-is
-    relevance(logits, activation, positive)         # (n, labels) -> (n,) a cross-encoder's scores
-    word_ids(tok.continues_word(ids))               # pieces -> the word each piece belongs to
-    word_labels(scores, words, rule="first")        # (seq, labels) + word of each position -> a label per word
-    hidden_states(out, layers)                      # the last layer, or chosen layers averaged, for pooling
-    top_fills(log_probs, FillVocab.of(tok).word_start, k)   # one fill-mask step: the k best pieces a mask may take
-    join_pieces(tok, ids)                           # pieces back to text ("cap ##ital" -> "capital")
-
 Answer spans are `answers.best_spans` (windows over long contexts); embeddings pool `hidden_states` with the
 sentence-transformers modules of `embed.pooling.SentenceEncoder`. Fill-mask's searches (several pieces for one word,
 several masks decoded jointly) re-run the model between steps, so they stay with the Predictor, which calls

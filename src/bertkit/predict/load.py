@@ -28,6 +28,9 @@ ARCHITECTURES = {
     "BertForQuestionAnswering": (heads.BertForQuestionAnswering, "answer"),
     "BertModel": (BertModel, "encoder"),
 }
+# a checkpoint without "architectures": its head by the first weight-name prefix it has
+_BY_WEIGHTS = (("cls.seq_relationship", "BertForPreTraining"), ("cls.predictions", "BertForMaskedLM"),
+               ("qa_outputs", "BertForQuestionAnswering"))
 
 
 def architecture(model_dir: Path) -> str:
@@ -47,12 +50,9 @@ def architecture(model_dir: Path) -> str:
     if st.is_file():
         with safe_open(str(st), framework="pt") as f:
             keys = list(f.keys())
-    if any(k.startswith("cls.seq_relationship") for k in keys):
-        return "BertForPreTraining"
-    if any(k.startswith("cls.predictions") for k in keys):
-        return "BertForMaskedLM"
-    if any(k.startswith("qa_outputs") for k in keys):
-        return "BertForQuestionAnswering"
+    for prefix, arch in _BY_WEIGHTS:
+        if any(k.startswith(prefix) for k in keys):
+            return arch
     if any(k.startswith("classifier") for k in keys):
         return "BertForTokenClassification" if cfg.get("task") == "tag" else "BertForSequenceClassification"
     return "BertModel"

@@ -6,13 +6,9 @@ Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one)
   * `BucketBatchSampler` shuffles the data, cuts it into windows of `batch_size * bucket_batches` examples, sorts
     each window by length and cuts it into batches, then shuffles the batch order. Batches hold similar lengths
     (little padding) yet stay random from epoch to epoch (the window is random, and so is the batch order).
-  * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly).
-  * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference) and hands
-    back per-batch outputs with the original indices, under the precision asked for (`bertkit.precision`).
-
-Features are `tasks.task.Feature` dataclasses (`input_ids`, `token_type_ids`, optional `labels`,
-`start_positions`, ...); `collate` turns a list of them into a dict of tensors. Per-token labels (features flagged
-`token_labels`) are padded with -100, which the loss ignores.
+  * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly);
+    per-token labels are padded with -100, which the loss ignores.
+  * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference).
 """
 
 from __future__ import annotations
@@ -37,32 +33,25 @@ class BucketBatchSampler:
     lengths: list[int]
     batch_size: int
     seed: int = 0
-    shuffle: bool = True
     bucket_batches: int = 50
-    drop_last: bool = False
     epoch: int = field(default=0, init=False)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        n = len(self.lengths)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return -(-len(self.lengths) // self.batch_size)
 
     def batches(self) -> list[list[int]]:
         idx = list(range(len(self.lengths)))
         rng = random.Random(self.seed * 100_003 + self.epoch)
-        if self.shuffle:
-            rng.shuffle(idx)
+        rng.shuffle(idx)
         window = self.batch_size * self.bucket_batches
         out: list[list[int]] = []
         for w in range(0, len(idx), window):
             chunk = sorted(idx[w:w + window], key=lambda i: self.lengths[i])
             out.extend(chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size))
-        if self.drop_last:
-            out = [b for b in out if len(b) == self.batch_size]
-        if self.shuffle:
-            rng.shuffle(out)
+        rng.shuffle(out)
         return out
 
     def __iter__(self) -> Iterator[list[int]]:

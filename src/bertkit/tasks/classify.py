@@ -80,17 +80,14 @@ class SequenceTask(Task):
 
     def restore_labels(self, names: list[str]) -> None:
         if self.kind != "regress":
-            self.labels = LabelMap(names)
+            super().restore_labels(names)
 
     @property
     def num_labels(self) -> int:
         return 1 if self.kind == "regress" else len(self.labels)
 
     def config_overrides(self) -> dict:
-        out = {"num_labels": self.num_labels, "problem_type": PROBLEM[self.kind]}
-        if self.labels is not None:
-            out["id2label"] = {i: n for i, n in enumerate(self.labels.labels)}
-        return out
+        return {**super().config_overrides(), "problem_type": PROBLEM[self.kind]}
 
     def config_entries(self) -> dict:
         # sentence-transformers' CrossEncoder applies this to the logits, so its scores are `bertkit rerank`'s: the

@@ -20,6 +20,7 @@ once, any number of cheap classifiers on top).
 from __future__ import annotations
 
 import copy
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from torch import nn
 
 from bertkit import runtime
 from bertkit.errors import ConfigError
+from bertkit.heads import SequenceClassifierOutput
 from bertkit.options import with_options
 from bertkit.embed.pooling import Pooling
 from bertkit.tasks.batching import predict_batches
@@ -116,13 +118,7 @@ class Probe(nn.Module):
     def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None):
         logits = self.net(features)                                              # (batch, num_labels)
         loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return _ProbeOutput(loss, logits)
-
-
-@dataclass
-class _ProbeOutput:
-    loss: torch.Tensor | None
-    logits: torch.Tensor
+        return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
 class _FeatureBatches:
@@ -150,7 +146,6 @@ def train_probe(X_train, y_train, X_dev, y_dev, num_labels: int, cfg: ProbeConfi
                 out_dir: str | None = None) -> tuple[Probe, dict]:
     """Train a `Probe` on fixed features with the shared loop (`bertkit.train`, fp32, linear decay, 10% warmup);
     the state with the best dev accuracy is kept. Returns (probe, {"dev_accuracy", "best_step", "history"})."""
-    import tempfile
     cfg = cfg or ProbeConfig()
     seed_everything(cfg.seed)
     probe = Probe(np.asarray(X_train).shape[1], num_labels, cfg)

@@ -21,14 +21,15 @@ The package holds no text, only where the tokens, sentences and entities are (`r
 from __future__ import annotations
 
 import gzip
+import itertools
 import lzma
 import os
 import re
 from pathlib import Path
 
 from bertkit import datasets
-from bertkit.atomic import replacing
 from bertkit.errors import DataError
+from bertkit.tasks.readers import Sentence, write_conll
 
 __all__ = ["ANNOTATIONS", "TYPES", "rebuild", "encode"]
 
@@ -81,8 +82,8 @@ def _tags(n: int, entities: str, where: str) -> list[str]:
     return tags
 
 
-def _article(line: str, root: Path) -> str:
-    """One article's CoNLL block, rebuilt."""
+def _article(line: str, root: Path) -> list[Sentence]:
+    """One article's sentences, rebuilt."""
     name, splits, sentences, entities = line.split("\t")
     path = root / name
     where = f"{ANNOTATIONS.name}: {name}"
@@ -95,12 +96,8 @@ def _article(line: str, root: Path) -> str:
     lengths = [int(x) for x in sentences.split(",")]
     if sum(lengths) != len(tokens):
         raise DataError(f"{where}: sentence lengths add up to {sum(lengths)}, the article has {len(tokens)} tokens")
-    parts, i = [f"-DOCSTART-\t{name}\n\n"], 0
-    for n in lengths:
-        parts.extend(f"{tokens[j]}\t{tags[j]}\n" for j in range(i, i + n))
-        parts.append("\n")
-        i += n
-    return "".join(parts)
+    starts = [0, *itertools.accumulate(lengths)]
+    return [Sentence(tokens[a:b], tags[a:b], name) for a, b in zip(starts, starts[1:])]
 
 
 def rebuild(out: str | os.PathLike, bbc_root: str | os.PathLike | None = None) -> Path:
@@ -108,12 +105,7 @@ def rebuild(out: str | os.PathLike, bbc_root: str | os.PathLike | None = None) -
     (default: `bertkit.datasets.bbc_dir()`, fetched when absent). DataError when the corpus does not match."""
     root = Path(bbc_root) if bbc_root is not None else datasets.bbc_dir()
     lines = lzma.decompress(ANNOTATIONS.read_bytes()).decode("utf-8").splitlines()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(out) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(_article(line, root))
-    return out
+    return write_conll(out, [s for line in lines for s in _article(line, root)])
 
 
 def encode(conll: str | os.PathLike, bbc_root: str | os.PathLike) -> bytes:

@@ -42,14 +42,6 @@ class SpanFeature(Feature):
     window: int                              # which one this is
 
 
-def _context_pieces(tok, context: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Piece ids and (start, end) character offsets of the context, without [CLS]/[SEP]."""
-    enc = tok([context], return_offsets=True)
-    ids, offs = list(enc["input_ids"][0]), [tuple(o) for o in enc["offsets"][0]]
-    keep = [i for i, t in enumerate(ids) if t not in (tok.cls_token_id, tok.sep_token_id)]
-    return [ids[i] for i in keep], [offs[i] for i in keep]
-
-
 @dataclass
 class QATask(Task):
     max_length: int = 384           # max_seq_length
@@ -75,9 +67,6 @@ class QATask(Task):
         self.stats["fixed_offsets"] += data.fixed_offsets
         return data.examples
 
-    def config_overrides(self) -> dict:
-        return {"num_labels": 2}
-
     # ------------------------------------------------------------------ features
     def counts(self) -> dict:
         # unanswerable windows are the [CLS] targets; SQuAD 2.0 is decided by the data, not a flag
@@ -85,12 +74,14 @@ class QATask(Task):
 
     def features(self, tok, examples: list[SquadExample], with_labels: bool = True) -> list[SpanFeature]:
         feats = []
+        questions = tok.encode_pieces([e.question for e in examples])   # pieces and character offsets, no specials
+        contexts = tok.encode_pieces([e.context for e in examples])
         for ei, e in enumerate(examples):
-            q = tok.convert_tokens_to_ids(tok.tokenize(e.question))
+            q = questions.text(ei)[0]
             if len(q) > self.max_query_length:
                 q = q[:self.max_query_length]
                 self.stats["truncated_questions"] += 1
-            ids, offs = _context_pieces(tok, e.context)
+            ids, offs = contexts.text(ei)
             if not ids:
                 raise DataError(f"{e.source}: question {e.id!r}: the context has no tokens")
             window = self.max_length - len(q) - tok.template.n_special(True)

@@ -1,11 +1,8 @@
 """Readers for fine-tuning data: table files (CSV / TSV / JSONL), CoNLL token files, SQuAD JSON.
 
-Every reader returns plain dataclasses that remember where each record came from (`source = "file:line"`), so a
-later error (an unknown label in dev, an answer span that does not fit) can still name the file and line.
-
-    read_table(path, text_column="text", pair_column="text_pair", label_column="label")   -> list[TextExample]
-    read_conll(path, tag_column=-1)                                                        -> list[Sentence]
-    read_squad(path)                                                                       -> SquadData
+Every reader returns plain dataclasses (`read_table` -> TextExample, `read_conll` -> Sentence, `read_squad` ->
+SquadData) that remember where each record came from (`source = "file:line"`), so a later error (an unknown label
+in dev, an answer span that does not fit) can still name the file and line.
 
 Rules (nothing is dropped silently):
   * a missing column, an empty text, a missing label, a CoNLL line whose column count differs from the file's,
@@ -26,14 +23,14 @@ import io
 import json
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.atomic import replacing, write_text
 from bertkit.errors import DataError
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
-           "read_squad", "table_rows", "write_table", "write_conll", "write_squad"]
+           "read_squad", "table_rows", "write_table", "write_jsonl", "write_conll", "write_squad"]
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -176,17 +173,20 @@ def write_table(path: str | Path, rows: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = _table_format(path)
+    if fmt == "jsonl":
+        return write_jsonl(path, rows)
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        if fmt == "jsonl":
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        else:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ",",
-                               quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
-                               escapechar="\\" if fmt == "tsv" else None)
-            w.writeheader()
-            w.writerows(rows)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ",",
+                           quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                           escapechar="\\" if fmt == "tsv" else None)
+        w.writeheader()
+        w.writerows(rows)
     return path
+
+
+def write_jsonl(path: Path, records) -> Path:
+    """One JSON object per line, written whole (bertkit.atomic)."""
+    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 # ------------------------------------------------------------------------------------------------------ labels
@@ -227,14 +227,6 @@ class LabelMap:
 
     def name(self, i: int) -> str:
         return self.labels[i]
-
-    @property
-    def id2label(self) -> dict[str, str]:  # JSON keys are strings (as in HF config.json)
-        return {str(i): n for i, n in enumerate(self.labels)}
-
-    @property
-    def label2id(self) -> dict[str, int]:
-        return dict(self._index)
 
 
 # ------------------------------------------------------------------------------------------------------ CoNLL
@@ -297,7 +289,7 @@ def write_conll(path: str | Path, sentences: list[Sentence]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
-    with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8") as f:
+    with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8", newline="\n") as f:
         last_doc = None
         for s in sentences:
             if s.doc != last_doc:
@@ -327,7 +319,6 @@ class SquadData:
     examples: list[SquadExample]
     version_2: bool                      # any is_impossible question in the file
     fixed_offsets: int = 0               # answers whose answer_start was moved to where the text really is
-    details: list[str] = field(default_factory=list)
 
 
 def _id_lines(raw: str) -> dict[str, list[int]]:
@@ -408,7 +399,7 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
                 out.append(SquadExample(qid, question, context, answers, impossible, title, where))
     if not out:
         raise DataError(f"{path}: no questions")
-    return SquadData(out, any(e.is_impossible for e in out), len(fixed), fixed)
+    return SquadData(out, any(e.is_impossible for e in out), len(fixed))
 
 
 def _objects(parent: dict, key: str, where: str) -> list[dict]:

@@ -17,9 +17,6 @@ make fine-tuning unstable, so:
 `train` / `dev` / `test` are files or in-memory examples (tasks.memory). `resume=True` continues a killed run
 exactly (tasks.resume: settings, checkpoints; DevTracker: the dev state carried in them).
 
-`FinetuneConfig.training` is the shared loop's TrainConfig (`finetune_recipe()`: the paper's recipe; lr, epochs,
-warmup, weight decay, precision, ... live there); the rest of FinetuneConfig is what only fine-tuning has.
-
 Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
 model, the batches and the dev evaluation. `run` is the one fine-tuning driver (seeds, metrics.json, summary.json)
 for every kind of run: `TaskRun` for the registry's tasks (tasks.registry), embed.runner's for bi-encoders.
@@ -166,11 +163,8 @@ def check_recipe(training: TrainConfig, **values) -> None:
 # ---------------------------------------------------------------------------------------------------- tasks
 
 def _task(cfg: FinetuneConfig) -> Task:
-    """The run's task, its settings from the configuration."""
-    return make_task(cfg.task, {"max_length": cfg.max_length, "label_all_pieces": cfg.label_all_pieces,
-                                "convert_to": cfg.scheme, "doc_stride": cfg.doc_stride,
-                                "max_query_length": cfg.max_query_length, "max_answer_length": cfg.max_answer_length,
-                                "n_best": cfg.n_best, "multilabel_sep": cfg.multilabel_sep})
+    """The run's task, its settings the configuration's fields of the same name (--scheme is its convert_to)."""
+    return make_task(cfg.task, {**vars(cfg), "convert_to": cfg.scheme})
 
 
 def load_task(model_dir: str | Path):
@@ -188,10 +182,9 @@ def load_task(model_dir: str | Path):
         raise ConfigError(f"{cfg_path}: no 'bertkit_task' entry: not a model fine-tuned by bertkit "
                           f"(evaluate/predict need the task kind and label map saved by `bertkit finetune`)")
     task = make_task(settings["kind"], settings)
-    config = BertConfig.from_json(cfg_path)
-    if config.id2label:
-        task.restore_labels([config.id2label[i] for i in sorted(config.id2label)])
     model = runtime.freeze(task.model_class.from_pretrained(model_dir))     # evaluate / predict only
+    if model.config.id2label:
+        task.restore_labels([model.config.id2label[i] for i in sorted(model.config.id2label)])
     return task, model, Tokenizer.from_pretrained(model_dir)
 
 
@@ -377,25 +370,18 @@ def _prepare(cfg: FinetuneConfig, task: Task, tok) -> TaskData:
     return TaskData(train, dev, test, train_feats, dev_feats, test_feats, counts)
 
 
-class TrainBatches:
-    """The training batches of one run: length-bucketed, reshuffled per epoch (`set_epoch`, called by the loop),
-    padded per batch. Counts the examples it hands out, for examples/s."""
+class TrainBatches(BucketBatchSampler):
+    """The training batches of one run: the sampler's length-bucketed index batches (reshuffled per epoch:
+    `set_epoch`, called by the loop) as padded batches of the features. Counts the examples it hands out."""
 
     def __init__(self, feats: list[Feature], batch_size: int, seed: int, pad_id: int, bucket_batches: int = 50,
                  cap: int | None = None):
+        super().__init__([len(f.input_ids) for f in feats], batch_size, seed, bucket_batches)
         self.feats, self.pad_id, self.cap = feats, pad_id, cap        # cap: padded no longer than max_length
-        self.sampler = BucketBatchSampler([len(f.input_ids) for f in feats], batch_size, seed,
-                                          bucket_batches=bucket_batches)
         self.examples = 0
 
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
     def __iter__(self):
-        for idx in self.sampler:
+        for idx in self.batches():
             self.examples += len(idx)
             yield self.batch([self.feats[i] for i in idx])
 
@@ -566,15 +552,22 @@ def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None, callbacks=
 
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
+def _over_file(model_dir, path, batch_size: int, precision: str, progress: bool, what: str):
+    """(task, examples, features, raw predictions) of a fine-tuned model over a data file, labels read for
+    "evaluate"; `progress`: a bar on stderr."""
+    task, model, tok = load_task(model_dir)
+    examples = task.read(path, require_label=what == "evaluate")
+    feats = task.features(tok, examples, with_labels=what == "evaluate")
+    with forward_bar(model, math.ceil(len(feats) / batch_size), what, progress):
+        return task, examples, feats, task.predict(model, examples, feats, batch_size, precision)
+
+
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
              precision: str = "auto", progress: bool = False) -> dict:
     """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir);
     `progress`: a bar on stderr."""
-    task, model, tok = load_task(model_dir)
-    examples = task.read(path)
-    feats = task.features(tok, examples)
-    with forward_bar(model, math.ceil(len(feats) / batch_size), "evaluate", progress):
-        report, raw = evaluate_task(task, model, examples, feats, batch_size, precision)
+    task, examples, feats, raw = _over_file(model_dir, path, batch_size, precision, progress, "evaluate")
+    report = task.score(examples, feats, raw)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -586,11 +579,6 @@ def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None
 def predict(model_dir: str | Path, path: str | Path, out_path: str | Path, batch_size: int = 128,
             precision: str = "auto", progress: bool = False) -> Path:
     """Predictions of a fine-tuned model for an unlabelled (or labelled) file; `progress`: a bar on stderr."""
-    task, model, tok = load_task(model_dir)
-    examples = task.read(path, require_label=False)
-    feats = task.features(tok, examples, with_labels=False)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with forward_bar(model, math.ceil(len(feats) / batch_size), "predict", progress):
-        raw = task.predict(model, examples, feats, batch_size, precision)
-    return task.write_predictions(out_path, examples, feats, raw)
+    task, examples, feats, raw = _over_file(model_dir, path, batch_size, precision, progress, "predict")
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    return task.write_predictions(Path(out_path), examples, feats, raw)

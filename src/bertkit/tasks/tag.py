@@ -74,15 +74,9 @@ class TokenTask(Task):
         tags |= {"I-" + t[2:] for t in tags if t.startswith("B-")}
         self.labels = LabelMap(sorted(tags, key=lambda t: (t != "O", t[2:], t)))
 
-    def restore_labels(self, names: list[str]) -> None:
-        self.labels = LabelMap(names)
-
     @property
     def num_labels(self) -> int:
         return len(self.labels)
-
-    def config_overrides(self) -> dict:
-        return {"num_labels": self.num_labels, "id2label": {i: n for i, n in enumerate(self.labels.labels)}}
 
     # ------------------------------------------------------------------ features
     def features(self, tok, sents: list[Sentence], with_labels: bool = True) -> list[WordsFeature]:

@@ -8,17 +8,17 @@
 
 A task is anything that meets the `Task` protocol; tasks.registry names every task (`--task NAME`). The loss is the
 head's own: `task.model_class` computes it from the batch's targets, so a task brings no loss function of its own.
-Concrete tasks subclass `Task` to inherit the defaults below (no labels to fit, nothing tuned on dev, no artifacts).
+Concrete tasks subclass `Task` to inherit the defaults below (the label map's config entries, nothing tuned on dev,
+no artifacts).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
 
-from bertkit.atomic import write_text
+from bertkit.tasks.readers import LabelMap, write_jsonl
 
 __all__ = ["Feature", "Task", "write_jsonl"]
 
@@ -54,7 +54,11 @@ class Task(Protocol):
         ...
 
     def config_overrides(self) -> dict:
-        """The head's config entries (num_labels, id2label, problem_type)."""
+        """The head's config entries: num_labels, and id2label where the task has a label map."""
+        out = {"num_labels": self.num_labels}
+        if getattr(self, "labels", None) is not None:
+            out["id2label"] = dict(enumerate(self.labels.labels))
+        return out
 
     def predict(self, model, examples: list, feats: list[Feature], batch_size: int, precision) -> object:
         """The model's outputs for `feats`, decoded as far as `score` and `write_predictions` need."""
@@ -70,6 +74,7 @@ class Task(Protocol):
 
     def restore_labels(self, names: list[str]) -> None:
         """The label map of a saved model (its config's id2label)."""
+        self.labels = LabelMap(names)
 
     def tune(self, examples: list, raw) -> dict:
         """Settings chosen on the dev set after an evaluation (e.g. qa's null threshold): {field: value}."""
@@ -98,7 +103,3 @@ class Task(Protocol):
         """The task from settings (`settings()` of a saved model, or a run's configuration)."""
         return cls(**{f.name: settings[f.name] for f in fields(cls) if f.init and f.name in settings})
 
-
-def write_jsonl(path: Path, records) -> Path:
-    """One JSON object per line, written whole (bertkit.atomic)."""
-    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
