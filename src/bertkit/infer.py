@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from bertkit import runtime
+from bertkit.embed.index import search_vectors
 from bertkit.embed.pooling import Pooling, Prompts, SentenceEncoder
 from bertkit.embed.st_format import is_sentence_transformers_dir, load_tokenizer, read_prompts, sentence_pipeline
 from bertkit.errors import BertkitError, CheckpointError, DataError
@@ -513,15 +514,8 @@ class Predictor:
 
 def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 5) -> list[list[tuple[int, float]]]:
     """For each query row, the top_k (index, cosine) of the corpus rows (vectors need not be normalised)."""
-    def unit(x):
-        return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-    sims = unit(query_vecs) @ unit(corpus_vecs).T          # (queries, corpus)
-    k = min(top_k, sims.shape[1])
-    out = []
-    for row in sims:
-        idx = np.argsort(-row)[:k]
-        out.append([(int(i), float(row[i])) for i in idx])
-    return out
+    scores, rows = search_vectors(query_vecs, corpus_vecs, top_k, cosine=True)
+    return [[(int(i), float(s)) for i, s in zip(r, sc)] for r, sc in zip(rows, scores)]
 
 
 def read_lines(path: str | Path) -> list[str]:

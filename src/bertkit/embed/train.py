@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -248,9 +247,7 @@ def retrieval_eval(tokenizer, queries: dict[str, str], corpus: dict[str, str], r
         enc = _encoder_of(model)
         q = enc.encode(tokenizer, [queries[i] for i in qids], batch_size, precision, prompt=prompts[0])
         c = enc.encode(tokenizer, [corpus[i] for i in cids], batch_size, precision, prompt=prompts[1])
-        if not enc.normalize:
-            q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
-        _, rows = search_vectors(q, c, k=k)
+        _, rows = search_vectors(q, c, k=k, cosine=not enc.normalize)
         ranked = [[cids[r] for r in row] for row in rows]
         return retrieval_metrics(qids, ranked, relevant)
     return evaluate
