@@ -237,9 +237,7 @@ class Predictor:
 
     def _fill_one(self, ids: list[int], pos: int, top_k: int, beam_size: int, max_pieces: int) -> list[dict]:
         vals, idx = top_fills(self.log_probs([ids], [pos])[0, 0], self.fills.word_start, top_k)
-        cands: dict[str, tuple[float, list[int]]] = {}
-        for v, i in zip(vals.tolist(), idx.tolist()):
-            cands[join_pieces(self.tokenizer, [i])] = (v, [i])
+        cands = {join_pieces(self.tokenizer, [i]): (v, [i]) for v, i in zip(vals.tolist(), idx.tolist())}
         for n in range(2, max_pieces + 1):
             for pieces, score in self._fill_word(ids, pos, n, beam_size):
                 word = join_pieces(self.tokenizer, pieces)
@@ -248,13 +246,10 @@ class Predictor:
                 if word not in cands or cands[word][0] < score:
                     cands[word] = (score, pieces)
         ranked = sorted(cands.items(), key=lambda kv: -kv[1][0])[:top_k]
-        out = []
-        for word, (score, pieces) in ranked:
-            filled = ids[:pos] + pieces + ids[pos + 1:]
-            out.append({"word": word, "score": round(math.exp(score), 6),
-                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces),
-                        "sequence": join_pieces(self.tokenizer, filled, self._special)})
-        return out
+        tok = self.tokenizer
+        return [{"word": word, "score": round(math.exp(score), 6), "pieces": tok.convert_ids_to_tokens(pieces),
+                 "sequence": join_pieces(tok, ids[:pos] + pieces + ids[pos + 1:], self._special)}
+                for word, (score, pieces) in ranked]
 
     def _fill_word(self, ids: list[int], pos: int, n: int, beam_size: int) -> list[tuple[list[int], float]]:
         """Replace the mask at `pos` by n masks; decode them left to right: word-start piece, then ## pieces."""

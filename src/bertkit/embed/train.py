@@ -204,16 +204,12 @@ class EmbedModel(nn.Module):
         return self.encoder(input_ids, token_type_ids, attention_mask, prompt_length)
 
 
-def _columns(batch: dict[str, Tensor]) -> list[str]:
-    return [k[:-len(".input_ids")] for k in batch if k.endswith(".input_ids")]
-
-
 def embed_step(mini_batch_size: int | None = None):
     """A step_fn for bertkit.train.train: each column embedded, then the model's loss (GradCache with a
     mini-batch size). Reports the loss's scale when it is learnable."""
     def step(model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:
         loss_fn = getattr(model, "module", model).loss
-        names = _columns(batch)
+        names = [k[:-len(".input_ids")] for k in batch if k.endswith(".input_ids")]
         features = [{f: batch[f"{n}.{f}"] for f in ("input_ids", "token_type_ids", "attention_mask", "prompt_length")
                      if f"{n}.{f}" in batch} for n in names]
         if isinstance(loss_fn, MultipleNegativesRankingLoss):
