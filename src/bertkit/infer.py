@@ -434,11 +434,9 @@ class Predictor:
         tagged = []
         for w, (a, b) in spans.items():
             start, end = offsets[a][0], offsets[b][1]
-            item = {"word": text[start:end], "start": start, "end": end, "label": None, "score": None}
-            if w in best:
-                j, p = best[w]
-                item.update(label=labels[j], score=round(p, 6))
-            tagged.append(item)
+            j, p = best.get(w, (None, None))                            # a word past max_length: no label
+            tagged.append({"word": text[start:end], "start": start, "end": end,
+                           "label": None if j is None else labels[j], "score": None if p is None else round(p, 6)})
         return tagged
 
     def answer(self, questions: Sequence[str], contexts: Sequence[str], max_length: int = 384,
@@ -498,9 +496,7 @@ def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 
 
 def read_lines(path: str | Path) -> list[str]:
     """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
-    path = Path(path)
-    lines = [ln.strip() for ln in read_text(path).splitlines()]
-    lines = [ln for ln in lines if ln]
+    lines = [ln.strip() for ln in read_text(path).splitlines() if ln.strip()]
     if not lines:
         raise DataError(f"{path}: no non-empty lines")
     return lines
