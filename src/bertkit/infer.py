@@ -453,8 +453,7 @@ class Predictor:
                    for q, c in zip(questions, contexts)]
         rows = [r for win in windows for r in win.rows]                # every example's windows, one list
         types = [t for win in windows for t in win.types]
-        starts: list = [None] * len(rows)                               # start / end logits per window row
-        ends: list = [None] * len(rows)
+        starts, ends = [None] * len(rows), [None] * len(rows)           # start / end logits per window row
 
         def batch(idx):
             return pad_batch([rows[i] for i in idx], [types[i] for i in idx], self.tokenizer.pad_token_id,
