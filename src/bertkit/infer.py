@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -97,8 +98,6 @@ class Predictor:
         self.model = model.eval()
         self.directory = directory          # loaded from: a CrossEncoder's activation is read there
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
-        self._pipeline = None
-        self._prompts = None
         self._encoders: dict[tuple, SentenceEncoder] = {}     # embed's pooling pipelines, by their options
         self.tokenizer = tokenizer
         self.task = task
@@ -130,13 +129,13 @@ class Predictor:
         return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir, precision=precision,
                    directory=model_dir)
 
-    @property
+    @cached_property
     def pipeline(self):
         """A SentenceEncoder around self.encoder with the directory's pooling / Dense / Normalize modules, built on
         first use (only embeddings read modules.json: export, fill-mask or a head's predictions never need it)."""
-        if self._pipeline is None and self._st_dir is not None:
-            self._pipeline = sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
-        return self._pipeline
+        if self._st_dir is not None:
+            return sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
+        return None
 
     @property
     def embedding_dim(self) -> int:
@@ -321,12 +320,10 @@ class Predictor:
                 for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
-    @property
+    @cached_property
     def prompts(self) -> Prompts:
         """The model's named prompts (a sentence-transformers directory's config_sentence_transformers.json)."""
-        if self._prompts is None:
-            self._prompts = read_prompts(self._st_dir) if self._st_dir is not None else Prompts()
-        return self._prompts
+        return read_prompts(self._st_dir) if self._st_dir is not None else Prompts()
 
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
               normalize: bool | None = None, max_length: int | None = None, batch_size: int = 32,
