@@ -90,7 +90,7 @@ def test_fill_one_mask_returns_ranked_word_starts(predictor):
         if len(c["pieces"]) > 1:                            # a real split: the whole word is not one vocab entry
             assert c["word"] not in predictor.tokenizer.vocab
     # one-piece scores are exactly the softmax at the mask over word-start pieces
-    ids = predictor._masked_ids("the man is [MASK] food .", 64)
+    ids = predictor.masked_ids("the man is [MASK] food .", 64)
     lp = predictor.log_probs([ids], [ids.index(predictor.tokenizer.mask_token_id)])[0, 0]
     single = [c for c in cands if len(c["pieces"]) == 1]
     for c in single:
@@ -98,7 +98,7 @@ def test_fill_one_mask_returns_ranked_word_starts(predictor):
 
 
 def test_whole_word_candidates_are_found(predictor):
-    words = predictor._fill_word(predictor._masked_ids("the [MASK] of france", 64), 2, 2, beam_size=50)
+    words = predictor._fill_word(predictor.masked_ids("the [MASK] of france", 64), 2, 2, beam_size=50)
     assert words, "two-piece decoding produced no candidate"
     for pieces, score in words:
         toks = predictor.tokenizer.convert_ids_to_tokens(pieces)
@@ -107,7 +107,7 @@ def test_whole_word_candidates_are_found(predictor):
 
 def test_joint_fill_scores_are_pseudo_likelihoods_and_beat_independent(predictor):
     tok = predictor.tokenizer
-    ids = predictor._masked_ids("the [MASK] [MASK] eating food .", 64)
+    ids = predictor.masked_ids("the [MASK] [MASK] eating food .", 64)
     positions = [i for i, t in enumerate(ids) if t == tok.mask_token_id]
     results = predictor.joint_fill(ids, positions, top_k=3, beam_size=6)
     assert len(results) == 3 and results[0].score >= results[1].score >= results[2].score

@@ -11,19 +11,17 @@
                                    Padded positions get the most negative logit (never an answer); this is the
                                    one deliberate difference from transformers, whose span softmax includes them.
 
-MLM logits are transformers' (batch, seq, vocab). With `masked_logits_only` (the heads' attribute, which bertkit's
-pre-training sets, or `forward(..., masked_logits_only=True)` per call) and `labels`, the rows whose label is not
--100 are gathered *before* the transform and the vocabulary projection, so the (tokens x vocab) matmul shrinks to
-(masked x vocab), and the logits returned are (n_masked, vocab) in row-major order of the masked positions
-(`output.masked_positions` gives their flat (batch * seq) indices). The loss is the mean cross-entropy over masked tokens, exactly
-what the full projection would give.
+MLM logits are transformers' (batch, seq, vocab). With `labels` and `masked_logits_only` (a head attribute that
+bertkit's pre-training sets, or a forward flag), only the rows whose label is not -100 go through the transform and
+the vocabulary projection, so the (tokens x vocab) matmul shrinks to (masked x vocab): logits (n_masked, vocab) in
+row-major order of the masked positions (`output.masked_positions`: their flat (batch * seq) indices), the loss
+exactly the full projection's. The encoder's last layer then runs its output projection and FFN for those rows
+only, too (and [CLS], for BertForPreTraining's NSP/SOP head; `BertModel.forward(output_rows=...)`): the full
+layer's values and gradients, though with dropout it draws masks for fewer rows, so the random stream (not its
+distribution) differs.
 
-Outputs are `bertkit.outputs.ModelOutput` dataclasses: `out[0]`, `out["logits"]`, `loss, logits = out`,
-`to_tuple()`, `keys()` as in transformers; `return_dict=False` returns the tuple. The encoder's
-last layer, too, runs its output projection and FFN for the masked positions only (and [CLS], for the NSP/SOP head
-of BertForPreTraining) (`BertModel.forward(output_rows=...)`). The values and gradients are the full layer's; with
-dropout the last layer draws masks for fewer rows, so the random stream (not its distribution) differs from a full
-last layer's.
+Outputs are `bertkit.outputs.ModelOutput` dataclasses, indexed, unpacked and `to_tuple()`d as transformers' are;
+`return_dict=False` returns the tuple.
 """
 
 from __future__ import annotations
@@ -214,9 +212,7 @@ def _mlm_loss(logits: Tensor, target: Tensor) -> Tensor:
 
 
 class _HeadModel(BertPreTrainedModel):
-    # With labels, MLM logits keep transformers' (batch, seq, vocab) shape; True gives the masked rows only,
-    # (n_masked, vocab), skipping the vocabulary matmul elsewhere (bertkit's pre-training sets it);
-    # forward(masked_logits_only=...) chooses per call. The loss reads the masked rows either way.
+    # True: MLM logits of the masked rows only (see the module docstring); forward(masked_logits_only=) per call
     masked_logits_only = False
 
     def _init_extra(self) -> None:
@@ -286,11 +282,7 @@ class BertForPreTraining(_HeadModel):
         nsp_loss = None
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.reshape(-1))
-        loss = None
-        if mlm_loss is not None:
-            loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
-        elif nsp_loss is not None:
-            loss = nsp_loss
+        loss = mlm_loss if nsp_loss is None else nsp_loss if mlm_loss is None else mlm_loss + nsp_loss
         return finish(PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, prediction_logits=logits,
                                         seq_relationship_logits=nsp_logits, masked_positions=positions,
                                         logit_ids=_logit_ids(self.cls.predictions),

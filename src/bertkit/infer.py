@@ -9,37 +9,30 @@ pass, precision (fp32 unless `precision=`) and the heads' decoders are the engin
     p.encode(["what is BERT?"], prompt_name="query")      # SentenceTransformer.encode's call
     p.attention("Bert notices the hat ...")               # tokens + per-layer (heads, seq, seq) maps
 
-Fill-mask, one mask. The masked-LM head gives a distribution over the vocabulary at the [MASK]; its top-k word-start
-pieces are the one-piece answers. Whole words that the vocabulary splits into pieces ("cap ##ital") cannot come from
-one mask, so we also try the same slot as n = 2..max_pieces masks and decode them left to right: the first mask takes
-a word-start piece, each later mask a `##` continuation, each step re-running the model with the pieces chosen so far
-filled in (iterative decoding, beam of `beam_size`). A candidate's probability is the product of its pieces'
-conditional probabilities. A multi-piece candidate whose pieces join into a word the vocabulary holds whole is dropped
-(the tokenizer would never split it that way). All candidates are ranked together; the one-piece ones usually win,
-which is right for a vocabulary that holds the common words whole.
+Fill-mask, one mask: the top-k word-start pieces at the [MASK], and the words the vocabulary splits ("cap ##ital"),
+which one mask cannot give: the slot as n = 2..max_pieces masks decoded left to right (a word-start piece, then `##`
+continuations, the model re-run after each step, beam of `beam_size`), scored by the product of the pieces'
+conditional probabilities. A split of a word the vocabulary holds whole is dropped (the tokenizer never splits it so).
+All candidates rank together; for a vocabulary that holds the common words whole the one-piece ones usually win.
 
-Fill-mask, several masks (one [MASK] per word piece). Guessing each mask independently from one forward pass gives
-incoherent fills ("the prime prime minister") because each guess ignores the others. We decode jointly: a beam search
-that fills one mask per step (the most confident of the unfilled masks first), re-running the model on every beam
-with its filled masks visible, and keeps the `beam_size` best partial fills by summed log-probability. The finished
-beams are then re-scored by their pseudo-log-likelihood (PLL): for each mask i, log p(token_i | all other masks
-filled), summed; the answer is the beam with the highest PLL (the independent guess is re-ranked with the beams, so
-the joint answer's PLL is never below it). `independent_fill` gives the per-mask argmax baseline
-that `benchmarks/fillmask.py` compares against.
+Fill-mask, several masks (one per word piece): guessing each mask from one forward pass gives incoherent fills ("the
+prime prime minister"), so a beam search fills one mask per step (the most confident unfilled one first), re-running
+the model on every beam, and re-ranks the finished beams by pseudo-log-likelihood (PLL: the sum over masks i of log
+p(token_i | the other masks filled)). The independent per-mask argmax (`independent_fill`, the baseline of
+`benchmarks/fillmask.py`) is re-ranked with them, so the joint answer's PLL is never below it.
 
-Embeddings. By default the model's own pipeline: a sentence-transformers directory's pooling and Dense modules
-(modules.json), else the mean of the token vectors; `pooling="mean"` / `"cls"` asks for the mean under the attention
-mask (special tokens included, as sentence-transformers does) or the [CLS] vector of the encoder itself. From the
-last layer or the average of chosen layers (`layers=[-1, -2]`), L2-normalised where the model's modules end in
-Normalize or `normalize=True` asks (a dot product is then the cosine similarity). The model's prompts
-(config_sentence_transformers.json) apply as SentenceTransformer applies them: its default prompt unless another
-is given.
+Embeddings: by default the model's own pipeline (a sentence-transformers directory's pooling and Dense modules, else
+the mean of the token vectors); `pooling="mean"` / `"cls"`: the encoder's masked mean (special tokens included, as
+sentence-transformers does) or [CLS] vector. From the last layer or the mean of `layers=[-1, -2]`, L2-normalised where
+the model's modules end in Normalize or `normalize=True` asks. The model's prompts (config_sentence_transformers.json)
+apply as SentenceTransformer applies them: its default prompt unless another is given.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -47,6 +40,7 @@ import numpy as np
 import torch
 
 from bertkit import runtime
+from bertkit.embed.index import search_vectors
 from bertkit.embed.pooling import Pooling, Prompts, SentenceEncoder
 from bertkit.embed.st_format import is_sentence_transformers_dir, load_tokenizer, read_prompts, sentence_pipeline
 from bertkit.errors import BertkitError, CheckpointError, DataError
@@ -104,8 +98,6 @@ class Predictor:
         self.model = model.eval()
         self.directory = directory          # loaded from: a CrossEncoder's activation is read there
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
-        self._pipeline = None
-        self._prompts = None
         self._encoders: dict[tuple, SentenceEncoder] = {}     # embed's pooling pipelines, by their options
         self.tokenizer = tokenizer
         self.task = task
@@ -137,13 +129,13 @@ class Predictor:
         return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir, precision=precision,
                    directory=model_dir)
 
-    @property
+    @cached_property
     def pipeline(self):
         """A SentenceEncoder around self.encoder with the directory's pooling / Dense / Normalize modules, built on
         first use (only embeddings read modules.json: export, fill-mask or a head's predictions never need it)."""
-        if self._pipeline is None and self._st_dir is not None:
-            self._pipeline = sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
-        return self._pipeline
+        if self._st_dir is not None:
+            return sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
+        return None
 
     @property
     def embedding_dim(self) -> int:
@@ -190,14 +182,17 @@ class Predictor:
             out[idx] = o.logits.float().cpu().numpy()
         return out
 
-    def _masked_ids(self, text: str, max_length: int) -> list[int]:
+    def masked_ids(self, text: str, max_length: int | None = None) -> list[int]:
         """The model inputs of `text` ([CLS] text [SEP], or the family's layout), each literal mask token ("[MASK]",
         RoBERTa's "<mask>") kept whole as the mask id: the tokenizer never splits its special tokens."""
         tok = self.tokenizer
+        if not isinstance(text, str):
+            raise BertkitError(f"fill-mask takes text with {tok.ids_to_tokens[tok.mask_token_id]}, got "
+                               f"{type(text).__name__}")
         ids = list(tok(text)["input_ids"])
         if tok.mask_token_id not in ids:
-            raise BertkitError(f"no {tok.mask_token} in the text {text[:80]!r}")
-        if len(ids) > max_length:
+            raise BertkitError(f"fill-mask: no {tok.mask_token} in the text {text[:80]!r}")
+        if max_length is not None and len(ids) > max_length:
             raise BertkitError(f"text is {len(ids)} tokens; the limit is {max_length}")
         return ids
 
@@ -227,7 +222,7 @@ class Predictor:
         self._require_mlm()
         vocab = self.encoder.config.vocab_size      # no more candidates (or beams) than there are pieces
         top_k, beam_size = min(top_k, vocab), min(beam_size, vocab)
-        ids = self._masked_ids(text, max_length)
+        ids = self.masked_ids(text, max_length)
         positions = [i for i, t in enumerate(ids) if t == self.tokenizer.mask_token_id]
         if len(positions) == 1:
             cands = self._fill_one(ids, positions[0], top_k, beam_size, max_pieces if whole_word else 1)
@@ -241,9 +236,7 @@ class Predictor:
 
     def _fill_one(self, ids: list[int], pos: int, top_k: int, beam_size: int, max_pieces: int) -> list[dict]:
         vals, idx = top_fills(self.log_probs([ids], [pos])[0, 0], self.fills.word_start, top_k)
-        cands: dict[str, tuple[float, list[int]]] = {}
-        for v, i in zip(vals.tolist(), idx.tolist()):
-            cands[join_pieces(self.tokenizer, [i])] = (v, [i])
+        cands = {join_pieces(self.tokenizer, [i]): (v, [i]) for v, i in zip(vals.tolist(), idx.tolist())}
         for n in range(2, max_pieces + 1):
             for pieces, score in self._fill_word(ids, pos, n, beam_size):
                 word = join_pieces(self.tokenizer, pieces)
@@ -252,13 +245,10 @@ class Predictor:
                 if word not in cands or cands[word][0] < score:
                     cands[word] = (score, pieces)
         ranked = sorted(cands.items(), key=lambda kv: -kv[1][0])[:top_k]
-        out = []
-        for word, (score, pieces) in ranked:
-            filled = ids[:pos] + pieces + ids[pos + 1:]
-            out.append({"word": word, "score": round(math.exp(score), 6),
-                        "pieces": self.tokenizer.convert_ids_to_tokens(pieces),
-                        "sequence": join_pieces(self.tokenizer, filled, self._special)})
-        return out
+        tok = self.tokenizer
+        return [{"word": word, "score": round(math.exp(score), 6), "pieces": tok.convert_ids_to_tokens(pieces),
+                 "sequence": join_pieces(tok, ids[:pos] + pieces + ids[pos + 1:], self._special)}
+                for word, (score, pieces) in ranked]
 
     def _fill_word(self, ids: list[int], pos: int, n: int, beam_size: int) -> list[tuple[list[int], float]]:
         """Replace the mask at `pos` by n masks; decode them left to right: word-start piece, then ## pieces."""
@@ -286,18 +276,10 @@ class Predictor:
     def pseudo_log_likelihood(self, rows: list[list[int]], positions: list[int]) -> list[float]:
         """sum_i log p(row[i] | row with only position i masked), for each row (same mask positions)."""
         mask = self.tokenizer.mask_token_id
-        probe = []
-        for row in rows:
-            for p in positions:
-                r = list(row)
-                r[p] = mask
-                probe.append(r)
+        probe = [row[:p] + [mask] + row[p + 1:] for row in rows for p in positions]
         lp = self.log_probs(probe, positions)                             # (rows * masks, masks, vocab)
         k = len(positions)
-        out = []
-        for b, row in enumerate(rows):
-            out.append(sum(float(lp[b * k + j, j, row[p]]) for j, p in enumerate(positions)))
-        return out
+        return [sum(float(lp[b * k + j, j, row[p]]) for j, p in enumerate(positions)) for b, row in enumerate(rows)]
 
     def joint_fill(self, ids: list[int], positions: list[int], top_k: int = 5, beam_size: int = 8,
                    words: bool = True) -> list[FillResult]:
@@ -338,12 +320,10 @@ class Predictor:
                 for i in order]
 
     # ---------------------------------------------------------------------------------------------- embeddings
-    @property
+    @cached_property
     def prompts(self) -> Prompts:
         """The model's named prompts (a sentence-transformers directory's config_sentence_transformers.json)."""
-        if self._prompts is None:
-            self._prompts = read_prompts(self._st_dir) if self._st_dir is not None else Prompts()
-        return self._prompts
+        return read_prompts(self._st_dir) if self._st_dir is not None else Prompts()
 
     def embed(self, texts: Sequence[str] | str, pooling: str | None = None, layers: Sequence[int] | None = None,
               normalize: bool | None = None, max_length: int | None = None, batch_size: int = 32,
@@ -415,12 +395,8 @@ class Predictor:
             return [{"value": v[0] if len(v) == 1 else v} for v in values]
         probs = class_scores(logits, function)
         labels = self.labels or [str(i) for i in range(probs.shape[-1])]
-        out = []
-        for row in probs.tolist():
-            best = int(np.argmax(row))
-            out.append({"label": labels[best], "score": round(row[best], 6),
-                        "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}})
-        return out
+        return [{"label": labels[int(np.argmax(row))], "score": round(max(row), 6),
+                 "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}} for row in probs.tolist()]
 
     def tag(self, texts: Sequence[str], max_length: int = 256, batch_size: int = 64) -> list[list[dict]]:
         """Per word (the tokenizer's basic words): [{"word", "start", "end", "label", "score"}]: the word as written
@@ -455,11 +431,9 @@ class Predictor:
         tagged = []
         for w, (a, b) in spans.items():
             start, end = offsets[a][0], offsets[b][1]
-            item = {"word": text[start:end], "start": start, "end": end, "label": None, "score": None}
-            if w in best:
-                j, p = best[w]
-                item.update(label=labels[j], score=round(p, 6))
-            tagged.append(item)
+            j, p = best.get(w, (None, None))                            # a word past max_length: no label
+            tagged.append({"word": text[start:end], "start": start, "end": end,
+                           "label": None if j is None else labels[j], "score": None if p is None else round(p, 6)})
         return tagged
 
     def answer(self, questions: Sequence[str], contexts: Sequence[str], max_length: int = 384,
@@ -476,8 +450,7 @@ class Predictor:
                    for q, c in zip(questions, contexts)]
         rows = [r for win in windows for r in win.rows]                # every example's windows, one list
         types = [t for win in windows for t in win.types]
-        starts: list = [None] * len(rows)                               # start / end logits per window row
-        ends: list = [None] * len(rows)
+        starts, ends = [None] * len(rows), [None] * len(rows)           # start / end logits per window row
 
         def batch(idx):
             return pad_batch([rows[i] for i in idx], [types[i] for i in idx], self.tokenizer.pad_token_id,
@@ -513,22 +486,13 @@ class Predictor:
 
 def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 5) -> list[list[tuple[int, float]]]:
     """For each query row, the top_k (index, cosine) of the corpus rows (vectors need not be normalised)."""
-    def unit(x):
-        return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-    sims = unit(query_vecs) @ unit(corpus_vecs).T          # (queries, corpus)
-    k = min(top_k, sims.shape[1])
-    out = []
-    for row in sims:
-        idx = np.argsort(-row)[:k]
-        out.append([(int(i), float(row[i])) for i in idx])
-    return out
+    scores, rows = search_vectors(query_vecs, corpus_vecs, top_k, cosine=True)
+    return [[(int(i), float(s)) for i, s in zip(r, sc)] for r, sc in zip(rows, scores)]
 
 
 def read_lines(path: str | Path) -> list[str]:
     """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
-    path = Path(path)
-    lines = [ln.strip() for ln in read_text(path).splitlines()]
-    lines = [ln for ln in lines if ln]
+    lines = [ln.strip() for ln in read_text(path).splitlines() if ln.strip()]
     if not lines:
         raise DataError(f"{path}: no non-empty lines")
     return lines

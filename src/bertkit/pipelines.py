@@ -136,14 +136,8 @@ class FillMaskPipeline(Pipeline):
         return out[0] if isinstance(inputs, list) and len(inputs) == 1 else out      # as transformers does
 
     def _one(self, text: str, top_k: int, targets) -> list:
-        tok = self.tokenizer
-        if not isinstance(text, str):
-            raise BertkitError(f"fill-mask takes text with {tok.ids_to_tokens[tok.mask_token_id]}, got "
-                               f"{type(text).__name__}")
-        ids = tok(text)["input_ids"]
-        positions = [i for i, t in enumerate(ids) if t == tok.mask_token_id]
-        if not positions:
-            raise BertkitError(f"fill-mask: no {tok.mask_token} in the text {text[:80]!r}")
+        ids = self.predictor.masked_ids(text)
+        positions = [i for i, t in enumerate(ids) if t == self.tokenizer.mask_token_id]
         probs = self.predictor.log_probs([ids], positions)[0].exp()                   # (masks, vocab)
         target_ids = self._target_ids(targets)
         if target_ids is not None:

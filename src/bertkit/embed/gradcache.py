@@ -94,15 +94,6 @@ class _Replay(torch.autograd.Function):
         return (None, None, None, None, *([None] * ctx.n_embeddings), *scaled)
 
 
-def _is_training(model) -> bool:
-    return isinstance(model, nn.Module) and model.training
-
-
-def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype]:
-    kind = device.type
-    return torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
-
-
 def cached_loss(model: Callable[..., Tensor], columns: Sequence[dict[str, Tensor]], loss_fn: Callable,
                 mini_batch_size: int, **loss_kwargs) -> Tensor:
     """`loss_fn([model(**column) for column in columns], **loss_kwargs)`, computed with GradCache (see the module
@@ -116,7 +107,7 @@ def cached_loss(model: Callable[..., Tensor], columns: Sequence[dict[str, Tensor
     embeddings: list[Tensor] = []
     # bertkit's encoder runs a no-grad forward as inference (no attention dropout), so in training step 1 keeps
     # autograd on to draw the replay's masks, and drops each mini-batch's graph at once
-    with torch.enable_grad() if _is_training(model) else torch.no_grad():     # step 1
+    with torch.enable_grad() if isinstance(model, nn.Module) and model.training else torch.no_grad():     # step 1
         for col in chunks:
             states.append([])
             parts = []
@@ -133,10 +124,10 @@ def cached_loss(model: Callable[..., Tensor], columns: Sequence[dict[str, Tensor
     if any(g is None for g in emb_grads):
         unused = [i for i, g in enumerate(emb_grads) if g is None]
         raise ConfigError(f"the loss does not use column(s) {unused}: drop them from the batch")
-    autocast = _autocast_state(device)
+    # the replay runs in the outer backward, outside the step's autocast: it takes the forward's
+    enabled, dtype = torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
 
     def replay(grad_output: Tensor) -> None:                                  # step 3
-        enabled, dtype = autocast
         with torch.enable_grad(), torch.autocast(device.type, dtype=dtype, enabled=enabled):
             for col, col_states, g in zip(chunks, states, emb_grads):
                 start = 0

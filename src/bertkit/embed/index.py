@@ -297,10 +297,13 @@ def _blocked_top_k(q: np.ndarray, n: int, block_fn, k: int, blocks: tuple[int, i
 
 
 def search_vectors(queries: np.ndarray, corpus: np.ndarray, k: int = 10, corpus_block: int = 32768,
-                   query_block: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    """The same exact blocked top k over an in-memory (n, dim) corpus: scores, rows, each (queries, k)."""
-    q = np.asarray(queries, dtype=np.float32)
+                   query_block: int = 256, cosine: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The same exact blocked top k over an in-memory (n, dim) corpus: scores, rows, each (queries, k). `cosine`:
+    both sides L2-normalised first (vectors a model did not normalise), so the scores are cosines."""
+    q, corpus = np.asarray(queries, dtype=np.float32), np.asarray(corpus)
     if q.ndim != 2 or corpus.ndim != 2 or q.shape[1] != corpus.shape[1]:
         raise IndexMismatch(f"queries {q.shape} and corpus {corpus.shape} must be (n, dim) with the same dim")
+    if cosine:
+        q, corpus = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, corpus))
     return _blocked_top_k(q, corpus.shape[0], lambda s, e: np.asarray(corpus[s:e], dtype=np.float32), k,
                           (corpus_block, query_block))

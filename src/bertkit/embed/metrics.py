@@ -49,9 +49,7 @@ def _dcg(gains: Sequence[float]) -> float:
 
 
 def _one_query(ranked: Sequence[str], rel: dict[str, float], ks: Sequence[int], depth: int) -> dict[str, float]:
-    out = {}
-    for k in ks:
-        out[f"recall@{k}"] = sum(1 for d in ranked[:k] if d in rel) / len(rel)
+    out = {f"recall@{k}": sum(1 for d in ranked[:k] if d in rel) / len(rel) for k in ks}
     first = next((r for r, d in enumerate(ranked[:depth]) if d in rel), None)
     out[f"mrr@{depth}"] = 0.0 if first is None else 1.0 / (first + 1)
     ideal = _dcg(sorted(rel.values(), reverse=True)[:depth])

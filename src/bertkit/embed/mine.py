@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-import numpy as np
-
 from bertkit.embed.index import search_vectors
 from bertkit.errors import ConfigError, DataError
 
@@ -38,8 +36,7 @@ def mine_hard_negatives(encoder, tokenizer, pairs: Sequence[tuple[str, str]], ne
     k = min(len(texts), negatives + skip_top + excluded)
     q = encoder.encode(tokenizer, anchors, batch_size)                                 # (anchors, dim)
     c = encoder.encode(tokenizer, texts, batch_size)                                   # (corpus, dim)
-    q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
-    _, rows = search_vectors(q, c, k=k)                                                # (anchors, k)
+    _, rows = search_vectors(q, c, k=k, cosine=True)                                   # (anchors, k)
     chosen: dict[str, list[str]] = {}
     for a, ranked in zip(anchors, rows):
         found = [texts[r] for r in ranked if texts[r] not in positives[a] and texts[r] != a][skip_top:]

@@ -5,21 +5,19 @@
                                                  dev="data/retrieval/dev", out="runs/retrieval"))
     report = evaluate_embed("runs/retrieval", "data/retrieval/test", baseline=minilm_dir)   # before / after
 
-Evaluation data is either a directory holding `queries`, `corpus` and `qrels` files (.jsonl / .csv / .tsv;
-queries and corpus rows: id, text; qrels rows: query_id, corpus_id[, score]) scored with recall@1/5/10, MRR@10 and
-nDCG@10, or a scored-pair file (text, text_pair, score) scored with Spearman / Pearson of the cosines, or a pair
-file (anchor, positive): its anchors retrieve among its distinct positives.
+Evaluation data: a directory of `queries`, `corpus` and `qrels` files (.jsonl / .csv / .tsv; queries and corpus
+rows: id, text; qrels rows: query_id, corpus_id[, score]) scored with recall@1/5/10, MRR@10 and nDCG@10; a
+scored-pair file (text, text_pair, score) scored with Spearman / Pearson of the cosines; or a pair file (anchor,
+positive), whose anchors retrieve among its distinct positives.
 
-Fine-tuning's one driver (tasks.runner.run: seeds, metrics.json, summary.json) runs `EmbedRun`. Training runs
-through `bertkit.train` (embed_step, GradCache with `gradcache_batch`), bf16 autocast where native and a compact
-word-embedding table (only the rows the training texts use are trained: the same maths, see
-bertkit.train.compact). Each seed's model is saved as a sentence-transformers directory (`load_sentence_encoder`
-and `SentenceTransformer` both read it), the model's prompts and default prompt kept (training texts go in
-unprompted unless `prompts` (sentence-transformers' training argument: one text for every column, or {column:
-text}) puts one before a column's texts, as SentenceTransformerTrainer does; those of the first two columns are
-saved as the model's "query" and "document" prompts, and evaluation reads queries and corpus with them, else with
-the default prompt, as SentenceTransformer.encode); the report holds every split's metrics before and after
-training.
+`EmbedRun` runs under fine-tuning's one driver (tasks.runner.run: seeds, metrics.json, summary.json); training is
+`bertkit.train`'s (embed_step, GradCache with `gradcache_batch`, bf16 autocast where native, a compact
+word-embedding table: the same maths, see bertkit.train.compact). Each seed's model is saved as a
+sentence-transformers directory, its prompts kept. Training texts go in unprompted unless `prompts`
+(sentence-transformers' training argument: one text for every column, or {column: text}) puts one before a column's
+texts; those of the first two columns are saved as the model's "query" and "document" prompts, and evaluation reads
+queries and corpus with them (else with the default prompt, as SentenceTransformer.encode does). The report holds
+every split's metrics before and after training.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.hfjson import read_sides
 
-from bertkit.embed.pooling import Dense, Pooling, Prompts, SentenceEncoder
+from bertkit.embed.pooling import ACTIVATIONS, Dense, Pooling, Prompts, SentenceEncoder
 
 __all__ = ["load_sentence_encoder", "load_tokenizer", "sentence_pipeline", "save_sentence_encoder",
            "is_sentence_transformers_dir", "model_config", "module_dirs", "read_prompts", "POOLING_FLAGS"]
@@ -44,10 +44,8 @@ __all__ = ["load_sentence_encoder", "load_tokenizer", "sentence_pipeline", "save
 POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
                  "mean": "pooling_mode_mean_tokens", "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
                  "weighted_mean": "pooling_mode_weightedmean_tokens", "last_token": "pooling_mode_lasttoken"}
-# torch class paths written in a Dense config <-> our activation names
-_ACTIVATION_PATHS = {"identity": "torch.nn.modules.linear.Identity", "tanh": "torch.nn.modules.activation.Tanh",
-                     "relu": "torch.nn.modules.activation.ReLU", "gelu": "torch.nn.modules.activation.GELU",
-                     "sigmoid": "torch.nn.modules.activation.Sigmoid"}
+# torch class paths written in a Dense config ("torch.nn.modules.activation.Tanh") <-> our activation names
+_ACTIVATION_PATHS = {name: f"{cls.__module__}.{cls.__name__}" for name, cls in ACTIVATIONS.items()}
 # our mode names -> sentence-transformers' (for its list form of pooling_mode)
 _ST_MODE_NAMES = {"mean_sqrt_len": "mean_sqrt_len_tokens", "weighted_mean": "weightedmean",
                   "last_token": "lasttoken"}
@@ -63,8 +61,12 @@ def is_sentence_transformers_dir(path) -> bool:
 
 def model_config(path) -> dict:
     """The directory's config_sentence_transformers.json ({} without one)."""
-    cfg = Path(path) / _ST_CONFIG
-    found = _read_json(cfg) if cfg.is_file() else {}
+    return _json_object(Path(path) / _ST_CONFIG)
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`; {} where the file is missing or holds no object."""
+    found = _read_json(path) if path.is_file() else {}
     return found if isinstance(found, dict) else {}
 
 
@@ -169,18 +171,11 @@ def _dense_from(path: Path) -> Dense:
     return dense
 
 
-def _transformer_config(path: Path) -> dict:
-    """The Transformer module's sentence_bert_config.json ({} without one)."""
-    cfg_path = path / "sentence_bert_config.json"
-    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
-    return cfg if isinstance(cfg, dict) else {}
-
-
 def load_tokenizer(tdir) -> Tokenizer:
     """The tokenizer of a Transformer module's directory as sentence-transformers loads it: the sides its
     sentence_bert_config.json's tokenizer_args / processor_kwargs set win over tokenizer_config.json's (a
     truncation_side "left" there cuts every text from the start, prompt first)."""
-    cfg = _transformer_config(Path(tdir))
+    cfg = _json_object(Path(tdir) / "sentence_bert_config.json")
     options = {k: v for key in ("tokenizer_args", "processor_kwargs") if isinstance(cfg.get(key), dict)
                for k, v in cfg[key].items()}
     where = f"{Path(tdir) / 'sentence_bert_config.json'}: tokenizer_args / processor_kwargs"
@@ -189,7 +184,7 @@ def load_tokenizer(tdir) -> Tokenizer:
 
 def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple[int, bool]:
     """(max_seq_length, do_lower_case): sentence_bert_config.json, else the tokenizer's model_max_length."""
-    cfg = _transformer_config(path)
+    cfg = _json_object(path / "sentence_bert_config.json")
     length = cfg.get("max_seq_length") or tokenizer.model_max_length or _DEFAULT_MAX_SEQ
     return min(int(length), max_positions), bool(cfg.get("do_lower_case", False))
 

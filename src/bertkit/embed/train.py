@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -205,16 +204,12 @@ class EmbedModel(nn.Module):
         return self.encoder(input_ids, token_type_ids, attention_mask, prompt_length)
 
 
-def _columns(batch: dict[str, Tensor]) -> list[str]:
-    return [k[:-len(".input_ids")] for k in batch if k.endswith(".input_ids")]
-
-
 def embed_step(mini_batch_size: int | None = None):
     """A step_fn for bertkit.train.train: each column embedded, then the model's loss (GradCache with a
     mini-batch size). Reports the loss's scale when it is learnable."""
     def step(model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:
         loss_fn = getattr(model, "module", model).loss
-        names = _columns(batch)
+        names = [k[:-len(".input_ids")] for k in batch if k.endswith(".input_ids")]
         features = [{f: batch[f"{n}.{f}"] for f in ("input_ids", "token_type_ids", "attention_mask", "prompt_length")
                      if f"{n}.{f}" in batch} for n in names]
         if isinstance(loss_fn, MultipleNegativesRankingLoss):
@@ -248,9 +243,7 @@ def retrieval_eval(tokenizer, queries: dict[str, str], corpus: dict[str, str], r
         enc = _encoder_of(model)
         q = enc.encode(tokenizer, [queries[i] for i in qids], batch_size, precision, prompt=prompts[0])
         c = enc.encode(tokenizer, [corpus[i] for i in cids], batch_size, precision, prompt=prompts[1])
-        if not enc.normalize:
-            q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
-        _, rows = search_vectors(q, c, k=k)
+        _, rows = search_vectors(q, c, k=k, cosine=not enc.normalize)
         ranked = [[cids[r] for r in row] for row in rows]
         return retrieval_metrics(qids, ranked, relevant)
     return evaluate
