@@ -315,3 +315,17 @@ def test_task_data_retrieval_splits_by_article(tmp_path, bbc_articles):
     assert not set(dev_c) & set(test_c) and len(dev_q) == len(dev_c) == stats["counts"]["dev"]
     assert all(rel == {q: 1.0} for q, rel in dev_rel.items())              # each headline -> its own article
     assert not {r["positive"] for r in train} & (set(dev_c.values()) | set(test_c.values()))
+
+
+def test_qrels_grades_read_as_written(tmp_path):
+    """A JSON grade 0 is not relevant (not a blank read as 1); a blank CSV grade is 1; a list is named."""
+    from bertkit.embed.runner import read_retrieval
+    from bertkit.errors import DataError
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n')
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n{"_id": "d2", "text": "y"}\n')
+    (tmp_path / "qrels.jsonl").write_text('{"query-id": "q1", "corpus-id": "d1", "score": 0}\n'
+                                          '{"query-id": "q1", "corpus-id": "d2", "score": ""}\n')
+    assert read_retrieval(tmp_path)[2] == {"q1": {"d1": 0.0, "d2": 1.0}}
+    (tmp_path / "qrels.jsonl").write_text('{"query-id": "q1", "corpus-id": "d1", "score": [1]}\n')
+    with pytest.raises(DataError, match="column 'score'"):
+        read_retrieval(tmp_path)

@@ -147,8 +147,9 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
         if c not in corpus:
             raise DataError(f"{path}:{line}: corpus id {c!r} is not in the corpus file")
         try:
-            grade = float(row.get("score", 1) or 1)
-        except ValueError:
+            score = row.get("score")
+            grade = 1.0 if score is None or score == "" else float(score)     # a JSON 0 is a grade, not a blank
+        except (TypeError, ValueError):
             raise DataError(f"{path}:{line}: column 'score': {row.get('score')!r} is not a number") from None
         qrels.setdefault(q, {})[c] = grade
     if not qrels:
