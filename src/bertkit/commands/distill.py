@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bertkit import progress
 from bertkit.commands import checks
-from bertkit.commands.finetune import RECIPE_DESTS, run_brief, add_recipe_args, run_values
+from bertkit.commands.finetune import add_recipe_args, run_brief, run_values
 from bertkit.config import BertConfig, read_json_config
 from bertkit.errors import ConfigError
 
@@ -122,22 +122,18 @@ def _task(args) -> dict:
                          student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
                          hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
                          unlabeled=args.unlabeled, augment=args.augment)
-    training, rest = TrainConfig.split(_recipe_values(args), base=finetune_recipe())
+    training, rest = TrainConfig.split(run_values(args), base=finetune_recipe())
     cfg = FinetuneConfig(task=settings["kind"], model=args.teacher, train=args.train, dev=args.dev, test=args.test,
                          out=args.out, training=training, max_length=settings.get("max_length"),
                          quiet=args.quiet, **rest)
     return run_brief(distill_task(dcfg, cfg), args.quiet)
 
 
-def _recipe_values(args) -> dict:
-    return {**{k: getattr(args, k) for k in RECIPE_DESTS}, **run_values(args)}
-
-
 def _general(args) -> dict:
     from dataclasses import replace
 
     from bertkit.distill_mlm import MlmDistillConfig, distill_mlm  # deferred: torch, off `bertkit -h`'s start path
-    values = _recipe_values(args)
+    values = run_values(args)
     if len(values["seeds"]) != 1:
         raise ConfigError("general distillation trains one student: give one --seeds value")
     base = MlmDistillConfig(teacher=args.teacher, text=args.text, out=args.out, student_layers=args.student_layers,

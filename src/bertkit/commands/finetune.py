@@ -129,8 +129,9 @@ def add_recipe_args(p) -> None:
 
 
 def run_values(args) -> dict:
-    """precision (--fp32 folded in) and progress (off under --quiet unless asked for): TrainConfig fields."""
-    return {"precision": chosen_precision(args),
+    """The recipe's values (RECIPE_DESTS), precision (--fp32 folded in) and progress (off under --quiet unless asked
+    for): TrainConfig and FinetuneConfig fields."""
+    return {**{k: getattr(args, k) for k in RECIPE_DESTS}, "precision": chosen_precision(args),
             "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
 
 
