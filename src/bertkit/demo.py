@@ -22,9 +22,11 @@ a from-scratch model stays on its early plateau (every [MASK] -> "the , to ...")
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +135,6 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
     """`bertkit pretrain TRAIN --preset mini --budget 12m --eval-shards HELDOUT` with its defaults: the budget's plan
     (out/plan.json), out/model, metrics.jsonl, curves.png, summary.md."""
     # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    import shutil
     import torch
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
     from bertkit.precision import resolve
@@ -232,7 +233,6 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
                           quiet=not cfg.progress)
     summary = finetune(fcfg)
     # our own pass over the test split through the inference API: the confusion matrix and a cross-check
-    import csv
     with open(files["test"], encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     pred = Predictor.load(out / "model")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from bertkit.errors import ConfigError
 
 
@@ -49,7 +51,6 @@ def chosen_precision(args) -> str:
 
 def inference_precision(args, command: str) -> str:
     """The chosen precision, with one stderr line when it runs bf16 autocast."""
-    import sys
     from bertkit.precision import resolve       # deferred: torch stays off `bertkit -h`'s path
     precision = chosen_precision(args)
     if (resolved := resolve(precision)) != "fp32":

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from bertkit import progress
@@ -130,8 +131,6 @@ def _task(args) -> dict:
 
 
 def _general(args) -> dict:
-    from dataclasses import replace
-
     from bertkit.distill_mlm import MlmDistillConfig, distill_mlm  # deferred: torch, off `bertkit -h`'s start path
     values = run_values(args)
     if len(values["seeds"]) != 1:

@@ -14,13 +14,15 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 from bertkit import progress
-from bertkit.atomic import write_text
+from bertkit.atomic import replacing, write_json, write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
 from bertkit.commands import add_model_argument, add_precision_argument, checks, chosen_precision, inference_precision
@@ -292,11 +294,8 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
     world-th missing part and writes it atomically (a part file is whole or absent), then rank 0 streams the parts
     into the index and removes them. A rerun after a kill encodes only the missing parts, shared anew among its
     ranks; parts of another model, texts or settings are discarded first."""
-    import hashlib
-
     import numpy as np
     # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.atomic import replacing
     from bertkit.embed.index import model_hash
     out, rows = Path(args.out), PART_BATCHES * args.batch_size
     parts = out.with_name(f".{out.name}.parts")
@@ -318,9 +317,6 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
 
 def _keep_parts(parts: Path, plan: dict) -> None:
     """`parts` ready for this run: an earlier run's of the same plan kept as it is, anything else made afresh."""
-    import shutil
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.atomic import write_json
     plan_file = parts / "plan.json"
     if plan_file.is_file() and json.loads(plan_file.read_text(encoding="utf-8")) == plan:
         done = len(list(parts.glob("part-*.npy")))
@@ -333,8 +329,6 @@ def _keep_parts(parts: Path, plan: dict) -> None:
 
 def _write_index(args, encoder, texts, ids, spans: dict[Path, slice], digest: str) -> int:
     """Rank 0: the parts streamed into the index (one in memory at a time), its texts and source beside it."""
-    import shutil
-
     import numpy as np
     # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.index import INDEX_SOURCE, IndexWriter

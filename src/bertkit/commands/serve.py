@@ -49,14 +49,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _api_key(args) -> str | None:
-    # the environment keeps the key out of `ps`; an empty variable means none, an empty --api-key is a mistake
-    return args.api_key if args.api_key is not None else os.environ.get("BERTKIT_API_KEY") or None
-
-
 def run(args) -> int:
+    # the environment keeps the key out of `ps`; an empty variable means none, an empty --api-key is a mistake
+    api_key = args.api_key if args.api_key is not None else os.environ.get("BERTKIT_API_KEY") or None
     cfg = ServeConfig(host=args.host, **{name: getattr(args, name) for name, _, _ in _LIMITS},
-                      api_key=_api_key(args)).validate()
+                      api_key=api_key).validate()
     require_serve_extra()
     # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model

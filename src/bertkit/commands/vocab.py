@@ -43,20 +43,20 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # deferred: numpy, off `bertkit -h`'s start path
-    from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
-
+    from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens  # deferred: numpy
     if args.cased and args.uncased:
         raise BertkitError("give --cased or --uncased, not both")
-    if args.vocab_model != "wordpiece":
-        return _run_library(args)
-    if args.uncased:
+    if args.uncased and args.vocab_model == "wordpiece":
         raise BertkitError("--uncased is wordpiece's default; it goes with --model bpe or unigram")
+    if args.limit_alphabet is not None and args.vocab_model == "unigram":
+        raise BertkitError("--limit-alphabet goes with --model wordpiece or bpe")
     out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
+    files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
+    if args.vocab_model != "wordpiece":
+        return _run_library(args, out, files)
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
-    files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
     result = learn_vocab(files, config, progress=progress.wanted(args.progress))
     tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
     with checks.staged(out) as tmp:
@@ -75,14 +75,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_library(args: argparse.Namespace) -> int:
+def _run_library(args: argparse.Namespace, out: Path, files: list[str]) -> int:
     """--model bpe / unigram: the tokenizers library's trainers; tokenizer.json + configs in --out."""
     from bertkit.vocab import learn_library_vocab  # deferred: numpy, off `bertkit -h`'s start path
 
-    if args.limit_alphabet is not None and args.vocab_model == "unigram":
-        raise BertkitError("--limit-alphabet goes with --model wordpiece or bpe")
-    out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
-    files = ["/dev/stdin" if f == "-" else f for f in args.files]
     tok, s = learn_library_vocab(files, args.vocab_model, args.vocab_size, lowercase=args.uncased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  progress=progress.wanted(args.progress))
