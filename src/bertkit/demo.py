@@ -57,6 +57,8 @@ FILL_EXAMPLES = [
 ]
 
 
+# the stages import torch / numpy where they run: commands/demo reads DemoConfig and STAGES while `bertkit -h`
+# builds its parser
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -105,8 +107,7 @@ def stage_data(cfg: DemoConfig, out: Path) -> dict:
 
 
 def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.vocab import train_vocab
+    from bertkit.vocab import train_vocab  # deferred: torch / numpy
     tok = train_vocab([str(data / "bbc_train.txt")], vocab_size=cfg.vocab_size, lowercase=True, progress=cfg.progress)
     tok.save(out)
     return {"vocab_size": tok.vocab_size, "vocab_hash": tok.vocab_hash,
@@ -114,8 +115,7 @@ def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
 
 
 def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.pretraining import PrepareConfig, prepare
+    from bertkit.pretraining import PrepareConfig, prepare  # deferred: torch / numpy
     from bertkit.train.recipe import SHARDS
     res = {}
     # held out: whole-word 15% static masks, BERT's evaluation and a fixed yardstick
@@ -134,8 +134,7 @@ def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
 def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
     """`bertkit pretrain TRAIN --preset mini --budget 12m --eval-shards HELDOUT` with its defaults: the budget's plan
     (out/plan.json), out/model, metrics.jsonl, curves.png, summary.md."""
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    import torch
+    import torch  # deferred: torch / numpy
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
     from bertkit.precision import resolve
     from bertkit.pretraining.shards import read_manifest
@@ -179,8 +178,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
 
 
 def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval  # deferred: torch / numpy
     from bertkit.infer import Predictor
     from bertkit.pretraining import split_sentences
     p = Predictor.load(model_dir)
@@ -195,8 +193,7 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
 
 
 def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch / numpy
     res = {}
     for name, path in (("minilm", datasets.minilm_dir()), ("ours", model_dir)):
         p = Predictor.load(path)
@@ -219,8 +216,7 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
 
 
 def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch / numpy
     from bertkit.tasks.data import build
     from bertkit.tasks.metrics import confusion_matrix
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe

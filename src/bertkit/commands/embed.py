@@ -127,8 +127,7 @@ def _check_unused(args, names: dict[str, tuple[str, object]]) -> None:
 
 
 def finetune(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
+    from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed  # deferred: torch, off `bertkit -h`'s path
     from bertkit.train.loop import TrainConfig
     _check_unused(args, {"--grid": ("grid", False), "--patience": ("patience", 0), "--vocab": ("vocab", None),
                          "--eval-every": ("eval_every_steps", None)})
@@ -164,8 +163,7 @@ def add_evaluate_args(e) -> None:
 
 
 def evaluate(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import evaluate_embed
+    from bertkit.embed.runner import evaluate_embed  # deferred: torch stays off `bertkit -h`'s path
     if args.out is not None:                 # checked before the work, as every task's evaluate does
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data, args.baseline), overwrite=args.overwrite)
     report = evaluate_embed(args.model, args.data, baseline=args.baseline, batch_size=args.batch_size)
@@ -179,8 +177,7 @@ def evaluate(args) -> int:
 def wants_encoder(args) -> bool:
     """`bertkit embed` runs the model's sentence-transformers settings (pooling, normalisation, dense layers,
     max length) for a sentence-transformers directory, an index output or a pooling mode beyond mean / cls."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.st_format import is_sentence_transformers_dir
+    from bertkit.embed.st_format import is_sentence_transformers_dir  # deferred: torch stays off `bertkit -h`'s path
     return (is_index_out(args.out) or args.pooling not in (None, "mean", "cls")
             or is_sentence_transformers_dir(args.model))
 
@@ -192,8 +189,7 @@ def is_index_out(out: str | None) -> bool:
 def _texts_and_ids(args) -> tuple[list[str], list[str]]:
     """Texts (arguments, then --file) and their ids: a .jsonl / .csv / .tsv file gives `id` (or `_id`) and `text`
     columns, a text file a line each (ids: their order, from 0)."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import read_id_texts
+    from bertkit.embed.runner import read_id_texts  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import read_lines
     texts = list(args.texts)
     for i, t in enumerate(texts):
@@ -217,8 +213,7 @@ def _texts_and_ids(args) -> tuple[list[str], list[str]]:
 
 def embed_encoder(args) -> int:
     """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import load_encoder
+    from bertkit.embed.runner import load_encoder  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.train.distributed import Dist, encode_shared
     if args.layers not in (None, [-1]):
         raise ConfigError("--layers applies to plain BERT directories only (a sentence embedding model pools its "
@@ -262,8 +257,7 @@ def search_or_write(args, out: Path | None, texts, vecs, embed_queries) -> int:
     each; else `vecs` written (write_vectors)."""
     if not args.search:
         return write_vectors(out, texts, vecs)
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import cosine_search
+    from bertkit.infer import cosine_search  # deferred: torch stays off `bertkit -h`'s path
     for q, hits in zip(args.search, cosine_search(embed_queries(args.search), vecs, args.top_k)):
         print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
                          ensure_ascii=False))
@@ -295,8 +289,7 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
     into the index and removes them. A rerun after a kill encodes only the missing parts, shared anew among its
     ranks; parts of another model, texts or settings are discarded first."""
     import numpy as np
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.index import model_hash
+    from bertkit.embed.index import model_hash  # deferred: torch stays off `bertkit -h`'s path
     out, rows = Path(args.out), PART_BATCHES * args.batch_size
     parts = out.with_name(f".{out.name}.parts")
     spans = {parts / f"part-{i:05d}.npy": slice(i * rows, (i + 1) * rows) for i in range(-(-len(texts) // rows))}
@@ -330,8 +323,7 @@ def _keep_parts(parts: Path, plan: dict) -> None:
 def _write_index(args, encoder, texts, ids, spans: dict[Path, slice], digest: str) -> int:
     """Rank 0: the parts streamed into the index (one in memory at a time), its texts and source beside it."""
     import numpy as np
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.index import INDEX_SOURCE, IndexWriter
+    from bertkit.embed.index import INDEX_SOURCE, IndexWriter  # deferred: torch stays off `bertkit -h`'s path
     out = Path(args.out)
     writer = None
     for name, span in spans.items():
@@ -358,8 +350,7 @@ def _index_texts(directory: Path) -> list[str] | None:
 
 
 def search(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash
+    from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash  # deferred: torch, off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
     for i, q in enumerate(args.query):
         if not q.strip():
@@ -379,8 +370,7 @@ def search(args) -> int:
     texts = _index_texts(directory)
     ce = None
     if args.rerank:
-        # deferred: torch stays off `bertkit -h`'s path
-        from bertkit.rerank import CrossEncoder
+        from bertkit.rerank import CrossEncoder  # deferred: torch stays off `bertkit -h`'s path
         if texts is None:
             raise DataError(f"{directory}: no {INDEX_TEXTS}, so the hits cannot be reranked")
         ce = CrossEncoder.load(args.rerank, precision=precision)
@@ -397,8 +387,7 @@ def search(args) -> int:
 
 # --------------------------------------------------------------------------------------------- rerank, mine
 def rerank(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.rerank import CrossEncoder
+    from bertkit.rerank import CrossEncoder  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model, precision=inference_precision(args, "rerank"))
@@ -416,8 +405,7 @@ def rerank(args) -> int:
 
 
 def mine(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.mine import mine_hard_negatives, pair_label_rows
+    from bertkit.embed.mine import mine_hard_negatives, pair_label_rows  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
     from bertkit.infer import read_lines

@@ -31,8 +31,7 @@ INT8_CAP = 0.3           # ... as long as it stays within this share of the larg
 
 
 def run(args) -> int:
-    # deferred: torch, off `bertkit -h`'s start path
-    from bertkit.export import check_onnx, export_onnx, export_onnx_int8
+    from bertkit.export import check_onnx, export_onnx, export_onnx_int8  # deferred: torch, off `bertkit -h`'s path
     from bertkit.runtime.int8 import is_int8_dir
     out = checks.out_file(args.out, "export", inputs=(args.model,), default_name="model.onnx",
                           overwrite=args.overwrite)

@@ -22,8 +22,7 @@ from bertkit.tasks.registry import ALIASES, TASKS, default
 
 
 def _seeds(text: str) -> tuple[int, ...]:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.train.loop import run_seeds
+    from bertkit.train.loop import run_seeds  # deferred: torch stays off `bertkit -h`'s path
     try:                # at parse time, so the one line names the flag
         return run_seeds(checks.int_list(text))
     except ConfigError as e:
@@ -147,8 +146,7 @@ def _finetune(args) -> int:
                    overwrite=args.overwrite or args.resume, writes_model=True, reuse=args.resume)
     if args.task == "embed":
         return embed_cmd.finetune(args)
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import FinetuneConfig, check_query_budget, finetune, finetune_recipe
+    from bertkit.tasks.runner import FinetuneConfig, check_query_budget, finetune, finetune_recipe  # deferred: torch
     from bertkit.train.loop import TrainConfig
     embed_cmd.refuse_embed_flags(args)
     if args.max_query_length is None:
@@ -191,8 +189,7 @@ def _evaluate(args) -> int:
         return embed_cmd.evaluate(args)
     if args.baseline:
         raise ConfigError("--baseline applies to --task embed only")
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import evaluate
+    from bertkit.tasks.runner import evaluate  # deferred: torch stays off `bertkit -h`'s path
     if args.out is not None:
         checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=inference_precision(args, "evaluate"),
@@ -203,8 +200,7 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import predict
+    from bertkit.tasks.runner import predict  # deferred: torch stays off `bertkit -h`'s path
     out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
                           default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
     with checks.staged(out.parent) as tmp:
