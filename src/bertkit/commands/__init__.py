@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from bertkit.errors import ConfigError
@@ -30,6 +31,12 @@ def settle_model(args) -> None:
             raise ConfigError(f"the model is given twice: {args.model!r} and --model {option!r}")
         setattr(args, texts, [args.model, *getattr(args, texts)])
     args.model = option
+
+
+def config_from(cls, args, **given):
+    """The dataclass `cls` of the parsed flags whose dests name its fields (commands name them so), and `given`."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(given)
+    return cls(**{k: v for k, v in vars(args).items() if k in names}, **given)
 
 
 def add_precision_argument(parser, default: str = "fp32", verb: str = "run") -> None:

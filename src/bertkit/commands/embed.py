@@ -18,14 +18,14 @@ import hashlib
 import json
 import shutil
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from bertkit import progress
 from bertkit.atomic import replacing, write_json, write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
-from bertkit.commands import add_model_argument, add_precision_argument, checks, chosen_precision, inference_precision
+from bertkit.commands import (add_model_argument, add_precision_argument, checks, chosen_precision, config_from,
+                              inference_precision)
 
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
 PART_BATCHES = 64                          # batches in a part of an index being built: what a kill can cost a rank
@@ -134,10 +134,7 @@ def finetune(args) -> int:
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
                            precision=chosen_precision(args), log_every_steps=50,
                            progress=progress.wanted(args.progress))
-    # the other flags' dests name EmbedFinetuneConfig fields (model, train, loss, scale, pooling, seeds, ...)
-    names = {f.name for f in fields(EmbedFinetuneConfig)} - {"training", "save_model"}
-    cfg = EmbedFinetuneConfig(**{k: v for k, v in vars(args).items() if k in names}, training=training,
-                              save_model=not args.no_save)
+    cfg = config_from(EmbedFinetuneConfig, args, training=training, save_model=not args.no_save)
     print(json.dumps(_brief(finetune_embed(cfg))))
     return 0
 
