@@ -193,14 +193,10 @@ def _texts_and_ids(args) -> tuple[list[str], list[str]]:
         if not t.strip():
             raise DataError(f"text argument {i + 1} is empty")
     ids = [str(i) for i in range(len(texts))]
-    if args.file and Path(args.file).suffix in (".jsonl", ".csv", ".tsv"):
-        table = read_id_texts(Path(args.file))
-        ids += list(table)
-        texts += list(table.values())
-    elif args.file:
-        lines = read_lines(args.file)
-        ids += [str(i) for i in range(len(texts), len(texts) + len(lines))]
-        texts += lines
+    if args.file:
+        table = (read_id_texts(Path(args.file)) if Path(args.file).suffix in (".jsonl", ".csv", ".tsv")
+                 else {str(i): line for i, line in enumerate(read_lines(args.file), len(texts))})
+        ids, texts = ids + list(table), texts + list(table.values())
     if not texts:
         raise ConfigError("no sentences: give them as arguments or with --file")
     if len(set(ids)) != len(ids):
