@@ -241,7 +241,7 @@ def vector_out(args) -> Path | None:
                           f"--search) are float32; write an index directory (e.g. --out index/) or drop --dtype")
     if not args.out or args.search:
         return None
-    return checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
+    return checks.out_file(args.out, inputs=(args.model, args.file), default_name="embeddings.jsonl",
                            overwrite=args.overwrite)
 
 
@@ -402,7 +402,7 @@ def mine(args) -> int:
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
     from bertkit.infer import read_lines
-    out = checks.out_file(args.out, "mine", inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
+    out = checks.out_file(args.out, inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
                           overwrite=args.overwrite)
     data = EmbedDataset.read(args.data)
     if data.kind != "pairs":

@@ -201,7 +201,7 @@ def _evaluate(args) -> int:
 
 def _predict(args) -> int:
     from bertkit.tasks.runner import predict  # deferred: torch stays off `bertkit -h`'s path
-    out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
+    out = checks.out_file(args.out, inputs=(args.model, args.data), overwrite=args.overwrite,
                           default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
     with checks.staged(out.parent) as tmp:
         predict(args.model, args.data, tmp / out.name, args.batch_size, precision=inference_precision(args, "predict"),

@@ -197,8 +197,8 @@ def _plot_out(args, default: Path) -> Path:
     if args.out is None and is_stdin_copy(args.run):
         raise ConfigError("plot -: give --out PNG (input from stdin has no directory to draw next to)")
     if args.out is None:
-        return checks.out_file(default, "plot", inputs=(args.run,), default_name=default.name)
-    out = checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
+        return checks.out_file(default, inputs=(args.run,), default_name=default.name)
+    out = checks.out_file(args.out, inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
     kinds = FigureCanvasBase.get_supported_filetypes()
     if out.suffix.lstrip(".").lower() not in kinds:
         raise ConfigError(f"--out {args.out}: a picture needs one of the suffixes {', '.join(sorted(kinds))}")
