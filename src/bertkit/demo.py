@@ -89,12 +89,6 @@ def _done(path: Path) -> dict | None:
         return None
 
 
-def _mark(path: Path, info: dict) -> dict:
-    path.mkdir(parents=True, exist_ok=True)
-    write_text(path / "done.json", json.dumps(info, indent=1, default=str) + "\n")
-    return info
-
-
 # ------------------------------------------------------------------------------------------------- stages
 
 def stage_data(cfg: DemoConfig, out: Path) -> dict:
@@ -436,7 +430,9 @@ def run_demo(cfg: DemoConfig) -> Path:
         t0 = time.perf_counter()
         info = fns[st]()
         info["_seconds"] = time.perf_counter() - t0
-        results[st] = {**_mark(dirs[st], info), "_status": "ran"}
+        dirs[st].mkdir(parents=True, exist_ok=True)
+        write_text(dirs[st] / "done.json", json.dumps(info, indent=1, default=str) + "\n")
+        results[st] = {**info, "_status": "ran"}
         say(f"[demo] {st}: done in {info['_seconds']:.1f} s")
     report = write_report(cfg, out, results)
     say(f"[demo] report: {report}  (this invocation: {time.perf_counter() - t_all:.0f} s)")
