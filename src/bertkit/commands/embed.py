@@ -161,8 +161,6 @@ def add_evaluate_args(e) -> None:
 
 def evaluate(args) -> int:
     from bertkit.embed.runner import evaluate_embed  # deferred: torch stays off `bertkit -h`'s path
-    if args.out is not None:                 # checked before the work, as every task's evaluate does
-        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data, args.baseline), overwrite=args.overwrite)
     report = evaluate_embed(args.model, args.data, baseline=args.baseline, batch_size=args.batch_size)
     if args.out is not None:                 # beside its place, moved in whole: a link there is replaced
         write_text(Path(args.out) / "metrics_embed.json", json.dumps(report, indent=1, default=float) + "\n")

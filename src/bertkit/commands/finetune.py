@@ -185,13 +185,13 @@ def run_brief(summary: dict, quiet: bool) -> dict:
 
 
 def _evaluate(args) -> int:
+    if args.baseline and args.task != "embed":
+        raise ConfigError("--baseline applies to --task embed only")
+    if args.out is not None:        # checked before the work, whatever the task
+        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data, args.baseline), overwrite=args.overwrite)
     if args.task == "embed":
         return embed_cmd.evaluate(args)
-    if args.baseline:
-        raise ConfigError("--baseline applies to --task embed only")
     from bertkit.tasks.runner import evaluate  # deferred: torch stays off `bertkit -h`'s path
-    if args.out is not None:
-        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=inference_precision(args, "evaluate"),
                       progress=progress.wanted(args.progress))
     report.pop("confusion_matrix", None)
