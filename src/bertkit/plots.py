@@ -195,14 +195,14 @@ def _as_numpy_layers(attn) -> list:
 
 
 def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Sequence[int] | None = None,
-                   heads: Sequence[int] | None = None, title: str | None = None) -> Path:
+                   title: str | None = None) -> Path:
     """A grid with one (query x key) heatmap per layer (rows) and head (columns).
 
     attn: per-layer attention probabilities, each (heads, seq, seq) or (1, heads, seq, seq), rows = queries.
     """
     mats = _as_numpy_layers(attn)
     layers = list(range(len(mats))) if layers is None else list(layers)
-    heads = list(range(mats[0].shape[0])) if heads is None else list(heads)
+    heads = range(mats[0].shape[0])
     n = len(tokens)
     if mats[0].shape[-1] != n:
         raise ValueError(f"{len(tokens)} tokens but attention over {mats[0].shape[-1]} positions")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 from bertkit.errors import ConfigError
 
 
@@ -30,6 +33,12 @@ def settle_model(args) -> None:
     args.model = option
 
 
+def config_from(cls, args, **given):
+    """The dataclass `cls` of the parsed flags whose dests name its fields (commands name them so), and `given`."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(given)
+    return cls(**{k: v for k, v in vars(args).items() if k in names}, **given)
+
+
 def add_precision_argument(parser, default: str = "fp32", verb: str = "run") -> None:
     """--precision (and --fp32, its short form). Inference commands default to fp32, as every front door does (the
     numbers transformers and sentence-transformers give); training to auto, and only training takes fp16 (its loss
@@ -49,7 +58,6 @@ def chosen_precision(args) -> str:
 
 def inference_precision(args, command: str) -> str:
     """The chosen precision, with one stderr line when it runs bf16 autocast."""
-    import sys
     from bertkit.precision import resolve       # deferred: torch stays off `bertkit -h`'s path
     precision = chosen_precision(args)
     if (resolved := resolve(precision)) != "fp32":

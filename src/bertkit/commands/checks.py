@@ -2,7 +2,7 @@
 
     p.add_argument("--batch-size", type=checks.positive_int)        # a bad number is a usage error: one line, exit 2
     out = checks.out_dir(args.out, "finetune", inputs=(args.model, args.train), overwrite=args.overwrite)
-    out = checks.out_file(args.out, "predict", inputs=(args.data,), default_name="predictions.jsonl")
+    out = checks.out_file(args.out, inputs=(args.data,), default_name="predictions.jsonl")
 
 Output rules: the path is writable and of the right kind (file vs directory); it is never one of the command's
 inputs; a non-empty directory is refused unless --overwrite, and --overwrite replaces a directory only when it holds
@@ -410,28 +410,27 @@ def out_index(path, *, inputs=(), overwrite: bool = False) -> Path:
     return d
 
 
-def out_file(path, command: str, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
-    """Check the output file of `bertkit COMMAND`, before any work; an existing directory (or a path ending in '/')
+def out_file(path, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
+    """Check a command's output file, before any work; an existing directory (or a path ending in '/')
     gets `default_name` inside it. Refused: a directory or a device / pipe where the file would go, one of
     `inputs`, an unwritable place, and an existing file when the command has --overwrite (`overwrite` is not None)
     and it is not given. Returns the file's path."""
-    shown = str(path)
-    f = _resolved(path)
-    p = Path(os.path.expanduser(str(path)))
-    if str(path).endswith(("/", os.sep)) or p.is_dir():
+    _resolved(path)         # '' or a link loop: refused naming the path
+    shown, p = str(path), Path(os.path.expanduser(str(path)))
+    if shown.endswith(("/", os.sep)) or p.is_dir():
         p = p / default_name
         shown = str(p)
-    f = p.resolve()
+    f, ins = p.resolve(), _existing(inputs)
     if f.is_dir():
         raise OutputError(f"{shown}: is a directory, expected a file")
-    for name, r in _existing(inputs):
+    for name, r in ins:
         if r == f:
             raise OutputError(f"{shown}: is the input {name}; write the output elsewhere")
     if f.exists() and not f.is_file():
         raise OutputError(f"{shown}: is not a regular file (a device or pipe); write to a file")
     if f.exists() and overwrite is False:
         raise OutputError(f"{shown}: exists; pass --overwrite to replace it, or choose another file")
-    inside = [name for name, r in _existing(inputs) if r in f.parents]
+    inside = [name for name, r in ins if r in f.parents]
     if f.exists() and inside and overwrite is not None:
         raise OutputError(f"{shown}: is a file of the input {inside[0]}; write the output elsewhere")
     _check_writable(shown, f.parent)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertkit.commands import checks
+from bertkit.commands import checks, config_from
 from bertkit.demo import DemoConfig, STAGES, run_demo
 
 
@@ -27,11 +27,8 @@ def register(sub) -> None:
 def run(args) -> int:
     # its stages are a cache: an earlier demo run is reused (--force redoes them); other files are refused
     checks.out_dir(args.out, "demo", overwrite=args.force, reuse=True, writes_model=True, known=STAGES)
-    cfg = DemoConfig(out=args.out, seed=args.seed, force=args.force,
-                     only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
-                     pretrain_budget_s=args.pretrain_budget, vocab_size=args.vocab_size, preset=args.preset,
-                     sentiment_train_examples=args.sentiment_train_examples or None,
-                     sentiment_epochs=args.sentiment_epochs, fill_eval_sentences=args.fill_eval_sentences,
-                     progress=not args.quiet)
+    cfg = config_from(DemoConfig, args, only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
+                      pretrain_budget_s=args.pretrain_budget, progress=not args.quiet,
+                      sentiment_train_examples=args.sentiment_train_examples or None)
     print(run_demo(cfg))
     return 0

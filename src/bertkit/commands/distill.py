@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from bertkit import progress
-from bertkit.commands import checks
-from bertkit.commands.finetune import RECIPE_DESTS, run_brief, add_recipe_args, run_values
+from bertkit.commands import checks, config_from
+from bertkit.commands.finetune import add_recipe_args, run_brief, run_values
 from bertkit.config import BertConfig, read_json_config
 from bertkit.errors import ConfigError
 
@@ -118,32 +119,20 @@ def _task(args) -> dict:
     from bertkit.tasks.runner import FinetuneConfig, finetune_recipe
     from bertkit.train.loop import TrainConfig
     settings = _teacher_task(args.teacher)
-    dcfg = DistillConfig(teacher=args.teacher, student_layers=args.student_layers, student=args.student,
-                         student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
-                         hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
-                         unlabeled=args.unlabeled, augment=args.augment)
-    training, rest = TrainConfig.split(_recipe_values(args), base=finetune_recipe())
+    dcfg = config_from(DistillConfig, args)
+    training, rest = TrainConfig.split(run_values(args), base=finetune_recipe())
     cfg = FinetuneConfig(task=settings["kind"], model=args.teacher, train=args.train, dev=args.dev, test=args.test,
                          out=args.out, training=training, max_length=settings.get("max_length"),
                          quiet=args.quiet, **rest)
     return run_brief(distill_task(dcfg, cfg), args.quiet)
 
 
-def _recipe_values(args) -> dict:
-    return {**{k: getattr(args, k) for k in RECIPE_DESTS}, **run_values(args)}
-
-
 def _general(args) -> dict:
-    from dataclasses import replace
-
     from bertkit.distill_mlm import MlmDistillConfig, distill_mlm  # deferred: torch, off `bertkit -h`'s start path
-    values = _recipe_values(args)
+    values = run_values(args)
     if len(values["seeds"]) != 1:
         raise ConfigError("general distillation trains one student: give one --seeds value")
-    base = MlmDistillConfig(teacher=args.teacher, text=args.text, out=args.out, student_layers=args.student_layers,
-                            student_preset=args.student_preset, temperature=args.temperature, alpha=args.alpha,
-                            hidden_weight=args.hidden_weight, max_length=args.max_length,
-                            batch_size=args.batch_size)
+    base = config_from(MlmDistillConfig, args)
     training = replace(base.training, lr=args.lr, epochs=args.epochs, warmup=args.warmup,
                        weight_decay=args.weight_decay, precision=values["precision"], seed=values["seeds"][0],
                        progress=values["progress"], overwrite=True)

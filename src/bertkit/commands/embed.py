@@ -14,16 +14,18 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from bertkit import progress
-from bertkit.atomic import write_text
+from bertkit.atomic import replacing, write_json, write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
-from bertkit.commands import add_model_argument, add_precision_argument, checks, chosen_precision, inference_precision
+from bertkit.commands import (add_model_argument, add_precision_argument, checks, chosen_precision, config_from,
+                              inference_precision)
 
 INDEX_TEXTS = "texts.jsonl"                # the indexed texts, one JSON string per row, in index order
 PART_BATCHES = 64                          # batches in a part of an index being built: what a kill can cost a rank
@@ -125,18 +127,14 @@ def _check_unused(args, names: dict[str, tuple[str, object]]) -> None:
 
 
 def finetune(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed
+    from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed  # deferred: torch, off `bertkit -h`'s path
     from bertkit.train.loop import TrainConfig
     _check_unused(args, {"--grid": ("grid", False), "--patience": ("patience", 0), "--vocab": ("vocab", None),
                          "--eval-every": ("eval_every_steps", None)})
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
                            precision=chosen_precision(args), log_every_steps=50,
                            progress=progress.wanted(args.progress))
-    # the other flags' dests name EmbedFinetuneConfig fields (model, train, loss, scale, pooling, seeds, ...)
-    names = {f.name for f in fields(EmbedFinetuneConfig)} - {"training", "save_model"}
-    cfg = EmbedFinetuneConfig(**{k: v for k, v in vars(args).items() if k in names}, training=training,
-                              save_model=not args.no_save)
+    cfg = config_from(EmbedFinetuneConfig, args, training=training, save_model=not args.no_save)
     print(json.dumps(_brief(finetune_embed(cfg))))
     return 0
 
@@ -162,10 +160,7 @@ def add_evaluate_args(e) -> None:
 
 
 def evaluate(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import evaluate_embed
-    if args.out is not None:                 # checked before the work, as every task's evaluate does
-        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data, args.baseline), overwrite=args.overwrite)
+    from bertkit.embed.runner import evaluate_embed  # deferred: torch stays off `bertkit -h`'s path
     report = evaluate_embed(args.model, args.data, baseline=args.baseline, batch_size=args.batch_size)
     if args.out is not None:                 # beside its place, moved in whole: a link there is replaced
         write_text(Path(args.out) / "metrics_embed.json", json.dumps(report, indent=1, default=float) + "\n")
@@ -177,8 +172,7 @@ def evaluate(args) -> int:
 def wants_encoder(args) -> bool:
     """`bertkit embed` runs the model's sentence-transformers settings (pooling, normalisation, dense layers,
     max length) for a sentence-transformers directory, an index output or a pooling mode beyond mean / cls."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.st_format import is_sentence_transformers_dir
+    from bertkit.embed.st_format import is_sentence_transformers_dir  # deferred: torch stays off `bertkit -h`'s path
     return (is_index_out(args.out) or args.pooling not in (None, "mean", "cls")
             or is_sentence_transformers_dir(args.model))
 
@@ -190,22 +184,17 @@ def is_index_out(out: str | None) -> bool:
 def _texts_and_ids(args) -> tuple[list[str], list[str]]:
     """Texts (arguments, then --file) and their ids: a .jsonl / .csv / .tsv file gives `id` (or `_id`) and `text`
     columns, a text file a line each (ids: their order, from 0)."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import read_id_texts
+    from bertkit.embed.runner import read_id_texts  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import read_lines
     texts = list(args.texts)
     for i, t in enumerate(texts):
         if not t.strip():
             raise DataError(f"text argument {i + 1} is empty")
     ids = [str(i) for i in range(len(texts))]
-    if args.file and Path(args.file).suffix in (".jsonl", ".csv", ".tsv"):
-        table = read_id_texts(Path(args.file))
-        ids += list(table)
-        texts += list(table.values())
-    elif args.file:
-        lines = read_lines(args.file)
-        ids += [str(i) for i in range(len(texts), len(texts) + len(lines))]
-        texts += lines
+    if args.file:
+        table = (read_id_texts(Path(args.file)) if Path(args.file).suffix in (".jsonl", ".csv", ".tsv")
+                 else {str(i): line for i, line in enumerate(read_lines(args.file), len(texts))})
+        ids, texts = ids + list(table), texts + list(table.values())
     if not texts:
         raise ConfigError("no sentences: give them as arguments or with --file")
     if len(set(ids)) != len(ids):
@@ -215,8 +204,7 @@ def _texts_and_ids(args) -> tuple[list[str], list[str]]:
 
 def embed_encoder(args) -> int:
     """`bertkit embed` through the model's sentence-transformers settings (see wants_encoder)."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.runner import load_encoder
+    from bertkit.embed.runner import load_encoder  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.train.distributed import Dist, encode_shared
     if args.layers not in (None, [-1]):
         raise ConfigError("--layers applies to plain BERT directories only (a sentence embedding model pools its "
@@ -251,7 +239,7 @@ def vector_out(args) -> Path | None:
                           f"--search) are float32; write an index directory (e.g. --out index/) or drop --dtype")
     if not args.out or args.search:
         return None
-    return checks.out_file(args.out, "embed", inputs=(args.model, args.file), default_name="embeddings.jsonl",
+    return checks.out_file(args.out, inputs=(args.model, args.file), default_name="embeddings.jsonl",
                            overwrite=args.overwrite)
 
 
@@ -260,8 +248,7 @@ def search_or_write(args, out: Path | None, texts, vecs, embed_queries) -> int:
     each; else `vecs` written (write_vectors)."""
     if not args.search:
         return write_vectors(out, texts, vecs)
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import cosine_search
+    from bertkit.infer import cosine_search  # deferred: torch stays off `bertkit -h`'s path
     for q, hits in zip(args.search, cosine_search(embed_queries(args.search), vecs, args.top_k)):
         print(json.dumps({"query": q, "hits": [{"text": texts[i], "cosine": round(s, 4)} for i, s in hits]},
                          ensure_ascii=False))
@@ -292,12 +279,8 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
     world-th missing part and writes it atomically (a part file is whole or absent), then rank 0 streams the parts
     into the index and removes them. A rerun after a kill encodes only the missing parts, shared anew among its
     ranks; parts of another model, texts or settings are discarded first."""
-    import hashlib
-
     import numpy as np
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.atomic import replacing
-    from bertkit.embed.index import model_hash
+    from bertkit.embed.index import model_hash  # deferred: torch stays off `bertkit -h`'s path
     out, rows = Path(args.out), PART_BATCHES * args.batch_size
     parts = out.with_name(f".{out.name}.parts")
     spans = {parts / f"part-{i:05d}.npy": slice(i * rows, (i + 1) * rows) for i in range(-(-len(texts) // rows))}
@@ -318,9 +301,6 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
 
 def _keep_parts(parts: Path, plan: dict) -> None:
     """`parts` ready for this run: an earlier run's of the same plan kept as it is, anything else made afresh."""
-    import shutil
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.atomic import write_json
     plan_file = parts / "plan.json"
     if plan_file.is_file() and json.loads(plan_file.read_text(encoding="utf-8")) == plan:
         done = len(list(parts.glob("part-*.npy")))
@@ -333,11 +313,8 @@ def _keep_parts(parts: Path, plan: dict) -> None:
 
 def _write_index(args, encoder, texts, ids, spans: dict[Path, slice], digest: str) -> int:
     """Rank 0: the parts streamed into the index (one in memory at a time), its texts and source beside it."""
-    import shutil
-
     import numpy as np
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.index import INDEX_SOURCE, IndexWriter
+    from bertkit.embed.index import INDEX_SOURCE, IndexWriter  # deferred: torch stays off `bertkit -h`'s path
     out = Path(args.out)
     writer = None
     for name, span in spans.items():
@@ -364,8 +341,7 @@ def _index_texts(directory: Path) -> list[str] | None:
 
 
 def search(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash
+    from bertkit.embed.index import INDEX_SOURCE, EmbeddingIndex, model_hash  # deferred: torch, off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
     for i, q in enumerate(args.query):
         if not q.strip():
@@ -385,8 +361,7 @@ def search(args) -> int:
     texts = _index_texts(directory)
     ce = None
     if args.rerank:
-        # deferred: torch stays off `bertkit -h`'s path
-        from bertkit.rerank import CrossEncoder
+        from bertkit.rerank import CrossEncoder  # deferred: torch stays off `bertkit -h`'s path
         if texts is None:
             raise DataError(f"{directory}: no {INDEX_TEXTS}, so the hits cannot be reranked")
         ce = CrossEncoder.load(args.rerank, precision=precision)
@@ -403,8 +378,7 @@ def search(args) -> int:
 
 # --------------------------------------------------------------------------------------------- rerank, mine
 def rerank(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.rerank import CrossEncoder
+    from bertkit.rerank import CrossEncoder  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model, precision=inference_precision(args, "rerank"))
@@ -422,12 +396,11 @@ def rerank(args) -> int:
 
 
 def mine(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.embed.mine import mine_hard_negatives, pair_label_rows
+    from bertkit.embed.mine import mine_hard_negatives, pair_label_rows  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
     from bertkit.infer import read_lines
-    out = checks.out_file(args.out, "mine", inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
+    out = checks.out_file(args.out, inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
                           overwrite=args.overwrite)
     data = EmbedDataset.read(args.data)
     if data.kind != "pairs":

@@ -31,11 +31,9 @@ INT8_CAP = 0.3           # ... as long as it stays within this share of the larg
 
 
 def run(args) -> int:
-    # deferred: torch, off `bertkit -h`'s start path
-    from bertkit.export import check_onnx, export_onnx, export_onnx_int8
+    from bertkit.export import check_onnx, export_onnx, export_onnx_int8  # deferred: torch, off `bertkit -h`'s path
     from bertkit.runtime.int8 import is_int8_dir
-    out = checks.out_file(args.out, "export", inputs=(args.model,), default_name="model.onnx",
-                          overwrite=args.overwrite)
+    out = checks.out_file(args.out, inputs=(args.model,), default_name="model.onnx", overwrite=args.overwrite)
     if not args.int8 and is_int8_dir(args.model):
         raise ConfigError(f"{args.model} is an int8 model (bertkit quantize): export it with --int8")
     # written beside OUT and moved into place only once checked: a failed check leaves nothing, an earlier file stays

@@ -22,8 +22,7 @@ from bertkit.tasks.registry import ALIASES, TASKS, default
 
 
 def _seeds(text: str) -> tuple[int, ...]:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.train.loop import run_seeds
+    from bertkit.train.loop import run_seeds  # deferred: torch stays off `bertkit -h`'s path
     try:                # at parse time, so the one line names the flag
         return run_seeds(checks.int_list(text))
     except ConfigError as e:
@@ -129,8 +128,9 @@ def add_recipe_args(p) -> None:
 
 
 def run_values(args) -> dict:
-    """precision (--fp32 folded in) and progress (off under --quiet unless asked for): TrainConfig fields."""
-    return {"precision": chosen_precision(args),
+    """The recipe's values (RECIPE_DESTS), precision (--fp32 folded in) and progress (off under --quiet unless asked
+    for): TrainConfig and FinetuneConfig fields."""
+    return {**{k: getattr(args, k) for k in RECIPE_DESTS}, "precision": chosen_precision(args),
             "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
 
 
@@ -146,8 +146,7 @@ def _finetune(args) -> int:
                    overwrite=args.overwrite or args.resume, writes_model=True, reuse=args.resume)
     if args.task == "embed":
         return embed_cmd.finetune(args)
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import FinetuneConfig, check_query_budget, finetune, finetune_recipe
+    from bertkit.tasks.runner import FinetuneConfig, check_query_budget, finetune, finetune_recipe  # deferred: torch
     from bertkit.train.loop import TrainConfig
     embed_cmd.refuse_embed_flags(args)
     if args.max_query_length is None:
@@ -186,14 +185,13 @@ def run_brief(summary: dict, quiet: bool) -> dict:
 
 
 def _evaluate(args) -> int:
+    if args.baseline and args.task != "embed":
+        raise ConfigError("--baseline applies to --task embed only")
+    if args.out is not None:        # checked before the work, whatever the task
+        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data, args.baseline), overwrite=args.overwrite)
     if args.task == "embed":
         return embed_cmd.evaluate(args)
-    if args.baseline:
-        raise ConfigError("--baseline applies to --task embed only")
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import evaluate
-    if args.out is not None:
-        checks.out_dir(args.out, "evaluate", inputs=(args.model, args.data), overwrite=args.overwrite)
+    from bertkit.tasks.runner import evaluate  # deferred: torch stays off `bertkit -h`'s path
     report = evaluate(args.model, args.data, args.out, args.batch_size, precision=inference_precision(args, "evaluate"),
                       progress=progress.wanted(args.progress))
     report.pop("confusion_matrix", None)
@@ -202,9 +200,8 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.tasks.runner import predict
-    out = checks.out_file(args.out, "predict", inputs=(args.model, args.data), overwrite=args.overwrite,
+    from bertkit.tasks.runner import predict  # deferred: torch stays off `bertkit -h`'s path
+    out = checks.out_file(args.out, inputs=(args.model, args.data), overwrite=args.overwrite,
                           default_name=f"{Path(args.data).name.split('.')[0]}.predictions.jsonl")
     with checks.staged(out.parent) as tmp:
         predict(args.model, args.data, tmp / out.name, args.batch_size, precision=inference_precision(args, "predict"),

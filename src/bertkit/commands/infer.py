@@ -80,8 +80,7 @@ def register(sub) -> None:
 
 def _texts(given: list[str], file: str | None) -> list[str]:
     """The texts given as arguments, then the lines of --file."""
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import read_lines
+    from bertkit.infer import read_lines  # deferred: torch stays off `bertkit -h`'s path
     texts = list(given) + (read_lines(file) if file else [])
     if not texts:
         raise ConfigError("no texts: give them as arguments or with --file")
@@ -89,8 +88,7 @@ def _texts(given: list[str], file: str | None) -> list[str]:
 
 
 def fill_mask(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch stays off `bertkit -h`'s path
     texts = _texts(args.text, args.file)
     p = Predictor.load(args.model, precision=inference_precision(args, "fill-mask"))
     limit, mask = ServeConfig.max_masks, p.tokenizer.mask_token
@@ -112,8 +110,7 @@ def fill_mask(args) -> int:
 
 
 def embed(args) -> int:
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch stays off `bertkit -h`'s path
     if wants_encoder(args):            # the model's own pooling / normalisation / dense layers, or an index
         return embed_encoder(args)
     texts = _texts(args.texts, args.file)
@@ -127,11 +124,9 @@ def embed(args) -> int:
 
 
 def attention(args) -> int:
-    # deferred: matplotlib is the plots extra
-    from bertkit import plots
+    from bertkit import plots  # deferred: matplotlib is the plots extra
     plots.require()
-    # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import Predictor
+    from bertkit.infer import Predictor  # deferred: torch stays off `bertkit -h`'s path
     out = checks.out_dir(args.out, "attention", inputs=(args.model,), overwrite=args.overwrite, reuse=True)
     p = Predictor.load(args.model, precision=inference_precision(args, "attention"))
     tokens, att = p.attention(args.text)
@@ -164,8 +159,7 @@ def attention(args) -> int:
 
 
 def plot(args) -> int:
-    # deferred: matplotlib is the plots extra, numpy stays off `bertkit -h`'s path
-    from bertkit import plots
+    from bertkit import plots  # deferred: matplotlib is the plots extra, numpy stays off `bertkit -h`'s path
     from bertkit.tasks.metrics import confusion_matrix
     plots.require()
     run = Path(args.run)
@@ -203,8 +197,8 @@ def _plot_out(args, default: Path) -> Path:
     if args.out is None and is_stdin_copy(args.run):
         raise ConfigError("plot -: give --out PNG (input from stdin has no directory to draw next to)")
     if args.out is None:
-        return checks.out_file(default, "plot", inputs=(args.run,), default_name=default.name)
-    out = checks.out_file(args.out, "plot", inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
+        return checks.out_file(default, inputs=(args.run,), default_name=default.name)
+    out = checks.out_file(args.out, inputs=(args.run,), default_name=default.name, overwrite=args.overwrite)
     kinds = FigureCanvasBase.get_supported_filetypes()
     if out.suffix.lstrip(".").lower() not in kinds:
         raise ConfigError(f"--out {args.out}: a picture needs one of the suffixes {', '.join(sorted(kinds))}")

@@ -10,8 +10,7 @@ import argparse
 import json
 
 from bertkit import progress
-
-from bertkit.commands import checks
+from bertkit.commands import checks, config_from
 
 
 def register(subparsers) -> None:
@@ -54,12 +53,6 @@ def run(args: argparse.Namespace) -> int:
     from bertkit.pretraining import PrepareConfig, prepare  # deferred: numpy, off `bertkit -h`'s start path
 
     checks.out_dir(args.out, "prepare", inputs=(*args.corpus, args.vocab), overwrite=args.overwrite)
-    summary = prepare(PrepareConfig(
-        args.corpus, args.vocab, args.out, seq_len=args.seq_len, task=args.task, masking=args.masking,
-        dynamic=args.dynamic, mask_prob=args.mask_prob, max_predictions=args.max_predictions,
-        dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, workers=args.workers, seed=args.seed,
-        corpus_format=args.corpus_format, examples_per_shard=args.examples_per_shard,
-        max_line_bytes=args.max_line_bytes, max_document_lines=args.max_document_lines, overwrite=args.overwrite,
-        progress=progress.wanted(args.progress)))
+    summary = prepare(config_from(PrepareConfig, args, progress=progress.wanted(args.progress)))
     print(json.dumps(summary.as_dict()) if args.json else summary.format())
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from bertkit.commands import add_model_argument, add_precision_argument, checks, inference_precision
+from bertkit.commands import add_model_argument, add_precision_argument, checks, config_from, inference_precision
 from bertkit.serve.limits import ServeConfig, flag, require_serve_extra
 
 # ServeConfig's limits as flags of the same dest (serve.limits.flag spells each), in -h order: (field, type, help)
@@ -49,14 +49,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _api_key(args) -> str | None:
-    # the environment keeps the key out of `ps`; an empty variable means none, an empty --api-key is a mistake
-    return args.api_key if args.api_key is not None else os.environ.get("BERTKIT_API_KEY") or None
-
-
 def run(args) -> int:
-    cfg = ServeConfig(host=args.host, **{name: getattr(args, name) for name, _, _ in _LIMITS},
-                      api_key=_api_key(args)).validate()
+    # the environment keeps the key out of `ps`; an empty variable means none, an empty --api-key is a mistake
+    api_key = args.api_key if args.api_key is not None else os.environ.get("BERTKIT_API_KEY") or None
+    cfg = config_from(ServeConfig, args, api_key=api_key).validate()
     require_serve_extra()
     # deferred: torch and the serve extra (uvicorn), loaded once the extra is checked
     from bertkit.serve.server import serve_model

@@ -43,56 +43,48 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # deferred: numpy, off `bertkit -h`'s start path
-    from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens
-
     if args.cased and args.uncased:
         raise BertkitError("give --cased or --uncased, not both")
-    if args.vocab_model != "wordpiece":
-        return _run_library(args)
-    if args.uncased:
+    if args.uncased and args.vocab_model == "wordpiece":
         raise BertkitError("--uncased is wordpiece's default; it goes with --model bpe or unigram")
+    if args.limit_alphabet is not None and args.vocab_model == "unigram":
+        raise BertkitError("--limit-alphabet goes with --model wordpiece or bpe")
     out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
+    files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
+    tok, summary, line = (_wordpiece if args.vocab_model == "wordpiece" else _library)(args, files)
+    with checks.staged(out) as tmp:
+        tok.save_pretrained(tmp)
+    print(json.dumps(summary) if args.json else line)
+    return 0
+
+
+def _wordpiece(args: argparse.Namespace, files: list[str]) -> tuple:
+    """bertkit's own WordPiece trainer: the tokenizer, the JSON summary and the line for a person."""
+    from bertkit.vocab import VocabTrainingConfig, learn_vocab, tokenizer_from_tokens  # deferred: numpy
     config = VocabTrainingConfig(vocab_size=args.vocab_size, lowercase=not args.cased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  max_distinct_words=args.max_distinct_words)
-    files = ["/dev/stdin" if f == "-" else f for f in args.files]     # read once, streaming: a pipe will do
     result = learn_vocab(files, config, progress=progress.wanted(args.progress))
-    tok = tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)
-    with checks.staged(out) as tmp:
-        tok.save(tmp)
     s = result.stats
     note = "" if s["vocab_size"] == args.vocab_size else f" (requested {args.vocab_size}: {s['stop_reason']})"
     pruned = f" ({s['pruned_words']:,} rare words pruned)" if s["pruned_words"] else ""
     if s["replacement_chars"]:
         print(f"note: {s['replacement_chars']:,} invalid UTF-8 bytes (or U+FFFD characters) were dropped", file=sys.stderr)
-    if args.json:
-        print(json.dumps({"out": str(Path(args.out) / "vocab.txt"), "cased": args.cased, **s}))
-        return 0
-    print(f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
-          f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
-          f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")
-    return 0
+    line = (f"wrote {args.out}/vocab.txt: {s['vocab_size']} pieces{note}, {'cased' if args.cased else 'uncased'}; "
+            f"{s['files']} file(s), {s['words_seen']:,} words, {s['distinct_words']:,} distinct{pruned}, "
+            f"{s['alphabet']} characters, {s['merges']:,} merges; {s['count_seconds'] + s['merge_seconds']:.1f} s")
+    return (tokenizer_from_tokens(result.tokens, lowercase=config.lowercase),
+            {"out": str(Path(args.out) / "vocab.txt"), "cased": args.cased, **s}, line)
 
 
-def _run_library(args: argparse.Namespace) -> int:
-    """--model bpe / unigram: the tokenizers library's trainers; tokenizer.json + configs in --out."""
+def _library(args: argparse.Namespace, files: list[str]) -> tuple:
+    """--model bpe / unigram: the tokenizers library's trainers (tokenizer.json + configs), as _wordpiece."""
     from bertkit.vocab import learn_library_vocab  # deferred: numpy, off `bertkit -h`'s start path
-
-    if args.limit_alphabet is not None and args.vocab_model == "unigram":
-        raise BertkitError("--limit-alphabet goes with --model wordpiece or bpe")
-    out = checks.out_dir(args.out, "vocab", inputs=args.files, overwrite=args.overwrite)
-    files = ["/dev/stdin" if f == "-" else f for f in args.files]
     tok, s = learn_library_vocab(files, args.vocab_model, args.vocab_size, lowercase=args.uncased,
                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                  progress=progress.wanted(args.progress))
-    with checks.staged(out) as tmp:
-        tok.save_pretrained(tmp)
-    if args.json:
-        print(json.dumps({"out": str(Path(args.out) / "tokenizer.json"), "model": args.vocab_model,
-                          "cased": not args.uncased, **s}))
-        return 0
-    print(f"wrote {args.out}/tokenizer.json: {args.vocab_model}, {s['vocab_size']} pieces, "
-          f"{'uncased' if args.uncased else 'cased'}; {s['files']} file(s), {s['characters']:,} characters; "
-          f"{s['seconds']:.1f} s")
-    return 0
+    line = (f"wrote {args.out}/tokenizer.json: {args.vocab_model}, {s['vocab_size']} pieces, "
+            f"{'uncased' if args.uncased else 'cased'}; {s['files']} file(s), {s['characters']:,} characters; "
+            f"{s['seconds']:.1f} s")
+    return tok, {"out": str(Path(args.out) / "tokenizer.json"), "model": args.vocab_model, "cased": not args.uncased,
+                 **s}, line
