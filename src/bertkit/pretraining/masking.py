@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import ConfigError, VocabError
+from bertkit.tokenizer import load_vocab
 
 __all__ = ["MaskingConfig", "VocabTables", "mask_batch", "example_keys", "splitmix64", "MODES"]
 
@@ -121,14 +122,7 @@ class VocabTables:
 
     @classmethod
     def from_vocab_file(cls, path: str | Path) -> "VocabTables":
-        path = Path(path)
-        try:
-            tokens = path.read_text(encoding="utf-8").split("\n")
-        except (OSError, UnicodeDecodeError) as e:
-            raise VocabError(f"cannot read vocabulary {path}: {e}") from None
-        if tokens and tokens[-1] == "":
-            tokens.pop()
-        return cls.from_tokens([t.strip() for t in tokens])
+        return cls.from_tokens(list(load_vocab(path)))
 
     @property
     def vocab_size(self) -> int:

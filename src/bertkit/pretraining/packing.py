@@ -60,7 +60,7 @@ class PackedReader:
         self.reader, self.pool = reader, pool
         self.budget = reader.batch_size * reader.seq_len
         # every example's length (meta column 0), read once from the memory-mapped shards
-        self.lengths = np.concatenate([np.asarray(sh.meta[:, 0], dtype=np.int64) for sh in reader._shards])
+        self.lengths = np.concatenate([np.asarray(sh["meta"][:, 0], dtype=np.int64) for sh in reader._shards])
         self.epoch, self.position = 0, 0
         self._plan: tuple[int, list[np.ndarray]] | None = None
 
@@ -86,19 +86,11 @@ class PackedReader:
     def __len__(self) -> int:
         return len(self.batches(self.epoch))
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.position = int(epoch), 0
+    def batch_indices(self, epoch: int, b: int) -> np.ndarray:
+        return self.batches(epoch)[b]
 
-    def __iter__(self):
-        while True:
-            plan = self.batches(self.epoch)
-            while self.position < len(plan):
-                idx = plan[self.position]
-                self.position += 1          # counted before the yield: a state_dict taken now resumes after it
-                yield self.batch(idx, self.epoch)
-            self.epoch, self.position = self.epoch + 1, 0
-            if not self.reader.infinite:
-                return
+    # the reader's walk (epoch, position, infinite) over these batches
+    set_epoch, __iter__ = ShardReader.set_epoch, ShardReader.__iter__
 
     def batch(self, indices: np.ndarray, epoch: int = 0) -> dict:
         """The reader's batch of `indices`, its tensors ending at the longest row."""

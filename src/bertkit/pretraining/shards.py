@@ -68,47 +68,24 @@ class ShardWriter:
 
     def __init__(self, out_dir: str | Path, prefix: str, seq_len: int, vocab_size: int, pad_id: int,
                  max_predictions: int | None = None, examples_per_shard: int = 65536):
-        self.out_dir = Path(out_dir)
-        self.prefix, self.seq_len, self.pad_id = prefix, seq_len, pad_id
-        self.token_dtype = np.uint16 if vocab_size <= 65536 else np.int32
-        self.max_predictions = max_predictions        # None: no stored masks (dynamic)
-        self.examples_per_shard = examples_per_shard
+        self.out_dir, self.prefix, self.examples_per_shard = Path(out_dir), prefix, examples_per_shard
+        n, ids = examples_per_shard, np.uint16 if vocab_size <= 65536 else np.int32
+        # a buffer per .npy file of a shard, reused shard after shard: every row is overwritten whole
+        self._buffers = {"tokens": np.full((n, seq_len), pad_id, dtype=ids), "meta": np.zeros((n, 3), dtype=np.int32)}
+        if max_predictions is not None:               # static masking: the masked positions and the ids shown there
+            self._buffers.update(mask_pos=np.zeros((n, max_predictions), dtype=np.uint16),
+                                 mask_ids=np.zeros((n, max_predictions), dtype=ids))
         self.shards: list[dict] = []                  # manifest entries of written shards
-        self._reset()
-
-    def _reset(self):
-        n, s = self.examples_per_shard, self.seq_len
-        self._tokens = np.full((n, s), self.pad_id, dtype=self.token_dtype)
-        self._meta = np.zeros((n, 3), dtype=np.int32)
-        if self.max_predictions is not None:
-            self._pos = np.zeros((n, self.max_predictions), dtype=np.uint16)
-            self._ids = np.zeros((n, self.max_predictions), dtype=self.token_dtype)
         self._n = 0
-
-    def add(self, tokens: np.ndarray, a_len: int, label: int, mask_pos=None, mask_ids=None) -> None:
-        """One example: tokens (L,) ids with L <= seq_len; for static masking its masked positions and shown ids."""
-        i = self._n
-        self._tokens[i, :len(tokens)] = tokens
-        self._meta[i] = (len(tokens), a_len, label)
-        if self.max_predictions is not None:
-            k = len(mask_pos)
-            self._pos[i, :k] = mask_pos
-            self._ids[i, :k] = mask_ids
-        self._n += 1
-        if self._n == self.examples_per_shard:
-            self.flush()
 
     def add_batch(self, tokens2d: np.ndarray, meta: np.ndarray, pos2d=None, ids2d=None) -> None:
         """Many examples at once: tokens2d (B, S) padded rows, meta (B, 3), static masks (B, P) each."""
+        arrays = dict(zip(self._buffers, (tokens2d, meta, pos2d, ids2d)))
         start = 0
         while start < len(tokens2d):
             take = min(len(tokens2d) - start, self.examples_per_shard - self._n)
-            sl, i = slice(start, start + take), self._n
-            self._tokens[i:i + take] = tokens2d[sl]
-            self._meta[i:i + take] = meta[sl]
-            if self.max_predictions is not None:
-                self._pos[i:i + take] = pos2d[sl]
-                self._ids[i:i + take] = ids2d[sl]
+            for field, buf in self._buffers.items():
+                buf[self._n:self._n + take] = arrays[field][start:start + take]
             self._n += take
             start += take
             if self._n == self.examples_per_shard:
@@ -118,21 +95,17 @@ class ShardWriter:
         if self._n == 0:
             return
         name = f"{self.prefix}-{len(self.shards):05d}"
-        arrays = {"tokens": self._tokens[:self._n], "meta": self._meta[:self._n]}
-        if self.max_predictions is not None:
-            arrays["mask_pos"] = self._pos[:self._n]
-            arrays["mask_ids"] = self._ids[:self._n]
         files = {}
-        for field, arr in arrays.items():
-            path, buf = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
-            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)     # hashed in memory, not read back
-            data = buf.getvalue()                   # one copy of the bytes, written and hashed
+        for field, buf in self._buffers.items():
+            path, out = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
+            np.save(out, buf[:self._n], allow_pickle=False)
+            data = out.getvalue()                   # one copy of the bytes, written and hashed (not read back)
             write_bytes(path, data, sync=False)
             files[field] = {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         entry = {"name": name, "examples": int(self._n), "files": files}
         write_json(self.out_dir / f"{name}.done.json", entry, indent=1, sync=False)   # write_manifest syncs
         self.shards.append(entry)
-        self._reset()
+        self._n = 0
 
     def close(self) -> list[dict]:
         self.flush()
@@ -230,15 +203,8 @@ def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     return x.astype(np.int64)
 
 
-@dataclass
-class _Shard:
-    tokens: np.ndarray            # (E, S) memmap
-    meta: np.ndarray              # (E, 3) memmap
-    mask_pos: np.ndarray | None   # (E, P) memmap
-    mask_ids: np.ndarray | None
-
-
-def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Shard:
+def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> dict[str, np.ndarray]:
+    """A shard's arrays by field (tokens, meta [, mask_pos, mask_ids]), memory-mapped, checked against the manifest."""
     name = entry.get("name", "?")
     if not (shard_dir / f"{name}.done.json").exists():
         raise DataError(f"shard {name} in {shard_dir} has no completeness marker {name}.done.json: it was not "
@@ -263,7 +229,7 @@ def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Sha
     if tokens.shape != (n, seq_len) or meta.shape != (n, 3):
         raise DataError(f"shard {name}: arrays of shape {tokens.shape} / {meta.shape}, expected ({n}, {seq_len}) / "
                         f"({n}, 3)")
-    return _Shard(tokens, meta, arrays.get("mask_pos"), arrays.get("mask_ids"))
+    return arrays
 
 
 def _check_vocab(shard_dir: Path, m: dict, vocab_hash: str | None, vocab_size: int | None) -> None:
@@ -361,14 +327,17 @@ class ShardReader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = int(epoch), 0
 
+    def batch_indices(self, epoch: int, b: int) -> np.ndarray:
+        """Global example indices of this rank's batch `b` of `epoch`."""
+        return self.indices(epoch, b * self.batch_size, (b + 1) * self.batch_size)
+
     def __iter__(self):
         while True:
             n_batches = len(self)
             while self.position < n_batches:
                 b = self.position
                 self.position += 1          # counted before the yield: a state_dict taken now resumes after it
-                idx = self.indices(self.epoch, b * self.batch_size, (b + 1) * self.batch_size)
-                yield self.batch(idx, self.epoch)
+                yield self.batch(self.batch_indices(self.epoch, b), self.epoch)
             self.epoch, self.position = self.epoch + 1, 0
             if not self.infinite:
                 return
@@ -391,9 +360,9 @@ class ShardReader:
         if self._token_counts is None:
             counts = np.zeros(self.tables.vocab_size, dtype=np.int64)
             for sh in self._shards:
-                for a in range(0, len(sh.meta), chunk):
-                    tokens = np.asarray(sh.tokens[a:a + chunk], dtype=np.int64)               # (rows, S)
-                    inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh.meta[a:a + chunk, 0])[:, None]
+                for a in range(0, len(sh["meta"]), chunk):
+                    tokens = np.asarray(sh["tokens"][a:a + chunk], dtype=np.int64)               # (rows, S)
+                    inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh["meta"][a:a + chunk, 0])[:, None]
                     counts += np.bincount(tokens[inside], minlength=len(counts))[:len(counts)]
             self._token_counts = counts
         return self._token_counts.copy()
@@ -406,24 +375,17 @@ class ShardReader:
         if len(indices) and (indices.min() < 0 or indices.max() >= self.num_examples):
             raise IndexError(f"example index out of range [0, {self.num_examples})")
         shard_of = np.searchsorted(self._starts, indices, side="right") - 1
-        b = len(indices)
-        tokens = np.empty((b, self.seq_len), dtype=np.int64)
-        meta = np.empty((b, 3), dtype=np.int64)
-        static = self._shards[0].mask_pos is not None and not self.remasked
-        p = self._shards[0].mask_pos.shape[1] if static else 0
-        pos = np.empty((b, p), dtype=np.int64) if static else None
-        ids = np.empty((b, p), dtype=np.int64) if static else None
+        static = "mask_pos" in self._shards[0] and not self.remasked
+        fields = ("tokens", "meta", "mask_pos", "mask_ids") if static else ("tokens", "meta")
+        out = {f: np.empty((len(indices), self._shards[0][f].shape[1]), dtype=np.int64) for f in fields}
         for s in np.unique(shard_of):
             rows = np.flatnonzero(shard_of == s)
             local = indices[rows] - self._starts[s]
             order = np.argsort(local)                     # ascending reads are kinder to the page cache
-            sh, loc = self._shards[s], local[order]
-            tokens[rows[order]] = sh.tokens[loc]
-            meta[rows[order]] = sh.meta[loc]
-            if static:
-                pos[rows[order]] = sh.mask_pos[loc]
-                ids[rows[order]] = sh.mask_ids[loc]
-        return tokens, meta, pos, ids
+            rows, local = rows[order], local[order]
+            for f in fields:
+                out[f][rows] = self._shards[s][f][local]
+        return out["tokens"], out["meta"], out.get("mask_pos"), out.get("mask_ids")
 
     def batch(self, indices: np.ndarray, epoch: int = 0) -> dict:
         """The batch dict (torch tensors) for global example `indices` in `epoch`."""
