@@ -23,9 +23,8 @@ student's last layer meets the teacher's last; the embeddings (j = 0) meet the t
 Student initialisation (`select_layers`): K teacher layers evenly spaced and ending at the top, 0-based
 (i + 1) * L // K - 1 (6 -> 3: layers 2, 4, 6 counted from 1, every second one; DistilBERT took 1, 3, 5 of a
 pre-trained teacher, but a fine-tuned teacher's head reads its last layer: measured in docs/performance.md), with
-the embeddings, the pooler and
-the task head copied from the teacher; or a preset (random init, the teacher's vocabulary size); or a directory
-(e.g. a student from general distillation, `bertkit.distill_mlm`) whose vocabulary must be the teacher's.
+the embeddings, the pooler and the task head copied from the teacher; or a preset (random init, the teacher's
+vocabulary size); or a directory (e.g. a student of `bertkit.distill_mlm`) whose vocabulary must be the teacher's.
 
 Training is `bertkit finetune`'s (runner.finetune with FinetuneHooks): the same batches, dev selection of the best
 evaluation, files and model directory, so evaluate / predict / serve / quantize load the student unchanged. With
@@ -191,8 +190,7 @@ def _kl_rows(p: Tensor, log_q: Tensor) -> Tensor:
 def soft_loss(student: Tensor, teacher: Tensor, temperature: float, mask: Tensor | None = None) -> Tensor:
     """KL(softmax(teacher / T) || softmax(student / T)) * T^2, averaged over the rows (where `mask`)."""
     t = temperature
-    p = torch.softmax(teacher.float() / t, -1)
-    kl = _kl_rows(p, torch.log_softmax(student.float() / t, -1))
+    kl = _kl_rows(torch.softmax(teacher.float() / t, -1), torch.log_softmax(student.float() / t, -1))
     return _masked_mean(kl, mask) * t * t
 
 
@@ -212,8 +210,7 @@ def hidden_loss(student: tuple, teacher: tuple, pairs, attention_mask: Tensor, p
         h = student[s].float()
         if projection is not None:
             h = projection(h)
-        err = ((h - teacher[t].float()) ** 2 * real).sum() / (real.sum() * h.shape[-1]).clamp_min(1.0)
-        total = total + err
+        total = total + ((h - teacher[t].float()) ** 2 * real).sum() / (real.sum() * h.shape[-1]).clamp_min(1.0)
     return total / len(pairs)
 
 
@@ -282,18 +279,11 @@ class _TargetBatches(TrainBatches):
         batch = super().batch(feats)
         batch["labelled"] = torch.tensor([f.labelled for f in feats])
         if feats[0].teacher is not None:
-            batch["teacher"] = _stack_targets(feats, batch["input_ids"].shape[1])
+            rows = [torch.from_numpy(f.teacher) for f in feats]
+            if rows[0].ndim == 2:                # per-token logits: padded to the batch's width
+                rows = [F.pad(r, (0, 0, 0, batch["input_ids"].shape[1] - len(r))) for r in rows]
+            batch["teacher"] = torch.stack(rows)
         return batch
-
-
-def _stack_targets(feats: list[Feature], seq: int) -> Tensor:
-    first = feats[0].teacher
-    if first.ndim == 1:
-        return torch.from_numpy(np.stack([f.teacher for f in feats]))
-    out = torch.zeros(len(feats), seq, first.shape[-1])
-    for i, f in enumerate(feats):
-        out[i, :len(f.teacher)] = torch.from_numpy(f.teacher)
-    return out
 
 
 class TaskDistiller(FinetuneHooks):

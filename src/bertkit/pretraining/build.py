@@ -129,11 +129,14 @@ class PrepareSummary:
     def mb_per_s(self) -> float:
         return self.corpus.bytes / 1e6 / max(self.seconds, 1e-9)
 
+    @property
+    def skipped(self) -> dict[str, int]:
+        return {**self.corpus.skipped(), "skipped_chunks": self.build.skipped_chunks,
+                "no_other_document": self.build.no_other_document}
+
     def as_dict(self) -> dict:
-        return {"out": self.out, "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 3),
-                "shards": self.shards, "workers": self.workers, "dynamic": self.dynamic,
-                "masked_share": round(self.masked_share, 5), "corpus": asdict(self.corpus),
-                "build": asdict(self.build), "masks": asdict(self.masks)}
+        return {**asdict(self), "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 3),
+                "masked_share": round(self.masked_share, 5)}
 
     def format(self) -> str:
         c, b, m = self.corpus, self.build, self.masks
@@ -150,8 +153,7 @@ class PrepareSummary:
         if pairs:
             lines.append(f"  pairs      label 0 {b.is_next / pairs:.1%} / label 1 {b.not_next / pairs:.1%}; "
                          f"{b.split_sentence_pairs:,} split single sentences, {b.forced_not_next} forced NotNext")
-        skipped = {k: v for k, v in {**c.skipped(), "skipped_chunks": b.skipped_chunks,
-                                      "no_other_document": b.no_other_document}.items() if v}
+        skipped = {k: v for k, v in self.skipped.items() if v}
         lines.append("  skipped    " + (", ".join(f"{k}={v}" for k, v in skipped.items()) if skipped else "nothing"))
         lines.append(f"  speed      {self.mb_per_s:.2f} MB/s of raw text ({self.seconds:.1f} s, {self.workers} workers)")
         return "\n".join(lines)
@@ -298,8 +300,8 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     if bstats.examples == 0:
         raise DataError(f"corpus {[str(f) for f in files][:3]}... produced no examples "
                         f"({cstats.documents} documents; skipped: {cstats.skipped()})")
-    vocab_copy = out / "vocab.txt"      # written once there are shards: a refused run leaves nothing of its own
-    write_text(vocab_copy, "\n".join(tok.ids_to_tokens) + "\n")
+    # written once there are shards: a refused run leaves nothing of its own
+    write_text(out / "vocab.txt", "\n".join(tok.ids_to_tokens) + "\n")
     if isinstance(tok, LibraryTokenizer):       # BPE / Unigram: its specials and word starts are in its own files
         tok.save(out)
     summary = PrepareSummary(str(out), seconds, cstats, bstats, mstats, len(shards), len(jobs), cfg.dynamic)
@@ -313,8 +315,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
         "counts": {"examples": bstats.examples, "documents": cstats.documents, "sentences": cstats.sentences,
                    "tokens": bstats.tokens, "padding": bstats.padding, "label_0": bstats.is_next,
                    "label_1": bstats.not_next, "masked": mstats.chosen, "maskable": mstats.candidates,
-                   "bytes": cstats.bytes, "skipped": {**cstats.skipped(), "skipped_chunks": bstats.skipped_chunks,
-                                                       "no_other_document": bstats.no_other_document}},
+                   "bytes": cstats.bytes, "skipped": summary.skipped},
         "shards": sorted(shards, key=lambda e: e["name"]),
     })
     warning = _lone_document_warning(results, bstats, cstats.documents)

@@ -11,19 +11,16 @@ A shard directory:
     <name>.done.json                completeness marker: the shard's files, sizes and sha256, written last
 
 Plain .npy files (no pickle: `allow_pickle=False` everywhere) so the reader memory-maps them. Crash safety: every
-file is written under a temporary name and renamed; the shard's `.done.json` comes after its files, and
-`manifest.json` (fsynced, renamed into place) only after every shard is done and synced to disk. A reader refuses
-a directory without a manifest (the build did not finish), a shard whose marker is missing, and a file whose size
-differs from the manifest (truncated / replaced); `verify="full"` also checks sha256.
+file is written under a temporary name and renamed; a shard's `.done.json` comes after its files, `manifest.json`
+after every shard is done and synced to disk. A reader refuses a directory without a manifest (the build did not
+finish), a shard without its marker and a file whose size is not the manifest's; `verify="full"` checks sha256 too.
 
-The reader (`ShardReader`) is an iterable of batches following the pre-training batch contract:
-input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as (B, S) long tensors and
-next_sentence_label (B,) long (absent for task none). Each epoch is a seeded permutation of all examples of all
-shards; rank r of w takes every w-th example of it (the permutation is cut to a multiple of w so all ranks have the
-same number of batches). The permutation is computed, not stored (`permute`: a keyed Feistel network), so the
-reader's memory does not grow with the number of examples. Dynamic masks are drawn per example from (seed, epoch,
-example index), so they do not depend on the batch size or the number of ranks. `masking=MaskingConfig(...)` draws
-masks that way whatever the shards store: static shards are re-masked from their stored tokens, fresh every epoch. `state_dict()` = (epoch, batches
+`ShardReader` iterates batches of the pre-training contract: input_ids, token_type_ids, attention_mask, labels
+(-100 where not predicted) as (B, S) long tensors and next_sentence_label (B,) (absent for task none). Each epoch is
+a seeded permutation of all examples of all shards, computed, not stored (`permute`), so memory does not grow with
+the corpus; rank r of w takes every w-th example (cut to a multiple of w: every rank has as many batches). Dynamic
+masks are drawn per example from (seed, epoch, example index), whatever the batch size or number of ranks;
+`masking=MaskingConfig(...)` draws them that way from static shards' tokens too. `state_dict()` = (epoch, batches
 consumed in it): exact resume.
 """
 
@@ -54,11 +51,8 @@ FORMAT_VERSION = 1
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------- writer
