@@ -2,17 +2,16 @@
 
     prepare(PrepareConfig(corpus, vocab, out, seq_len=128, task="nsp", masking="token", dynamic=False, workers=1))
 
-Parallel building: with `workers > 1` each process takes a share of the input and writes its own shards
-(`w00-00000`, `w01-00000`, ...); the parent merges their shard lists and counts into one manifest.json once every
-worker has finished. Shares: whole files (balanced by size) when there are at least as many files as workers,
-otherwise every worker reads the stream and keeps documents `index % workers == rank` (reading and sentence
-splitting are cheap next to WordPiece, which is split). Each worker's output depends only on (seed, worker rank,
-workers), so a build is deterministic for a seed and worker count. A worker draws NotNext segments from its own
-documents only: one given a single document makes IsNext pairs instead, and prepare warns on stderr when more than a
-few percent of the NotNext pairs were lost that way (fewer workers is the fix).
+With `workers > 1` each process takes a share of the input and writes its own shards (`w00-00000`, `w01-00000`,
+...); the parent merges their shard lists and counts into one manifest.json once all have finished. A share is
+whole files (balanced by size) when there are at least as many files as workers, else every worker reads the stream
+and keeps documents `index % workers == rank` (reading and sentence splitting are cheap next to WordPiece). A
+worker's output depends only on (seed, rank, workers): a build is deterministic for a seed and worker count. A
+worker draws NotNext segments from its own documents only, so one given a single document makes IsNext pairs
+instead; prepare warns when more than a few percent of the NotNext pairs were lost that way (fewer workers fix it).
 
-Memory stays flat in the corpus size: one document at a time, the NotNext buffer (bounded), one shard being filled
-(`examples_per_shard` rows), and a batch of examples waiting for masking.
+Memory stays flat in the corpus size: one document at a time, the bounded NotNext buffer, one shard being filled
+(`examples_per_shard` rows) and a batch of examples waiting for masking.
 """
 
 from __future__ import annotations

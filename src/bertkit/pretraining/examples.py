@@ -63,16 +63,13 @@ class ExampleConfig:
     def __post_init__(self):
         if self.task not in TASKS:
             raise ConfigError(f"task {self.task!r} is not one of {TASKS}")
-        if self.seq_len < 8:
-            raise ConfigError(f"seq_len={self.seq_len} is too short (need >= 8)")
-        if self.seq_len > 65535:
-            raise ConfigError(f"seq_len={self.seq_len} is too long (at most 65535)")
+        if not 8 <= self.seq_len <= 65535:          # shards store positions as uint16
+            raise ConfigError(f"seq_len={self.seq_len} must be in [8, 65535]")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"short_seq_prob={self.short_seq_prob} must be in [0, 1]")
-        if self.dupe_factor < 1:
-            raise ConfigError(f"dupe_factor={self.dupe_factor} must be >= 1")
-        if self.buffer_docs < 2:
-            raise ConfigError(f"buffer_docs={self.buffer_docs} must be >= 2")
+        for name, least in (("dupe_factor", 1), ("buffer_docs", 2)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= {least}")
 
 
 @dataclass

@@ -1,21 +1,19 @@
 """Packed batches: a token budget per batch instead of a row count, each example its own sequence.
 
-A shard row is one example ([CLS] A [SEP] B [SEP], or [CLS] text [SEP]) padded to the shards' seq_len; a batch of
-`batch_size` rows pads every short one to seq_len. `PackedReader` fills each batch with whole examples up to
-`batch_size * seq_len` tokens instead: the epoch's order is cut into pools of `POOL` batches, each pool sorted by
-length and cut into batches whose rows x longest row fits the budget, and the batch tensors end at its longest
-row. Rows of a batch then differ by a few tokens, so padding falls from ~10% of the grid to ~1%, and the encoder
-runs the padded grid without unpadding it.
+A shard row is one example padded to the shards' seq_len, so a batch of `batch_size` rows pads every short one to
+seq_len. `PackedReader` fills each batch with whole examples up to `batch_size * seq_len` tokens instead: the
+epoch's order is cut into pools of `POOL` batches, each pool sorted by length and cut into batches whose rows x
+longest row fits the budget, the tensors ending at the longest row. Rows of a batch then differ by a few tokens:
+padding falls from ~10% of the grid to ~1%, and the encoder runs the padded grid without unpadding it.
 
-Each example stays its own sequence: attention never crosses from one example to another and positions start at
-0 in every row (the same computation as several documents packed into one row with a block-diagonal mask, which
-the varlen layout of bertkit.padding runs directly). Masks are drawn per example index (masking.example_keys), so
-they do not change with the batching; the loop weighs each micro-batch's MLM loss by its share of the masked
-tokens, so the loss stays the mean over the step's masked tokens.
+Each example stays its own sequence: attention never crosses examples and positions start at 0 in every row (the
+computation of documents packed into a row with a block-diagonal mask, as bertkit.padding's varlen layout runs
+it). Masks are drawn per example index (masking.example_keys), so batching does not change them; the loop weighs
+each micro-batch's MLM loss by its share of the masked tokens, so the loss stays the mean over the step's.
 
-The batch plan is a pure function of (seed, epoch, lengths): every rank computes the same global list of
-batches and takes every world_size-th one (the list is cut to a multiple of world_size, so the ranks step
-together), and a checkpoint stores only (epoch, position), as ShardReader's does.
+The batch plan is a pure function of (seed, epoch, lengths): every rank computes the same global list and takes
+every world_size-th batch (the list cut to a multiple of world_size, so the ranks step together); a checkpoint
+stores only (epoch, position), as ShardReader's does.
 """
 
 from __future__ import annotations
