@@ -107,10 +107,8 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
         sample = _sample_inputs(pred.tokenizer, 2, 16, pad_from=10)
         names = OUTPUTS[pred.task]
         inputs = inputs_of(model)
-        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in inputs}
-        for n in names:   # pooled / sequence-level outputs have no seq axis
-            per_token = not (n == "pooler_output" or pred.task == "classify")
-            dynamic_axes[n] = {0: "batch", 1: "seq"} if per_token else {0: "batch"}
+        no_seq = {"pooler_output", *(names if pred.task == "classify" else ())}    # pooled / per-sequence outputs
+        dynamic_axes = {n: {0: "batch"} if n in no_seq else {0: "batch", 1: "seq"} for n in (*inputs, *names)}
         with replacing(out_path) as tmp, torch.no_grad(), warnings.catch_warnings():
             # input checks in the model (ids in range, shapes) run once at trace time; they are not graph ops
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
