@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import glob as globlib
 import gzip
-import io
 import os
 import re
 from dataclasses import dataclass, fields
@@ -107,23 +106,18 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0e-\x1f\x7f]")   # control bytes other than
 _BINARY_PROBE = 8192
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
-    f = open(path, "rb")
-    if f.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]
-    return f
-
-
 def _iter_lines(path: Path, stats: CorpusStats, max_line_bytes: int) -> Iterator[str]:
     """Decoded, stripped lines of one file ('' for blank lines); bad lines skipped and counted."""
     try:
-        f = _open_binary(path)
+        f = open(path, "rb")
+        if f.peek(2)[:2] == b"\x1f\x8b":              # gzip, told by its magic bytes
+            f = gzip.GzipFile(fileobj=f)
     except OSError as e:
         raise DataError(f"cannot read corpus file {path}: {e}") from None
     stats.files += 1
     with f:
         try:
-            head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
+            head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE]
         except (OSError, EOFError) as e:
             raise DataError(f"corpus file {path} is not readable gzip: {e}") from None
         if not head.strip():
