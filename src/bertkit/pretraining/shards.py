@@ -135,39 +135,37 @@ def read_manifest(shard_dir: str | Path, strict: bool = False) -> dict:
     return manifest
 
 
-def _field(path: Path, obj: dict, key: str, typ: type, where: str = ""):
-    """obj[key], DataError unless it is a `typ` (an int: >= 0, not a bool)."""
-    value = obj.get(key)
-    if not isinstance(value, typ) or (typ is int and (isinstance(value, bool) or value < 0)):
-        raise DataError(f"{path}: {where}{key} must be {'an int >= 0' if typ is int else 'a ' + typ.__name__}, "
-                        f"got {str(value)[:40]!r}")
-    return value
+_MANIFEST_FIELDS = {"vocab_hash": str, "vocab_size": int, "seq_len": int, "task": str, "masking": dict, "shards": list}
+_SHARD_FIELDS = {"name": str, "examples": int, "files": dict}
+_FILE_FIELDS = {"file": str, "bytes": int, "sha256": str}
+
+
+def _check_object(path: Path, obj, types: dict, where: str = "") -> None:
+    """DataError unless `obj` is a dict whose every key of `types` holds a value of that type (an int: >= 0, not a
+    bool)."""
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: {where.rstrip('.')} must be an object")
+    for key, typ in types.items():
+        value = obj.get(key)
+        if not isinstance(value, typ) or (typ is int and (isinstance(value, bool) or value < 0)):
+            raise DataError(f"{path}: {where}{key} must be {'an int >= 0' if typ is int else 'a ' + typ.__name__}, "
+                            f"got {str(value)[:40]!r}")
 
 
 def _check_fields(path: Path, m: dict) -> None:
     """DataError naming the first manifest field the reader uses that is missing or of the wrong type; shard file
     names must be plain names inside the shard directory."""
-    for key, typ in (("vocab_hash", str), ("vocab_size", int), ("seq_len", int), ("task", str), ("masking", dict),
-                     ("shards", list)):
-        _field(path, m, key, typ)
+    _check_object(path, m, _MANIFEST_FIELDS)
     for i, entry in enumerate(m["shards"]):
         where = f"shards[{i}]."
-        if not isinstance(entry, dict):
-            raise DataError(f"{path}: shards[{i}] must be an object")
-        _field(path, entry, "name", str, where)
-        _field(path, entry, "examples", int, where)
-        files = _field(path, entry, "files", dict, where)
+        _check_object(path, entry, _SHARD_FIELDS, where)
         for name in ("tokens", "meta"):
-            if name not in files:
+            if name not in entry["files"]:
                 raise DataError(f"{path}: {where}files lacks {name!r}")
-        for name, info in files.items():
-            if not isinstance(info, dict):
-                raise DataError(f"{path}: {where}files.{name} must be an object")
-            file = _field(path, info, "file", str, f"{where}files.{name}.")
-            _field(path, info, "bytes", int, f"{where}files.{name}.")
-            _field(path, info, "sha256", str, f"{where}files.{name}.")
-            if Path(file).name != file or file in ("", ".", ".."):
-                raise DataError(f"{path}: {where}files.{name}.file={file!r} is not a file name in the shard "
+        for name, info in entry["files"].items():
+            _check_object(path, info, _FILE_FIELDS, f"{where}files.{name}.")
+            if Path(info["file"]).name != info["file"] or info["file"] in ("", ".", ".."):
+                raise DataError(f"{path}: {where}files.{name}.file={info['file']!r} is not a file name in the shard "
                                 f"directory: refused")
 
 
