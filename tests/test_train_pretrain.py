@@ -224,7 +224,7 @@ def test_unigram_bias_starts_mlm_at_the_unigram_loss(data):
 
     reader = ShardReader(data / "shards", 16, vocab_size=600)
     counts = reader.token_counts()
-    lengths = sum(int(np.asarray(sh.meta[:, 0]).sum()) for sh in reader._shards)
+    lengths = sum(int(np.asarray(sh["meta"][:, 0]).sum()) for sh in reader._shards)
     assert counts.sum() == lengths
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=600)).eval()

@@ -3,35 +3,31 @@
     summary = distill_task(DistillConfig(teacher="runs/sst", student_layers=3, temperature=2.0, alpha=0.5),
                            FinetuneConfig(task="classify", model="runs/sst", train=..., dev=..., out="runs/sst-3"))
 
-Task distillation (DistilBERT, Sanh et al. 2019; TinyBERT, Jiao et al. 2020; MiniLM, Wang et al. 2020): the teacher
-is a model directory written by `bertkit finetune`; the loss per batch is
+Task distillation (DistilBERT, Sanh et al. 2019; TinyBERT, Jiao et al. 2020; MiniLM, Wang et al. 2020) from a
+model directory written by `bertkit finetune`; the loss per batch is
 
     alpha * soft + (1 - alpha) * gold + hidden_weight * hidden + attention_weight * attention
 
   soft       KL(teacher / T || student / T) * T^2 (Hinton et al.: the T^2 keeps the gradient scale as T changes);
              classify / pair: per example; tag: per labelled token; qa: start and end distributions, averaged;
              regress: MSE to the teacher's output (no temperature); multilabel: BCE to sigmoid(teacher / T) * T^2
-  gold       the task's own loss on the gold labels (rows from --unlabeled or --augment have none: soft targets
-             only)
+  gold       the task's own loss on the gold labels (rows from --unlabeled or --augment have none)
   hidden     MSE between mapped hidden states (embeddings and layer outputs) over real tokens, through a learned
              projection only when the widths differ (TinyBERT)
   attention  KL between the mapped layers' attention probabilities over real query rows (TinyBERT / MiniLM)
 
-Layer mapping: student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map), so the
-student's last layer meets the teacher's last; the embeddings (j = 0) meet the teacher's embeddings.
+Student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map: last meets last, embeddings
+meet embeddings). The student starts (`select_layers`) from K teacher layers evenly spaced and ending at the top
+(6 -> 3: layers 2, 4, 6 counted from 1; DistilBERT took 1, 3, 5 of a pre-trained teacher, but a fine-tuned
+teacher's head reads its last layer: docs/performance.md) with the embeddings, pooler and task head copied; or
+from a preset (random init, the teacher's vocabulary size); or from a directory (e.g. a student of
+`bertkit.distill_mlm`) whose vocabulary must be the teacher's.
 
-Student initialisation (`select_layers`): K teacher layers evenly spaced and ending at the top, 0-based
-(i + 1) * L // K - 1 (6 -> 3: layers 2, 4, 6 counted from 1, every second one; DistilBERT took 1, 3, 5 of a
-pre-trained teacher, but a fine-tuned teacher's head reads its last layer: measured in docs/performance.md), with
-the embeddings, the pooler and
-the task head copied from the teacher; or a preset (random init, the teacher's vocabulary size); or a directory
-(e.g. a student from general distillation, `bertkit.distill_mlm`) whose vocabulary must be the teacher's.
-
-Training is `bertkit finetune`'s (runner.finetune with FinetuneHooks): the same batches, dev selection of the best
-evaluation, files and model directory, so evaluate / predict / serve / quantize load the student unchanged. With
-alpha = 0 and no transfer loss the teacher is not used at all: that run *is* plain fine-tuning of the student (the
-comparison without the teacher). Without transfer losses the teacher's logits are computed once for the training set
-(eval mode, no dropout: the same for every epoch); with them the teacher runs per batch.
+Training is `bertkit finetune`'s (runner.finetune with FinetuneHooks): the same batches, dev selection, files and
+model directory, so evaluate / predict / serve / quantize load the student unchanged. With alpha = 0 and no
+transfer loss the teacher is not used: that run *is* plain fine-tuning of the student (the comparison without the
+teacher). Without transfer losses the teacher's logits are computed once for the training set (eval mode: the same
+every epoch); with them the teacher runs per batch.
 """
 
 from __future__ import annotations
@@ -191,8 +187,7 @@ def _kl_rows(p: Tensor, log_q: Tensor) -> Tensor:
 def soft_loss(student: Tensor, teacher: Tensor, temperature: float, mask: Tensor | None = None) -> Tensor:
     """KL(softmax(teacher / T) || softmax(student / T)) * T^2, averaged over the rows (where `mask`)."""
     t = temperature
-    p = torch.softmax(teacher.float() / t, -1)
-    kl = _kl_rows(p, torch.log_softmax(student.float() / t, -1))
+    kl = _kl_rows(torch.softmax(teacher.float() / t, -1), torch.log_softmax(student.float() / t, -1))
     return _masked_mean(kl, mask) * t * t
 
 
@@ -212,8 +207,7 @@ def hidden_loss(student: tuple, teacher: tuple, pairs, attention_mask: Tensor, p
         h = student[s].float()
         if projection is not None:
             h = projection(h)
-        err = ((h - teacher[t].float()) ** 2 * real).sum() / (real.sum() * h.shape[-1]).clamp_min(1.0)
-        total = total + err
+        total = total + ((h - teacher[t].float()) ** 2 * real).sum() / (real.sum() * h.shape[-1]).clamp_min(1.0)
     return total / len(pairs)
 
 
@@ -282,18 +276,11 @@ class _TargetBatches(TrainBatches):
         batch = super().batch(feats)
         batch["labelled"] = torch.tensor([f.labelled for f in feats])
         if feats[0].teacher is not None:
-            batch["teacher"] = _stack_targets(feats, batch["input_ids"].shape[1])
+            rows = [torch.from_numpy(f.teacher) for f in feats]
+            if rows[0].ndim == 2:                # per-token logits: padded to the batch's width
+                rows = [F.pad(r, (0, 0, 0, batch["input_ids"].shape[1] - len(r))) for r in rows]
+            batch["teacher"] = torch.stack(rows)
         return batch
-
-
-def _stack_targets(feats: list[Feature], seq: int) -> Tensor:
-    first = feats[0].teacher
-    if first.ndim == 1:
-        return torch.from_numpy(np.stack([f.teacher for f in feats]))
-    out = torch.zeros(len(feats), seq, first.shape[-1])
-    for i, f in enumerate(feats):
-        out[i, :len(f.teacher)] = torch.from_numpy(f.teacher)
-    return out
 
 
 class TaskDistiller(FinetuneHooks):

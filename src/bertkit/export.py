@@ -4,18 +4,14 @@
     from bertkit.export import export_onnx, check_onnx
 
 The graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, (batch, seq), both axes dynamic; no
-`token_type_ids` for a family without token types) and returns the head's outputs under stable names:
+`token_type_ids` for a family without token types) and returns the head's outputs under stable names (OUTPUTS):
+an encoder last_hidden_state (batch, seq, hidden) and pooler_output (batch, hidden); a masked LM, a token
+classifier logits (batch, seq, ...); a sequence classifier logits (batch, num_labels); QA start_logits, end_logits.
 
-    BertModel                       last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden)
-    BertForMaskedLM / PreTraining   logits (batch, seq, vocab)
-    BertForSequenceClassification   logits (batch, num_labels)
-    BertForTokenClassification      logits (batch, seq, num_labels)
-    BertForQuestionAnswering        start_logits, end_logits (batch, seq)
-
-The model is traced with the "eager" attention backend: the other backends take data-dependent shortcuts (skip the
-mask when nothing is padded, unpad when padding is heavy) that a traced graph would freeze for one input. Eager is
-the same function with an explicit additive mask, so one graph is right for every batch. `check_onnx` runs both on
-batches of different shapes (padding included) and reports the largest absolute difference.
+The model is traced with the "eager" attention backend: the others take data-dependent shortcuts (skip the mask
+when nothing is padded, unpad when padding is heavy) that a traced graph would freeze for one input; eager is the
+same function with an explicit additive mask, right for every batch. `check_onnx` runs both on batches of several
+shapes (padding included) and reports the largest absolute difference.
 
 onnx / onnxruntime are optional: they are imported only here, lazily, with an install hint when missing.
 """
@@ -23,7 +19,11 @@ onnx / onnxruntime are optional: they are imported only here, lazily, with an in
 from __future__ import annotations
 
 import contextlib
+import copy
+import importlib
 import logging
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -46,17 +46,13 @@ def inputs_of(model) -> tuple[str, ...]:
     """The graph's inputs: a family without token types (DistilBERT, MPNet, ModernBERT, DeBERTa-v3) takes none,
     as transformers' own ONNX exports of them do."""
     return INPUTS if model.config.type_vocab_size else INPUTS[:2]
-OUTPUTS = {
-    "encoder": ["last_hidden_state", "pooler_output"],
-    "mlm": ["logits"],
-    "classify": ["logits"],
-    "tag": ["logits"],
-    "answer": ["start_logits", "end_logits"],
-}
+
+
+OUTPUTS = {"encoder": ["last_hidden_state", "pooler_output"], "mlm": ["logits"], "classify": ["logits"],
+           "tag": ["logits"], "answer": ["start_logits", "end_logits"]}
 
 
 def _require(module: str):
-    import importlib
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -80,9 +76,7 @@ class _Wrapped(torch.nn.Module):
             return out.last_hidden_state, pooled
         if self.task == "mlm":
             return (out.logits if getattr(out, "logits", None) is not None else out.prediction_logits,)
-        if self.task == "answer":
-            return out.start_logits, out.end_logits
-        return (out.logits,)
+        return tuple(getattr(out, name) for name in OUTPUTS[self.task])
 
 
 def _sample_inputs(tok, batch: int, seq: int, pad_from: int | None = None, seed: int = 0) -> dict:
@@ -113,10 +107,8 @@ def export_onnx(model_dir: str | Path, out_path: str | Path, opset: int = 17) ->
         sample = _sample_inputs(pred.tokenizer, 2, 16, pad_from=10)
         names = OUTPUTS[pred.task]
         inputs = inputs_of(model)
-        dynamic_axes = {n: {0: "batch", 1: "seq"} for n in inputs}
-        for n in names:   # pooled / sequence-level outputs have no seq axis
-            per_token = not (n == "pooler_output" or pred.task == "classify")
-            dynamic_axes[n] = {0: "batch", 1: "seq"} if per_token else {0: "batch"}
+        no_seq = {"pooler_output", *(names if pred.task == "classify" else ())}    # pooled / per-sequence outputs
+        dynamic_axes = {n: {0: "batch"} if n in no_seq else {0: "batch", 1: "seq"} for n in (*inputs, *names)}
         with replacing(out_path) as tmp, torch.no_grad(), warnings.catch_warnings():
             # input checks in the model (ids in range, shapes) run once at trace time; they are not graph ops
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -146,7 +138,6 @@ def export_onnx_int8(model_dir: str | Path, out_path: str | Path, opset: int = 1
     dynamic batch and sequence axes) from bertkit's int8 model (`model_dir` quantized first if it is fp32):
     its graph exported with the int8 weights' float values, then onnxruntime.quantization.quantize_dynamic, which
     recovers the same int8 weights. With `check`, `check_onnx` against bertkit's int8 model."""
-    import tempfile
     _require("onnxruntime")
     from onnxruntime.quantization import QuantType, quantize_dynamic
     out_path = Path(out_path)
@@ -175,8 +166,6 @@ def onnx_session(onnx_path: str | Path, threads: int | None = None):
 def _float_product(model: torch.nn.Module) -> torch.nn.Module | None:
     """A copy of an int8 model that multiplies its int8 weights in float (no activation rounding): what bertkit's
     int8 layers and an int8 ONNX graph of the same weights both approximate. None for a float model."""
-    import copy
-    import sys
     if not any(isinstance(m, Int8Linear) for m in model.modules()):
         return None
     floated = copy.deepcopy(model)

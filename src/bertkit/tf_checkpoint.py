@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError, CheckpointError
@@ -71,14 +72,10 @@ def _zero_shift(n: int):
     basis = np.uint32(1) << np.arange(32, dtype=np.uint32)
     for _ in range(n):
         basis = _TABLE[basis & 0xFF] ^ (basis >> 8)
-    byte = np.arange(256)
-    tables = []
-    for j in range(4):
-        t = np.zeros(256, dtype=np.uint32)
-        for bit in range(8):
-            t ^= np.where((byte >> bit) & 1, basis[8 * j + bit], np.uint32(0)).astype(np.uint32)
-        tables.append(t.tolist())
-    t0, t1, t2, t3 = tables
+    bits = (np.arange(256)[:, None] >> np.arange(8)) & 1            # (256, 8): the bits of each byte value
+    # per byte of the register: the images of its set bits, xor-ed
+    t0, t1, t2, t3 = (np.bitwise_xor.reduce(np.where(bits, basis[8 * j:8 * j + 8], np.uint32(0)), axis=1).tolist()
+                      for j in range(4))
     return lambda r: t0[r & 0xFF] ^ t1[(r >> 8) & 0xFF] ^ t2[(r >> 16) & 0xFF] ^ t3[r >> 24]
 
 
@@ -303,8 +300,6 @@ def _plan(names: list[str]) -> tuple[dict[str, tuple[str, bool]], list[str], lis
 def _state_dict(ckpt: TFCheckpoint, mapped: dict, own: dict, config: BertConfig,
                 config_path: Path) -> tuple[dict, list[str]]:
     """The model's state_dict from the checkpoint, shapes checked against the model built from the config."""
-    import torch
-
     state, unknown = {}, []
     strip = not any(k.startswith("bert.") for k in own)  # a bare BertModel has no "bert." prefix
     for name, (key, transpose) in mapped.items():
@@ -337,11 +332,6 @@ def _out_dir(out, overwrite: bool) -> Path:
     return out
 
 
-def _lowercase(tokens: list[str]) -> bool:
-    """Uncased vocabularies (bert-*-uncased) hold no upper-case letter outside the [SPECIAL] tokens."""
-    return not any(t[0] != "[" and any(c.isupper() for c in t) for t in tokens)
-
-
 def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool = False,
                           lowercase: bool | None = None) -> dict:
     """Write the HF-format directory `out` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) from
@@ -360,7 +350,8 @@ def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool 
     if len(vocab) > config.vocab_size:
         raise CheckpointError(f"{vocab_path} has {len(vocab)} tokens but {config_path} has vocab_size "
                               f"{config.vocab_size}")
-    lowercase = _lowercase(list(vocab)) if lowercase is None else lowercase
+    if lowercase is None:       # uncased vocabularies (bert-*-uncased) hold no upper-case letter outside [SPECIAL]s
+        lowercase = not any(t[0] != "[" and any(c.isupper() for c in t) for t in vocab)
     tokenizer = Tokenizer(vocab, lowercase=lowercase)
     ckpt = TFCheckpoint(prefix)
     mapped, skipped, unknown = _plan(ckpt.names())

@@ -2,17 +2,16 @@
 
     prepare(PrepareConfig(corpus, vocab, out, seq_len=128, task="nsp", masking="token", dynamic=False, workers=1))
 
-Parallel building: with `workers > 1` each process takes a share of the input and writes its own shards
-(`w00-00000`, `w01-00000`, ...); the parent merges their shard lists and counts into one manifest.json once every
-worker has finished. Shares: whole files (balanced by size) when there are at least as many files as workers,
-otherwise every worker reads the stream and keeps documents `index % workers == rank` (reading and sentence
-splitting are cheap next to WordPiece, which is split). Each worker's output depends only on (seed, worker rank,
-workers), so a build is deterministic for a seed and worker count. A worker draws NotNext segments from its own
-documents only: one given a single document makes IsNext pairs instead, and prepare warns on stderr when more than a
-few percent of the NotNext pairs were lost that way (fewer workers is the fix).
+With `workers > 1` each process takes a share of the input and writes its own shards (`w00-00000`, `w01-00000`,
+...); the parent merges their shard lists and counts into one manifest.json once all have finished. A share is
+whole files (balanced by size) when there are at least as many files as workers, else every worker reads the stream
+and keeps documents `index % workers == rank` (reading and sentence splitting are cheap next to WordPiece). A
+worker's output depends only on (seed, rank, workers): a build is deterministic for a seed and worker count. A
+worker draws NotNext segments from its own documents only, so one given a single document makes IsNext pairs
+instead; prepare warns when more than a few percent of the NotNext pairs were lost that way (fewer workers fix it).
 
-Memory stays flat in the corpus size: one document at a time, the NotNext buffer (bounded), one shard being filled
-(`examples_per_shard` rows), and a batch of examples waiting for masking.
+Memory stays flat in the corpus size: one document at a time, the bounded NotNext buffer, one shard being filled
+(`examples_per_shard` rows) and a batch of examples waiting for masking.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import numpy as np
 
 from bertkit.atomic import write_text
 from bertkit.errors import ConfigError, DataError
-from bertkit.pretraining.corpus import CorpusStats, expand_corpus, iter_documents
+from bertkit.pretraining.corpus import CorpusStats, Counts, expand_corpus, iter_documents
 from bertkit.pretraining.examples import BuildStats, ExampleBuilder, ExampleConfig, TokenizedDocument
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
 from bertkit.pretraining.shards import FORMAT_VERSION, MANIFEST, ShardWriter, remove_partial, write_manifest
@@ -42,6 +41,7 @@ __all__ = ["prepare", "PrepareConfig", "PrepareSummary"]
 _MASK_BATCH = 512           # examples masked and written together
 _TOKENIZE_BATCH = 1024      # sentences tokenised together (documents are buffered until they hold this many)
 _STATIC_SEED_SALT = 0x5EED_57A7_1C   # static masks draw from other keys than the reader's dynamic masks
+_STATS_SAMPLE = 4096        # dynamic masking: examples masked for the summary's statistics
 
 
 @dataclass(frozen=True)
@@ -101,16 +101,12 @@ class PrepareConfig:
 
 
 @dataclass
-class MaskStats:
+class MaskStats(Counts):
     candidates: int = 0      # maskable tokens in masked rows
     chosen: int = 0          # positions to predict
     shown_mask: int = 0
     shown_random: int = 0
     shown_original: int = 0
-
-    def merge(self, other: "MaskStats") -> None:
-        for k, v in vars(other).items():
-            setattr(self, k, getattr(self, k) + v)
 
 
 @dataclass
@@ -132,11 +128,14 @@ class PrepareSummary:
     def mb_per_s(self) -> float:
         return self.corpus.bytes / 1e6 / max(self.seconds, 1e-9)
 
+    @property
+    def skipped(self) -> dict[str, int]:
+        return {**self.corpus.skipped(), "skipped_chunks": self.build.skipped_chunks,
+                "no_other_document": self.build.no_other_document}
+
     def as_dict(self) -> dict:
-        return {"out": self.out, "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 3),
-                "shards": self.shards, "workers": self.workers, "dynamic": self.dynamic,
-                "masked_share": round(self.masked_share, 5), "corpus": asdict(self.corpus),
-                "build": asdict(self.build), "masks": asdict(self.masks)}
+        return {**asdict(self), "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 3),
+                "masked_share": round(self.masked_share, 5)}
 
     def format(self) -> str:
         c, b, m = self.corpus, self.build, self.masks
@@ -153,8 +152,7 @@ class PrepareSummary:
         if pairs:
             lines.append(f"  pairs      label 0 {b.is_next / pairs:.1%} / label 1 {b.not_next / pairs:.1%}; "
                          f"{b.split_sentence_pairs:,} split single sentences, {b.forced_not_next} forced NotNext")
-        skipped = {k: v for k, v in {**c.skipped(), "skipped_chunks": b.skipped_chunks,
-                                      "no_other_document": b.no_other_document}.items() if v}
+        skipped = {k: v for k, v in self.skipped.items() if v}
         lines.append("  skipped    " + (", ".join(f"{k}={v}" for k, v in skipped.items()) if skipped else "nothing"))
         lines.append(f"  speed      {self.mb_per_s:.2f} MB/s of raw text ({self.seconds:.1f} s, {self.workers} workers)")
         return "\n".join(lines)
@@ -165,19 +163,9 @@ class PrepareSummary:
 @dataclass
 class _Job:
     rank: int
-    workers: int
     files: list[str]
     select_modulo: bool              # True: every worker reads all files, keeps documents index % workers == rank
-    vocab: str
-    out: str
-    corpus_format: str
-    examples: ExampleConfig
-    masking: MaskingConfig
-    seed: int
-    examples_per_shard: int
-    max_line_bytes: int
-    max_document_lines: int
-    stats_sample: int = 4096         # dynamic masking: examples masked for the summary's statistics
+    cfg: PrepareConfig
 
 
 _progress = None                     # shared per-worker byte counters (multiprocessing.Array) in pool workers
@@ -190,15 +178,14 @@ def _init_worker(progress) -> None:
 
 def _worker(job: _Job, progress=None) -> dict:
     progress = progress if progress is not None else _progress
-    tok = Tokenizer.from_pretrained(job.vocab)
+    cfg, ecfg, mcfg = job.cfg, job.cfg.example_config(), job.cfg.masking_config()
+    tok = Tokenizer.from_pretrained(cfg.vocab)
     tables = VocabTables.from_tokenizer(tok)
-    seq_len = job.examples.seq_len
-    static = not job.masking.dynamic
-    max_pred = job.masking.resolved_max_predictions(seq_len)
-    writer = ShardWriter(job.out, f"w{job.rank:02d}", seq_len, tok.vocab_size, tok.pad_token_id,
-                         max_predictions=max_pred if static else None, examples_per_shard=job.examples_per_shard)
-    builder = ExampleBuilder(job.examples, tok.cls_token_id, tok.sep_token_id,
-                             seed=int(example_keys(job.seed, job.rank, np.array([job.workers]))[0]))
+    seq_len, static, max_pred = cfg.seq_len, not cfg.dynamic, mcfg.max_predictions
+    writer = ShardWriter(cfg.out, f"w{job.rank:02d}", seq_len, tok.vocab_size, tok.pad_token_id,
+                         max_predictions=max_pred if static else None, examples_per_shard=cfg.examples_per_shard)
+    builder = ExampleBuilder(ecfg, tok.cls_token_id, tok.sep_token_id,
+                             seed=int(example_keys(cfg.seed, job.rank, np.array([cfg.workers]))[0]))
     reserved = np.array([tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id])
     cstats, mstats = CorpusStats(), MaskStats()
     pending: list = []
@@ -215,9 +202,9 @@ def _worker(job: _Job, progress=None) -> dict:
             rows[i, :len(ex.tokens)] = ex.tokens
             meta[i] = (len(ex.tokens), ex.a_len, ex.label)
         pos = ids = None
-        if static or serial < job.stats_sample:
-            keys = example_keys(job.seed ^ _STATIC_SEED_SALT, job.rank, np.arange(serial, serial + b))
-            inputs, chosen = mask_batch(rows, meta[:, 0], keys, job.masking, tables)
+        if static or serial < _STATS_SAMPLE:
+            keys = example_keys(cfg.seed ^ _STATIC_SEED_SALT, job.rank, np.arange(serial, serial + b))
+            inputs, chosen = mask_batch(rows, meta[:, 0], keys, mcfg, tables)
             _count_masks(mstats, rows, meta[:, 0], inputs, chosen, tables)
             if static:
                 order = np.argsort(~chosen, axis=1, kind="stable")[:, :max_pred]       # chosen columns first
@@ -236,10 +223,10 @@ def _worker(job: _Job, progress=None) -> dict:
         if progress is not None:
             progress[job.rank] = cstats.bytes
 
-    select = (lambda i: i % job.workers == job.rank) if job.select_modulo else None
+    select = (lambda i: i % cfg.workers == job.rank) if job.select_modulo else None
     waiting, n_sentences = [], 0
-    for doc in iter_documents(job.files, job.corpus_format, cstats, job.max_line_bytes, select=select,
-                              max_document_lines=job.max_document_lines):
+    for doc in iter_documents(job.files, cfg.corpus_format, cstats, cfg.max_line_bytes, select=select,
+                              max_document_lines=cfg.max_document_lines):
         waiting.append(doc)
         n_sentences += len(doc.sentences)
         if n_sentences >= _TOKENIZE_BATCH:
@@ -302,11 +289,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
 
     by_files = len(files) >= cfg.workers
     shares = _split_files(files, cfg.workers) if by_files else [[str(f) for f in files]] * cfg.workers
-    jobs = [_Job(rank=w, workers=cfg.workers, files=shares[w], select_modulo=not by_files, vocab=str(cfg.vocab),
-                 out=str(out), corpus_format=cfg.corpus_format, examples=ecfg, masking=mcfg, seed=cfg.seed,
-                 examples_per_shard=cfg.examples_per_shard, max_line_bytes=cfg.max_line_bytes,
-                 max_document_lines=cfg.max_document_lines)
-            for w in range(cfg.workers) if shares[w]]
+    jobs = [_Job(w, shares[w], not by_files, cfg) for w in range(cfg.workers) if shares[w]]
     total_bytes = sum(f.stat().st_size for f in files)
     t0 = time.perf_counter()
     results = _run(jobs, total_bytes * (1 if by_files else len(jobs)), cfg.progress)
@@ -316,8 +299,8 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
     if bstats.examples == 0:
         raise DataError(f"corpus {[str(f) for f in files][:3]}... produced no examples "
                         f"({cstats.documents} documents; skipped: {cstats.skipped()})")
-    vocab_copy = out / "vocab.txt"      # written once there are shards: a refused run leaves nothing of its own
-    write_text(vocab_copy, "\n".join(tok.ids_to_tokens) + "\n")
+    # written once there are shards: a refused run leaves nothing of its own
+    write_text(out / "vocab.txt", "\n".join(tok.ids_to_tokens) + "\n")
     if isinstance(tok, LibraryTokenizer):       # BPE / Unigram: its specials and word starts are in its own files
         tok.save(out)
     summary = PrepareSummary(str(out), seconds, cstats, bstats, mstats, len(shards), len(jobs), cfg.dynamic)
@@ -331,8 +314,7 @@ def prepare(cfg: PrepareConfig) -> PrepareSummary:
         "counts": {"examples": bstats.examples, "documents": cstats.documents, "sentences": cstats.sentences,
                    "tokens": bstats.tokens, "padding": bstats.padding, "label_0": bstats.is_next,
                    "label_1": bstats.not_next, "masked": mstats.chosen, "maskable": mstats.candidates,
-                   "bytes": cstats.bytes, "skipped": {**cstats.skipped(), "skipped_chunks": bstats.skipped_chunks,
-                                                       "no_other_document": bstats.no_other_document}},
+                   "bytes": cstats.bytes, "skipped": summary.skipped},
         "shards": sorted(shards, key=lambda e: e["name"]),
     })
     warning = _lone_document_warning(results, bstats, cstats.documents)

@@ -1,42 +1,29 @@
 """Raw text -> a stream of documents (lists of sentences), one document in memory at a time.
 
-Two input layouts, both with a blank line between documents:
+Two input layouts, both with a blank line between documents: `lines`, Google's one sentence per line; `prose`, a
+paragraph per line or hard-wrapped paragraphs (a line that does not end like a sentence joins a next line that
+starts in lower case or with a digit), split by `split_sentences`. `auto` (default) decides per file: prose when
+its first lines hold more than ~1.3 sentences per line.
 
-    lines   Google's format (create_pretraining_data.py): one sentence per line.
-    prose   a paragraph per line, or hard-wrapped paragraphs (a line that does not end like a sentence and a next
-            line that starts in lower case or with a digit are joined); sentences are found by `split_sentences`.
-    auto    (default) per file: sample the first lines; if they hold more than ~1.3 sentences per line on average
-            the file is prose, else lines.
+Files may be gzip-compressed (told by their magic bytes, not their name); arguments may be paths, directories
+(every file below, sorted) or globs. Reading is byte-oriented and bounded, so bad input cannot blow up memory; each
+skip is counted in `CorpusStats` (the `bertkit prepare` summary prints them): a line over `max_line_bytes` (drained
+in chunks: long_lines), not UTF-8 (invalid_utf8_lines) or with control bytes (binary_lines); a file whose first
+8 KiB hold a NUL (binary_files: UTF-16 / UTF-32 too, convert them to UTF-8) or no text (empty_files). A document of
+more than `max_document_lines` lines (a file without blank lines) is cut (split_documents). A missing path or a
+glob matching nothing is a `DataError`: an empty corpus is almost always a typo.
 
-Files may be gzip-compressed (recognised by their magic bytes, not their name); arguments may be paths, directories
-(every file below, sorted) or globs. Reading is byte-oriented and bounded, so bad input cannot blow up memory:
-
-    * a line longer than `max_line_bytes` is consumed in chunks and skipped        (counted: long_lines)
-    * a line that is not valid UTF-8 is skipped                                      (counted: invalid_utf8_lines)
-    * a line with NUL / control bytes (binary junk) is skipped                        (counted: binary_lines)
-    * a file whose first 8 KiB look binary (NUL bytes) is skipped whole                (counted: binary_files)
-    * an empty file or a file with no text                                             (counted: empty_files)
-    * a "document" of more than `max_document_lines` lines (a file without blank lines) is cut into documents of
-      that many lines, so memory stays bounded                                        (counted: split_documents)
-
-UTF-16 / UTF-32 files hold NUL bytes and are skipped as binary: convert them to UTF-8. A leading BOM is harmless.
-
-Skips are counted in `CorpusStats`, which `bertkit prepare` prints in its summary. A missing path or a glob that
-matches nothing is a `DataError`: an empty corpus is almost always a typo.
-
-The sentence splitter is a small rule-based one (the Punkt idea without training): a candidate boundary is
-`.`, `!`, `?` or `…` (plus closing quotes / brackets) followed by whitespace and then something that can start a
-sentence (an upper-case letter, a digit, an opening quote or bracket). The candidate is rejected when the word
-before the period is a known abbreviation ("Mr.", "Dr.", "e.g.", "Inc."), a single initial ("J. Smith"), or a
-dotted acronym ("U.S.", "U.K.") that is not followed by a typical sentence opener. Decimals ("3.5"), versions and
-URLs never split because no whitespace follows their dots.
+The sentence splitter is a small rule-based one (the Punkt idea without training): a boundary is `.`, `!`, `?` or
+`…` (plus closing quotes / brackets), whitespace, then something that can start a sentence (a capital, a digit, an
+opening quote or bracket); rejected after a known abbreviation ("Mr.", "e.g."), a single initial ("J. Smith"), or a
+dotted acronym ("U.S.") not followed by a typical sentence opener. Decimals, versions and URLs never split: no
+whitespace follows their dots.
 """
 
 from __future__ import annotations
 
 import glob as globlib
 import gzip
-import io
 import os
 import re
 from dataclasses import dataclass, fields
@@ -58,8 +45,16 @@ class Document:
     index: int         # running document number in the whole corpus stream (0-based): a stable document id
 
 
+class Counts:
+    """A dataclass of counters: a worker's counts are added to the total with `merge`."""
+
+    def merge(self, other: "Counts") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
 @dataclass
-class CorpusStats:
+class CorpusStats(Counts):
     files: int = 0
     bytes: int = 0                 # raw text bytes read (after gunzip)
     documents: int = 0
@@ -70,10 +65,6 @@ class CorpusStats:
     binary_lines: int = 0
     long_lines: int = 0
     split_documents: int = 0       # over-long documents cut at max_document_lines (not a loss of text)
-
-    def merge(self, other: "CorpusStats") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def skipped(self) -> dict[str, int]:
         names = ("empty_files", "binary_files", "invalid_utf8_lines", "binary_lines", "long_lines")
@@ -87,15 +78,12 @@ def expand_corpus(patterns: str | os.PathLike | list) -> list[Path]:
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     out: list[Path] = []
-    for pat in patterns:
-        pat = str(pat)
+    for pat in map(str, patterns):
+        paths = [Path(pat)]
         if any(ch in pat for ch in "*?["):
-            matches = sorted(globlib.glob(pat, recursive=True))
-            if not matches:
+            paths = [Path(m) for m in sorted(globlib.glob(pat, recursive=True))]
+            if not paths:
                 raise DataError(f"corpus pattern {pat!r} matches no file")
-            paths = [Path(m) for m in matches]
-        else:
-            paths = [Path(pat)]
         for p in paths:
             if p.is_dir():
                 out.extend(sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")))
@@ -103,11 +91,10 @@ def expand_corpus(patterns: str | os.PathLike | list) -> list[Path]:
                 out.append(p)
             else:
                 raise DataError(f"corpus file {p} does not exist")
-    seen, files = set(), []
+    unique: dict[Path, Path] = {}
     for p in out:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            files.append(p)
+        unique.setdefault(p.resolve(), p)           # a file named twice is read once, where first named
+    files = list(unique.values())
     if not files:
         raise DataError(f"corpus {list(map(str, patterns))} holds no files")
     return files
@@ -119,23 +106,18 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0e-\x1f\x7f]")   # control bytes other than
 _BINARY_PROBE = 8192
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
-    f = open(path, "rb")
-    if f.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]
-    return f
-
-
 def _iter_lines(path: Path, stats: CorpusStats, max_line_bytes: int) -> Iterator[str]:
     """Decoded, stripped lines of one file ('' for blank lines); bad lines skipped and counted."""
     try:
-        f = _open_binary(path)
+        f = open(path, "rb")
+        if f.peek(2)[:2] == b"\x1f\x8b":              # gzip, told by its magic bytes
+            f = gzip.GzipFile(fileobj=f)
     except OSError as e:
         raise DataError(f"cannot read corpus file {path}: {e}") from None
     stats.files += 1
     with f:
         try:
-            head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
+            head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE]
         except (OSError, EOFError) as e:
             raise DataError(f"corpus file {path} is not readable gzip: {e}") from None
         if not head.strip():

@@ -1,27 +1,24 @@
 """ELECTRA replaced-token detection (Clark et al. 2020) as a pre-training objective.
 
-    generator      a small BERT masked LM: predicts the masked tokens of the batch (its MLM loss is trained too)
+    generator      a small BERT masked LM predicts the masked tokens of the batch (its MLM loss is trained too)
     corrupt        each masked position gets a token *sampled* from the generator's softmax (no gradient through
-                   the sampling); every other position keeps the original token
-    discriminator  a full-size BERT encoder + head (dense -> act -> dense to 1 logit per token): for every real
-                   token, was it replaced? Sigmoid cross-entropy over all non-padding tokens.
+                   the sampling); a sample equal to the original counts as original (label 0), as in the paper
+    discriminator  a full-size encoder + head (dense -> act -> dense to 1 logit per token): was each real token
+                   replaced? Sigmoid cross-entropy over all non-padding tokens.
     loss           generator MLM loss + 50 x discriminator loss (the paper's lambda = 50)
 
-A sampled token that happens to equal the original counts as "original" (label 0), as in the paper. The
-generator and the discriminator share the embedding module (token, position and segment embeddings); the paper
-shares token and position embeddings. Because our encoder has no embedding-to-hidden projection, sharing needs
-equal widths, so the generator is made smaller in *depth* (default a third of the layers, at least 1) and in
-feed-forward width (half), rather than in hidden size as in the paper (1/4 to 1/2 of the discriminator's width
-works best there). After pre-training the discriminator is the model to fine-tune: `save_pretrained(dir)` writes
-it as an HF-format BertModel directory that every bertkit / transformers BERT head loads.
+The two share the embedding module (the paper shares token and position embeddings). Without an embedding-to-hidden
+projection, sharing needs equal widths, so a fresh generator is smaller in *depth* (a third of the layers, at least
+1) and feed-forward width (half), not in hidden size as in the paper. After pre-training the discriminator is the
+model to fine-tune: `save_pretrained(dir)` writes it as an HF-format BertModel directory.
 
-Continued pre-training (`from_pretrained`) starts from a checkpoint pair as transformers saves one: the
-discriminator and its head from an ElectraForPreTraining directory (or any encoder of the family: a fresh head), and
-the generator's encoder and MLM head from an ElectraForMaskedLM directory (`google/electra-*-generator`), narrower
-than the discriminator as in the paper; both project the shared embeddings (embedding_size) to their own width. The
-generator's own copy of the embeddings is not read: the pair trains with the discriminator's, as the paper ties them.
+Continued pre-training (`from_pretrained`) starts from a transformers checkpoint pair: the discriminator and its
+head from an ElectraForPreTraining directory (any encoder of the family: a fresh head), the generator's encoder and
+MLM head from an ElectraForMaskedLM directory (`google/electra-*-generator`), narrower than the discriminator, both
+projecting the shared embeddings (embedding_size) to their own width. The generator's own copy of the embeddings
+is not read: the pair trains with the discriminator's, as the paper ties them.
 
-The shard batches are used as they are: masked positions (labels != -100) are where the generator predicts and the
+Shard batches are used as they are: masked positions (labels != -100) are where the generator predicts and the
 discriminator input is corrupted; `next_sentence_label`, if present, is ignored.
 """
 
@@ -39,7 +36,6 @@ from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForReplacedTokenDet
 from bertkit.model import BertModel
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
-
 
 
 @dataclass

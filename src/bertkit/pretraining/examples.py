@@ -1,66 +1,35 @@
 """Tokenised documents -> pre-training examples: `[CLS] A [SEP] B [SEP]` pairs (NSP / SOP) or packed text (none).
 
-Algorithm (the BERT paper, sec. 3.1 + appendix A.2, as google-research's create_pretraining_data.py implements it):
+The algorithm is google-research's create_pretraining_data.py (the BERT paper, sec. 3.1 + appendix A.2): per
+document, dupe_factor times, collect sentences into a chunk until it holds a target length (seq_len - 3, or with
+short_seq_prob a uniform length in [2, seq_len - 3]); A = the chunk's first a_end sentences (a_end uniform), B =
+the rest (IsNext / SOP in order, label 0), or (NotNext, 50%) sentences of ANOTHER document from a random one on, the
+chunk's rest put back, or (SOP swapped, 50%) the two segments exchanged (ALBERT), label 1; truncate_seq_pair trims
+the longer side; token types are 0 up to and including the first [SEP]. Task none (RoBERTa FULL-SENTENCES without
+the pair) concatenates the documents into one stream cut into rows of seq_len - 2 tokens: [CLS] tokens [SEP].
+Labels follow transformers' NSP head: 0 = B follows A, 1 = B is random / swapped.
 
-    for each document (a list of tokenised sentences), dupe_factor times:
-        max_tokens = seq_len - 3                            # room for [CLS], [SEP], [SEP]
-        target = max_tokens, or with prob short_seq_prob (0.1) a uniform length in [2, max_tokens]
-        walk the sentences, collecting them into a chunk until the chunk holds >= target tokens
-        (or the document ends); then:
-            a_end = uniform in [1, len(chunk) - 1]          # A = chunk[:a_end] (whole sentences)
-            nsp, IsNext (50%):   B = chunk[a_end:]
-            nsp, NotNext (50%):  B = sentences of ANOTHER document from a random sentence on, up to
-                                 target - len(A) tokens; chunk[a_end:] is "put back" (walked again)
-            sop, in order (50%): B = chunk[a_end:]                      label 0
-            sop, swapped (50%):  A, B = chunk[a_end:], chunk[:a_end]    label 1   (ALBERT)
-            truncate_seq_pair: while len(A) + len(B) > max_tokens, drop a token from the longer one (B on a
-                               tie), from its front or back with probability 1/2 each
-            emit [CLS] A [SEP] B [SEP], token types 0 up to and including the first [SEP], 1 after
-            start a new chunk (and, per document pass, a new target)
+Deviations from google-research, each with its reason:
 
-    none (RoBERTa FULL-SENTENCES without the pair): sentences of consecutive documents are concatenated into one
-        stream and cut into rows of exactly seq_len - 2 tokens: [CLS] tokens [SEP], types all 0, no label.
-
-Labels follow the transformers convention that bertkit's NSP head uses: next_sentence_label 0 = B follows A
-(IsNext / in order), 1 = B is random (NotNext) / swapped.
-
-Deliberate deviations from google-research's create_pretraining_data.py, each with its reason:
-
-1. Streaming, not whole corpus in RAM. google-research reads every document into memory, shuffles them, and draws
-   NotNext segments from any document. We keep a bounded buffer of recent documents (default 1,000 documents /
-   1M tokens; when full, a random older document leaves, so documents survive with decaying probability) and draw
-   NotNext segments from it. Why: memory stays flat however large the corpus (the benchmark measures it). The first
-   document waits until a second one arrives so it too has another document to draw from.
-   The NotNext document is always another document (google-research gives up after 10 draws and may use the
-   same one). Since BBC-like corpora are grouped by topic, NotNext segments often come from the same topic, which
-   makes NSP a little harder than with global draws, not easier.
-2. No global shuffle of documents or examples at build time. Why: it needs the whole corpus in memory; the shard
-   reader shuffles all examples across all shards every epoch instead, which is what training sees.
-3. Balanced labels. google-research forces NotNext whenever the chunk holds a single sentence (short targets, long
-   sentences, a document's last sentence), which skews the NSP labels towards NotNext (on BBC at seq_len 128,
-   12.5% of chunks are single sentences, so about 56% NotNext). We draw the label first; an IsNext / SOP chunk of
-   one sentence takes the document's next sentence as B, and at the document's end the sentence is split at a
-   random token into A and B (B still truly follows A). Only a one-token sentence with nothing after it falls back
-   to NotNext (nsp) or is skipped (sop); both are counted. Why: the issue (and the paper) ask for 50/50, and a
-   biased label teaches the head a prior.
-4. One-sentence documents are kept (google-research keeps them too, as forced-NotNext A segments); under rule 3
-   their IsNext / SOP examples split the sentence. Empty documents are dropped (as there).
-5. Special tokens that appear literally in the text ("[SEP]", "[MASK]", ...) become [UNK]. Why: the tokenizer keeps
-   them whole; left alone, a literal "[SEP]" in a web page would add a third separator to an example.
-6. Task none (not in google-research): rows are filled to exactly seq_len - 2 tokens, cutting the sentence that
-   overflows a row and continuing it in the next one; no separator between documents; no short sequences.
-   Why: RoBERTa's "full sentences" keeps sentences whole and pads the rest, which wastes ~10% of a 128-token row;
-   the issue asks for < 2% padding (only the very last row of a stream is padded). One [SEP] per row keeps the
-   single-segment format fine-tuning uses.
-7. dupe_factor is applied per document pass while streaming (the document's examples are built dupe_factor times
-   in a row, each with fresh random targets, split points, NotNext draws and masks) instead of over the whole
-   corpus; for task none each packed row is emitted dupe_factor times (masked differently). Why: streaming.
-   With dynamic masking and task none dupe_factor must be 1 (masks are redrawn every epoch anyway); with nsp / sop
-   the copies still differ in their sentence pairs and target lengths.
-8. Masking lives in masking.py and differs in small ways, each explained there: stochastic rounding of the mask
-   count instead of max(1, round(...)) over a length that counts [CLS] / [SEP]; [UNK] and other bracketed specials
-   are never chosen and never drawn as the random replacement; a continuation piece after [SEP] is its own word.
-   Why: an exact expected mask rate, and no predictions that teach nothing.
+1. Streaming: NotNext segments come from a bounded buffer of recent documents (default 1,000 documents / 1M
+   tokens; when full, a random older one leaves), not the whole corpus in RAM, so memory stays flat. The first
+   document waits for a second; the NotNext document is always another one (google-research may reuse the same).
+   BBC-like corpora are grouped by topic, so NotNext often shares the topic: NSP gets a little harder, not easier.
+2. No shuffle at build time (it needs the whole corpus in memory): the shard reader shuffles every epoch.
+3. Balanced labels. google-research forces NotNext when the chunk holds one sentence (about 56% NotNext on BBC at
+   seq_len 128). We draw the label first; a one-sentence IsNext / SOP chunk takes the next sentence as B, and at
+   the document's end the sentence is split at a random token. Only a one-token sentence with nothing after it
+   falls back to NotNext (nsp) or is skipped (sop), both counted. A biased label teaches the head a prior.
+4. One-sentence documents are kept (under rule 3 their pairs split the sentence); empty documents are dropped.
+5. Special tokens written literally in the text ("[SEP]") become [UNK]: kept whole by the tokenizer, a literal
+   "[SEP]" would add a third separator to an example.
+6. Task none fills rows to exactly seq_len - 2 tokens, cutting the sentence that overflows and continuing it in
+   the next row, no separator between documents: RoBERTa keeps sentences whole and wastes ~10% of a 128-token row
+   on padding; here only the stream's last row is padded.
+7. dupe_factor applies per document pass while streaming (fresh targets, splits, NotNext draws and masks per copy);
+   for task none each packed row is emitted dupe_factor times, masked differently.
+8. Masking (masking.py) uses stochastic rounding of the mask count, never chooses or draws [UNK] and other
+   specials, and starts a new word at a continuation piece after [SEP]: an exact expected rate, no useless targets.
 """
 
 from __future__ import annotations
@@ -74,6 +43,7 @@ from typing import Iterator
 import numpy as np
 
 from bertkit.errors import ConfigError
+from bertkit.pretraining.corpus import Counts
 from bertkit.tokenizer.inputs import wrap_array
 
 __all__ = ["ExampleConfig", "Example", "TokenizedDocument", "ExampleBuilder", "BuildStats", "TASKS"]
@@ -93,16 +63,13 @@ class ExampleConfig:
     def __post_init__(self):
         if self.task not in TASKS:
             raise ConfigError(f"task {self.task!r} is not one of {TASKS}")
-        if self.seq_len < 8:
-            raise ConfigError(f"seq_len={self.seq_len} is too short (need >= 8)")
-        if self.seq_len > 65535:
-            raise ConfigError(f"seq_len={self.seq_len} is too long (at most 65535)")
+        if not 8 <= self.seq_len <= 65535:          # shards store positions as uint16
+            raise ConfigError(f"seq_len={self.seq_len} must be in [8, 65535]")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"short_seq_prob={self.short_seq_prob} must be in [0, 1]")
-        if self.dupe_factor < 1:
-            raise ConfigError(f"dupe_factor={self.dupe_factor} must be >= 1")
-        if self.buffer_docs < 2:
-            raise ConfigError(f"buffer_docs={self.buffer_docs} must be >= 2")
+        for name, least in (("dupe_factor", 1), ("buffer_docs", 2)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= {least}")
 
 
 @dataclass
@@ -140,7 +107,7 @@ class Example:
 
 
 @dataclass
-class BuildStats:
+class BuildStats(Counts):
     examples: int = 0
     tokens: int = 0                     # non-pad tokens in examples, specials included
     padding: int = 0                    # pad positions in examples (seq_len - length, summed)
@@ -150,10 +117,6 @@ class BuildStats:
     forced_not_next: int = 0            # IsNext wanted but impossible (one-token last sentence)
     skipped_chunks: int = 0             # SOP chunks of one token: no pair possible
     no_other_document: int = 0          # NotNext wanted but the whole stream has one document
-
-    def merge(self, other: "BuildStats") -> None:
-        for k, v in vars(other).items():
-            setattr(self, k, getattr(self, k) + v)
 
 
 @dataclass

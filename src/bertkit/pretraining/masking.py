@@ -3,22 +3,19 @@
 For each row of a (batch, seq) array of token ids:
 
 1. Candidates: positions inside the row's length whose token is not a bracketed special ([CLS], [SEP], [PAD],
-   [MASK], [UNK], [unusedN]). Specials are never masked. (google-research only skips [CLS] / [SEP], so it may ask
-   the model to predict [UNK]; that teaches nothing.)
-2. Budget: n = floor(mask_prob * n_candidates + u), u ~ U[0,1) (stochastic rounding, so the expected share is
-   exactly mask_prob; google-research uses max(1, round(mask_prob * len(tokens))) with [CLS] / [SEP] counted,
-   which overshoots, most on short rows), capped at
-   `max_predictions` and at the number of candidates.
+   [MASK], [UNK], [unusedN]). (google-research only skips [CLS] / [SEP], so it may ask for [UNK]: that teaches
+   nothing.)
+2. Budget: n = floor(mask_prob * n_candidates + u), u ~ U[0,1), capped at `max_predictions` and the candidates:
+   stochastic rounding makes the expected share exactly mask_prob (google-research's max(1, round(mask_prob *
+   len(tokens))) counts [CLS] / [SEP] and overshoots, most on short rows).
 3. Units, drawn in random order until the budget is spent, skipping a unit that would overshoot it (as
    google-research does for whole words, so the budget is met exactly whenever a fitting unit remains):
      token   every candidate position on its own (BERT);
-     wwm     whole words: a piece plus the pieces after it that continue its word ("##" in WordPiece; the
-             tokenizer's continues_word for others) (BERT's whole-word masking); a continuation right after [SEP]
-             (a segment truncated mid-word) starts its own word (google-research glues it to the word before
-             the [SEP]);
-     ngram   spans of 1..max_ngram whole words, span length drawn with p(n) proportional to 1/n (ALBERT: for
-             max_ngram=3 that is 6/11, 3/11, 2/11); a span whose words overlap a chosen one is skipped, a span that
-             does not fit the budget is shortened, and spans never jump over a [SEP].
+     wwm     whole words: a piece plus the pieces after it that continue its word ("##" in WordPiece, else the
+             tokenizer's continues_word); a continuation right after [SEP] (a segment cut mid-word) starts its own
+             word (google-research glues it to the word before the [SEP]);
+     ngram   spans of 1..max_ngram whole words, length drawn with p(n) ~ 1/n (ALBERT: 6/11, 3/11, 2/11 for 3); a
+             span overlapping a chosen word is skipped, one over the budget shortened; spans never cross a [SEP].
 4. Replacement: of the chosen positions 80% become [MASK], 10% a random non-special token, 10% keep the original
    (shares configurable). Labels hold the original id at chosen positions and -100 elsewhere.
 
@@ -38,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import ConfigError, VocabError
+from bertkit.tokenizer import load_vocab
 
 __all__ = ["MaskingConfig", "VocabTables", "mask_batch", "example_keys", "splitmix64", "MODES"]
 
@@ -121,14 +119,7 @@ class VocabTables:
 
     @classmethod
     def from_vocab_file(cls, path: str | Path) -> "VocabTables":
-        path = Path(path)
-        try:
-            tokens = path.read_text(encoding="utf-8").split("\n")
-        except (OSError, UnicodeDecodeError) as e:
-            raise VocabError(f"cannot read vocabulary {path}: {e}") from None
-        if tokens and tokens[-1] == "":
-            tokens.pop()
-        return cls.from_tokens([t.strip() for t in tokens])
+        return cls.from_tokens(list(load_vocab(path)))
 
     @property
     def vocab_size(self) -> int:

@@ -1,21 +1,19 @@
 """Packed batches: a token budget per batch instead of a row count, each example its own sequence.
 
-A shard row is one example ([CLS] A [SEP] B [SEP], or [CLS] text [SEP]) padded to the shards' seq_len; a batch of
-`batch_size` rows pads every short one to seq_len. `PackedReader` fills each batch with whole examples up to
-`batch_size * seq_len` tokens instead: the epoch's order is cut into pools of `POOL` batches, each pool sorted by
-length and cut into batches whose rows x longest row fits the budget, and the batch tensors end at its longest
-row. Rows of a batch then differ by a few tokens, so padding falls from ~10% of the grid to ~1%, and the encoder
-runs the padded grid without unpadding it.
+A shard row is one example padded to the shards' seq_len, so a batch of `batch_size` rows pads every short one to
+seq_len. `PackedReader` fills each batch with whole examples up to `batch_size * seq_len` tokens instead: the
+epoch's order is cut into pools of `POOL` batches, each pool sorted by length and cut into batches whose rows x
+longest row fits the budget, the tensors ending at the longest row. Rows of a batch then differ by a few tokens:
+padding falls from ~10% of the grid to ~1%, and the encoder runs the padded grid without unpadding it.
 
-Each example stays its own sequence: attention never crosses from one example to another and positions start at
-0 in every row (the same computation as several documents packed into one row with a block-diagonal mask, which
-the varlen layout of bertkit.padding runs directly). Masks are drawn per example index (masking.example_keys), so
-they do not change with the batching; the loop weighs each micro-batch's MLM loss by its share of the masked
-tokens, so the loss stays the mean over the step's masked tokens.
+Each example stays its own sequence: attention never crosses examples and positions start at 0 in every row (the
+computation of documents packed into a row with a block-diagonal mask, as bertkit.padding's varlen layout runs
+it). Masks are drawn per example index (masking.example_keys), so batching does not change them; the loop weighs
+each micro-batch's MLM loss by its share of the masked tokens, so the loss stays the mean over the step's.
 
-The batch plan is a pure function of (seed, epoch, lengths): every rank computes the same global list of
-batches and takes every world_size-th one (the list is cut to a multiple of world_size, so the ranks step
-together), and a checkpoint stores only (epoch, position), as ShardReader's does.
+The batch plan is a pure function of (seed, epoch, lengths): every rank computes the same global list and takes
+every world_size-th batch (the list cut to a multiple of world_size, so the ranks step together); a checkpoint
+stores only (epoch, position), as ShardReader's does.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ class PackedReader:
         self.reader, self.pool = reader, pool
         self.budget = reader.batch_size * reader.seq_len
         # every example's length (meta column 0), read once from the memory-mapped shards
-        self.lengths = np.concatenate([np.asarray(sh.meta[:, 0], dtype=np.int64) for sh in reader._shards])
+        self.lengths = np.concatenate([np.asarray(sh["meta"][:, 0], dtype=np.int64) for sh in reader._shards])
         self.epoch, self.position = 0, 0
         self._plan: tuple[int, list[np.ndarray]] | None = None
 
@@ -86,19 +84,11 @@ class PackedReader:
     def __len__(self) -> int:
         return len(self.batches(self.epoch))
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.position = int(epoch), 0
+    def batch_indices(self, epoch: int, b: int) -> np.ndarray:
+        return self.batches(epoch)[b]
 
-    def __iter__(self):
-        while True:
-            plan = self.batches(self.epoch)
-            while self.position < len(plan):
-                idx = plan[self.position]
-                self.position += 1          # counted before the yield: a state_dict taken now resumes after it
-                yield self.batch(idx, self.epoch)
-            self.epoch, self.position = self.epoch + 1, 0
-            if not self.reader.infinite:
-                return
+    # the reader's walk (epoch, position, infinite) over these batches
+    set_epoch, __iter__ = ShardReader.set_epoch, ShardReader.__iter__
 
     def batch(self, indices: np.ndarray, epoch: int = 0) -> dict:
         """The reader's batch of `indices`, its tensors ending at the longest row."""

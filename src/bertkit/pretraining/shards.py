@@ -11,19 +11,16 @@ A shard directory:
     <name>.done.json                completeness marker: the shard's files, sizes and sha256, written last
 
 Plain .npy files (no pickle: `allow_pickle=False` everywhere) so the reader memory-maps them. Crash safety: every
-file is written under a temporary name and renamed; the shard's `.done.json` comes after its files, and
-`manifest.json` (fsynced, renamed into place) only after every shard is done and synced to disk. A reader refuses
-a directory without a manifest (the build did not finish), a shard whose marker is missing, and a file whose size
-differs from the manifest (truncated / replaced); `verify="full"` also checks sha256.
+file is written under a temporary name and renamed; a shard's `.done.json` comes after its files, `manifest.json`
+after every shard is done and synced to disk. A reader refuses a directory without a manifest (the build did not
+finish), a shard without its marker and a file whose size is not the manifest's; `verify="full"` checks sha256 too.
 
-The reader (`ShardReader`) is an iterable of batches following the pre-training batch contract:
-input_ids, token_type_ids, attention_mask, labels (-100 where not predicted) as (B, S) long tensors and
-next_sentence_label (B,) long (absent for task none). Each epoch is a seeded permutation of all examples of all
-shards; rank r of w takes every w-th example of it (the permutation is cut to a multiple of w so all ranks have the
-same number of batches). The permutation is computed, not stored (`permute`: a keyed Feistel network), so the
-reader's memory does not grow with the number of examples. Dynamic masks are drawn per example from (seed, epoch,
-example index), so they do not depend on the batch size or the number of ranks. `masking=MaskingConfig(...)` draws
-masks that way whatever the shards store: static shards are re-masked from their stored tokens, fresh every epoch. `state_dict()` = (epoch, batches
+`ShardReader` iterates batches of the pre-training contract: input_ids, token_type_ids, attention_mask, labels
+(-100 where not predicted) as (B, S) long tensors and next_sentence_label (B,) (absent for task none). Each epoch is
+a seeded permutation of all examples of all shards, computed, not stored (`permute`), so memory does not grow with
+the corpus; rank r of w takes every w-th example (cut to a multiple of w: every rank has as many batches). Dynamic
+masks are drawn per example from (seed, epoch, example index), whatever the batch size or number of ranks;
+`masking=MaskingConfig(...)` draws them that way from static shards' tokens too. `state_dict()` = (epoch, batches
 consumed in it): exact resume.
 """
 
@@ -54,11 +51,8 @@ FORMAT_VERSION = 1
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------- writer
@@ -68,47 +62,24 @@ class ShardWriter:
 
     def __init__(self, out_dir: str | Path, prefix: str, seq_len: int, vocab_size: int, pad_id: int,
                  max_predictions: int | None = None, examples_per_shard: int = 65536):
-        self.out_dir = Path(out_dir)
-        self.prefix, self.seq_len, self.pad_id = prefix, seq_len, pad_id
-        self.token_dtype = np.uint16 if vocab_size <= 65536 else np.int32
-        self.max_predictions = max_predictions        # None: no stored masks (dynamic)
-        self.examples_per_shard = examples_per_shard
+        self.out_dir, self.prefix, self.examples_per_shard = Path(out_dir), prefix, examples_per_shard
+        n, ids = examples_per_shard, np.uint16 if vocab_size <= 65536 else np.int32
+        # a buffer per .npy file of a shard, reused shard after shard: every row is overwritten whole
+        self._buffers = {"tokens": np.full((n, seq_len), pad_id, dtype=ids), "meta": np.zeros((n, 3), dtype=np.int32)}
+        if max_predictions is not None:               # static masking: the masked positions and the ids shown there
+            self._buffers.update(mask_pos=np.zeros((n, max_predictions), dtype=np.uint16),
+                                 mask_ids=np.zeros((n, max_predictions), dtype=ids))
         self.shards: list[dict] = []                  # manifest entries of written shards
-        self._reset()
-
-    def _reset(self):
-        n, s = self.examples_per_shard, self.seq_len
-        self._tokens = np.full((n, s), self.pad_id, dtype=self.token_dtype)
-        self._meta = np.zeros((n, 3), dtype=np.int32)
-        if self.max_predictions is not None:
-            self._pos = np.zeros((n, self.max_predictions), dtype=np.uint16)
-            self._ids = np.zeros((n, self.max_predictions), dtype=self.token_dtype)
         self._n = 0
-
-    def add(self, tokens: np.ndarray, a_len: int, label: int, mask_pos=None, mask_ids=None) -> None:
-        """One example: tokens (L,) ids with L <= seq_len; for static masking its masked positions and shown ids."""
-        i = self._n
-        self._tokens[i, :len(tokens)] = tokens
-        self._meta[i] = (len(tokens), a_len, label)
-        if self.max_predictions is not None:
-            k = len(mask_pos)
-            self._pos[i, :k] = mask_pos
-            self._ids[i, :k] = mask_ids
-        self._n += 1
-        if self._n == self.examples_per_shard:
-            self.flush()
 
     def add_batch(self, tokens2d: np.ndarray, meta: np.ndarray, pos2d=None, ids2d=None) -> None:
         """Many examples at once: tokens2d (B, S) padded rows, meta (B, 3), static masks (B, P) each."""
+        arrays = dict(zip(self._buffers, (tokens2d, meta, pos2d, ids2d)))
         start = 0
         while start < len(tokens2d):
             take = min(len(tokens2d) - start, self.examples_per_shard - self._n)
-            sl, i = slice(start, start + take), self._n
-            self._tokens[i:i + take] = tokens2d[sl]
-            self._meta[i:i + take] = meta[sl]
-            if self.max_predictions is not None:
-                self._pos[i:i + take] = pos2d[sl]
-                self._ids[i:i + take] = ids2d[sl]
+            for field, buf in self._buffers.items():
+                buf[self._n:self._n + take] = arrays[field][start:start + take]
             self._n += take
             start += take
             if self._n == self.examples_per_shard:
@@ -118,21 +89,17 @@ class ShardWriter:
         if self._n == 0:
             return
         name = f"{self.prefix}-{len(self.shards):05d}"
-        arrays = {"tokens": self._tokens[:self._n], "meta": self._meta[:self._n]}
-        if self.max_predictions is not None:
-            arrays["mask_pos"] = self._pos[:self._n]
-            arrays["mask_ids"] = self._ids[:self._n]
         files = {}
-        for field, arr in arrays.items():
-            path, buf = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
-            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)     # hashed in memory, not read back
-            data = buf.getvalue()                   # one copy of the bytes, written and hashed
+        for field, buf in self._buffers.items():
+            path, out = self.out_dir / f"{name}.{field}.npy", io.BytesIO()
+            np.save(out, buf[:self._n], allow_pickle=False)
+            data = out.getvalue()                   # one copy of the bytes, written and hashed (not read back)
             write_bytes(path, data, sync=False)
             files[field] = {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         entry = {"name": name, "examples": int(self._n), "files": files}
         write_json(self.out_dir / f"{name}.done.json", entry, indent=1, sync=False)   # write_manifest syncs
         self.shards.append(entry)
-        self._reset()
+        self._n = 0
 
     def close(self) -> list[dict]:
         self.flush()
@@ -168,39 +135,37 @@ def read_manifest(shard_dir: str | Path, strict: bool = False) -> dict:
     return manifest
 
 
-def _field(path: Path, obj: dict, key: str, typ: type, where: str = ""):
-    """obj[key], DataError unless it is a `typ` (an int: >= 0, not a bool)."""
-    value = obj.get(key)
-    if not isinstance(value, typ) or (typ is int and (isinstance(value, bool) or value < 0)):
-        raise DataError(f"{path}: {where}{key} must be {'an int >= 0' if typ is int else 'a ' + typ.__name__}, "
-                        f"got {str(value)[:40]!r}")
-    return value
+_MANIFEST_FIELDS = {"vocab_hash": str, "vocab_size": int, "seq_len": int, "task": str, "masking": dict, "shards": list}
+_SHARD_FIELDS = {"name": str, "examples": int, "files": dict}
+_FILE_FIELDS = {"file": str, "bytes": int, "sha256": str}
+
+
+def _check_object(path: Path, obj, types: dict, where: str = "") -> None:
+    """DataError unless `obj` is a dict whose every key of `types` holds a value of that type (an int: >= 0, not a
+    bool)."""
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: {where.rstrip('.')} must be an object")
+    for key, typ in types.items():
+        value = obj.get(key)
+        if not isinstance(value, typ) or (typ is int and (isinstance(value, bool) or value < 0)):
+            raise DataError(f"{path}: {where}{key} must be {'an int >= 0' if typ is int else 'a ' + typ.__name__}, "
+                            f"got {str(value)[:40]!r}")
 
 
 def _check_fields(path: Path, m: dict) -> None:
     """DataError naming the first manifest field the reader uses that is missing or of the wrong type; shard file
     names must be plain names inside the shard directory."""
-    for key, typ in (("vocab_hash", str), ("vocab_size", int), ("seq_len", int), ("task", str), ("masking", dict),
-                     ("shards", list)):
-        _field(path, m, key, typ)
+    _check_object(path, m, _MANIFEST_FIELDS)
     for i, entry in enumerate(m["shards"]):
         where = f"shards[{i}]."
-        if not isinstance(entry, dict):
-            raise DataError(f"{path}: shards[{i}] must be an object")
-        _field(path, entry, "name", str, where)
-        _field(path, entry, "examples", int, where)
-        files = _field(path, entry, "files", dict, where)
+        _check_object(path, entry, _SHARD_FIELDS, where)
         for name in ("tokens", "meta"):
-            if name not in files:
+            if name not in entry["files"]:
                 raise DataError(f"{path}: {where}files lacks {name!r}")
-        for name, info in files.items():
-            if not isinstance(info, dict):
-                raise DataError(f"{path}: {where}files.{name} must be an object")
-            file = _field(path, info, "file", str, f"{where}files.{name}.")
-            _field(path, info, "bytes", int, f"{where}files.{name}.")
-            _field(path, info, "sha256", str, f"{where}files.{name}.")
-            if Path(file).name != file or file in ("", ".", ".."):
-                raise DataError(f"{path}: {where}files.{name}.file={file!r} is not a file name in the shard "
+        for name, info in entry["files"].items():
+            _check_object(path, info, _FILE_FIELDS, f"{where}files.{name}.")
+            if Path(info["file"]).name != info["file"] or info["file"] in ("", ".", ".."):
+                raise DataError(f"{path}: {where}files.{name}.file={info['file']!r} is not a file name in the shard "
                                 f"directory: refused")
 
 
@@ -230,15 +195,8 @@ def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     return x.astype(np.int64)
 
 
-@dataclass
-class _Shard:
-    tokens: np.ndarray            # (E, S) memmap
-    meta: np.ndarray              # (E, 3) memmap
-    mask_pos: np.ndarray | None   # (E, P) memmap
-    mask_ids: np.ndarray | None
-
-
-def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Shard:
+def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> dict[str, np.ndarray]:
+    """A shard's arrays by field (tokens, meta [, mask_pos, mask_ids]), memory-mapped, checked against the manifest."""
     name = entry.get("name", "?")
     if not (shard_dir / f"{name}.done.json").exists():
         raise DataError(f"shard {name} in {shard_dir} has no completeness marker {name}.done.json: it was not "
@@ -263,7 +221,7 @@ def _open_shard(shard_dir: Path, entry: dict, verify: str, seq_len: int) -> _Sha
     if tokens.shape != (n, seq_len) or meta.shape != (n, 3):
         raise DataError(f"shard {name}: arrays of shape {tokens.shape} / {meta.shape}, expected ({n}, {seq_len}) / "
                         f"({n}, 3)")
-    return _Shard(tokens, meta, arrays.get("mask_pos"), arrays.get("mask_ids"))
+    return arrays
 
 
 def _check_vocab(shard_dir: Path, m: dict, vocab_hash: str | None, vocab_size: int | None) -> None:
@@ -361,14 +319,17 @@ class ShardReader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = int(epoch), 0
 
+    def batch_indices(self, epoch: int, b: int) -> np.ndarray:
+        """Global example indices of this rank's batch `b` of `epoch`."""
+        return self.indices(epoch, b * self.batch_size, (b + 1) * self.batch_size)
+
     def __iter__(self):
         while True:
             n_batches = len(self)
             while self.position < n_batches:
                 b = self.position
                 self.position += 1          # counted before the yield: a state_dict taken now resumes after it
-                idx = self.indices(self.epoch, b * self.batch_size, (b + 1) * self.batch_size)
-                yield self.batch(idx, self.epoch)
+                yield self.batch(self.batch_indices(self.epoch, b), self.epoch)
             self.epoch, self.position = self.epoch + 1, 0
             if not self.infinite:
                 return
@@ -391,9 +352,9 @@ class ShardReader:
         if self._token_counts is None:
             counts = np.zeros(self.tables.vocab_size, dtype=np.int64)
             for sh in self._shards:
-                for a in range(0, len(sh.meta), chunk):
-                    tokens = np.asarray(sh.tokens[a:a + chunk], dtype=np.int64)               # (rows, S)
-                    inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh.meta[a:a + chunk, 0])[:, None]
+                for a in range(0, len(sh["meta"]), chunk):
+                    tokens = np.asarray(sh["tokens"][a:a + chunk], dtype=np.int64)               # (rows, S)
+                    inside = np.arange(tokens.shape[1])[None, :] < np.asarray(sh["meta"][a:a + chunk, 0])[:, None]
                     counts += np.bincount(tokens[inside], minlength=len(counts))[:len(counts)]
             self._token_counts = counts
         return self._token_counts.copy()
@@ -406,24 +367,17 @@ class ShardReader:
         if len(indices) and (indices.min() < 0 or indices.max() >= self.num_examples):
             raise IndexError(f"example index out of range [0, {self.num_examples})")
         shard_of = np.searchsorted(self._starts, indices, side="right") - 1
-        b = len(indices)
-        tokens = np.empty((b, self.seq_len), dtype=np.int64)
-        meta = np.empty((b, 3), dtype=np.int64)
-        static = self._shards[0].mask_pos is not None and not self.remasked
-        p = self._shards[0].mask_pos.shape[1] if static else 0
-        pos = np.empty((b, p), dtype=np.int64) if static else None
-        ids = np.empty((b, p), dtype=np.int64) if static else None
+        static = "mask_pos" in self._shards[0] and not self.remasked
+        fields = ("tokens", "meta", "mask_pos", "mask_ids") if static else ("tokens", "meta")
+        out = {f: np.empty((len(indices), self._shards[0][f].shape[1]), dtype=np.int64) for f in fields}
         for s in np.unique(shard_of):
             rows = np.flatnonzero(shard_of == s)
             local = indices[rows] - self._starts[s]
             order = np.argsort(local)                     # ascending reads are kinder to the page cache
-            sh, loc = self._shards[s], local[order]
-            tokens[rows[order]] = sh.tokens[loc]
-            meta[rows[order]] = sh.meta[loc]
-            if static:
-                pos[rows[order]] = sh.mask_pos[loc]
-                ids[rows[order]] = sh.mask_ids[loc]
-        return tokens, meta, pos, ids
+            rows, local = rows[order], local[order]
+            for f in fields:
+                out[f][rows] = self._shards[s][f][local]
+        return out["tokens"], out["meta"], out.get("mask_pos"), out.get("mask_ids")
 
     def batch(self, indices: np.ndarray, epoch: int = 0) -> dict:
         """The batch dict (torch tensors) for global example `indices` in `epoch`."""
