@@ -169,6 +169,7 @@ def test_unsafe_pickle_refused_in_one_line_with_the_conversion(tmp_path):
      "parameters"),
     ("\udcff", "not UTF-8"),
     ("[" * 100000, "nested too deeply"),
+    ('{"vocab_size": ' + "1" * 5000 + "}", "Exceeds the limit (4300 digits)"),
 ])
 def test_bad_config_json_refused_in_one_line(tmp_path, config, words):
     (tmp_path / "config.json").write_bytes(config.encode("utf-8", "surrogateescape"))

@@ -340,6 +340,8 @@ def read_json_config(p: Path, error=ConfigError) -> dict:
         raise error(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
         raise error(f"{p}: not a config (JSON nested too deeply)") from None
+    except ValueError as e:                # an integer past Python's digit limit: json's own ValueError
+        raise error(f"{p}: not a config ({str(e).split(':')[0]})") from None
     if not isinstance(d, dict):
         raise error(f"{p}: expected a JSON object, got {type(d).__name__}")
     return d
