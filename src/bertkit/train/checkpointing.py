@@ -310,8 +310,7 @@ class Checkpoints:
         if config is not None and hasattr(config, "to_json"):
             config.to_json(tmp / "config.json")
         saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world, "execution": state.execution,
-                 "callbacks": state.callbacks,
-                 "config": jsonable(dataclasses.asdict(self.cfg))}
+                 "callbacks": state.callbacks, "config": jsonable(dataclasses.asdict(self.cfg))}
         for f in tmp.iterdir():
             _fsync_file(f)
         saved["files"] = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
@@ -330,9 +329,8 @@ class Checkpoints:
             if self.d.main:      # killed before its first checkpoint: the steps it logged are redone
                 truncate_metrics(self.out / "metrics.jsonl", 0)
             return
-        path, saved, files = found
-        load_full_state(model, optimizer, self.cfg.fsdp, files[0], files[1], str(path))
-        rank_state = files[2]
+        path, saved, (weights, optim, rank_state) = found
+        load_full_state(model, optimizer, self.cfg.fsdp, weights, optim, str(path))
         for k in _SAVED:            # checkpoints from before the phase counters: those get RunState's defaults
             setattr(state, k, saved.get(k, getattr(RunState, k)))
         state.execution = saved.get("execution") or state.execution

@@ -121,8 +121,9 @@ class TrainConfig:
         for name, choices in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)!r} is not one of {choices}")
-        if self.warmup < 0:
-            raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
+        for name in ("warmup", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.decay_fraction is not None:
             if self.schedule != "wsd":
                 raise ConfigError(f"TrainConfig.decay_fraction={self.decay_fraction!r} applies to schedule='wsd' "
@@ -131,8 +132,6 @@ class TrainConfig:
                 raise ConfigError(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
         if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
             raise ConfigError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"TrainConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
 

@@ -95,12 +95,8 @@ class RunLog:
 
 
 def _postfix(rec: dict, tok_s: float) -> dict:
-    out = {"loss": f"{rec['loss']:.3f}"}
-    for k in ("mlm_acc", "nsp_acc", "rtd_acc"):
-        if k in rec:
-            out[k] = f"{rec[k]:.3f}"
-    out["lr"] = f"{rec['lr']:.2e}"
-    out["tok/s"] = f"{tok_s:,.0f}"
+    out = {k: f"{rec[k]:.3f}" for k in ("loss", "mlm_acc", "nsp_acc", "rtd_acc") if k in rec}
+    out.update({"lr": f"{rec['lr']:.2e}", "tok/s": f"{tok_s:,.0f}"})
     if "mfu" in rec:
         out["mfu"] = f"{100 * rec['mfu']:.1f}%"
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bertkit.atomic import write_json, write_text
 from bertkit.heads import BertForMaskedLM
@@ -64,8 +65,6 @@ def _markdown(s: dict) -> list[str]:
 def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int = 5) -> list[dict]:
     """Up to `rows` rows of `shard_dir` spread over it, each with one whole word (a single piece) of its first
     segment masked: {"text" (around the mask), "truth", "top": [{"token", "score"}]}. [] without an MLM head."""
-    import torch
-
     reader = ShardReader(shard_dir, 1, shuffle=False, drop_last=False)
     model = BertForMaskedLM.from_pretrained(model_dir).eval()     # a pre-training model's NSP / SOP head unused
     if any(k.startswith("cls.predictions") for k in (getattr(model, "loading_info", None) or {}).get("missing_keys", ())):
