@@ -164,13 +164,13 @@ def check_writable(out: Path, tag: str = "") -> None:
         raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):       # best effort: not every filesystem can fsync a directory
-        fd = os.open(str(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    """A file's (or a directory's) bytes and entries on the disk."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
@@ -198,11 +198,6 @@ def _verify(path: Path) -> dict:
         if not ok:
             raise CheckpointError(f"{path / name} does not match the sha256 in state.json (corrupt)")
     return saved
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -279,7 +274,8 @@ class Checkpoints:
                                       f"write, the newest intact checkpoint is {earlier or '(none)'}") from None
             if self.d.main:
                 os.replace(tmp, final)
-                _fsync_dir(self.root)
+                with contextlib.suppress(OSError):   # best effort: not every filesystem can fsync a directory
+                    _fsync(self.root)
                 done = sorted(p for p in self.root.glob("step-*") if p.is_dir())
                 for old in done[:-self.cfg.keep_last]:
                     shutil.rmtree(old, ignore_errors=True)
@@ -288,7 +284,8 @@ class Checkpoints:
         return final
 
     def _write_tmp(self, tmp: Path, state: RunState, model, msd: dict, osd: dict, data_state: dict) -> None:
-        """Every rank's RNG + data file, then rank 0's shared files and state.json, into the temp directory."""
+        """Every rank's RNG + data file, then rank 0's weights, optimizer and config.json and, last, state.json with
+        the sha256 of each, all fsynced, into the temp directory."""
         if self.d.main:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -296,26 +293,23 @@ class Checkpoints:
         self.d.barrier()
         rank_file = tmp / f"rank-{self.d.rank:05d}.pt"
         torch.save({"rng": _rng_state(), "data": data_state}, rank_file)
-        _fsync_file(rank_file)
+        _fsync(rank_file)
         self.d.barrier()    # every rank file is complete before rank 0 checksums them
         if self.d.main:
-            self._write_shared(tmp, state, unwrap(model), msd, osd)
+            save_model_weights(msd, tmp / "model.safetensors")
+            torch.save(osd, tmp / "optimizer.pt")
+            config = getattr(unwrap(model), "config", None)
+            if config is not None and hasattr(config, "to_json"):
+                config.to_json(tmp / "config.json")
+            saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world,
+                     "execution": state.execution, "callbacks": state.callbacks,
+                     "config": jsonable(dataclasses.asdict(self.cfg))}
+            for f in tmp.iterdir():
+                _fsync(f)
+            saved["files"] = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
+            (tmp / "state.json").write_text(json.dumps(saved, indent=1))
+            _fsync(tmp / "state.json")
         self.d.barrier()
-
-    def _write_shared(self, tmp: Path, state: RunState, raw, msd: dict, osd: dict) -> None:
-        """Rank 0's part: weights, optimizer, config.json, then state.json with the sha256 of each, all fsynced."""
-        save_model_weights(msd, tmp / "model.safetensors")
-        torch.save(osd, tmp / "optimizer.pt")
-        config = getattr(raw, "config", None)
-        if config is not None and hasattr(config, "to_json"):
-            config.to_json(tmp / "config.json")
-        saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world, "execution": state.execution,
-                 "callbacks": state.callbacks, "config": jsonable(dataclasses.asdict(self.cfg))}
-        for f in tmp.iterdir():
-            _fsync_file(f)
-        saved["files"] = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
-        (tmp / "state.json").write_text(json.dumps(saved, indent=1))
-        _fsync_file(tmp / "state.json")
 
     def resume(self, state: RunState, model, optimizer, stream) -> None:
         """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one) into `state`, the

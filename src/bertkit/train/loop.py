@@ -201,13 +201,9 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
           step_fn: Callable[[nn.Module, dict], StepOutput] | None = None,
           on_start: Callable[[RunState], bool | None] | None = None,
           callbacks: Iterable[Callback] = ()) -> TrainResult:
-    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. See the package
-    docstring for the contract; raises ConfigError / CheckpointError before the first step for bad settings.
-
-    `on_start(state)` runs on every rank once the run is set up (resumed or started fresh) and before anything is
-    logged: a caller writes its own files there, so a refused resume leaves them as they were. It returning False
-    ends the call at once, nothing trained, evaluated or written (`stop_reason` says why the run is over).
-    `callbacks`: bertkit.train.callbacks.Callback objects (their events, and their state saved in checkpoints)."""
+    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. The package
+    docstring has the contract (on_start, callbacks included); bad settings raise ConfigError / CheckpointError before
+    the first step."""
     out = Path(out_dir)
     run, checkpoints = _setup(model, batches, cfg, out, step_fn)
     state = run.state
@@ -226,8 +222,8 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
     losses, history, evals = [], [], []     # per step, train records, eval records
     session_t0, prior_elapsed = time.perf_counter(), state.elapsed
-    # Ctrl-C stops after the step in progress with a checkpoint (_interruptible); a run that writes none (save_final off)
-    # has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
+    # Ctrl-C stops after the step in progress with a checkpoint (_interruptible); a run that writes none (save_final
+    # off) has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
     # would: stopping there instead would leave a finished run that no resume can complete.
     keeps_checkpoints = bool(cfg.save_every_steps or cfg.save_every_minutes or cfg.save_final)
     try:

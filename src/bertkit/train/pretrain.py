@@ -144,8 +144,6 @@ def _manifests(pc: PretrainConfig) -> dict[str, dict]:
 
 
 def _objective(pc: PretrainConfig, task: str) -> str:
-    if pc.objective not in OBJECTIVES:
-        raise ConfigError(f"objective={pc.objective!r} is not one of {OBJECTIVES}")
     if pc.objective == "electra":
         return "electra"
     if pc.objective == "mlm" or task == "none":
@@ -195,8 +193,7 @@ def build_model(pc: PretrainConfig, manifests: dict[str, dict], objective: str):
     else:
         config = BertConfig.from_json(pc.config)
         _check_vocab(config, vocab_size, pc.config)
-        if drop:
-            config = config.replace(**drop)
+        config = config.replace(**drop)
     if pc.rope_theta is not None:
         config = _rotary_base(config, pc.rope_theta, longest)
     if objective == "electra":
@@ -287,13 +284,10 @@ def _divergence(model, result, data, d, fsdp: bool) -> str | None:
     batch in fp32), else None. The loop skips a step whose loss or gradient is not finite, but one finite step with
     a huge update can leave weights of 1e30 or NaN: every later step is then skipped and the run would end
     "successfully" with a useless model."""
-    bad = 0.0
     with torch.no_grad():
-        for p in model.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p      # FSDP: this rank's shard
-            if not bool(torch.isfinite(local).all()):
-                bad = 1.0
-                break
+        finite = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())  # FSDP: its shard
+                     for p in model.parameters())
+        bad = 0.0 if finite else 1.0
         # finite weights can still be absurd (a huge lr): one forward tells. FSDP: every rank runs it (collectives)
         # a reader that stopped at its epoch's end starts the next one on a second iter()
         batch = (next(iter(data), None) or next(iter(data), None)) if (not bad or fsdp) else None
@@ -459,7 +453,8 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
     for flag, value, choices in (("--attention-init", pc.attention_init, ("random", "local")),
                                  ("--output-vocab", pc.output_vocab, ("full", "corpus")),
-                                 ("--masking", pc.masking, ("shards", *MASK_MODES))):
+                                 ("--masking", pc.masking, ("shards", *MASK_MODES)),
+                                 ("--objective", pc.objective, OBJECTIVES)):
         if value not in choices:
             raise ConfigError(f"{flag} {value}: choose one of {', '.join(choices)}")
     if pc.attention_init == "local" and pc.init:
