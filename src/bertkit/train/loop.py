@@ -234,8 +234,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
                 rec = _train_step(run)
                 dt = time.perf_counter() - t0
                 _tick(run, prior_elapsed + time.perf_counter() - session_t0)
-                finite = rec.pop("finite")
-                interrupted = rec.pop("interrupted")
+                finite, interrupted = rec.pop("finite"), rec.pop("interrupted")
                 losses.append(rec["loss"])
                 if not finite and len(state.bad_run) >= cfg.max_bad_steps:
                     raise _diverged(state)
@@ -378,11 +377,6 @@ def _diverged(state: RunState) -> TrainingDiverged:
 
 
 # ---------------------------------------------------------------------------------------------- schedule & budget
-def _lr_at(cfg: TrainConfig, step: int, total: int) -> float:
-    return cfg.lr * lr_factor(step, total, warmup_steps(cfg.warmup, total), cfg.schedule, cfg.min_lr_ratio,
-                              cfg.decay_fraction)
-
-
 def _phase_by_steps(run: _Run) -> None:
     """Step mode: the phase whose share of the total steps holds the current step."""
     stream, state = run.stream, run.state
@@ -421,13 +415,12 @@ def _tick(run: _Run, wall: float) -> None:
 # ---------------------------------------------------------------------------------------------- one optimizer step
 def _train_step(run: _Run) -> dict:
     """One optimizer step over cfg.grad_accum micro-batches; its record, the same on every rank."""
-    state = run.state
-    lr = _lr_at(run.cfg, state.step, state.total)
+    cfg, state = run.cfg, run.state
+    lr = cfg.lr * lr_factor(state.step, state.total, warmup_steps(cfg.warmup, state.total), cfg.schedule,
+                            cfg.min_lr_ratio, cfg.decay_fraction)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
-    loss_sum, metric_sums, tokens = _forward_backward(run)
-    loss, metrics, global_tokens, interrupted = _all_reduce(run.d, loss_sum, metric_sums, tokens,
-                                                            run.cfg.grad_accum, run.interrupt_requested)
+    loss, metrics, global_tokens, interrupted = _all_reduce(run, *_forward_backward(run))
     finite, grad_norm = _clip_and_step(run, loss)
     state.step += 1
     state.tokens += global_tokens
@@ -469,14 +462,14 @@ def _token_weights(run: _Run, micro: list[dict]) -> list[float]:
     return [c / mean if mean > 0 else 1.0 for c in counts]
 
 
-def _all_reduce(d: Dist, loss_sum: float, metric_sums: dict[str, list], tokens: int, grad_accum: int,
-                interrupted: bool) -> tuple[float, dict[str, float], int, bool]:
+def _all_reduce(run: _Run, loss_sum: float, metric_sums: dict[str, list], tokens: int
+                ) -> tuple[float, dict[str, float], int, bool]:
     """One all-reduce for everything ranks must agree on: (mean loss, metrics, tokens) of the global batch, and
     whether any rank was interrupted. The interrupt rides along so that agreeing on the step to stop at costs no
     collective of its own (a per-step one costs real time on gloo)."""
     names = sorted(metric_sums)
-    vec = [loss_sum, grad_accum, *(x for n in names for x in metric_sums[n]), tokens, interrupted]
-    red = d.all_reduce_sum(torch.tensor([float(v) for v in vec], dtype=torch.float64)).tolist()
+    vec = [loss_sum, run.cfg.grad_accum, *(x for n in names for x in metric_sums[n]), tokens, run.interrupt_requested]
+    red = run.d.all_reduce_sum(torch.tensor([float(v) for v in vec], dtype=torch.float64)).tolist()
     metrics = {n: red[2 + 2 * k] / max(red[3 + 2 * k], 1e-12) for k, n in enumerate(names)}
     return red[0] / red[1], metrics, int(red[-2]), red[-1] > 0
 
