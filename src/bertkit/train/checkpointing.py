@@ -153,13 +153,15 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     return done[-1] if done else None
 
 
-def check_writable(out: Path, tag: str = "") -> None:
-    """ConfigError unless the directory `out` can be created and written (a probe file named with `tag`)."""
+def check_writable(out: Path, tag: str = "", sub: str | None = None) -> None:
+    """ConfigError unless the directory `out` (and `out/sub`) can be created and written (a probe named by `tag`)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}{tag}"
         probe.write_text("ok")
         probe.unlink()
+        if sub:
+            (out / sub).mkdir(exist_ok=True)
     except OSError as e:
         raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
 
@@ -225,11 +227,7 @@ class Checkpoints:
 
     def check_writable(self) -> None:
         """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
-        check_writable(self.out, f"-{self.d.rank}")
-        try:
-            self.root.mkdir(exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
+        check_writable(self.out, f"-{self.d.rank}", sub=CHECKPOINT_DIR)
         if self.d.main:
             self._remove_stale()
 
