@@ -16,6 +16,7 @@ extras `bertkit[wandb]` / `bertkit[mlflow]`, added by name with `reporting()` (`
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -145,10 +146,8 @@ class Events:
         """on_train_begin, TensorBoard first when a directory is given and the package is installed (else
         metrics.jsonl has the numbers)."""
         if tensorboard is not None:
-            try:
+            with contextlib.suppress(ImportError):
                 self.callbacks.insert(0, TensorBoardCallback(tensorboard))
-            except ImportError:
-                pass
         self("on_train_begin", state)
 
     @staticmethod

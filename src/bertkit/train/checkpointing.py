@@ -153,24 +153,26 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     return done[-1] if done else None
 
 
-def check_writable(out: Path, tag: str = "") -> None:
-    """ConfigError unless the directory `out` can be created and written (a probe file named with `tag`)."""
+def check_writable(out: Path, tag: str = "", sub: str | None = None) -> None:
+    """ConfigError unless the directory `out` (and `out/sub`) can be created and written (a probe named by `tag`)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}{tag}"
         probe.write_text("ok")
         probe.unlink()
+        if sub:
+            (out / sub).mkdir(exist_ok=True)
     except OSError as e:
         raise ConfigError(f"output directory {out} is not writable: {e.strerror or e}") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):       # best effort: not every filesystem can fsync a directory
-        fd = os.open(str(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    """A file's (or a directory's) bytes and entries on the disk."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
@@ -200,11 +202,6 @@ def _verify(path: Path) -> dict:
     return saved
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines after `step` (written after the checkpoint by the interrupted session), atomically."""
     if not path.exists():
@@ -230,11 +227,7 @@ class Checkpoints:
 
     def check_writable(self) -> None:
         """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
-        check_writable(self.out, f"-{self.d.rank}")
-        try:
-            self.root.mkdir(exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"output directory {self.out} is not writable: {e.strerror or e}") from None
+        check_writable(self.out, f"-{self.d.rank}", sub=CHECKPOINT_DIR)
         if self.d.main:
             self._remove_stale()
 
@@ -279,7 +272,8 @@ class Checkpoints:
                                       f"write, the newest intact checkpoint is {earlier or '(none)'}") from None
             if self.d.main:
                 os.replace(tmp, final)
-                _fsync_dir(self.root)
+                with contextlib.suppress(OSError):   # best effort: not every filesystem can fsync a directory
+                    _fsync(self.root)
                 done = sorted(p for p in self.root.glob("step-*") if p.is_dir())
                 for old in done[:-self.cfg.keep_last]:
                     shutil.rmtree(old, ignore_errors=True)
@@ -288,7 +282,8 @@ class Checkpoints:
         return final
 
     def _write_tmp(self, tmp: Path, state: RunState, model, msd: dict, osd: dict, data_state: dict) -> None:
-        """Every rank's RNG + data file, then rank 0's shared files and state.json, into the temp directory."""
+        """Every rank's RNG + data file, then rank 0's weights, optimizer and config.json and, last, state.json with
+        the sha256 of each, all fsynced, into the temp directory."""
         if self.d.main:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -296,27 +291,23 @@ class Checkpoints:
         self.d.barrier()
         rank_file = tmp / f"rank-{self.d.rank:05d}.pt"
         torch.save({"rng": _rng_state(), "data": data_state}, rank_file)
-        _fsync_file(rank_file)
+        _fsync(rank_file)
         self.d.barrier()    # every rank file is complete before rank 0 checksums them
         if self.d.main:
-            self._write_shared(tmp, state, unwrap(model), msd, osd)
+            save_model_weights(msd, tmp / "model.safetensors")
+            torch.save(osd, tmp / "optimizer.pt")
+            config = getattr(unwrap(model), "config", None)
+            if config is not None and hasattr(config, "to_json"):
+                config.to_json(tmp / "config.json")
+            saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world,
+                     "execution": state.execution, "callbacks": state.callbacks,
+                     "config": jsonable(dataclasses.asdict(self.cfg))}
+            for f in tmp.iterdir():
+                _fsync(f)
+            saved["files"] = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
+            (tmp / "state.json").write_text(json.dumps(saved, indent=1))
+            _fsync(tmp / "state.json")
         self.d.barrier()
-
-    def _write_shared(self, tmp: Path, state: RunState, raw, msd: dict, osd: dict) -> None:
-        """Rank 0's part: weights, optimizer, config.json, then state.json with the sha256 of each, all fsynced."""
-        save_model_weights(msd, tmp / "model.safetensors")
-        torch.save(osd, tmp / "optimizer.pt")
-        config = getattr(raw, "config", None)
-        if config is not None and hasattr(config, "to_json"):
-            config.to_json(tmp / "config.json")
-        saved = {**{k: getattr(state, k) for k in _SAVED}, "world_size": self.d.world, "execution": state.execution,
-                 "callbacks": state.callbacks,
-                 "config": jsonable(dataclasses.asdict(self.cfg))}
-        for f in tmp.iterdir():
-            _fsync_file(f)
-        saved["files"] = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
-        (tmp / "state.json").write_text(json.dumps(saved, indent=1))
-        _fsync_file(tmp / "state.json")
 
     def resume(self, state: RunState, model, optimizer, stream) -> None:
         """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one) into `state`, the
@@ -330,9 +321,8 @@ class Checkpoints:
             if self.d.main:      # killed before its first checkpoint: the steps it logged are redone
                 truncate_metrics(self.out / "metrics.jsonl", 0)
             return
-        path, saved, files = found
-        load_full_state(model, optimizer, self.cfg.fsdp, files[0], files[1], str(path))
-        rank_state = files[2]
+        path, saved, (weights, optim, rank_state) = found
+        load_full_state(model, optimizer, self.cfg.fsdp, weights, optim, str(path))
         for k in _SAVED:            # checkpoints from before the phase counters: those get RunState's defaults
             setattr(state, k, saved.get(k, getattr(RunState, k)))
         state.execution = saved.get("execution") or state.execution

@@ -9,7 +9,9 @@ import os
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from bertkit.errors import CheckpointError
@@ -32,7 +34,6 @@ class Dist:
 
     @classmethod
     def setup(cls, device_name: str | None = None) -> "Dist":
-        import torch.distributed as dist
         world = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = torch.device(device_name if device_name is not None
@@ -53,7 +54,6 @@ class Dist:
 
     def all_reduce_sum(self, t: Tensor) -> Tensor:
         if self.world > 1:
-            import torch.distributed as dist
             # gloo reduces CPU tensors; nccl needs them on the GPU
             if self.device.type == "cuda":
                 t = t.to(self.device)
@@ -63,13 +63,11 @@ class Dist:
 
     def barrier(self) -> None:
         if self.world > 1:
-            import torch.distributed as dist
             dist.barrier()
 
     def broadcast_object(self, obj):
         if self.world == 1:
             return obj
-        import torch.distributed as dist
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -79,7 +77,6 @@ def _close_group() -> None:
     """At exit, the process group this process opened, unless the caller closed it (the CLI does, after a barrier)
     or an uncaught exception ends the process: with collectives of a crashed step still in flight, closing can
     block on peers that will not come. No barrier either, for the same reason."""
-    import torch.distributed as dist
     crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if dist.is_initialized() and not crashed:
         dist.destroy_process_group()
@@ -97,8 +94,6 @@ def encode_shared(encode, texts: list, d: Dist):
     vector in the order of `texts`, the other ranks None."""
     if d.world == 1:
         return encode(texts)
-    import numpy as np
-    import torch.distributed as dist
     bounds = [len(texts) * r // d.world for r in range(d.world + 1)]
     share = texts[bounds[d.rank]:bounds[d.rank + 1]]
     parts = [None] * d.world if d.main else None
@@ -147,7 +142,6 @@ def grad_sync(model: nn.Module, d: Dist, last: bool):
 
 
 def _sharded(fsdp: bool) -> bool:
-    import torch.distributed as dist
     return fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 

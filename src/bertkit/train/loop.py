@@ -13,6 +13,7 @@ group and model wrapping in distributed.py, the data position in stream.py, metr
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -40,7 +41,7 @@ from bertkit.train.checkpointing import (Checkpoints, RunState, latest_checkpoin
                                          save_model_weights)
 from bertkit.train.distributed import Dist, distributed_context, grad_sync, unwrap, wrap
 from bertkit.train.monitor import FlopMeter, RunLog, estimate_flops_per_token, peak_flops
-from bertkit.train.steps import StepOutput, default_step, pretraining_eval, pretraining_step, to_device
+from bertkit.train.steps import StepOutput, add_metrics, default_step, to_device
 from bertkit.train.stream import Phase, Stream
 
 __all__ = ["TrainConfig", "TrainResult", "Phase", "TrainingDiverged", "train", "seed_everything", "run_seeds",
@@ -120,8 +121,9 @@ class TrainConfig:
         for name, choices in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)!r} is not one of {choices}")
-        if self.warmup < 0:
-            raise ConfigError(f"TrainConfig.warmup must be >= 0, got {self.warmup}")
+        for name in ("warmup", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.decay_fraction is not None:
             if self.schedule != "wsd":
                 raise ConfigError(f"TrainConfig.decay_fraction={self.decay_fraction!r} applies to schedule='wsd' "
@@ -130,8 +132,6 @@ class TrainConfig:
                 raise ConfigError(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
         if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
             raise ConfigError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"TrainConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
 
@@ -201,13 +201,9 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
           step_fn: Callable[[nn.Module, dict], StepOutput] | None = None,
           on_start: Callable[[RunState], bool | None] | None = None,
           callbacks: Iterable[Callback] = ()) -> TrainResult:
-    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. See the package
-    docstring for the contract; raises ConfigError / CheckpointError before the first step for bad settings.
-
-    `on_start(state)` runs on every rank once the run is set up (resumed or started fresh) and before anything is
-    logged: a caller writes its own files there, so a refused resume leaves them as they were. It returning False
-    ends the call at once, nothing trained, evaluated or written (`stop_reason` says why the run is over).
-    `callbacks`: bertkit.train.callbacks.Callback objects (their events, and their state saved in checkpoints)."""
+    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. The package
+    docstring has the contract (on_start, callbacks included); bad settings raise ConfigError / CheckpointError before
+    the first step."""
     out = Path(out_dir)
     run, checkpoints = _setup(model, batches, cfg, out, step_fn)
     state = run.state
@@ -226,20 +222,19 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
     losses, history, evals = [], [], []     # per step, train records, eval records
     session_t0, prior_elapsed = time.perf_counter(), state.elapsed
-    # Ctrl-C stops after the step in progress with a checkpoint (_Interrupt); a run that writes none (save_final off)
-    # has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
+    # Ctrl-C stops after the step in progress with a checkpoint (_interruptible); a run that writes none (save_final
+    # off) has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
     # would: stopping there instead would leave a finished run that no resume can complete.
     keeps_checkpoints = bool(cfg.save_every_steps or cfg.save_every_minutes or cfg.save_final)
     try:
-        with _Interrupt(run, enabled=keeps_checkpoints):
+        with _interruptible(run, enabled=keeps_checkpoints):
             while (stop_reason := why_stopped(cfg, state)) is None:
                 _phase_by_steps(run)
                 t0 = time.perf_counter()
                 rec = _train_step(run)
                 dt = time.perf_counter() - t0
                 _tick(run, prior_elapsed + time.perf_counter() - session_t0)
-                finite = rec.pop("finite")
-                interrupted = rec.pop("interrupted")
+                finite, interrupted = rec.pop("finite"), rec.pop("interrupted")
                 losses.append(rec["loss"])
                 if not finite and len(state.bad_run) >= cfg.max_bad_steps:
                     raise _diverged(state)
@@ -291,7 +286,7 @@ class _Run:
     precision: str                        # "bf16" | "fp16" | "fp32": cfg.precision resolved on this device
     state: RunState
     scaler: torch.amp.GradScaler          # fp16's loss scaling; disabled (a no-op) for the other precisions
-    interrupt_requested: bool = False     # this rank got Ctrl-C (SIGINT) during the run (see _Interrupt)
+    interrupt_requested: bool = False     # this rank got Ctrl-C (SIGINT) during the run (see _interruptible)
 
     @property
     def raw(self) -> nn.Module:
@@ -382,11 +377,6 @@ def _diverged(state: RunState) -> TrainingDiverged:
 
 
 # ---------------------------------------------------------------------------------------------- schedule & budget
-def _lr_at(cfg: TrainConfig, step: int, total: int) -> float:
-    return cfg.lr * lr_factor(step, total, warmup_steps(cfg.warmup, total), cfg.schedule, cfg.min_lr_ratio,
-                              cfg.decay_fraction)
-
-
 def _phase_by_steps(run: _Run) -> None:
     """Step mode: the phase whose share of the total steps holds the current step."""
     stream, state = run.stream, run.state
@@ -398,17 +388,13 @@ def _phase_by_steps(run: _Run) -> None:
 def _tick(run: _Run, wall: float) -> None:
     """state.elapsed = the run's wall time so far (evaluations and checkpoints included: a budget is wall-clock);
     in budget mode the phase and the schedule's total follow it."""
-    cfg, d, state = run.cfg, run.d, run.state
+    cfg, d, state, stream = run.cfg, run.d, run.state, run.stream
     if d.world > 1 and (cfg.budget_s is not None or cfg.save_every_minutes):
         wall = d.broadcast_object(wall)  # one clock for every rank's decisions
-    step_wall, state.elapsed = wall - state.elapsed, wall
-    if cfg.budget_s is not None:
-        _update_budget(run, step_wall)
-
-
-def _update_budget(run: _Run, step_time: float) -> None:
-    """Budget mode: phase by elapsed share of the budget; total = done + remaining time / time per step."""
-    cfg, stream, state = run.cfg, run.stream, run.state
+    step_time, state.elapsed = wall - state.elapsed, wall
+    if cfg.budget_s is None:
+        return
+    # budget mode: phase by elapsed share of the budget; total = done + remaining time / time per step
     bounds = stream.boundaries(cfg.budget_s)
     phase = next((k for k, b in enumerate(bounds) if state.elapsed < b), len(bounds) - 1)
     if phase != stream.phase:
@@ -429,13 +415,12 @@ def _update_budget(run: _Run, step_time: float) -> None:
 # ---------------------------------------------------------------------------------------------- one optimizer step
 def _train_step(run: _Run) -> dict:
     """One optimizer step over cfg.grad_accum micro-batches; its record, the same on every rank."""
-    state = run.state
-    lr = _lr_at(run.cfg, state.step, state.total)
+    cfg, state = run.cfg, run.state
+    lr = cfg.lr * lr_factor(state.step, state.total, warmup_steps(cfg.warmup, state.total), cfg.schedule,
+                            cfg.min_lr_ratio, cfg.decay_fraction)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
-    loss_sum, metric_sums, tokens = _forward_backward(run)
-    loss, metrics, global_tokens, interrupted = _all_reduce(run.d, loss_sum, metric_sums, tokens,
-                                                            run.cfg.grad_accum, run.interrupt_requested)
+    loss, metrics, global_tokens, interrupted = _all_reduce(run, *_forward_backward(run))
     finite, grad_norm = _clip_and_step(run, loss)
     state.step += 1
     state.tokens += global_tokens
@@ -443,12 +428,10 @@ def _train_step(run: _Run) -> dict:
             "tokens": global_tokens, "finite": finite, "interrupted": interrupted}
 
 
-def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
+def _forward_backward(run: _Run) -> tuple[float, dict[str, list], int]:
     """Forward and backward of this rank's micro-batches: (summed loss, metric name -> [sum, count], tokens)."""
     cfg, d = run.cfg, run.d
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    metric_sums: dict[str, list] = {}
-    tokens = 0
+    loss_sum, metric_sums, tokens = 0.0, {}, 0
     micro = [run.stream.next() for _ in range(cfg.grad_accum)]
     weights = _token_weights(run, micro)
     for i, batch in enumerate(micro):
@@ -456,17 +439,10 @@ def _forward_backward(run: _Run) -> tuple[Tensor, dict[str, list], int]:
         batch = to_device(batch, d.device)
         with grad_sync(run.model, d, last=i == cfg.grad_accum - 1):
             with autocast(run.precision, d.device):
-                if run.weighted:
-                    out = run.step_fn(run.model, batch, token_weight=weights[i])
-                else:
-                    out = run.step_fn(run.model, batch)
+                out = run.step_fn(run.model, batch, **({"token_weight": weights[i]} if run.weighted else {}))
             run.scaler.scale(out.loss / cfg.grad_accum).backward()
-        loss_sum += out.loss.detach().double().cpu()
-        for name, value in out.metrics.items():
-            s, c = value if isinstance(value, tuple) else (value, 1)
-            acc = metric_sums.setdefault(name, [0.0, 0.0])
-            acc[0] = acc[0] + (s.detach().double().cpu() if isinstance(s, Tensor) else float(s))
-            acc[1] = acc[1] + (c.detach().double().cpu() if isinstance(c, Tensor) else float(c))
+        loss_sum += float(out.loss)
+        add_metrics(metric_sums, out.metrics)
     return loss_sum, metric_sums, tokens
 
 
@@ -486,19 +462,14 @@ def _token_weights(run: _Run, micro: list[dict]) -> list[float]:
     return [c / mean if mean > 0 else 1.0 for c in counts]
 
 
-def _all_reduce(d: Dist, loss_sum: Tensor, metric_sums: dict[str, list], tokens: int, grad_accum: int,
-                interrupted: bool) -> tuple[float, dict[str, float], int, bool]:
+def _all_reduce(run: _Run, loss_sum: float, metric_sums: dict[str, list], tokens: int
+                ) -> tuple[float, dict[str, float], int, bool]:
     """One all-reduce for everything ranks must agree on: (mean loss, metrics, tokens) of the global batch, and
     whether any rank was interrupted. The interrupt rides along so that agreeing on the step to stop at costs no
     collective of its own (a per-step one costs real time on gloo)."""
     names = sorted(metric_sums)
-    vec = [loss_sum, torch.tensor(float(grad_accum), dtype=torch.float64)]
-    for n in names:
-        vec += [torch.as_tensor(metric_sums[n][0], dtype=torch.float64),
-                torch.as_tensor(metric_sums[n][1], dtype=torch.float64)]
-    vec.append(torch.tensor(float(tokens), dtype=torch.float64))
-    vec.append(torch.tensor(float(interrupted), dtype=torch.float64))
-    red = d.all_reduce_sum(torch.stack([v.reshape(()) for v in vec])).tolist()
+    vec = [loss_sum, run.cfg.grad_accum, *(x for n in names for x in metric_sums[n]), tokens, run.interrupt_requested]
+    red = run.d.all_reduce_sum(torch.tensor([float(v) for v in vec], dtype=torch.float64)).tolist()
     metrics = {n: red[2 + 2 * k] / max(red[3 + 2 * k], 1e-12) for k, n in enumerate(names)}
     return red[0] / red[1], metrics, int(red[-2]), red[-1] > 0
 
@@ -530,7 +501,8 @@ def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C
-class _Interrupt:
+@contextlib.contextmanager
+def _interruptible(run: _Run, enabled: bool):
     """SIGINT while the steps run: the first one only marks the run (`run.interrupt_requested`), so the step in
     progress finishes, the ranks agree through the step's all-reduce, and the loop writes a checkpoint there and
     raises KeyboardInterrupt; a second one raises KeyboardInterrupt at once, as Python's default handler does.
@@ -538,56 +510,49 @@ class _Interrupt:
     Installed for the steps only and restored after them: outside the loop (setup, the final evaluation and
     checkpoint) Ctrl-C acts as it always has. Only the main thread may set a signal handler, so train() called from
     another thread, or where SIGINT is ignored (a background job), leaves SIGINT alone."""
+    if not (enabled and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+        yield
+        return
 
-    def __init__(self, run: _Run, enabled: bool):
-        self.run = run
-        self.previous = None
-        self.installed = (enabled and threading.current_thread() is threading.main_thread()
-                          and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
-
-    def __enter__(self) -> "_Interrupt":
-        if self.installed:
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.installed:
-            # None: the handler was set outside Python, which getsignal cannot hand back; the default is the closest
-            signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)
-
-    def _handle(self, signum, frame) -> None:
-        if self.run.interrupt_requested:
+    def handle(signum, frame) -> None:
+        if run.interrupt_requested:
             raise KeyboardInterrupt
-        self.run.interrupt_requested = True
-        if self.run.d.main:
-            line = ("\n" if self.run.cfg.progress else "") + ("bertkit: interrupted: finishing this step to save a "
+        run.interrupt_requested = True
+        if run.d.main:
+            line = ("\n" if run.cfg.progress else "") + ("bertkit: interrupted: finishing this step to save a "
                     "checkpoint (Ctrl-C again stops at once, losing the steps since the last checkpoint)\n")
             try:    # os.write: print() from a handler can re-enter a write to stderr in progress (the progress bar)
                 os.write(2, line.encode())
             except OSError:
                 pass        # no stderr: the checkpoint matters, not the notice
 
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield
+    finally:
+        # None: the handler was set outside Python, which getsignal cannot hand back; the default is the closest
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
 
 # ---------------------------------------------------------------------------------------------- evaluation
 def _eval_and_log(run: _Run, eval_fn, log: RunLog, events: Events) -> tuple[dict, bool]:
-    """Evaluate (when there is an eval_fn) and log: (the eval record, whether eval_fn asked to stop)."""
-    metrics, stop = _evaluate(run, eval_fn) if eval_fn is not None else ({}, False)
+    """Evaluate (when there is an eval_fn) and log: (the eval record, whether eval_fn asked to stop). eval_fn runs on
+    the unwrapped model in eval mode, under no_grad and the training autocast; the ranks stop together when any of
+    them asks (a true "stop" entry in what it returns)."""
+    res = {}
+    if eval_fn is not None:
+        run.model.eval()
+        try:
+            with torch.no_grad(), autocast(run.precision, run.d.device):
+                res = dict(eval_fn(run.raw) or {})
+        finally:
+            run.model.train()
+    stop = bool(res.pop("stop", False))
+    if run.d.world > 1 and eval_fn is not None:
+        stop = float(run.d.all_reduce_sum(torch.tensor(float(stop), dtype=torch.float64))) > 0
+    metrics = {k: float(v) for k, v in res.items()}
     rec = {"split": "eval", "step": run.state.step, **metrics}
     log.eval(rec, metrics)
     events("on_evaluate", run.state, metrics)
     return rec, stop
-
-
-def _evaluate(run: _Run, eval_fn) -> tuple[dict[str, float], bool]:
-    """eval_fn on the unwrapped model in eval mode, under no_grad and the training autocast. A true "stop" entry
-    in what it returns ends the run; the ranks stop together when any of them asks."""
-    run.model.eval()
-    try:
-        with torch.no_grad(), autocast(run.precision, run.d.device):
-            res = dict(eval_fn(run.raw) or {})
-    finally:
-        run.model.train()
-    stop = bool(res.pop("stop", False))
-    if run.d.world > 1:
-        stop = float(run.d.all_reduce_sum(torch.tensor(float(stop), dtype=torch.float64))) > 0
-    return {k: float(v) for k, v in res.items()}, stop

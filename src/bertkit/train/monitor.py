@@ -3,6 +3,7 @@ model-FLOP utilisation (MFU) of each step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -95,12 +96,8 @@ class RunLog:
 
 
 def _postfix(rec: dict, tok_s: float) -> dict:
-    out = {"loss": f"{rec['loss']:.3f}"}
-    for k in ("mlm_acc", "nsp_acc", "rtd_acc"):
-        if k in rec:
-            out[k] = f"{rec[k]:.3f}"
-    out["lr"] = f"{rec['lr']:.2e}"
-    out["tok/s"] = f"{tok_s:,.0f}"
+    out = {k: f"{rec[k]:.3f}" for k in ("loss", "mlm_acc", "nsp_acc", "rtd_acc") if k in rec}
+    out.update({"lr": f"{rec['lr']:.2e}", "tok/s": f"{tok_s:,.0f}"})
     if "mfu" in rec:
         out["mfu"] = f"{100 * rec['mfu']:.1f}%"
     return out
@@ -184,12 +181,10 @@ def _matmul_rate(n: int, dtype: torch.dtype) -> float:
 def _remember_peak(key: str, rate: float) -> float:
     """max(rate, the best rate cached for `key`), cached again."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertkit" / "peak_flops.json"
-    try:
+    with contextlib.suppress(OSError, ValueError, BertkitError):     # the cache is best effort
         known = json.loads(cache.read_text()) if cache.exists() else {}
         rate = max(rate, float(known.get(key, 0.0)))
         known[key] = rate
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache, known, indent=None)
-    except (OSError, ValueError, BertkitError):
-        pass
     return rate

@@ -29,9 +29,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
+import torch
 
 from bertkit.atomic import write_json, write_text
 from bertkit.config import BertConfig, peek_json_config, read_json_config
@@ -140,8 +144,6 @@ def _manifests(pc: PretrainConfig) -> dict[str, dict]:
 
 
 def _objective(pc: PretrainConfig, task: str) -> str:
-    if pc.objective not in OBJECTIVES:
-        raise ConfigError(f"objective={pc.objective!r} is not one of {OBJECTIVES}")
     if pc.objective == "electra":
         return "electra"
     if pc.objective == "mlm" or task == "none":
@@ -191,8 +193,7 @@ def build_model(pc: PretrainConfig, manifests: dict[str, dict], objective: str):
     else:
         config = BertConfig.from_json(pc.config)
         _check_vocab(config, vocab_size, pc.config)
-        if drop:
-            config = config.replace(**drop)
+        config = config.replace(**drop)
     if pc.rope_theta is not None:
         config = _rotary_base(config, pc.rope_theta, longest)
     if objective == "electra":
@@ -226,9 +227,6 @@ def unigram_bias_init(model, shards) -> bool:
     non-special tokens (specials are never targets). The softmax then starts at the unigram distribution, the
     first thing a from-scratch model learns anyway (docs/performance.md, "Training", has what it saves). `shards`:
     the training ShardReader (its counts cover every shard, whatever its rank). Returns whether it was set."""
-    import numpy as np
-    import torch
-
     head = getattr(getattr(model, "cls", None), "predictions", None)
     if head is None:                                                  # ELECTRA: its generator keeps zeros
         return False
@@ -243,9 +241,6 @@ def unigram_bias_init(model, shards) -> bool:
 def _restrict_output_vocab(model, readers) -> int:
     """Train the MLM softmax over the ids the training shards hold (BertLMPredictionHead.restrict_to); returns
     how many. Every rank counts every shard, so the columns agree across processes."""
-    import numpy as np
-    import torch
-
     used = sum(r.token_counts() > 0 for r in readers)
     ids = torch.from_numpy(np.flatnonzero(used))
     model.cls.predictions.restrict_to(ids)
@@ -289,17 +284,10 @@ def _divergence(model, result, data, d, fsdp: bool) -> str | None:
     batch in fp32), else None. The loop skips a step whose loss or gradient is not finite, but one finite step with
     a huge update can leave weights of 1e30 or NaN: every later step is then skipped and the run would end
     "successfully" with a useless model."""
-    import math
-
-    import torch
-
-    bad = 0.0
     with torch.no_grad():
-        for p in model.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p      # FSDP: this rank's shard
-            if not bool(torch.isfinite(local).all()):
-                bad = 1.0
-                break
+        finite = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())  # FSDP: its shard
+                     for p in model.parameters())
+        bad = 0.0 if finite else 1.0
         # finite weights can still be absurd (a huge lr): one forward tells. FSDP: every rank runs it (collectives)
         # a reader that stopped at its epoch's end starts the next one on a second iter()
         batch = (next(iter(data), None) or next(iter(data), None)) if (not bad or fsdp) else None
@@ -389,21 +377,21 @@ def pretrain(pc: PretrainConfig, callbacks=()):
         "missing_keys", ())
     if pc.unigram_bias and fresh_head:
         unigram_bias_init(model, data)
-    phase2 = None
-    if pc.phase2_shards:
-        phase2 = _reader(pc, pc.phase2_shards, config, objective, rank=d.rank, world_size=d.world)
+    phase2 = (_reader(pc, pc.phase2_shards, config, objective, rank=d.rank, world_size=d.world)
+              if pc.phase2_shards else None)
+    readers = [r for r in (data, phase2) if r is not None]
     if pc.output_vocab == "corpus" and objective != "electra":
-        n = _restrict_output_vocab(model, [r for r in (data, phase2) if r is not None])
+        n = _restrict_output_vocab(model, readers)
         if d.main:
             say(f"bertkit pretrain: the MLM softmax in training scores the {n:,} ids the training shards hold (of "
                 f"{config.vocab_size:,}); evaluation scores them all")
     if plan is not None and plan.steps is None:          # the steps the budget affords at this shape, measured
-        pc, plan = _plan(pc, manifests["shards"], d.broadcast_object(probe_times(model, data, cfg, d.device)), config)
+        times = d.broadcast_object(probe_times(model, data, cfg, d.device))
+        pc, plan = _plan(pc, manifests["shards"], None if pc.preset else config, times)
         cfg = dataclasses.replace(pc.train, grad_accum=cfg.grad_accum)
         cfg.validate()
-    batches = data
-    if pc.phase2_shards:
-        batches = [Phase(data, pc.phase1_fraction, "phase1"), Phase(phase2, 1 - pc.phase1_fraction, "phase2")]
+    batches = data if phase2 is None else [Phase(data, pc.phase1_fraction, "phase1"),
+                                           Phase(phase2, 1 - pc.phase1_fraction, "phase2")]
     eval_fn = None
     if pc.eval_shards:
         held_out = _reader(pc, pc.eval_shards, config, objective, shuffle=False, masked=False)
@@ -413,7 +401,7 @@ def pretrain(pc: PretrainConfig, callbacks=()):
                  pc.preset or pc.config or pc.init, type(model).__name__, model.num_parameters() / 1e6, pc.shards,
                  objective, pc.batch_size * cfg.grad_accum * d.world, pc.batch_size, cfg.grad_accum, d.world)
     if pc.mask_prob_end is not None:
-        masks = [r.masking for r in (data, phase2) if r is not None]
+        masks = [r.masking for r in readers]
         callbacks = (*callbacks, MaskRateSchedule(masks, masks[0].mask_prob, pc.mask_prob_end))
     result = train(model, batches, cfg, out, eval_fn=eval_fn, step_fn=pretraining_step,
                    on_start=_starter(pc, plan, cfg, out, d), callbacks=callbacks)
@@ -463,19 +451,18 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
     if pc.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
-    if pc.attention_init not in ("random", "local"):
-        raise ConfigError(f"--attention-init {pc.attention_init}: choose random or local")
+    for flag, value, choices in (("--attention-init", pc.attention_init, ("random", "local")),
+                                 ("--output-vocab", pc.output_vocab, ("full", "corpus")),
+                                 ("--masking", pc.masking, ("shards", *MASK_MODES)),
+                                 ("--objective", pc.objective, OBJECTIVES)):
+        if value not in choices:
+            raise ConfigError(f"{flag} {value}: choose one of {', '.join(choices)}")
     if pc.attention_init == "local" and pc.init:
         raise ConfigError(f"--attention-init local initialises a fresh model; --init {pc.init} starts from trained "
                           "weights (drop one of them)")
-    if pc.output_vocab not in ("full", "corpus"):
-        raise ConfigError(f"--output-vocab {pc.output_vocab}: choose full or corpus")
-    if pc.masking not in ("shards", *MASK_MODES):
-        raise ConfigError(f"--masking {pc.masking}: choose one of shards, {', '.join(MASK_MODES)}")
     for flag, v in (("--mask-prob", pc.mask_prob), ("--mask-prob-end", pc.mask_prob_end)):
         if v is not None and not 0 < v < 1:
             raise ConfigError(f"{flag} {v}: a share of the tokens, in (0, 1)")
-    t = pc.train
     if pc.average_last > 1 and not (t.save_every_steps or t.save_every_minutes) or pc.average_last > t.keep_last:
         raise ConfigError(f"--average-last {pc.average_last} averages the last checkpoints: give --save-every or "
                           f"--save-minutes, and --keep >= {pc.average_last} (now {t.keep_last})")
@@ -504,22 +491,19 @@ def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
         say(f"bertkit pretrain: no plan for the budget ({why}): the flags' settings or their defaults")
         return pc, None
     plan = load_plan(Path(pc.out)) if t.resume else None
-    if plan is not None:
-        say(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}")
-    else:
-        model = BertConfig.from_json(pc.config) if pc.config and not pc.preset else None
-        plan = plan_recipe(t.budget_s, pc.preset, None, manifest, given_settings(pc), _heldout_rows(pc), model=model)
+    if plan is None:
+        return _plan(pc, manifest, BertConfig.from_json(pc.config) if pc.config and not pc.preset else None)
+    say(f"bertkit pretrain: resuming with the plan in {Path(pc.out) / 'plan.json'}")
     return apply_plan(pc, plan), plan
 
 
-def _plan(pc: PretrainConfig, manifest: dict, times: tuple[float, float], config: BertConfig):
-    plan = plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, given_settings(pc), _heldout_rows(pc),
-                       eval_batch_s=times[1], model=None if pc.preset else config)
+def _plan(pc: PretrainConfig, manifest: dict, model: BertConfig | None, times=(None, None)):
+    """(pc with the plan's settings, the plan) for the budget, given the measured (seconds per step, seconds per
+    evaluation batch); None: not measured yet."""
+    heldout = int(read_manifest(pc.eval_shards)["counts"]["examples"]) if pc.eval_shards else 0
+    plan = plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, given_settings(pc), heldout,
+                       eval_batch_s=times[1], model=model)
     return apply_plan(pc, plan), plan
-
-
-def _heldout_rows(pc: PretrainConfig) -> int:
-    return int(read_manifest(pc.eval_shards)["counts"]["examples"]) if pc.eval_shards else 0
 
 
 def _write_start(pc: PretrainConfig, plan, out: Path) -> None:

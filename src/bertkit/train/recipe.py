@@ -18,11 +18,17 @@ steps the budget affords, prints the plan on stderr, and writes it to OUT/plan.j
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import math
-from dataclasses import dataclass, field, replace
+import statistics
+import time
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bertkit import runtime
 from bertkit.config import PRESETS, BertConfig
@@ -94,10 +100,7 @@ class RecipePlan:
         return None if steps is None else int(steps * self.value("batch_size") * self.row_tokens)
 
     def to_dict(self) -> dict:
-        return {"budget_s": self.budget_s, "preset": self.preset, "seq_len": self.seq_len, "step_s": self.step_s,
-                "row_tokens": self.row_tokens, "corpus_tokens": self.corpus_tokens,
-                "eval_batch_s": self.eval_batch_s, "eval_s": self.eval_s,
-                "estimated_steps": self.steps,
+        return {**{name: getattr(self, name) for name in _MEASURES}, "estimated_steps": self.steps,
                 "estimated_tokens": self.tokens, "settings": {k: c.value for k, c in self.choices.items()},
                 "reasons": {k: c.reason for k, c in self.choices.items()},
                 "flags": [k for k, c in self.choices.items() if c.flag], "notes": list(self.notes)}
@@ -105,8 +108,7 @@ class RecipePlan:
     @classmethod
     def from_dict(cls, d: dict) -> "RecipePlan":
         choices = {k: Choice(v, d["reasons"].get(k, ""), k in d["flags"]) for k, v in d["settings"].items()}
-        return cls(d["budget_s"], d["preset"], d["seq_len"], d["step_s"], d["row_tokens"], d["corpus_tokens"],
-                   d["eval_batch_s"], d["eval_s"], choices, list(d["notes"]))
+        return cls(**{name: d[name] for name in _MEASURES}, choices=choices, notes=list(d["notes"]))
 
     def block(self) -> str:
         """The plan and why, for a person: the estimate, one line per setting, the notes."""
@@ -127,6 +129,9 @@ class RecipePlan:
         lines += [f"  note: {n}" for n in self.notes]
         lines.append("  a flag you give wins over the plan; the measurements behind it: docs/performance.md")
         return "\n".join(lines)
+
+
+_MEASURES = [f.name for f in fields(RecipePlan) if f.name not in ("choices", "notes")]    # plan.json's first keys
 
 
 def _duration(seconds: float) -> str:
@@ -302,17 +307,11 @@ def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, flo
     """(seconds per optimizer step, seconds per evaluation batch) of `model` on `batches` as `cfg` trains it
     (precision, accumulation, clipping) on `device`: medians over `steps` steps after an untimed one, then over 2
     forward passes in eval mode. On a copy of the model; the data go back to the start of epoch 0."""
-    import copy
-    import statistics
-    import time
-
-    import torch
-
     probe = runtime.apply(copy.deepcopy(model).to(device)).train()
     opt = build_optimizer(probe, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),
                           eps=cfg.eps)
     precision = resolve(cfg.precision, device)
-    source = _forever(batches)
+    source = itertools.chain.from_iterable(itertools.repeat(batches))     # epoch after epoch
 
     def timed(fn) -> float:
         t0 = time.perf_counter()
@@ -341,8 +340,3 @@ def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, flo
     if hasattr(batches, "set_epoch"):
         batches.set_epoch(0)
     return step_s, eval_s
-
-
-def _forever(batches):
-    while True:
-        yield from batches

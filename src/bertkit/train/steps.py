@@ -3,6 +3,7 @@ own loss), the pre-training step with its accuracies, and the held-out evaluatio
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -12,7 +13,7 @@ from torch import Tensor, nn
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX
 
-__all__ = ["StepOutput", "default_step", "pretraining_step", "pretraining_eval", "to_device"]
+__all__ = ["StepOutput", "default_step", "pretraining_step", "pretraining_eval", "add_metrics", "to_device"]
 
 
 @dataclass
@@ -85,28 +86,34 @@ def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None,
         if hasattr(batches, "set_epoch"):
             batches.set_epoch(0)
         device = next(model.parameters()).device
-        pairs: dict[str, list[float]] = {}
+        pairs: dict[str, list] = {}
         masked_tokens = 0
-        for i, batch in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
+        for batch in itertools.islice(batches, max_batches):
             batch = to_device(batch, device)
             out = step_fn(model, batch)
-            n_masked = float((batch["labels"] != IGNORE_INDEX).sum()) if "labels" in batch else 1.0
-            masked_tokens += int(n_masked) if "labels" in batch else 0
-            for name, value in out.metrics.items():
-                s, c = value if isinstance(value, tuple) else (value, 1)
-                s, c = float(s), float(c)
-                if name == "mlm_loss":        # a mean over this batch's masked tokens -> weight by their number
-                    s, c = s * n_masked, n_masked
-                acc = pairs.setdefault(name, [0.0, 0.0])
-                acc[0] += s
-                acc[1] += c
-            acc = pairs.setdefault("loss", [0.0, 0.0])
-            acc[0] += float(out.loss)
-            acc[1] += 1
+            metrics = {**out.metrics, "loss": out.loss}
+            if "labels" in batch:
+                n_masked = float((batch["labels"] != IGNORE_INDEX).sum())
+                masked_tokens += int(n_masked)
+                if "mlm_loss" in metrics:   # a mean over this batch's masked tokens -> weight by their number
+                    metrics["mlm_loss"] = (_pair(metrics["mlm_loss"])[0] * n_masked, n_masked)
+            add_metrics(pairs, metrics)
         return {**{name: s / c for name, (s, c) in pairs.items() if c > 0}, "masked_tokens": masked_tokens}
     return evaluate
+
+
+def _pair(value) -> tuple[float, float]:
+    s, c = value if isinstance(value, tuple) else (value, 1)
+    return float(s), float(c)
+
+
+def add_metrics(sums: dict[str, list], metrics: dict) -> None:
+    """Add a step's metrics to running [sum, count] pairs, by name (see StepOutput)."""
+    for name, value in metrics.items():
+        s, c = _pair(value)
+        acc = sums.setdefault(name, [0.0, 0.0])
+        acc[0] += s
+        acc[1] += c
 
 
 def to_device(batch: dict, device: torch.device) -> dict:

@@ -63,18 +63,14 @@ class Stream:
         """The next micro-batch; a new epoch begins when the source runs out."""
         if self._it is None:
             self._new_epoch_iter()
-        try:
-            batch = next(self._it)
-        except StopIteration:
+        batch = next(self._it, None)
+        if batch is None:
             if self.position == 0:
-                raise ConfigError("the training data yielded no batch") from None
-            self.epoch += 1
-            self.position = 0
+                raise ConfigError("the training data yielded no batch")
+            self.epoch, self.position = self.epoch + 1, 0
             self._new_epoch_iter()
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                raise ConfigError("the training data yielded no batch in a new epoch") from None
+            if (batch := next(self._it, None)) is None:
+                raise ConfigError("the training data yielded no batch in a new epoch")
         self.position += 1
         return batch
 

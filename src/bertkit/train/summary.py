@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bertkit.atomic import write_json, write_text
 from bertkit.heads import BertForMaskedLM
+from bertkit.predict.decode import top_fills
 from bertkit.pretraining.shards import ShardReader
 from bertkit.tokenizer.inputs import wrap_array
 from bertkit.tokenizer.wordpiece import decode_pieces
@@ -64,8 +66,6 @@ def _markdown(s: dict) -> list[str]:
 def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int = 5) -> list[dict]:
     """Up to `rows` rows of `shard_dir` spread over it, each with one whole word (a single piece) of its first
     segment masked: {"text" (around the mask), "truth", "top": [{"token", "score"}]}. [] without an MLM head."""
-    import torch
-
     reader = ShardReader(shard_dir, 1, shuffle=False, drop_last=False)
     model = BertForMaskedLM.from_pretrained(model_dir).eval()     # a pre-training model's NSP / SOP head unused
     if any(k.startswith("cls.predictions") for k in (getattr(model, "loading_info", None) or {}).get("missing_keys", ())):
@@ -86,7 +86,7 @@ def fill_mask_sample(model_dir: Path, shard_dir: str, rows: int = 5, top_k: int 
         with torch.no_grad():
             res = model(torch.from_numpy(ids)[None])
         logits = res.logits[0, pos + 1]
-        score, top = torch.softmax(logits.float(), -1).topk(top_k)
+        score, top = top_fills(torch.softmax(logits.float(), -1), None, top_k)
         lo, hi = max(0, pos - _CONTEXT), min(len(segment), pos + _CONTEXT + 1)
         while lo > 0 and t.continuation[segment[lo]]:               # whole words at the window's edges
             lo -= 1
