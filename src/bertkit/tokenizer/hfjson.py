@@ -36,7 +36,7 @@ def read_model_dir(path: Path) -> tuple[Path | dict[str, int], dict]:
         raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
     map_file = path / "special_tokens_map.json"
     if map_file.is_file():
-        read_structured(map_file, lambda f: _check_special_fields(f, read_json_object(f)))
+        read_structured(map_file, lambda f: _check_bert_config(f, read_json_object(f)))
     cfg_file = path / "tokenizer_config.json"
     if cfg_file.is_file():
         kwargs.update(read_structured(cfg_file, _read_config))
@@ -54,10 +54,7 @@ def is_bert_pipeline(path: Path) -> bool:
         read_tokenizer_json(json_file)
         for name in ("special_tokens_map.json", "tokenizer_config.json"):
             if (path / name).is_file():
-                cfg = read_json_object(path / name)
-                _check_special_fields(path / name, cfg)
-                if cfg.get("tokenize_chinese_chars", True) is not True:
-                    return False
+                _check_bert_config(path / name, read_json_object(path / name))
     except VocabError as e:
         return "not valid JSON" in str(e) or "cannot read" in str(e)
     except (AttributeError, TypeError, KeyError, ValueError, IndexError):
@@ -80,9 +77,7 @@ def read_structured(path: Path, read):
 def _read_config(cfg_file: Path) -> dict:
     """The Tokenizer options a tokenizer_config.json sets (do_lower_case, strip_accents, model_max_length)."""
     cfg = read_json_object(cfg_file)
-    _check_special_fields(cfg_file, cfg)
-    if cfg.get("tokenize_chinese_chars", True) is not True:
-        raise _unsupported(cfg_file, "tokenize_chinese_chars", cfg["tokenize_chinese_chars"])
+    _check_bert_config(cfg_file, cfg)
     kwargs = {}
     for name in ("do_lower_case", "strip_accents"):     # "maybe" would read as True
         if not isinstance(cfg.get(name, False), (bool, type(None))):
@@ -107,8 +102,10 @@ def read_sides(cfg: dict, where) -> dict[str, str]:
     return sides
 
 
-def _check_special_fields(path: Path, cfg: dict) -> None:
-    """bertkit's special tokens are fixed: a file naming others cannot be honoured."""
+def _check_bert_config(path: Path, cfg: dict) -> None:
+    """bertkit's special tokens are fixed and CJK is always isolated: a file asking otherwise cannot be honoured."""
+    if cfg.get("tokenize_chinese_chars", True) is not True:
+        raise _unsupported(path, "tokenize_chinese_chars", cfg["tokenize_chinese_chars"])
     for field, expected in _SPECIAL_FIELDS.items():
         value = cfg.get(field, expected)
         content = value.get("content") if isinstance(value, dict) else value
@@ -203,8 +200,7 @@ def _check_post_processor(path: Path, post, vocab: dict[str, int]) -> None:
         return
     if not isinstance(post, dict) or post.get("type") != "TemplateProcessing":
         raise _unsupported(path, "post_processor", post)
-    if (_template(post.get("single")) != _template(_single_template())
-            or _template(post.get("pair")) != _template(_pair_template())):
+    if [_template(post.get("single")), _template(post.get("pair"))] != [_template(t) for t in _bert_templates()]:
         raise _unsupported(path, "post_processor", {k: post.get(k) for k in ("single", "pair")})
     for name, info in (post.get("special_tokens") or {}).items():
         if info.get("ids") != [vocab.get(name)]:
@@ -213,34 +209,23 @@ def _check_post_processor(path: Path, post, vocab: dict[str, int]) -> None:
 
 def _template(items) -> list[tuple]:
     """A template as comparable (kind, id, type_id) rows."""
-    rows = []
-    for item in items or []:
-        (kind, body), = item.items()
-        rows.append((kind, body.get("id"), body.get("type_id", 0)))
-    return rows
+    return [(kind, body.get("id"), body.get("type_id", 0)) for item in items or [] for kind, body in item.items()]
 
 
-def _special(token: str, type_id: int) -> dict:
-    return {"SpecialToken": {"id": token, "type_id": type_id}}
-
-
-def _sequence(name: str, type_id: int) -> dict:
-    return {"Sequence": {"id": name, "type_id": type_id}}
-
-
-def _single_template() -> list[dict]:
-    return [_special("[CLS]", 0), _sequence("A", 0), _special("[SEP]", 0)]
-
-
-def _pair_template() -> list[dict]:
-    return [*_single_template(), _sequence("B", 1), _special("[SEP]", 1)]
+def _bert_templates() -> tuple[list[dict], list[dict]]:
+    """[CLS] A [SEP] and [CLS] A [SEP] B [SEP] (types 0, then 1 from B) as TemplateProcessing writes them."""
+    def part(kind: str, name: str, type_id: int) -> dict:
+        return {kind: {"id": name, "type_id": type_id}}
+    single = [part("SpecialToken", "[CLS]", 0), part("Sequence", "A", 0), part("SpecialToken", "[SEP]", 0)]
+    return single, [*single, part("Sequence", "B", 1), part("SpecialToken", "[SEP]", 1)]
 
 
 def tokenizer_json(vocab: dict[str, int], lowercase: bool, strip_accents: bool) -> dict:
     """The tokenizer.json object of a bertkit Tokenizer (loadable by tokenizers.Tokenizer.from_file)."""
     added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for t in SPECIAL_TOKENS]
-    post = {"type": "TemplateProcessing", "single": _single_template(), "pair": _pair_template(),
+    single, pair = _bert_templates()
+    post = {"type": "TemplateProcessing", "single": single, "pair": pair,
             "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in ("[CLS]", "[SEP]")}}
     normalizer = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
                   "strip_accents": None if strip_accents == lowercase else strip_accents, "lowercase": lowercase}
