@@ -79,14 +79,10 @@ class Tokenizer:
             vocab = check_vocab_dict(vocab)
         else:
             raise TypeError(f"vocab must be a path or a dict[str, int], got {type(vocab).__name__}")
-        self.vocab: dict[str, int] = vocab
-        self.ids_to_tokens: list[str] = [""] * len(vocab)
-        for t, i in vocab.items():
-            self.ids_to_tokens[i] = t
+        self._set_vocab(vocab)
         self.lowercase = bool(lowercase)
         # None follows lowercase, as in BERT / BertTokenizerFast
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
-        self.vocab_size = len(vocab)
         self.pad_token_id = vocab["[PAD]"]
         self.unk_token_id = vocab["[UNK]"]
         self.cls_token_id = vocab["[CLS]"]
@@ -97,7 +93,6 @@ class Tokenizer:
         self.continuing_subword_prefix = "##"
         self.bos_token = self.eos_token = None
         self.template = Template.bert(self.cls_token_id, self.sep_token_id)
-        self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
         sides = {"padding_side": padding_side, "truncation_side": truncation_side}
         self.__dict__.update(read_sides(sides, "tokenizer"))       # unset: the class's "right", as transformers
@@ -109,6 +104,14 @@ class Tokenizer:
         self._encoder = PieceEncoder(self._pretok, self._wordpiece, self._pieces)
         # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
         self._small_batch_chars = 2048
+
+    def _set_vocab(self, vocab: dict[str, int]) -> None:
+        self.vocab = vocab
+        self.ids_to_tokens = [""] * (max(vocab.values(), default=-1) + 1)
+        for t, i in vocab.items():
+            self.ids_to_tokens[i] = t
+        self.vocab_size = len(self.ids_to_tokens)
+        self.vocab_hash = vocab_hash(self.ids_to_tokens)
 
     _other_pipelines: type["Tokenizer"]    # reads every other tokenizer.json: the subclass that says so (library.py)
 
@@ -147,14 +150,12 @@ class Tokenizer:
 
     def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
         return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
-                "vocab_file": self.vocab_file, "model_max_length": self.model_max_length,
-                "sides": (self.padding_side, self.truncation_side)}
+                "model_max_length": self.model_max_length, **self.sides(), "vocab_file": self.vocab_file}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"],
-                      model_max_length=state["model_max_length"], padding_side=state["sides"][0],
-                      truncation_side=state["sides"][1])
-        self.vocab_file = state["vocab_file"]
+        vocab_file = state.pop("vocab_file")
+        self.__init__(**state)
+        self.vocab_file = vocab_file
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -254,11 +255,15 @@ class Tokenizer:
             raise BertkitError(f"is_split_into_words=True needs a list of words (or of word lists), got "
                                f"{type(texts).__name__}: {_short_repr(texts)}")
         single = not texts or isinstance(texts[0], str)
-        texts = [texts] if single else list(texts)
+        texts = [list(texts)] if single else [list(t) for t in texts]
         if pairs is not None:
-            pairs = [pairs] if single else list(pairs)
+            pairs = [list(pairs)] if single else [list(p) for p in pairs]
             if len(pairs) != len(texts):
                 raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        return self._encode_words(texts, pairs, opts, single)
+
+    def _encode_words(self, texts: list[list[str]], pairs: list[list[str]] | None, opts: EncodeOptions,
+                      single: bool) -> BatchEncoding:
         offsets = opts.return_offsets or opts.return_offsets_mapping
         first, words_a = split_words_pieces(self, texts, offsets)
         second, words_b = split_words_pieces(self, pairs, offsets) if pairs is not None else (None, None)

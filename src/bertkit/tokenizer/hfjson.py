@@ -119,19 +119,24 @@ def _check_bert_config(path: Path, cfg: dict) -> None:
 
 
 def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], lowercase: bool,
-                    strip_accents: bool, model_max_length: int | None, sides: dict) -> tuple[Path, Path, Path]:
+                    strip_accents: bool, model_max_length: int | None, sides: dict) -> tuple[Path, ...]:
     """Write vocab.txt, tokenizer.json and tokenizer_config.json into directory (created); returns the files."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files = directory / "vocab.txt", directory / "tokenizer.json", directory / "tokenizer_config.json"
-    write_text(files[0], "\n".join(tokens) + "\n")
     spec = tokenizer_json(vocab, lowercase, strip_accents)
-    write_text(files[1], json.dumps(spec, indent=2, ensure_ascii=False) + "\n")
     cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
            "tokenize_chinese_chars": True, **_SPECIAL_FIELDS, "tokenizer_class": "BertTokenizer",
            "model_max_length": NO_LIMIT if model_max_length is None else model_max_length,
            "vocab_hash": vocab_hash(tokens), **sides}
-    write_json(files[2], cfg)
-    return files
+    return write_files(directory, {"vocab.txt": "\n".join(tokens) + "\n",
+                                   "tokenizer.json": json.dumps(spec, indent=2, ensure_ascii=False) + "\n",
+                                   "tokenizer_config.json": cfg})
+
+
+def write_files(directory: Path, files: dict[str, str | dict]) -> tuple[Path, ...]:
+    """Write each file (text, or an object as JSON) into directory (created); returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, body in files.items():
+        (write_text if isinstance(body, str) else write_json)(directory / name, body)
+    return tuple(directory / name for name in files)
 
 
 def _unsupported(path: Path, field: str, value) -> VocabError:

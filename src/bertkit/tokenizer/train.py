@@ -23,6 +23,10 @@ def train_library_vocab(texts: Iterable[str], model: str = "bpe", vocab_size: in
 
     if model not in MODELS:
         raise ConfigError(f"model must be one of {', '.join(MODELS)} (or WordPiece, bertkit.vocab), got {model!r}")
+    least = len(SPECIALS) + (256 if model == "bpe" else 2)   # byte-level BPE starts from all 256 bytes
+    if vocab_size < least:    # checked before the corpus is read
+        raise ConfigError(f"vocab_size must be at least {least} for {model} ({len(SPECIALS)} special tokens"
+                          f"{' + 256 bytes' if model == 'bpe' else ''}), got {vocab_size}")
     lower = [normalizers.Lowercase()] if lowercase else []
     if model == "bpe":
         tok = Tokenizer(models.BPE())
