@@ -22,7 +22,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from bertkit.errors import BertkitError, VocabError  # noqa: E402
 from bertkit.tokenizer import Tokenizer  # noqa: E402
 from bertkit.tokenizer.library import LibraryTokenizer  # noqa: E402
-from bertkit.tokenizer.train import train_library_vocab  # noqa: E402
+from bertkit.vocab import train_library_vocab  # noqa: E402
 
 REAL = [
     "The quick brown fox jumps over the lazy dog. It's 3:45pm, isn't it?",

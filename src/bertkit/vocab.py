@@ -1,5 +1,5 @@
 """WordPiece vocabulary training from raw text files (byte-level BPE and Unigram: learn_library_vocab, which streams
-the same files into the `tokenizers` library's trainers, bertkit.tokenizer.train).
+the same files into the `tokenizers` library's trainers: train_library_vocab).
 
     from bertkit import train_vocab
     tok = train_vocab(["corpus/*.txt", "more.txt.gz"], vocab_size=30_000)   # -> bertkit Tokenizer
@@ -51,15 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from bertkit.errors import ConfigError, DataError
+from bertkit.errors import BertkitError, ConfigError, DataError
 from bertkit.options import with_options
 from bertkit.progress import bar as progress_bar
 from bertkit.tokenizer import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, Tokenizer
-from bertkit.tokenizer.train import train_library_vocab
+from bertkit.tokenizer.library import LibraryTokenizer
 
 __all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
            "count_words", "learn_wordpieces", "expand_files", "iter_text", "tokenizer_from_tokens"]
 
+_LIBRARY_MODELS = ("bpe", "unigram")
+_LIBRARY_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")   # RoBERTa's ids 0-4
 _CHUNK_BYTES = 1 << 20  # longest piece of a line decoded at once: bounds memory on files without newlines
 _PREFIX = "##"
 
@@ -132,21 +134,15 @@ def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return out
 
 
-def _open_binary(path: Path):
-    try:
-        raw = open(path, "rb")
-    except OSError as e:
-        raise DataError(f"{path}: cannot open ({e.strerror or e})") from None
-    if path.suffix == ".gz":
-        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
-    return raw, raw
-
-
 def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
     """Yield the decoded text of `path` in bounded chunks (whole lines, or pieces of a very long line cut after a
     space, never inside a word unless the word itself exceeds `_CHUNK_BYTES`). Memory is O(_CHUNK_BYTES).
     `on_bytes(n)` is called with the number of (compressed) bytes consumed since the last call, for progress bars."""
-    raw, f = _open_binary(path)
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror or e})") from None
+    f = gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw
     decoder = codecs.getincrementaldecoder("utf-8")("replace")  # the tokenizer's text-file policy
     line_no, carry, last_pos = 1, "", 0
     try:
@@ -185,12 +181,6 @@ def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iter
 
 
 # ----------------------------------------------------------------------------------------------------- word counts
-
-def _pretokenizer(lowercase: bool) -> Callable[[str], list[str]]:
-    """The tokenizer's own pre-tokenization, so training sees the words encoding will see."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    return Tokenizer(vocab, lowercase=lowercase).basic_tokenize
-
 
 def _fold_chars(words: Iterable[tuple[str, int]], char_counts: Counter, skip: frozenset[str]) -> None:
     for word, n in words:
@@ -408,7 +398,8 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
     config = config or VocabTrainingConfig()
     config.validate()
     paths = expand_files(files)
-    tokenize = basic_tokenize or _pretokenizer(config.lowercase)
+    # the tokenizer's own pre-tokenization, so training sees the words encoding will see
+    tokenize = basic_tokenize or tokenizer_from_tokens(list(SPECIAL_TOKENS), config.lowercase).basic_tokenize
     stats: dict = {"files": len(paths)}
     t0 = time.perf_counter()
 
@@ -446,7 +437,7 @@ def tokenizer_from_tokens(tokens: list[str], lowercase: bool = True):
 
 def learn_library_vocab(files, model: str, vocab_size: int, lowercase: bool = False, min_frequency: int = 2,
                         limit_alphabet: int | None = None, progress: bool = False):
-    """A byte-level BPE or Unigram tokenizer (bertkit.tokenizer.train) learned from `files`, read as learn_vocab
+    """A byte-level BPE or Unigram tokenizer (train_library_vocab) learned from `files`, read as learn_vocab
     reads them (streaming, .gz, globs); returns (LibraryTokenizer, stats)."""
     paths = expand_files(files)
     stats: dict = {"files": len(paths), "characters": 0}
@@ -463,3 +454,56 @@ def learn_library_vocab(files, model: str, vocab_size: int, lowercase: bool = Fa
         raise DataError(f"{', '.join(str(p) for p in paths[:3])}: the corpus has no text")
     stats.update(vocab_size=len(tok), seconds=round(time.perf_counter() - t0, 3))
     return tok, stats
+
+
+def train_library_vocab(texts: Iterable[str], model: str = "bpe", vocab_size: int = 30_000, lowercase: bool = False,
+                        min_frequency: int = 2, limit_alphabet: int | None = None,
+                        progress: bool = False) -> LibraryTokenizer:
+    """A byte-level BPE or Unigram tokenizer learned from texts (an iterable of str, streamed), by the `tokenizers`
+    library's trainers: BPE as RoBERTa's (<s> A </s></s> B </s>); Unigram with Metaspace as XLM-R's / ALBERT's (NFKC,
+    runs of spaces collapsed; <s> A </s></s> B </s>). Its save_pretrained writes a directory that bertkit and
+    transformers' AutoTokenizer both load."""
+    from tokenizers import Regex, Tokenizer as Pipeline, decoders, models, normalizers, pre_tokenizers, processors, \
+        trainers
+
+    if model not in _LIBRARY_MODELS:
+        raise ConfigError(f"model must be one of {', '.join(_LIBRARY_MODELS)} (or WordPiece: train_vocab), "
+                          f"got {model!r}")
+    least = len(_LIBRARY_SPECIALS) + (256 if model == "bpe" else 2)   # byte-level BPE starts from all 256 bytes
+    if vocab_size < least:    # checked before the corpus is read
+        raise ConfigError(f"vocab_size must be at least {least} for {model} ({len(_LIBRARY_SPECIALS)} special tokens"
+                          f"{' + 256 bytes' if model == 'bpe' else ''}), got {vocab_size}")
+    lower = [normalizers.Lowercase()] if lowercase else []
+    if model == "bpe":
+        tok = Pipeline(models.BPE())
+        tok.normalizer = normalizers.Sequence([normalizers.NFC(), *lower])
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=[*_LIBRARY_SPECIALS], show_progress=progress,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      **({"limit_alphabet": limit_alphabet} if limit_alphabet else {}))
+    else:
+        tok = Pipeline(models.Unigram())
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), *lower,
+                                               normalizers.Replace(Regex(" {2,}"), " ")])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=[*_LIBRARY_SPECIALS], unk_token="<unk>",
+                                          show_progress=progress)
+    try:
+        tok.train_from_iterator(texts, trainer)
+    except BertkitError:
+        raise       # the corpus reader's own (a missing or corrupt file)
+    except Exception as e:  # the library raises plain Exception
+        raise ConfigError(f"{model} training failed (vocab_size={vocab_size}): {str(e)[:160]}") from None
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    if model == "bpe":
+        tok.post_processor = processors.RobertaProcessing(("</s>", eos), ("<s>", bos), trim_offsets=True,
+                                                          add_prefix_space=False)
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    config = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>",
+              "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>", "do_lower_case": lowercase}
+    return LibraryTokenizer(tok.to_str(), config)

@@ -83,15 +83,11 @@ class Tokenizer:
         self.lowercase = bool(lowercase)
         # None follows lowercase, as in BERT / BertTokenizerFast
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
-        self.pad_token_id = vocab["[PAD]"]
-        self.unk_token_id = vocab["[UNK]"]
-        self.cls_token_id = vocab["[CLS]"]
-        self.sep_token_id = vocab["[SEP]"]
-        self.mask_token_id = vocab["[MASK]"]
-        self.bos_token_id = self.eos_token_id = None
-        self.pad_token, self.unk_token, self.cls_token, self.sep_token, self.mask_token = SPECIAL_TOKENS
+        for name, token in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS):
+            setattr(self, f"{name}_token", token)
+            setattr(self, f"{name}_token_id", vocab[token])
+        self.bos_token = self.eos_token = self.bos_token_id = self.eos_token_id = None
         self.continuing_subword_prefix = "##"
-        self.bos_token = self.eos_token = None
         self.template = Template.bert(self.cls_token_id, self.sep_token_id)
         self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
         sides = {"padding_side": padding_side, "truncation_side": truncation_side}
@@ -420,12 +416,8 @@ class Tokenizer:
         "##" continuations glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," ->
         ",", " 's" -> "'s", ...). Special tokens stay unless skip_special_tokens, as in transformers. Lowercasing /
         accent stripping is not undone."""
-        tokens = []
-        for i in as_id_list(ids):
-            i = int(i)
-            if not (skip_special_tokens and i in self._special_ids):
-                tokens.append(self._id_to_token(i))
-        return decode_pieces(tokens)
+        skip = self._special_ids if skip_special_tokens else ()
+        return decode_pieces([self._id_to_token(i) for i in map(int, as_id_list(ids)) if i not in skip])
 
     def join(self, ids: Sequence[int]) -> str:
         """Pieces back to text without transformers' clean-up: joined by spaces, a word's "##" continuations glued
