@@ -468,10 +468,7 @@ class Tokenizer:
         if processes <= 1 or len(texts) <= chunk_size:
             return self(texts, pairs, **kwargs)
         offsets = bool(opts.return_offsets or opts.return_offsets_mapping)
-        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
-        if pairs is not None:
-            chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
-        flats = self._map_chunks(chunks, processes)
+        flats = self._map_chunks(texts + (pairs or []), processes, chunk_size)
         with gc_paused():
             pieces = []
             for f in flats:
@@ -487,11 +484,11 @@ class Tokenizer:
         if processes <= 1 or len(texts) <= chunk_size:
             with gc_paused():
                 return self._encoder.flat(texts)
-        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
-        return PieceArrays.concatenate(self._map_chunks(chunks, processes))
+        return PieceArrays.concatenate(self._map_chunks(texts, processes, chunk_size))
 
-    def _map_chunks(self, chunks: list[list[str]], processes: int) -> list[PieceArrays]:
+    def _map_chunks(self, texts: list[str], processes: int, chunk_size: int) -> list[PieceArrays]:
         import multiprocessing as mp
+        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         with mp.get_context(method).Pool(min(processes, len(chunks)), initializer=_worker_init,
                                          initargs=(self,)) as pool:
