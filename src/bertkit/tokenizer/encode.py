@@ -412,10 +412,8 @@ class Tokenizer:
                           "tokenizer")
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
-        "##" continuations glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," ->
-        ",", " 's" -> "'s", ...). Special tokens stay unless skip_special_tokens, as in transformers. Lowercasing /
-        accent stripping is not undone."""
+        """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it (decode_pieces). Special
+        tokens stay unless skip_special_tokens, as in transformers. Lowercasing / accent stripping is not undone."""
         skip = self._special_ids if skip_special_tokens else ()
         return decode_pieces([self._id_to_token(i) for i in map(int, as_id_list(ids)) if i not in skip])
 

@@ -20,6 +20,9 @@ from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
 
 # what transformers writes for "no limit"; bertkit reads anything this large as None
 NO_LIMIT = int(1e30)
+# the WordPiece model bertkit runs, as tokenizer.json's "model" names it (less its vocab)
+_WORDPIECE = {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+              "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
 _SPECIAL_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                    "mask_token": "[MASK]"}
 
@@ -163,11 +166,9 @@ def read_tokenizer_json(path: Path) -> tuple[dict[str, int], dict]:
 
 
 def _read_model(path: Path, model) -> dict[str, int]:
-    if not isinstance(model, dict) or model.get("type", "WordPiece") != "WordPiece":
-        raise _unsupported(path, "model.type", model.get("type") if isinstance(model, dict) else model)
-    expected = {"unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
-    for field, value in expected.items():
+    if not isinstance(model, dict):
+        raise _unsupported(path, "model.type", model)
+    for field, value in _WORDPIECE.items():
         if model.get(field, value) != value:
             raise _unsupported(path, f"model.{field}", model[field])
     vocab = model.get("vocab")
@@ -234,8 +235,7 @@ def tokenizer_json(vocab: dict[str, int], lowercase: bool, strip_accents: bool) 
             "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in ("[CLS]", "[SEP]")}}
     normalizer = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
                   "strip_accents": None if strip_accents == lowercase else strip_accents, "lowercase": lowercase}
-    model = {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-             "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD, "vocab": vocab}
+    model = {**_WORDPIECE, "vocab": vocab}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": normalizer,
             "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": post,
             "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True}, "model": model}
