@@ -6,7 +6,7 @@
 
 Pipelines: wordpiece (bert-base's vocab from all-MiniLM-L6-v2: bertkit's own Tokenizer; the measurement that decides
 whether WordPiece stays ours), bpe (byte-level, RoBERTa's layout) and unigram (Metaspace, XLM-R's layout), both
-trained on the corpus by `bertkit.tokenizer.train` and read by LibraryTokenizer (whose pieces come from the library:
+trained on the corpus by `bertkit.vocab.train_library_vocab` and read by LibraryTokenizer (whose pieces come from the library:
 its ratio is the cost of bertkit's layout over the library's own post-processor). transformers' own __call__ on the
 same directory is reported too. The library runs single-threaded (RAYON_NUM_THREADS=1, set before it is imported).
 Times are this process's CPU seconds (time.process_time; one thread, so the wall time of an idle machine), which the
@@ -31,7 +31,7 @@ from pathlib import Path  # noqa: E402
 from bertkit import datasets  # noqa: E402
 from bertkit.hardware import cpu_model  # noqa: E402
 from bertkit.tokenizer import Tokenizer, read_text_file  # noqa: E402
-from bertkit.tokenizer.train import train_library_vocab  # noqa: E402
+from bertkit.vocab import train_library_vocab  # noqa: E402
 
 
 def timed(fn) -> float:

@@ -256,7 +256,7 @@ def test_same_vocabulary_is_checked_whatever_file_holds_it(tmp_path):
     same tokenizer pass; one trained on other text is refused by name."""
     from bertkit.distill import check_same_vocab
     from bertkit.errors import ConfigError
-    from bertkit.tokenizer.train import train_library_vocab
+    from bertkit.vocab import train_library_vocab
     texts = ["the cat sat on the mat", "a dog ran in the park", "birds sing at dawn"] * 20
     dirs = {}
     for name, corpus in (("teacher", texts), ("student", texts), ("other", [t.upper() for t in texts])):

@@ -1,58 +1,40 @@
 """WordPiece vocabulary training from raw text files (byte-level BPE and Unigram: learn_library_vocab, which streams
-the same files into the `tokenizers` library's trainers, bertkit.tokenizer.train).
+the same files into the `tokenizers` library's trainers: train_library_vocab).
 
     from bertkit import train_vocab
     tok = train_vocab(["corpus/*.txt", "more.txt.gz"], vocab_size=30_000)   # -> bertkit Tokenizer
     tok.save("my-bert/")                                                    # vocab.txt + tokenizer_config.json
 
-The pipeline has three passes, and only the first one reads the corpus:
+Three passes; only the first reads the corpus:
 
 1. **Count words, streaming.** Each file (plain or .gz, globs allowed) is read in bounded chunks (a line, or at most
-   `_CHUNK_BYTES` of a very long line, cut at a space), decoded as UTF-8 and pre-tokenized by the tokenizer's own
-   `basic_tokenize` (BERT's cleaning, CJK split, lowercasing + accent stripping when uncased, punctuation split), so
-   the vocabulary is learned on exactly the words the tokenizer will later see. Words go into a count table.
-   Memory stays flat however large the corpus is: when the table holds more than `max_distinct_words` entries, the
-   rarest words are pruned (all words with count <= t, for the smallest t that brings the table to at most half the
-   cap). That is the only approximation: a word that keeps being pruned loses its early counts, which only matters
-   for words too rare to earn a piece anyway. Character counts are kept exactly (a pruned word's characters are
-   folded into them before it is dropped), so character coverage never depends on the pruning.
+   `_CHUNK_BYTES` of a very long line, cut at a space) and split by the tokenizer's own `basic_tokenize`, so the
+   vocabulary is learned on exactly the words the tokenizer will see. Memory stays flat at any corpus size: past
+   `max_distinct_words` entries the rarest words are pruned (count <= t, for the smallest t that halves the table).
+   That is the only approximation: a word pruned again and again loses its early counts, and is too rare to earn a
+   piece anyway. Character counts stay exact (a pruned word's characters are folded in first), so character coverage
+   never depends on the pruning.
+2. **Alphabet.** Every character seen becomes `c` and `##c`, so any word of seen characters encodes without [UNK].
+   `limit_alphabet` keeps only the most frequent characters (words with any other then do not train: [UNK]).
+3. **Merges, frequency-driven like BPE** (the scoring HF tokenizers' `WordPieceTrainer` uses): each distinct word
+   starts as its character pieces ("hugs" -> `h ##u ##g ##s`); the adjacent pair with the highest count, weighted by
+   word frequency, becomes a new piece without b's "##" (`##u ##g` -> `##ug`, `h ##ug` -> `hug`), until
+   `vocab_size`, `min_frequency` or no pair left stops it. Ties go to the lower piece ids: training is deterministic.
+   (WordPiece's likelihood score count(ab) / (count(a) count(b)) would change every pair touching a or b at each
+   merge, which defeats the incremental queue; it is not implemented.) A merge touches only the words that hold the
+   pair, and a lazy max-heap re-queues a pair whose count dropped when it surfaces (speed: docs/performance.md).
+   Memory is O(symbols of the distinct words kept), bounded by `max_distinct_words` too.
 
-2. **Alphabet.** Every character seen becomes two pieces: `c` (word-initial) and `##c` (continuation), so any word
-   made of seen characters can always be tokenized without `[UNK]`. `limit_alphabet` optionally keeps only the most
-   frequent characters (words using any other character are then left out of training; they will encode as
-   `[UNK]`).
+Vocabulary order (vocab.txt): the special tokens in `special_tokens` order (default [PAD] [UNK] [CLS] [SEP] [MASK],
+ids 0-4; the Tokenizer finds them by name), every character by code point, their ## forms, then the merged pieces in
+the order learned; smaller than `vocab_size` when the pairs run out (see the stats). Words over `max_word_chars` (100,
+BERT's limit) encode as one [UNK], so they do not merge (their characters still join the alphabet). Special tokens
+found verbatim are not counted, so an uncased vocabulary never gains "M", "A", ... from "[MASK]".
 
-3. **Merges (frequency-driven, like BPE).** Each distinct word starts as its character pieces, e.g. "hugs" ->
-   `h ##u ##g ##s`. Repeatedly the adjacent pair (a, b) with the highest count, summed over words weighted by word
-   frequency, is merged into one new piece a + b without b's "##" (`##u ##g` -> `##ug`, `h ##ug` -> `hug`), until the
-   vocabulary has `vocab_size` entries, the best pair is rarer than `min_frequency`, or no pair is left. Ties go to
-   the pair of lower piece ids, so training is deterministic. This is the scoring HF tokenizers' `WordPieceTrainer`
-   uses internally. (The original WordPiece likelihood score count(ab) / (count(a) count(b)) was considered; it makes
-   every merge change the score of every pair that touches a or b, which defeats the incremental queue below; it is
-   not implemented.)
-   Efficiency: pair counts and, for each pair, the list of words containing it are built once. A merge touches only
-   the words that contain the merged pair: their old pairs are subtracted and their new pairs added. A max-heap of
-   (count, pair) is updated lazily: pairs whose count dropped are re-queued with their true count when they surface;
-   pairs that grow (only those next to the new piece) are pushed after each merge (its speed, measured:
-   docs/performance.md). Memory of this pass is O(symbols of the distinct words kept), so it too is bounded by
-   `max_distinct_words`, not by the corpus size.
-
-Vocabulary layout (the order of vocab.txt): the special tokens in `special_tokens` order (default
-`[PAD] [UNK] [CLS] [SEP] [MASK]`, ids 0-4; the Tokenizer finds them by name, not by id), then every single character
-sorted by code point, then their `##` forms in the same order, then the merged pieces in the order they were learned.
-If the corpus runs out of pairs before `vocab_size` is reached, the vocabulary is smaller (reported in the stats).
-
-Words longer than `max_word_chars` (100, BERT's limit) are encoded as a single `[UNK]` by the tokenizer, so they do
-not take part in merges (their characters still join the alphabet).
-
-Special tokens that appear verbatim in the text ("[MASK]") are kept whole by the pre-tokenizer; they are not
-counted (neither as words nor as characters), so an uncased vocabulary never gains "M", "A", ... from them.
-
-Bad input: missing files, globs that match nothing, directories, unreadable or corrupt (.gz) files and a corpus
-without a single word raise `DataError` naming the file or pattern; impossible settings (vocab_size below the
-specials + alphabet, ...) raise `ConfigError` naming the value. Invalid UTF-8 follows the tokenizer's text-file
-policy (`bertkit.tokenizer`): each invalid byte decodes to U+FFFD, which BERT's cleaning drops; the number of U+FFFD
-characters seen is reported in the stats (`replacement_chars`) and by `bertkit vocab`.
+Bad input: missing files, globs matching nothing, directories, unreadable or corrupt .gz files and a corpus without a
+word raise `DataError` naming the file or pattern; impossible settings raise `ConfigError` naming the value. Invalid
+UTF-8 follows the tokenizer's text-file policy: each bad byte decodes to U+FFFD, which cleaning drops; they are
+counted (stats `replacement_chars`, shown by `bertkit vocab`).
 """
 
 from __future__ import annotations
@@ -69,16 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from bertkit.errors import ConfigError, DataError
+from bertkit.errors import BertkitError, ConfigError, DataError
 from bertkit.options import with_options
 from bertkit.progress import bar as progress_bar
 from bertkit.tokenizer import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, Tokenizer
-from bertkit.tokenizer.train import MODELS, SPECIALS, train_library_vocab
+from bertkit.tokenizer.library import LibraryTokenizer
 
 __all__ = ["SPECIAL_TOKENS", "VocabTrainingConfig", "VocabTrainingResult", "train_vocab", "learn_vocab",
            "count_words", "learn_wordpieces", "expand_files", "iter_text", "tokenizer_from_tokens"]
 
-_REQUIRED_SPECIALS = SPECIAL_TOKENS  # the Tokenizer finds all five by name (extra specials are plain vocab entries)
+_LIBRARY_MODELS = ("bpe", "unigram")
+_LIBRARY_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")   # RoBERTa's ids 0-4
 _CHUNK_BYTES = 1 << 20  # longest piece of a line decoded at once: bounds memory on files without newlines
 _PREFIX = "##"
 
@@ -110,9 +93,9 @@ class VocabTrainingConfig:
         dup = sorted({s for s in specials if specials.count(s) > 1})
         if dup:
             raise ConfigError(f"special_tokens has duplicates: {dup}")
-        missing = [s for s in _REQUIRED_SPECIALS if s not in specials]
+        missing = [s for s in SPECIAL_TOKENS if s not in specials]   # the Tokenizer finds all five by name
         if missing:
-            raise ConfigError(f"special_tokens must include {list(_REQUIRED_SPECIALS)}; missing {missing}")
+            raise ConfigError(f"special_tokens must include {list(SPECIAL_TOKENS)}; missing {missing}")
 
 
 @dataclass
@@ -151,21 +134,15 @@ def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return out
 
 
-def _open_binary(path: Path):
-    try:
-        raw = open(path, "rb")
-    except OSError as e:
-        raise DataError(f"{path}: cannot open ({e.strerror or e})") from None
-    if path.suffix == ".gz":
-        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
-    return raw, raw
-
-
 def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
     """Yield the decoded text of `path` in bounded chunks (whole lines, or pieces of a very long line cut after a
     space, never inside a word unless the word itself exceeds `_CHUNK_BYTES`). Memory is O(_CHUNK_BYTES).
     `on_bytes(n)` is called with the number of (compressed) bytes consumed since the last call, for progress bars."""
-    raw, f = _open_binary(path)
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror or e})") from None
+    f = gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw
     decoder = codecs.getincrementaldecoder("utf-8")("replace")  # the tokenizer's text-file policy
     line_no, carry, last_pos = 1, "", 0
     try:
@@ -204,12 +181,6 @@ def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iter
 
 
 # ----------------------------------------------------------------------------------------------------- word counts
-
-def _pretokenizer(lowercase: bool) -> Callable[[str], list[str]]:
-    """The tokenizer's own pre-tokenization, so training sees the words encoding will see."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    return Tokenizer(vocab, lowercase=lowercase).basic_tokenize
-
 
 def _fold_chars(words: Iterable[tuple[str, int]], char_counts: Counter, skip: frozenset[str]) -> None:
     for word, n in words:
@@ -427,7 +398,8 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
     config = config or VocabTrainingConfig()
     config.validate()
     paths = expand_files(files)
-    tokenize = basic_tokenize or _pretokenizer(config.lowercase)
+    # the tokenizer's own pre-tokenization, so training sees the words encoding will see
+    tokenize = basic_tokenize or tokenizer_from_tokens(list(SPECIAL_TOKENS), config.lowercase).basic_tokenize
     stats: dict = {"files": len(paths)}
     t0 = time.perf_counter()
 
@@ -465,14 +437,8 @@ def tokenizer_from_tokens(tokens: list[str], lowercase: bool = True):
 
 def learn_library_vocab(files, model: str, vocab_size: int, lowercase: bool = False, min_frequency: int = 2,
                         limit_alphabet: int | None = None, progress: bool = False):
-    """A byte-level BPE or Unigram tokenizer (bertkit.tokenizer.train) learned from `files`, read as learn_vocab
+    """A byte-level BPE or Unigram tokenizer (train_library_vocab) learned from `files`, read as learn_vocab
     reads them (streaming, .gz, globs); returns (LibraryTokenizer, stats)."""
-    if model not in MODELS:
-        raise ConfigError(f"model must be wordpiece or one of {', '.join(MODELS)}, got {model!r}")
-    least = len(SPECIALS) + (256 if model == "bpe" else 2)   # byte-level BPE starts from all 256 bytes
-    if vocab_size < least:
-        raise ConfigError(f"vocab_size must be at least {least} for {model} ({len(SPECIALS)} special tokens"
-                          f"{' + 256 bytes' if model == 'bpe' else ''}), got {vocab_size}")
     paths = expand_files(files)
     stats: dict = {"files": len(paths), "characters": 0}
     t0 = time.perf_counter()
@@ -488,3 +454,56 @@ def learn_library_vocab(files, model: str, vocab_size: int, lowercase: bool = Fa
         raise DataError(f"{', '.join(str(p) for p in paths[:3])}: the corpus has no text")
     stats.update(vocab_size=len(tok), seconds=round(time.perf_counter() - t0, 3))
     return tok, stats
+
+
+def train_library_vocab(texts: Iterable[str], model: str = "bpe", vocab_size: int = 30_000, lowercase: bool = False,
+                        min_frequency: int = 2, limit_alphabet: int | None = None,
+                        progress: bool = False) -> LibraryTokenizer:
+    """A byte-level BPE or Unigram tokenizer learned from texts (an iterable of str, streamed), by the `tokenizers`
+    library's trainers: BPE as RoBERTa's (<s> A </s></s> B </s>); Unigram with Metaspace as XLM-R's / ALBERT's (NFKC,
+    runs of spaces collapsed; <s> A </s></s> B </s>). Its save_pretrained writes a directory that bertkit and
+    transformers' AutoTokenizer both load."""
+    from tokenizers import Regex, Tokenizer as Pipeline, decoders, models, normalizers, pre_tokenizers, processors, \
+        trainers
+
+    if model not in _LIBRARY_MODELS:
+        raise ConfigError(f"model must be one of {', '.join(_LIBRARY_MODELS)} (or WordPiece: train_vocab), "
+                          f"got {model!r}")
+    least = len(_LIBRARY_SPECIALS) + (256 if model == "bpe" else 2)   # byte-level BPE starts from all 256 bytes
+    if vocab_size < least:    # checked before the corpus is read
+        raise ConfigError(f"vocab_size must be at least {least} for {model} ({len(_LIBRARY_SPECIALS)} special tokens"
+                          f"{' + 256 bytes' if model == 'bpe' else ''}), got {vocab_size}")
+    lower = [normalizers.Lowercase()] if lowercase else []
+    if model == "bpe":
+        tok = Pipeline(models.BPE())
+        tok.normalizer = normalizers.Sequence([normalizers.NFC(), *lower])
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=[*_LIBRARY_SPECIALS], show_progress=progress,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      **({"limit_alphabet": limit_alphabet} if limit_alphabet else {}))
+    else:
+        tok = Pipeline(models.Unigram())
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), *lower,
+                                               normalizers.Replace(Regex(" {2,}"), " ")])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=[*_LIBRARY_SPECIALS], unk_token="<unk>",
+                                          show_progress=progress)
+    try:
+        tok.train_from_iterator(texts, trainer)
+    except BertkitError:
+        raise       # the corpus reader's own (a missing or corrupt file)
+    except Exception as e:  # the library raises plain Exception
+        raise ConfigError(f"{model} training failed (vocab_size={vocab_size}): {str(e)[:160]}") from None
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    if model == "bpe":
+        tok.post_processor = processors.RobertaProcessing(("</s>", eos), ("<s>", bos), trim_offsets=True,
+                                                          add_prefix_space=False)
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    config = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>",
+              "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>", "do_lower_case": lowercase}
+    return LibraryTokenizer(tok.to_str(), config)

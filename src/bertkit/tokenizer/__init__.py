@@ -1,8 +1,8 @@
 """Tokenizers. BERT's WordPiece is bertkit's own (Tokenizer): exact, fast, and impossible to crash, identical to
 transformers' BertTokenizerFast (the test oracle). Every other tokenizer.json (byte-level BPE, Unigram / Metaspace,
-WordPiece with other specials) is read by the `tokenizers` library (LibraryTokenizer, library.py; train.py trains
-BPE / Unigram vocabularies), behind the same interface; Tokenizer.from_pretrained picks the class a directory needs.
-The WordPiece pipeline, a module per stage:
+WordPiece with other specials) is read by the `tokenizers` library (LibraryTokenizer, library.py), behind the same
+interface; Tokenizer.from_pretrained picks the class a directory needs. The WordPiece pipeline, a module per stage
+(normalize.py, pretokenize.py, wordpiece.py, encode.py; inputs.py lays out model inputs for every caller):
 
     text ─> special tokens split out ─> clean ─> [NFD + strip Mn] ─> [lowercase] ─> split on whitespace and
             ("[MASK]" etc., verbatim,     (drop NUL,   (uncased)          (uncased)      punctuation, CJK ideographs
@@ -10,17 +10,8 @@ The WordPiece pipeline, a module per stage:
                                            controls)                                         │
     ids, offsets <─ [CLS] A [SEP] (B [SEP]) <─ truncation / padding <─ WordPiece (greedy longest match, "##") <─┘
 
-    normalize.py    cleaning, whitespace, accent stripping, lowercasing; the Unicode 8.0 character classes
-    pretokenize.py  special tokens, whitespace / punctuation / CJK split, offsets
-    wordpiece.py    word -> pieces, texts -> pieces (memoised; numpy fast path)
-    encode.py       Tokenizer: truncation, padding, tensors, batches; Tokenizer.build_inputs builds model inputs
-                    from piece ids for callers that make their own pieces
-    spm.py          a SentencePiece .model file alone: read (bertkit.protobuf) and rebuilt for the library
-    inputs.py       the layout of model inputs, written once: a Template of special tokens and token types ([CLS] /
-                    [SEP], or the post-processor's), attention masks, padded batches (the tokenizer, task features, QA windows, pre-training rows and ONNX samples use it)
-    formats.py      vocab.txt, JSON files, text files
-    hfjson.py       HF model directories: tokenizer.json, tokenizer_config.json, special_tokens_map.json
-    hfcall.py       transformers' call habits: BatchEncoding, pre-split words, pad
+Files: formats.py (vocab.txt, JSON, text), hfjson.py (HF model directories), spm.py (a SentencePiece .model alone);
+hfcall.py holds transformers' call habits (BatchEncoding, pre-split words, pad).
 
 Offsets are (start, end) character positions into the ORIGINAL text for every token, (0, 0) for [CLS] / [SEP] /
 [PAD]. A normalised character inherits the position of the original character it came from (an accent stripped from

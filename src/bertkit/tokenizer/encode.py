@@ -79,25 +79,16 @@ class Tokenizer:
             vocab = check_vocab_dict(vocab)
         else:
             raise TypeError(f"vocab must be a path or a dict[str, int], got {type(vocab).__name__}")
-        self.vocab: dict[str, int] = vocab
-        self.ids_to_tokens: list[str] = [""] * len(vocab)
-        for t, i in vocab.items():
-            self.ids_to_tokens[i] = t
+        self._set_vocab(vocab)
         self.lowercase = bool(lowercase)
         # None follows lowercase, as in BERT / BertTokenizerFast
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
-        self.vocab_size = len(vocab)
-        self.pad_token_id = vocab["[PAD]"]
-        self.unk_token_id = vocab["[UNK]"]
-        self.cls_token_id = vocab["[CLS]"]
-        self.sep_token_id = vocab["[SEP]"]
-        self.mask_token_id = vocab["[MASK]"]
-        self.bos_token_id = self.eos_token_id = None
-        self.pad_token, self.unk_token, self.cls_token, self.sep_token, self.mask_token = SPECIAL_TOKENS
+        for name, token in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS):
+            setattr(self, f"{name}_token", token)
+            setattr(self, f"{name}_token_id", vocab[token])
+        self.bos_token = self.eos_token = self.bos_token_id = self.eos_token_id = None
         self.continuing_subword_prefix = "##"
-        self.bos_token = self.eos_token = None
         self.template = Template.bert(self.cls_token_id, self.sep_token_id)
-        self.vocab_hash = vocab_hash(self.ids_to_tokens)
         self._special_ids = {vocab[t] for t in SPECIAL_TOKENS}
         sides = {"padding_side": padding_side, "truncation_side": truncation_side}
         self.__dict__.update(read_sides(sides, "tokenizer"))       # unset: the class's "right", as transformers
@@ -109,6 +100,14 @@ class Tokenizer:
         self._encoder = PieceEncoder(self._pretok, self._wordpiece, self._pieces)
         # batches shorter than this (in chars) take the per-text path: same results, less fixed overhead
         self._small_batch_chars = 2048
+
+    def _set_vocab(self, vocab: dict[str, int]) -> None:
+        self.vocab = vocab
+        self.ids_to_tokens = [""] * (max(vocab.values(), default=-1) + 1)
+        for t, i in vocab.items():
+            self.ids_to_tokens[i] = t
+        self.vocab_size = len(self.ids_to_tokens)
+        self.vocab_hash = vocab_hash(self.ids_to_tokens)
 
     _other_pipelines: type["Tokenizer"]    # reads every other tokenizer.json: the subclass that says so (library.py)
 
@@ -147,14 +146,12 @@ class Tokenizer:
 
     def __getstate__(self) -> dict:  # caches hold closures; ship only what rebuilds the tokenizer
         return {"vocab": self.vocab, "lowercase": self.lowercase, "strip_accents": self.strip_accents,
-                "vocab_file": self.vocab_file, "model_max_length": self.model_max_length,
-                "sides": (self.padding_side, self.truncation_side)}
+                "model_max_length": self.model_max_length, **self.sides(), "vocab_file": self.vocab_file}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["vocab"], lowercase=state["lowercase"], strip_accents=state["strip_accents"],
-                      model_max_length=state["model_max_length"], padding_side=state["sides"][0],
-                      truncation_side=state["sides"][1])
-        self.vocab_file = state["vocab_file"]
+        vocab_file = state.pop("vocab_file")
+        self.__init__(**state)
+        self.vocab_file = vocab_file
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -254,11 +251,15 @@ class Tokenizer:
             raise BertkitError(f"is_split_into_words=True needs a list of words (or of word lists), got "
                                f"{type(texts).__name__}: {_short_repr(texts)}")
         single = not texts or isinstance(texts[0], str)
-        texts = [texts] if single else list(texts)
+        texts = [list(texts)] if single else [list(t) for t in texts]
         if pairs is not None:
-            pairs = [pairs] if single else list(pairs)
+            pairs = [list(pairs)] if single else [list(p) for p in pairs]
             if len(pairs) != len(texts):
                 raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        return self._encode_words(texts, pairs, opts, single)
+
+    def _encode_words(self, texts: list[list[str]], pairs: list[list[str]] | None, opts: EncodeOptions,
+                      single: bool) -> BatchEncoding:
         offsets = opts.return_offsets or opts.return_offsets_mapping
         first, words_a = split_words_pieces(self, texts, offsets)
         second, words_b = split_words_pieces(self, pairs, offsets) if pairs is not None else (None, None)
@@ -411,16 +412,10 @@ class Tokenizer:
                           "tokenizer")
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it: pieces joined by spaces,
-        "##" continuations glued to the piece before, then per piece the clean-up replacements (" ." -> ".", " ," ->
-        ",", " 's" -> "'s", ...). Special tokens stay unless skip_special_tokens, as in transformers. Lowercasing /
-        accent stripping is not undone."""
-        tokens = []
-        for i in as_id_list(ids):
-            i = int(i)
-            if not (skip_special_tokens and i in self._special_ids):
-                tokens.append(self._id_to_token(i))
-        return decode_pieces(tokens)
+        """Text of ids (or of one id) as BertTokenizerFast's WordPiece decoder makes it (decode_pieces). Special
+        tokens stay unless skip_special_tokens, as in transformers. Lowercasing / accent stripping is not undone."""
+        skip = self._special_ids if skip_special_tokens else ()
+        return decode_pieces([self._id_to_token(i) for i in map(int, as_id_list(ids)) if i not in skip])
 
     def join(self, ids: Sequence[int]) -> str:
         """Pieces back to text without transformers' clean-up: joined by spaces, a word's "##" continuations glued
@@ -471,10 +466,7 @@ class Tokenizer:
         if processes <= 1 or len(texts) <= chunk_size:
             return self(texts, pairs, **kwargs)
         offsets = bool(opts.return_offsets or opts.return_offsets_mapping)
-        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
-        if pairs is not None:
-            chunks += [pairs[i:i + chunk_size] for i in range(0, len(pairs), chunk_size)]
-        flats = self._map_chunks(chunks, processes)
+        flats = self._map_chunks(texts + (pairs or []), processes, chunk_size)
         with gc_paused():
             pieces = []
             for f in flats:
@@ -490,11 +482,11 @@ class Tokenizer:
         if processes <= 1 or len(texts) <= chunk_size:
             with gc_paused():
                 return self._encoder.flat(texts)
-        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
-        return PieceArrays.concatenate(self._map_chunks(chunks, processes))
+        return PieceArrays.concatenate(self._map_chunks(texts, processes, chunk_size))
 
-    def _map_chunks(self, chunks: list[list[str]], processes: int) -> list[PieceArrays]:
+    def _map_chunks(self, texts: list[str], processes: int, chunk_size: int) -> list[PieceArrays]:
         import multiprocessing as mp
+        chunks = [texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)]
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         with mp.get_context(method).Pool(min(processes, len(chunks)), initializer=_worker_init,
                                          initargs=(self,)) as pool:

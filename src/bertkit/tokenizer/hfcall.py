@@ -40,15 +40,16 @@ class BatchEncoding(dict):
         """Per token, the index of the word it comes from within its sequence (text or pair); None for [CLS],
         [SEP] and padding. Words are the pre-tokenizer's (punctuation is a word), or the caller's with
         is_split_into_words."""
-        if getattr(self, "_layout", None) is None:
-            raise ValueError("word_ids() needs an encoding made by the tokenizer call")
-        return _Layout(*self._layout).word_ids(batch_index)
+        return self._layout_of("word_ids").word_ids(batch_index)
 
     def sequence_ids(self, batch_index: int = 0) -> list[int | None]:
         """Per token, 0 for the text, 1 for the pair, None for special tokens and padding."""
+        return self._layout_of("sequence_ids").sequence_ids(batch_index)
+
+    def _layout_of(self, what: str) -> "_Layout":
         if getattr(self, "_layout", None) is None:
-            raise ValueError("sequence_ids() needs an encoding made by the tokenizer call")
-        return _Layout(*self._layout).sequence_ids(batch_index)
+            raise ValueError(f"{what}() needs an encoding made by the tokenizer call")
+        return _Layout(*self._layout)
 
 
 class _Layout:
@@ -117,12 +118,12 @@ def overflow(tokenizer, first, second, words, cut, stride: int):
     with every window of the pair, then the first text window with each later pair window). `cut(na, nb)` gives the
     window lengths. Returns the rows' pieces (first, second), their words and each row's input index."""
     rows_a, rows_b, rows_w, mapping = [], [] if second is not None else None, [], []
+    words = words if words is not None else uncut_words(tokenizer, first, second)
     for i, a in enumerate(first):
         b = second[i] if second is not None else ([], None)
         na, nb = cut(len(a[0]), None if second is None else len(b[0]))
         wa, wb = _windows(len(a[0]), na, stride), _windows(len(b[0]), nb, stride)
-        w = words[i] if words is not None else (word_ids(tokenizer.continues_word(a[0])),
-                                                word_ids(tokenizer.continues_word(b[0])))
+        w = words[i]
         for x, y in [(wa[0], wb[0]), *((x, y) for x in wa[1:] for y in wb), *((wa[0], y) for y in wb[1:])]:
             rows_a.append(tuple(None if p is None else p[x] for p in a))
             if rows_b is not None:

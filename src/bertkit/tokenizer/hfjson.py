@@ -20,6 +20,9 @@ from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
 
 # what transformers writes for "no limit"; bertkit reads anything this large as None
 NO_LIMIT = int(1e30)
+# the WordPiece model bertkit runs, as tokenizer.json's "model" names it (less its vocab)
+_WORDPIECE = {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+              "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
 _SPECIAL_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                    "mask_token": "[MASK]"}
 
@@ -36,7 +39,7 @@ def read_model_dir(path: Path) -> tuple[Path | dict[str, int], dict]:
         raise VocabError(f"{path}: model directory has no vocab.txt and no tokenizer.json")
     map_file = path / "special_tokens_map.json"
     if map_file.is_file():
-        read_structured(map_file, lambda f: _check_special_fields(f, read_json_object(f)))
+        read_structured(map_file, lambda f: _check_bert_config(f, read_json_object(f)))
     cfg_file = path / "tokenizer_config.json"
     if cfg_file.is_file():
         kwargs.update(read_structured(cfg_file, _read_config))
@@ -54,10 +57,7 @@ def is_bert_pipeline(path: Path) -> bool:
         read_tokenizer_json(json_file)
         for name in ("special_tokens_map.json", "tokenizer_config.json"):
             if (path / name).is_file():
-                cfg = read_json_object(path / name)
-                _check_special_fields(path / name, cfg)
-                if cfg.get("tokenize_chinese_chars", True) is not True:
-                    return False
+                _check_bert_config(path / name, read_json_object(path / name))
     except VocabError as e:
         return "not valid JSON" in str(e) or "cannot read" in str(e)
     except (AttributeError, TypeError, KeyError, ValueError, IndexError):
@@ -80,9 +80,7 @@ def read_structured(path: Path, read):
 def _read_config(cfg_file: Path) -> dict:
     """The Tokenizer options a tokenizer_config.json sets (do_lower_case, strip_accents, model_max_length)."""
     cfg = read_json_object(cfg_file)
-    _check_special_fields(cfg_file, cfg)
-    if cfg.get("tokenize_chinese_chars", True) is not True:
-        raise _unsupported(cfg_file, "tokenize_chinese_chars", cfg["tokenize_chinese_chars"])
+    _check_bert_config(cfg_file, cfg)
     kwargs = {}
     for name in ("do_lower_case", "strip_accents"):     # "maybe" would read as True
         if not isinstance(cfg.get(name, False), (bool, type(None))):
@@ -107,8 +105,10 @@ def read_sides(cfg: dict, where) -> dict[str, str]:
     return sides
 
 
-def _check_special_fields(path: Path, cfg: dict) -> None:
-    """bertkit's special tokens are fixed: a file naming others cannot be honoured."""
+def _check_bert_config(path: Path, cfg: dict) -> None:
+    """bertkit's special tokens are fixed and CJK is always isolated: a file asking otherwise cannot be honoured."""
+    if cfg.get("tokenize_chinese_chars", True) is not True:
+        raise _unsupported(path, "tokenize_chinese_chars", cfg["tokenize_chinese_chars"])
     for field, expected in _SPECIAL_FIELDS.items():
         value = cfg.get(field, expected)
         content = value.get("content") if isinstance(value, dict) else value
@@ -122,19 +122,24 @@ def _check_special_fields(path: Path, cfg: dict) -> None:
 
 
 def write_model_dir(directory: Path, vocab: dict[str, int], tokens: list[str], lowercase: bool,
-                    strip_accents: bool, model_max_length: int | None, sides: dict) -> tuple[Path, Path, Path]:
+                    strip_accents: bool, model_max_length: int | None, sides: dict) -> tuple[Path, ...]:
     """Write vocab.txt, tokenizer.json and tokenizer_config.json into directory (created); returns the files."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files = directory / "vocab.txt", directory / "tokenizer.json", directory / "tokenizer_config.json"
-    write_text(files[0], "\n".join(tokens) + "\n")
     spec = tokenizer_json(vocab, lowercase, strip_accents)
-    write_text(files[1], json.dumps(spec, indent=2, ensure_ascii=False) + "\n")
     cfg = {"do_lower_case": lowercase, "strip_accents": None if strip_accents == lowercase else strip_accents,
            "tokenize_chinese_chars": True, **_SPECIAL_FIELDS, "tokenizer_class": "BertTokenizer",
            "model_max_length": NO_LIMIT if model_max_length is None else model_max_length,
            "vocab_hash": vocab_hash(tokens), **sides}
-    write_json(files[2], cfg)
-    return files
+    return write_files(directory, {"vocab.txt": "\n".join(tokens) + "\n",
+                                   "tokenizer.json": json.dumps(spec, indent=2, ensure_ascii=False) + "\n",
+                                   "tokenizer_config.json": cfg})
+
+
+def write_files(directory: Path, files: dict[str, str | dict]) -> tuple[Path, ...]:
+    """Write each file (text, or an object as JSON) into directory (created); returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, body in files.items():
+        (write_text if isinstance(body, str) else write_json)(directory / name, body)
+    return tuple(directory / name for name in files)
 
 
 def _unsupported(path: Path, field: str, value) -> VocabError:
@@ -161,11 +166,9 @@ def read_tokenizer_json(path: Path) -> tuple[dict[str, int], dict]:
 
 
 def _read_model(path: Path, model) -> dict[str, int]:
-    if not isinstance(model, dict) or model.get("type", "WordPiece") != "WordPiece":
-        raise _unsupported(path, "model.type", model.get("type") if isinstance(model, dict) else model)
-    expected = {"unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
-    for field, value in expected.items():
+    if not isinstance(model, dict):
+        raise _unsupported(path, "model.type", model)
+    for field, value in _WORDPIECE.items():
         if model.get(field, value) != value:
             raise _unsupported(path, f"model.{field}", model[field])
     vocab = model.get("vocab")
@@ -203,8 +206,7 @@ def _check_post_processor(path: Path, post, vocab: dict[str, int]) -> None:
         return
     if not isinstance(post, dict) or post.get("type") != "TemplateProcessing":
         raise _unsupported(path, "post_processor", post)
-    if (_template(post.get("single")) != _template(_single_template())
-            or _template(post.get("pair")) != _template(_pair_template())):
+    if [_template(post.get("single")), _template(post.get("pair"))] != [_template(t) for t in _bert_templates()]:
         raise _unsupported(path, "post_processor", {k: post.get(k) for k in ("single", "pair")})
     for name, info in (post.get("special_tokens") or {}).items():
         if info.get("ids") != [vocab.get(name)]:
@@ -213,39 +215,27 @@ def _check_post_processor(path: Path, post, vocab: dict[str, int]) -> None:
 
 def _template(items) -> list[tuple]:
     """A template as comparable (kind, id, type_id) rows."""
-    rows = []
-    for item in items or []:
-        (kind, body), = item.items()
-        rows.append((kind, body.get("id"), body.get("type_id", 0)))
-    return rows
+    return [(kind, body.get("id"), body.get("type_id", 0)) for item in items or [] for kind, body in item.items()]
 
 
-def _special(token: str, type_id: int) -> dict:
-    return {"SpecialToken": {"id": token, "type_id": type_id}}
-
-
-def _sequence(name: str, type_id: int) -> dict:
-    return {"Sequence": {"id": name, "type_id": type_id}}
-
-
-def _single_template() -> list[dict]:
-    return [_special("[CLS]", 0), _sequence("A", 0), _special("[SEP]", 0)]
-
-
-def _pair_template() -> list[dict]:
-    return [*_single_template(), _sequence("B", 1), _special("[SEP]", 1)]
+def _bert_templates() -> tuple[list[dict], list[dict]]:
+    """[CLS] A [SEP] and [CLS] A [SEP] B [SEP] (types 0, then 1 from B) as TemplateProcessing writes them."""
+    def part(kind: str, name: str, type_id: int) -> dict:
+        return {kind: {"id": name, "type_id": type_id}}
+    single = [part("SpecialToken", "[CLS]", 0), part("Sequence", "A", 0), part("SpecialToken", "[SEP]", 0)]
+    return single, [*single, part("Sequence", "B", 1), part("SpecialToken", "[SEP]", 1)]
 
 
 def tokenizer_json(vocab: dict[str, int], lowercase: bool, strip_accents: bool) -> dict:
     """The tokenizer.json object of a bertkit Tokenizer (loadable by tokenizers.Tokenizer.from_file)."""
     added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for t in SPECIAL_TOKENS]
-    post = {"type": "TemplateProcessing", "single": _single_template(), "pair": _pair_template(),
+    single, pair = _bert_templates()
+    post = {"type": "TemplateProcessing", "single": single, "pair": pair,
             "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in ("[CLS]", "[SEP]")}}
     normalizer = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
                   "strip_accents": None if strip_accents == lowercase else strip_accents, "lowercase": lowercase}
-    model = {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-             "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD, "vocab": vocab}
+    model = {**_WORDPIECE, "vocab": vocab}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": normalizer,
             "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": post,
             "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True}, "model": model}

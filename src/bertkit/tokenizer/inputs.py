@@ -5,8 +5,7 @@ windows, pre-training examples and shard batches, ONNX sample inputs), so the la
 
     Template                        a tokenizer's layout (`tok.template`): the specials before a, after a, between a
                                     and b, after b, with the token type of each part; BERT's [CLS] a [SEP] (b [SEP])
-                                    types 0/1, RoBERTa's <s> a </s> (</s> b </s>) all 0, ...; .wrap / .types /
-                                    .wrap_array as below, for any layout
+                                    types 0/1, RoBERTa's <s> a </s> (</s> b </s>) all 0, ...; .wrap / .types
     wrap_array(a, b, cls, sep)      [CLS] a [SEP] (b [SEP]) as int32 numpy rows (pre-training builds millions of them)
     truncated_lengths(na, nb, ...)  how many pieces of a and b a truncation strategy keeps
     cut(seq, keep, side)            what truncation leaves: the first `keep`, or the last on side "left"
@@ -78,11 +77,6 @@ class Template:
         if pre + mid == (ta,) * len(pre + mid) and post == (tb,) * len(post):  # BERT's, RoBERTa's: two runs
             return [ta] * (len(pre) + len_a + len(mid)) + [tb] * (len_b + len(post))
         return [*pre, *[ta] * len_a, *mid, *[tb] * len_b, *post]
-
-    def wrap_array(self, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        """wrap() for numpy piece arrays, as one int32 row."""
-        parts = self.wrap([a], None if b is None else [b], fill=_IDS)
-        return np.concatenate([np.asarray(p, dtype=np.int32).reshape(-1) for p in parts])
 
     def first_len(self, len_a: int) -> int:
         """Tokens before b in a pair's row (the specials before a, a, and those between a and b)."""

@@ -17,12 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
-from bertkit.atomic import write_json, write_text
-from bertkit.errors import BertkitError, VocabError
+from bertkit.errors import VocabError
 from bertkit.tokenizer.encode import Tokenizer, gc_paused
-from bertkit.tokenizer.formats import read_json_object, vocab_hash
+from bertkit.tokenizer.formats import read_json_object
 from bertkit.tokenizer.hfcall import as_id_list
-from bertkit.tokenizer.hfjson import NO_LIMIT, read_sides, read_structured
+from bertkit.tokenizer.hfjson import NO_LIMIT, read_sides, read_structured, write_files
 from bertkit.tokenizer.inputs import Template
 from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
@@ -49,12 +48,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self._backend.no_truncation()
         self._backend.no_padding()
         self.config, self.vocab_file, self.lowercase = config, None, bool(config.get("do_lower_case", False))
-        self.vocab: dict[str, int] = self._backend.get_vocab(with_added_tokens=True)
-        self.ids_to_tokens = [""] * (max(self.vocab.values(), default=-1) + 1)
-        for t, i in self.vocab.items():
-            self.ids_to_tokens[i] = t
-        self.vocab_size = len(self.ids_to_tokens)
-        self.vocab_hash = vocab_hash(self.ids_to_tokens)
+        self._set_vocab(self._backend.get_vocab(with_added_tokens=True))
         self.template = _template(self._backend)
         self._set_specials(config)
         self.__dict__.update(read_sides(config, source))    # else the class's "right"
@@ -103,15 +97,11 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
     def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
         """tokenizer.json, tokenizer_config.json and special_tokens_map.json, as transformers' AutoTokenizer loads
         them; returns their paths."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        files = directory / "tokenizer.json", directory / "tokenizer_config.json", directory / "special_tokens_map.json"
-        write_text(files[0], self._backend.to_str(pretty=True) + "\n")
         specials = {f"{n}_token": getattr(self, f"{n}_token") for n in _SPECIALS if getattr(self, f"{n}_token")}
         cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **self.config, **specials, **self.sides(),
                "model_max_length": NO_LIMIT if self.model_max_length is None else self.model_max_length}
-        write_json(files[1], cfg)
-        write_json(files[2], specials)
+        files = write_files(Path(directory), {"tokenizer.json": self._backend.to_str(pretty=True) + "\n",
+                                              "tokenizer_config.json": cfg, "special_tokens_map.json": specials})
         return tuple(str(f) for f in files)
 
     def __getstate__(self) -> dict:
@@ -151,18 +141,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
             second = None if pairs is None else [(e.ids, e.offsets if offsets else None) for e in pair_encs]
             return self._assemble(first, second, opts, single, _Words(encs, pair_encs))
 
-    def _call_split_words(self, texts, pairs, opts):
-        """is_split_into_words: the library's pre-tokenized encoding (each word pre-tokenized on its own)."""
-        if not isinstance(texts, (list, tuple)):
-            raise BertkitError(f"is_split_into_words=True needs a list of words (or of word lists), got "
-                               f"{type(texts).__name__}")
-        single = not texts or isinstance(texts[0], str)
-        texts = [list(texts)] if single else [list(t) for t in texts]
-        if pairs is not None:
-            pairs = [list(pairs)] if single else [list(p) for p in pairs]
-            if len(pairs) != len(texts):
-                raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
-        return self._encode_texts(texts, pairs, opts, single)
+    _encode_words = _encode_texts   # is_split_into_words: the library pre-tokenizes each word on its own
 
     def encode_pieces(self, texts: Sequence[str], processes: int = 1, chunk_size: int = 2000) -> PieceArrays:
         """The pieces of every text as flat numpy arrays (no special tokens, no truncation); the library spreads

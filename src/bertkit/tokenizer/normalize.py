@@ -11,6 +11,7 @@ where pretokenize splits, which is how CJK ideographs become words of their own.
 from __future__ import annotations
 
 import bisect
+import functools
 import unicodedata
 
 import numpy as np
@@ -24,23 +25,19 @@ CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 
                (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
+def hex_ranges(table: str) -> list[tuple[int, int]]:
+    """(first, last) code points of a table of hex ranges: "41-5A 61" -> [(0x41, 0x5A), (0x61, 0x61)]."""
+    return [(int(a, 16), int(b or a, 16)) for a, _, b in (r.partition("-") for r in table.split())]
+
+
+@functools.cache
 def _unicode8_starts_ends() -> tuple[list[int], list[int]]:
-    starts, ends = [], []
-    for r in _ASSIGNED_IN_UNICODE_8.split():
-        a, _, b = r.partition("-")
-        starts.append(int(a, 16))
-        ends.append(int(b or a, 16))
-    return starts, ends
-
-
-_U8_RANGES: tuple[list[int], list[int]] | None = None
+    ranges = hex_ranges(_ASSIGNED_IN_UNICODE_8)
+    return [a for a, _ in ranges], [b for _, b in ranges]
 
 
 def _assigned_in_unicode_8(cp: int) -> bool:
-    global _U8_RANGES
-    if _U8_RANGES is None:
-        _U8_RANGES = _unicode8_starts_ends()
-    starts, ends = _U8_RANGES
+    starts, ends = _unicode8_starts_ends()
     i = bisect.bisect_right(starts, cp) - 1
     return i >= 0 and cp <= ends[i]
 
@@ -116,15 +113,19 @@ def _nfd(c: str) -> str:
     return unicodedata.normalize("NFD", c)
 
 
+def _marks(c: str) -> str:   # "m": NFD holds a nonzero-class mark, "" removed, else "o"; "mm" may need reordering
+    return "" if _is_removed(c) else "m" if any(_ccc(x) for x in _nfd(c)) else "o"
+
+
 class LazyMap(dict):
-    """A str.translate table filled on demand: fn(code point) -> replacement string, memoised."""
+    """A dict filled on demand, fn(key) memoised: a str.translate table (keyed by code point), a word index."""
 
     def __init__(self, fn):
         super().__init__()
         self.fn = fn
 
-    def __missing__(self, cp: int) -> str:
-        v = self[cp] = self.fn(chr(cp))
+    def __missing__(self, key):
+        v = self[key] = self.fn(key)
         return v
 
 
@@ -138,10 +139,9 @@ class Normalizer:
 
     def __init__(self, lowercase: bool, strip_accents: bool):
         self.lowercase, self.strip_accents = lowercase, strip_accents
-        self.norm = LazyMap(self._normalize_char)
-        self.width = LazyMap(lambda c: chr(len(self.norm[ord(c)])))
-        # "m": NFD holds a nonzero-class mark, "" removed, else "o"; "mm" may need reordering (_normalize_reordered)
-        self.marks = LazyMap(lambda c: "" if _is_removed(c) else "m" if any(_ccc(x) for x in _nfd(c)) else "o")
+        self.norm = LazyMap(lambda cp: self._normalize_char(chr(cp)))
+        self.width = LazyMap(lambda cp: chr(len(self.norm[cp])))
+        self.marks = LazyMap(lambda cp: _marks(chr(cp)))
 
     def _normalize_char(self, c: str) -> str:
         if _is_removed(c):

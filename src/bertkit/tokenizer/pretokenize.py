@@ -9,30 +9,27 @@ into pieces.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Iterable, Sequence
 
-from bertkit.tokenizer.normalize import (CJK_RANGES, PUNCT_UNICODE_8, WHITESPACE, is_cjk, is_punct, LazyMap,
-                                        Normalizer)
+from bertkit.tokenizer.normalize import (CJK_RANGES, PUNCT_UNICODE_8, WHITESPACE, hex_ranges, is_cjk, is_punct,
+                                        LazyMap, Normalizer)
 
 # Each match is a word with the whitespace before it, so word ends are running sums of match lengths
 ASCII_TOKEN_RE = re.compile(r"[ \t\n\r]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
 # ASCII chars that cleaning removes (C0 controls other than tab / LF / CR, and DEL): such text takes the general path.
 _ASCII_REMOVED_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
-_UNICODE_TOKEN_RE: re.Pattern | None = None
 
 
+@functools.cache
 def unicode_token_re() -> re.Pattern:
     """The fast path's regex for normalised non-ASCII text (whitespace is then only ' '): a word is a run of chars
     that are neither whitespace nor punctuation / CJK; each punctuation / CJK char is a word of its own."""
-    global _UNICODE_TOKEN_RE
-    if _UNICODE_TOKEN_RE is None:
-        ranges = [r.partition("-") for r in PUNCT_UNICODE_8.split()]
-        ranges = [(int(a, 16), int(b or a, 16)) for a, _, b in ranges] + list(CJK_RANGES)
-        iso = "!-/:-@\\[-`{-~" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
-        _UNICODE_TOKEN_RE = re.compile(f"[ \t\n\r]*(?:[^ \t\n\r{iso}]+|[{iso}])")
-    return _UNICODE_TOKEN_RE
+    ranges = hex_ranges(PUNCT_UNICODE_8) + list(CJK_RANGES)
+    iso = "!-/:-@\\[-`{-~" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+    return re.compile(f"[ \t\n\r]*(?:[^ \t\n\r{iso}]+|[{iso}])")
 
 
 # General path: words in the string of char classes ("a" word char, " " space, "." isolated)
@@ -57,7 +54,7 @@ class PreTokenizer:
     def __init__(self, lowercase: bool, strip_accents: bool, special_tokens: Iterable[str]):
         self.lowercase = lowercase
         self.normalizer = Normalizer(lowercase, strip_accents)
-        self.cls = LazyMap(_class_of)
+        self.cls = LazyMap(lambda cp: _class_of(chr(cp)))
         # special tokens are matched verbatim in the original text; longest first so a longer one wins
         self.special_re = re.compile("|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True)))
 

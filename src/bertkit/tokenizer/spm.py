@@ -135,40 +135,24 @@ def _merges(pieces: list) -> list[tuple[str, str]]:
 def read_model_proto(path: Path) -> tuple[list[tuple[str, float, int]], dict, dict]:
     """(pieces as (piece, score, type), trainer settings, normalizer settings) of a `.model` file; VocabError naming
     the file where it is not a SentencePiece model."""
-    try:
-        model = _fields(path.read_bytes())
+    try:    # a scalar field's last value wins, as protobuf reads it (dict keeps the last)
+        model = list(wire_fields(path.read_bytes()))
         pieces = []
-        for raw in model.get(1, []):
-            f = _fields(raw)
-            score = struct.unpack("<f", _last(f, 2, 0).to_bytes(4, "little"))[0]
-            pieces.append((_last(f, 1, b"").decode("utf-8"), score, _last(f, 3, _NORMAL)))
-        trainer, norm = _fields(_last(model, 2, b"")), _fields(_last(model, 3, b""))
+        for raw in (value for number, value in model if number == 1):
+            f = dict(wire_fields(raw))
+            score = struct.unpack("<f", f.get(2, 0).to_bytes(4, "little"))[0]
+            pieces.append((f.get(1, b"").decode("utf-8"), score, f.get(3, _NORMAL)))
+        trainer, norm = (dict(wire_fields(dict(model).get(n, b""))) for n in (2, 3))
     except (Malformed, struct.error, UnicodeDecodeError, TypeError, AttributeError, OverflowError):
         raise VocabError(f"{path}: not a SentencePiece model file (its protobuf does not parse)") from None
     except OSError as e:
         raise VocabError(f"{path}: cannot read: {e.strerror}") from None
-    unk = _signed(_last(trainer, 40, 0))
-    if not pieces or not 0 <= unk < len(pieces) or _last(trainer, 3, _UNIGRAM) not in (_UNIGRAM, _BPE):
+    unk = trainer.get(40, 0)
+    unk = unk - (1 << 64) if unk >= 1 << 63 else unk    # an int32 written as a 64-bit two's complement varint
+    if not pieces or not 0 <= unk < len(pieces) or trainer.get(3, _UNIGRAM) not in (_UNIGRAM, _BPE):
         raise VocabError(f"{path}: not a Unigram or BPE SentencePiece model with its pieces and unk id")
-    settings = {"model_type": _last(trainer, 3, _UNIGRAM), "unk": unk, "byte_fallback": bool(_last(trainer, 35, 0))}
-    normalizer = {"charsmap": _last(norm, 2, b""), "add_dummy_prefix": bool(_last(norm, 3, 1)),
-                  "remove_extra_whitespaces": bool(_last(norm, 4, 1)), "escape_whitespaces": bool(_last(norm, 5, 1))}
+    settings = {"model_type": trainer.get(3, _UNIGRAM), "unk": unk, "byte_fallback": bool(trainer.get(35, 0))}
+    normalizer = {"charsmap": norm.get(2, b""), "add_dummy_prefix": bool(norm.get(3, 1)),
+                  "remove_extra_whitespaces": bool(norm.get(4, 1)), "escape_whitespaces": bool(norm.get(5, 1))}
     return pieces, settings, normalizer
 
-
-def _fields(buf: bytes) -> dict[int, list]:
-    """A protobuf message's fields: number -> values in order (ints for varint / fixed fields, bytes for the rest)."""
-    out: dict[int, list] = {}
-    for number, value in wire_fields(buf):
-        out.setdefault(number, []).append(value)
-    return out
-
-
-def _last(fields: dict, number: int, default):
-    """A scalar field's value: the last one written wins, as protobuf reads it."""
-    return fields[number][-1] if number in fields else default
-
-
-def _signed(value: int) -> int:
-    """An int32 written as a 64-bit two's complement varint (-1 takes ten bytes)."""
-    return value - (1 << 64) if value >= 1 << 63 else value

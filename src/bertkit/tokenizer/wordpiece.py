@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from bertkit.tokenizer.normalize import LazyMap
 from bertkit.tokenizer.pretokenize import (ASCII_TOKEN_RE, ASCII_WORD_RE, PreTokenizer, unicode_token_re,
                                           tokens_with_space)
 
@@ -88,7 +89,7 @@ class PieceTable:
         self.reset()
 
     def reset(self) -> None:
-        self.index = _LazyIndex(self._add)
+        self.index = LazyMap(self._add)
         self.prefilled = False
         self.n_words = self.n_pieces = 0
         # new entries since the last flush into the numpy arrays
@@ -153,16 +154,6 @@ class PieceTable:
                 self.pieces = self._append(self.pieces, self.n_pieces - len(self.pending_pieces), self.pending_pieces)
                 self.pending_words, self.pending_pieces = [], []
             return wids, self.words, self.pieces
-
-
-class _LazyIndex(dict):
-    def __init__(self, add):
-        super().__init__()
-        self.add = add
-
-    def __missing__(self, key: str) -> int:
-        v = self[key] = self.add(key)
-        return v
 
 
 @dataclass
