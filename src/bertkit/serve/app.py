@@ -139,11 +139,11 @@ def _describe(err: dict, skip: int) -> RequestError:
 class Runtime:
     """The batchers and metrics of one app, and the request path through them."""
 
-    def __init__(self, endpoints: dict[str, Endpoint], config: ServeConfig, prometheus: bool | None = None):
+    def __init__(self, endpoints: dict[str, Endpoint], config: ServeConfig):
         self.config = config
         self.endpoints = dict(endpoints)
         self.batchers: dict[str, Batcher] = {}
-        self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()}, prometheus)
+        self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()})
         for name, ep in self.endpoints.items():
             self.batchers[name] = Batcher(ep.run, config.max_batch, config.max_wait_ms, name=f"batch-{name}",
                                           on_batch=partial(self.metrics.batch, name),
@@ -335,11 +335,11 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, model_name: str = "model",
-             info: dict | None = None, absent: dict[str, str] | None = None, prometheus: bool | None = None) -> FastAPI:
-    """The ASGI app over `endpoints`. info: the body of GET /info; absent: route -> why this model lacks it (404);
-    prometheus: see `Metrics`. The batchers live as long as the app's lifespan (or until app.state.runtime.close())."""
+             info: dict | None = None, absent: dict[str, str] | None = None) -> FastAPI:
+    """The ASGI app over `endpoints`. info: the body of GET /info; absent: route -> why this model lacks it (404).
+    The batchers live as long as the app's lifespan (or until app.state.runtime.close())."""
     config = (config or ServeConfig()).validate()
-    runtime = Runtime(endpoints, config, prometheus)
+    runtime = Runtime(endpoints, config)
 
     @asynccontextmanager
     async def lifespan(_app):
