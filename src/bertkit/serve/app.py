@@ -204,7 +204,7 @@ class Runtime:
             if ep.split is None:
                 parts = [Part(item, texts)]
             else:   # counting many long texts' tokens takes a while: off the event loop, which serves everyone
-                split = partial(ep.split, item, batcher.quantum)
+                split = partial(ep.split, item, batcher.budget.quantum)
                 parts = split() if texts == 1 else await asyncio.to_thread(split)
             client = request.client.host if request.client else ""
             results = await self._result(batcher.submit(parts, client, timeout=self.config.timeout_s), request)

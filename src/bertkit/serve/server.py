@@ -110,12 +110,7 @@ class _Guarded(H11Protocol):
         self.connections.discard(self)
         self._held = True                  # what it sends meanwhile is dropped unread: pause_reading can come late
         self.transport.pause_reading()
-        self._read_timer = self.loop.call_later(1.0, self._refuse, status, message)
-
-    def _refuse(self, status: int, message: str) -> None:
-        self._read_timer = None
-        self._answer(status, message, retry_after=1)
-        self.transport.close()
+        self._read_timer = self.loop.call_later(1.0, self._answer, status, message, 1)
 
     def _arm(self) -> None:
         self._disarm()
@@ -139,8 +134,8 @@ class _Guarded(H11Protocol):
             self.transport.close()
 
     def _answer(self, status: int, message: str, retry_after: int | None = None) -> None:
-        """An error written straight to the socket (the caller closes it): for what the app never sees, in the
-        shape the app's own errors have."""
+        """An error written straight to the socket, which is then closed: for what the app never sees, in the shape
+        the app's own errors have."""
         body = json.dumps(tei_error(status, message)).encode()
         extra = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
@@ -148,6 +143,7 @@ class _Guarded(H11Protocol):
         self._disarm()
         self._counted(status)
         self.transport.write(head.encode() + body)
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._held:
@@ -159,7 +155,6 @@ class _Guarded(H11Protocol):
         declared = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)   # h11's chunked reader
         if isinstance(declared, int) and declared > self.limits.max_body_bytes:
             self._answer(413, f"a chunk of {declared} bytes exceeds the body limit of {self.limits.max_body_bytes}")
-            self.transport.close()
         elif self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             self._disarm()        # the request is in (or the connection is done): the batcher's timeout governs
 
