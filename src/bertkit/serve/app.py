@@ -258,13 +258,27 @@ def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
 
 # ------------------------------------------------------------------------------------------------------- app
 
-class _MetricsMiddleware:
-    """Counts every response by route (known paths only, so hostile paths cannot grow the label set). A known
-    path with a trailing slash is served as the path (not redirected with an empty 307), and HEAD on a GET route
-    as the GET (the server sends the headers only)."""
+class _Front:
+    """Every request's first stop. A known path with a trailing slash is served as the path (not redirected with an
+    empty 307), and HEAD on a GET route as the GET (the server sends the headers only). Refused before any route, in
+    text-embeddings-inference's shape with the connection closed so nothing after it is read: both Content-Length and
+    Transfer-Encoding (how bodies get smuggled past a proxy that reads the other header, RFC 9112 6.3), and with
+    --api-key a request without "Authorization: Bearer KEY" (as text-embeddings-inference's; compared in constant
+    time, so the answer's timing does not leak the key). Every response is counted by route (known paths only, so
+    hostile paths cannot grow the label set)."""
 
-    def __init__(self, app, metrics: Metrics, paths: set[str], gets: set[str]):
+    def __init__(self, app, metrics: Metrics, paths: set[str], gets: set[str], key: str | None):
         self.app, self.metrics, self.paths, self.gets = app, metrics, paths, gets
+        self.expected = key and f"Bearer {key}".encode()
+
+    def _refusal(self, headers: dict) -> Response | None:
+        if b"content-length" in headers and b"transfer-encoding" in headers:
+            return json_response(400, tei_error(400, "both Content-Length and Transfer-Encoding: send one"),
+                                 {"Connection": "close"})
+        if self.expected and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            return json_response(401, tei_error(401, "missing or wrong API key: send the header Authorization: "
+                                                     "Bearer KEY"), {"Connection": "close", "WWW-Authenticate": "Bearer"})
+        return None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -280,40 +294,12 @@ class _MetricsMiddleware:
                 status[0] = message["status"]
             await send(message)
         try:
-            await self.app(scope, receive, send_status)
+            await (self._refusal(dict(scope["headers"])) or self.app)(scope, receive, send_status)
         finally:
             known = scope["method"] in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD")
             method = scope["method"] if known else "other"
             route = scope["path"] if scope["path"] in self.paths else "other"
             self.metrics.request(route, method, status[0], time.perf_counter() - t0)
-
-
-class _Gate:
-    """Before any route: a request with both Content-Length and Transfer-Encoding is how bodies get smuggled past a
-    proxy that reads the other header (RFC 9112 6.3), and with --api-key every request must carry "Authorization:
-    Bearer KEY" (as text-embeddings-inference's), compared in constant time so the answer's timing does not leak the
-    key. Refused in text-embeddings-inference's shape, the connection closed so nothing after it is read."""
-
-    def __init__(self, app, key: str | None):
-        self.app, self.expected = app, key and f"Bearer {key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            if b"content-length" in headers and b"transfer-encoding" in headers:
-                return await self._refuse(send, 400, "both Content-Length and Transfer-Encoding: send one")
-            if self.expected and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-                return await self._refuse(send, 401, "missing or wrong API key: send the header Authorization: "
-                                          "Bearer KEY", [(b"www-authenticate", b"Bearer")])
-        return await self.app(scope, receive, send)
-
-    @staticmethod
-    async def _refuse(send, status: int, message: str, headers: tuple = ()) -> None:
-        body = json.dumps(tei_error(status, message)).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"), *headers]})
-        await send({"type": "http.response.body", "body": body})
 
 
 def _http_error(runtime: Runtime, absent: dict[str, str]):
@@ -375,6 +361,5 @@ def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, 
     app.add_exception_handler(Exception, _internal_error)
     paths = {r.path for r in app.routes if hasattr(r, "path")}
     gets = {r.path for r in app.routes if "GET" in getattr(r, "methods", ())}
-    app.add_middleware(_Gate, key=config.api_key)
-    app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics, paths=paths, gets=gets)
+    app.add_middleware(_Front, metrics=runtime.metrics, paths=paths, gets=gets, key=config.api_key)
     return app
