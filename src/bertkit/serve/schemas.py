@@ -20,12 +20,9 @@ def _not_blank(value: str) -> str:
     return value
 
 
-def _as_list(value: Any) -> Any:
-    return [value] if isinstance(value, str) else value
-
-
 Text = Annotated[str, AfterValidator(_not_blank)]
-Texts = Annotated[list[Text], BeforeValidator(_as_list, json_schema_input_type=Union[str, list[str]]),
+Texts = Annotated[list[Text], BeforeValidator(lambda v: [v] if isinstance(v, str) else v,
+                                              json_schema_input_type=Union[str, list[str]]),
                   Field(min_length=1, description="a text or a list of texts")]
 
 

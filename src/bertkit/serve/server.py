@@ -35,9 +35,6 @@ from bertkit.serve.limits import ServeConfig
 
 __all__ = ["listen", "uvicorn_config", "ServerThread", "serve_model"]
 
-OPEN_WARNING = ("bertkit serve: warning: --host {host} is reachable from other machines and no --api-key is set: "
-                "anyone who can connect can use the model")
-
 
 class _Brake:
     """4xx answers per address as a token bucket: each takes a token, `rate` come back a second, ten seconds' worth
@@ -243,8 +240,10 @@ def serve_model(model_path: str, config: ServeConfig, verbose: bool = False, pre
     """Load a model directory through `Predictor.load` (forwards in `precision`) and serve it until interrupted."""
     config.validate()
     sock = listen(config)          # before loading: a busy port fails at once, not after the model has loaded
-    if not config.loopback and not config.api_key:
-        print(OPEN_WARNING.format(host=config.host), file=sys.stderr, flush=True)
+    loopback = config.host in ("localhost", "::1") or config.host.startswith("127.")    # no one else can connect
+    if not loopback and not config.api_key:
+        print(f"bertkit serve: warning: --host {config.host} is reachable from other machines and no --api-key is "
+              f"set: anyone who can connect can use the model", file=sys.stderr, flush=True)
     try:
         predictor = Predictor.load(model_path, precision=precision)
         endpoints = model_endpoints(predictor, config)
