@@ -145,8 +145,8 @@ def _embed_run(predictor) -> Callable[[list[_Run]], list]:
     def run(runs: list[_Run]) -> list:
         out: list = [None] * len(runs)
         groups: dict[tuple, list[int]] = {}
-        for i, run in enumerate(runs):
-            groups.setdefault(_embed_options(run.request)[1:3], []).append(i)
+        for i, part in enumerate(runs):
+            groups.setdefault(_embed_options(part.request)[1:3], []).append(i)
         for (pooling, normalize), idx in groups.items():
             rows, skips = [r for i in idx for r in runs[i].rows], [s for i in idx for s in runs[i].skips]
             vecs = predictor.embed_ids(rows, pooling=pooling, normalize=normalize, batch_size=len(rows),
