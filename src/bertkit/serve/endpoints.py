@@ -40,10 +40,10 @@ def _each(reqs: list, results: list, shape: Callable) -> list:
 
 
 def _or_error(f: Callable, *args, **kwargs):
-    """f(...), or the RequestError it raised: that request alone fails."""
+    """f(...), or the error it raised: that request alone fails (a ValueError, e.g. no [MASK] in the text: 422)."""
     try:
         return f(*args, **kwargs)
-    except RequestError as e:
+    except (RequestError, ValueError) as e:
         return e
 
 
@@ -350,12 +350,8 @@ def _fill_check(config: ServeConfig, mask: str) -> Callable[[S.FillMaskRequest],
 
 
 def _fill_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    def one(r: S.FillMaskRequest):
-        try:
-            return predictor.fill_mask(r.text, top_k=r.top_k, beam_size=r.beam_size, max_length=_tokens(config))
-        except ValueError as e:   # e.g. no [MASK] in the text: that request alone gets 422
-            return e
-    return lambda reqs: [one(r) for r in reqs]
+    return lambda reqs: [_or_error(predictor.fill_mask, r.text, top_k=r.top_k, beam_size=r.beam_size,
+                                   max_length=_tokens(config)) for r in reqs]
 
 
 def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
