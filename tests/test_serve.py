@@ -238,10 +238,9 @@ def test_concurrent_requests_share_forwards(server):
     assert sum(sizes) == 48 and len(sizes) < 48 and max(sizes) > 1
 
 
-@pytest.mark.parametrize("prometheus", [None, False])
-def test_metrics_move(server, prometheus):
+def test_metrics_move(server):
     parser = pytest.importorskip("prometheus_client.parser")
-    port = server(_echo_endpoints([]), app_kw={"prometheus": prometheus})
+    port = server(_echo_endpoints([]))
 
     def scrape():
         status, text = _request(port, "GET", "/metrics")

@@ -56,7 +56,8 @@ class Endpoint:
     run: Callable[[list], list]
     response: Any = None                               # the 200 body's type, for /openapi.json
     summary: str = ""
-    weight: Callable[[Any], int] | None = None         # texts in a request (a batch holds max_batch texts)
+    weight: Callable[[Any], int] | None = None         # texts in a request: max_inputs at most (422); a batch
+                                                       # holds max_batch texts
     check: Callable[[Any], None] | None = None         # limits checked before queueing (raises RequestError)
     split: Callable[[Any, int], list[Part]] | None = None   # (request, quantum) -> its parts, token-counted
     join: Callable[[Any, list], Any] | None = None     # (request, its parts' results) -> its result
@@ -133,29 +134,16 @@ def _describe(err: dict, skip: int) -> RequestError:
     return FieldError(422, f"field {field!r}: {err['msg']}", param)
 
 
-@dataclass
-class _Route:
-    endpoint: Endpoint
-    adapter: TypeAdapter
-    skip: int             # leading loc entries that name a union member, not a field
-
-    def validate(self, data: Any) -> Any:
-        try:
-            return self.adapter.validate_python(data)
-        except ValidationError as e:
-            raise _describe(e.errors(include_url=False)[0], self.skip) from None
-
-
 # --------------------------------------------------------------------------------------------------- runtime
 
 class Runtime:
     """The batchers and metrics of one app, and the request path through them."""
 
-    def __init__(self, endpoints: dict[str, Endpoint], config: ServeConfig, prometheus: bool | None = None):
+    def __init__(self, endpoints: dict[str, Endpoint], config: ServeConfig):
         self.config = config
         self.endpoints = dict(endpoints)
         self.batchers: dict[str, Batcher] = {}
-        self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()}, prometheus)
+        self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()})
         for name, ep in self.endpoints.items():
             self.batchers[name] = Batcher(ep.run, config.max_batch, config.max_wait_ms, name=f"batch-{name}",
                                           on_batch=partial(self.metrics.batch, name),
@@ -201,21 +189,22 @@ class Runtime:
             raise ClientDisconnect()
         raise RequestError(504, f"no answer within {self.config.timeout_s:g} s")
 
-    async def call(self, route: _Route, request: Request) -> Response:
-        ep = route.endpoint
+    async def call(self, ep: Endpoint, validate: Callable[[Any], Any], request: Request) -> Response:
         try:
             body = await self.read_body(request)
             media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media not in _JSON_TYPES and not media.endswith("+json"):
                 raise RequestError(415, f"Content-Type {media[:60]!r} is not JSON: send application/json")
-            item = route.validate(parse_json(body, self.config))
+            item = validate(parse_json(body, self.config))
+            batcher, texts = self.batchers[ep.name], ep.weight(item) if ep.weight else 1
+            if texts > self.config.max_inputs:
+                raise RequestError(422, f"{texts} inputs in one request; the limit is {self.config.max_inputs}")
             if ep.check is not None:
                 ep.check(item)
-            batcher, texts = self.batchers[ep.name], ep.weight(item) if ep.weight else 1
             if ep.split is None:
                 parts = [Part(item, texts)]
             else:   # counting many long texts' tokens takes a while: off the event loop, which serves everyone
-                split = partial(ep.split, item, batcher.quantum)
+                split = partial(ep.split, item, batcher.budget.quantum)
                 parts = split() if texts == 1 else await asyncio.to_thread(split)
             client = request.client.host if request.client else ""
             results = await self._result(batcher.submit(parts, client, timeout=self.config.timeout_s), request)
@@ -247,15 +236,21 @@ class _BatchRoute(APIRoute):
 
 
 def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
-    is_union = not (isinstance(ep.request, type) and issubclass(ep.request, BaseModel))
-    route = _Route(ep, TypeAdapter(ep.request), 1 if is_union else 0)
+    adapter = TypeAdapter(ep.request)
+    skip = 0 if isinstance(ep.request, type) and issubclass(ep.request, BaseModel) else 1   # loc[0]: a union member
+
+    def validate(data: Any) -> Any:
+        try:
+            return adapter.validate_python(data)
+        except ValidationError as e:
+            raise _describe(e.errors(include_url=False)[0], skip) from None
 
     async def documented(body):
         """The route as /openapi.json describes it (its typed body); _BatchRoute serves it with bertkit_handler."""
 
     documented.__signature__ = inspect.Signature([inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                                     annotation=Annotated[ep.request, Body()])])
-    documented.bertkit_handler = partial(runtime.call, route)
+    documented.bertkit_handler = partial(runtime.call, ep, validate)
     app.router.add_api_route(f"/{ep.name}", documented, methods=["POST"], name=ep.name, summary=ep.summary,
                              response_model=ep.response, route_class_override=_BatchRoute,
                              responses=_OPENAI_ERRORS if ep.name.startswith("v1/") else _ERRORS)
@@ -263,13 +258,27 @@ def _add_post(app: FastAPI, runtime: Runtime, ep: Endpoint) -> None:
 
 # ------------------------------------------------------------------------------------------------------- app
 
-class _MetricsMiddleware:
-    """Counts every response by route (known paths only, so hostile paths cannot grow the label set). A known
-    path with a trailing slash is served as the path (not redirected with an empty 307), and HEAD on a GET route
-    as the GET (the server sends the headers only)."""
+class _Front:
+    """Every request's first stop. A known path with a trailing slash is served as the path (not redirected with an
+    empty 307), and HEAD on a GET route as the GET (the server sends the headers only). Refused before any route, in
+    text-embeddings-inference's shape with the connection closed so nothing after it is read: both Content-Length and
+    Transfer-Encoding (how bodies get smuggled past a proxy that reads the other header, RFC 9112 6.3), and with
+    --api-key a request without "Authorization: Bearer KEY" (as text-embeddings-inference's; compared in constant
+    time, so the answer's timing does not leak the key). Every response is counted by route (known paths only, so
+    hostile paths cannot grow the label set)."""
 
-    def __init__(self, app, metrics: Metrics, paths: set[str], gets: set[str]):
+    def __init__(self, app, metrics: Metrics, paths: set[str], gets: set[str], key: str | None):
         self.app, self.metrics, self.paths, self.gets = app, metrics, paths, gets
+        self.expected = key and f"Bearer {key}".encode()
+
+    def _refusal(self, headers: dict) -> Response | None:
+        if b"content-length" in headers and b"transfer-encoding" in headers:
+            return json_response(400, tei_error(400, "both Content-Length and Transfer-Encoding: send one"),
+                                 {"Connection": "close"})
+        if self.expected and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            return json_response(401, tei_error(401, "missing or wrong API key: send the header Authorization: "
+                                                     "Bearer KEY"), {"Connection": "close", "WWW-Authenticate": "Bearer"})
+        return None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -285,53 +294,12 @@ class _MetricsMiddleware:
                 status[0] = message["status"]
             await send(message)
         try:
-            await self.app(scope, receive, send_status)
+            await (self._refusal(dict(scope["headers"])) or self.app)(scope, receive, send_status)
         finally:
             known = scope["method"] in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD")
             method = scope["method"] if known else "other"
             route = scope["path"] if scope["path"] in self.paths else "other"
             self.metrics.request(route, method, status[0], time.perf_counter() - t0)
-
-
-async def _refuse(send, status: int, message: str, headers: list | None = None) -> None:
-    """An error answered by a middleware, before any route, in text-embeddings-inference's shape; the connection
-    closed."""
-    body = json.dumps(tei_error(status, message)).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"), *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class _BearerKey:
-    """With --api-key, every request must carry "Authorization: Bearer KEY" (as text-embeddings-inference's); 401
-    otherwise. Compared in constant time, so the answer's timing does not leak the key."""
-
-    def __init__(self, app, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                return await _refuse(send, 401, "missing or wrong API key: send the header Authorization: Bearer KEY",
-                                     [(b"www-authenticate", b"Bearer")])
-        return await self.app(scope, receive, send)
-
-
-class _FramingGuard:
-    """A request with both Content-Length and Transfer-Encoding is how bodies get smuggled past a proxy that reads
-    the other header: refuse it and close the connection (RFC 9112 6.3), so nothing after it on the socket is read."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            names = {k for k, _ in scope["headers"]}
-            if b"content-length" in names and b"transfer-encoding" in names:
-                return await _refuse(send, 400, "both Content-Length and Transfer-Encoding: send one")
-        return await self.app(scope, receive, send)
 
 
 def _http_error(runtime: Runtime, absent: dict[str, str]):
@@ -353,11 +321,11 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, model_name: str = "model",
-             info: dict | None = None, absent: dict[str, str] | None = None, prometheus: bool | None = None) -> FastAPI:
-    """The ASGI app over `endpoints`. info: the body of GET /info; absent: route -> why this model lacks it (404);
-    prometheus: see `Metrics`. The batchers live as long as the app's lifespan (or until app.state.runtime.close())."""
+             info: dict | None = None, absent: dict[str, str] | None = None) -> FastAPI:
+    """The ASGI app over `endpoints`. info: the body of GET /info; absent: route -> why this model lacks it (404).
+    The batchers live as long as the app's lifespan (or until app.state.runtime.close())."""
     config = (config or ServeConfig()).validate()
-    runtime = Runtime(endpoints, config, prometheus)
+    runtime = Runtime(endpoints, config)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -393,8 +361,5 @@ def make_app(endpoints: dict[str, Endpoint], config: ServeConfig | None = None, 
     app.add_exception_handler(Exception, _internal_error)
     paths = {r.path for r in app.routes if hasattr(r, "path")}
     gets = {r.path for r in app.routes if "GET" in getattr(r, "methods", ())}
-    if config.api_key:
-        app.add_middleware(_BearerKey, key=config.api_key)
-    app.add_middleware(_FramingGuard)
-    app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics, paths=paths, gets=gets)
+    app.add_middleware(_Front, metrics=runtime.metrics, paths=paths, gets=gets, key=config.api_key)
     return app

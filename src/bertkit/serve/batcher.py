@@ -159,10 +159,6 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def quantum(self) -> int:
-        return self.budget.quantum
-
     def submit(self, parts: list[Part], client: str = "", timeout: float | None = None) -> Future:
         fut: Future = Future()
         cost = sum(p.cost for p in parts)
@@ -261,7 +257,7 @@ class Batcher:
 
     def _turn(self, client: str, batch: _Batch) -> bool:
         """Up to a quantum of the client's parts into the batch; True if it took any."""
-        queue, spent, quantum = self._queues[client], 0, self.quantum
+        queue, spent, quantum = self._queues[client], 0, self.budget.quantum
         while queue:
             head = queue[0]
             if head.job.gone():                     # nobody waits for it: never computed

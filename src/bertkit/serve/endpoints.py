@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import functools
-from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -38,6 +37,24 @@ def _pieces(flat, sizes: list[int]) -> list:
 def _each(reqs: list, results: list, shape: Callable) -> list:
     """shape(request, result) per request; a result that is an exception stays that request's failure."""
     return [res if isinstance(res, Exception) else shape(r, res) for r, res in zip(reqs, results)]
+
+
+def _or_error(f: Callable, *args, **kwargs):
+    """f(...), or the error it raised: that request alone fails (a ValueError, e.g. no [MASK] in the text: 422)."""
+    try:
+        return f(*args, **kwargs)
+    except (RequestError, ValueError) as e:
+        return e
+
+
+def _batched(rows: list, run: Callable[[list], Any]) -> list:
+    """Per request its rows' results, all requests' rows run at once: run(rows) -> one result per row; a request
+    whose rows are an exception keeps it."""
+    ok = [i for i, x in enumerate(rows) if not isinstance(x, Exception)]
+    out = list(rows)
+    for i, piece in zip(ok, _pieces(run([row for i in ok for row in rows[i]]), [len(rows[i]) for i in ok])):
+        out[i] = piece
+    return out
 
 
 def _tokens(config: ServeConfig) -> int:
@@ -122,20 +139,36 @@ def _embed_split(predictor, config: ServeConfig) -> Callable[[Any, int], list[Pa
     return split
 
 
-def _embed_runs(predictor, runs: list[_Run]) -> list:
-    """Per run: (vectors (n, dims), tokens per input), or the 503 of a non-finite output; runs with the same pooling
-    and normalisation share a forward."""
-    out: list = [None] * len(runs)
-    groups: dict[tuple, list[int]] = {}
-    for i, run in enumerate(runs):
-        groups.setdefault(_embed_options(run.request)[1:3], []).append(i)
-    for (pooling, normalize), idx in groups.items():
-        rows, skips = [r for i in idx for r in runs[i].rows], [s for i in idx for s in runs[i].skips]
-        vecs = predictor.embed_ids(rows, pooling=pooling, normalize=normalize, batch_size=len(rows),
-                                   prompt_lengths=skips if any(skips) else None)
-        for i, v in zip(idx, _pieces(vecs, [len(runs[i].rows) for i in idx])):
-            out[i] = (v, [len(r) for r in runs[i].rows]) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
-    return out
+def _embed_run(predictor) -> Callable[[list[_Run]], list]:
+    """Per run its part of the answer, or the 503 of a non-finite output; runs with the same pooling and
+    normalisation share a forward."""
+    def run(runs: list[_Run]) -> list:
+        out: list = [None] * len(runs)
+        groups: dict[tuple, list[int]] = {}
+        for i, part in enumerate(runs):
+            groups.setdefault(_embed_options(part.request)[1:3], []).append(i)
+        for (pooling, normalize), idx in groups.items():
+            rows, skips = [r for i in idx for r in runs[i].rows], [s for i in idx for s in runs[i].skips]
+            vecs = predictor.embed_ids(rows, pooling=pooling, normalize=normalize, batch_size=len(rows),
+                                       prompt_lengths=skips if any(skips) else None)
+            for i, v in zip(idx, _pieces(vecs, [len(runs[i].rows) for i in idx])):
+                out[i] = _embedded(runs[i], v) if np.isfinite(v).all() else RequestError(503, NON_FINITE)
+        return out
+    return run
+
+
+def _embedded(run: _Run, vecs: np.ndarray):
+    """A run's vectors as its request asks: bertkit's {embedding}, TEI's lists, OpenAI's (floats or base64, the
+    run's token count)."""
+    r = run.request
+    if isinstance(r, S.EmbedRequest):
+        return {"embedding": np.round(vecs[0].astype(np.float64), 6).tolist()}
+    vecs = _matryoshka(vecs, r.dimensions, _embed_options(r)[2])
+    if isinstance(r, S.OpenAIEmbedRequest) and r.encoding_format == "base64":
+        data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vecs]
+    else:
+        data = vecs.astype(np.float64).round(7).tolist()
+    return (data, sum(map(len, run.rows))) if isinstance(r, S.OpenAIEmbedRequest) else data
 
 
 def _dimensions(predictor) -> Callable[[Any], None]:
@@ -157,37 +190,18 @@ def _matryoshka(vecs: np.ndarray, k: int | None, normalize: bool) -> np.ndarray:
     return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12) if normalize else vecs
 
 
-def _embed_run(predictor) -> Callable[[list], list]:
-    def shape(r, res: tuple) -> dict | list:
-        if isinstance(r, S.EmbedRequest):
-            return {"embedding": np.round(res[0][0].astype(np.float64), 6).tolist()}
-        return _matryoshka(res[0], r.dimensions, r.normalize).astype(np.float64).round(7).tolist()
-    return lambda runs: _each([run.request for run in runs], _embed_runs(predictor, runs), shape)
-
-
 def _embed_join(r, results: list):
     return results[0] if isinstance(r, S.EmbedRequest) else [v for res in results for v in res]
 
 
-def _openai_join(r, results: list) -> dict:
-    data = [dict(d, index=i) for i, d in enumerate(d for res in results for d in res["data"])]
-    tokens = sum(res["usage"]["prompt_tokens"] for res in results)
-    return {**results[0], "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-
-def _openai_run(predictor) -> Callable[[list], list]:
-    def shape(r: S.OpenAIEmbedRequest, res: tuple) -> dict:
-        vecs, counts = res
-        vecs = _matryoshka(vecs, r.dimensions, True)
-        if r.encoding_format == "base64":
-            data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vecs]
-        else:
-            data = vecs.astype(np.float64).round(7).tolist()
-        return {"object": "list", "model": predictor.name,
+def _openai_join(name: str) -> Callable[[Any, list], dict]:
+    def join(r, results: list) -> dict:
+        data = [e for res, _ in results for e in res]
+        tokens = sum(n for _, n in results)
+        return {"object": "list", "model": name,
                 "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
-                "usage": {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}}
-
-    return lambda runs: _each([run.request for run in runs], _embed_runs(predictor, runs), shape)
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return join
 
 
 def _embed_all_run(predictor, config: ServeConfig) -> Callable[[list], list]:
@@ -205,21 +219,16 @@ def _embed_all_run(predictor, config: ServeConfig) -> Callable[[list], list]:
                 out[i] = h[:len(rows[i])]
         return out
 
-    def rows(r: S.EmbedAllRequest) -> list[list[int]] | RequestError:
-        try:
-            return _input_rows(predictor, r.inputs, max_length, r.truncate, r.truncation_direction == "Left",
-                               lower=predictor.sentence_encoder().do_lower_case)
-        except RequestError as e:
-            return e
-
     def run(reqs: list) -> list:
-        out = [rows(r) for r in reqs]
-        ok = [i for i, rows in enumerate(out) if not isinstance(rows, Exception)]
-        hidden = states([row for i in ok for row in out[i]])
-        for i, hs in zip(ok, _pieces(hidden, [len(out[i]) for i in ok])):
-            finite = all(np.isfinite(h).all() for h in hs)
-            out[i] = [h.astype(np.float64).round(7).tolist() for h in hs] if finite else RequestError(503, NON_FINITE)
-        return out
+        lower = predictor.sentence_encoder().do_lower_case
+        rows = [_or_error(_input_rows, predictor, r.inputs, max_length, r.truncate, r.truncation_direction == "Left",
+                          lower=lower) for r in reqs]
+        return _each(reqs, _batched(rows, states), shape)
+
+    def shape(r, hs: list[np.ndarray]):
+        if not all(np.isfinite(h).all() for h in hs):
+            return RequestError(503, NON_FINITE)
+        return [h.astype(np.float64).round(7).tolist() for h in hs]
     return run
 
 
@@ -264,42 +273,25 @@ def _encoded_rows(predictor, rows: list[list[str]], max_length: int, truncate: b
     return encoded
 
 
-def _class_logits(predictor, requests: list[tuple[list[list[str]], bool]], max_length: int) -> list:
-    """Per request (rows, truncate): its (rows, labels) logits, all requests' rows in one forward, or the
-    RequestError of a request with a row too long to serve untruncated."""
-    out: list = []
-    for rows, truncate in requests:
-        try:
-            out.append(_encoded_rows(predictor, rows, max_length, truncate))
-        except RequestError as e:
-            out.append(e)
-    ok = [i for i, x in enumerate(out) if not isinstance(x, Exception)]
-    ids, types = [r for i in ok for r, _ in out[i]], [t for i in ok for _, t in out[i]]
-    logits = np.zeros((len(ids), predictor.model.config.num_labels), dtype=np.float32)
-    for idx, _, o in forward_batches(predictor.model, [len(r) for r in ids], lambda idx: pad_batch(
-            [ids[i] for i in idx], [types[i] for i in idx], predictor.tokenizer.pad_token_id, device=predictor.device),
-            max(len(ids), 1), predictor.precision):
-        logits[idx] = o.logits.float().cpu().numpy()
-    for i, z in zip(ok, _pieces(logits, [len(out[i]) for i in ok])):
-        out[i] = z
-    return out
+def _class_run(predictor, max_length: int, rows: Callable, scores: Callable, shape: Callable) -> Callable:
+    """A route over a request's rows(request), all requests' rows in one forward: scores(request, its (rows, labels)
+    logits), then shape(request, scores) unless a score is not finite (503)."""
+    def logits(encoded: list[tuple[list, list]]) -> np.ndarray:
+        ids, types = [r for r, _ in encoded], [t for _, t in encoded]
+        out = np.zeros((len(ids), predictor.model.config.num_labels), dtype=np.float32)
+        for idx, _, o in forward_batches(predictor.model, [len(r) for r in ids], lambda idx: pad_batch(
+                [ids[i] for i in idx], [types[i] for i in idx], predictor.tokenizer.pad_token_id,
+                device=predictor.device), max(len(ids), 1), predictor.precision):
+            out[idx] = o.logits.float().cpu().numpy()
+        return out
 
-
-def _scores(predictor, logits: np.ndarray, raw: bool) -> np.ndarray:
-    """Per label: the logits (raw), else TEI's rule: sigmoid for one label or a multi-label model, softmax
-    otherwise."""
-    return class_scores(logits, "none" if raw else score_function(predictor.model.config, regression="sigmoid"))
-
-
-def _class_run(predictor, config: ServeConfig, rows: Callable, scores: Callable, shape: Callable) -> Callable:
-    """A route over a request's rows(request): scores(request, logits), then shape(request, scores) unless a score
-    is not finite (503)."""
-    def one(r, logits: np.ndarray):
-        z = scores(r, logits)
+    def one(r, z: np.ndarray):
+        z = scores(r, z)
         return shape(r, z) if np.isfinite(z).all() else RequestError(503, NON_FINITE)
 
     def run(reqs: list) -> list:
-        return _each(reqs, _class_logits(predictor, [(rows(r), r.truncate) for r in reqs], _tokens(config)), one)
+        encoded = [_or_error(_encoded_rows, predictor, rows(r), max_length, r.truncate) for r in reqs]
+        return _each(reqs, _batched(encoded, logits), one)
     return run
 
 
@@ -309,19 +301,20 @@ def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
         preds = [sorted(({"label": labels[j], "score": round(float(s), 6)} for j, s in enumerate(row)),
                         key=lambda p: -p["score"]) for row in scores]
         return preds if r.inputs.batch else preds[0]
-    return _class_run(predictor, config, lambda r: r.inputs.items,
-                      lambda r, logits: _scores(predictor, logits, r.raw_scores), shape)
+    # TEI's rule: sigmoid for one label or a multi-label model, softmax otherwise; raw_scores: the logits
+    function = score_function(predictor.model.config, regression="sigmoid")
+    return _class_run(predictor, _tokens(config), lambda r: r.inputs.items,
+                      lambda r, logits: class_scores(logits, "none" if r.raw_scores else function), shape)
 
 
 def _rerank_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     ce = CrossEncoder(predictor, predictor.name)          # the scores of `bertkit rerank` and CrossEncoder.predict
-    config = replace(config, max_length=config.max_length or ce.max_length)      # and its pieces per pair
 
     def shape(r: S.RerankRequest, scores: np.ndarray):
         ranks = [{"index": i, "score": round(float(s), 6), **({"text": r.texts[i]} if r.return_text else {})}
                  for i, s in enumerate(scores)]
         return sorted(ranks, key=lambda x: -x["score"])
-    return _class_run(predictor, config, lambda r: [[r.query, t] for t in r.texts],
+    return _class_run(predictor, config.max_length or ce.max_length, lambda r: [[r.query, t] for t in r.texts],
                       lambda r, logits: ce.from_logits(logits, r.raw_scores), shape)
 
 
@@ -357,12 +350,8 @@ def _fill_check(config: ServeConfig, mask: str) -> Callable[[S.FillMaskRequest],
 
 
 def _fill_run(predictor, config: ServeConfig) -> Callable[[list], list]:
-    def one(r: S.FillMaskRequest):
-        try:
-            return predictor.fill_mask(r.text, top_k=r.top_k, beam_size=r.beam_size, max_length=_tokens(config))
-        except ValueError as e:   # e.g. no [MASK] in the text: that request alone gets 422
-            return e
-    return lambda reqs: [one(r) for r in reqs]
+    return lambda reqs: [_or_error(predictor.fill_mask, r.text, top_k=r.top_k, beam_size=r.beam_size,
+                                   max_length=_tokens(config)) for r in reqs]
 
 
 def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
@@ -377,18 +366,6 @@ def _classify_run(predictor, config: ServeConfig) -> Callable[[list], list]:
 
 # -------------------------------------------------------------------------------------------------------- wiring
 
-def _counted(texts: Callable[[Any], int], config: ServeConfig,
-             also: Callable[[Any], None] | None = None) -> tuple[Callable, Callable]:
-    """(weight, check) of a route whose requests carry texts(request) texts, at most max_inputs of them, and pass
-    the route's own check `also`."""
-    def check(r) -> None:
-        if texts(r) > config.max_inputs:
-            raise RequestError(422, f"{texts(r)} inputs in one request; the limit is {config.max_inputs}")
-        if also is not None:
-            also(r)
-    return texts, check
-
-
 def _reranks(predictor) -> bool:
     return predictor.task == "classify" and single_text_kind(predictor) is None
 
@@ -397,37 +374,34 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
     """Route name -> Endpoint for what the predictor's head supports (embed and tokenize always)."""
     config = config or ServeConfig()
     L = _tokens(config)
+    embed_split, dims = _embed_split(predictor, config), _dimensions(predictor)
     eps = [
         Endpoint("embed", S.AnyEmbedRequest, _embed_run(predictor), S.AnyEmbedResult,
                  "sentence embedding: {text} -> {embedding}, or TEI's {inputs} -> [[...], ...]",
-                 *_counted(lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), config,
-                           _dimensions(predictor)),
-                 split=_embed_split(predictor, config), join=_embed_join),
+                 lambda r: 1 if isinstance(r, S.EmbedRequest) else len(r.inputs), dims, embed_split, _embed_join),
         Endpoint("embed_all", S.EmbedAllRequest, _embed_all_run(predictor, config), list[list[list[float]]],
-                 "every token's vector (the encoder's last hidden state), TEI's shape",
-                 *_counted(lambda r: len(r.inputs), config)),
-        Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _openai_run(predictor), S.OpenAIEmbedResponse,
-                 "OpenAI-compatible embeddings",
-                 *_counted(lambda r: len(r.input), config, _dimensions(predictor)),
-                 split=_embed_split(predictor, config), join=_openai_join),
+                 "every token's vector (the encoder's last hidden state), TEI's shape", lambda r: len(r.inputs)),
+        Endpoint("v1/embeddings", S.OpenAIEmbedRequest, _embed_run(predictor), S.OpenAIEmbedResponse,
+                 "OpenAI-compatible embeddings", lambda r: len(r.input), dims, embed_split,
+                 _openai_join(predictor.name)),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
-                 "WordPiece tokens with their character offsets", *_counted(lambda r: len(r.inputs), config)),
+                 "WordPiece tokens with their character offsets", lambda r: len(r.inputs)),
         Endpoint("decode", S.DecodeRequest, _decode_run(predictor), list[str], "token ids -> text, TEI's /decode",
-                 *_counted(lambda r: len(r.ids), config)),
+                 lambda r: len(r.ids)),
     ]
     if predictor.has_mlm:
         eps.append(Endpoint("fill-mask", S.FillMaskRequest, _fill_run(predictor, config), S.FillMaskResult,
-                            "fill [MASK] tokens (several masks are decoded jointly)", check=_fill_check(config, predictor.tokenizer.mask_token)))
+                            "fill [MASK] tokens (several masks are decoded jointly)",
+                            check=_fill_check(config, predictor.tokenizer.mask_token)))
     if predictor.task == "classify":
         eps.append(Endpoint("classify", S.ClassifyRequest, _classify_run(predictor, config), S.ClassifyResult,
                             "sequence classification (of a text, or of a text pair)"))
         eps.append(Endpoint("predict", S.PredictRequest, _predict_run(predictor, config),
                             S.PredictResult, "classification, TEI's shape: labels by score",
-                            *_counted(lambda r: len(r.inputs.items), config)))
+                            lambda r: len(r.inputs.items)))
     if _reranks(predictor):
         eps.append(Endpoint("rerank", S.RerankRequest, _rerank_run(predictor, config), list[S.Rank],
-                            "score (query, text) pairs with the cross-encoder, best first",
-                            *_counted(lambda r: len(r.texts), config)))
+                            "score (query, text) pairs with the cross-encoder, best first", lambda r: len(r.texts)))
     if predictor.task == "tag":
         eps.append(Endpoint("tag", S.TagRequest,
                             lambda rs: predictor.tag([r.text for r in rs], max_length=L, batch_size=len(rs)),

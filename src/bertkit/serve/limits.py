@@ -14,9 +14,6 @@ from bertkit.errors import BertkitError, ConfigError
 
 __all__ = ["ServeConfig", "RequestError", "MissingServeExtra", "parse_json", "require_serve_extra"]
 
-INSTALL_HINT = "pip install 'bertkit[serve]'"
-
-
 class MissingServeExtra(BertkitError):
     """FastAPI / uvicorn are not installed."""
 
@@ -30,7 +27,7 @@ def require_serve_extra() -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise MissingServeExtra(f"serving needs {', '.join(missing)}: {INSTALL_HINT}")
+        raise MissingServeExtra(f"serving needs {', '.join(missing)}: pip install 'bertkit[serve]'")
 
 
 DEFAULT_MAX_LENGTH = 256                # tokens per text where neither --max-length nor the model says
@@ -89,11 +86,6 @@ class ServeConfig:
                                          or any(c.isspace() or not c.isprintable() for c in self.api_key)):
             raise ConfigError("--api-key must be a non-empty string without spaces")
         return self
-
-    @property
-    def loopback(self) -> bool:
-        """Bound to this machine only (no one else can connect)."""
-        return self.host in ("localhost", "::1") or self.host.startswith("127.")
 
     def describe(self) -> str:
         """The limits in one line, printed when the server starts."""

@@ -1,6 +1,5 @@
 """Prometheus metrics for `GET /metrics`: requests by route / method / status, request latency, batch sizes and
-queue depths. With prometheus-client installed its registry renders them; without it a small writer of the text
-exposition format (version 0.0.4) does, so serving needs no extra package for metrics.
+queue depths, written in the text exposition format (version 0.0.4), so serving needs no extra package for metrics.
 """
 
 from __future__ import annotations
@@ -23,60 +22,6 @@ _HELP = {
 }
 
 
-class Metrics:
-    """Thread-safe recording (the event loop records requests, batcher threads record batches).
-
-    depths() -> {endpoint: queued requests}, read at scrape time. prometheus=None: use prometheus-client when it
-    is installed; False forces the built-in writer."""
-
-    def __init__(self, depths: Callable[[], dict[str, int]], prometheus: bool | None = None):
-        self.depths = depths
-        self._impl = _Builtin()
-        if prometheus is not False:
-            try:
-                self._impl = _Prometheus()
-            except ImportError:
-                if prometheus:
-                    raise
-        self.backend = type(self._impl).__name__.strip("_").lower()
-
-    def request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self._impl.request(route, method, str(status), seconds)
-
-    def batch(self, endpoint: str, size: int) -> None:
-        self._impl.batch(endpoint, size)
-
-    def render(self) -> bytes:
-        return self._impl.render(self.depths())
-
-
-class _Prometheus:
-    def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-        self.registry = CollectorRegistry(auto_describe=True)   # one per app: several apps may share a process
-        h = _HELP
-        self.requests = Counter("bertkit_requests", h["bertkit_requests_total"], ["route", "method", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("bertkit_request_duration_seconds", h["bertkit_request_duration_seconds"],
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batches = Histogram("bertkit_batch_size", h["bertkit_batch_size"], ["endpoint"], buckets=BATCH_BUCKETS,
-                                 registry=self.registry)
-        self.queue = Gauge("bertkit_queue_depth", h["bertkit_queue_depth"], ["endpoint"], registry=self.registry)
-
-    def request(self, route: str, method: str, status: str, seconds: float) -> None:
-        self.requests.labels(route, method, status).inc()
-        self.latency.labels(route).observe(seconds)
-
-    def batch(self, endpoint: str, size: int) -> None:
-        self.batches.labels(endpoint).observe(size)
-
-    def render(self, depths: dict[str, int]) -> bytes:
-        from prometheus_client import generate_latest
-        for name, n in depths.items():
-            self.queue.labels(name).set(n)
-        return generate_latest(self.registry)
-
-
 class _Histogram:
     def __init__(self, buckets: tuple):
         self.buckets = buckets
@@ -88,27 +33,20 @@ class _Histogram:
         self.sum += value
 
 
-def _labels(names: tuple, values: tuple, extra: str = "") -> str:
-    def esc(v: str) -> str:
-        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    parts = [f'{n}="{esc(v)}"' for n, v in zip(names, values)] + ([extra] if extra else [])
-    return "{" + ",".join(parts) + "}"
+class Metrics:
+    """Thread-safe recording (the event loop records requests, batcher threads record batches). depths() ->
+    {endpoint: queued requests}, read at scrape time."""
 
-
-def _fmt(x: float) -> str:
-    return repr(float(x)) if isinstance(x, float) else str(x)
-
-
-class _Builtin:
-    def __init__(self):
+    def __init__(self, depths: Callable[[], dict[str, int]]):
+        self.depths = depths
         self._lock = threading.Lock()
         self.requests: dict[tuple, int] = {}
         self.latency: dict[tuple, _Histogram] = {}
         self.batches: dict[tuple, _Histogram] = {}
 
-    def request(self, route: str, method: str, status: str, seconds: float) -> None:
+    def request(self, route: str, method: str, status: int, seconds: float) -> None:
         with self._lock:
-            key = (route, method, status)
+            key = (route, method, str(status))
             self.requests[key] = self.requests.get(key, 0) + 1
             self.latency.setdefault((route,), _Histogram(LATENCY_BUCKETS)).observe(seconds)
 
@@ -116,7 +54,7 @@ class _Builtin:
         with self._lock:
             self.batches.setdefault((endpoint,), _Histogram(BATCH_BUCKETS)).observe(size)
 
-    def render(self, depths: dict[str, int]) -> bytes:
+    def render(self) -> bytes:
         with self._lock:
             lines = _family("bertkit_requests_total", "counter")
             lines += [f"bertkit_requests_total{_labels(('route', 'method', 'status'), k)} {v}"
@@ -124,8 +62,15 @@ class _Builtin:
             lines += _histogram("bertkit_request_duration_seconds", ("route",), self.latency)
             lines += _histogram("bertkit_batch_size", ("endpoint",), self.batches)
         lines += _family("bertkit_queue_depth", "gauge")
-        lines += [f"bertkit_queue_depth{_labels(('endpoint',), (k,))} {v}" for k, v in sorted(depths.items())]
+        lines += [f"bertkit_queue_depth{_labels(('endpoint',), (k,))} {v}" for k, v in sorted(self.depths().items())]
         return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _labels(names: tuple, values: tuple, extra: str = "") -> str:
+    def esc(v: str) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    parts = [f'{n}="{esc(v)}"' for n, v in zip(names, values)] + ([extra] if extra else [])
+    return "{" + ",".join(parts) + "}"
 
 
 def _family(name: str, kind: str) -> list[str]:
@@ -138,8 +83,8 @@ def _histogram(name: str, label_names: tuple, series: dict[tuple, _Histogram]) -
         total = 0
         for le, n in zip([*h.buckets, "+Inf"], h.counts):
             total += n
-            le_label = f'le="{le if le == "+Inf" else _fmt(float(le))}"'
+            le_label = f'le="{le if le == "+Inf" else repr(float(le))}"'
             lines.append(f"{name}_bucket{_labels(label_names, key, le_label)} {total}")
-        lines.append(f"{name}_sum{_labels(label_names, key)} {_fmt(float(h.sum))}")
+        lines.append(f"{name}_sum{_labels(label_names, key)} {float(h.sum)!r}")
         lines.append(f"{name}_count{_labels(label_names, key)} {total}")
     return lines

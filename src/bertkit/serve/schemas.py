@@ -20,12 +20,9 @@ def _not_blank(value: str) -> str:
     return value
 
 
-def _as_list(value: Any) -> Any:
-    return [value] if isinstance(value, str) else value
-
-
 Text = Annotated[str, AfterValidator(_not_blank)]
-Texts = Annotated[list[Text], BeforeValidator(_as_list, json_schema_input_type=Union[str, list[str]]),
+Texts = Annotated[list[Text], BeforeValidator(lambda v: [v] if isinstance(v, str) else v,
+                                              json_schema_input_type=Union[str, list[str]]),
                   Field(min_length=1, description="a text or a list of texts")]
 
 
@@ -60,23 +57,19 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Response(BaseModel):
-    pass
-
-
-class ErrorBody(Response):
+class ErrorBody(BaseModel):
     error: str = Field(description="what was wrong, in one line")
     error_type: Literal["Validation", "Overloaded", "Backend"] = Field(description="text-embeddings-inference's kind")
 
 
-class OpenAIErrorDetail(Response):
+class OpenAIErrorDetail(BaseModel):
     message: str
     type: Literal["invalid_request_error", "server_error"]
     param: str | None = Field(description="the request field at fault, where one is")
     code: str | None = None
 
 
-class OpenAIError(Response):
+class OpenAIError(BaseModel):
     error: OpenAIErrorDetail
 
 
@@ -90,7 +83,7 @@ class EmbedRequest(Request):
     normalize: bool = True
 
 
-class EmbedResult(Response):
+class EmbedResult(BaseModel):
     embedding: list[float]
 
 
@@ -101,21 +94,21 @@ class FillMaskRequest(Request):
     beam_size: int = Field(8, ge=1, description="beam width of the decoding (at most the server's max_beam_size)")
 
 
-class WordCandidate(Response):
+class WordCandidate(BaseModel):
     word: str
     score: float
     pieces: list[str]
     sequence: str
 
 
-class JointCandidate(Response):
+class JointCandidate(BaseModel):
     tokens: list[str]
     score: float
     log_pll: float
     sequence: str
 
 
-class FillMaskResult(Response):
+class FillMaskResult(BaseModel):
     masks: int
     candidates: Union[list[WordCandidate], list[JointCandidate]]
 
@@ -126,7 +119,7 @@ class ClassifyRequest(Request):
     pair: Text | None = Field(None, description="second text (pair tasks)")
 
 
-class ClassifyResult(Response):
+class ClassifyResult(BaseModel):
     label: str | None = None
     score: float | None = None
     scores: dict[str, float] | None = None
@@ -138,7 +131,7 @@ class TagRequest(Request):
     text: Text = Field(description="input text")
 
 
-class TaggedWord(Response):
+class TaggedWord(BaseModel):
     word: str
     start: int
     end: int
@@ -153,14 +146,14 @@ class AnswerRequest(Request):
     context: Text
 
 
-class AnswerResult(Response):
+class AnswerResult(BaseModel):
     answer: str
     score: float
     start: int | None
     end: int | None
 
 
-class Health(Response):
+class Health(BaseModel):
     status: str
     model: str
     endpoints: list[str]
@@ -233,7 +226,7 @@ class PredictRequest(Request):
     truncate: bool = False
 
 
-class Prediction(Response):
+class Prediction(BaseModel):
     label: str
     score: float
 
@@ -251,7 +244,7 @@ class RerankRequest(Request):
     truncate: bool = False
 
 
-class Rank(Response):
+class Rank(BaseModel):
     index: int
     score: float
     text: str | None = None
@@ -263,7 +256,7 @@ class TokenizeRequest(Request):
     add_special_tokens: bool = True
 
 
-class SimpleToken(Response):
+class SimpleToken(BaseModel):
     id: int
     text: str
     special: bool
@@ -271,7 +264,7 @@ class SimpleToken(Response):
     stop: int | None
 
 
-class Info(Response):
+class Info(BaseModel):
     model_id: str
     model_type: str
     task: str
@@ -298,18 +291,18 @@ class OpenAIEmbedRequest(Request):
     user: str | None = None
 
 
-class OpenAIEmbedding(Response):
+class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: Union[list[float], str] = Field(description="floats, or base64 of little-endian float32")
 
 
-class Usage(Response):
+class Usage(BaseModel):
     prompt_tokens: int
     total_tokens: int
 
 
-class OpenAIEmbedResponse(Response):
+class OpenAIEmbedResponse(BaseModel):
     object: Literal["list"] = "list"
     data: list[OpenAIEmbedding]
     model: str

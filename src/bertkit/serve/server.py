@@ -35,9 +35,6 @@ from bertkit.serve.limits import ServeConfig
 
 __all__ = ["listen", "uvicorn_config", "ServerThread", "serve_model"]
 
-OPEN_WARNING = ("bertkit serve: warning: --host {host} is reachable from other machines and no --api-key is set: "
-                "anyone who can connect can use the model")
-
 
 class _Brake:
     """4xx answers per address as a token bucket: each takes a token, `rate` come back a second, ten seconds' worth
@@ -110,12 +107,7 @@ class _Guarded(H11Protocol):
         self.connections.discard(self)
         self._held = True                  # what it sends meanwhile is dropped unread: pause_reading can come late
         self.transport.pause_reading()
-        self._read_timer = self.loop.call_later(1.0, self._refuse, status, message)
-
-    def _refuse(self, status: int, message: str) -> None:
-        self._read_timer = None
-        self._answer(status, message, retry_after=1)
-        self.transport.close()
+        self._read_timer = self.loop.call_later(1.0, self._answer, status, message, 1)
 
     def _arm(self) -> None:
         self._disarm()
@@ -139,8 +131,8 @@ class _Guarded(H11Protocol):
             self.transport.close()
 
     def _answer(self, status: int, message: str, retry_after: int | None = None) -> None:
-        """An error written straight to the socket (the caller closes it): for what the app never sees, in the
-        shape the app's own errors have."""
+        """An error written straight to the socket, which is then closed: for what the app never sees, in the shape
+        the app's own errors have."""
         body = json.dumps(tei_error(status, message)).encode()
         extra = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
@@ -148,6 +140,7 @@ class _Guarded(H11Protocol):
         self._disarm()
         self._counted(status)
         self.transport.write(head.encode() + body)
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._held:
@@ -159,7 +152,6 @@ class _Guarded(H11Protocol):
         declared = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)   # h11's chunked reader
         if isinstance(declared, int) and declared > self.limits.max_body_bytes:
             self._answer(413, f"a chunk of {declared} bytes exceeds the body limit of {self.limits.max_body_bytes}")
-            self.transport.close()
         elif self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             self._disarm()        # the request is in (or the connection is done): the batcher's timeout governs
 
@@ -248,8 +240,10 @@ def serve_model(model_path: str, config: ServeConfig, verbose: bool = False, pre
     """Load a model directory through `Predictor.load` (forwards in `precision`) and serve it until interrupted."""
     config.validate()
     sock = listen(config)          # before loading: a busy port fails at once, not after the model has loaded
-    if not config.loopback and not config.api_key:
-        print(OPEN_WARNING.format(host=config.host), file=sys.stderr, flush=True)
+    loopback = config.host in ("localhost", "::1") or config.host.startswith("127.")    # no one else can connect
+    if not loopback and not config.api_key:
+        print(f"bertkit serve: warning: --host {config.host} is reachable from other machines and no --api-key is "
+              f"set: anyone who can connect can use the model", file=sys.stderr, flush=True)
     try:
         predictor = Predictor.load(model_path, precision=precision)
         endpoints = model_endpoints(predictor, config)
