@@ -121,3 +121,27 @@ def test_a_refused_export_into_new_directories_leaves_none(tmp_path, capsys):
     out = tmp_path / "new" / "sub" / "m.onnx"
     assert main(["export", str(d), str(out), "--int8", "--tolerance", "0"]) == 2       # int8 never matches exactly
     assert "nothing written" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("model_type", ["modernbert", "gte"])
+def test_rotary_families_export_their_rotation(tmp_path, model_type):
+    """Attention sharp enough that unrotated q and k would move the outputs far past the tolerance (the exporter
+    traces, and tracing drops in-place writes to views: the rotation must be written out of place there)."""
+    transformers = pytest.importorskip("transformers")
+    from bertkit import BertModel, Tokenizer
+    from bertkit.export import check_onnx, export_onnx
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
+                                            num_attention_heads=4, intermediate_size=48, pad_token_id=0,
+                                            **({"type_vocab_size": 2} if model_type == "gte" else {}))
+    torch.manual_seed(0)
+    ref = transformers.AutoModel.from_config(cfg)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "qkv" in name.lower() and p.dim() == 2:
+                p.mul_(8.0)
+    ref.save_pretrained(tmp_path / "m")
+    Tokenizer({t: i for i, t in enumerate(VOCAB)}).save(tmp_path / "m")
+    d = tmp_path / "m"
+    BertModel.from_pretrained(d)                                      # loads as bertkit reads it
+    report = check_onnx(d, export_onnx(d, tmp_path / "m.onnx"))
+    assert report["max_abs_diff"] <= 1e-4, report

@@ -124,10 +124,16 @@ def rotate(qkv: Tensor, table: tuple[Tensor, Tensor], heads: int) -> Tensor:
     """Fused (..., 3 * hidden) projections with q and k rotated (RoFormer), v as it was; the table's positions
     broadcast over the leading dims: (seq,) for a padded batch, (tokens,) for a packed one. In fp32, the halves
     x1 cos - x2 sin | x2 cos + x1 sin: transformers' x cos + rotate_half(x) sin, bit for bit. Rotated in place:
-    `qkv` is a fresh projection no one else reads, and no copy or cat of it is made (they were ~6% of a forward)."""
+    `qkv` is a fresh projection no one else reads, and no copy or cat of it is made (they were ~6% of a forward),
+    except under tracing (ONNX export), which drops in-place writes to views."""
     cos, sin = (t.unsqueeze(-2) for t in table)                                   # (..., 1, head_dim / 2)
+    width = qkv.shape[-1] * 2 // 3
+    if torch.jit.is_tracing():
+        x1, x2 = qkv[..., :width].unflatten(-1, (2 * heads, 2, -1)).float().unbind(-2)
+        turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(qkv.dtype)
+        return torch.cat((turned, qkv[..., width:]), dim=-1)
     out = qkv if qkv.dtype == torch.float32 else qkv.float()
-    qk = out[..., :out.shape[-1] * 2 // 3].unflatten(-1, (2 * heads, 2, -1))      # (..., 2 heads, 2, head_dim / 2)
+    qk = out[..., :width].unflatten(-1, (2 * heads, 2, -1))                      # (..., 2 heads, 2, head_dim / 2)
     x1, x2 = qk.select(-2, 0), qk.select(-2, 1)
     x2_sin, x1_sin = x2 * sin, x1 * sin
     x1.mul_(cos).sub_(x2_sin)

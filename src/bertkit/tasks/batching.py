@@ -27,7 +27,7 @@ from bertkit.tokenizer.inputs import pad_batch
 __all__ = ["BucketBatchSampler", "collate", "predict_batches"]
 
 
-@dataclass
+@dataclass(eq=False)                    # a sampler is one object, compared and hashed by identity
 class BucketBatchSampler:
     """Yields lists of indices; similar lengths share a batch. Deterministic given (seed, epoch)."""
     lengths: list[int]

@@ -449,8 +449,8 @@ def _check_settings(pc: PretrainConfig) -> None:
         raise ConfigError("give the run's length: --steps N, --epochs E or --budget 10m")
     if not 0 < pc.phase1_fraction < 1 and pc.phase2_shards:
         raise ConfigError(f"phase1_fraction must be in (0, 1), got {pc.phase1_fraction}")
-    if pc.batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {pc.batch_size}")
+    if pc.batch_size < 1 or pc.eval_batches < 0:
+        raise ConfigError(f"batch_size must be >= 1 and eval_batches >= 0, got {pc.batch_size} and {pc.eval_batches}")
     for flag, value, choices in (("--attention-init", pc.attention_init, ("random", "local")),
                                  ("--output-vocab", pc.output_vocab, ("full", "corpus")),
                                  ("--masking", pc.masking, ("shards", *MASK_MODES)),
