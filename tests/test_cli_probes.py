@@ -27,6 +27,7 @@ from bertkit.commands.checks import MARKER, REPLACED
 WORDS = "the a man is eating food bread dog run paris france great awful film plot was very".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 BINARY = bytes(range(256)) * 4 + b"\n\xff\xfe\x00\x81\n"
+LONG_INT = b"1" * 5000                 # past Python's int-parsing digit limit: json raises a bare ValueError
 LATIN1 = "text,label\nthe film was great,pos\ncaf\xe9 was awful,neg\n".encode("latin-1")
 
 
@@ -80,6 +81,9 @@ _SPOILED = {
     "cfg-str-hidden": ("config.json", lambda c: {**c, "hidden_size": "32"}, "hidden_size"),
     "cfg-neg-vocab": ("config.json", lambda c: {**c, "vocab_size": -1}, "vocab_size"),
     "cfg-bool-layers": ("config.json", lambda c: {**c, "num_hidden_layers": True}, "num_hidden_layers"),
+    "cfg-long-int": ("config.json", lambda c: b'{"vocab_size": ' + LONG_INT + b"}", "config.json"),
+    "tok-long-int": ("tokenizer_config.json", lambda c: b'{"model_max_length": ' + LONG_INT + b"}",
+                     "tokenizer_config.json"),
     "tok-maybe": ("tokenizer_config.json", lambda c: {**c, "do_lower_case": "maybe"}, "do_lower_case"),
     "tok-list": ("tokenizer_config.json", lambda c: [c], "tokenizer_config.json"),
     "tok-deep": ("tokenizer_config.json", lambda c: b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000,
@@ -338,6 +342,16 @@ def input_probes() -> list[Probe]:
     probes += [
         Probe("in:finetune:dev-binary", [*ft, "--task", "classify", "--train", "W/data/train.csv", "--dev",
                                          "W/data/bin.csv"], "bin.csv"),
+        Probe("in:finetune:jsonl-long-int", [*ft, "--task", "classify", "--train", "T/big.jsonl", "--dev",
+                                             "W/data/dev.csv"], "big.jsonl:1: not valid JSON",
+              {"T/big.jsonl": b'{"text": "the film", "label": ' + LONG_INT + b"}\n"}),
+        Probe("in:finetune:squad-long-int", [*ft, "--task", "qa", "--train", "T/big.json", "--dev",
+                                             "W/data/dev.csv"], "big.json",
+              {"T/big.json": b'{"data": ' + LONG_INT + b"}"}),
+        Probe("in:plot:metrics-long-int", ["plot", "T/run", "--out", "T/p.png"], "metrics.jsonl:1",
+              {"T/run/metrics.jsonl": b'{"step": 1, "loss": ' + LONG_INT + b"}\n"}),
+        Probe("in:plot:confusion-long-int", ["plot", "T/p.jsonl", "--confusion", "--out", "T/c.png"], "p.jsonl:1",
+              {"T/p.jsonl": b'{"label": ' + LONG_INT + b', "prediction": "a"}\n'}),
         Probe("in:finetune:missing", [*ft, "--task", "classify", "--train", "W/nope.csv", "--dev", "W/data/dev.csv"],
               "nope.csv"),
         Probe("in:finetune:duplicate-column", [*ft, "--task", "classify", "--train", "T/dup.csv", "--dev",

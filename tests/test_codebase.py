@@ -87,14 +87,6 @@ LAYERS = [
 # imports: an optional dependency (fastapi, onnx, matplotlib, ...) or torch / numpy kept off `bertkit -h`'s path.
 DEFERRED_MARK = "# deferred:"
 
-# Files other branches are rewriting (infer, fillmask_eval, pipelines, precision, serve/endpoints, embed/runner,
-# rerank, train and pooling, commands/infer, embed and finetune, distill, tasks/), and imports of names they define:
-# these entries are being cleared as those land, and nothing is added to them.
-_NOT_YET_CYCLES = {frozenset({"bertkit.infer", "bertkit.fillmask_eval"})}
-_NOT_YET_UPWARD = {"bertkit.rerank imports bertkit.infer"}
-_NOT_YET_PRIVATE: set = set()
-_NOT_YET_LOCAL: set = set()
-
 
 def _module(path: Path) -> str:
     parts = path.relative_to(SRC.parent).with_suffix("").parts
@@ -217,29 +209,23 @@ def _says_why(lines: list[str], line: int) -> bool:
     return n >= 0 and DEFERRED_MARK in lines[n] and lines[n].strip().startswith(("#", "from ", "import "))
 
 
-def _without_line(entry: str) -> str:
-    """"a.b:12 imports c" -> "a.b imports c": allowlist entries outlive line numbers."""
-    head, rest = entry.split(" ", 1)
-    return f"{head.split(':')[0]} {rest}"
-
-
 def test_no_import_cycles():
-    found = [c for c in cycles() if c not in _NOT_YET_CYCLES]
+    found = cycles()
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in found)
 
 
 def test_imports_run_down_the_layers():
-    found = [e for e in upward() if _without_line(e) not in _NOT_YET_UPWARD]
+    found = upward()
     assert not found, "imports from a higher layer (move the code to where it belongs):\n" + "\n".join(found)
 
 
 def test_no_imports_of_another_modules_private_names():
-    found = [e for e in private() if _without_line(e) not in _NOT_YET_PRIVATE]
+    found = private()
     assert not found, "private names imported across modules (make them public or move them):\n" + "\n".join(found)
 
 
 def test_function_local_imports_say_why():
-    found = [e for e in local_imports() if e.split(":")[0] not in _NOT_YET_LOCAL]
+    found = local_imports()
     assert not found, ("function-local imports of bertkit modules (import at the top, or say why it waits with "
                        f"`{DEFERRED_MARK} ...`):\n" + "\n".join(found))
 

@@ -24,6 +24,7 @@ from bertkit.atomic import write_text
 from bertkit.errors import CheckpointError, ConfigError
 from bertkit.families import family
 from bertkit.hub import resolve_model_dir
+from bertkit.textfiles import parse_json
 
 __all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES", "CONFIG_NAME",
            "read_config"]
@@ -334,14 +335,7 @@ def read_json_config(p: Path, error=ConfigError) -> dict:
         raise error(f"{p}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise error(f"{p}: not UTF-8 (invalid byte at offset {e.start})") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except RecursionError:
-        raise error(f"{p}: not a config (JSON nested too deeply)") from None
-    except ValueError as e:                # an integer past Python's digit limit: json's own ValueError
-        raise error(f"{p}: not a config ({str(e).split(':')[0]})") from None
+    d = parse_json(text, str(p), error)
     if not isinstance(d, dict):
         raise error(f"{p}: expected a JSON object, got {type(d).__name__}")
     return d

@@ -21,7 +21,6 @@ named "<split>/<field>", so train and held-out curves of the same quantity are t
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from pathlib import Path
 from typing import Sequence
@@ -29,7 +28,7 @@ from typing import Sequence
 from bertkit.atomic import replacing
 from bertkit.errors import ConfigError, DataError
 from bertkit.progress import say
-from bertkit.textfiles import utf8_errors
+from bertkit.textfiles import parse_json, utf8_errors
 
 __all__ = ["PlotsMissing", "require", "optional", "read_metrics", "plot_run", "plot_attention", "plot_attention_from", "plot_confusion",
            "find_metrics_file"]
@@ -110,10 +109,7 @@ def _read_metrics_file(path: Path) -> dict[str, list[tuple[float, float]]]:
             line = line.strip()
             if not line:
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            rec = parse_json(line, f"{path}:{lineno}")
             if not isinstance(rec, dict):
                 continue
             x = next((rec[k] for k in _X_KEYS if _finite(rec.get(k))), lineno)

@@ -6,6 +6,8 @@ export) is a `DataError` naming the file and the first bad line, never a Unicode
     def read_table(path, ...): ...
     with stdin_inputs(args, spec): ...     # the CLI: a '-' input argument becomes a temporary copy of stdin
 
+    value = parse_json(text, f"{path}:{line}")   # JSON whatever a hostile file holds: a one-line error
+
 Readers that document a lenient decoding (the tokenizer, vocab training and corpus reading replace invalid bytes
 and count them) do not use this module.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError, ConfigError, DataError
 
-__all__ = ["read_text", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy",
+__all__ = ["read_text", "parse_json", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy",
            "shown", "shown_all"]
 
 
@@ -72,6 +74,19 @@ def read_text(path) -> str:
         raise utf8_error(p) from None
     except (gzip.BadGzipFile, EOFError, zlib.error):
         raise DataError(f"{path}: not a valid gzip file") from None
+
+
+def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataError):
+    """json.loads, with every way a hostile text fails it as one line of `error` naming `where` (a file, or
+    file:line): not JSON, nested too deeply, an integer past Python's digit limit, bytes that are not UTF-8."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deeply") from None
+    except ValueError as e:
+        raise error(f"{where}: not valid JSON ({str(e).split(':')[0]})") from None
 
 
 def utf8_errors(reader):

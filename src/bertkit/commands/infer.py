@@ -173,7 +173,7 @@ def plot(args) -> int:
             try:
                 rec = json.loads(line)
                 pairs.append((str(rec["label"]), str(rec["prediction"])))
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (ValueError, RecursionError, KeyError, TypeError):     # not JSON, or not this object
                 raise DataError(f"{run}:{lineno}: expected a JSON object with 'label' and 'prediction'") from None
         if not pairs:
             raise DataError(f"{run}: no predictions in the file")

@@ -37,6 +37,7 @@ from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import table_rows
 from bertkit.tasks.resume import checkpointing
 from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
+from bertkit.textfiles import parse_json
 from bertkit.train.callbacks import reporting
 from bertkit.train.compact import restore_word_embeddings
 from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
@@ -160,11 +161,8 @@ def read_retrieval(directory) -> tuple[dict[str, str], dict[str, str], dict[str,
 def training_prompts(spec: str | dict | None, columns: list[str], source: str) -> dict[str, str]:
     """{column: prompt} from sentence-transformers' `prompts` training argument: one text for every column, or a
     {column: text} mapping (JSON on the command line); "negative" names every negative column."""
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec) if spec.lstrip().startswith("{") else spec
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--prompts: not a JSON object ({e.msg}); give one text or {{column: text}}") from None
+    if isinstance(spec, str) and spec.lstrip().startswith("{"):
+        spec = parse_json(spec, "--prompts (one text, or a JSON object {column: text})", ConfigError)
     if not spec:
         return {}
     if isinstance(spec, str):

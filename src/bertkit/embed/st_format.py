@@ -20,7 +20,6 @@ Writing uses the flag format every sentence-transformers version reads. Module t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from bertkit.atomic import replacing, write_json
 from bertkit.checkpoint import load_state_dict_file
 from bertkit.config import CONFIG_NAME
 from bertkit.errors import CheckpointError
+from bertkit.textfiles import parse_json
 from bertkit.model import BertModel
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.hfjson import read_sides
@@ -72,11 +72,10 @@ def _json_object(path: Path) -> dict:
 
 def _read_json(path: Path) -> dict | list:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
+        data = path.read_bytes()
+    except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return parse_json(data, str(path), CheckpointError)
 
 
 def _kind(module_type: str) -> str | None:

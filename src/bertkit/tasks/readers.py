@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bertkit.atomic import replacing, write_text
 from bertkit.errors import DataError
+from bertkit.textfiles import parse_json
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
            "read_squad", "table_rows", "write_table", "write_jsonl", "write_conll", "write_squad"]
@@ -93,11 +94,9 @@ def table_rows(path: Path):
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{i}: not valid JSON ({e.msg}){_json_document_hint(path, i)}") from None
-                except RecursionError:
-                    raise DataError(f"{path}:{i}: JSON nested too deeply") from None
+                    row = parse_json(line, f"{path}:{i}")
+                except DataError as e:
+                    raise DataError(f"{e}{_json_document_hint(path, i)}") from None
                 if not isinstance(row, dict):
                     raise DataError(f"{path}:{i}: expected a JSON object per line, got {type(row).__name__}")
                 yield i, row
@@ -337,7 +336,7 @@ def _json_document(path: Path):
     """The file parsed as one JSON document, or None where it is not one."""
     try:
         return json.loads(_open_text(path).read())
-    except (json.JSONDecodeError, RecursionError, DataError):
+    except (ValueError, RecursionError, DataError):     # ValueError: not JSON, or an integer past the digit limit
         return None
 
 
@@ -366,8 +365,8 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); a qa model reads SQuAD JSON") from None
-    except RecursionError:
-        raise DataError(f"{path}: not SQuAD JSON (nested too deeply)") from None
+    except (RecursionError, ValueError):     # nested too deeply, an integer past Python's digit limit
+        raise DataError(f"{path}: not SQuAD JSON (nested too deeply, or a number too long)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise DataError(f"{path}: not SQuAD JSON (expected a top-level object with a 'data' list)")
     out: list[SquadExample] = []
