@@ -100,6 +100,45 @@ def _spoiled(w: Path) -> None:
             (d / file).write_bytes(got if isinstance(got, bytes) else json.dumps(got).encode())
 
 
+# hostile JSON in a sentence-transformers directory (W/st) and beside an index (W/index): (file, key path, value)
+_ST_SPOILED = {
+    "idx-str": ("modules.json", (0, "idx"), "x", "idx"),
+    "idx-nan": ("modules.json", (0, "idx"), float("nan"), "idx"),
+    "maxlen-nan": ("sentence_bert_config.json", ("max_seq_length",), float("inf"), "max_seq_length"),
+    "maxlen-str": ("sentence_bert_config.json", ("max_seq_length",), "128", "max_seq_length"),
+    "prompt-list": ("config_sentence_transformers.json", ("default_prompt_name",), ["query"], "default_prompt_name"),
+    "pool-list": ("1_Pooling/config.json", (), [], "1_Pooling"),
+    "pool-null": ("1_Pooling/config.json", (), None, "1_Pooling"),
+    "tok-no-vocab": ("tokenizer.json", ("model", "vocab"), {}, "tokenizer.json"),
+    "tok-cls-list": ("tokenizer_config.json", ("cls_token",), ["[CLS]"], "cls_token"),
+    "tok-unk-list": ("tokenizer_config.json", ("unk_token",), [], "unk_token"),
+}
+_SOURCE_SPOILED = {"list": b"[]", "empty": b"", "null": b"null", "model-list": b'{"model": ["a"]}'}
+
+
+def _sentence_transformers(w: Path) -> None:
+    from bertkit import BertModel, Tokenizer
+    from bertkit.embed.pooling import Pooling, SentenceEncoder
+    from bertkit.embed.st_format import save_sentence_encoder
+    encoder = SentenceEncoder(BertModel.from_pretrained(w / "mlm"), Pooling("mean"), normalize=True, max_seq_length=32)
+    save_sentence_encoder(encoder, Tokenizer.from_pretrained(w / "mlm"), w / "st")
+    for name, (file, keys, value, _) in _ST_SPOILED.items():
+        shutil.copytree(w / "st", w / f"st-{name}")
+        data = json.loads((w / f"st-{name}" / file).read_text())
+        node = data
+        for k in keys[:-1]:
+            node = node[k]
+        if keys:
+            node[keys[-1]] = value
+        (w / f"st-{name}" / file).write_text(json.dumps(value if not keys else data))
+    shutil.copytree(w / "shards", w / "shards-task-x")
+    manifest = json.loads((w / "shards-task-x" / "manifest.json").read_text())
+    (w / "shards-task-x" / "manifest.json").write_text(json.dumps({**manifest, "task": "x"}))
+    for name, content in _SOURCE_SPOILED.items():
+        shutil.copytree(w / "index", w / f"index-source-{name}")
+        (w / f"index-source-{name}" / "bertkit_source.json").write_bytes(content)
+
+
 def _data(w: Path) -> None:
     from bertkit.tasks.readers import write_table
     d = w / "data"
@@ -140,6 +179,7 @@ def _trained(w: Path) -> None:
     shutil.copytree(Path(__file__).parent / "fixtures" / "tf_bert_tiny", w / "tf")
     _spoiled(w)
     _indexes(w)
+    _sentence_transformers(w)
 
 
 def _indexes(w: Path) -> None:
@@ -481,6 +521,16 @@ def hostile_json_probes() -> list[Probe]:
             if not (cmd == "quantize" and name.startswith("tok-"))]
 
 
+def sentence_json_probes() -> list[Probe]:
+    """Hostile JSON of the wrong type or NaN in the files of a sentence-transformers directory, an index and shards."""
+    probes = [Probe(f"json:st-{name}:embed", ["embed", f"W/st-{name}", "the man"], match)
+              for name, (_, _, _, match) in _ST_SPOILED.items()]
+    probes.append(Probe("json:shards-task-x:pretrain", ["pretrain", "W/shards-task-x", "--preset", "tiny", "--out",
+                                                        "T/r", "--steps", "1", "--no-progress"], "task 'x'"))
+    return probes + [Probe(f"json:index-source-{name}:search", ["search", f"W/index-source-{name}", "--query", "a"],
+                           "bertkit_source.json") for name in _SOURCE_SPOILED]
+
+
 FIFO = b"<a named pipe>"        # a setup value: make a FIFO there (nothing ever writes to it)
 _FT = ["finetune", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev", "W/data/dev.csv", "--out", "T/f",
        "--epochs", "1", "--quiet"]
@@ -567,7 +617,7 @@ def serve_probes(port: str) -> list[Probe]:
 
 
 ALL = (range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes() + hostile_json_probes()
-       + accepted_silently_probes() + fifo_probes())
+       + accepted_silently_probes() + fifo_probes() + sentence_json_probes())
 SERVE = serve_probes("PORT")
 
 
