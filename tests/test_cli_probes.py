@@ -522,11 +522,18 @@ def hostile_json_probes() -> list[Probe]:
 
 
 def sentence_json_probes() -> list[Probe]:
-    """Hostile JSON of the wrong type or NaN in the files of a sentence-transformers directory, an index and shards."""
+    """Hostile JSON of the wrong type or NaN in the files of a sentence-transformers directory, an index and shards;
+    a table 100,000 columns wide (read in linear time, named in a line of bounded length)."""
     probes = [Probe(f"json:st-{name}:embed", ["embed", f"W/st-{name}", "the man"], match)
               for name, (_, _, _, match) in _ST_SPOILED.items()]
     probes.append(Probe("json:shards-task-x:pretrain", ["pretrain", "W/shards-task-x", "--preset", "tiny", "--out",
                                                         "T/r", "--steps", "1", "--no-progress"], "task 'x'"))
+    wide = b",".join(b"c%d" % i for i in range(100_000)) + b"\n" + b",".join([b"x"] * 100_000) + b"\n"
+    probes += [Probe(f"wide:{cmd}", [*argv, "T/wide.csv"], "(100000 columns)", {"T/wide.csv": wide}) for cmd, argv in (
+        ("evaluate", ["evaluate", "--model", "W/clf", "--data"]),
+        ("mine", ["mine", "W/mlm", "--out", "T/m.jsonl", "--data"]),
+        ("finetune-embed", ["finetune", "--task", "embed", "--model", "W/mlm", "--out", "T/f", "--dev", "T/wide.csv",
+                            "--train"]))]
     return probes + [Probe(f"json:index-source-{name}:search", ["search", f"W/index-source-{name}", "--query", "a"],
                            "bertkit_source.json") for name in _SOURCE_SPOILED]
 

@@ -23,6 +23,7 @@ import io
 import json
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,13 @@ class TextExample:
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
+def column_names(names) -> str:
+    """The columns of a row or header for an error line: the first 10 quoted, then how many there are."""
+    names = list(names)
+    shown = ", ".join(map(repr, names[:10]))
+    return shown if len(names) <= 10 else f"{shown}, ... ({len(names)} columns)"
+
+
 def table_rows(path: Path):
     """(line_number, dict row) of a CSV/TSV/JSONL file; line numbers are 1-based physical lines."""
     fmt = _table_format(path)
@@ -109,14 +117,15 @@ def table_rows(path: Path):
             if reader.fieldnames is None:
                 return
             names = reader.fieldnames
-            twice = [n for i, n in enumerate(names) if n in names[:i]]
-            if twice:                        # a dict row keeps only the last of two same-named columns
-                raise DataError(f"{path}: duplicate column {twice[0]!r} in the header")
+            counts = Counter(names)          # a header may have 100,000 columns: no pairwise comparison
+            twice = next((n for n in names if counts[n] > 1), None)
+            if twice is not None:            # a dict row keeps only the last of two same-named columns
+                raise DataError(f"{path}: duplicate column {twice!r} in the header")
             for row in reader:
                 line = reader.line_num  # the physical line where this row ends
                 if None in row:  # more fields than the header
                     raise DataError(f"{path}:{line}: {len(reader.fieldnames) + len(row[None])} fields, the header "
-                                    f"has {len(reader.fieldnames)} ({', '.join(reader.fieldnames)})")
+                                    f"has {len(reader.fieldnames)} ({column_names(reader.fieldnames)})")
                 yield line, row
         except csv.Error as e:
             raise DataError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
@@ -140,7 +149,7 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
             missing = [c for c in needed if c and c not in row]
             if missing:
                 raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
-                                f"found {', '.join(map(repr, row))}")
+                                f"found {column_names(row)}")
         text = row.get(text_column)
         if text is None or not str(text).strip():
             raise DataError(f"{path}:{line}: empty {text_column!r}")
