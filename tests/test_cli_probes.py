@@ -523,7 +523,8 @@ def hostile_json_probes() -> list[Probe]:
 
 def sentence_json_probes() -> list[Probe]:
     """Hostile JSON of the wrong type or NaN in the files of a sentence-transformers directory, an index and shards;
-    a table 100,000 columns wide (read in linear time, named in a line of bounded length)."""
+    a table 100,000 columns wide (read in linear time, named in a line of bounded length); JSONL cells that are no
+    text or number (an object or a list where a text goes)."""
     probes = [Probe(f"json:st-{name}:embed", ["embed", f"W/st-{name}", "the man"], match)
               for name, (_, _, _, match) in _ST_SPOILED.items()]
     probes.append(Probe("json:shards-task-x:pretrain", ["pretrain", "W/shards-task-x", "--preset", "tiny", "--out",
@@ -534,6 +535,14 @@ def sentence_json_probes() -> list[Probe]:
         ("mine", ["mine", "W/mlm", "--out", "T/m.jsonl", "--data"]),
         ("finetune-embed", ["finetune", "--task", "embed", "--model", "W/mlm", "--out", "T/f", "--dev", "T/wide.csv",
                             "--train"]))]
+    cells = {"list-text": b'{"text": ["the film"], "label": "pos"}\n', "dict-label": b'{"text": "a", "label": {"a": 1}}\n',
+             "dict-pair": b'{"text": "a", "text_pair": {"b": 2}, "label": "pos"}\n',
+             "list-in-labels": b'{"text": "a", "label": ["pos", ["neg"]]}\n'}
+    probes += [Probe(f"cell:{cmd}:{name}", [*argv, "T/c.jsonl"], "column '", {"T/c.jsonl": data})
+               for name, data in cells.items() for cmd, argv in (
+                   ("evaluate", ["evaluate", "--model", "W/clf", "--data"]),
+                   ("finetune", ["finetune", "--task", "classify", "--model", "W/mlm", "--out", "T/f", "--dev",
+                                 "W/data/dev.csv", "--train"]))]
     return probes + [Probe(f"json:index-source-{name}:search", ["search", f"W/index-source-{name}", "--query", "a"],
                            "bertkit_source.json") for name in _SOURCE_SPOILED]
 

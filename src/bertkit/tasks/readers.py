@@ -150,24 +150,33 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
             if missing:
                 raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
                                 f"found {column_names(row)}")
-        text = row.get(text_column)
-        if text is None or not str(text).strip():
+        text = _cell(path, line, text_column, row.get(text_column))
+        if text is None or not text.strip():
             raise DataError(f"{path}:{line}: empty {text_column!r}")
-        pair = row.get(pair_column) if pair_column else None
-        if require_pair and (pair is None or not str(pair).strip()):
+        pair = _cell(path, line, pair_column, row.get(pair_column)) if pair_column else None
+        if require_pair and (pair is None or not pair.strip()):
             raise DataError(f"{path}:{line}: empty {pair_column!r}")
         label = row.get(label_column) if label_column else None
+        label = [_cell(path, line, label_column, x) for x in label] if isinstance(label, list) \
+            else _cell(path, line, label_column, label)
         if isinstance(label, str):
             label = label.strip() or None
         if require_label and label is None:
             raise DataError(f"{path}:{line}: missing value in column {label_column!r}")
-        if label is not None:               # numbers (JSONL) read as their text, as a CSV cell would
-            label = [str(x) for x in label] if isinstance(label, list) else str(label)
-        out.append(TextExample(text=str(text), text_pair=None if pair is None else str(pair), label=label,
-                               source=f"{path}:{line}"))
+        out.append(TextExample(text=text, text_pair=pair, label=label, source=f"{path}:{line}"))
     if not out:
         raise DataError(f"{path}: no examples")
     return out
+
+
+def _cell(path: Path, line: int, column: str, value) -> str | None:
+    """A cell as text: numbers (JSONL) read as their text, as a CSV cell would; a JSON object or list where a
+    text goes is refused by name."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        raise DataError(f"{path}:{line}: column {column!r} holds {json.dumps(value)[:40]}, not a text or number")
+    return str(value)
 
 
 def split_multilabel(label: str | list[str], sep: str = "|") -> list[str]:
