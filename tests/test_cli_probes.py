@@ -535,7 +535,8 @@ def sentence_json_probes() -> list[Probe]:
         ("mine", ["mine", "W/mlm", "--out", "T/m.jsonl", "--data"]),
         ("finetune-embed", ["finetune", "--task", "embed", "--model", "W/mlm", "--out", "T/f", "--dev", "T/wide.csv",
                             "--train"]))]
-    cells = {"list-text": b'{"text": ["the film"], "label": "pos"}\n', "dict-label": b'{"text": "a", "label": {"a": 1}}\n',
+    cells = {"list-text": b'{"text": ["the film"], "label": "pos"}\n',
+             "dict-label": b'{"text": "a", "label": {"a": 1}}\n',
              "dict-pair": b'{"text": "a", "text_pair": {"b": 2}, "label": "pos"}\n',
              "list-in-labels": b'{"text": "a", "label": ["pos", ["neg"]]}\n'}
     probes += [Probe(f"cell:{cmd}:{name}", [*argv, "T/c.jsonl"], "column '", {"T/c.jsonl": data})
