@@ -524,7 +524,7 @@ def hostile_json_probes() -> list[Probe]:
 def sentence_json_probes() -> list[Probe]:
     """Hostile JSON of the wrong type or NaN in the files of a sentence-transformers directory, an index and shards;
     a table 100,000 columns wide (read in linear time, named in a line of bounded length); JSONL cells that are no
-    text or number (an object or a list where a text goes)."""
+    text or number (an object or a list where a text goes); file names with control characters."""
     probes = [Probe(f"json:st-{name}:embed", ["embed", f"W/st-{name}", "the man"], match)
               for name, (_, _, _, match) in _ST_SPOILED.items()]
     probes.append(Probe("json:shards-task-x:pretrain", ["pretrain", "W/shards-task-x", "--preset", "tiny", "--out",
@@ -544,6 +544,12 @@ def sentence_json_probes() -> list[Probe]:
                    ("evaluate", ["evaluate", "--model", "W/clf", "--data"]),
                    ("finetune", ["finetune", "--task", "classify", "--model", "W/mlm", "--out", "T/f", "--dev",
                                  "W/data/dev.csv", "--train"]))]
+    probes += [  # a file name with a newline or a terminal escape: named escaped, so the error stays one line
+        Probe("name:predict:newline", ["predict", "--model", "W/clf", "--data", "T/no\nsuch.csv", "--out", "T/p.jsonl"],
+              "no\\nsuch.csv"),
+        Probe("name:predict:newline-latin1", ["predict", "--model", "W/clf", "--data", "T/a\rb.csv", "--out",
+                                              "T/p.jsonl"], "a\\rb.csv:3: not UTF-8", {"T/a\rb.csv": LATIN1}),
+        Probe("name:fill-mask:escape", ["fill-mask", "T/x\x1b[31m", "the [MASK]"], "x\\x1b[31m")]
     return probes + [Probe(f"json:index-source-{name}:search", ["search", f"W/index-source-{name}", "--query", "a"],
                            "bertkit_source.json") for name in _SOURCE_SPOILED]
 
