@@ -81,6 +81,7 @@ _SPOILED = {
     "cfg-str-hidden": ("config.json", lambda c: {**c, "hidden_size": "32"}, "hidden_size"),
     "cfg-neg-vocab": ("config.json", lambda c: {**c, "vocab_size": -1}, "vocab_size"),
     "cfg-bool-layers": ("config.json", lambda c: {**c, "num_hidden_layers": True}, "num_hidden_layers"),
+    "cfg-int-arch": ("config.json", lambda c: {**c, "architectures": 7}, "architectures"),
     "cfg-long-int": ("config.json", lambda c: b'{"vocab_size": ' + LONG_INT + b"}", "config.json"),
     "tok-long-int": ("tokenizer_config.json", lambda c: b'{"model_max_length": ' + LONG_INT + b"}",
                      "tokenizer_config.json"),
