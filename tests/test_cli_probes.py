@@ -81,6 +81,7 @@ _SPOILED = {
     "cfg-str-hidden": ("config.json", lambda c: {**c, "hidden_size": "32"}, "hidden_size"),
     "cfg-neg-vocab": ("config.json", lambda c: {**c, "vocab_size": -1}, "vocab_size"),
     "cfg-bool-layers": ("config.json", lambda c: {**c, "num_hidden_layers": True}, "num_hidden_layers"),
+    "cfg-int-arch": ("config.json", lambda c: {**c, "architectures": 7}, "architectures"),
     "cfg-long-int": ("config.json", lambda c: b'{"vocab_size": ' + LONG_INT + b"}", "config.json"),
     "tok-long-int": ("tokenizer_config.json", lambda c: b'{"model_max_length": ' + LONG_INT + b"}",
                      "tokenizer_config.json"),
@@ -98,6 +99,45 @@ def _spoiled(w: Path) -> None:
             shutil.copytree(w / base, d)
             got = spoil(json.loads((d / file).read_text()))
             (d / file).write_bytes(got if isinstance(got, bytes) else json.dumps(got).encode())
+
+
+# hostile JSON in a sentence-transformers directory (W/st) and beside an index (W/index): (file, key path, value)
+_ST_SPOILED = {
+    "idx-str": ("modules.json", (0, "idx"), "x", "idx"),
+    "idx-nan": ("modules.json", (0, "idx"), float("nan"), "idx"),
+    "maxlen-nan": ("sentence_bert_config.json", ("max_seq_length",), float("inf"), "max_seq_length"),
+    "maxlen-str": ("sentence_bert_config.json", ("max_seq_length",), "128", "max_seq_length"),
+    "prompt-list": ("config_sentence_transformers.json", ("default_prompt_name",), ["query"], "default_prompt_name"),
+    "pool-list": ("1_Pooling/config.json", (), [], "1_Pooling"),
+    "pool-null": ("1_Pooling/config.json", (), None, "1_Pooling"),
+    "tok-no-vocab": ("tokenizer.json", ("model", "vocab"), {}, "tokenizer.json"),
+    "tok-cls-list": ("tokenizer_config.json", ("cls_token",), ["[CLS]"], "cls_token"),
+    "tok-unk-list": ("tokenizer_config.json", ("unk_token",), [], "unk_token"),
+}
+_SOURCE_SPOILED = {"list": b"[]", "empty": b"", "null": b"null", "model-list": b'{"model": ["a"]}'}
+
+
+def _sentence_transformers(w: Path) -> None:
+    from bertkit import BertModel, Tokenizer
+    from bertkit.embed.pooling import Pooling, SentenceEncoder
+    from bertkit.embed.st_format import save_sentence_encoder
+    encoder = SentenceEncoder(BertModel.from_pretrained(w / "mlm"), Pooling("mean"), normalize=True, max_seq_length=32)
+    save_sentence_encoder(encoder, Tokenizer.from_pretrained(w / "mlm"), w / "st")
+    for name, (file, keys, value, _) in _ST_SPOILED.items():
+        shutil.copytree(w / "st", w / f"st-{name}")
+        data = json.loads((w / f"st-{name}" / file).read_text())
+        node = data
+        for k in keys[:-1]:
+            node = node[k]
+        if keys:
+            node[keys[-1]] = value
+        (w / f"st-{name}" / file).write_text(json.dumps(value if not keys else data))
+    shutil.copytree(w / "shards", w / "shards-task-x")
+    manifest = json.loads((w / "shards-task-x" / "manifest.json").read_text())
+    (w / "shards-task-x" / "manifest.json").write_text(json.dumps({**manifest, "task": "x"}))
+    for name, content in _SOURCE_SPOILED.items():
+        shutil.copytree(w / "index", w / f"index-source-{name}")
+        (w / f"index-source-{name}" / "bertkit_source.json").write_bytes(content)
 
 
 def _data(w: Path) -> None:
@@ -140,6 +180,7 @@ def _trained(w: Path) -> None:
     shutil.copytree(Path(__file__).parent / "fixtures" / "tf_bert_tiny", w / "tf")
     _spoiled(w)
     _indexes(w)
+    _sentence_transformers(w)
 
 
 def _indexes(w: Path) -> None:
@@ -481,6 +522,39 @@ def hostile_json_probes() -> list[Probe]:
             if not (cmd == "quantize" and name.startswith("tok-"))]
 
 
+def sentence_json_probes() -> list[Probe]:
+    """Hostile JSON of the wrong type or NaN in the files of a sentence-transformers directory, an index and shards;
+    a table 100,000 columns wide (read in linear time, named in a line of bounded length); JSONL cells that are no
+    text or number (an object or a list where a text goes); file names with control characters."""
+    probes = [Probe(f"json:st-{name}:embed", ["embed", f"W/st-{name}", "the man"], match)
+              for name, (_, _, _, match) in _ST_SPOILED.items()]
+    probes.append(Probe("json:shards-task-x:pretrain", ["pretrain", "W/shards-task-x", "--preset", "tiny", "--out",
+                                                        "T/r", "--steps", "1", "--no-progress"], "task 'x'"))
+    wide = b",".join(b"c%d" % i for i in range(100_000)) + b"\n" + b",".join([b"x"] * 100_000) + b"\n"
+    probes += [Probe(f"wide:{cmd}", [*argv, "T/wide.csv"], "(100000 columns)", {"T/wide.csv": wide}) for cmd, argv in (
+        ("evaluate", ["evaluate", "--model", "W/clf", "--data"]),
+        ("mine", ["mine", "W/mlm", "--out", "T/m.jsonl", "--data"]),
+        ("finetune-embed", ["finetune", "--task", "embed", "--model", "W/mlm", "--out", "T/f", "--dev", "T/wide.csv",
+                            "--train"]))]
+    cells = {"list-text": b'{"text": ["the film"], "label": "pos"}\n',
+             "dict-label": b'{"text": "a", "label": {"a": 1}}\n',
+             "dict-pair": b'{"text": "a", "text_pair": {"b": 2}, "label": "pos"}\n',
+             "list-in-labels": b'{"text": "a", "label": ["pos", ["neg"]]}\n'}
+    probes += [Probe(f"cell:{cmd}:{name}", [*argv, "T/c.jsonl"], "column '", {"T/c.jsonl": data})
+               for name, data in cells.items() for cmd, argv in (
+                   ("evaluate", ["evaluate", "--model", "W/clf", "--data"]),
+                   ("finetune", ["finetune", "--task", "classify", "--model", "W/mlm", "--out", "T/f", "--dev",
+                                 "W/data/dev.csv", "--train"]))]
+    probes += [  # a file name with a newline or a terminal escape: named escaped, so the error stays one line
+        Probe("name:predict:newline", ["predict", "--model", "W/clf", "--data", "T/no\nsuch.csv", "--out", "T/p.jsonl"],
+              "no\\nsuch.csv"),
+        Probe("name:predict:newline-latin1", ["predict", "--model", "W/clf", "--data", "T/a\rb.csv", "--out",
+                                              "T/p.jsonl"], "a\\rb.csv:3: not UTF-8", {"T/a\rb.csv": LATIN1}),
+        Probe("name:fill-mask:escape", ["fill-mask", "T/x\x1b[31m", "the [MASK]"], "x\\x1b[31m")]
+    return probes + [Probe(f"json:index-source-{name}:search", ["search", f"W/index-source-{name}", "--query", "a"],
+                           "bertkit_source.json") for name in _SOURCE_SPOILED]
+
+
 FIFO = b"<a named pipe>"        # a setup value: make a FIFO there (nothing ever writes to it)
 _FT = ["finetune", "--model", "W/mlm", "--train", "W/data/train.csv", "--dev", "W/data/dev.csv", "--out", "T/f",
        "--epochs", "1", "--quiet"]
@@ -567,7 +641,7 @@ def serve_probes(port: str) -> list[Probe]:
 
 
 ALL = (range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes() + hostile_json_probes()
-       + accepted_silently_probes() + fifo_probes())
+       + accepted_silently_probes() + fifo_probes() + sentence_json_probes())
 SERVE = serve_probes("PORT")
 
 

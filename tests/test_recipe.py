@@ -3,9 +3,12 @@ that a flag the user gives wins (command line -> PretrainConfig -> plan). Pure f
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bertkit.commands.pretrain import config_from_argv
+from bertkit.errors import ConfigError
 from bertkit.train.recipe import (PLANNED, RecipePlan, apply_plan, given_settings, load_plan, plan_recipe)
 
 
@@ -90,6 +93,23 @@ def test_plan_json_round_trip(tmp_path):
     back = load_plan(tmp_path)
     assert isinstance(back, RecipePlan) and back.to_dict() == plan.to_dict() and back.choices["lr"].flag
     assert load_plan(tmp_path / "nope") is None
+
+
+@pytest.mark.parametrize("spoil,field", [
+    (lambda d: [d], "expected a JSON object"), (lambda d: {**d, "budget_s": None}, "budget_s None"),
+    (lambda d: {**d, "step_s": float("nan")}, "step_s nan"), (lambda d: {**d, "settings": "x"}, "settings 'x'"),
+    (lambda d: {**d, "settings": {**d["settings"], "batch_size": "16"}}, "batch_size '16'"),
+    (lambda d: {**d, "settings": {**d["settings"], "lr": None}}, "lr None"),
+    (lambda d: {**d, "settings": {**d["settings"], "schedule": 3}}, "settings.schedule 3"),
+    (lambda d: {**d, "preset": ["mini"]}, "preset")])
+def test_a_spoiled_plan_json_is_one_error_naming_the_field(spoil, field, tmp_path):
+    """A resumed run builds its schedule from plan.json: a field of the wrong type is refused by name, not a
+    TypeError in the middle of the schedule."""
+    import json
+    plan = plan_recipe(720, "mini", 0.25, manifest(), heldout_rows=2400)
+    (tmp_path / "plan.json").write_text(json.dumps(spoil(plan.to_dict())))
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        load_plan(tmp_path)
 
 
 def test_command_line_flags_override_the_plan(tmp_path):

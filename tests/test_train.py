@@ -415,6 +415,18 @@ def test_only_checkpoint_corrupt_is_an_error_and_named_corrupt_path_too(tmp_path
         train(TinyMLM(), Batches(), _cfg(max_steps=8, resume=str(ckpt)), run, step_fn=pretraining_step)
 
 
+@pytest.mark.parametrize("key,value", [("step", "x"), ("tokens", None), ("elapsed", float("nan")),
+                                       ("phase_time", float("inf")), ("skipped", -1), ("execution", "fast")])
+def test_a_state_json_counter_of_the_wrong_type_is_named(key, value, tmp_path):
+    """A hand-edited state.json: the checkpoint is refused naming the field, never a TypeError mid-training."""
+    run = tmp_path / "run"
+    train(TinyMLM(), Batches(), _cfg(max_steps=4, save_every_steps=4), run, step_fn=pretraining_step)
+    state = latest_checkpoint(run) / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), key: value}))
+    with pytest.raises(CheckpointError, match=f"state.json: {key} "):
+        train(TinyMLM(), Batches(), _cfg(max_steps=8, resume=True), run, step_fn=pretraining_step)
+
+
 def test_killed_before_first_checkpoint_does_not_duplicate_steps(tmp_path):
     run = tmp_path / "run"
     with pytest.raises(_Crash):

@@ -338,6 +338,9 @@ def read_json_config(p: Path, error=ConfigError) -> dict:
     d = parse_json(text, str(p), error)
     if not isinstance(d, dict):
         raise error(f"{p}: expected a JSON object, got {type(d).__name__}")
+    names = d.get("architectures") or []    # kept as HF wrote it, but the loaders pick their class from it
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise error(f"{p}: architectures {str(d['architectures'])[:40]!r} is not a list of class names")
     return d
 
 

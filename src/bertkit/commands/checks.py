@@ -46,9 +46,19 @@ USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, 
                          errno.EFBIG, errno.EMFILE, errno.ELOOP, errno.EXDEV, errno.EBUSY, errno.ETXTBSY})
 
 
+# control characters as Python writes them in a string literal (a tab stays a tab)
+_CONTROLS = {c: repr(chr(c))[1:-1] for c in (*range(32), 127) if c != ord("\t")}
+
+
 def error_line(e: BaseException) -> str | None:
     """The one line for an error a user caused (a BertkitError; as a last resort a full disk or forbidden path, a
-    size too large for memory, an input that is not UTF-8), or None for a bug, which keeps its traceback."""
+    size too large for memory, an input that is not UTF-8), or None for a bug, which keeps its traceback. A file
+    name holding a newline or a terminal escape is written escaped: one line, and the terminal left as it was."""
+    text = _error_text(e)
+    return None if text is None else text.translate(_CONTROLS)
+
+
+def _error_text(e: BaseException) -> str | None:
     if isinstance(e, BertkitError):
         return str(e)
     if isinstance(e, OSError) and e.errno in USER_ERRNOS:

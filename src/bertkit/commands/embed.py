@@ -24,6 +24,7 @@ from bertkit import progress
 from bertkit.atomic import replacing, write_json, write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
+from bertkit.textfiles import parse_json
 from bertkit.commands import (add_model_argument, add_precision_argument, checks, chosen_precision, config_from,
                               inference_precision)
 
@@ -349,8 +350,12 @@ def search(args) -> int:
     directory = Path(args.index)
     index = EmbeddingIndex.open(directory)
     source_path = directory / INDEX_SOURCE
-    source = json.loads(source_path.read_text(encoding="utf-8")) if source_path.is_file() else {}
+    source = parse_json(source_path.read_bytes(), str(source_path), ConfigError) if source_path.is_file() else {}
+    if not isinstance(source, dict):
+        raise ConfigError(f"{source_path}: expected a JSON object naming the index's model")
     model = args.model or source.get("model")
+    if not isinstance(model, (str, type(None))):
+        raise ConfigError(f"{source_path}: model {model!r:.60} is not a model path")
     if model is None:
         raise ConfigError(f"{directory}: no {INDEX_SOURCE} naming its model: give --model")
     encoder, tok = load_encoder(model, source.get("pooling"), True, source.get("max_length"))

@@ -34,7 +34,7 @@ from bertkit.embed.st_format import load_sentence_encoder, save_sentence_encoder
 from bertkit.embed.train import EmbedDataset, EmbedModel, embed_step, retrieval_eval, similarity_eval
 from bertkit.predict.engine import PRECISION
 from bertkit.errors import ConfigError, DataError
-from bertkit.tasks.readers import table_rows
+from bertkit.tasks.readers import column_names, table_rows
 from bertkit.tasks.resume import checkpointing
 from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
 from bertkit.textfiles import parse_json
@@ -111,7 +111,7 @@ def _field(path: Path, line: int, row: dict, names: tuple[str, ...]) -> str:
         value = row.get(n)
         if value is not None and str(value).strip():
             return str(value).strip()
-    raise DataError(f"{path}:{line}: column {names[0]!r}: missing or empty (found {', '.join(map(repr, row))})")
+    raise DataError(f"{path}:{line}: column {names[0]!r}: missing or empty (found {column_names(row)})")
 
 
 def _table(directory: Path, stem: str) -> Path:

@@ -100,8 +100,11 @@ def _module_list(directory: Path) -> list[tuple[str, Path]]:
     spec = _read_json(directory / "modules.json")
     if not isinstance(spec, list) or not all(isinstance(m, dict) and "type" in m for m in spec):
         raise CheckpointError(f"{directory / 'modules.json'}: expected a list of {{type, path}} objects")
+    bad = [m["idx"] for m in spec if not isinstance(m.get("idx", 0), int)]
+    if bad:
+        raise CheckpointError(f"{directory / 'modules.json'}: module idx {bad[0]!r:.60} is not an integer")
     out = []
-    for m in sorted(spec, key=lambda m: int(m.get("idx", 0))):
+    for m in sorted(spec, key=lambda m: m.get("idx", 0)):
         kind = _kind(str(m["type"]))
         if kind is None:
             raise CheckpointError(f"{directory / 'modules.json'}: module {m.get('name', '?')} has type "
@@ -132,7 +135,7 @@ def module_dirs(directory) -> list[Path]:
 def _pooling_from(path: Path, hidden: int) -> Pooling:
     if not (path / CONFIG_NAME).is_file():          # sentence-transformers cannot load it either; no silent "mean"
         raise CheckpointError(f"{path / CONFIG_NAME}: missing; modules.json names a Pooling module there")
-    cfg = _read_json(path / CONFIG_NAME)
+    cfg = _config_object(path / CONFIG_NAME)
     dim = cfg.get("word_embedding_dimension", cfg.get("embedding_dimension", hidden))
     if dim != hidden:
         raise CheckpointError(f"{path / CONFIG_NAME}: pooling dimension {dim} differs from the encoder's "
@@ -144,8 +147,15 @@ def _pooling_from(path: Path, hidden: int) -> Pooling:
     return Pooling(modes, hidden_size=hidden, include_prompt=bool(cfg.get("include_prompt", True)))
 
 
+def _config_object(path: Path) -> dict:
+    cfg = _read_json(path)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
 def _dense_from(path: Path) -> Dense:
-    cfg = _read_json(path / CONFIG_NAME)
+    cfg = _config_object(path / CONFIG_NAME)
     if cfg.get("use_residual"):
         raise CheckpointError(f"{path / CONFIG_NAME}: a Dense with use_residual is not supported")
     act_path = cfg.get("activation_function", _ACTIVATION_PATHS["tanh"])
@@ -185,7 +195,10 @@ def _seq_settings(path: Path, tokenizer: Tokenizer, max_positions: int) -> tuple
     """(max_seq_length, do_lower_case): sentence_bert_config.json, else the tokenizer's model_max_length."""
     cfg = _json_object(path / "sentence_bert_config.json")
     length = cfg.get("max_seq_length") or tokenizer.model_max_length or _DEFAULT_MAX_SEQ
-    return min(int(length), max_positions), bool(cfg.get("do_lower_case", False))
+    if not isinstance(length, int):
+        raise CheckpointError(f"{path / 'sentence_bert_config.json'}: max_seq_length {length!r:.60} "
+                              f"is not an integer")
+    return min(length, max_positions), bool(cfg.get("do_lower_case", False))
 
 
 def read_prompts(path) -> Prompts:
@@ -194,6 +207,8 @@ def read_prompts(path) -> Prompts:
     saved, default = cfg.get("prompts") or {}, cfg.get("default_prompt_name")
     if not isinstance(saved, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in saved.items()):
         raise CheckpointError(f"{file}: prompts must map names to prompt texts, got {saved!r:.80}")
+    if not isinstance(default, (str, type(None))):
+        raise CheckpointError(f"{file}: default_prompt_name {default!r:.60} is not a prompt name")
     prompts = Prompts({**Prompts().named, **saved}, default)
     if default is not None and default not in prompts.named:
         raise CheckpointError(f"{file}: default_prompt_name {default!r} is not one of its prompts: "

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from bertkit.errors import ConfigError, DataError
-from bertkit.tasks.readers import table_rows
+from bertkit.tasks.readers import column_names, table_rows
 from bertkit.train.steps import StepOutput
 
 from bertkit.embed.gradcache import cached_loss
@@ -93,12 +93,12 @@ def _kind_of(path: Path, line: int, row: dict) -> str:
     if "anchor" in row:
         if "positive" not in row:
             raise DataError(f"{path}:{line}: column 'positive': missing (an 'anchor' needs a 'positive'); found "
-                            f"{', '.join(map(repr, row))}")
+                            f"{column_names(row)}")
         return "pairs"
     if "text" in row and "text_pair" in row and "score" in row:
         return "scored"
     raise DataError(f"{path}:{line}: expected columns anchor, positive[, negative...] or text, text_pair, score; "
-                    f"found {', '.join(map(repr, row))}")
+                    f"found {column_names(row)}")
 
 
 def _negative_columns(row: dict) -> list[str]:

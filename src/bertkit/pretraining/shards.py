@@ -39,6 +39,7 @@ import numpy as np
 from bertkit.atomic import write_bytes, write_json
 from bertkit.errors import DataError
 from bertkit.options import with_options
+from bertkit.pretraining.examples import TASKS
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch, splitmix64
 from bertkit.tokenizer import Tokenizer
 from bertkit.tokenizer.inputs import row_masks
@@ -156,6 +157,8 @@ def _check_fields(path: Path, m: dict) -> None:
     """DataError naming the first manifest field the reader uses that is missing or of the wrong type; shard file
     names must be plain names inside the shard directory."""
     _check_object(path, m, _MANIFEST_FIELDS)
+    if m["task"] not in TASKS:
+        raise DataError(f"{path}: task {m['task'][:40]!r} is not one of {', '.join(TASKS)}")
     for i, entry in enumerate(m["shards"]):
         where = f"shards[{i}]."
         _check_object(path, entry, _SHARD_FIELDS, where)

@@ -23,6 +23,7 @@ import io
 import json
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,13 @@ class TextExample:
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
+def column_names(names) -> str:
+    """The columns of a row or header for an error line: the first 10 quoted, then how many there are."""
+    names = list(names)
+    shown = ", ".join(map(repr, names[:10]))
+    return shown if len(names) <= 10 else f"{shown}, ... ({len(names)} columns)"
+
+
 def table_rows(path: Path):
     """(line_number, dict row) of a CSV/TSV/JSONL file; line numbers are 1-based physical lines."""
     fmt = _table_format(path)
@@ -109,14 +117,15 @@ def table_rows(path: Path):
             if reader.fieldnames is None:
                 return
             names = reader.fieldnames
-            twice = [n for i, n in enumerate(names) if n in names[:i]]
-            if twice:                        # a dict row keeps only the last of two same-named columns
-                raise DataError(f"{path}: duplicate column {twice[0]!r} in the header")
+            counts = Counter(names)          # a header may have 100,000 columns: no pairwise comparison
+            twice = next((n for n in names if counts[n] > 1), None)
+            if twice is not None:            # a dict row keeps only the last of two same-named columns
+                raise DataError(f"{path}: duplicate column {twice!r} in the header")
             for row in reader:
                 line = reader.line_num  # the physical line where this row ends
                 if None in row:  # more fields than the header
                     raise DataError(f"{path}:{line}: {len(reader.fieldnames) + len(row[None])} fields, the header "
-                                    f"has {len(reader.fieldnames)} ({', '.join(reader.fieldnames)})")
+                                    f"has {len(reader.fieldnames)} ({column_names(reader.fieldnames)})")
                 yield line, row
         except csv.Error as e:
             raise DataError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
@@ -140,25 +149,34 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
             missing = [c for c in needed if c and c not in row]
             if missing:
                 raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
-                                f"found {', '.join(map(repr, row))}")
-        text = row.get(text_column)
-        if text is None or not str(text).strip():
+                                f"found {column_names(row)}")
+        text = _cell(path, line, text_column, row.get(text_column))
+        if text is None or not text.strip():
             raise DataError(f"{path}:{line}: empty {text_column!r}")
-        pair = row.get(pair_column) if pair_column else None
-        if require_pair and (pair is None or not str(pair).strip()):
+        pair = _cell(path, line, pair_column, row.get(pair_column)) if pair_column else None
+        if require_pair and (pair is None or not pair.strip()):
             raise DataError(f"{path}:{line}: empty {pair_column!r}")
         label = row.get(label_column) if label_column else None
+        label = [_cell(path, line, label_column, x) for x in label] if isinstance(label, list) \
+            else _cell(path, line, label_column, label)
         if isinstance(label, str):
             label = label.strip() or None
         if require_label and label is None:
             raise DataError(f"{path}:{line}: missing value in column {label_column!r}")
-        if label is not None:               # numbers (JSONL) read as their text, as a CSV cell would
-            label = [str(x) for x in label] if isinstance(label, list) else str(label)
-        out.append(TextExample(text=str(text), text_pair=None if pair is None else str(pair), label=label,
-                               source=f"{path}:{line}"))
+        out.append(TextExample(text=text, text_pair=pair, label=label, source=f"{path}:{line}"))
     if not out:
         raise DataError(f"{path}: no examples")
     return out
+
+
+def _cell(path: Path, line: int, column: str, value) -> str | None:
+    """A cell as text: numbers (JSONL) read as their text, as a CSV cell would; a JSON object or list where a
+    text goes is refused by name."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        raise DataError(f"{path}:{line}: column {column!r} holds {json.dumps(value)[:40]}, not a text or number")
+    return str(value)
 
 
 def split_multilabel(label: str | list[str], sep: str = "|") -> list[str]:

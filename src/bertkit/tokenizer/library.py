@@ -49,8 +49,11 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self._backend.no_padding()
         self.config, self.vocab_file, self.lowercase = config, None, bool(config.get("do_lower_case", False))
         self._set_vocab(self._backend.get_vocab(with_added_tokens=True))
-        self.template = _template(self._backend)
-        self._set_specials(config)
+        try:
+            self.template = _template(self._backend)
+        except Exception as e:  # it reads a file it cannot run (a WordPiece vocab without its unk_token)
+            raise VocabError(f"{source}: the tokenizers library cannot encode with it: {str(e)[:160]}") from None
+        self._set_specials(config, source)
         self.__dict__.update(read_sides(config, source))    # else the class's "right"
         mml = config.get("model_max_length")
         self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
@@ -60,7 +63,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         self._continuation = _continuation_flags(spec, self.ids_to_tokens)
         self._continuation[list(self._special_ids)] = False     # a special token is a word of its own
 
-    def _set_specials(self, config: dict) -> None:
+    def _set_specials(self, config: dict, source: str) -> None:
         """cls_token / cls_token_id ... as the directory names them; the post-processor's first and last specials
         stand in for cls and sep, and the usual spellings for the rest, where it names none."""
         (pre, post), ids_to_tokens = self.template.single, self.ids_to_tokens
@@ -68,6 +71,9 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
         for name in _SPECIALS:
             value = config.get(f"{name}_token")
             token = value.get("content") if isinstance(value, dict) else value
+            if not isinstance(token, (str, type(None))):
+                raise VocabError(f"{Path(source).parent}: {name}_token in tokenizer_config.json / "
+                                 f"special_tokens_map.json is {value!r:.60}, not a token")
             if token is None:
                 token = implied.get(name) or next((t for t in _USUAL.get(name, ()) if t in self.vocab), None)
             setattr(self, f"{name}_token", token)

@@ -32,9 +32,11 @@ import torch
 
 from bertkit import runtime
 from bertkit.config import PRESETS, BertConfig
+from bertkit.errors import ConfigError
 from bertkit.optim import build_optimizer
 from bertkit.precision import autocast, resolve
 from bertkit.pretraining.local_init import unfit_for
+from bertkit.textfiles import parse_json
 from bertkit.train.steps import pretraining_step, to_device
 
 __all__ = ["Choice", "RecipePlan", "plan_recipe", "apply_plan", "given_settings", "probe_times", "load_plan",
@@ -297,10 +299,42 @@ def load_plan(out: Path) -> RecipePlan | None:
     path = Path(out) / "plan.json"
     if not path.is_file():
         return None
+    d = parse_json(path.read_bytes(), str(path), ConfigError)
+    _check_plan(path, d)
     try:
-        return RecipePlan.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError):
+        return RecipePlan.from_dict(d)
+    except KeyError:                    # a plan.json of an earlier bertkit: the run is resumed without it
         return None
+
+
+_PLAN_SECTIONS = {"settings": dict, "reasons": dict, "flags": list, "notes": list}
+_PLAN_COUNTS = ("batch_size", "eval_batches", "eval_every_steps")     # the plan's settings the loop divides by
+_PLAN_WORDS = ("masking", "schedule", "output_vocab", "attention_init")  # its other settings are numbers
+
+
+def _check_plan(path: Path, d) -> None:
+    """ConfigError naming the first field of plan.json whose value is of the wrong type (a hand-edited or spoiled
+    file), before a resumed run builds its schedule from it."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(d).__name__}")
+    for name, typ in _PLAN_SECTIONS.items():
+        if not isinstance(d.get(name, typ()), typ):
+            raise ConfigError(f"{path}: {name} {d[name]!r:.40} is not a JSON {'object' if typ is dict else 'list'}")
+    settings = d.get("settings", {})
+    for name in _PLAN_WORDS:
+        if not isinstance(settings.get(name, ""), str):
+            raise ConfigError(f"{path}: settings.{name} {settings[name]!r:.40} is not a name")
+    values = {name: d[name] for name in _MEASURES if name in d and name != "preset"}
+    values.update({name: value for name, value in settings.items() if name not in _PLAN_WORDS})
+    for name, value in values.items():
+        count = name in _PLAN_COUNTS or name in ("seq_len", "corpus_tokens")
+        if value is None and name in ("step_s", "eval_batch_s", "eval_batches", "eval_every_steps", "decay_fraction"):
+            continue            # not measured yet / no held-out shards
+        if isinstance(value, bool) or not isinstance(value, int if count else (int, float)) \
+                or not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{path}: {name} {value!r:.40} is not a {'count' if count else 'number'} >= 0")
+    if not isinstance(d.get("preset"), (str, type(None))):
+        raise ConfigError(f"{path}: preset {d['preset']!r:.40} is not a preset name")
 
 
 def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, float]:
