@@ -329,3 +329,18 @@ def test_qrels_grades_read_as_written(tmp_path):
     (tmp_path / "qrels.jsonl").write_text('{"query-id": "q1", "corpus-id": "d1", "score": [1]}\n')
     with pytest.raises(DataError, match="column 'score'"):
         read_retrieval(tmp_path)
+
+
+def test_embed_of_a_model_with_fewer_positions_than_the_default_length(tmp_path, capsys):
+    """The default pieces per text (256) stays within a model's position table (here 64): a long line is cut
+    there, not refused."""
+    from bertkit import BertConfig, BertForMaskedLM, Tokenizer
+    from bertkit.cli import main
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(40)]
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=64)
+    BertForMaskedLM(cfg).save_pretrained(tmp_path / "m", tokenizer=Tokenizer({t: i for i, t in enumerate(vocab)}))
+    (tmp_path / "t.txt").write_text(" ".join(["w1"] * 300) + "\nw2 w3\n")
+    assert main(["embed", str(tmp_path / "m"), "--file", str(tmp_path / "t.txt"), "--out",
+                 str(tmp_path / "v.npy")]) == 0
+    assert np.load(tmp_path / "v.npy").shape == (2, 16)

@@ -108,3 +108,17 @@ def test_in_memory_search_equals_brute_force():
     scores, rows = search_vectors(queries, corpus, k=7, corpus_block=33, query_block=6)
     ref_scores, ref_rows = _brute(corpus, queries, 7)
     assert np.array_equal(rows, ref_rows) and np.allclose(scores, ref_scores, atol=1e-6)
+
+
+def test_model_hash_leaves_out_weights_the_checkpoint_did_not_hold(tmp_path):
+    """A bare encoder loaded from an MLM checkpoint draws a fresh pooler at every load; no embedding reads it, so an
+    index built from that directory is searched with the same hash (it was refused at every load)."""
+    from bertkit import BertForMaskedLM
+    cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=16)
+    BertForMaskedLM(cfg).save_pretrained(tmp_path)
+    first, second = (BertModel.from_pretrained(tmp_path) for _ in range(2))
+    assert first.loading_info["missing_keys"] and not torch.equal(first.pooler.dense.weight,
+                                                                  second.pooler.dense.weight)
+    assert model_hash(SentenceEncoder(first, Pooling("mean"), max_seq_length=16)) == \
+        model_hash(SentenceEncoder(second, Pooling("mean"), max_seq_length=16))

@@ -145,13 +145,14 @@ class Predictor:
     @property
     def embed_max_length(self) -> int:
         """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length (as
-        SentenceTransformer and `bertkit embed` read it), else EMBED_MAX_LENGTH (also where its module list cannot be run: the
-        encoder's own pooling, asked for, still can)."""
+        SentenceTransformer and `bertkit embed` read it), else EMBED_MAX_LENGTH within the model's positions (also
+        where its module list cannot be run: the encoder's own pooling, asked for, still can)."""
+        fallback = min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)
         try:
             pipe = self.pipeline
         except CheckpointError:
-            return EMBED_MAX_LENGTH
-        return pipe.max_seq_length if pipe is not None else EMBED_MAX_LENGTH
+            return fallback
+        return pipe.max_seq_length if pipe is not None else fallback
 
     @property
     def has_mlm(self) -> bool:
@@ -335,7 +336,8 @@ class Predictor:
             return self.embed([texts], pooling, layers, normalize, max_length, batch_size, progress, prompt)[0]
         encoder = self.sentence_encoder(pooling, normalize, layers)
         return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision,
-                              max_length or (self.embed_max_length if pooling is None else EMBED_MAX_LENGTH),
+                              max_length or (self.embed_max_length if pooling is None else
+                                             min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)),
                               progress, prompt)
 
     def embed_ids(self, rows: Sequence[list[int]], pooling: str | None = None, normalize: bool | None = None,

@@ -42,7 +42,8 @@ def register(sub) -> None:
     p.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: L2-normalised)")
     add_prompt_arguments(p)
     p.add_argument("--max-length", type=checks.number(int, 2),
-                   help="pieces per text, [CLS]/[SEP] included (default: the model's max_seq_length, else 256)")
+                   help="pieces per text, [CLS]/[SEP] included (default: the model's max_seq_length, else 256 "
+                        "within its positions)")
     p.add_argument("--batch-size", type=checks.positive_int, default=32)
     p.add_argument("--out", help="write vectors to this .npy or .jsonl file (default: JSON lines on stdout), or to "
                                  "an index directory for `bertkit search` (any other name, e.g. index/)")
@@ -117,7 +118,7 @@ def embed(args) -> int:
     out = vector_out(args)
     p = Predictor.load(args.model, precision=inference_precision(args, "embed"))
     kw = dict(pooling=args.pooling or "mean", layers=args.layers or [-1], normalize=not args.no_normalize,
-              max_length=args.max_length or 256, batch_size=args.batch_size,
+              max_length=args.max_length, batch_size=args.batch_size,
               prompt=p.prompts.text(args.prompt, args.prompt_name))
     vecs = p.embed(texts, progress=progress.wanted(args.progress) and len(texts) > kw["batch_size"], **kw)
     return search_or_write(args, out, texts, vecs, lambda queries: p.embed(queries, **kw))

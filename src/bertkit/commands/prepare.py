@@ -27,7 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--masking", choices=("token", "wwm", "ngram"), default="token",
                    help="token: single pieces; wwm: whole words; ngram: 1-3 word spans (ALBERT)")
     p.add_argument("--dynamic", action="store_true", help="draw masks at batch time, fresh every epoch (RoBERTa)")
-    p.add_argument("--dupe-factor", type=checks.positive_int, default=1, help="static masking: copies with different masks")
+    p.add_argument("--dupe-factor", type=checks.number(int, 1, 100), default=1,
+                   help="static masking: copies with different masks (1-100; BERT used 10)")
     p.add_argument("--mask-prob", type=checks.probability, default=0.15, help="share of tokens to predict")
     p.add_argument("--max-predictions", type=checks.number(int, 1, 65535),
                    help="cap on predictions per example (default ceil(mask_prob * seq_len): 20 at 128)")

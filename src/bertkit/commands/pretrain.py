@@ -92,8 +92,9 @@ def register(subparsers) -> None:
     b = p.add_argument_group("batch and length")
     b.add_argument("--batch-size", type=checks.positive_int,
                    help="examples per process per micro-batch (default 32; planned)")
-    b.add_argument("--global-batch", type=checks.positive_int,
-                   help="examples per optimizer step over all processes; accumulation is derived")
+    b.add_argument("--global-batch", type=checks.number(int, 1, 1 << 20),
+                   help="examples per optimizer step over all processes, at most 1,048,576 (LAMB's largest was "
+                        "65,536); accumulation is derived")
     b.add_argument("--packing", action="store_true",
                    help="batches of --batch-size x seq_len tokens of whole examples, rows of similar length (~1%% "
                         "padding instead of ~10%%); each example still attends only to itself")

@@ -51,15 +51,20 @@ class IndexMismatch(ConfigError):
 
 def model_hash(model: nn.Module) -> str:
     """sha256 over the encoder's config (BERT config.json fields, pooling, normalisation, dense layers) and every
-    weight's bytes: two models give the same vectors for the same text only if their hashes agree."""
+    weight's bytes: two models give the same vectors for the same text only if their hashes agree. Weights the
+    checkpoint did not hold (the pooler an MLM checkpoint lacks) are left out: they are a fresh random draw at every
+    load, and no embedding reads them."""
     h = hashlib.sha256()
     bert = getattr(model, "bert", model)
+    fresh = set(getattr(bert, "loading_info", {}).get("missing_keys", ()))
     desc = {"config": bert.config.to_dict() if hasattr(bert, "config") else None,
             "pooling": list(getattr(getattr(model, "pooling", None), "modes", ())),
             "normalize": bool(getattr(model, "normalize", False)),
             "max_seq_length": getattr(model, "max_seq_length", None)}
     h.update(json.dumps(desc, sort_keys=True, default=str).encode())
     for name, t in sorted(model.state_dict().items()):
+        if name in fresh or name.split(".", 1)[-1] in fresh:       # the encoder's own name, or under `bert.`
+            continue
         t = t.detach().to("cpu").contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
