@@ -441,7 +441,7 @@ def _forward_backward(run: _Run) -> tuple[float, dict[str, list], int]:
             with autocast(run.precision, d.device):
                 out = run.step_fn(run.model, batch, **({"token_weight": weights[i]} if run.weighted else {}))
             run.scaler.scale(out.loss / cfg.grad_accum).backward()
-        loss_sum += float(out.loss)
+        loss_sum += float(out.loss.detach())
         add_metrics(metric_sums, out.metrics)
     return loss_sum, metric_sums, tokens
 
