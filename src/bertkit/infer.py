@@ -335,10 +335,8 @@ class Predictor:
         if isinstance(texts, str):
             return self.embed([texts], pooling, layers, normalize, max_length, batch_size, progress, prompt)[0]
         encoder = self.sentence_encoder(pooling, normalize, layers)
-        return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision,
-                              max_length or (self.embed_max_length if pooling is None else
-                                             min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)),
-                              progress, prompt)
+        return encoder.encode(self.tokenizer, _require_strings(texts), batch_size, self.precision, max_length,
+                              progress, prompt)               # None: the encoder's max_seq_length (embed_max_length)
 
     def embed_ids(self, rows: Sequence[list[int]], pooling: str | None = None, normalize: bool | None = None,
                   batch_size: int = 32, prompt_lengths: Sequence[int] | None = None) -> np.ndarray:
