@@ -226,10 +226,10 @@ _BASE = {"tokenize": ["tokenize"], "vocab": ["vocab"], "prepare": ["prepare"], "
          "fill-mask": ["fill-mask", "W/mlm", "the [MASK]"], "embed": ["embed", "W/mlm", "x"],
          "attention": ["attention", "W/mlm", "x"], "serve": ["serve", "W/mlm"], "export": ["export", "W/mlm", "o"],
          "demo": ["demo"], "distill": ["distill"]}
-POS_INT = ["0", "-3", "abc", "1.5"]
+POS_INT = ["0", "-3", "abc", "1.5", "\u0663"]          # the last: Arabic-Indic 3, which int() reads
 NONNEG_INT = ["-1", "x"]
 PROB = ["1.5", "-0.1", "nan"]
-POS_FLOAT = ["0", "-1", "inf"]
+POS_FLOAT = ["0", "-1", "inf", "\u0661.\u0665"]        # the last: Arabic-Indic 1.5
 NONNEG_FLOAT = ["-0.5", "nan"]
 _RANGES = {
     "tokenize": {"--max-length": NONNEG_INT, "--processes": [*POS_INT[:2], "100000"], "--batch-lines": POS_INT[:2]},
@@ -306,6 +306,7 @@ def dir_out_probes() -> list[Probe]:
             Probe(f"out:{cmd}:nonempty", _with_out(argv, "W/nonempty"), "not empty"),
             Probe(f"out:{cmd}:symlink-loop", _with_out(argv, "W/loop", over), "loop"),
             Probe(f"out:{cmd}:empty", _with_out(argv, "", over), "empty"),
+            Probe(f"out:{cmd}:dash", _with_out(argv, "-"), "not to stdout"),
             Probe(f"out:{cmd}:other-run", _with_out(argv, "T/out", over), "holds a `bertkit",
                   {"T/out/" + MARKER: {"command": "not-" + cmd}, "T/out/x.txt": b"kept"}),
         ]
@@ -342,6 +343,7 @@ def file_out_probes() -> list[Probe]:
             Probe(f"fout:{cmd}:name-too-long", _with_out(argv, "T/" + "x" * 300 + ".png", "--overwrite"),
                   "too long"),
             Probe(f"fout:{cmd}:device", _with_out(argv, "/dev/null", "--overwrite"), "not a regular file"),
+            Probe(f"fout:{cmd}:dash", _with_out(argv, "-"), "not to stdout"),
             Probe(f"fout:{cmd}:dir-in-the-way", _with_out(argv, "T/o/", "--overwrite"), "is a directory",
                   {f"T/o/{n}/x": b"" for n in ("dev.predictions.jsonl", "embeddings.jsonl", "preds.confusion.png",
                                                "model.onnx")}),

@@ -89,6 +89,8 @@ def number(kind: type, low=None, high=None, *, low_open: bool = False):
     """An argparse type: `kind` (int or float), finite, within [low, high] (low excluded when low_open)."""
     def parse(text: str):
         try:
+            if not text.isascii():          # int() and float() read any script's digits ('٣' is 3): a typo here
+                raise ValueError(text)
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
@@ -165,7 +167,7 @@ def int_list(text: str) -> list[int]:
     """An argparse type: comma-separated integers ('0,-1')."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
-        if not values:
+        if not values or not text.isascii():
             raise ValueError(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
@@ -177,6 +179,8 @@ def int_list(text: str) -> list[int]:
 def _resolved(path) -> Path:
     if str(path) == "":
         raise OutputError("a path is empty ('')")
+    if str(path) == "-":                        # stdout is no place for a directory or a staged file
+        raise OutputError("'-': this output is written to a path, not to stdout; name one (./- for a file named '-')")
     try:
         return Path(os.path.expanduser(str(path))).resolve()
     except (RuntimeError, OSError) as e:     # a symbolic link loop
