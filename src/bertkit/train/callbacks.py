@@ -1,17 +1,6 @@
 """Callbacks: what a caller adds to the one training loop, its events named as transformers' TrainerCallback names
-them. Each method is optional; the loop calls it on every rank (a logger writes on rank 0 only: `main_rank()`).
-
-    on_train_begin(state)            the run is set up, resumed or fresh, before the first step
-    on_step_end(state, logs)         after each optimizer step: logs is the step's record (loss, lr, grad_norm, ...)
-    on_evaluate(state, metrics)      after each evaluation (eval_fn's numbers)
-    on_save(state, checkpoint)       after a checkpoint directory was written
-    on_train_end(state)              once the run is over (not when it raised)
-
-A callback with `state_dict()` (a JSON-able dict) and `load_state_dict(d)` has its state saved in every checkpoint
-(state.json, under its `key` or class name) and given back on resume, so a resumed run carries on from it.
-
-TensorBoard is the loop's own (cfg.tensorboard, when the package is installed); W&B and MLflow are the optional
-extras `bertkit[wandb]` / `bertkit[mlflow]`, added by name with `reporting()` (`--report-to wandb,mlflow`).
+them (on_train_begin, on_step_end, on_evaluate, on_save, on_train_end; docs/training.md). The loop calls each on every
+rank; a logger writes on rank 0 only. TensorBoard is the loop's own; W&B and MLflow are optional extras.
 """
 
 from __future__ import annotations

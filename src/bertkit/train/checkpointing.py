@@ -1,16 +1,11 @@
-"""Crash-safe checkpoints and exact resume.
+"""Crash-safe checkpoints and exact resume (docs/training.md).
 
     out/checkpoints/step-00001000/   model.safetensors (+ config.json when the model has a BertConfig),
                                      optimizer.pt, state.json, rank-00000.pt (RNG + data position per rank)
 
-A checkpoint is written under `.tmp-step-...`, every file fsynced, then renamed: a directory named `step-*` with a
-state.json is complete, whatever killed the process. state.json, written last, holds the sha256 of every other file:
-`resume=True` skips a newest checkpoint whose files no longer match (a bad disk, a careless copy), with a warning, for
-the previous good one. Resume restores the model, the optimizer, the run's counters, every RNG (python, numpy, torch,
-CUDA) and the data position, so the losses continue as if the run had never stopped; metric lines the interrupted
-session wrote after the checkpoint (all of them when it died before its first checkpoint) are dropped. Temp
-directories an interrupted write left are removed at start; a write that fails (a full disk) removes its own and
-leaves the earlier checkpoints as they were.
+Written under `.tmp-step-...`, every file fsynced, then renamed: a `step-*` directory with a state.json is complete,
+whatever killed the process. state.json, written last, holds the sha256 of every other file, so resume can skip a
+spoiled newest checkpoint for the previous good one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The training loop; the public API is described in bertkit/train/__init__.py.
+"""The training loop; docs/training.md has its contract.
 
 One optimizer step = `grad_accum` micro-batches: forward under autocast, `(loss / grad_accum).backward()`
-(gradient all-reduce only on the last micro-batch, `no_sync` before), one small all-reduce of the step's sums
-(loss, metric sums and counts, tokens, whether Ctrl-C was pressed), then clip, `optimizer.step()`, the lr for the
-next step. Every decision that must agree across ranks (skip, save on a timer, stop on the budget, at an
-evaluation's request or on Ctrl-C) is taken from all-reduced or broadcast numbers, so ranks never diverge.
-
-`train()` below reads top to bottom: set up, start fresh or resume, then step / log / evaluate / checkpoint until
-the run's length is reached. What a step computes lives in steps.py, checkpoints in checkpointing.py, the process
-group and model wrapping in distributed.py, the data position in stream.py, metrics and FLOP/s in monitor.py.
+(gradient all-reduce only on the last micro-batch), one small all-reduce of the step's sums (loss, metric sums and
+counts, tokens, whether Ctrl-C was pressed), then clip, `optimizer.step()`, the lr for the next step. Every decision
+that must agree across ranks is taken from all-reduced or broadcast numbers, so ranks never diverge.
 """
 
 from __future__ import annotations
@@ -201,9 +196,8 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
           step_fn: Callable[[nn.Module, dict], StepOutput] | None = None,
           on_start: Callable[[RunState], bool | None] | None = None,
           callbacks: Iterable[Callback] = ()) -> TrainResult:
-    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. The package
-    docstring has the contract (on_start, callbacks included); bad settings raise ConfigError / CheckpointError before
-    the first step."""
+    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir` (docs/training.md);
+    bad settings raise ConfigError / CheckpointError before the first step."""
     out = Path(out_dir)
     run, checkpoints = _setup(model, batches, cfg, out, step_fn)
     state = run.state
@@ -211,10 +205,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     events = Events(callbacks, state)
     start_step, last_save = state.step, state.elapsed
     if on_start is not None and on_start(state) is False:
-        return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
-                           losses=[], start_step=start_step, history=[], eval_history=[],
-                           skipped_steps=state.skipped, stop_reason=why_stopped(cfg, state) or "on_start",
-                           checkpoint=state.last_checkpoint)
+        return _result(state, start_step, why_stopped(cfg, state) or "on_start")
     run.model.train()
     events.begin(state, out / "tb" if cfg.tensorboard else None)
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
@@ -268,8 +259,12 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     finally:
         log.close()
     events("on_train_end", state)
+    return _result(state, start_step, stop_reason, losses, history, evals)
+
+
+def _result(state: RunState, start_step: int, stop_reason: str, losses=(), history=(), evals=()) -> TrainResult:
     return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
-                       losses=losses, start_step=start_step, history=history, eval_history=evals,
+                       losses=list(losses), start_step=start_step, history=list(history), eval_history=list(evals),
                        skipped_steps=state.skipped, stop_reason=stop_reason, checkpoint=state.last_checkpoint)
 
 

@@ -1,27 +1,9 @@
 """`bertkit pretrain` as a library call: shard directories -> a model -> train() -> an HF-format model directory.
 
-    from bertkit.train import PretrainConfig, TrainConfig, pretrain
-    pretrain(PretrainConfig(shards="shards128/", phase2_shards="shards512/", preset="base", out="run/",
-                            global_batch=256, train=TrainConfig(max_steps=1_000_000, lr=1e-4)))
+    pretrain(PretrainConfig(shards="shards128/", preset="base", out="run/", train=TrainConfig(max_steps=1000)))
 
-`train` holds every training-loop setting (length, optimiser, schedule, precision, checkpoints, logging; see
-TrainConfig); the rest of PretrainConfig is what only pre-training has: shards, the model, the objective, batching.
-
-The model comes from a preset (vocab_size taken from the shards), a config.json, or an existing checkpoint
-directory (continued pre-training; `config` then overrides fields of the checkpoint's config, and a shape that
-no longer fits is a CheckpointError). The objective follows the shards' manifest task: "nsp" -> MLM + NSP,
-"sop" -> MLM + SOP (the same two-way head, 0 = in order, 1 = swapped), "none" -> MLM only; `objective="mlm"`
-drops the sentence task; `objective="electra"` trains replaced-token detection (bertkit.pretraining.electra).
-
-Everything a user can get wrong is checked before the first step: shard directories (missing, incomplete,
-truncated files), vocab hash / size of every shard directory against each other and against the model (and
-against the checkpoint's vocab.txt when there is one), sequence length against max_position_embeddings, the
-output directory, batch arithmetic (global batch = batch_size x accumulation x processes), the time budget.
-
-Two phases (BERT: 90% of the steps at seq 128, then 512): give `phase2_shards`; one schedule spans both.
-Context extension (ModernBERT: 1024 tokens at rotary base 10,000, then 8,192 at 160,000) is a second run continued
-from the first's model: `init` it, the longer shards, and `rope_theta` (written to the saved config.json).
-Output: `out/model/` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) plus what train() writes.
+The model comes from a preset, a config.json or a checkpoint directory; the objective follows the shards' task
+(docs/training.md). Everything a user can get wrong is checked before the first step.
 """
 
 from __future__ import annotations
@@ -111,11 +93,9 @@ class PretrainConfig:
 
 
 class MaskRateSchedule(Callback):
-    """A training callback: the masking share of `configs` (the readers' own MaskingConfigs, changed in place)
-    falls linearly from `start` at the first step to `end` at the last (mmBERT: 30% to 5% over its phases; a high
-    rate early gives many predictions while the model learns the easy ones, a low one late matches what it sees
-    when fine-tuned). Set from the step count alone, before each step's batches are read, so a resumed run masks
-    exactly as the uninterrupted one."""
+    """The masking share of `configs` (the readers' own MaskingConfigs, changed in place) falling linearly from
+    `start` at the first step to `end` at the last (docs/pretraining.md). Set from the step count alone, before each
+    step's batches are read, so a resumed run masks exactly as the uninterrupted one."""
 
     def __init__(self, configs: list[MaskingConfig], start: float, end: float):
         self.configs, self.start, self.end = configs, start, end
