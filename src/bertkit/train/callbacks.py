@@ -122,8 +122,8 @@ class MLflowCallback(_Logger):
 
 
 class Events:
-    """The callbacks of one run: `events(name, ...)` calls each one's method of that name; the state a resume read
-    from its checkpoint (`state.callbacks`) is handed back to the stateful ones here."""
+    """The callbacks of one run: `events(name, ...)` calls each one's method of that name; a resume's saved state
+    is handed back to the stateful ones here."""
 
     def __init__(self, callbacks, state):
         self.callbacks = list(callbacks)
@@ -132,8 +132,7 @@ class Events:
                 cb.load_state_dict(state.callbacks[self.key(cb)])
 
     def begin(self, state, tensorboard: Path | None) -> None:
-        """on_train_begin, TensorBoard first when a directory is given and the package is installed (else
-        metrics.jsonl has the numbers)."""
+        """on_train_begin, TensorBoard first when a directory is given and the package is installed."""
         if tensorboard is not None:
             with contextlib.suppress(ImportError):
                 self.callbacks.insert(0, TensorBoardCallback(tensorboard))

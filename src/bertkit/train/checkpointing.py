@@ -58,8 +58,7 @@ class RunState:
 
 # ---------------------------------------------------------------------------------------------- weights
 def save_model_weights(state: dict[str, Tensor], path: Path) -> None:
-    """A state dict to safetensors; tensors that share storage (tied embeddings) are stored once, their other
-    names listed in the metadata and restored by `load_model_weights`."""
+    """A state dict to safetensors; tensors that share storage (tied embeddings) are stored once, aliased."""
     from safetensors.torch import save_file
     seen: dict[tuple, str] = {}
     unique: dict[str, Tensor] = {}
@@ -163,7 +162,6 @@ def check_writable(out: Path, tag: str = "", sub: str | None = None) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """A file's (or a directory's) bytes and entries on the disk."""
     fd = os.open(str(path), os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -179,8 +177,7 @@ _SECONDS = ("elapsed", "phase_time")
 
 
 def _check_counters(path: Path, saved: dict) -> None:
-    """CheckpointError naming the first counter of state.json that is no count (or no finite time) >= 0, and an
-    `execution` that is no object: the training loop adds to them and builds its options from them."""
+    """CheckpointError naming the first counter of state.json that is no count (or finite time) >= 0."""
     for key in _COUNTS + _SECONDS:
         value = saved.get(key, 0)
         number = isinstance(value, int) if key in _COUNTS else isinstance(value, (int, float)) and math.isfinite(value)
@@ -191,8 +188,7 @@ def _check_counters(path: Path, saved: dict) -> None:
 
 
 def _verify(path: Path) -> dict:
-    """state.json of checkpoint `path`, after checking every file against the sha256 it records (checkpoints from
-    before checksums are taken as they are). CheckpointError naming the first file that does not match."""
+    """state.json of checkpoint `path`, after checking every file against the sha256 it records."""
     try:
         saved = json.loads((path / "state.json").read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -293,8 +289,7 @@ class Checkpoints:
         return final
 
     def _write_tmp(self, tmp: Path, state: RunState, model, msd: dict, osd: dict, data_state: dict) -> None:
-        """Every rank's RNG + data file, then rank 0's weights, optimizer and config.json and, last, state.json with
-        the sha256 of each, all fsynced, into the temp directory."""
+        """Every rank's RNG + data file, then rank 0's files and, last, state.json with their sha256, all fsynced."""
         if self.d.main:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -321,8 +316,8 @@ class Checkpoints:
         self.d.barrier()
 
     def resume(self, state: RunState, model, optimizer, stream) -> None:
-        """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one) into `state`, the
-        model, the optimizer, the data `stream` and the RNGs; nothing to resume from leaves them as they are."""
+        """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one); nothing to resume
+        from leaves everything as it is."""
         if self.d.main:
             self._remove_stale()
         self.d.barrier()
@@ -361,8 +356,7 @@ class Checkpoints:
         return None
 
     def _named(self, path: Path):
-        """(path, state.json, (weights, optimizer state, this rank's RNG + data state)) of checkpoint `path`, its
-        files checked against their checksums and read (nothing is loaded into the model yet)."""
+        """(path, state.json, (weights, optimizer state, this rank's RNG + data state)) of checkpoint `path`."""
         if not (path / "state.json").is_file():
             raise CheckpointError(f"{path} is not a complete bertkit training checkpoint (no state.json)")
         saved = _verify(path)

@@ -305,8 +305,7 @@ _PLAN_WORDS = ("masking", "schedule", "output_vocab", "attention_init")  # its o
 
 
 def _check_plan(path: Path, d) -> None:
-    """ConfigError naming the first field of plan.json whose value is of the wrong type (a hand-edited or spoiled
-    file), before a resumed run builds its schedule from it."""
+    """ConfigError naming the first field of plan.json whose value is of the wrong type (a hand-edited file)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(d).__name__}")
     for name, typ in _PLAN_SECTIONS.items():
@@ -330,9 +329,8 @@ def _check_plan(path: Path, d) -> None:
 
 
 def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, float]:
-    """(seconds per optimizer step, seconds per evaluation batch) of `model` on `batches` as `cfg` trains it
-    (precision, accumulation, clipping) on `device`: medians over `steps` steps after an untimed one, then over 2
-    forward passes in eval mode. On a copy of the model; the data go back to the start of epoch 0."""
+    """(seconds per optimizer step, seconds per evaluation batch) of `model` on `batches` as `cfg` trains it on
+    `device`: medians, on a copy of the model; the data go back to the start of epoch 0."""
     probe = runtime.apply(copy.deepcopy(model).to(device)).train()
     opt = build_optimizer(probe, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),
                           eps=cfg.eps)
