@@ -236,12 +236,9 @@ class Checkpoints:
         """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
         check_writable(self.out, f"-{self.d.rank}", sub=CHECKPOINT_DIR)
         if self.d.main:
-            self._remove_stale()
-
-    def _remove_stale(self) -> None:
-        for stale in self.root.glob(".tmp-*"):
-            log.info("removing %s, left by an interrupted checkpoint write", stale)
-            shutil.rmtree(stale, ignore_errors=True)
+            for stale in self.root.glob(".tmp-*"):
+                log.info("removing %s, left by an interrupted checkpoint write", stale)
+                shutil.rmtree(stale, ignore_errors=True)
 
     def check_fresh(self) -> None:
         """Without resume, an out_dir holding an earlier run is an error unless cfg.overwrite clears it."""
@@ -317,10 +314,7 @@ class Checkpoints:
 
     def resume(self, state: RunState, model, optimizer, stream) -> None:
         """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one); nothing to resume
-        from leaves everything as it is."""
-        if self.d.main:
-            self._remove_stale()
-        self.d.barrier()
+        from leaves everything as it is (train() called check_writable first: no stale temp directory is left)."""
         found = self._intact() if self.cfg.resume is True else self._named(Path(self.cfg.resume))
         if found is None:
             log.info("resume: no checkpoint in %s, starting from scratch", self.out)
