@@ -1,17 +1,6 @@
 """Callbacks: what a caller adds to the one training loop, its events named as transformers' TrainerCallback names
-them. Each method is optional; the loop calls it on every rank (a logger writes on rank 0 only: `main_rank()`).
-
-    on_train_begin(state)            the run is set up, resumed or fresh, before the first step
-    on_step_end(state, logs)         after each optimizer step: logs is the step's record (loss, lr, grad_norm, ...)
-    on_evaluate(state, metrics)      after each evaluation (eval_fn's numbers)
-    on_save(state, checkpoint)       after a checkpoint directory was written
-    on_train_end(state)              once the run is over (not when it raised)
-
-A callback with `state_dict()` (a JSON-able dict) and `load_state_dict(d)` has its state saved in every checkpoint
-(state.json, under its `key` or class name) and given back on resume, so a resumed run carries on from it.
-
-TensorBoard is the loop's own (cfg.tensorboard, when the package is installed); W&B and MLflow are the optional
-extras `bertkit[wandb]` / `bertkit[mlflow]`, added by name with `reporting()` (`--report-to wandb,mlflow`).
+them (on_train_begin, on_step_end, on_evaluate, on_save, on_train_end; docs/training.md). The loop calls each on every
+rank; a logger writes on rank 0 only. TensorBoard is the loop's own; W&B and MLflow are optional extras.
 """
 
 from __future__ import annotations
@@ -133,8 +122,8 @@ class MLflowCallback(_Logger):
 
 
 class Events:
-    """The callbacks of one run: `events(name, ...)` calls each one's method of that name; the state a resume read
-    from its checkpoint (`state.callbacks`) is handed back to the stateful ones here."""
+    """The callbacks of one run: `events(name, ...)` calls each one's method of that name; a resume's saved state
+    is handed back to the stateful ones here."""
 
     def __init__(self, callbacks, state):
         self.callbacks = list(callbacks)
@@ -143,8 +132,7 @@ class Events:
                 cb.load_state_dict(state.callbacks[self.key(cb)])
 
     def begin(self, state, tensorboard: Path | None) -> None:
-        """on_train_begin, TensorBoard first when a directory is given and the package is installed (else
-        metrics.jsonl has the numbers)."""
+        """on_train_begin, TensorBoard first when a directory is given and the package is installed."""
         if tensorboard is not None:
             with contextlib.suppress(ImportError):
                 self.callbacks.insert(0, TensorBoardCallback(tensorboard))

@@ -1,16 +1,11 @@
-"""Crash-safe checkpoints and exact resume.
+"""Crash-safe checkpoints and exact resume (docs/training.md).
 
     out/checkpoints/step-00001000/   model.safetensors (+ config.json when the model has a BertConfig),
                                      optimizer.pt, state.json, rank-00000.pt (RNG + data position per rank)
 
-A checkpoint is written under `.tmp-step-...`, every file fsynced, then renamed: a directory named `step-*` with a
-state.json is complete, whatever killed the process. state.json, written last, holds the sha256 of every other file:
-`resume=True` skips a newest checkpoint whose files no longer match (a bad disk, a careless copy), with a warning, for
-the previous good one. Resume restores the model, the optimizer, the run's counters, every RNG (python, numpy, torch,
-CUDA) and the data position, so the losses continue as if the run had never stopped; metric lines the interrupted
-session wrote after the checkpoint (all of them when it died before its first checkpoint) are dropped. Temp
-directories an interrupted write left are removed at start; a write that fails (a full disk) removes its own and
-leaves the earlier checkpoints as they were.
+Written under `.tmp-step-...`, every file fsynced, then renamed: a `step-*` directory with a state.json is complete,
+whatever killed the process. state.json, written last, holds the sha256 of every other file, so resume can skip a
+spoiled newest checkpoint for the previous good one.
 """
 
 from __future__ import annotations
@@ -63,8 +58,7 @@ class RunState:
 
 # ---------------------------------------------------------------------------------------------- weights
 def save_model_weights(state: dict[str, Tensor], path: Path) -> None:
-    """A state dict to safetensors; tensors that share storage (tied embeddings) are stored once, their other
-    names listed in the metadata and restored by `load_model_weights`."""
+    """A state dict to safetensors; tensors that share storage (tied embeddings) are stored once, aliased."""
     from safetensors.torch import save_file
     seen: dict[tuple, str] = {}
     unique: dict[str, Tensor] = {}
@@ -168,7 +162,6 @@ def check_writable(out: Path, tag: str = "", sub: str | None = None) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """A file's (or a directory's) bytes and entries on the disk."""
     fd = os.open(str(path), os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -184,8 +177,7 @@ _SECONDS = ("elapsed", "phase_time")
 
 
 def _check_counters(path: Path, saved: dict) -> None:
-    """CheckpointError naming the first counter of state.json that is no count (or no finite time) >= 0, and an
-    `execution` that is no object: the training loop adds to them and builds its options from them."""
+    """CheckpointError naming the first counter of state.json that is no count (or finite time) >= 0."""
     for key in _COUNTS + _SECONDS:
         value = saved.get(key, 0)
         number = isinstance(value, int) if key in _COUNTS else isinstance(value, (int, float)) and math.isfinite(value)
@@ -196,8 +188,7 @@ def _check_counters(path: Path, saved: dict) -> None:
 
 
 def _verify(path: Path) -> dict:
-    """state.json of checkpoint `path`, after checking every file against the sha256 it records (checkpoints from
-    before checksums are taken as they are). CheckpointError naming the first file that does not match."""
+    """state.json of checkpoint `path`, after checking every file against the sha256 it records."""
     try:
         saved = json.loads((path / "state.json").read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -245,12 +236,9 @@ class Checkpoints:
         """The run directory can be written; temp directories an interrupted checkpoint write left are removed."""
         check_writable(self.out, f"-{self.d.rank}", sub=CHECKPOINT_DIR)
         if self.d.main:
-            self._remove_stale()
-
-    def _remove_stale(self) -> None:
-        for stale in self.root.glob(".tmp-*"):
-            log.info("removing %s, left by an interrupted checkpoint write", stale)
-            shutil.rmtree(stale, ignore_errors=True)
+            for stale in self.root.glob(".tmp-*"):
+                log.info("removing %s, left by an interrupted checkpoint write", stale)
+                shutil.rmtree(stale, ignore_errors=True)
 
     def check_fresh(self) -> None:
         """Without resume, an out_dir holding an earlier run is an error unless cfg.overwrite clears it."""
@@ -298,8 +286,7 @@ class Checkpoints:
         return final
 
     def _write_tmp(self, tmp: Path, state: RunState, model, msd: dict, osd: dict, data_state: dict) -> None:
-        """Every rank's RNG + data file, then rank 0's weights, optimizer and config.json and, last, state.json with
-        the sha256 of each, all fsynced, into the temp directory."""
+        """Every rank's RNG + data file, then rank 0's files and, last, state.json with their sha256, all fsynced."""
         if self.d.main:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -326,11 +313,8 @@ class Checkpoints:
         self.d.barrier()
 
     def resume(self, state: RunState, model, optimizer, stream) -> None:
-        """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one) into `state`, the
-        model, the optimizer, the data `stream` and the RNGs; nothing to resume from leaves them as they are."""
-        if self.d.main:
-            self._remove_stale()
-        self.d.barrier()
+        """Continue from cfg.resume (True: the newest checkpoint in out; a path: that one); nothing to resume
+        from leaves everything as it is (train() called check_writable first: no stale temp directory is left)."""
         found = self._intact() if self.cfg.resume is True else self._named(Path(self.cfg.resume))
         if found is None:
             log.info("resume: no checkpoint in %s, starting from scratch", self.out)
@@ -366,8 +350,7 @@ class Checkpoints:
         return None
 
     def _named(self, path: Path):
-        """(path, state.json, (weights, optimizer state, this rank's RNG + data state)) of checkpoint `path`, its
-        files checked against their checksums and read (nothing is loaded into the model yet)."""
+        """(path, state.json, (weights, optimizer state, this rank's RNG + data state)) of checkpoint `path`."""
         if not (path / "state.json").is_file():
             raise CheckpointError(f"{path} is not a complete bertkit training checkpoint (no state.json)")
         saved = _verify(path)

@@ -1,25 +1,10 @@
 """A compact word-embedding table for fine-tuning: train only the rows the training data uses, exactly.
 
-Fine-tuning touches a small part of the vocabulary (a few thousand of bert-base's 30,522 pieces), yet a plain
-`nn.Embedding` makes every step pay for the whole (vocab, hidden) table: a dense gradient of it is allocated and
-zero-filled, summed into the clipping norm and walked by AdamW. A row no training example contains gets a zero
-gradient at every step, so AdamW (decoupled decay, zero moments: the update m / (sqrt(v) + eps) is 0) only
-multiplies it by (1 - lr * weight_decay) each step. `compact_word_embeddings(model, used_ids)` therefore swaps the
-model's `bert.embeddings.word_embeddings` for a `CompactEmbedding` whose one trainable parameter holds the used
-rows plus one *sentinel* row of ones that no id maps to. The sentinel gets the same zero gradient as every unused
-row, so after any number of steps it holds the product of the decay factors the optimizer applied (skipped steps,
-lr schedule and resume included); an unused row's value is its initial value times the sentinel. The maths is the
-full table's (the same loss, gradients of the used rows, gradient norm and AdamW update); the unused rows differ from
-a full-table run only by float rounding of the decay product (relative ~1e-7).
-
-The swap is invisible from outside: `state_dict()` gives `...word_embeddings.weight` as the full (vocab, hidden)
-table (used rows, decayed unused rows), `load_state_dict()` takes one (the checkpoints of `bertkit.train` and the
-fine-tuning runner's best-state copies keep their HF names), and under no_grad a batch may hold ids outside the
-used set (dev / test text: such a row is its initial value times the sentinel). `release()` returns a plain
-`nn.Embedding` with the current table. Valid for AdamW (not LAMB, whose trust ratio is per tensor) and only when
-the table is not also an output layer (tied MLM decoders give every row a gradient): `compact_word_embeddings`
-checks both. The decay tracking is exact for fp32 parameters (the fine-tuning runner's; bf16 autocast keeps them
-fp32): with bf16 weights the sentinel would round each step's factor on its own.
+A row no training example contains gets a zero gradient at every step, so AdamW only multiplies it by
+(1 - lr * weight_decay). The compact table's one parameter holds the used rows plus a *sentinel* row of ones that no
+id maps to: it gets that same zero gradient, so it holds the product of the decay factors applied, and an unused row
+is its initial value times the sentinel. The state dict is the full table under the usual name. docs/training.md
+has the whole argument and the limits (AdamW only, untied tables, fp32 parameters).
 """
 
 from __future__ import annotations

@@ -74,9 +74,8 @@ class Dist:
 
 
 def _close_group() -> None:
-    """At exit, the process group this process opened, unless the caller closed it (the CLI does, after a barrier)
-    or an uncaught exception ends the process: with collectives of a crashed step still in flight, closing can
-    block on peers that will not come. No barrier either, for the same reason."""
+    """At exit, the process group this process opened, unless the caller closed it or an uncaught exception ends
+    the process: with collectives of a crashed step still in flight, closing can block on peers that will not come."""
     crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if dist.is_initialized() and not crashed:
         dist.destroy_process_group()
@@ -155,8 +154,7 @@ def full_state(model: nn.Module, optimizer, fsdp: bool) -> tuple[dict, dict]:
 
 def load_full_state(model: nn.Module, optimizer, fsdp: bool, model_state: dict, optim_state: dict,
                     source: str) -> None:
-    """The inverse of `full_state`: full states into the (possibly sharded) model and optimizer; a CheckpointError
-    naming `source` when the weights do not fit the model."""
+    """Full states into the (possibly sharded) model and optimizer; CheckpointError naming `source` on a misfit."""
     if _sharded(fsdp):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
@@ -171,8 +169,7 @@ def load_full_state(model: nn.Module, optimizer, fsdp: bool, model_state: dict, 
 
 
 def _mismatch(model: nn.Module, state: dict, error: Exception) -> str:
-    """What differs between `state` and the model's own state dict, in one line (torch's message lists every key on
-    a line of its own, dozens for a model of another shape)."""
+    """What differs between `state` and the model's own state dict, in one line (torch's lists every key)."""
     own = model.state_dict()
     shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items()
               if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(v.shape)]

@@ -1,14 +1,9 @@
-"""The training loop; the public API is described in bertkit/train/__init__.py.
+"""The training loop; docs/training.md has its contract.
 
 One optimizer step = `grad_accum` micro-batches: forward under autocast, `(loss / grad_accum).backward()`
-(gradient all-reduce only on the last micro-batch, `no_sync` before), one small all-reduce of the step's sums
-(loss, metric sums and counts, tokens, whether Ctrl-C was pressed), then clip, `optimizer.step()`, the lr for the
-next step. Every decision that must agree across ranks (skip, save on a timer, stop on the budget, at an
-evaluation's request or on Ctrl-C) is taken from all-reduced or broadcast numbers, so ranks never diverge.
-
-`train()` below reads top to bottom: set up, start fresh or resume, then step / log / evaluate / checkpoint until
-the run's length is reached. What a step computes lives in steps.py, checkpoints in checkpointing.py, the process
-group and model wrapping in distributed.py, the data position in stream.py, metrics and FLOP/s in monitor.py.
+(gradient all-reduce only on the last micro-batch), one small all-reduce of the step's sums (loss, metric sums and
+counts, tokens, whether Ctrl-C was pressed), then clip, `optimizer.step()`, the lr for the next step. Every decision
+that must agree across ranks is taken from all-reduced or broadcast numbers, so ranks never diverge.
 """
 
 from __future__ import annotations
@@ -161,8 +156,7 @@ def seed_everything(seed: int) -> None:
 
 
 def run_seeds(seeds) -> tuple[int, ...]:
-    """The seeds of a run that reports mean +- std over seeds: integers, at least one, none twice (the same run twice
-    would count once more and shrink the std)."""
+    """The seeds of a run that reports mean +- std over seeds: at least one, none twice (it would shrink the std)."""
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
         raise ConfigError("seeds: give at least one seed")
@@ -201,9 +195,8 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
           step_fn: Callable[[nn.Module, dict], StepOutput] | None = None,
           on_start: Callable[[RunState], bool | None] | None = None,
           callbacks: Iterable[Callback] = ()) -> TrainResult:
-    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir`. The package
-    docstring has the contract (on_start, callbacks included); bad settings raise ConfigError / CheckpointError before
-    the first step."""
+    """Train `model` on `batches` as `cfg` says, writing metrics and checkpoints under `out_dir` (docs/training.md);
+    bad settings raise ConfigError / CheckpointError before the first step."""
     out = Path(out_dir)
     run, checkpoints = _setup(model, batches, cfg, out, step_fn)
     state = run.state
@@ -211,10 +204,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     events = Events(callbacks, state)
     start_step, last_save = state.step, state.elapsed
     if on_start is not None and on_start(state) is False:
-        return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
-                           losses=[], start_step=start_step, history=[], eval_history=[],
-                           skipped_steps=state.skipped, stop_reason=why_stopped(cfg, state) or "on_start",
-                           checkpoint=state.last_checkpoint)
+        return _result(state, start_step, why_stopped(cfg, state) or "on_start")
     run.model.train()
     events.begin(state, out / "tb" if cfg.tensorboard else None)
     log = RunLog(out, cfg, run.d.main, state.total, state.step)
@@ -222,9 +212,7 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     flops = FlopMeter(cfg.flops_per_token, cfg.peak_flops, run.d.device, dtype, run.d.world)
     losses, history, evals = [], [], []     # per step, train records, eval records
     session_t0, prior_elapsed = time.perf_counter(), state.elapsed
-    # Ctrl-C stops after the step in progress with a checkpoint (_interruptible); a run that writes none (save_final
-    # off) has nothing to resume from, so there it stops at once as ever. On the last step the run simply ends as it
-    # would: stopping there instead would leave a finished run that no resume can complete.
+    # Ctrl-C stops after the step in progress with a checkpoint; a run that writes none has nothing to resume from
     keeps_checkpoints = bool(cfg.save_every_steps or cfg.save_every_minutes or cfg.save_final)
     try:
         with _interruptible(run, enabled=keeps_checkpoints):
@@ -268,8 +256,12 @@ def train(model: nn.Module, batches: Iterable[dict] | list[Phase], cfg: TrainCon
     finally:
         log.close()
     events("on_train_end", state)
+    return _result(state, start_step, stop_reason, losses, history, evals)
+
+
+def _result(state: RunState, start_step: int, stop_reason: str, losses=(), history=(), evals=()) -> TrainResult:
     return TrainResult(steps=state.step, total_steps=state.total, tokens=state.tokens, elapsed_s=state.elapsed,
-                       losses=losses, start_step=start_step, history=history, eval_history=evals,
+                       losses=list(losses), start_step=start_step, history=list(history), eval_history=list(evals),
                        skipped_steps=state.skipped, stop_reason=stop_reason, checkpoint=state.last_checkpoint)
 
 
@@ -386,8 +378,8 @@ def _phase_by_steps(run: _Run) -> None:
 
 
 def _tick(run: _Run, wall: float) -> None:
-    """state.elapsed = the run's wall time so far (evaluations and checkpoints included: a budget is wall-clock);
-    in budget mode the phase and the schedule's total follow it."""
+    """state.elapsed = the run's wall time so far (a budget is wall-clock); in budget mode the phase and the
+    schedule's total follow it."""
     cfg, d, state, stream = run.cfg, run.d, run.state, run.stream
     if d.world > 1 and (cfg.budget_s is not None or cfg.save_every_minutes):
         wall = d.broadcast_object(wall)  # one clock for every rank's decisions
@@ -447,12 +439,9 @@ def _forward_backward(run: _Run) -> tuple[float, dict[str, list], int]:
 
 
 def _token_weights(run: _Run, micro: list[dict]) -> list[float]:
-    """Per micro-batch: labelled tokens / mean labelled tokens per micro-batch over the global batch.
-
-    A token-level loss (MLM) is a mean over the micro-batch's labelled tokens; averaging those means over
-    micro-batches and ranks would weight a token by 1 / (its micro-batch's count). Scaling each micro-batch's
-    token loss by this weight makes the step's loss the mean over every labelled token of the global batch,
-    so the maths does not depend on how the global batch is cut (accumulation x processes)."""
+    """Per micro-batch: labelled tokens / mean labelled tokens per micro-batch over the global batch. Averaging
+    micro-batch means would weight a token by 1 / (its micro-batch's count); this weight makes the step's loss the
+    mean over every labelled token of the global batch, however it is cut (accumulation x processes)."""
     if not run.weighted:
         return [1.0] * len(micro)
     counts = [float((b["labels"] != IGNORE_INDEX).sum()) if isinstance(b.get("labels"), Tensor)
@@ -465,8 +454,7 @@ def _token_weights(run: _Run, micro: list[dict]) -> list[float]:
 def _all_reduce(run: _Run, loss_sum: float, metric_sums: dict[str, list], tokens: int
                 ) -> tuple[float, dict[str, float], int, bool]:
     """One all-reduce for everything ranks must agree on: (mean loss, metrics, tokens) of the global batch, and
-    whether any rank was interrupted. The interrupt rides along so that agreeing on the step to stop at costs no
-    collective of its own (a per-step one costs real time on gloo)."""
+    whether any rank was interrupted (riding along: a collective of its own each step costs real time on gloo)."""
     names = sorted(metric_sums)
     vec = [loss_sum, run.cfg.grad_accum, *(x for n in names for x in metric_sums[n]), tokens, run.interrupt_requested]
     red = run.d.all_reduce_sum(torch.tensor([float(v) for v in vec], dtype=torch.float64)).tolist()
@@ -475,8 +463,7 @@ def _all_reduce(run: _Run, loss_sum: float, metric_sums: dict[str, list], tokens
 
 
 def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
-    """Clip the gradients, then step unless the loss or the gradients are not finite: (stepped, grad norm). fp16's
-    gradients overflowing at a finite loss are the GradScaler's (it halves the scale): skipped, not a divergence."""
+    """Clip the gradients, then step unless the loss or the gradients are not finite: (stepped, grad norm)."""
     cfg, state, scaler = run.cfg, run.state, run.scaler
     scaler.unscale_(run.optimizer)        # fp16: the true gradients, for the clip and the norm logged
     scale = scaler.get_scale()
@@ -504,12 +491,8 @@ def _clip_and_step(run: _Run, loss: float) -> tuple[bool, float]:
 @contextlib.contextmanager
 def _interruptible(run: _Run, enabled: bool):
     """SIGINT while the steps run: the first one only marks the run (`run.interrupt_requested`), so the step in
-    progress finishes, the ranks agree through the step's all-reduce, and the loop writes a checkpoint there and
-    raises KeyboardInterrupt; a second one raises KeyboardInterrupt at once, as Python's default handler does.
-
-    Installed for the steps only and restored after them: outside the loop (setup, the final evaluation and
-    checkpoint) Ctrl-C acts as it always has. Only the main thread may set a signal handler, so train() called from
-    another thread, or where SIGINT is ignored (a background job), leaves SIGINT alone."""
+    progress finishes and the ranks agree through the step's all-reduce; a second one raises KeyboardInterrupt at
+    once. Only the main thread may set a signal handler; where SIGINT is ignored (a background job) it stays so."""
     if not (enabled and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
         yield
@@ -537,9 +520,7 @@ def _interruptible(run: _Run, enabled: bool):
 
 # ---------------------------------------------------------------------------------------------- evaluation
 def _eval_and_log(run: _Run, eval_fn, log: RunLog, events: Events) -> tuple[dict, bool]:
-    """Evaluate (when there is an eval_fn) and log: (the eval record, whether eval_fn asked to stop). eval_fn runs on
-    the unwrapped model in eval mode, under no_grad and the training autocast; the ranks stop together when any of
-    them asks (a true "stop" entry in what it returns)."""
+    """Evaluate (when there is an eval_fn) and log: (the eval record, whether any rank's eval_fn asked to stop)."""
     res = {}
     if eval_fn is not None:
         run.model.eval()

@@ -41,8 +41,7 @@ def jsonable(obj):
 
 # ---------------------------------------------------------------------------------------------- logging
 class RunLog:
-    """metrics.jsonl lines and the tqdm bar; only rank 0 writes (`main`), the others no-op (TensorBoard is a
-    callback: bertkit.train.callbacks)."""
+    """metrics.jsonl lines and the tqdm bar; only rank 0 writes (`main`), the others no-op."""
 
     def __init__(self, out: Path, cfg, main: bool, total: int, step: int):
         self.out, self.cfg, self.main = out, cfg, main
@@ -144,11 +143,9 @@ _measured_peak: dict[str, float] = {}
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
-    """The machine's peak FLOP/s in `dtype` (the training precision): $BERTKIT_PEAK_FLOPS, else a table for known
-    GPUs (bf16 dense, no sparsity; half of it for fp32's TF32), else on CPU the best measured rate of a 2048^3 matmul
-    in `dtype` (256^3 where bf16 is emulated, which is very slow). A measurement on a busy machine reads low, so the
-    best rate ever seen on this CPU / thread count / dtype is kept in ~/.cache/bertkit/peak_flops.json and only
-    ever raised."""
+    """The machine's peak FLOP/s in `dtype`: $BERTKIT_PEAK_FLOPS, else a table for known GPUs (bf16 dense; half for
+    fp32's TF32), else on CPU the best measured matmul rate. A busy machine measures low, so the best rate seen on
+    this CPU / thread count / dtype is kept in ~/.cache/bertkit/peak_flops.json and only ever raised."""
     env = os.environ.get("BERTKIT_PEAK_FLOPS")
     if env:
         return float(env)

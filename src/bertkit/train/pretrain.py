@@ -1,27 +1,9 @@
 """`bertkit pretrain` as a library call: shard directories -> a model -> train() -> an HF-format model directory.
 
-    from bertkit.train import PretrainConfig, TrainConfig, pretrain
-    pretrain(PretrainConfig(shards="shards128/", phase2_shards="shards512/", preset="base", out="run/",
-                            global_batch=256, train=TrainConfig(max_steps=1_000_000, lr=1e-4)))
+    pretrain(PretrainConfig(shards="shards128/", preset="base", out="run/", train=TrainConfig(max_steps=1000)))
 
-`train` holds every training-loop setting (length, optimiser, schedule, precision, checkpoints, logging; see
-TrainConfig); the rest of PretrainConfig is what only pre-training has: shards, the model, the objective, batching.
-
-The model comes from a preset (vocab_size taken from the shards), a config.json, or an existing checkpoint
-directory (continued pre-training; `config` then overrides fields of the checkpoint's config, and a shape that
-no longer fits is a CheckpointError). The objective follows the shards' manifest task: "nsp" -> MLM + NSP,
-"sop" -> MLM + SOP (the same two-way head, 0 = in order, 1 = swapped), "none" -> MLM only; `objective="mlm"`
-drops the sentence task; `objective="electra"` trains replaced-token detection (bertkit.pretraining.electra).
-
-Everything a user can get wrong is checked before the first step: shard directories (missing, incomplete,
-truncated files), vocab hash / size of every shard directory against each other and against the model (and
-against the checkpoint's vocab.txt when there is one), sequence length against max_position_embeddings, the
-output directory, batch arithmetic (global batch = batch_size x accumulation x processes), the time budget.
-
-Two phases (BERT: 90% of the steps at seq 128, then 512): give `phase2_shards`; one schedule spans both.
-Context extension (ModernBERT: 1024 tokens at rotary base 10,000, then 8,192 at 160,000) is a second run continued
-from the first's model: `init` it, the longer shards, and `rope_theta` (written to the saved config.json).
-Output: `out/model/` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) plus what train() writes.
+The model comes from a preset, a config.json or a checkpoint directory; the objective follows the shards' task
+(docs/training.md). Everything a user can get wrong is checked before the first step.
 """
 
 from __future__ import annotations
@@ -81,41 +63,33 @@ class PretrainConfig:
     config: str | None = None
     init: str | None = None
     dropout: float | None = None                # overrides hidden + attention dropout when given
-    rope_theta: float | None = None             # rotary models: the global layers' base (ModernBERT: 10,000 at
-                                                # 1024 tokens, 160,000 once extended to 8,192)
+    rope_theta: float | None = None             # rotary models: the global layers' base (context extension)
     # masks of the training rows: "shards" = as the shards were built; token | wwm | ngram = drawn at batch time
     # from the stored tokens, fresh every epoch (static shards too); mask_prob alone re-masks in the shards' mode
     masking: str = "shards"
     mask_prob: float | None = None
     mask_prob_end: float | None = None          # the share at the last step, falling linearly from mask_prob (mmBERT)
     average_last: int = 1                       # the saved model: the mean weights of the last N checkpoints
-    unigram_bias: bool = True                   # a fresh MLM output bias starts at log unigram frequencies of the
-                                                # shards: the model starts at the unigram loss, not log(vocab)
-    output_vocab: str = "full"                  # "corpus": the training softmax scores only the ids the training
-                                                # shards hold (evaluation: the whole vocabulary)
-    attention_init: str = "random"              # "local": a fresh model's first layer starts attending to its
-                                                # neighbours (bertkit.pretraining.local_init)
+    unigram_bias: bool = True                   # a fresh MLM output bias starts at log unigram frequencies
+    output_vocab: str = "full"                  # "corpus": the training softmax scores only the shards' ids
+    attention_init: str = "random"              # "local": a fresh first layer starts on the neighbouring tokens
     objective: str = "auto"                     # auto (the shards' task) | mlm | electra
     electra_weight: float = 50.0
     generator: str | None = None                # electra with init: the generator's checkpoint (else a fresh one)
     # batch
     batch_size: int = 32                        # per process per micro-batch
     global_batch: int | None = None             # None: batch_size x processes x train.grad_accum
-    packing: bool = False                       # training batches of batch_size x seq_len tokens of whole examples
-                                                # (pretraining.packing) instead of batch_size padded rows
+    packing: bool = False                       # batches of batch_size x seq_len tokens of whole examples
     verify: str = "size"                        # shard file check: "size" or "full" (sha256)
     vocab: str | None = None                    # tokenizer to save with the model (default: the shards' vocab.txt)
-    # the settings the caller chose (bertkit pretrain: the flags given); with a budget and no init the others come
-    # from bertkit.train.recipe's plan. None: no plan, every field as given
+    # the settings the caller chose (the flags given); with a budget and no init the others come from the plan
     set_fields: tuple[str, ...] | None = None
 
 
 class MaskRateSchedule(Callback):
-    """A training callback: the masking share of `configs` (the readers' own MaskingConfigs, changed in place)
-    falls linearly from `start` at the first step to `end` at the last (mmBERT: 30% to 5% over its phases; a high
-    rate early gives many predictions while the model learns the easy ones, a low one late matches what it sees
-    when fine-tuned). Set from the step count alone, before each step's batches are read, so a resumed run masks
-    exactly as the uninterrupted one."""
+    """The masking share of `configs` (the readers' own MaskingConfigs, changed in place) falling linearly from
+    `start` at the first step to `end` at the last (docs/pretraining.md). Set from the step count alone, before each
+    step's batches are read, so a resumed run masks exactly as the uninterrupted one."""
 
     def __init__(self, configs: list[MaskingConfig], start: float, end: float):
         self.configs, self.start, self.end = configs, start, end
@@ -224,9 +198,9 @@ def _rotary_base(config, theta: float, seq_len: int):
 
 def unigram_bias_init(model, shards) -> bool:
     """Set the MLM output bias to log p(token), p the add-one smoothed unigram distribution of the shards'
-    non-special tokens (specials are never targets). The softmax then starts at the unigram distribution, the
-    first thing a from-scratch model learns anyway (docs/performance.md, "Training", has what it saves). `shards`:
-    the training ShardReader (its counts cover every shard, whatever its rank). Returns whether it was set."""
+    non-special tokens: the softmax starts where a from-scratch model's first steps would take it
+    (docs/performance.md). `shards`: the training ShardReader (its counts cover every shard, whatever its rank).
+    Returns whether it was set."""
     head = getattr(getattr(model, "cls", None), "predictions", None)
     if head is None:                                                  # ELECTRA: its generator keeps zeros
         return False
@@ -239,8 +213,8 @@ def unigram_bias_init(model, shards) -> bool:
 
 
 def _restrict_output_vocab(model, readers) -> int:
-    """Train the MLM softmax over the ids the training shards hold (BertLMPredictionHead.restrict_to); returns
-    how many. Every rank counts every shard, so the columns agree across processes."""
+    """Train the MLM softmax over the ids the training shards hold; returns how many. Every rank counts every
+    shard, so the columns agree across processes."""
     used = sum(r.token_counts() > 0 for r in readers)
     ids = torch.from_numpy(np.flatnonzero(used))
     model.cls.predictions.restrict_to(ids)
@@ -262,8 +236,7 @@ _ARCHITECTURE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
 
 
 def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
-    """With resume, the checkpoint's config.json against the model asked for, before any weight is loaded (a
-    mismatch would otherwise surface as torch's list of every tensor that does not fit)."""
+    """With resume, the checkpoint's config.json against the model asked for, before any weight is loaded."""
     resume = pc.train.resume
     ckpt = latest_checkpoint(out) if resume is True else Path(resume) if resume else None
     # none or unreadable: nothing to compare (resume itself names an unreadable checkpoint)
@@ -281,9 +254,7 @@ def _check_resume_model(pc: PretrainConfig, config, out: Path) -> None:
 
 def _divergence(model, result, data, d, fsdp: bool) -> str | None:
     """Where training diverged when the trained model is broken (NaN/inf weights, or a NaN/inf loss on a training
-    batch in fp32), else None. The loop skips a step whose loss or gradient is not finite, but one finite step with
-    a huge update can leave weights of 1e30 or NaN: every later step is then skipped and the run would end
-    "successfully" with a useless model."""
+    batch), else None: one finite step with a huge update can break the weights, and every later step is skipped."""
     with torch.no_grad():
         finite = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())  # FSDP: its shard
                      for p in model.parameters())
@@ -321,8 +292,7 @@ def _check_vocab(config, vocab_size: int, where) -> None:
 
 
 class _DropKeys:
-    """A batch source without some keys (MLM-only training on NSP shards), keeping the reader's resume API and
-    what the head initialisation reads (tables, token_counts)."""
+    """A batch source without some keys (MLM-only training on NSP shards), the reader's other attributes kept."""
 
     def __init__(self, source, keys: tuple[str, ...]):
         self.source, self.keys = source, keys
@@ -342,7 +312,7 @@ class _DropKeys:
 
 def pretrain(pc: PretrainConfig, callbacks=()):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult.
-    `callbacks`: bertkit.train.callbacks.Callback objects for the loop (W&B, MLflow, your own)."""
+    `callbacks`: bertkit.train.callbacks.Callback objects for the loop."""
     out = Path(pc.out)
     _check_settings(pc)
     check_writable(out)
@@ -412,9 +382,7 @@ def pretrain(pc: PretrainConfig, callbacks=()):
 
 def _starter(pc: PretrainConfig, plan, cfg, out: Path, d) -> Callable:
     """train()'s on_start: the run's own files are written only once the resume was accepted, so a refused one
-    (another batch size, model, world size) leaves pretrain_config.json, plan.json and the summary as they were. A
-    run resumed at (or past) its end trains nothing; it still writes model/ if that is missing (a full disk or an
-    interrupt after the last checkpoint)."""
+    leaves them as they were. A run resumed at (or past) its end trains nothing; it still writes a missing model/."""
     def on_start(state) -> bool:
         stop = why_stopped(cfg, state)
         if stop is None:
@@ -481,8 +449,7 @@ def _train_config(pc: PretrainConfig, world: int):
 
 
 def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
-    """(pc, plan): with a budget from scratch, the plan's settings that do not depend on the step time (a resumed
-    run: its whole plan.json); else (pc, None)."""
+    """(pc, plan): with a budget from scratch, the plan's settings that need no step time (resumed: plan.json)."""
     t = pc.train
     if pc.set_fields is None or t.budget_s is None:
         return pc, None
@@ -498,8 +465,7 @@ def _start_plan(pc: PretrainConfig, manifest: dict, objective: str):
 
 
 def _plan(pc: PretrainConfig, manifest: dict, model: BertConfig | None, times=(None, None)):
-    """(pc with the plan's settings, the plan) for the budget, given the measured (seconds per step, seconds per
-    evaluation batch); None: not measured yet."""
+    """(pc with the plan's settings, the plan), given the measured (s per step, s per evaluation batch) or None."""
     heldout = int(read_manifest(pc.eval_shards)["counts"]["examples"]) if pc.eval_shards else 0
     plan = plan_recipe(pc.train.budget_s, pc.preset, times[0], manifest, given_settings(pc), heldout,
                        eval_batch_s=times[1], model=model)
@@ -540,8 +506,7 @@ def _masking(pc: PretrainConfig, path: str):
 
 
 def _averaged_weights(out: Path, k: int) -> dict:
-    """The mean of the model weights of the newest `k` checkpoints in out/checkpoints (in fp32, cast back): a
-    cheap ensemble that smooths the last steps' noise."""
+    """The mean of the model weights of the newest `k` checkpoints in out/checkpoints (in fp32, cast back)."""
     done = complete_checkpoints(out / CHECKPOINT_DIR)[-k:]
     if len(done) < k:
         say(f"bertkit pretrain: --average-last {k}: the run has {len(done)} checkpoints, averaging those")

@@ -3,17 +3,9 @@
     plan = plan_recipe(360, "mini", measured_step_s=0.23, manifest=read_manifest("shards/"))
     print(plan.block())
 
-A from-scratch MLM first sits on a plateau where every [MASK] gets the same few frequent tokens; it leaves it when a
-layer-0 head learns to attend to the neighbouring tokens. The plan is the recipe that got there within minutes on a
-2-core CPU (docs/performance.md, "Pre-training from scratch on a budget", has the runs and their commands): a first
-layer whose heads start on the neighbouring tokens (pretraining.local_init; without it a novel stayed on the plateau
-for 5,000+ steps), token masks at 40% redrawn every epoch, a ~1,000-step warmup (less on short budgets), then the
-peak lr held (wsd), 1,024 tokens a step, no dropout, lr 1e-3 for the small presets, the training softmax over the
-shards' own ids.
-
-`bertkit pretrain --budget` without --init plans every setting the user did not give (PretrainConfig.set_fields: an
-explicit flag always wins). `pretrain()` times a few steps at the planned shape (probe_times) to estimate the
-steps the budget affords, prints the plan on stderr, and writes it to OUT/plan.json (and OUT/summary.json).
+The plan is the recipe that got a from-scratch MLM off its plateau (every [MASK] the same few tokens) within a short
+budget (docs/performance.md, "Pre-training from scratch on a budget", has the runs). `bertkit pretrain --budget`
+without --init plans every setting the user did not give (PretrainConfig.set_fields: an explicit flag always wins).
 """
 
 from __future__ import annotations
@@ -313,8 +305,7 @@ _PLAN_WORDS = ("masking", "schedule", "output_vocab", "attention_init")  # its o
 
 
 def _check_plan(path: Path, d) -> None:
-    """ConfigError naming the first field of plan.json whose value is of the wrong type (a hand-edited or spoiled
-    file), before a resumed run builds its schedule from it."""
+    """ConfigError naming the first field of plan.json whose value is of the wrong type (a hand-edited file)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(d).__name__}")
     for name, typ in _PLAN_SECTIONS.items():
@@ -338,9 +329,8 @@ def _check_plan(path: Path, d) -> None:
 
 
 def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, float]:
-    """(seconds per optimizer step, seconds per evaluation batch) of `model` on `batches` as `cfg` trains it
-    (precision, accumulation, clipping) on `device`: medians over `steps` steps after an untimed one, then over 2
-    forward passes in eval mode. On a copy of the model; the data go back to the start of epoch 0."""
+    """(seconds per optimizer step, seconds per evaluation batch) of `model` on `batches` as `cfg` trains it on
+    `device`: medians, on a copy of the model; the data go back to the start of epoch 0."""
     probe = runtime.apply(copy.deepcopy(model).to(device)).train()
     opt = build_optimizer(probe, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),
                           eps=cfg.eps)

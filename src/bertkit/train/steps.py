@@ -35,12 +35,9 @@ def default_step(model: nn.Module, batch: dict) -> StepOutput:
 
 
 def pretraining_step(model: nn.Module, batch: dict, token_weight: float = 1.0) -> StepOutput:
-    """BertForPreTraining / BertForMaskedLM / ELECTRA: loss plus MLM, NSP/SOP and replaced-token accuracies.
-
-    The loss is `token_weight * token-level loss + sentence-level loss`, where the token-level part is the MLM
-    loss (ELECTRA: generator MLM + weighted discriminator loss) and the sentence-level part NSP/SOP. The loop
-    passes the weight that turns the mean over this micro-batch's masked tokens into its share of the mean over
-    the global batch's masked tokens (1.0 when there is one micro-batch on one process)."""
+    """BertForPreTraining / BertForMaskedLM / ELECTRA: loss plus MLM, NSP/SOP and replaced-token accuracies. The loss
+    is `token_weight * token-level loss (MLM; ELECTRA's both) + sentence-level loss (NSP/SOP)`: the loop's weight
+    makes this micro-batch's mean its share of the mean over the global batch's masked tokens."""
     out = model(**batch)
     loss = out.loss
     mlm_loss = getattr(out, "mlm_loss", None)

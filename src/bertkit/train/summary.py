@@ -1,8 +1,5 @@
-"""OUT/summary.json and OUT/summary.md at the end of `bertkit pretrain`: what the run did and what it learnt.
-
-The plan (when --budget planned the run), steps, tokens and time, the held-out MLM accuracy of the last evaluation
-and its curve by step, and a fill-mask sample: a few held-out rows (training rows without --eval-shards), each with
-one whole word masked, and the trained model's top-5 for it.
+"""OUT/summary.json and OUT/summary.md at the end of `bertkit pretrain`: the plan, steps, tokens and time, the
+held-out MLM accuracy and its curve, and the top 5 for one whole word masked in a few held-out rows.
 """
 
 from __future__ import annotations
