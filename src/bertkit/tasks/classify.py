@@ -1,14 +1,5 @@
-"""Sequence-level tasks: single-text classification, text-pair classification, regression, multi-label.
-
-One output layer on the pooled [CLS] vector (`BertForSequenceClassification`), as in the paper's figure 4 (a)/(b):
-
-    classify    text  -> one of K labels            cross-entropy      accuracy, macro-F1, MCC (+ binary F1)
-    pair        text, text_pair -> one of K labels  cross-entropy      same; segment B = text_pair
-    regress     text (, text_pair) -> a number      mean squared error Pearson, Spearman, MSE
-    multilabel  text -> any subset of K labels      BCE per label      micro/macro F1, exact-match accuracy
-
-Labels are names or numbers in the file; the `LabelMap` built from the training file is saved with the model as
-config.json `id2label` / `label2id`. A dev/test label the model has never seen is a `DataError` naming file and line.
+"""Sequence-level tasks: single-text classification, text-pair classification, regression, multi-label; one output
+layer on the pooled [CLS] (`BertForSequenceClassification`). Losses and metrics per kind: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Feature-based use of BERT (the paper's section 5.3, ELMo-style): a frozen encoder, chosen layers combined, a small
-classifier trained on top.
+classifier trained on top; the encoder is never updated, so features are computed once for any number of probes.
 
     X = extract_features(encoder, tok, texts, layers=(-1, -2, -3, -4), combine="concat", pooling="mean")
-    clf = FeatureClassifierConfig(...); probe = train_probe(X_train, y_train, X_dev, y_dev, num_labels, cfg)
-
-`extract_features` runs the encoder once (eval mode, no gradients, bf16 autocast optional, batches sorted by length
-with dynamic padding) and keeps, per text, the requested hidden layers:
-  * layers: indices into `hidden_states` (0 = the embeddings output, -1 = the last layer; the paper's best
-    feature-based choice was the concatenation of the last four);
-  * combine: "concat" (dimension = len(layers) * hidden), "sum" or "mean" of the layers (dimension = hidden);
-  * pooling: "cls" (the [CLS] vector), "mean" (mean over real tokens, padding excluded) or "tokens" (a list of
-    (n_pieces, dim) arrays, for token-level probes).
-
-The probe is a linear layer or a one-hidden-layer MLP trained with the shared training loop (`bertkit.train`) on the
-fixed features: the encoder is never updated, which is the point of the feature-based approach (features computed
-once, any number of cheap classifiers on top).
+    probe, info = train_probe(X_train, y_train, X_dev, y_dev, num_labels, ProbeConfig(hidden=0))
 """
 
 from __future__ import annotations

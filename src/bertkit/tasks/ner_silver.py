@@ -1,21 +1,6 @@
-"""The silver NER file (`bbc_ner_silver.conll`, 1,200 BBC articles tagged by spaCy en_core_web_sm 3.8.0 in IOB2 with
-the 18 OntoNotes types), rebuilt from annotations shipped in the package and the BBC corpus `bertkit.datasets`
-fetches, so `bertkit task-data ner|qa|qa2` runs on any clone.
-
-The package holds no text, only where the tokens, sentences and entities are (`resources/bbc_ner_silver.tsv.xz`,
-~180 KB; the CoNLL file itself is 4.3 MB). One line per article, tab-separated:
-
-    name      "politics/227.txt": the corpus file; its body is rebuilt as the tagger saw it (UTF-8 with bad bytes
-              replaced, "Â£" -> "£", the lines after the headline stripped and joined by single spaces)
-    splits    one comma-separated field per token: empty when the token runs to the next white space (most do),
-              else its length in characters (a token glued to the next one: "said" in "said.")
-    sentences the number of tokens of each sentence, comma-separated
-    entities  space-separated: tokens since the previous entity's end, "!" when the entity starts with I- (it
-              continues across a sentence break), the type as a letter (A = TYPES[0], ...), and its length in
-              tokens when more than one
-
-`rebuild(out)` writes the CoNLL file byte for byte as the original (a test compares them when ../shared has it);
-`encode(conll, bbc_root)` made the annotations from it.
+"""The silver NER file (spaCy tags over 1,200 BBC articles), rebuilt from position-only annotations shipped in the
+package and the BBC corpus `bertkit.datasets` fetches, so `bertkit task-data ner|qa|qa2` runs on any clone. The
+annotation format: docs/architecture.md.
 """
 
 from __future__ import annotations

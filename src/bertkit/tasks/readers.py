@@ -1,18 +1,7 @@
 """Readers for fine-tuning data: table files (CSV / TSV / JSONL), CoNLL token files, SQuAD JSON.
 
-Every reader returns plain dataclasses (`read_table` -> TextExample, `read_conll` -> Sentence, `read_squad` ->
-SquadData) that remember where each record came from (`source = "file:line"`), so a later error (an unknown label
-in dev, an answer span that does not fit) can still name the file and line.
-
-Rules (nothing is dropped silently):
-  * a missing column, an empty text, a missing label, a CoNLL line whose column count differs from the file's,
-    a SQuAD answer whose offset does not fit its context: `DataError` naming file and line;
-  * the one tolerated repair is a SQuAD answer whose `answer_start` is off but whose text occurs in the context:
-    with `fix_offsets=True` (default) it moves to the nearest occurrence, and the fix is *counted* in
-    `SquadData.fixed_offsets` (the CLI prints the count).
-
-`LabelMap` turns label names (or numbers) into ids; it is built from the training file and saved with the model
-(config.json `id2label` / `label2id`, as transformers does), and it refuses labels it has not seen.
+Each record remembers where it came from (`source = "file:line"`), so a later error (an unknown label in dev, an
+answer that does not fit) still names the file and line. Nothing is dropped silently: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -134,13 +123,9 @@ def table_rows(path: Path):
 def read_table(path: str | Path, *, text_column: str = "text", pair_column: str | None = "text_pair",
                label_column: str | None = "label", require_pair: bool = False, require_label: bool = True,
                multilabel_sep: str = "|") -> list[TextExample]:
-    """Read a CSV / TSV / JSONL file with named columns.
-
-    `pair_column` is used when present (or required with `require_pair`); `label_column` must be present when
-    `require_label` (training / evaluation) and may be absent for prediction. A multi-label cell is a JSON list
-    (JSONL) or names joined by `multilabel_sep`; labels stay strings (numbers too) and `LabelMap` / the task
-    decide what they mean.
-    """
+    """A CSV / TSV / JSONL file with named columns; `label_column` may be absent unless `require_label`. A
+    multi-label cell is a JSON list or names joined by `multilabel_sep`; labels stay strings (numbers too) and
+    `LabelMap` / the task decide what they mean."""
     path = Path(path)
     out: list[TextExample] = []
     for line, row in table_rows(path):
@@ -170,8 +155,7 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
 
 
 def _cell(path: Path, line: int, column: str, value) -> str | None:
-    """A cell as text: numbers (JSONL) read as their text, as a CSV cell would; a JSON object or list where a
-    text goes is refused by name."""
+    """A cell as text: numbers (JSONL) read as their text, as a CSV cell would; a JSON object or list is refused."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (dict, list)):
@@ -339,8 +323,7 @@ class SquadData:
 
 
 def _id_lines(raw: str) -> dict[str, list[int]]:
-    """question id -> 1-based lines of its `"id": ...` in the raw JSON: parsed JSON has no line numbers, and
-    error messages should name one."""
+    """question id -> 1-based lines of its `"id": ...` in the raw JSON (parsed JSON has no line numbers)."""
     out: dict[str, list[int]] = {}
     line, last = 1, 0
     for m in re.finditer(r'"id"\s*:\s*"((?:[^"\\]|\\.)*)"', raw):
@@ -370,12 +353,8 @@ def _json_document_hint(path: Path, line: int) -> str:
 
 def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: bool = True) -> SquadData:
     """SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
-    "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}.
-
-    An answer whose `context[start:start+len(text)]` differs from `text` is an error naming the line, unless
-    `fix_offsets` and the text occurs in the context: then it moves to the occurrence nearest `answer_start` and
-    is counted. A question without answers that is not `is_impossible` is an error when `require_answers`.
-    """
+    "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}; an answer off its `answer_start` moves to the
+    nearest occurrence of its text with `fix_offsets` (counted), else it is an error naming the line."""
     path = Path(path)
     with _open_text(path) as f:
         raw = f.read()
@@ -429,8 +408,7 @@ def _objects(parent: dict, key: str, where: str) -> list[dict]:
 
 def _place_answer(a: dict, context: str, where: str, qid: str, fix_offsets: bool, fixed: list[str]
                   ) -> tuple[str, int]:
-    """(text, start) of one answer; a start that does not hold the text moves to its nearest occurrence when
-    `fix_offsets` (noted in `fixed`), else DataError."""
+    """(text, start) of one answer, moved to its text's nearest occurrence when `fix_offsets` (noted in `fixed`)."""
     text, start = a.get("text"), a.get("answer_start")
     if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool) or start < 0:
         raise DataError(f"{where}: question {qid!r} has an answer without 'text' / an integer 'answer_start' >= 0: "
