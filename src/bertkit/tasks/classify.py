@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 from bertkit import plots
 from bertkit.errors import DataError
 from bertkit.heads import BertForSequenceClassification
@@ -47,7 +46,6 @@ class SequenceTask(Task):
 
     model_class = BertForSequenceClassification
 
-    # ------------------------------------------------------------------ data
     def read(self, path, require_label: bool = True) -> list[TextExample]:
         examples = read_table(path, require_pair=self.kind == "pair", require_label=require_label,
                               multilabel_sep=self.multilabel_sep)
@@ -108,7 +106,6 @@ class SequenceTask(Task):
                 f.labels = self._target(e)
         return feats
 
-    # ------------------------------------------------------------------ inference
     def predict(self, model, examples, feats: list[Feature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> np.ndarray:
         """(n, num_labels) logits."""

@@ -20,7 +20,7 @@ from bertkit.errors import ConfigError
 from bertkit.heads import SequenceClassifierOutput
 from bertkit.options import with_options
 from bertkit.embed.pooling import Pooling
-from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.batching import BucketBatchSampler, predict_batches
 from bertkit.tasks.metrics import accuracy
 from bertkit.tasks.task import Feature
 from bertkit.train.loop import TrainConfig, seed_everything, train
@@ -109,24 +109,15 @@ class Probe(nn.Module):
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-class _FeatureBatches:
-    """Shuffled mini-batches of (features, labels) tensors, reshuffled per epoch by the training loop."""
+class _FeatureBatches(BucketBatchSampler):
+    """Random mini-batches of (features, labels) tensors (one length: no buckets), reshuffled per epoch."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
+        super().__init__([1] * len(y), batch_size, seed, bucket_batches=1)
         self.X, self.y = torch.from_numpy(np.asarray(X, dtype=np.float32)), torch.as_tensor(y, dtype=torch.long)
-        self.batch_size, self.seed, self.epoch = batch_size, seed, 0
-
-    def __len__(self) -> int:
-        return -(-len(self.y) // self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        perm = torch.randperm(len(self.y), generator=g)
-        for s in range(0, len(perm), self.batch_size):
-            idx = perm[s:s + self.batch_size]
+        for idx in self.batches():
             yield {"features": self.X[idx], "labels": self.y[idx]}
 
 

@@ -60,7 +60,6 @@ class QATask(Task):
         self.stats["fixed_offsets"] += data.fixed_offsets
         return data.examples
 
-    # ------------------------------------------------------------------ features
     def counts(self) -> dict:
         # unanswerable windows are the [CLS] targets; SQuAD 2.0 is decided by the data, not a flag
         return {**super().counts(), "version_2": self.version_2}
@@ -111,7 +110,6 @@ class QATask(Task):
         self.stats["features"] += len(feats)
         return feats
 
-    # ------------------------------------------------------------------ inference
     def predict(self, model, examples: list[SquadExample], feats: list[SpanFeature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> list[dict]:
         """Per example, the decoded answer (`decode`) of each window's start / end logits over its pieces."""

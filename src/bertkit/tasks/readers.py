@@ -11,14 +11,13 @@ import gzip
 import io
 import json
 import re
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.atomic import replacing, write_text
 from bertkit.errors import DataError
-from bertkit.textfiles import parse_json
+from bertkit.textfiles import parse_json, read_text
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
            "read_squad", "table_rows", "write_table", "write_jsonl", "write_conll", "write_squad"]
@@ -27,24 +26,11 @@ __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "
 # ------------------------------------------------------------------------------------------------------ helpers
 
 def _open_text(path: Path):
-    """The file's text (.gz decompressed, a leading UTF-8 byte-order mark dropped) as a stream with line endings
-    kept; DataError naming the file and line for a file that cannot be read or is not UTF-8."""
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a data file")
+    """textfiles.read_text (.gz, BOM, UTF-8 errors naming file and line) as a stream with line endings kept."""
     try:
-        data = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:   # no permission, a broken .gz
-        raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        # Excel and Notepad start UTF-8 files with a BOM; left in, it would glue onto the first column's name.
-        # Decoded as plain UTF-8 (not utf-8-sig) so that an error's offset counts the file's own bytes.
-        return io.StringIO(data.decode("utf-8").removeprefix("\ufeff"), newline="")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); save the "
-                        f"file as UTF-8") from None
+        return io.StringIO(read_text(path), newline="")
+    except OSError as e:                        # no permission
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 _TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}

@@ -68,7 +68,6 @@ class TokenTask(Task):
     def num_labels(self) -> int:
         return len(self.labels)
 
-    # ------------------------------------------------------------------ features
     def features(self, tok, sents: list[Sentence], with_labels: bool = True) -> list[WordsFeature]:
         feats, cache = [], {}
         budget = self.max_length - 2
@@ -104,7 +103,6 @@ class TokenTask(Task):
             return self.labels.id("I-" + name[2:])
         return tag_id
 
-    # ------------------------------------------------------------------ inference
     def predict(self, model, examples, feats: list[WordsFeature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> list[dict]:
         """Per feature: {word: (label index, logit)} of its words, read at each word's first piece."""
