@@ -148,33 +148,28 @@ def get_entities(tags: list[str]) -> list[tuple[str, int, int]]:
     return out
 
 
-def entities_to_tags(entities: list[tuple[str, int, int]], n: int, scheme: str = "IOB2") -> list[str]:
-    """Tags of length n for inclusive (type, start, end) chunks, in IOB1, IOB2 or BIOES."""
-    scheme = scheme.upper()
-    tags = ["O"] * n
+def convert_tags(tags: list[str], to: str = "IOB2") -> list[str]:
+    """Re-encode one sentence's tags (any of IOB1/IOB2/BIOES) in scheme `to`."""
+    scheme = to.upper()
+    out = ["O"] * len(tags)
     prev_end, prev_type = -2, None
-    for typ, s, e in sorted(entities, key=lambda t: t[1]):
+    for typ, s, e in get_entities(tags):                  # in order of their starts
         for i in range(s, e + 1):
-            tags[i] = f"I-{typ}"
+            out[i] = f"I-{typ}"
         if scheme == "IOB2":
-            tags[s] = f"B-{typ}"
+            out[s] = f"B-{typ}"
         elif scheme == "IOB1":
             if prev_end == s - 1 and prev_type == typ:  # B only separates two adjacent chunks of one type
-                tags[s] = f"B-{typ}"
+                out[s] = f"B-{typ}"
         elif scheme == "BIOES":
             if s == e:
-                tags[s] = f"S-{typ}"
+                out[s] = f"S-{typ}"
             else:
-                tags[s], tags[e] = f"B-{typ}", f"E-{typ}"
+                out[s], out[e] = f"B-{typ}", f"E-{typ}"
         else:
             raise ValueError(f"unknown tagging scheme {scheme!r}; use IOB1, IOB2 or BIOES")
         prev_end, prev_type = e, typ
-    return tags
-
-
-def convert_tags(tags: list[str], to: str = "IOB2") -> list[str]:
-    """Re-encode one sentence's tags (any of IOB1/IOB2/BIOES) in scheme `to`."""
-    return entities_to_tags(get_entities(tags), len(tags), to)
+    return out
 
 
 def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:

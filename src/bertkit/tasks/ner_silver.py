@@ -5,7 +5,6 @@ annotation format: docs/architecture.md.
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import lzma
 import os
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from bertkit import datasets
 from bertkit.errors import DataError
-from bertkit.tasks.readers import Sentence, write_conll
+from bertkit.tasks.readers import Sentence, read_conll, write_conll
 
 __all__ = ["ANNOTATIONS", "TYPES", "rebuild", "encode"]
 
@@ -95,25 +94,17 @@ def rebuild(out: str | os.PathLike, bbc_root: str | os.PathLike | None = None) -
 
 def encode(conll: str | os.PathLike, bbc_root: str | os.PathLike) -> bytes:
     """The xz-compressed annotations of a silver CoNLL file (.gz or plain) over the BBC corpus in `bbc_root`."""
-    docs: list[tuple[str, list[list[tuple[str, str]]]]] = []
-    opener = gzip.open if str(conll).endswith(".gz") else open
-    with opener(conll, "rt", encoding="utf-8") as f:
-        for raw in f:
-            line = raw.rstrip("\n")
-            if line.startswith("-DOCSTART-"):
-                docs.append((line.split("\t")[1], [[]]))
-            elif line:
-                docs[-1][1][-1].append(tuple(line.split("\t")))
-            elif docs[-1][1][-1]:
-                docs[-1][1].append([])
-    return lzma.compress("".join(_encode_doc(name, [s for s in sents if s], Path(bbc_root))
-                                 for name, sents in docs).encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
+    docs: dict[str, list[Sentence]] = {}
+    for s in read_conll(conll):
+        docs.setdefault(s.doc, []).append(s)
+    return lzma.compress("".join(_encode_doc(name, sents, Path(bbc_root)) for name, sents in docs.items())
+                         .encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
 
 
-def _encode_doc(name: str, sents: list[list[tuple[str, str]]], root: Path) -> str:
+def _encode_doc(name: str, sents: list[Sentence], root: Path) -> str:
     body = article_body((root / name).read_bytes())
-    toks = [t for s in sents for t, _ in s]
-    tags = [tag for s in sents for _, tag in s]
+    toks = [t for s in sents for t in s.words]
+    tags = [tag for s in sents for tag in s.tags]
     starts, pos = [], 0
     for t in toks:
         pos = _SPACE.match(body, pos).end()
@@ -133,4 +124,4 @@ def _encode_doc(name: str, sents: list[list[tuple[str, str]]], root: Path) -> st
             j += 1
         ents.append(f"{i - prev}{'' if tags[i][0] == 'B' else '!'}{chr(65 + TYPES.index(typ))}{j - i if j - i > 1 else ''}")
         prev = i = j
-    return "\t".join([name, splits, ",".join(str(len(s)) for s in sents), " ".join(ents)]) + "\n"
+    return "\t".join([name, splits, ",".join(str(len(s.words)) for s in sents), " ".join(ents)]) + "\n"
