@@ -106,34 +106,32 @@ def table_rows(path: Path):
             raise DataError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
 
 
-def read_table(path: str | Path, *, text_column: str = "text", pair_column: str | None = "text_pair",
-               label_column: str | None = "label", require_pair: bool = False, require_label: bool = True,
+def read_table(path: str | Path, *, require_pair: bool = False, require_label: bool = True,
                multilabel_sep: str = "|") -> list[TextExample]:
-    """A CSV / TSV / JSONL file with named columns; `label_column` may be absent unless `require_label`. A
-    multi-label cell is a JSON list or names joined by `multilabel_sep`; labels stay strings (numbers too) and
-    `LabelMap` / the task decide what they mean."""
+    """A CSV / TSV / JSONL file with columns text, text_pair (unless `require_pair`, optional) and label (unless
+    `require_label`, optional). A multi-label cell is a JSON list or names joined by `multilabel_sep`; labels stay
+    strings (numbers too) and `LabelMap` / the task decide what they mean."""
     path = Path(path)
     out: list[TextExample] = []
     for line, row in table_rows(path):
         if not out:                     # the first row: the columns it needs are there
-            needed = [text_column] + ([pair_column] if require_pair else []) + ([label_column] if require_label else [])
-            missing = [c for c in needed if c and c not in row]
+            needed = ["text"] + (["text_pair"] if require_pair else []) + (["label"] if require_label else [])
+            missing = [c for c in needed if c not in row]
             if missing:
                 raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
                                 f"found {column_names(row)}")
-        text = _cell(path, line, text_column, row.get(text_column))
+        text, pair = (_cell(path, line, c, row.get(c)) for c in ("text", "text_pair"))
+        label = row.get("label")
+        label = [_cell(path, line, "label", x) for x in label] if isinstance(label, list) \
+            else _cell(path, line, "label", label)
         if text is None or not text.strip():
-            raise DataError(f"{path}:{line}: empty {text_column!r}")
-        pair = _cell(path, line, pair_column, row.get(pair_column)) if pair_column else None
+            raise DataError(f"{path}:{line}: empty 'text'")
         if require_pair and (pair is None or not pair.strip()):
-            raise DataError(f"{path}:{line}: empty {pair_column!r}")
-        label = row.get(label_column) if label_column else None
-        label = [_cell(path, line, label_column, x) for x in label] if isinstance(label, list) \
-            else _cell(path, line, label_column, label)
+            raise DataError(f"{path}:{line}: empty 'text_pair'")
         if isinstance(label, str):
             label = label.strip() or None
         if require_label and label is None:
-            raise DataError(f"{path}:{line}: missing value in column {label_column!r}")
+            raise DataError(f"{path}:{line}: missing value in column 'label'")
         out.append(TextExample(text=text, text_pair=pair, label=label, source=f"{path}:{line}"))
     if not out:
         raise DataError(f"{path}: no examples")
@@ -226,9 +224,9 @@ class Sentence:
     source: str = ""           # "file:line" of the first word
 
 
-def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = True) -> list[Sentence]:
-    """CoNLL-style token file: one token per line with whitespace-separated columns (token first, tag in
-    `tag_column`), blank lines between sentences, `-DOCSTART-` lines between documents. Every token line must have
+def read_conll(path: str | Path, *, require_tags: bool = True) -> list[Sentence]:
+    """CoNLL-style token file: one token per line with whitespace-separated columns (token first, tag last),
+    blank lines between sentences, `-DOCSTART-` lines between documents. Every token line must have
     the same column count as the first one (a wrong count is an error naming the line)."""
     path = Path(path)
     out: list[Sentence] = []
@@ -238,7 +236,7 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
 
     def flush():
         if rows:
-            tags = [cols[tag_column] for _, cols in rows] if n_cols > 1 else None
+            tags = [cols[-1] for _, cols in rows] if n_cols > 1 else None
             out.append(Sentence([cols[0] for _, cols in rows], tags, doc or f"doc{n_docs}", f"{path}:{rows[0][0]}"))
             rows.clear()
 
