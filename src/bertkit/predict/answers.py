@@ -66,7 +66,6 @@ class Windows:
         return cls.of(tok, q_ids, context, c_ids, offsets, spans)
 
     def batch(self, pad_id: int, device) -> dict:
-        """The windows as one padded batch of model inputs."""
         return pad_batch(self.rows, self.types, pad_id, device=device)
 
     def char_span(self, window: int, s: int, e: int, align_to_words: bool) -> tuple[int, int]:

@@ -122,7 +122,6 @@ class SequenceTask(Task):
         return [self.labels.name(int(j)) for j in logits.argmax(-1)]
 
     def score(self, examples: list[TextExample], feats: list[Feature], logits: np.ndarray) -> dict:
-        """Metrics of predictions `logits` against the gold labels in `feats`."""
         if self.kind == "regress":
             gold = np.array([f.labels for f in feats])
             pred = logits[:, 0]

@@ -67,7 +67,6 @@ def _tags(n: int, entities: str, where: str) -> list[str]:
 
 
 def _article(line: str, root: Path) -> list[Sentence]:
-    """One article's sentences, rebuilt."""
     name, splits, sentences, entities = line.split("\t")
     path = root / name
     where = f"{ANNOTATIONS.name}: {name}"

@@ -318,7 +318,6 @@ def _id_lines(raw: str) -> dict[str, list[int]]:
 
 
 def _json_document(path: Path):
-    """The file parsed as one JSON document, or None where it is not one."""
     try:
         return json.loads(_open_text(path).read())
     except (ValueError, RecursionError, DataError):     # ValueError: not JSON, or an integer past the digit limit

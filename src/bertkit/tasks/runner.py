@@ -367,7 +367,6 @@ class TrainBatches(BucketBatchSampler):
 
 
 def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
-    """`cfg` with another learning rate and batch size (a grid point, or the grid's best)."""
     return replace(cfg, batch_size=batch_size, training=replace(cfg.training, lr=lr))
 
 
