@@ -96,9 +96,8 @@ class Windows:
 def best_spans(windows: Windows, start_logits, end_logits, top_k: int, max_answer_len: int, rule: str = "pipeline",
                align_to_words: bool = False, merge: str = "sum") -> tuple[list[dict], float]:
     """Start / end logits per window (a (windows, seq) tensor or array, or one row each) -> the answers
-    [{"score", "start", "end", "answer"}] and the no-answer score, as `rule` decodes them (see the module
-    docstring): "pipeline" gives them unsorted, merged by text (`merge`); "run_squad" best first, with
-    "probability"."""
+    [{"score", "start", "end", "answer"}] and the no-answer score, as `rule` decodes them (docs/architecture.md):
+    "pipeline" gives them unsorted, merged by text (`merge`); "run_squad" best first, with "probability"."""
     if rule not in RULES:
         raise ConfigError(f"answer spans: rule={rule!r} is not one of {RULES}")
     found, null = [], math.inf                          # (score, window, s, e) in the rule's order

@@ -46,7 +46,7 @@ class FeatureOptions:
 
 def extract_features(model, tok, texts: list[str], pairs: list[str] | None = None,
                      options: FeatureOptions | None = None, **overrides):
-    """Frozen-encoder features for `texts` (see module docstring); keywords override fields of `FeatureOptions`.
+    """Frozen-encoder features for `texts`; keywords override fields of `FeatureOptions`.
     `model` is a BertModel or any bertkit model with a `.bert` encoder. Returns a (n, dim) float32 array, or a list
     of (n_pieces, dim) arrays for pooling="tokens"."""
     opts = with_options(FeatureOptions, options, overrides, "extract_features")
