@@ -339,8 +339,7 @@ def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: b
     "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}; an answer off its `answer_start` moves to the
     nearest occurrence of its text with `fix_offsets` (counted), else it is an error naming the line."""
     path = Path(path)
-    with _open_text(path) as f:
-        raw = f.read()
+    raw = _open_text(path).read()
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
