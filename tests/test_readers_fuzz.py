@@ -291,7 +291,7 @@ def test_non_utf8_task_files_name_file_and_line(tmp_path):
     bad = b"text,label\nfine,pos\ncaf\xe9,neg\n"
     for name, read in (("t.csv", read_table), ("t.conll", read_conll), ("t.json", read_squad)):
         path = _write(tmp_path / name, bad)
-        with pytest.raises(DataError, match=rf"{path}:3: not UTF-8 \(byte 0xe9"):
+        with pytest.raises(DataError, match=rf"{path}:3: not UTF-8 text \(byte 0xe9"):
             read(path)
 
 

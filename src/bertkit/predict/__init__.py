@@ -1,8 +1,5 @@
-"""The inference engine every front door calls: text -> model inputs (engine.encode) -> one forward loop
-(engine.forward_batches) -> one decoder per head (decode.py, answers.py: pure functions of the model's outputs).
-
-The front doors (`Predictor`, `pipeline()`, `serve`, the CLI, the task evaluations) parse their inputs and format
-their outputs; loading, batching, the forward pass, precision and decoding live here, once.
+"""The inference engine every front door calls: text -> model inputs -> one forward loop (engine.py) -> one decoder
+per head (decode.py, answers.py). docs/architecture.md, "The inference engine".
 """
 
 from bertkit.predict.answers import Windows, best_spans

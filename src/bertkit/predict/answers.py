@@ -1,18 +1,9 @@
 """Answer spans of a question-answering head: one window structure, one span decoder, two scoring rules.
 
-Windows: [CLS] question [SEP] context[a:b] [SEP], slices of the context's pieces (with character offsets), placed as
-transformers' pipeline places them (`Windows.build`: consecutive windows overlap by doc_stride) or by `QATask`.
-`best_spans` decodes them by `rule`:
-  "pipeline", transformers' (4.x) question-answering pipeline (`pipeline()`, `Predictor.answer`): logits outside the
-      context are set to -10000 before the softmax ([CLS] takes part, then gets probability 0); a span scores
-      p(start) * p(end), start <= end < start + max_answer_len; each window gives its top_k, widened to whole words
-      with align_to_words; answers of equal text (any case) add their scores (merge="max": keep the best).
-      No-answer score: the minimum over windows of p_start([CLS]) * p_end([CLS]).
-  "run_squad", google-research/bert's run_squad.py (`QATask`): pairs of each window's top_k start and end logits
-      over the context, start <= end, length <= max_answer_len, the start piece in its "max-context" window (where
-      it has the most context on both sides, so overlapping windows do not vote twice); a span scores start + end
-      logit, its best over windows; the top_k spans best first, with probabilities (softmax over them).
-      No-answer score: the minimum over windows of the [CLS] start + end logit.
+`Windows` are [CLS] question [SEP] context[a:b] [SEP] over the context's pieces, placed as transformers' pipeline
+places them (`Windows.build`) or by `QATask`; `best_spans` decodes them by `rule`: "pipeline" (transformers'
+question-answering pipeline: p(start) * p(end)) or "run_squad" (google-research/bert: start + end logit over
+max-context windows). Each rule in full: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -75,7 +66,6 @@ class Windows:
         return cls.of(tok, q_ids, context, c_ids, offsets, spans)
 
     def batch(self, pad_id: int, device) -> dict:
-        """The windows as one padded batch of model inputs."""
         return pad_batch(self.rows, self.types, pad_id, device=device)
 
     def char_span(self, window: int, s: int, e: int, align_to_words: bool) -> tuple[int, int]:
@@ -106,9 +96,8 @@ class Windows:
 def best_spans(windows: Windows, start_logits, end_logits, top_k: int, max_answer_len: int, rule: str = "pipeline",
                align_to_words: bool = False, merge: str = "sum") -> tuple[list[dict], float]:
     """Start / end logits per window (a (windows, seq) tensor or array, or one row each) -> the answers
-    [{"score", "start", "end", "answer"}] and the no-answer score, as `rule` decodes them (see the module
-    docstring): "pipeline" gives them unsorted, merged by text (`merge`); "run_squad" best first, with
-    "probability"."""
+    [{"score", "start", "end", "answer"}] and the no-answer score, as `rule` decodes them (docs/architecture.md):
+    "pipeline" gives them unsorted, merged by text (`merge`); "run_squad" best first, with "probability"."""
     if rule not in RULES:
         raise ConfigError(f"answer spans: rule={rule!r} is not one of {RULES}")
     found, null = [], math.inf                          # (score, window, s, e) in the rule's order

@@ -1,9 +1,5 @@
-"""The heads' decoders: pure functions from model outputs to answers, one per head, shared by every front door.
-
-Answer spans are `answers.best_spans` (windows over long contexts); embeddings pool `hidden_states` with the
-sentence-transformers modules of `embed.pooling.SentenceEncoder`. Fill-mask's searches (several pieces for one word,
-several masks decoded jointly) re-run the model between steps, so they stay with the Predictor, which calls
-`top_fills` at every step.
+"""The heads' decoders: pure functions from model outputs to answers, one per head, shared by every front door
+(answer spans: answers.py; which decoder serves which door: docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -5,11 +5,8 @@
     for idx, batch, out in forward_batches(model, lengths, make_batch, batch_size=32, precision="fp32"):
         ...                                     # idx: the original positions of this batch's rows
 
-Inputs are sorted by length so that a batch holds similar lengths (little padding), and every batch runs in eval
-mode without gradients under one precision rule. Inference defaults to fp32 at every front door (`PRECISION`), so
-`predict`, `serve`, `embed`, `pipeline()` and `Predictor` give the same numbers for the same model and input, equal
-to transformers' and sentence-transformers'; "auto" (bf16 autocast where this CPU multiplies bf16 natively) and
-"bf16" are the user's choice (`--precision`, `precision=`), said where it is made.
+Inference defaults to fp32 at every front door (`PRECISION`), so each gives the same numbers for the same model and
+input, equal to transformers'; bf16 ("auto", "bf16") is the user's choice, said where it is made.
 """
 
 from __future__ import annotations
@@ -51,8 +48,8 @@ def id_batch(tok, rows: Sequence[list[int]], device="cpu") -> dict:
 
 @contextlib.contextmanager
 def eval_mode(model):
-    """`model` in eval mode inside, as it was after; a model already in eval mode is not walked at all (a per-call
-    train() / eval() walks every module: a millisecond per forward on a 12-layer model)."""
+    """`model` in eval mode inside, as it was after; one already in eval mode is not walked (eval() visits every
+    module, a cost per forward: docs/performance.md)."""
     was_training = model.training
     if was_training:
         model.eval()

@@ -1,8 +1,6 @@
 """Which head a model directory carries: its config.json "architectures" (of any family), else its weight names.
 
     model_class, task = head_of(model_dir)      # e.g. (BertForSequenceClassification, "classify")
-
-Tasks: mlm | classify | tag | answer | encoder (a bare encoder, for embeddings).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Batching for fine-tuning: length-bucketed batches, dynamic padding, and a sorted inference pass.
 
-Fine-tuning data has very uneven lengths (a 6-word review next to a 60-word one). Padding every batch to a fixed
-`max_seq_length` wastes most of the compute on pad tokens, so:
-
-  * `BucketBatchSampler` shuffles the data, cuts it into windows of `batch_size * bucket_batches` examples, sorts
-    each window by length and cuts it into batches, then shuffles the batch order. Batches hold similar lengths
-    (little padding) yet stay random from epoch to epoch (the window is random, and so is the batch order).
-  * `collate` pads a batch only to its own longest sequence, rounded up to a multiple of 8 (tensor-friendly);
-    per-token labels are padded with -100, which the loss ignores.
-  * `predict_batches` runs a model over features sorted by length (no shuffling needed at inference).
+Padding every batch to `max_seq_length` would spend most of the compute on pad tokens, so `BucketBatchSampler`
+sorts random windows of `batch_size * bucket_batches` examples by length (batches of similar lengths, still random
+from epoch to epoch), and `collate` pads a batch only to its own longest sequence.
 """
 
 from __future__ import annotations
@@ -83,9 +77,8 @@ def collate(features: list[Feature], pad_token_id: int = 0, multiple_of: int = 8
 
 def predict_batches(model, features: list[Feature], batch_size: int = 64, precision: str | bool | None = "auto",
                     pad_token_id: int = 0, model_kwargs: dict | None = None) -> Iterator[tuple[list[int], object]]:
-    """The inference engine's forward loop over task features (sorted by length, eval mode, no gradients) under
-    `precision` ("auto" | "bf16" | "fp32", or a bf16 flag: evaluation inside training follows the training's);
-    yields (original indices, model output)."""
+    """`engine.forward_batches` over task features under `precision` (or a bf16 flag: evaluation inside training
+    follows the training's); yields (original indices, model output)."""
     device = next(model.parameters()).device
 
     cap = getattr(getattr(model, "config", None), "max_input_length", None)

@@ -1,14 +1,5 @@
-"""Sequence-level tasks: single-text classification, text-pair classification, regression, multi-label.
-
-One output layer on the pooled [CLS] vector (`BertForSequenceClassification`), as in the paper's figure 4 (a)/(b):
-
-    classify    text  -> one of K labels            cross-entropy      accuracy, macro-F1, MCC (+ binary F1)
-    pair        text, text_pair -> one of K labels  cross-entropy      same; segment B = text_pair
-    regress     text (, text_pair) -> a number      mean squared error Pearson, Spearman, MSE
-    multilabel  text -> any subset of K labels      BCE per label      micro/macro F1, exact-match accuracy
-
-Labels are names or numbers in the file; the `LabelMap` built from the training file is saved with the model as
-config.json `id2label` / `label2id`. A dev/test label the model has never seen is a `DataError` naming file and line.
+"""Sequence-level tasks: single-text classification, text-pair classification, regression, multi-label; one output
+layer on the pooled [CLS] (`BertForSequenceClassification`). Losses and metrics per kind: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -18,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 
 from bertkit import plots
 from bertkit.errors import DataError
@@ -56,7 +46,6 @@ class SequenceTask(Task):
 
     model_class = BertForSequenceClassification
 
-    # ------------------------------------------------------------------ data
     def read(self, path, require_label: bool = True) -> list[TextExample]:
         examples = read_table(path, require_pair=self.kind == "pair", require_label=require_label,
                               multilabel_sep=self.multilabel_sep)
@@ -117,7 +106,6 @@ class SequenceTask(Task):
                 f.labels = self._target(e)
         return feats
 
-    # ------------------------------------------------------------------ inference
     def predict(self, model, examples, feats: list[Feature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> np.ndarray:
         """(n, num_labels) logits."""
@@ -134,7 +122,6 @@ class SequenceTask(Task):
         return [self.labels.name(int(j)) for j in logits.argmax(-1)]
 
     def score(self, examples: list[TextExample], feats: list[Feature], logits: np.ndarray) -> dict:
-        """Metrics of predictions `logits` against the gold labels in `feats`."""
         if self.kind == "regress":
             gold = np.array([f.labels for f in feats])
             pred = logits[:, 0]

@@ -1,28 +1,6 @@
-"""Real fine-tuning data sets, built from the corpora in `bertkit.datasets` and written as ordinary task files
-(CSV / CoNLL / SQuAD JSON) so that `bertkit finetune` reads them like any user's data.
-
-    sentiment   Rotten Tomatoes sentences (VADER ground truth): score > 0 -> pos, < 0 -> neg, 0 dropped (counted)
-    sentiment-regress   the same sentences and split, label = the mean human score in [-4, 4]
-    topic       BBC News, 5 topics, text = headline + body
-    pairs       BBC headline vs a first body sentence: from the same article (label 1) or from another article of
-                the same topic (label 0); one positive and one negative per article, negatives drawn inside the split
-    ner         the silver-tagged BBC CoNLL file, split by article: rebuilt from the annotations bertkit ships and
-                the BBC corpus (see ner_silver.py), cached; $BERTKIT_NER_FILE names another file
-    qa          cloze QA in SQuAD v1.1 format (the CNN/Daily Mail recipe): the headline, or the article's first
-                sentence, with one named entity replaced by "@placeholder" is the question; the answer is that
-                entity's first occurrence in the context (the body; without the first paragraph for the
-                first-sentence questions, so the answer is never copied from the question's own sentence)
-    retrieval   BBC headline -> its article's opening paragraph: train.jsonl (anchor, positive) pairs; dev/ and
-                test/ hold queries (headlines), corpus (the opening paragraphs of every article of the split) and
-                qrels (each headline's own article) for `bertkit evaluate --task embed`
-    qa2         SQuAD 2.0 variant: one question in three gets the context of another article of the same topic in
-                which the answer does not occur, and is marked is_impossible
-
-Every split is a fixed 80/10/10 split by `seed` (`datasets.split_by_seed`), over *articles* for the BBC tasks, so
-no article contributes to two splits. BBC holds duplicate articles (98 exact copies under two file names, and a few
-more versions of one story with the same first sentence); only the first of each is kept (counted as
-`duplicate_articles_dropped`), else a copy could land in train and its twin in test. `build(name, out_dir)` writes
-train / dev / test files and a stats.json that counts what was dropped and why.
+"""Real fine-tuning data sets (`bertkit task-data`), built from the corpora in `bertkit.datasets` and written as
+ordinary task files. Splits are fixed 80/10/10 by `seed`, over *articles* for the BBC sets, with BBC's duplicate
+articles dropped (counted), else a copy could land in train and its twin in test. The sets: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Feature-based use of BERT (the paper's section 5.3, ELMo-style): a frozen encoder, chosen layers combined, a small
-classifier trained on top.
+classifier trained on top; the encoder is never updated, so features are computed once for any number of probes.
 
     X = extract_features(encoder, tok, texts, layers=(-1, -2, -3, -4), combine="concat", pooling="mean")
-    clf = FeatureClassifierConfig(...); probe = train_probe(X_train, y_train, X_dev, y_dev, num_labels, cfg)
-
-`extract_features` runs the encoder once (eval mode, no gradients, bf16 autocast optional, batches sorted by length
-with dynamic padding) and keeps, per text, the requested hidden layers:
-  * layers: indices into `hidden_states` (0 = the embeddings output, -1 = the last layer; the paper's best
-    feature-based choice was the concatenation of the last four);
-  * combine: "concat" (dimension = len(layers) * hidden), "sum" or "mean" of the layers (dimension = hidden);
-  * pooling: "cls" (the [CLS] vector), "mean" (mean over real tokens, padding excluded) or "tokens" (a list of
-    (n_pieces, dim) arrays, for token-level probes).
-
-The probe is a linear layer or a one-hidden-layer MLP trained with the shared training loop (`bertkit.train`) on the
-fixed features: the encoder is never updated, which is the point of the feature-based approach (features computed
-once, any number of cheap classifiers on top).
+    probe, info = train_probe(X_train, y_train, X_dev, y_dev, num_labels, ProbeConfig(hidden=0))
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ from bertkit.errors import ConfigError
 from bertkit.heads import SequenceClassifierOutput
 from bertkit.options import with_options
 from bertkit.embed.pooling import Pooling
-from bertkit.tasks.batching import predict_batches
+from bertkit.tasks.batching import BucketBatchSampler, predict_batches
 from bertkit.tasks.metrics import accuracy
 from bertkit.tasks.task import Feature
 from bertkit.train.loop import TrainConfig, seed_everything, train
@@ -58,7 +46,7 @@ class FeatureOptions:
 
 def extract_features(model, tok, texts: list[str], pairs: list[str] | None = None,
                      options: FeatureOptions | None = None, **overrides):
-    """Frozen-encoder features for `texts` (see module docstring); keywords override fields of `FeatureOptions`.
+    """Frozen-encoder features for `texts`; keywords override fields of `FeatureOptions`.
     `model` is a BertModel or any bertkit model with a `.bert` encoder. Returns a (n, dim) float32 array, or a list
     of (n_pieces, dim) arrays for pooling="tokens"."""
     opts = with_options(FeatureOptions, options, overrides, "extract_features")
@@ -121,24 +109,15 @@ class Probe(nn.Module):
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-class _FeatureBatches:
-    """Shuffled mini-batches of (features, labels) tensors, reshuffled per epoch by the training loop."""
+class _FeatureBatches(BucketBatchSampler):
+    """Random mini-batches of (features, labels) tensors (one length: no buckets), reshuffled per epoch."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
+        super().__init__([1] * len(y), batch_size, seed, bucket_batches=1)
         self.X, self.y = torch.from_numpy(np.asarray(X, dtype=np.float32)), torch.as_tensor(y, dtype=torch.long)
-        self.batch_size, self.seed, self.epoch = batch_size, seed, 0
-
-    def __len__(self) -> int:
-        return -(-len(self.y) // self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        perm = torch.randperm(len(self.y), generator=g)
-        for s in range(0, len(perm), self.batch_size):
-            idx = perm[s:s + self.batch_size]
+        for idx in self.batches():
             yield {"features": self.X[idx], "labels": self.y[idx]}
 
 

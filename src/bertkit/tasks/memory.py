@@ -1,10 +1,6 @@
-"""In-memory examples for `bertkit.finetune`: a list of dicts (the fields of the file formats) or a
-`datasets.Dataset`, written to OUT/data/ in the format the task reads, so every run (and its resume) reads files.
-
-    classify / pair / regress / multilabel, embed:  {"text", "text_pair"?, "label"} / {"anchor", "positive", ...}
-    tag:  {"tokens": [...], "tags" or "ner_tags": [...]} (a Dataset's ClassLabel ids become their names)
-    qa:   {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}, "title"?} (the Hugging
-          Face squad rows; no answers: unanswerable, SQuAD 2.0)
+"""In-memory examples for `bertkit.finetune` (a list of dicts with the file formats' fields, or a `datasets.Dataset`),
+written to OUT/data/ in the format the task reads, so every run (and its resume) reads files. A Dataset's ClassLabel
+tag ids become their names; qa rows are the Hugging Face squad columns (no answers: unanswerable).
 """
 
 from __future__ import annotations

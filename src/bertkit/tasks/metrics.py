@@ -1,17 +1,7 @@
-"""Evaluation metrics for the fine-tuning tasks, in plain Python / numpy (no scikit-learn, no seqeval).
-
-Classification: accuracy, F1 (binary for label 1, macro over classes), Matthews correlation (the multi-class form
-of Gorodkin 2004, = the binary MCC for two classes), confusion matrix (its PNG: bertkit.plots.plot_confusion).
-Regression: Pearson and Spearman correlation (Spearman = Pearson of average ranks, so ties are handled as scipy does).
-
-Sequence labelling follows the CoNLL `conlleval` / seqeval (default, non-strict) conventions: a chunk ends when the
-next tag is B/S/O, when the previous one was E/S, or when the type changes; it starts on B/S, on I/E after O/E/S,
-or on a type change. This reads IOB1, IOB2 and BIOES alike. Precision / recall / F1 are micro-averaged over
-exact (type, start, end) matches, overall and per type. `convert_tags` rewrites tags between the schemes.
-
-Question answering: the official SQuAD v1.1 / v2.0 answer normalisation (lower case, drop punctuation, the articles
-a/an/the, collapse white space), exact match and token F1 as the max over gold answers, and the v2.0 no-answer
-threshold sweep (the threshold on "null score - best span score" that maximises EM or F1 on dev).
+"""Evaluation metrics for the fine-tuning tasks, in plain Python / numpy (no scikit-learn, no seqeval): classification
+and regression as scikit-learn / scipy compute them (Spearman = Pearson of average ranks), entity scores by the
+CoNLL conlleval / seqeval default conventions (IOB1, IOB2 and BIOES alike), SQuAD v1.1 / v2.0 as the official
+script scores them.
 """
 
 from __future__ import annotations
@@ -158,33 +148,28 @@ def get_entities(tags: list[str]) -> list[tuple[str, int, int]]:
     return out
 
 
-def entities_to_tags(entities: list[tuple[str, int, int]], n: int, scheme: str = "IOB2") -> list[str]:
-    """Tags of length n for inclusive (type, start, end) chunks, in IOB1, IOB2 or BIOES."""
-    scheme = scheme.upper()
-    tags = ["O"] * n
+def convert_tags(tags: list[str], to: str = "IOB2") -> list[str]:
+    """Re-encode one sentence's tags (any of IOB1/IOB2/BIOES) in scheme `to`."""
+    scheme = to.upper()
+    out = ["O"] * len(tags)
     prev_end, prev_type = -2, None
-    for typ, s, e in sorted(entities, key=lambda t: t[1]):
+    for typ, s, e in get_entities(tags):                  # in order of their starts
         for i in range(s, e + 1):
-            tags[i] = f"I-{typ}"
+            out[i] = f"I-{typ}"
         if scheme == "IOB2":
-            tags[s] = f"B-{typ}"
+            out[s] = f"B-{typ}"
         elif scheme == "IOB1":
             if prev_end == s - 1 and prev_type == typ:  # B only separates two adjacent chunks of one type
-                tags[s] = f"B-{typ}"
+                out[s] = f"B-{typ}"
         elif scheme == "BIOES":
             if s == e:
-                tags[s] = f"S-{typ}"
+                out[s] = f"S-{typ}"
             else:
-                tags[s], tags[e] = f"B-{typ}", f"E-{typ}"
+                out[s], out[e] = f"B-{typ}", f"E-{typ}"
         else:
             raise ValueError(f"unknown tagging scheme {scheme!r}; use IOB1, IOB2 or BIOES")
         prev_end, prev_type = e, typ
-    return tags
-
-
-def convert_tags(tags: list[str], to: str = "IOB2") -> list[str]:
-    """Re-encode one sentence's tags (any of IOB1/IOB2/BIOES) in scheme `to`."""
-    return entities_to_tags(get_entities(tags), len(tags), to)
+    return out
 
 
 def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
@@ -270,9 +255,6 @@ def best_null_threshold(span_predictions: dict[str, str], null_margins: dict[str
     """The SQuAD 2.0 threshold sweep. `span_predictions[qid]` is the best non-null answer, `null_margins[qid]` the
     null score minus that answer's score (higher = more likely unanswerable); a question is predicted unanswerable
     when its margin > threshold. Returns (best threshold, best score in percent) for `metric` in {"exact", "f1"}.
-
-    Start with every question null, then walk the questions by increasing margin, switching each to its span
-    answer; the running score changes by (span score - null score) for that question.
     """
     score_fn = squad_f1 if metric == "f1" else squad_exact
     qids = list(gold)
@@ -285,7 +267,7 @@ def best_null_threshold(span_predictions: dict[str, str], null_margins: dict[str
         cur += null_score
         span_gain[q] = span_score - null_score
     best, best_thresh = cur, max(null_margins.values(), default=0.0) + 1e-6  # above every margin: all null
-    for q in sorted(qids, key=lambda q: null_margins.get(q, 0.0)):
+    for q in sorted(qids, key=lambda q: null_margins.get(q, 0.0)):     # from all null, by increasing margin
         cur += span_gain[q]
         if cur > best:
             best, best_thresh = cur, null_margins.get(q, 0.0)  # margins <= this one answer, as the sweep went

@@ -1,26 +1,10 @@
-"""The silver NER file (`bbc_ner_silver.conll`, 1,200 BBC articles tagged by spaCy en_core_web_sm 3.8.0 in IOB2 with
-the 18 OntoNotes types), rebuilt from annotations shipped in the package and the BBC corpus `bertkit.datasets`
-fetches, so `bertkit task-data ner|qa|qa2` runs on any clone.
-
-The package holds no text, only where the tokens, sentences and entities are (`resources/bbc_ner_silver.tsv.xz`,
-~180 KB; the CoNLL file itself is 4.3 MB). One line per article, tab-separated:
-
-    name      "politics/227.txt": the corpus file; its body is rebuilt as the tagger saw it (UTF-8 with bad bytes
-              replaced, "Â£" -> "£", the lines after the headline stripped and joined by single spaces)
-    splits    one comma-separated field per token: empty when the token runs to the next white space (most do),
-              else its length in characters (a token glued to the next one: "said" in "said.")
-    sentences the number of tokens of each sentence, comma-separated
-    entities  space-separated: tokens since the previous entity's end, "!" when the entity starts with I- (it
-              continues across a sentence break), the type as a letter (A = TYPES[0], ...), and its length in
-              tokens when more than one
-
-`rebuild(out)` writes the CoNLL file byte for byte as the original (a test compares them when ../shared has it);
-`encode(conll, bbc_root)` made the annotations from it.
+"""The silver NER file (spaCy tags over 1,200 BBC articles), rebuilt from position-only annotations shipped in the
+package and the BBC corpus `bertkit.datasets` fetches, so `bertkit task-data ner|qa|qa2` runs on any clone. The
+annotation format: docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import lzma
 import os
@@ -29,7 +13,7 @@ from pathlib import Path
 
 from bertkit import datasets
 from bertkit.errors import DataError
-from bertkit.tasks.readers import Sentence, write_conll
+from bertkit.tasks.readers import Sentence, read_conll, write_conll
 
 __all__ = ["ANNOTATIONS", "TYPES", "rebuild", "encode"]
 
@@ -83,7 +67,6 @@ def _tags(n: int, entities: str, where: str) -> list[str]:
 
 
 def _article(line: str, root: Path) -> list[Sentence]:
-    """One article's sentences, rebuilt."""
     name, splits, sentences, entities = line.split("\t")
     path = root / name
     where = f"{ANNOTATIONS.name}: {name}"
@@ -110,25 +93,17 @@ def rebuild(out: str | os.PathLike, bbc_root: str | os.PathLike | None = None) -
 
 def encode(conll: str | os.PathLike, bbc_root: str | os.PathLike) -> bytes:
     """The xz-compressed annotations of a silver CoNLL file (.gz or plain) over the BBC corpus in `bbc_root`."""
-    docs: list[tuple[str, list[list[tuple[str, str]]]]] = []
-    opener = gzip.open if str(conll).endswith(".gz") else open
-    with opener(conll, "rt", encoding="utf-8") as f:
-        for raw in f:
-            line = raw.rstrip("\n")
-            if line.startswith("-DOCSTART-"):
-                docs.append((line.split("\t")[1], [[]]))
-            elif line:
-                docs[-1][1][-1].append(tuple(line.split("\t")))
-            elif docs[-1][1][-1]:
-                docs[-1][1].append([])
-    return lzma.compress("".join(_encode_doc(name, [s for s in sents if s], Path(bbc_root))
-                                 for name, sents in docs).encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
+    docs: dict[str, list[Sentence]] = {}
+    for s in read_conll(conll):
+        docs.setdefault(s.doc, []).append(s)
+    return lzma.compress("".join(_encode_doc(name, sents, Path(bbc_root)) for name, sents in docs.items())
+                         .encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
 
 
-def _encode_doc(name: str, sents: list[list[tuple[str, str]]], root: Path) -> str:
+def _encode_doc(name: str, sents: list[Sentence], root: Path) -> str:
     body = article_body((root / name).read_bytes())
-    toks = [t for s in sents for t, _ in s]
-    tags = [tag for s in sents for _, tag in s]
+    toks = [t for s in sents for t in s.words]
+    tags = [tag for s in sents for tag in s.tags]
     starts, pos = [], 0
     for t in toks:
         pos = _SPACE.match(body, pos).end()
@@ -148,4 +123,4 @@ def _encode_doc(name: str, sents: list[list[tuple[str, str]]], root: Path) -> st
             j += 1
         ents.append(f"{i - prev}{'' if tags[i][0] == 'B' else '!'}{chr(65 + TYPES.index(typ))}{j - i if j - i > 1 else ''}")
         prev = i = j
-    return "\t".join([name, splits, ",".join(str(len(s)) for s in sents), " ".join(ents)]) + "\n"
+    return "\t".join([name, splits, ",".join(str(len(s.words)) for s in sents), " ".join(ents)]) + "\n"

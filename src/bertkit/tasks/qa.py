@@ -1,18 +1,11 @@
-"""Extractive question answering, SQuAD v1.1 and v2.0: the paper's figure 4 (c) and section 4.2/4.3.
+"""Extractive question answering, SQuAD v1.1 and v2.0 (the paper's figure 4 (c)).
 
-Features. The question is cut to `max_query_length` pieces; the context is tokenised once with character offsets and
-cut into windows of at most `max_seq_length - len(question) - specials` pieces (the tokenizer's layout: 3 for BERT's,
-4 for RoBERTa's <s> q </s></s> c </s>) that start every `doc_stride` pieces, so a context longer than one window is
-covered by several overlapping ones (none is dropped):
+A context longer than one window is cut into overlapping windows (none dropped):
 
     [CLS] question [SEP] context[w : w + window] [SEP]          token_type 0 ... 0 1 ... 1
 
-Training labels are the answer's first/last piece inside the window; a window that does not contain the whole
-answer (and every window of an unanswerable question) points at [CLS] (position 0), as the original does.
-
-Decoding is `predict.answers.best_spans` under run_squad's rule (`n_best` start / end logits, start + end logit,
-max-context windows, the null score from [CLS]). SQuAD 2.0: predict "" when null score - best span score >
-threshold, with the threshold chosen on dev to maximise F1 (`metrics.best_null_threshold`) and saved with the model.
+A window without the whole answer points at [CLS], as run_squad.py does; decoding is `predict.answers.best_spans`
+under run_squad's rule, SQuAD 2.0's null threshold tuned on dev. The rules in full: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -67,7 +60,6 @@ class QATask(Task):
         self.stats["fixed_offsets"] += data.fixed_offsets
         return data.examples
 
-    # ------------------------------------------------------------------ features
     def counts(self) -> dict:
         # unanswerable windows are the [CLS] targets; SQuAD 2.0 is decided by the data, not a flag
         return {**super().counts(), "version_2": self.version_2}
@@ -118,7 +110,6 @@ class QATask(Task):
         self.stats["features"] += len(feats)
         return feats
 
-    # ------------------------------------------------------------------ inference
     def predict(self, model, examples: list[SquadExample], feats: list[SpanFeature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> list[dict]:
         """Per example, the decoded answer (`decode`) of each window's start / end logits over its pieces."""

@@ -1,18 +1,7 @@
 """Readers for fine-tuning data: table files (CSV / TSV / JSONL), CoNLL token files, SQuAD JSON.
 
-Every reader returns plain dataclasses (`read_table` -> TextExample, `read_conll` -> Sentence, `read_squad` ->
-SquadData) that remember where each record came from (`source = "file:line"`), so a later error (an unknown label
-in dev, an answer span that does not fit) can still name the file and line.
-
-Rules (nothing is dropped silently):
-  * a missing column, an empty text, a missing label, a CoNLL line whose column count differs from the file's,
-    a SQuAD answer whose offset does not fit its context: `DataError` naming file and line;
-  * the one tolerated repair is a SQuAD answer whose `answer_start` is off but whose text occurs in the context:
-    with `fix_offsets=True` (default) it moves to the nearest occurrence, and the fix is *counted* in
-    `SquadData.fixed_offsets` (the CLI prints the count).
-
-`LabelMap` turns label names (or numbers) into ids; it is built from the training file and saved with the model
-(config.json `id2label` / `label2id`, as transformers does), and it refuses labels it has not seen.
+Each record remembers where it came from (`source = "file:line"`), so a later error (an unknown label in dev, an
+answer that does not fit) still names the file and line. Nothing is dropped silently: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -22,14 +11,13 @@ import gzip
 import io
 import json
 import re
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.atomic import replacing, write_text
 from bertkit.errors import DataError
-from bertkit.textfiles import parse_json
+from bertkit.textfiles import parse_json, read_text
 
 __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "read_table", "read_conll",
            "read_squad", "table_rows", "write_table", "write_jsonl", "write_conll", "write_squad"]
@@ -38,24 +26,11 @@ __all__ = ["TextExample", "Sentence", "SquadExample", "SquadData", "LabelMap", "
 # ------------------------------------------------------------------------------------------------------ helpers
 
 def _open_text(path: Path):
-    """The file's text (.gz decompressed, a leading UTF-8 byte-order mark dropped) as a stream with line endings
-    kept; DataError naming the file and line for a file that cannot be read or is not UTF-8."""
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a data file")
+    """textfiles.read_text (.gz, BOM, UTF-8 errors naming file and line) as a stream with line endings kept."""
     try:
-        data = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:   # no permission, a broken .gz
-        raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        # Excel and Notepad start UTF-8 files with a BOM; left in, it would glue onto the first column's name.
-        # Decoded as plain UTF-8 (not utf-8-sig) so that an error's offset counts the file's own bytes.
-        return io.StringIO(data.decode("utf-8").removeprefix("\ufeff"), newline="")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); save the "
-                        f"file as UTF-8") from None
+        return io.StringIO(read_text(path), newline="")
+    except OSError as e:                        # no permission
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 _TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}
@@ -131,38 +106,32 @@ def table_rows(path: Path):
             raise DataError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
 
 
-def read_table(path: str | Path, *, text_column: str = "text", pair_column: str | None = "text_pair",
-               label_column: str | None = "label", require_pair: bool = False, require_label: bool = True,
+def read_table(path: str | Path, *, require_pair: bool = False, require_label: bool = True,
                multilabel_sep: str = "|") -> list[TextExample]:
-    """Read a CSV / TSV / JSONL file with named columns.
-
-    `pair_column` is used when present (or required with `require_pair`); `label_column` must be present when
-    `require_label` (training / evaluation) and may be absent for prediction. A multi-label cell is a JSON list
-    (JSONL) or names joined by `multilabel_sep`; labels stay strings (numbers too) and `LabelMap` / the task
-    decide what they mean.
-    """
+    """A CSV / TSV / JSONL file with columns text, text_pair (unless `require_pair`, optional) and label (unless
+    `require_label`, optional). A multi-label cell is a JSON list or names joined by `multilabel_sep`; labels stay
+    strings (numbers too) and `LabelMap` / the task decide what they mean."""
     path = Path(path)
     out: list[TextExample] = []
     for line, row in table_rows(path):
         if not out:                     # the first row: the columns it needs are there
-            needed = [text_column] + ([pair_column] if require_pair else []) + ([label_column] if require_label else [])
-            missing = [c for c in needed if c and c not in row]
+            needed = ["text"] + (["text_pair"] if require_pair else []) + (["label"] if require_label else [])
+            missing = [c for c in needed if c not in row]
             if missing:
                 raise DataError(f"{path}:{line}: missing column(s) {', '.join(map(repr, missing))}; "
                                 f"found {column_names(row)}")
-        text = _cell(path, line, text_column, row.get(text_column))
+        text, pair = (_cell(path, line, c, row.get(c)) for c in ("text", "text_pair"))
+        label = row.get("label")
+        label = [_cell(path, line, "label", x) for x in label] if isinstance(label, list) \
+            else _cell(path, line, "label", label)
         if text is None or not text.strip():
-            raise DataError(f"{path}:{line}: empty {text_column!r}")
-        pair = _cell(path, line, pair_column, row.get(pair_column)) if pair_column else None
+            raise DataError(f"{path}:{line}: empty 'text'")
         if require_pair and (pair is None or not pair.strip()):
-            raise DataError(f"{path}:{line}: empty {pair_column!r}")
-        label = row.get(label_column) if label_column else None
-        label = [_cell(path, line, label_column, x) for x in label] if isinstance(label, list) \
-            else _cell(path, line, label_column, label)
+            raise DataError(f"{path}:{line}: empty 'text_pair'")
         if isinstance(label, str):
             label = label.strip() or None
         if require_label and label is None:
-            raise DataError(f"{path}:{line}: missing value in column {label_column!r}")
+            raise DataError(f"{path}:{line}: missing value in column 'label'")
         out.append(TextExample(text=text, text_pair=pair, label=label, source=f"{path}:{line}"))
     if not out:
         raise DataError(f"{path}: no examples")
@@ -170,8 +139,7 @@ def read_table(path: str | Path, *, text_column: str = "text", pair_column: str 
 
 
 def _cell(path: Path, line: int, column: str, value) -> str | None:
-    """A cell as text: numbers (JSONL) read as their text, as a CSV cell would; a JSON object or list where a
-    text goes is refused by name."""
+    """A cell as text: numbers (JSONL) read as their text, as a CSV cell would; a JSON object or list is refused."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (dict, list)):
@@ -256,9 +224,9 @@ class Sentence:
     source: str = ""           # "file:line" of the first word
 
 
-def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = True) -> list[Sentence]:
-    """CoNLL-style token file: one token per line with whitespace-separated columns (token first, tag in
-    `tag_column`), blank lines between sentences, `-DOCSTART-` lines between documents. Every token line must have
+def read_conll(path: str | Path, *, require_tags: bool = True) -> list[Sentence]:
+    """CoNLL-style token file: one token per line with whitespace-separated columns (token first, tag last),
+    blank lines between sentences, `-DOCSTART-` lines between documents. Every token line must have
     the same column count as the first one (a wrong count is an error naming the line)."""
     path = Path(path)
     out: list[Sentence] = []
@@ -268,7 +236,7 @@ def read_conll(path: str | Path, *, tag_column: int = -1, require_tags: bool = T
 
     def flush():
         if rows:
-            tags = [cols[tag_column] for _, cols in rows] if n_cols > 1 else None
+            tags = [cols[-1] for _, cols in rows] if n_cols > 1 else None
             out.append(Sentence([cols[0] for _, cols in rows], tags, doc or f"doc{n_docs}", f"{path}:{rows[0][0]}"))
             rows.clear()
 
@@ -339,8 +307,7 @@ class SquadData:
 
 
 def _id_lines(raw: str) -> dict[str, list[int]]:
-    """question id -> 1-based lines of its `"id": ...` in the raw JSON: parsed JSON has no line numbers, and
-    error messages should name one."""
+    """question id -> 1-based lines of its `"id": ...` in the raw JSON (parsed JSON has no line numbers)."""
     out: dict[str, list[int]] = {}
     line, last = 1, 0
     for m in re.finditer(r'"id"\s*:\s*"((?:[^"\\]|\\.)*)"', raw):
@@ -351,7 +318,6 @@ def _id_lines(raw: str) -> dict[str, list[int]]:
 
 
 def _json_document(path: Path):
-    """The file parsed as one JSON document, or None where it is not one."""
     try:
         return json.loads(_open_text(path).read())
     except (ValueError, RecursionError, DataError):     # ValueError: not JSON, or an integer past the digit limit
@@ -370,15 +336,10 @@ def _json_document_hint(path: Path, line: int) -> str:
 
 def read_squad(path: str | Path, *, require_answers: bool = True, fix_offsets: bool = True) -> SquadData:
     """SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
-    "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}.
-
-    An answer whose `context[start:start+len(text)]` differs from `text` is an error naming the line, unless
-    `fix_offsets` and the text occurs in the context: then it moves to the occurrence nearest `answer_start` and
-    is counted. A question without answers that is not `is_impossible` is an error when `require_answers`.
-    """
+    "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}; an answer off its `answer_start` moves to the
+    nearest occurrence of its text with `fix_offsets` (counted), else it is an error naming the line."""
     path = Path(path)
-    with _open_text(path) as f:
-        raw = f.read()
+    raw = _open_text(path).read()
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -429,8 +390,7 @@ def _objects(parent: dict, key: str, where: str) -> list[dict]:
 
 def _place_answer(a: dict, context: str, where: str, qid: str, fix_offsets: bool, fixed: list[str]
                   ) -> tuple[str, int]:
-    """(text, start) of one answer; a start that does not hold the text moves to its nearest occurrence when
-    `fix_offsets` (noted in `fixed`), else DataError."""
+    """(text, start) of one answer, moved to its text's nearest occurrence when `fix_offsets` (noted in `fixed`)."""
     text, start = a.get("text"), a.get("answer_start")
     if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool) or start < 0:
         raise DataError(f"{where}: question {qid!r} has an answer without 'text' / an integer 'answer_start' >= 0: "

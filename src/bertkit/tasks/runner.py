@@ -4,27 +4,9 @@
                                      out="runs/sst", training=finetune_recipe(lr=3e-5)))
     report = evaluate("runs/sst", "test.csv");  predict("runs/sst", "new.csv", "preds.jsonl")
 
-Recipe (the paper's section 3.5 / appendix A.3): a pre-trained encoder plus one new output layer, all parameters
-trained end to end with AdamW (weight decay 0.01, not on biases / LayerNorm), linear warmup over the first 10% of
-steps then linear decay to 0, dropout 0.1, batch 16 or 32, 2-4 epochs, lr in {5e-5, 3e-5, 2e-5}. Small data sets
-make fine-tuning unstable, so:
-  * `seeds=(1, 2, 3)` trains one model per seed and reports each metric as mean +- std (sample std, n - 1);
-  * `grid=True` tries every (lr, batch size) of the paper's grid on the first seed, keeps the best on dev, then runs
-    the seeds with it;
-  * the dev set is scored after every epoch (or every `training.eval_every_steps` steps); the best state on the dev
-    metric is kept and saved, and `patience` evaluations without improvement stop the run early.
-
-`train` / `dev` / `test` are files or in-memory examples (tasks.memory). `resume=True` continues a killed run
-exactly (tasks.resume: settings, checkpoints; DevTracker: the dev state carried in them).
-
-Training runs through `bertkit.train` (the one loop shared with pre-training); this module only builds the
-model, the batches and the dev evaluation. `run` is the one fine-tuning driver (seeds, metrics.json, summary.json)
-for every kind of run: `TaskRun` for the registry's tasks (tasks.registry), embed.runner's for bi-encoders.
-Throughput comes from bf16 autocast (where native), the encoder's unpadded attention ("auto" picks it for ragged
-batches) and length-bucketed batches padded only to their own longest sequence (`tasks.batching`). The saved
-model directory is an ordinary HF-format checkpoint whose config.json carries `id2label` / `label2id` and a
-`bertkit_task` entry (task kind and its settings, the tuned SQuAD 2.0 null threshold), so `evaluate` / `predict`
-need only the directory.
+`run` is the one fine-tuning driver (seeds, metrics.json, summary.json): `TaskRun` for the registry's tasks,
+embed.runner's for bi-encoders; training is `bertkit.train`'s loop. The recipe (seeds, grid, patience, resume) and
+the saved directory: docs/architecture.md, "Fine-tuning".
 """
 
 from __future__ import annotations
@@ -67,9 +49,7 @@ PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32)}   # appendix A.3
 
 
 def finetune_recipe(**changes) -> TrainConfig:
-    """The paper's fine-tuning recipe as the loop's settings: lr 5e-5, 3 epochs, warmup over the first 10% of the
-    steps then linear decay, AdamW with weight decay 0.01; `changes` override it, e.g. finetune_recipe(lr=3e-5).
-    eval_every_steps None scores the dev set once per epoch."""
+    """The paper's fine-tuning recipe as the loop's settings; `changes` override it, e.g. finetune_recipe(lr=3e-5)."""
     return TrainConfig(**{"lr": 5e-5, "epochs": 3.0, "warmup": 0.1, "log_every_steps": 50, "progress": False,
                           **changes})
 
@@ -145,8 +125,7 @@ def _check_task_fit(cfg: FinetuneConfig) -> None:
 
 
 def check_query_budget(max_query_length: int, max_length: int) -> None:
-    """A question budget asked for that leaves no room for the context in the input is refused (the default one is
-    only an upper bound: each question's own pieces count)."""
+    """Refuses a question budget asked for that leaves no room for the context (the default one is only a bound)."""
     if max_query_length + _SPECIALS >= max_length:
         raise ConfigError(f"--max-query-length {max_query_length} leaves no room for the context in --max-length "
                           f"{max_length}; give a --max-query-length below {max_length - _SPECIALS}")
@@ -262,8 +241,7 @@ def numeric_metrics(report: dict) -> dict[str, float]:
 
 
 def spread_metrics(reports: list[dict]) -> dict:
-    """`spread` of every measurement (a float) in the seeds' reports; counts (n, support, queries) are the same
-    for every seed."""
+    """`spread` of every measurement (a float) in the seeds' reports; counts (ints) are the same for every seed."""
     return {k: spread([float(r[k]) for r in reports]) for k, v in reports[0].items() if isinstance(v, float)}
 
 
@@ -371,8 +349,7 @@ def _prepare(cfg: FinetuneConfig, task: Task, tok) -> TaskData:
 
 
 class TrainBatches(BucketBatchSampler):
-    """The training batches of one run: the sampler's length-bucketed index batches (reshuffled per epoch:
-    `set_epoch`, called by the loop) as padded batches of the features. Counts the examples it hands out."""
+    """The sampler's index batches as padded batches of the features; counts the examples it hands out."""
 
     def __init__(self, feats: list[Feature], batch_size: int, seed: int, pad_id: int, bucket_batches: int = 50,
                  cap: int | None = None):
@@ -386,12 +363,10 @@ class TrainBatches(BucketBatchSampler):
             yield self.batch([self.feats[i] for i in idx])
 
     def batch(self, feats: list[Feature]) -> dict:
-        """One padded batch of these features."""
         return collate(feats, self.pad_id, cap=self.cap)
 
 
 def _with(cfg: FinetuneConfig, lr: float, batch_size: int) -> FinetuneConfig:
-    """`cfg` with another learning rate and batch size (a grid point, or the grid's best)."""
     return replace(cfg, batch_size=batch_size, training=replace(cfg.training, lr=lr))
 
 
@@ -553,8 +528,7 @@ def finetune(cfg: FinetuneConfig, hooks: FinetuneHooks | None = None, callbacks=
 # ------------------------------------------------------------------------------------------ evaluate/predict
 
 def _over_file(model_dir, path, batch_size: int, precision: str, progress: bool, what: str):
-    """(task, examples, features, raw predictions) of a fine-tuned model over a data file, labels read for
-    "evaluate"; `progress`: a bar on stderr."""
+    """(task, examples, features, raw predictions) of a fine-tuned model over a data file."""
     task, model, tok = load_task(model_dir)
     examples = task.read(path, require_label=what == "evaluate")
     feats = task.features(tok, examples, with_labels=what == "evaluate")
@@ -564,8 +538,7 @@ def _over_file(model_dir, path, batch_size: int, precision: str, progress: bool,
 
 def evaluate(model_dir: str | Path, path: str | Path, out_dir: str | Path | None = None, batch_size: int = 128,
              precision: str = "auto", progress: bool = False) -> dict:
-    """Metrics of a fine-tuned model directory on a labelled file (writes predictions + PNGs when out_dir);
-    `progress`: a bar on stderr."""
+    """Metrics of a fine-tuned model on a labelled file (predictions + PNGs into out_dir); `progress`: a bar."""
     task, examples, feats, raw = _over_file(model_dir, path, batch_size, precision, progress, "evaluate")
     report = task.score(examples, feats, raw)
     if out_dir is not None:

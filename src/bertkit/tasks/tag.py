@@ -1,18 +1,8 @@
 """Token classification (NER and friends): the paper's figure 4 (d), one linear layer on every token.
 
-Words -> WordPiece pieces. The word's tag goes on its *first* piece; the other pieces get -100 and are ignored by
-the loss (the paper's choice), or, with `label_all_pieces`, they get the word's tag too (B-X turned into I-X, so a
-word never opens two entities). Predictions are read from each word's first piece, so they map back to words
-exactly, and from words to character spans of the sentence (words joined by single spaces) or, for raw text, of
-the input string (via the tokenizer's offsets).
-
-A sentence whose pieces do not fit `max_length - 2` is not truncated: it is cut into consecutive word windows that
-each fit, and the predictions are stitched back (counted in `stats["windows_split"]`). A word that tokenises to
-no piece at all (only control characters) is given [UNK] so it still gets a prediction (counted), and a single word
-with more pieces than a window keeps its first ones (counted in `long_words_cut`; its label sits on the first).
-
-Tags may come in IOB1, IOB2 or BIOES; `convert_to` rewrites them before training (e.g. IOB1 -> IOB2), and entity
-scores follow the CoNLL/seqeval conventions for any of them (`metrics.entity_scores`).
+A word's tag goes on its first piece (the others get -100, or its tag with `label_all_pieces`), and predictions are
+read there, so they map back to words exactly. A sentence too long for `max_length` is cut into word windows and
+stitched back, never truncated. The rules in full: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -78,7 +68,6 @@ class TokenTask(Task):
     def num_labels(self) -> int:
         return len(self.labels)
 
-    # ------------------------------------------------------------------ features
     def features(self, tok, sents: list[Sentence], with_labels: bool = True) -> list[WordsFeature]:
         feats, cache = [], {}
         budget = self.max_length - 2
@@ -114,7 +103,6 @@ class TokenTask(Task):
             return self.labels.id("I-" + name[2:])
         return tag_id
 
-    # ------------------------------------------------------------------ inference
     def predict(self, model, examples, feats: list[WordsFeature], batch_size: int = 64,
                 precision: str | bool | None = "auto") -> list[dict]:
         """Per feature: {word: (label index, logit)} of its words, read at each word's first piece."""

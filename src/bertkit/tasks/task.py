@@ -6,10 +6,7 @@
     raw = task.predict(model, examples, feats, 128, "auto")   # the head's outputs, decoded as far as needed
     report = task.score(examples, feats, raw)          # metrics (the task's `main_metric` picks the best state)
 
-A task is anything that meets the `Task` protocol; tasks.registry names every task (`--task NAME`). The loss is the
-head's own: `task.model_class` computes it from the batch's targets, so a task brings no loss function of its own.
-Concrete tasks subclass `Task` to inherit the defaults below (the label map's config entries, nothing tuned on dev,
-no artifacts).
+A task meets the `Task` protocol (subclass it for the defaults below); its loss is its head's (`model_class`).
 """
 
 from __future__ import annotations
