@@ -3,8 +3,7 @@
     summary = distill_task(DistillConfig(teacher="runs/sst", student_layers=3, temperature=2.0, alpha=0.5),
                            FinetuneConfig(task="classify", model="runs/sst", train=..., dev=..., out="runs/sst-3"))
 
-Task distillation (DistilBERT, Sanh et al. 2019; TinyBERT, Jiao et al. 2020; MiniLM, Wang et al. 2020) from a
-model directory written by `bertkit finetune`; the loss per batch is
+Task distillation (DistilBERT, TinyBERT, MiniLM) from a model directory written by `bertkit finetune`; per batch
 
     alpha * soft + (1 - alpha) * gold + hidden_weight * hidden + attention_weight * attention
 
@@ -12,22 +11,13 @@ model directory written by `bertkit finetune`; the loss per batch is
              classify / pair: per example; tag: per labelled token; qa: start and end distributions, averaged;
              regress: MSE to the teacher's output (no temperature); multilabel: BCE to sigmoid(teacher / T) * T^2
   gold       the task's own loss on the gold labels (rows from --unlabeled or --augment have none)
-  hidden     MSE between mapped hidden states (embeddings and layer outputs) over real tokens, through a learned
-             projection only when the widths differ (TinyBERT)
-  attention  KL between the mapped layers' attention probabilities over real query rows (TinyBERT / MiniLM)
+  hidden     MSE between mapped hidden states over real tokens, through a learned projection when widths differ
+  attention  KL between the mapped layers' attention probabilities over real query rows
 
-Student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map: last meets last, embeddings
-meet embeddings). The student starts (`select_layers`) from K teacher layers evenly spaced and ending at the top
-(6 -> 3: layers 2, 4, 6 counted from 1; DistilBERT took 1, 3, 5 of a pre-trained teacher, but a fine-tuned
-teacher's head reads its last layer: docs/performance.md) with the embeddings, pooler and task head copied; or
-from a preset (random init, the teacher's vocabulary size); or from a directory (e.g. a student of
-`bertkit.distill_mlm`) whose vocabulary must be the teacher's.
-
-Training is `bertkit finetune`'s (runner.finetune with FinetuneHooks): the same batches, dev selection, files and
-model directory, so evaluate / predict / serve / quantize load the student unchanged. With alpha = 0 and no
-transfer loss the teacher is not used: that run *is* plain fine-tuning of the student (the comparison without the
-teacher). Without transfer losses the teacher's logits are computed once for the training set (eval mode: the same
-every epoch); with them the teacher runs per batch.
+Student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map). Training is `bertkit
+finetune`'s (FinetuneHooks), so the student is an ordinary fine-tuned model directory; with alpha = 0 and no transfer
+the teacher is not used: plain fine-tuning of the same student. Without transfer losses the teacher's logits are
+computed once for the training set (eval mode: the same every epoch); with them the teacher runs per batch.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """General (task-agnostic) distillation: a pre-trained student from a pre-trained MLM teacher on raw text.
 
-    distill_mlm(MlmDistillConfig(teacher="models/minilm", text="corpus.txt", out="models/minilm-l3",
-                                 student_layers=3, epochs=1))
+    distill_mlm(MlmDistillConfig(teacher="models/minilm", text="corpus.txt", out="models/minilm-l3", student_layers=3))
 
-The text is one document per line, cut to `max_length` pieces. Each batch is masked with bertkit's pre-training
-masking (`bertkit.pretraining.masking`: BERT's 15% / 80-10-10, drawn afresh every epoch) and the loss is
-
-    alpha * KL(teacher / T || student / T) * T^2 at the masked positions + (1 - alpha) * MLM cross-entropy
-    + hidden_weight * MSE of mapped hidden states (bertkit.distill.layer_map / hidden_loss)
-
-(DistilBERT's general distillation, with TinyBERT's hidden-state transfer as the option). The student starts from
-every k-th teacher layer (bertkit.distill.select_layers) with the embeddings and the MLM head copied, or from a
-preset; the output is an ordinary pre-trained model directory (BertForMaskedLM weights, the teacher's vocabulary)
-that `bertkit finetune --model` and `bertkit distill --student` take.
+Documents (a line each, cut to `max_length`) masked afresh every epoch with bertkit.pretraining.masking; the loss is
+alpha * KL(teacher / T || student / T) * T^2 at the masked positions + (1 - alpha) * MLM + hidden_weight * hidden
+(DistilBERT's general distillation with TinyBERT's hidden-state transfer). The output is an ordinary pre-trained
+model directory that `bertkit finetune --model` and `bertkit distill --student` take.
 """
 
 from __future__ import annotations
