@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.atomic import write_text
+from bertkit.atomic import write_json
 from bertkit.config import BertConfig
-from bertkit.distill import hidden_loss, layer_map, select_layers, soft_loss, teacher_on, truncated_student
+from bertkit.distill import (INPUTS, hidden_loss, select_layers, soft_loss, teacher_outputs, transfer_pairs,
+                             truncated_student)
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
@@ -34,9 +35,6 @@ from bertkit.train.loop import TrainConfig, train
 from bertkit.train.steps import StepOutput
 
 __all__ = ["MlmDistillConfig", "distill_mlm"]
-
-_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-
 
 @dataclass
 class MlmDistillConfig:
@@ -114,16 +112,13 @@ def _student(cfg: MlmDistillConfig, teacher: BertForMaskedLM) -> nn.Module:
 
 def _step_fn(cfg: MlmDistillConfig, teacher: BertForMaskedLM, pairs):
     def step(model, batch: dict) -> StepOutput:
-        inputs = {k: batch[k] for k in _INPUTS if k in batch}
-        hidden = cfg.hidden_weight > 0
-        teacher_on(teacher, batch["input_ids"].device)
-        with torch.no_grad():
-            t_out = teacher(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)
-        s_out = model(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)
+        flags = {"labels": batch["labels"], "masked_logits_only": True, "output_hidden_states": cfg.hidden_weight > 0}
+        t_out = teacher_outputs(teacher, batch, **flags)
+        s_out = model(**{k: batch[k] for k in INPUTS if k in batch}, **flags)
         soft = soft_loss(s_out.logits, t_out.logits, cfg.temperature)   # (n_masked, vocab), the same rows
         loss = cfg.alpha * soft + (1 - cfg.alpha) * s_out.loss
         metrics = {"soft_loss": soft.detach(), "mlm_loss": s_out.loss.detach()}
-        if hidden:
+        if cfg.hidden_weight > 0:
             h = hidden_loss(s_out.hidden_states, t_out.hidden_states, pairs, batch["attention_mask"],
                             getattr(model, "distill_projection", None))
             loss, metrics["hidden_loss"] = loss + cfg.hidden_weight * h, h.detach()
@@ -140,9 +135,7 @@ def distill_mlm(cfg: MlmDistillConfig) -> dict:
     docs = _documents(cfg, tok)
     torch.manual_seed(cfg.training.seed)
     student = _student(cfg, teacher)
-    pairs = layer_map(student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    if cfg.hidden_weight > 0 and student.config.hidden_size != teacher.config.hidden_size:
-        student.distill_projection = nn.Linear(student.config.hidden_size, teacher.config.hidden_size)
+    pairs = transfer_pairs(student, teacher, cfg.hidden_weight)
     batches = _MaskedBatches(docs, cfg, tables, cfg.training.seed)
     out = Path(cfg.out)
     t0 = time.perf_counter()
@@ -157,5 +150,5 @@ def distill_mlm(cfg: MlmDistillConfig) -> dict:
                                                                           cfg.student_layers)
                                                            if cfg.student_layers else None),
                "config": json.loads(json.dumps(asdict(cfg), default=str))}
-    write_text(out / "summary.json", json.dumps(summary, indent=1))
+    write_json(out / "summary.json", summary, indent=1)
     return summary
