@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForReplacedTokenDetection, DiscriminatorHead
-from bertkit.model import BertModel
+from bertkit.model import BertModel, BertPreTrainedModel
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
 
@@ -117,7 +117,4 @@ class ElectraForPreTraining(nn.Module):
         """The discriminator (the model to fine-tune) as an HF-format BertModel directory."""
         self.discriminator.save_pretrained(path, tokenizer=tokenizer)
 
-    def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        # named_parameters lists a shared tensor (the embeddings) once
-        return sum(p.numel() for name, p in self.named_parameters()
-                   if not (exclude_embeddings and "embeddings" in name))
+    num_parameters = BertPreTrainedModel.num_parameters     # parameters() lists the shared embeddings once
