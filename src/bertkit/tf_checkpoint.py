@@ -72,8 +72,8 @@ def _zero_shift(n: int):
 
 
 def crc32c(data) -> int:
-    """CRC-32C (Castagnoli) of bytes. Lanes of the buffer run side by side in numpy (the CRC is linear, so each
-    lane starts from zero and the lanes are chained afterwards): ~1 s per 100 MB, a Python loop takes minutes."""
+    """CRC-32C (Castagnoli) of bytes: lanes of the buffer side by side in numpy, each from zero, chained afterwards
+    (the CRC is linear; a Python loop over bytes takes minutes: docs/performance.md)."""
     a = np.frombuffer(data, dtype=np.uint8)
     lanes = int(min(16384, max(1, len(a) // 256)))
     width = len(a) // lanes
@@ -315,15 +315,6 @@ def _state_dict(ckpt: TFCheckpoint, mapped: dict, own: dict, config: BertConfig,
     return state, unknown
 
 
-def _out_dir(out, overwrite: bool) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BertkitError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise BertkitError(f"output directory {out} is not empty; pass overwrite=True (--overwrite) to write into it")
-    return out
-
-
 def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool = False,
                           lowercase: bool | None = None) -> dict:
     """Write the HF-format directory `out` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) from
@@ -331,7 +322,11 @@ def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool 
     vocab.txt beside it. BertForPreTraining when the checkpoint has the MLM and NSP heads, else BertModel.
     `lowercase=None` infers the tokenizer's casing from the vocab. Returns a report: model, counts, unknowns."""
     prefix = resolve_prefix(src)
-    out = _out_dir(out, overwrite)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BertkitError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise BertkitError(f"output directory {out} is not empty; pass overwrite=True (--overwrite) to write into it")
     config_path = Path(config) if config is not None else prefix.parent / "bert_config.json"
     if not config_path.is_file():
         raise CheckpointError(f"BERT config not found: {config_path} (bert_config.json is looked for next to the "
