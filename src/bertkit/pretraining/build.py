@@ -374,10 +374,9 @@ def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
 
 @contextlib.contextmanager
 def _main_script_hidden():
-    """A spawned worker runs the parent's main script first (as __mp_main__); the `bertkit` console script imports
-    the CLI and torch, seconds a worker against milliseconds for this module's imports. The workers run a function
-    of this module, so they are started without the script (`python -m bertkit` is skipped by multiprocessing
-    itself)."""
+    """A spawned worker runs the parent's main script first (as __mp_main__): the `bertkit` console script would
+    import the CLI and torch in each. The workers run a function of this module, so they start without the script
+    (`python -m bertkit` is skipped by multiprocessing itself)."""
     main = sys.modules["__main__"]
     path = main.__dict__.pop("__file__", None)
     try:

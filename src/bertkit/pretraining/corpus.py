@@ -177,7 +177,7 @@ def _is_false_boundary(text: str, m: re.Match) -> bool:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences (see the module docstring for the rules)."""
+    """Split a paragraph into sentences (the rules: docs/pretraining.md, "Corpus")."""
     text = text.strip()
     if not text:
         return []

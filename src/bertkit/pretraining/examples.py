@@ -119,7 +119,7 @@ class _Buffer:
 
 
 class ExampleBuilder:
-    """Feed documents with `add(doc)`, then call `finish()`; both yield `Example`s. See the module docstring."""
+    """Feed documents with `add(doc)`, then call `finish()`; both yield `Example`s (docs/pretraining.md, "Examples")."""
 
     def __init__(self, cfg: ExampleConfig, cls_id: int, sep_id: int, seed: int = 0):
         self.cfg = cfg

@@ -241,8 +241,8 @@ class ReaderOptions:
 
 
 class ShardReader:
-    """Batches from a shard directory; see the module docstring. Iterating runs the rest of the current epoch and
-    then moves to the next one (`infinite=True`: keeps going).
+    """Batches from a shard directory (docs/pretraining.md, "Shard directory"). Iterating runs the rest of the
+    current epoch and then moves to the next one (`infinite=True`: keeps going).
 
         ShardReader("shards/", 32, seed=1)                    # keywords: the fields of ReaderOptions
         ShardReader("shards/", 32, ReaderOptions(seed=1, rank=r, world_size=w), shuffle=False)
