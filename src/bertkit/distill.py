@@ -3,8 +3,7 @@
     summary = distill_task(DistillConfig(teacher="runs/sst", student_layers=3, temperature=2.0, alpha=0.5),
                            FinetuneConfig(task="classify", model="runs/sst", train=..., dev=..., out="runs/sst-3"))
 
-Task distillation (DistilBERT, Sanh et al. 2019; TinyBERT, Jiao et al. 2020; MiniLM, Wang et al. 2020) from a
-model directory written by `bertkit finetune`; the loss per batch is
+Task distillation (DistilBERT, TinyBERT, MiniLM) from a model directory written by `bertkit finetune`; per batch
 
     alpha * soft + (1 - alpha) * gold + hidden_weight * hidden + attention_weight * attention
 
@@ -12,22 +11,13 @@ model directory written by `bertkit finetune`; the loss per batch is
              classify / pair: per example; tag: per labelled token; qa: start and end distributions, averaged;
              regress: MSE to the teacher's output (no temperature); multilabel: BCE to sigmoid(teacher / T) * T^2
   gold       the task's own loss on the gold labels (rows from --unlabeled or --augment have none)
-  hidden     MSE between mapped hidden states (embeddings and layer outputs) over real tokens, through a learned
-             projection only when the widths differ (TinyBERT)
-  attention  KL between the mapped layers' attention probabilities over real query rows (TinyBERT / MiniLM)
+  hidden     MSE between mapped hidden states over real tokens, through a learned projection when widths differ
+  attention  KL between the mapped layers' attention probabilities over real query rows
 
-Student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map: last meets last, embeddings
-meet embeddings). The student starts (`select_layers`) from K teacher layers evenly spaced and ending at the top
-(6 -> 3: layers 2, 4, 6 counted from 1; DistilBERT took 1, 3, 5 of a pre-trained teacher, but a fine-tuned
-teacher's head reads its last layer: docs/performance.md) with the embeddings, pooler and task head copied; or
-from a preset (random init, the teacher's vocabulary size); or from a directory (e.g. a student of
-`bertkit.distill_mlm`) whose vocabulary must be the teacher's.
-
-Training is `bertkit finetune`'s (runner.finetune with FinetuneHooks): the same batches, dev selection, files and
-model directory, so evaluate / predict / serve / quantize load the student unchanged. With alpha = 0 and no
-transfer loss the teacher is not used: that run *is* plain fine-tuning of the student (the comparison without the
-teacher). Without transfer losses the teacher's logits are computed once for the training set (eval mode: the same
-every epoch); with them the teacher runs per batch.
+Student layer j (1..K) learns from teacher layer j * L / K (TinyBERT's uniform map). Training is `bertkit
+finetune`'s (FinetuneHooks), so the student is an ordinary fine-tuned model directory; with alpha = 0 and no transfer
+the teacher is not used: plain fine-tuning of the same student. Without transfer losses the teacher's logits are
+computed once for the training set (eval mode: the same every epoch); with them the teacher runs per batch.
 """
 
 from __future__ import annotations
@@ -55,7 +45,7 @@ from bertkit.train.steps import StepOutput
 __all__ = ["DistillConfig", "distill_task", "select_layers", "layer_map", "truncated_student", "soft_loss",
            "hidden_loss", "attention_loss", "augment_examples"]
 
-_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+INPUTS = ("input_ids", "token_type_ids", "attention_mask")       # what the student and the teacher both read
 _SEQUENCE_KINDS = ("classify", "pair", "regress", "multilabel")
 _KINDS = (*_SEQUENCE_KINDS, "tag", "qa")                      # the kinds `_task_losses` has a soft loss for
 
@@ -103,12 +93,22 @@ class DistillConfig:
         return bool(self.unlabeled) or self.augment > 0
 
 
-def teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:
-    """The teacher on the device the training loop put the student and the batch on, moved once (`.to()` every step
-    would walk every parameter)."""
-    if next(teacher.parameters()).device != device:
-        teacher.to(device)
-    return teacher
+def teacher_outputs(teacher: nn.Module, batch: dict, **flags):
+    """The teacher's outputs for `batch`, without gradients, on the batch's device (moved there once: `.to()` every
+    step would walk every parameter)."""
+    if next(teacher.parameters()).device != batch["input_ids"].device:
+        teacher.to(batch["input_ids"].device)
+    with torch.no_grad():
+        return teacher(**{k: batch[k] for k in INPUTS if k in batch}, **flags)
+
+
+def transfer_pairs(student: nn.Module, teacher: nn.Module, hidden_weight: float) -> list[tuple[int, int]]:
+    """The student's layer map onto the teacher; with hidden transfer between different widths, the student gets a
+    learned projection (`distill_projection`, trained with it and dropped before it is saved)."""
+    s, t = student.config, teacher.config
+    if hidden_weight > 0 and s.hidden_size != t.hidden_size:
+        student.distill_projection = nn.Linear(s.hidden_size, t.hidden_size)
+    return layer_map(s.num_hidden_layers, t.num_hidden_layers)
 
 
 # ---------------------------------------------------------------------------------------------- students
@@ -345,12 +345,10 @@ class TaskDistiller(FinetuneHooks):
 
     def _check_transfer(self, student) -> None:
         t, s = self.teacher.config, student.config
-        self.pairs = layer_map(s.num_hidden_layers, t.num_hidden_layers)
         if self.dcfg.attention_weight > 0 and s.num_attention_heads != t.num_attention_heads:
             raise ConfigError(f"--attention-weight: the student has {s.num_attention_heads} attention heads, the "
                               f"teacher {t.num_attention_heads}; attention transfer needs the same number")
-        if self.dcfg.hidden_weight > 0 and s.hidden_size != t.hidden_size:
-            student.distill_projection = nn.Linear(s.hidden_size, t.hidden_size)   # trained with the student
+        self.pairs = transfer_pairs(student, self.teacher, self.dcfg.hidden_weight)
 
     def batches(self, cfg: FinetuneConfig, data, seed: int, pad_id: int):
         if not self.dcfg.uses_teacher:
@@ -364,15 +362,12 @@ class TaskDistiller(FinetuneHooks):
 
     def _step(self, model, batch: dict) -> StepOutput:
         d = self.dcfg
-        inputs = {k: batch[k] for k in _INPUTS if k in batch}
         flags = {"output_hidden_states": d.hidden_weight > 0, "output_attentions": d.attention_weight > 0}
         target, t_out = batch.get("teacher"), None
         if target is None:
-            teacher_on(self.teacher, batch["input_ids"].device)
-            with torch.no_grad():
-                t_out = self.teacher(**inputs, **flags)
+            t_out = teacher_outputs(self.teacher, batch, **flags)
             target = _outputs(self.kind, t_out)
-        s_out = model(**inputs, **flags)
+        s_out = model(**{k: batch[k] for k in INPUTS if k in batch}, **flags)
         soft, gold = self._task_losses(_outputs(self.kind, s_out), target, s_out, batch)
         loss = d.alpha * soft + (1 - d.alpha) * gold
         metrics = {"soft_loss": soft.detach(), "gold_loss": gold.detach()}

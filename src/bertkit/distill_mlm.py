@@ -1,18 +1,11 @@
 """General (task-agnostic) distillation: a pre-trained student from a pre-trained MLM teacher on raw text.
 
-    distill_mlm(MlmDistillConfig(teacher="models/minilm", text="corpus.txt", out="models/minilm-l3",
-                                 student_layers=3, epochs=1))
+    distill_mlm(MlmDistillConfig(teacher="models/minilm", text="corpus.txt", out="models/minilm-l3", student_layers=3))
 
-The text is one document per line, cut to `max_length` pieces. Each batch is masked with bertkit's pre-training
-masking (`bertkit.pretraining.masking`: BERT's 15% / 80-10-10, drawn afresh every epoch) and the loss is
-
-    alpha * KL(teacher / T || student / T) * T^2 at the masked positions + (1 - alpha) * MLM cross-entropy
-    + hidden_weight * MSE of mapped hidden states (bertkit.distill.layer_map / hidden_loss)
-
-(DistilBERT's general distillation, with TinyBERT's hidden-state transfer as the option). The student starts from
-every k-th teacher layer (bertkit.distill.select_layers) with the embeddings and the MLM head copied, or from a
-preset; the output is an ordinary pre-trained model directory (BertForMaskedLM weights, the teacher's vocabulary)
-that `bertkit finetune --model` and `bertkit distill --student` take.
+Documents (a line each, cut to `max_length`) masked afresh every epoch with bertkit.pretraining.masking; the loss is
+alpha * KL(teacher / T || student / T) * T^2 at the masked positions + (1 - alpha) * MLM + hidden_weight * hidden
+(DistilBERT's general distillation with TinyBERT's hidden-state transfer). The output is an ordinary pre-trained
+model directory that `bertkit finetune --model` and `bertkit distill --student` take.
 """
 
 from __future__ import annotations
@@ -27,9 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.atomic import write_text
+from bertkit.atomic import write_json
 from bertkit.config import BertConfig
-from bertkit.distill import hidden_loss, layer_map, select_layers, soft_loss, teacher_on, truncated_student
+from bertkit.distill import (INPUTS, hidden_loss, select_layers, soft_loss, teacher_outputs, transfer_pairs,
+                             truncated_student)
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch
@@ -41,9 +35,6 @@ from bertkit.train.loop import TrainConfig, train
 from bertkit.train.steps import StepOutput
 
 __all__ = ["MlmDistillConfig", "distill_mlm"]
-
-_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-
 
 @dataclass
 class MlmDistillConfig:
@@ -121,16 +112,13 @@ def _student(cfg: MlmDistillConfig, teacher: BertForMaskedLM) -> nn.Module:
 
 def _step_fn(cfg: MlmDistillConfig, teacher: BertForMaskedLM, pairs):
     def step(model, batch: dict) -> StepOutput:
-        inputs = {k: batch[k] for k in _INPUTS if k in batch}
-        hidden = cfg.hidden_weight > 0
-        teacher_on(teacher, batch["input_ids"].device)
-        with torch.no_grad():
-            t_out = teacher(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)
-        s_out = model(**inputs, labels=batch["labels"], masked_logits_only=True, output_hidden_states=hidden)
+        flags = {"labels": batch["labels"], "masked_logits_only": True, "output_hidden_states": cfg.hidden_weight > 0}
+        t_out = teacher_outputs(teacher, batch, **flags)
+        s_out = model(**{k: batch[k] for k in INPUTS if k in batch}, **flags)
         soft = soft_loss(s_out.logits, t_out.logits, cfg.temperature)   # (n_masked, vocab), the same rows
         loss = cfg.alpha * soft + (1 - cfg.alpha) * s_out.loss
         metrics = {"soft_loss": soft.detach(), "mlm_loss": s_out.loss.detach()}
-        if hidden:
+        if cfg.hidden_weight > 0:
             h = hidden_loss(s_out.hidden_states, t_out.hidden_states, pairs, batch["attention_mask"],
                             getattr(model, "distill_projection", None))
             loss, metrics["hidden_loss"] = loss + cfg.hidden_weight * h, h.detach()
@@ -147,9 +135,7 @@ def distill_mlm(cfg: MlmDistillConfig) -> dict:
     docs = _documents(cfg, tok)
     torch.manual_seed(cfg.training.seed)
     student = _student(cfg, teacher)
-    pairs = layer_map(student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    if cfg.hidden_weight > 0 and student.config.hidden_size != teacher.config.hidden_size:
-        student.distill_projection = nn.Linear(student.config.hidden_size, teacher.config.hidden_size)
+    pairs = transfer_pairs(student, teacher, cfg.hidden_weight)
     batches = _MaskedBatches(docs, cfg, tables, cfg.training.seed)
     out = Path(cfg.out)
     t0 = time.perf_counter()
@@ -164,5 +150,5 @@ def distill_mlm(cfg: MlmDistillConfig) -> dict:
                                                                           cfg.student_layers)
                                                            if cfg.student_layers else None),
                "config": json.loads(json.dumps(asdict(cfg), default=str))}
-    write_text(out / "summary.json", json.dumps(summary, indent=1))
+    write_json(out / "summary.json", summary, indent=1)
     return summary

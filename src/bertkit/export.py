@@ -1,19 +1,10 @@
-"""ONNX export of an encoder or a task model, with dynamic batch and sequence axes, checked with onnxruntime.
+"""ONNX export of an encoder or a task model, with dynamic batch and sequence axes, checked with onnxruntime
+(onnx / onnxruntime are optional: imported here only, lazily, with an install hint).
 
-    bertkit export MODEL_DIR model.onnx            # writes model.onnx, then runs it beside PyTorch and compares
-    from bertkit.export import export_onnx, check_onnx
-
-The graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, (batch, seq), both axes dynamic; no
-`token_type_ids` for a family without token types) and returns the head's outputs under stable names (OUTPUTS):
-an encoder last_hidden_state (batch, seq, hidden) and pooler_output (batch, hidden); a masked LM, a token
-classifier logits (batch, seq, ...); a sequence classifier logits (batch, num_labels); QA start_logits, end_logits.
-
-The model is traced with the "eager" attention backend: the others take data-dependent shortcuts (skip the mask
-when nothing is padded, unpad when padding is heavy) that a traced graph would freeze for one input; eager is the
-same function with an explicit additive mask, right for every batch. `check_onnx` runs both on batches of several
-shapes (padding included) and reports the largest absolute difference.
-
-onnx / onnxruntime are optional: they are imported only here, lazily, with an install hint when missing.
+The graph takes `input_ids`, `attention_mask`, `token_type_ids` (none for a family without token types) and returns
+the head's outputs under stable names (OUTPUTS). It is traced with the "eager" attention backend: the others take
+data-dependent shortcuts (skip the mask when nothing is padded, unpad when padding is heavy) that a traced graph
+would freeze for one input.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Original google-research/bert TensorFlow checkpoints -> HF-format directories, without importing TensorFlow.
 
-    from bertkit.tf_checkpoint import convert_tf_checkpoint, TFCheckpoint
     report = convert_tf_checkpoint("uncased_L-12_H-768_A-12/", "bert-base-uncased/")
     TFCheckpoint("model/bert_model.ckpt").read("bert/pooler/dense/kernel")     # a numpy array
 
-A TF checkpoint is a tensor bundle: `PREFIX.index` maps each variable name to where its bytes lie in the data files
-`PREFIX.data-NNNNN-of-MMMMM`. The index is a LevelDB-style table:
-  * footer (last 48 bytes): varint block handles (offset, size) of the metaindex and index blocks, zero padding,
-    then the 64-bit magic 0xdb4775248b80fb57, little-endian;
-  * every block is followed by a type byte (0: raw, 1: snappy; TF writes the index raw) and the masked CRC-32C of
-    block + type byte. A block is a run of entries (varint shared key bytes, varint unshared key bytes, varint value
-    length, the unshared key bytes, the value) then uint32 restart offsets and their uint32 count;
-  * the index block maps a separator key to the handle of each data block; the data blocks hold the entries.
-The empty key holds a BundleHeaderProto (1: num_shards, 2: endianness); every other value is a BundleEntryProto
-(1: dtype, 2: shape {2: dim {1: size}}, 3: shard_id, 4: offset, 5: size, 6: masked crc32c of the bytes, 7: slices).
-Both are decoded here from the protobuf wire format by hand. Tensors are raw C-order bytes at [offset, offset+size).
-
-Variable names map onto the HF BERT state_dict: `/` -> `.`, `layer_N` -> `layer.N`, dense `kernel` -> transposed
-`weight`, LayerNorm `gamma`/`beta` -> `weight`/`bias`; the MLM bias and the NSP `output_weights` (already
-(out, in)) are renamed. Optimizer slots (`adam_m`, `adam_v`) and `global_step` are skipped; any other variable is
-reported as unknown and left out.
+A tensor bundle: `PREFIX.index` maps each variable name to its bytes in `PREFIX.data-NNNNN-of-MMMMM`. The index is a
+LevelDB-style table: a 48-byte footer (varint handles of the metaindex and index blocks, padding, the magic); each
+block followed by a type byte (0 raw; TF writes the index raw) and the masked CRC-32C of block + type; a block is
+prefix-compressed entries (varint shared, unshared, value length; key bytes; value) then uint32 restart offsets and
+their count; the index block maps separator keys to data block handles. The empty key holds a BundleHeaderProto
+(1: num_shards, 2: endianness), every other value a BundleEntryProto (1: dtype, 2: shape {2: dim {1: size}},
+3: shard_id, 4: offset, 5: size, 6: masked crc32c, 7: slices), both decoded from the protobuf wire format here.
+Tensors are raw C-order bytes at [offset, offset + size). Names map onto the HF BERT state_dict (`hf_name`);
+optimizer slots and `global_step` are skipped, any other variable is reported as unknown and left out.
 """
 
 from __future__ import annotations
@@ -80,8 +72,8 @@ def _zero_shift(n: int):
 
 
 def crc32c(data) -> int:
-    """CRC-32C (Castagnoli) of bytes. Lanes of the buffer run side by side in numpy (the CRC is linear, so each
-    lane starts from zero and the lanes are chained afterwards): ~1 s per 100 MB, a Python loop takes minutes."""
+    """CRC-32C (Castagnoli) of bytes: lanes of the buffer side by side in numpy, each from zero, chained afterwards
+    (the CRC is linear; a Python loop over bytes takes minutes: docs/performance.md)."""
     a = np.frombuffer(data, dtype=np.uint8)
     lanes = int(min(16384, max(1, len(a) // 256)))
     width = len(a) // lanes
@@ -323,15 +315,6 @@ def _state_dict(ckpt: TFCheckpoint, mapped: dict, own: dict, config: BertConfig,
     return state, unknown
 
 
-def _out_dir(out, overwrite: bool) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BertkitError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise BertkitError(f"output directory {out} is not empty; pass overwrite=True (--overwrite) to write into it")
-    return out
-
-
 def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool = False,
                           lowercase: bool | None = None) -> dict:
     """Write the HF-format directory `out` (config.json, model.safetensors, vocab.txt, tokenizer_config.json) from
@@ -339,7 +322,11 @@ def convert_tf_checkpoint(src, out, *, config=None, vocab=None, overwrite: bool 
     vocab.txt beside it. BertForPreTraining when the checkpoint has the MLM and NSP heads, else BertModel.
     `lowercase=None` infers the tokenizer's casing from the vocab. Returns a report: model, counts, unknowns."""
     prefix = resolve_prefix(src)
-    out = _out_dir(out, overwrite)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BertkitError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise BertkitError(f"output directory {out} is not empty; pass overwrite=True (--overwrite) to write into it")
     config_path = Path(config) if config is not None else prefix.parent / "bert_config.json"
     if not config_path.is_file():
         raise CheckpointError(f"BERT config not found: {config_path} (bert_config.json is looked for next to the "

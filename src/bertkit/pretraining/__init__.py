@@ -1,16 +1,5 @@
-"""Pre-training data: raw text -> documents -> sentence-pair examples -> masks -> numpy shards -> batches.
-
-    corpus.py    documents from text files (Google's one-sentence-per-line or prose + sentence splitter), gzip
-    examples.py  NSP / SOP pairs and packed rows, google-research's algorithm (deviations listed there)
-    masking.py   token / whole-word / n-gram masking, 80-10-10, static or dynamic, counter-based randomness
-    shards.py    .npy shards + manifest.json (crash-safe), ShardReader: memory-mapped, shuffled, ranked batches
-    packing.py   PackedReader: batches by a token budget, each example its own sequence (~1% padding)
-    build.py     prepare(): the pipeline, parallel over processes
-
-    from bertkit.pretraining import PrepareConfig, ShardReader, prepare
-    prepare(PrepareConfig("corpus/*.txt.gz", "vocab.txt", "shards/", seq_len=128, task="nsp", masking="wwm"))
-    for batch in ShardReader("shards/", batch_size=32, seed=0): ...
-"""
+"""Pre-training data: raw text -> documents -> sentence-pair examples -> masks -> numpy shards -> batches
+(docs/pretraining.md, "How `bertkit prepare` builds shards")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The whole pipeline: corpus files -> documents -> WordPiece ids -> examples -> (static) masks -> shards.
-
-    prepare(PrepareConfig(corpus, vocab, out, seq_len=128, task="nsp", masking="token", dynamic=False, workers=1))
-
-With `workers > 1` each process takes a share of the input and writes its own shards (`w00-00000`, `w01-00000`,
-...); the parent merges their shard lists and counts into one manifest.json once all have finished. A share is
-whole files (balanced by size) when there are at least as many files as workers, else every worker reads the stream
-and keeps documents `index % workers == rank` (reading and sentence splitting are cheap next to WordPiece). A
-worker's output depends only on (seed, rank, workers): a build is deterministic for a seed and worker count. A
-worker draws NotNext segments from its own documents only, so one given a single document makes IsNext pairs
-instead; prepare warns when more than a few percent of the NotNext pairs were lost that way (fewer workers fix it).
-
-Memory stays flat in the corpus size: one document at a time, the bounded NotNext buffer, one shard being filled
-(`examples_per_shard` rows) and a batch of examples waiting for masking.
-"""
+"""The whole pipeline, parallel over processes: corpus files -> documents -> WordPiece ids -> examples -> (static)
+masks -> shards (docs/pretraining.md, "Workers"). A worker's output depends only on (seed, rank, workers)."""
 
 from __future__ import annotations
 
@@ -387,10 +374,9 @@ def _run(jobs: list[_Job], total: int, show: bool) -> list[dict]:
 
 @contextlib.contextmanager
 def _main_script_hidden():
-    """A spawned worker runs the parent's main script first (as __mp_main__); the `bertkit` console script imports
-    the CLI and torch, seconds a worker against milliseconds for this module's imports. The workers run a function
-    of this module, so they are started without the script (`python -m bertkit` is skipped by multiprocessing
-    itself)."""
+    """A spawned worker runs the parent's main script first (as __mp_main__): the `bertkit` console script would
+    import the CLI and torch in each. The workers run a function of this module, so they start without the script
+    (`python -m bertkit` is skipped by multiprocessing itself)."""
     main = sys.modules["__main__"]
     path = main.__dict__.pop("__file__", None)
     try:

@@ -1,24 +1,5 @@
-"""Raw text -> a stream of documents (lists of sentences), one document in memory at a time.
-
-Two input layouts, both with a blank line between documents: `lines`, Google's one sentence per line; `prose`, a
-paragraph per line or hard-wrapped paragraphs (a line that does not end like a sentence joins a next line that
-starts in lower case or with a digit), split by `split_sentences`. `auto` (default) decides per file: prose when
-its first lines hold more than ~1.3 sentences per line.
-
-Files may be gzip-compressed (told by their magic bytes, not their name); arguments may be paths, directories
-(every file below, sorted) or globs. Reading is byte-oriented and bounded, so bad input cannot blow up memory; each
-skip is counted in `CorpusStats` (the `bertkit prepare` summary prints them): a line over `max_line_bytes` (drained
-in chunks: long_lines), not UTF-8 (invalid_utf8_lines) or with control bytes (binary_lines); a file whose first
-8 KiB hold a NUL (binary_files: UTF-16 / UTF-32 too, convert them to UTF-8) or no text (empty_files). A document of
-more than `max_document_lines` lines (a file without blank lines) is cut (split_documents). A missing path or a
-glob matching nothing is a `DataError`: an empty corpus is almost always a typo.
-
-The sentence splitter is a small rule-based one (the Punkt idea without training): a boundary is `.`, `!`, `?` or
-`…` (plus closing quotes / brackets), whitespace, then something that can start a sentence (a capital, a digit, an
-opening quote or bracket); rejected after a known abbreviation ("Mr.", "e.g."), a single initial ("J. Smith"), or a
-dotted acronym ("U.S.") not followed by a typical sentence opener. Decimals, versions and URLs never split: no
-whitespace follows their dots.
-"""
+"""Raw text -> a stream of documents (lists of sentences), one document in memory at a time; bad input is skipped
+and counted, never kept whole (the layouts, the skips and the sentence splitter: docs/pretraining.md, "Corpus")."""
 
 from __future__ import annotations
 
@@ -196,7 +177,7 @@ def _is_false_boundary(text: str, m: re.Match) -> bool:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences (see the module docstring for the rules)."""
+    """Split a paragraph into sentences (the rules: docs/pretraining.md, "Corpus")."""
     text = text.strip()
     if not text:
         return []

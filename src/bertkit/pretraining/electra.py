@@ -1,25 +1,17 @@
 """ELECTRA replaced-token detection (Clark et al. 2020) as a pre-training objective.
 
-    generator      a small BERT masked LM predicts the masked tokens of the batch (its MLM loss is trained too)
-    corrupt        each masked position gets a token *sampled* from the generator's softmax (no gradient through
-                   the sampling); a sample equal to the original counts as original (label 0), as in the paper
-    discriminator  a full-size encoder + head (dense -> act -> dense to 1 logit per token): was each real token
-                   replaced? Sigmoid cross-entropy over all non-padding tokens.
-    loss           generator MLM loss + 50 x discriminator loss (the paper's lambda = 50)
+A small BERT generator predicts the masked tokens (its MLM loss is trained too); each masked position gets a token
+*sampled* from its softmax (a sample equal to the original counts as original, as in the paper); the discriminator
+(encoder + DiscriminatorHead) tells each real token replaced or not. Loss: generator MLM + 50 x discriminator BCE
+(the paper's lambda).
 
 The two share the embedding module (the paper shares token and position embeddings). Without an embedding-to-hidden
-projection, sharing needs equal widths, so a fresh generator is smaller in *depth* (a third of the layers, at least
-1) and feed-forward width (half), not in hidden size as in the paper. After pre-training the discriminator is the
-model to fine-tune: `save_pretrained(dir)` writes it as an HF-format BertModel directory.
-
-Continued pre-training (`from_pretrained`) starts from a transformers checkpoint pair: the discriminator and its
-head from an ElectraForPreTraining directory (any encoder of the family: a fresh head), the generator's encoder and
-MLM head from an ElectraForMaskedLM directory (`google/electra-*-generator`), narrower than the discriminator, both
-projecting the shared embeddings (embedding_size) to their own width. The generator's own copy of the embeddings
-is not read: the pair trains with the discriminator's, as the paper ties them.
-
-Shard batches are used as they are: masked positions (labels != -100) are where the generator predicts and the
-discriminator input is corrupted; `next_sentence_label`, if present, is ignored.
+projection, sharing needs equal widths, so a fresh generator is smaller in *depth* (a third of the layers) and
+feed-forward width (half), not in hidden size as in the paper. `from_pretrained` continues a transformers pair
+(ElectraForPreTraining + ElectraForMaskedLM generator, narrower, both projecting the shared embeddings); the
+generator's own copy of the embeddings is not read, as the paper ties them. After pre-training the discriminator is
+the model to fine-tune (`save_pretrained`). Shard batches are used as they are: labels != -100 mark the masked
+positions; `next_sentence_label` is ignored.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from torch import Tensor, nn
 from bertkit.config import BertConfig
 from bertkit.errors import ConfigError
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForReplacedTokenDetection, DiscriminatorHead
-from bertkit.model import BertModel
+from bertkit.model import BertModel, BertPreTrainedModel
 
 __all__ = ["ElectraForPreTraining", "ElectraOutput", "generator_config"]
 
@@ -125,7 +117,4 @@ class ElectraForPreTraining(nn.Module):
         """The discriminator (the model to fine-tune) as an HF-format BertModel directory."""
         self.discriminator.save_pretrained(path, tokenizer=tokenizer)
 
-    def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        # named_parameters lists a shared tensor (the embeddings) once
-        return sum(p.numel() for name, p in self.named_parameters()
-                   if not (exclude_embeddings and "embeddings" in name))
+    num_parameters = BertPreTrainedModel.num_parameters     # parameters() lists the shared embeddings once

@@ -1,36 +1,8 @@
 """Tokenised documents -> pre-training examples: `[CLS] A [SEP] B [SEP]` pairs (NSP / SOP) or packed text (none).
 
-The algorithm is google-research's create_pretraining_data.py (the BERT paper, sec. 3.1 + appendix A.2): per
-document, dupe_factor times, collect sentences into a chunk until it holds a target length (seq_len - 3, or with
-short_seq_prob a uniform length in [2, seq_len - 3]); A = the chunk's first a_end sentences (a_end uniform), B =
-the rest (IsNext / SOP in order, label 0), or (NotNext, 50%) sentences of ANOTHER document from a random one on, the
-chunk's rest put back, or (SOP swapped, 50%) the two segments exchanged (ALBERT), label 1; truncate_seq_pair trims
-the longer side; token types are 0 up to and including the first [SEP]. Task none (RoBERTa FULL-SENTENCES without
-the pair) concatenates the documents into one stream cut into rows of seq_len - 2 tokens: [CLS] tokens [SEP].
-Labels follow transformers' NSP head: 0 = B follows A, 1 = B is random / swapped.
-
-Deviations from google-research, each with its reason:
-
-1. Streaming: NotNext segments come from a bounded buffer of recent documents (default 1,000 documents / 1M
-   tokens; when full, a random older one leaves), not the whole corpus in RAM, so memory stays flat. The first
-   document waits for a second; the NotNext document is always another one (google-research may reuse the same).
-   BBC-like corpora are grouped by topic, so NotNext often shares the topic: NSP gets a little harder, not easier.
-2. No shuffle at build time (it needs the whole corpus in memory): the shard reader shuffles every epoch.
-3. Balanced labels. google-research forces NotNext when the chunk holds one sentence (about 56% NotNext on BBC at
-   seq_len 128). We draw the label first; a one-sentence IsNext / SOP chunk takes the next sentence as B, and at
-   the document's end the sentence is split at a random token. Only a one-token sentence with nothing after it
-   falls back to NotNext (nsp) or is skipped (sop), both counted. A biased label teaches the head a prior.
-4. One-sentence documents are kept (under rule 3 their pairs split the sentence); empty documents are dropped.
-5. Special tokens written literally in the text ("[SEP]") become [UNK]: kept whole by the tokenizer, a literal
-   "[SEP]" would add a third separator to an example.
-6. Task none fills rows to exactly seq_len - 2 tokens, cutting the sentence that overflows and continuing it in
-   the next row, no separator between documents: RoBERTa keeps sentences whole and wastes ~10% of a 128-token row
-   on padding; here only the stream's last row is padded.
-7. dupe_factor applies per document pass while streaming (fresh targets, splits, NotNext draws and masks per copy);
-   for task none each packed row is emitted dupe_factor times, masked differently.
-8. Masking (masking.py) uses stochastic rounding of the mask count, never chooses or draws [UNK] and other
-   specials, and starts a new word at a continuation piece after [SEP]: an exact expected rate, no useless targets.
-"""
+google-research's create_pretraining_data.py algorithm, streaming; its eight deviations, each with its reason, are
+listed in docs/pretraining.md ("Examples"). Labels follow transformers' NSP head: 0 = B follows A, 1 = B is random /
+swapped."""
 
 from __future__ import annotations
 
@@ -147,7 +119,7 @@ class _Buffer:
 
 
 class ExampleBuilder:
-    """Feed documents with `add(doc)`, then call `finish()`; both yield `Example`s. See the module docstring."""
+    """Feed documents with `add(doc)`, then call `finish()`; both yield `Example`s (docs/pretraining.md, "Examples")."""
 
     def __init__(self, cfg: ExampleConfig, cls_id: int, sep_id: int, seed: int = 0):
         self.cfg = cfg

@@ -2,20 +2,17 @@
 
     local_attention_init(model)            # BertForPreTraining / BertForMaskedLM / BertModel, before training
 
-A from-scratch MLM sits on a plateau, predicting every [MASK] from the bag of words of its row, until a head
-learns to read the neighbouring tokens. On news text (BBC) that took ~1,500-2,500 steps of `mini`; on a novel it
-had not happened after 5,000 (docs/performance.md, "Pre-training from scratch on a budget"). With learned absolute
-positions from N(0, 0.02) nothing in the model relates position i to i - 1 at the start. This init builds that in,
-keeping BERT's architecture and checkpoint format (only initial values change):
+A from-scratch MLM sits on a plateau, predicting every [MASK] from the bag of words of its row, until a head learns to
+read the neighbouring tokens (docs/performance.md, "Pre-training from scratch on a budget"): with learned absolute
+positions from N(0, 0.02) nothing relates position i to i - 1 at the start. This init builds that in, keeping BERT's
+architecture and checkpoint format (only initial values change):
 
   * position embeddings: random Fourier features of a Gaussian kernel over positions, in a `dims`-dimensional
     subspace of the hidden space: p_i . p_j ~ exp(-(i - j)^2 / (2 length_scale^2)) (Rahimi & Recht, 2007), at the
     norm of a word embedding row;
   * the first `layers` layers: head h's key reads the position subspace, its query the same subspace rotated by a
-    shift of OFFSETS[h] positions (a rotation of each frequency's (cos, sin) pair), scaled so the attention logits
-    span ~`beta`: at step 0 head h attends mostly to token i + OFFSETS[h].
-
-Everything else keeps BERT's init, and training is free to change all of it.
+    shift of OFFSETS[h] positions, scaled so the attention logits span ~`beta`: at step 0 head h attends mostly to
+    token i + OFFSETS[h].
 """
 
 from __future__ import annotations

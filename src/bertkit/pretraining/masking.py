@@ -1,30 +1,9 @@
-"""Masked-LM masking over id arrays: which positions to predict, and what the model sees there.
+"""Masked-LM masking over id arrays: which positions to predict, and what the model sees there (token, whole-word
+or n-gram units, 80-10-10; docs/pretraining.md, "Masking").
 
-For each row of a (batch, seq) array of token ids:
-
-1. Candidates: positions inside the row's length whose token is not a bracketed special ([CLS], [SEP], [PAD],
-   [MASK], [UNK], [unusedN]). (google-research only skips [CLS] / [SEP], so it may ask for [UNK]: that teaches
-   nothing.)
-2. Budget: n = floor(mask_prob * n_candidates + u), u ~ U[0,1), capped at `max_predictions` and the candidates:
-   stochastic rounding makes the expected share exactly mask_prob (google-research's max(1, round(mask_prob *
-   len(tokens))) counts [CLS] / [SEP] and overshoots, most on short rows).
-3. Units, drawn in random order until the budget is spent, skipping a unit that would overshoot it (as
-   google-research does for whole words, so the budget is met exactly whenever a fitting unit remains):
-     token   every candidate position on its own (BERT);
-     wwm     whole words: a piece plus the pieces after it that continue its word ("##" in WordPiece, else the
-             tokenizer's continues_word); a continuation right after [SEP] (a segment cut mid-word) starts its own
-             word (google-research glues it to the word before the [SEP]);
-     ngram   spans of 1..max_ngram whole words, length drawn with p(n) ~ 1/n (ALBERT: 6/11, 3/11, 2/11 for 3); a
-             span overlapping a chosen word is skipped, one over the budget shortened; spans never cross a [SEP].
-4. Replacement: of the chosen positions 80% become [MASK], 10% a random non-special token, 10% keep the original
-   (shares configurable). Labels hold the original id at chosen positions and -100 elsewhere.
-
-Randomness is counter-based: every draw is a hash (splitmix64) of (row key, stream, position), and a row key is
-a hash of (seed, epoch, example index). So a mask depends only on those three numbers: not on batch size, rank,
-world size or the order rows are processed in; dynamic masking is reproducible and resumable for free, and the
-token mode is one vectorised pass over the whole batch. Whole-word selection is vectorised too (sort words by key,
-take the prefix that fits, then greedy rounds for the remainder); n-gram spans loop per row in Python.
-"""
+Randomness is counter-based, a splitmix64 hash of (row key, stream, position) with the row key a hash of (seed,
+epoch, example index): a mask does not depend on batch size, rank or order, so dynamic masking is reproducible and
+resumable, and the token mode is one vectorised pass over the batch."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""Packed batches: a token budget per batch instead of a row count, each example its own sequence.
-
-A shard row is one example padded to the shards' seq_len, so a batch of `batch_size` rows pads every short one to
-seq_len. `PackedReader` fills each batch with whole examples up to `batch_size * seq_len` tokens instead: the
-epoch's order is cut into pools of `POOL` batches, each pool sorted by length and cut into batches whose rows x
-longest row fits the budget, the tensors ending at the longest row. Rows of a batch then differ by a few tokens:
-padding falls from ~10% of the grid to ~1%, and the encoder runs the padded grid without unpadding it.
-
-Each example stays its own sequence: attention never crosses examples and positions start at 0 in every row (the
-computation of documents packed into a row with a block-diagonal mask, as bertkit.padding's varlen layout runs
-it). Masks are drawn per example index (masking.example_keys), so batching does not change them; the loop weighs
-each micro-batch's MLM loss by its share of the masked tokens, so the loss stays the mean over the step's.
+"""Packed batches: a token budget per batch instead of a row count, each example its own sequence
+(docs/pretraining.md, "Packed batches").
 
 The batch plan is a pure function of (seed, epoch, lengths): every rank computes the same global list and takes
-every world_size-th batch (the list cut to a multiple of world_size, so the ranks step together); a checkpoint
-stores only (epoch, position), as ShardReader's does.
-"""
+every world_size-th batch (cut to a multiple of world_size, so the ranks step together); a checkpoint stores only
+(epoch, position), as ShardReader's does."""
 
 from __future__ import annotations
 

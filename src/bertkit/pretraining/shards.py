@@ -1,28 +1,9 @@
-"""Examples on disk as numpy shards, and the reader that turns them into training batches.
+"""Examples on disk as numpy shards, and the reader that turns them into training batches (the directory's files,
+its crash safety and the reader's order: docs/pretraining.md, "Shard directory").
 
-A shard directory:
-
-    manifest.json                   settings, counts, vocab hash, and every shard's files with size + sha256
-    vocab.txt                       the vocabulary the ids refer to (the reader needs its tables for masking)
-    <name>.tokens.npy               (E, S) uint16 (int32 if vocab > 65535): original ids, rows padded with [PAD]
-    <name>.meta.npy                 (E, 3) int32: length, a_len (tokens of type 0), label (-1 for task none)
-    <name>.mask_pos.npy             static masking only: (E, P) uint16 masked positions, 0 = unused slot
-    <name>.mask_ids.npy             static masking only: (E, P) ids shown at those positions
-    <name>.done.json                completeness marker: the shard's files, sizes and sha256, written last
-
-Plain .npy files (no pickle: `allow_pickle=False` everywhere) so the reader memory-maps them. Crash safety: every
-file is written under a temporary name and renamed; a shard's `.done.json` comes after its files, `manifest.json`
-after every shard is done and synced to disk. A reader refuses a directory without a manifest (the build did not
-finish), a shard without its marker and a file whose size is not the manifest's; `verify="full"` checks sha256 too.
-
-`ShardReader` iterates batches of the pre-training contract: input_ids, token_type_ids, attention_mask, labels
-(-100 where not predicted) as (B, S) long tensors and next_sentence_label (B,) (absent for task none). Each epoch is
-a seeded permutation of all examples of all shards, computed, not stored (`permute`), so memory does not grow with
-the corpus; rank r of w takes every w-th example (cut to a multiple of w: every rank has as many batches). Dynamic
-masks are drawn per example from (seed, epoch, example index), whatever the batch size or number of ranks;
-`masking=MaskingConfig(...)` draws them that way from static shards' tokens too. `state_dict()` = (epoch, batches
-consumed in it): exact resume.
-"""
+Plain .npy files without pickle, so the reader memory-maps them; each epoch's order is a seeded permutation computed,
+not stored (`permute`), so memory does not grow with the corpus; `state_dict()` = (epoch, batches consumed): exact
+resume."""
 
 from __future__ import annotations
 
@@ -260,8 +241,8 @@ class ReaderOptions:
 
 
 class ShardReader:
-    """Batches from a shard directory; see the module docstring. Iterating runs the rest of the current epoch and
-    then moves to the next one (`infinite=True`: keeps going).
+    """Batches from a shard directory (docs/pretraining.md, "Shard directory"). Iterating runs the rest of the
+    current epoch and then moves to the next one (`infinite=True`: keeps going).
 
         ShardReader("shards/", 32, seed=1)                    # keywords: the fields of ReaderOptions
         ShardReader("shards/", 32, ReaderOptions(seed=1, rank=r, world_size=w), shuffle=False)
