@@ -913,6 +913,24 @@ def test_settling_acts_only_on_what_this_command_set_up(tmp_path):
     assert settle_out(theirs, False) is None and not (theirs / REPLACED).exists()
 
 
+def test_a_sibling_process_mid_check_is_not_content(tmp_path):
+    """The ranks of one torchrun launch check --out at once: one rank's writability probe or marker still being
+    written is not "not empty" to the other (it was, now and then, under load)."""
+    from bertkit.commands.checks import out_dir
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".bertkit-probe-abc123").write_bytes(b"")
+    (out / f".{MARKER}.tmp-4242").write_text("{")
+    assert out_dir(out, "pretrain", reuse=True, dry_run=True) == out.resolve()
+    assert out_dir(out, "vocab") == out.resolve()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / ".bertkit-probe-abc123").write_bytes(b"")
+    (theirs / "mine.txt").write_text("x")
+    with pytest.raises(Exception, match="not empty"):
+        out_dir(theirs, "vocab")
+
+
 def test_files_added_after_a_failed_run_survive_the_next_overwrite(tmp_path):
     """A failed run records what it wrote too: the next --overwrite deletes that, not a user's file added since."""
     from bertkit.commands.checks import out_dir, settle_out

@@ -31,6 +31,7 @@ from bertkit.errors import BertkitError
 from bertkit.textfiles import STDIN_FORMATS
 
 MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "made", "wrote"}: a command's output
+_IN_FLIGHT = (".bertkit-probe-", f".{MARKER}.tmp-")     # names the checks and the marker's write use a moment
 REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
 _HELD = ".bertkit-held"         # inside REPLACED: it is bertkit's (a user's own folder of that name is refused)
 _CLAIMED: set[Path] = set()     # output directories out_dir set up in this process and settle_out has not settled
@@ -204,7 +205,7 @@ def _check_writable(shown: str, target: Path) -> None:
     if not ancestor.is_dir():
         raise OutputError(f"{shown}: not writable: {ancestor} is a file, not a directory")
     try:
-        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".bertkit-probe-")
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=_IN_FLIGHT[0])
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -293,7 +294,10 @@ def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_mo
     if (held.exists() or held.is_symlink()) and not (held.is_dir() and (held / _HELD).is_file()):
         raise OutputError(f"{held}: is not bertkit's (it holds a replaced run only when bertkit made it); move it "
                           f"away or choose another directory")
-    entries = [e for e in d.iterdir() if e.name not in (MARKER, REPLACED)] if d.is_dir() else []
+    # another process's probe or marker in flight (the ranks of one torchrun launch check the same directory at once)
+    # is not content
+    entries = [e for e in d.iterdir() if e.name not in (MARKER, REPLACED) and not e.name.startswith(_IN_FLIGHT)] \
+        if d.is_dir() else []
     info = _marker(d) if d.is_dir() else None
     if info is None and entries and known and all(e.name.split(".")[0] in known for e in entries):
         info = {"command": command}
