@@ -29,7 +29,6 @@ class PreTrainedMixin:
         """The BertModel inside a head model (`.bert`), or the model itself."""
         return getattr(self, self.base_model_prefix, self)
 
-    # ------------------------------------------------------------------ embeddings
     def get_input_embeddings(self) -> nn.Module:
         return self.base_model.embeddings.word_embeddings
 
@@ -80,7 +79,6 @@ class PreTrainedMixin:
         self.config.vocab_size = n
         self.tie_weights()
 
-    # ------------------------------------------------------------------ gradient checkpointing
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each encoder layer in backward instead of keeping its activations (see the module docstring).
         gradient_checkpointing_kwargs: transformers' argument; only use_reentrant=False is supported."""

@@ -397,9 +397,8 @@ class Predictor:
         keep = max_length - 2                                           # pieces that fit beside [CLS] and [SEP]
 
         def batch(idx):
-            b = self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True, padding_side="right",
-                                            return_tensors="pt")
-            return {k: v.to(self.device) for k, v in b.items()}
+            return self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True,
+                                               padding_side="right", return_tensors="pt").to(self.device)
         out: list = [None] * len(texts)
         for idx, _, o in forward_batches(self.model, [len(ids) for ids, _ in encoded], batch, batch_size,
                                          self.precision):
