@@ -1,18 +1,12 @@
 """What transformers' PreTrainedModel offers beyond the maths, for BertModel and the heads (`BertPreTrainedModel`
-mixes this in): input-embedding access and resizing, weight tying, gradient checkpointing.
+mixes this in): input-embedding access and resizing, weight tying, gradient checkpointing (docs/transformers.md).
 
     model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)   # new rows: the mean of the old rows
     model.gradient_checkpointing_enable()                                  # each encoder layer recomputed in backward
 
 Resizing keeps the `nn.Embedding` object and gives it a new weight, so everything that holds it (the tied MLM
-decoder, ELECTRA's shared embeddings) follows; the MLM output bias keeps its rows and new ones start at zero (as in
-transformers); `config.vocab_size` becomes the new size. New embedding rows are the mean of the existing rows
-(transformers' default `mean_resizing` draws them from a normal centred there with a vanishing covariance; the mean
-itself is the deterministic version of that).
-
-Gradient checkpointing is an execution choice: it sets `ExecutionOptions.checkpoint_layers` on every encoder, and
-`BertEncoder` wraps each layer in `torch.utils.checkpoint` (use_reentrant=False; the RNG state is restored, so dropout
-masks and gradients equal those of a plain backward) while training with gradients on.
+decoder, ELECTRA's shared embeddings) follows. New rows are the mean of the old ones: the deterministic version of
+transformers' `mean_resizing`, a normal centred there with a vanishing covariance.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ class PreTrainedMixin:
         """The BertModel inside a head model (`.bert`), or the model itself."""
         return getattr(self, self.base_model_prefix, self)
 
-    # ------------------------------------------------------------------ embeddings
     def get_input_embeddings(self) -> nn.Module:
         return self.base_model.embeddings.word_embeddings
 
@@ -86,7 +79,6 @@ class PreTrainedMixin:
         self.config.vocab_size = n
         self.tie_weights()
 
-    # ------------------------------------------------------------------ gradient checkpointing
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each encoder layer in backward instead of keeping its activations (see the module docstring).
         gradient_checkpointing_kwargs: transformers' argument; only use_reentrant=False is supported."""
@@ -113,10 +105,7 @@ class PreTrainedMixin:
 
 def _target_size(n, multiple) -> int:
     """n rounded up to a multiple of `multiple` (None: n itself); errors name the bad value."""
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        raise ConfigError(f"resize_token_embeddings: new_num_tokens must be a positive int, got {n!r}")
-    if multiple is None:
-        return n
-    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple <= 0:
-        raise ConfigError(f"resize_token_embeddings: pad_to_multiple_of must be a positive int, got {multiple!r}")
-    return -(-n // multiple) * multiple
+    for name, value in (("new_num_tokens", n), ("pad_to_multiple_of", 1 if multiple is None else multiple)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"resize_token_embeddings: {name} must be a positive int, got {value!r}")
+    return n if multiple is None else -(-n // multiple) * multiple

@@ -1,12 +1,7 @@
-"""Several masks, decoded jointly vs each mask's independent argmax, scored on held-out sentences.
+"""Several masks, decoded jointly vs each mask's independent argmax, scored on held-out sentences (`bertkit demo`'s
+fill-mask stage, `benchmarks/fillmask.py`). The decoders are the Predictor's; this module picks words and counts.
 
-    from bertkit.fillmask_eval import MultiMaskOptions, multi_mask_eval
-    p = Predictor.load("runs/demo/pretrain/model")
-    multi_mask_eval(p, sentences, MultiMaskOptions(span="scattered", limit=60))
-
-Used by `bertkit demo` (its fill-mask stage) and `benchmarks/fillmask.py`. The decoders are the engine's: the
-Predictor's `joint_fill`, and the per-mask argmax of one forward pass (`predict.decode.top_fills`); this module picks
-the words to mask and counts.
+    multi_mask_eval(Predictor.load("runs/demo/pretrain/model"), sentences, MultiMaskOptions(span="scattered"))
 """
 
 from __future__ import annotations
@@ -46,25 +41,18 @@ class MultiMaskOptions:
 
 
 def multi_mask_eval(predictor: "Predictor", sentences: Sequence[str], options: MultiMaskOptions | None = None) -> dict:
-    """Mask 2-3 whole words in held-out sentences and compare joint decoding with independent per-mask argmax.
-
-    Only words the vocabulary holds as one piece are masked (alphabetic, so one [MASK] = one word). Exact match =
-    every mask of the sentence right. Returns counts and rates for both decoders, plus a few examples.
-    """
+    """Mask whole one-piece words (alphabetic: one [MASK] = one word) of held-out sentences and compare the decoders:
+    counts and rates of exact sentences (every mask right) and of right masks, plus a few examples."""
     opts = options or MultiMaskOptions()
     cases = _mask_cases(predictor.tokenizer, sentences, opts)
     if not cases:
         raise DataError("no sentence had enough one-piece words to mask")
     stats, examples = _decode_cases(predictor, cases, opts)
-    n, n_masks_total = len(cases), sum(len(c[1]) for c in cases)
-    return {"span": opts.span, "sentences": n, "masks": n_masks_total, "beam_size": opts.beam_size,
-            "joint_exact": stats["joint"][0] / n, "independent_exact": stats["independent"][0] / n,
-            "joint_per_mask": stats["joint"][1] / n_masks_total,
-            "independent_per_mask": stats["independent"][1] / n_masks_total,
-            "joint_exact_count": stats["joint"][0], "independent_exact_count": stats["independent"][0],
-            "independent_words_exact": stats["independent_words"][0] / n,
-            "independent_words_per_mask": stats["independent_words"][1] / n_masks_total,
-            "independent_words_exact_count": stats["independent_words"][0], "examples": examples}
+    n, n_masks = len(cases), sum(len(c[1]) for c in cases)
+    out = {"span": opts.span, "sentences": n, "masks": n_masks, "beam_size": opts.beam_size}
+    for name, (exact, right) in stats.items():
+        out.update({f"{name}_exact": exact / n, f"{name}_per_mask": right / n_masks, f"{name}_exact_count": exact})
+    return {**out, "examples": examples}
 
 
 def _mask_cases(tok, sentences: Sequence[str], opts: MultiMaskOptions) -> list[tuple[list[int], list[int], list[int]]]:

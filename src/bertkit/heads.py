@@ -1,27 +1,19 @@
 """Task heads on top of BertModel, with their losses. Parameter names are the HF ones (`bert.*`, `cls.*`, ...).
 
-    BertForPreTraining             MLM + NSP/SOP: cls.predictions (transform dense+GELU+LayerNorm, decoder tied to
-                                   the word embeddings, own bias) and cls.seq_relationship on the pooled [CLS]
+    BertForPreTraining             MLM + NSP/SOP: cls.predictions (transform, decoder tied to the word embeddings,
+                                   own bias) and cls.seq_relationship on the pooled [CLS]
     BertForMaskedLM                MLM only (no pooler)
     BertForSequenceClassification  pooled [CLS] -> dropout -> classifier; CE / MSE (num_labels == 1) / BCE
     BertForTokenClassification     every token -> dropout -> classifier; CE ignoring -100
-    BertForReplacedTokenDetection  ELECTRA's discriminator: every token -> dense -> act -> one logit, "replaced?";
-                                   BCE over the real tokens (transformers' ElectraForPreTraining)
+    BertForReplacedTokenDetection  ELECTRA's discriminator: one "replaced?" logit a token; BCE over the real tokens
     BertForQuestionAnswering       every token -> qa_outputs (start, end); CE on clamped positions, averaged.
-                                   Padded positions get the most negative logit (never an answer); this is the
-                                   one deliberate difference from transformers, whose span softmax includes them.
+                                   Padded positions get the most negative logit (never an answer): the one
+                                   deliberate difference from transformers, whose span softmax includes them.
 
-MLM logits are transformers' (batch, seq, vocab). With `labels` and `masked_logits_only` (a head attribute that
-bertkit's pre-training sets, or a forward flag), only the rows whose label is not -100 go through the transform and
-the vocabulary projection, so the (tokens x vocab) matmul shrinks to (masked x vocab): logits (n_masked, vocab) in
-row-major order of the masked positions (`output.masked_positions`: their flat (batch * seq) indices), the loss
-exactly the full projection's. The encoder's last layer then runs its output projection and FFN for those rows
-only, too (and [CLS], for BertForPreTraining's NSP/SOP head; `BertModel.forward(output_rows=...)`): the full
-layer's values and gradients, though with dropout it draws masks for fewer rows, so the random stream (not its
-distribution) differs.
-
-Outputs are `bertkit.outputs.ModelOutput` dataclasses, indexed, unpacked and `to_tuple()`d as transformers' are;
-`return_dict=False` returns the tuple.
+MLM with `labels` and `masked_logits_only` (pre-training sets it): only the labelled rows go through the vocabulary
+projection, logits (n_masked, vocab) in the order of `output.masked_positions` (flat batch * seq indices), the loss
+exactly the full projection's. The last encoder layer then runs for those rows only (`output_rows`): the same values
+and gradients, but with dropout the random stream (not its distribution) differs.
 """
 
 from __future__ import annotations
@@ -231,6 +223,17 @@ class _HeadModel(BertPreTrainedModel):
             flags["masked_logits_only"] = self.masked_logits_only
         return flags
 
+    def _mlm(self, input_ids, token_type_ids, attention_mask, labels, outputs: tuple[bool, bool], flags: dict):
+        """The encoder and the MLM head of BertForPreTraining / BertForMaskedLM: (encoder output, logits, loss,
+        masked positions, checked flags); `outputs`: (output_attentions, output_hidden_states)."""
+        flags = self._flags(flags, mlm=True)
+        masked_only = flags["masked_logits_only"]
+        rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=outputs[0],
+                        output_hidden_states=outputs[1], output_rows=rows, **_encoder_inputs(flags))
+        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows, masked_only)
+        return out, logits, loss, positions, flags
+
 
 def _encoder_inputs(flags: dict) -> dict:
     """transformers' position_ids / inputs_embeds among a head's **flags, for BertModel.forward."""
@@ -254,9 +257,7 @@ def _pool(x: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------- heads
 class BertForPreTraining(_HeadModel):
-    """MLM + NSP/SOP. With labels the last encoder layer runs its output projection and FFN for the masked rows and
-    [CLS] only (`masked_rows_only`; see the module docstring): the same loss and gradients, for an L-layer encoder
-    ~(1 - mask share) * 3/4 * 1/L fewer encoder matmul FLOPs (mini, 30% masks: 13%)."""
+    """MLM + NSP/SOP; with labels the last layer runs for the masked rows and [CLS] only (`masked_rows_only`)."""
     _head_prefixes = ("cls.", "bert.pooler.")
     masked_rows_only = True
 
@@ -271,13 +272,8 @@ class BertForPreTraining(_HeadModel):
                 labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False, **flags) -> PreTrainingOutput:
         """**flags: return_dict, masked_logits_only (see bertkit.outputs and _HeadModel.masked_logits_only)."""
-        flags = self._flags(flags, mlm=True)
-        masked_only = flags["masked_logits_only"]
-        rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states, output_rows=rows, **_encoder_inputs(flags))
-        logits, mlm_loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows,
-                                                 masked_only)
+        out, logits, mlm_loss, positions, flags = self._mlm(input_ids, token_type_ids, attention_mask, labels,
+                                                            (output_attentions, output_hidden_states), flags)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)                     # (batch, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -304,21 +300,16 @@ class BertForMaskedLM(_HeadModel):
                 labels: Tensor | None = None, output_attentions: bool = False,
                 output_hidden_states: bool = False, **flags) -> MaskedLMOutput:
         """**flags: return_dict, masked_logits_only (see bertkit.outputs and _HeadModel.masked_logits_only)."""
-        flags = self._flags(flags, mlm=True)
-        masked_only = flags["masked_logits_only"]
-        rows = _masked_positions(labels) if self.masked_rows_only and masked_only else None
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states, output_rows=rows, **_encoder_inputs(flags))
-        logits, loss, positions = _masked_lm(self.cls.predictions, out.last_hidden_state, labels, rows, masked_only)
+        out, logits, loss, positions, flags = self._mlm(input_ids, token_type_ids, attention_mask, labels,
+                                                        (output_attentions, output_hidden_states), flags)
         return finish(MaskedLMOutput(loss=loss, logits=logits, masked_positions=positions,
                                      logit_ids=_logit_ids(self.cls.predictions),
                                      hidden_states=out.hidden_states, attentions=out.attentions), flags)
 
 
 class BertForSequenceClassification(_HeadModel):
-    """The pooled [CLS] is all the head reads, so the last encoder layer runs for [CLS] only
-    (`first_token_only`, see BertModel.forward): same logits and gradients, ~1/L * 5/6 fewer matmul FLOPs for an
-    L-layer encoder (MiniLM-L6: 14%). Set `first_token_only = False` to run the full last layer."""
+    """The pooled [CLS] is all the head reads, so the last layer runs for [CLS] only (`first_token_only`; False:
+    the full layer)."""
     _head_prefixes = ("classifier.", "bert.pooler.")
     first_token_only = True
 

@@ -1,20 +1,11 @@
 """Model names as transformers takes them: a local directory, or a Hugging Face Hub repo id found in the local
-Hugging Face cache (or downloaded into it with `huggingface_hub`, when that is installed and the hub is not offline).
+cache (or downloaded into it with `huggingface_hub`); the rules are in docs/transformers.md.
 
     resolve_model_dir("runs/demo/model")                        # an existing path always wins, used as it is
     resolve_model_dir("sentence-transformers/all-MiniLM-L6-v2")  # <cache>/models--sentence-transformers--all-...
     resolve_model_dir("org/name", revision="v1.0")              # a branch, tag or commit hash (default "main")
 
-The cache is huggingface_hub's: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
-`~/.cache/huggingface/hub`. A repo lives in `models--org--name/`: `refs/<revision>` holds a commit hash and
-`snapshots/<hash>/` the files. A revision already cached is used without contacting the hub (no update check), so a
-cached model loads the same on a machine without network. An uncached one is fetched with
-`huggingface_hub.snapshot_download` (config, tokenizer files and safetensors weights; `pytorch_model.bin` only when
-the repo has no safetensors) unless `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`) is set. Otherwise: one
-CheckpointError line naming the cache searched and the fix.
-
-Every entry point that takes a model goes through `resolve_model_dir`: `from_pretrained`, `BertConfig.from_pretrained`,
-`bertkit.load`, `bertkit.pipeline`, `Predictor.load` and every command's model argument.
+A revision already cached is used without contacting the hub, so a cached model loads the same without network.
 """
 
 from __future__ import annotations

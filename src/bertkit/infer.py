@@ -9,23 +9,16 @@ pass, precision (fp32 unless `precision=`) and the heads' decoders are the engin
     p.encode(["what is BERT?"], prompt_name="query")      # SentenceTransformer.encode's call
     p.attention("Bert notices the hat ...")               # tokens + per-layer (heads, seq, seq) maps
 
-Fill-mask, one mask: the top-k word-start pieces at the [MASK], and the words the vocabulary splits ("cap ##ital"),
-which one mask cannot give: the slot as n = 2..max_pieces masks decoded left to right (a word-start piece, then `##`
-continuations, the model re-run after each step, beam of `beam_size`), scored by the product of the pieces'
-conditional probabilities. A split of a word the vocabulary holds whole is dropped (the tokenizer never splits it so).
-All candidates rank together; for a vocabulary that holds the common words whole the one-piece ones usually win.
+Fill-mask, one mask: the top-k word-start pieces, and the words the vocabulary splits ("cap ##ital"): the slot as
+2..max_pieces masks decoded left to right (beam of `beam_size`), scored by the product of the pieces' conditional
+probabilities; a split of a word the vocabulary holds whole is dropped (the tokenizer never splits it so).
+Several masks: each mask's argmax from one pass gives incoherent fills ("the prime prime minister"), so a beam
+search fills the most confident open mask per step, re-running the model, and re-ranks the beams by
+pseudo-log-likelihood (PLL); the independent argmax joins the re-ranking, so the joint answer never scores below it.
 
-Fill-mask, several masks (one per word piece): guessing each mask from one forward pass gives incoherent fills ("the
-prime prime minister"), so a beam search fills one mask per step (the most confident unfilled one first), re-running
-the model on every beam, and re-ranks the finished beams by pseudo-log-likelihood (PLL: the sum over masks i of log
-p(token_i | the other masks filled)). The independent per-mask argmax (`independent_fill`, the baseline of
-`benchmarks/fillmask.py`) is re-ranked with them, so the joint answer's PLL is never below it.
-
-Embeddings: by default the model's own pipeline (a sentence-transformers directory's pooling and Dense modules, else
-the mean of the token vectors); `pooling="mean"` / `"cls"`: the encoder's masked mean (special tokens included, as
-sentence-transformers does) or [CLS] vector. From the last layer or the mean of `layers=[-1, -2]`, L2-normalised where
-the model's modules end in Normalize or `normalize=True` asks. The model's prompts (config_sentence_transformers.json)
-apply as SentenceTransformer applies them: its default prompt unless another is given.
+Embeddings: the model's own modules (a sentence-transformers directory's pooling, Dense, Normalize and default
+prompt; else the mean of the token vectors), or `pooling="mean"` / `"cls"` (special tokens included, as
+sentence-transformers pools) over the last layer or the mean of `layers=[-1, -2]`; `normalize=True` L2-normalises.
 """
 
 from __future__ import annotations
@@ -96,18 +89,18 @@ class Predictor:
     def __init__(self, model, tokenizer, task: str, labels: list[str] | None = None, name: str = "model",
                  st_dir: Path | None = None, precision: str = PRECISION, directory: Path | None = None):
         self.model = model.eval()
-        self.directory = directory          # loaded from: a CrossEncoder's activation is read there
+        self.directory = directory          # a CrossEncoder's activation is read there
         self._st_dir = st_dir               # a sentence-transformers directory: its pooling / Dense modules
-        self._encoders: dict[tuple, SentenceEncoder] = {}     # embed's pooling pipelines, by their options
+        self._encoders: dict[tuple, SentenceEncoder] = {}     # by sentence_encoder's options
         self.tokenizer = tokenizer
         self.task = task
         self.labels = labels
         self.name = name
-        self.precision = precision          # every forward's: engine.PRECISION unless the user chose otherwise
+        self.precision = precision
         self.device = next(model.parameters()).device
         self._special = {tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
                          tokenizer.mask_token_id, tokenizer.unk_token_id}
-        self.fills = FillVocab.of(tokenizer)            # the pieces a [MASK] may take
+        self.fills = FillVocab.of(tokenizer)
         # the vocab can be padded past the tokenizer (multiple of 8): never predict the padding rows
         self._n_vocab = len(tokenizer.ids_to_tokens)
 
@@ -131,8 +124,8 @@ class Predictor:
 
     @cached_property
     def pipeline(self):
-        """A SentenceEncoder around self.encoder with the directory's pooling / Dense / Normalize modules, built on
-        first use (only embeddings read modules.json: export, fill-mask or a head's predictions never need it)."""
+        """The directory's sentence-transformers modules around self.encoder, built on first use (only embeddings
+        read modules.json)."""
         if self._st_dir is not None:
             return sentence_pipeline(self._st_dir, self.encoder, self.tokenizer).to(self.device).eval()
         return None
@@ -144,15 +137,12 @@ class Predictor:
 
     @property
     def embed_max_length(self) -> int:
-        """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length (as
-        SentenceTransformer and `bertkit embed` read it), else EMBED_MAX_LENGTH within the model's positions (also
-        where its module list cannot be run: the encoder's own pooling, asked for, still can)."""
-        fallback = min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)
+        """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length, else
+        EMBED_MAX_LENGTH within the model's positions (also where its modules cannot run: `pooling=` still can)."""
         try:
-            pipe = self.pipeline
+            return self.sentence_encoder().max_seq_length
         except CheckpointError:
-            return fallback
-        return pipe.max_seq_length if pipe is not None else fallback
+            return min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)
 
     @property
     def has_mlm(self) -> bool:
@@ -184,8 +174,7 @@ class Predictor:
         return out
 
     def masked_ids(self, text: str, max_length: int | None = None) -> list[int]:
-        """The model inputs of `text` ([CLS] text [SEP], or the family's layout), each literal mask token ("[MASK]",
-        RoBERTa's "<mask>") kept whole as the mask id: the tokenizer never splits its special tokens."""
+        """The model inputs of `text`, each literal mask token ("[MASK]", RoBERTa's "<mask>") as the mask id."""
         tok = self.tokenizer
         if not isinstance(text, str):
             raise BertkitError(f"fill-mask takes text with {tok.ids_to_tokens[tok.mask_token_id]}, got "
@@ -198,10 +187,8 @@ class Predictor:
         return ids
 
     def log_probs(self, rows: list[list[int]], positions: Sequence[int]) -> torch.Tensor:
-        """Masked-LM log-probabilities at `positions` of equal-length rows: (n, len(positions), vocab).
-
-        The positions are passed to the head as labels, so it projects only those rows onto the vocabulary (the
-        (hidden x vocab) matmul at every position would be most of the cost otherwise)."""
+        """Masked-LM log-probabilities at `positions` of equal-length rows: (n, len(positions), vocab). The positions
+        go to the head as labels, so only those rows are projected onto the vocabulary (most of the cost otherwise)."""
         order = sorted(set(positions))
         batch = pad_batch(rows, None, self.tokenizer.pad_token_id, device=self.device)
         batch["labels"] = torch.full_like(batch["input_ids"], IGNORE_INDEX)
@@ -410,9 +397,8 @@ class Predictor:
         keep = max_length - 2                                           # pieces that fit beside [CLS] and [SEP]
 
         def batch(idx):
-            b = self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True, padding_side="right",
-                                            return_tensors="pt")
-            return {k: v.to(self.device) for k, v in b.items()}
+            return self.tokenizer.build_inputs([encoded[i][0][:keep] for i in idx], padding=True,
+                                               padding_side="right", return_tensors="pt").to(self.device)
         out: list = [None] * len(texts)
         for idx, _, o in forward_batches(self.model, [len(ids) for ids, _ in encoded], batch, batch_size,
                                          self.precision):

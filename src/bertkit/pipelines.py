@@ -1,5 +1,5 @@
-"""`bertkit.pipeline(task, model)`: transformers' pipelines for BERT, with their inputs and output shapes, on top of
-bertkit's Predictor (loading, frozen inference weights, the tokenizer) so code written for transformers runs as is.
+"""`bertkit.pipeline(task, model)`: transformers' pipelines for BERT, with their inputs, options and output shapes
+(docs/transformers.md), on top of bertkit's Predictor, so code written for transformers runs as is.
 
     fill = bertkit.pipeline("fill-mask", "runs/demo/pretrain/final")
     fill("Paris is the [MASK] of France.")     # [{"score", "token", "token_str", "sequence"}, ...] (top_k=5)
@@ -8,13 +8,9 @@ bertkit's Predictor (loading, frozen inference weights, the tokenizer) so code w
                                                # [{"entity_group", "score", "word", "start", "end"}]
     bertkit.pipeline("question-answering", model)(question=q, context=c)  # {"score", "start", "end", "answer"}
     bertkit.pipeline("feature-extraction", model)(text)                    # nested lists (1, seq, hidden)
-    bertkit.pipeline("feature-extraction", model, prompt_name="query")    # the model's "query: " before each text
 
-Tasks, options and results follow transformers' pipelines (question-answering: transformers 4.x's, as 5.x dropped
-it): same keys, same top answers, same scores (to float rounding). Options are given to `pipeline(...)` as defaults
-or per call. Differences: every score is a Python float (transformers gives numpy float32 in token-classification);
-fill-mask normalises over the tokenizer's vocabulary (the model's can be padded past it); inputs of one call run
-as padded batches of `batch_size`.
+Differences: every score is a Python float; fill-mask normalises over the tokenizer's vocabulary (the model's can be
+padded past it); inputs of one call run as padded batches of `batch_size`.
 """
 
 from __future__ import annotations
@@ -93,7 +89,6 @@ class Pipeline:
         """A task gives `_batch` (one call for the batch) or `_one` (called per input, as here)."""
         return [self._one(x, **opts) for x in inputs]
 
-    # ------------------------------------------------------------------ shared pieces
     def _labels(self) -> list[str]:
         """config.id2label as transformers names them (LABEL_i where the config has no names)."""
         config = self.model.config
@@ -122,7 +117,6 @@ class Pipeline:
         return text
 
 
-# ---------------------------------------------------------------------------------------------- fill-mask
 class FillMaskPipeline(Pipeline):
     """One text: [{"score", "token", "token_str", "sequence"}] over its [MASK] (a list of those per mask when it
     has several, each mask predicted on its own); a list of texts: one such result each."""
@@ -168,7 +162,6 @@ class FillMaskPipeline(Pipeline):
         return sorted(set(ids))
 
 
-# ---------------------------------------------------------------------------------------------- features
 class FeatureExtractionPipeline(Pipeline):
     """The encoder's last hidden states: nested lists (1, seq, hidden) per text (return_tensors=True: a tensor).
     prompt (or prompt_name, one of the model's sentence-transformers prompts) goes before each text; none unless
@@ -187,7 +180,6 @@ class FeatureExtractionPipeline(Pipeline):
         return out if return_tensors else [h.tolist() for h in out]
 
 
-# ---------------------------------------------------------------------------------------------- classification
 class TextClassificationPipeline(Pipeline):
     """[{"label", "score"}] for one text (the best label); with top_k (None: every label) the top labels, best
     first. A text pair is {"text": a, "text_pair": b}. Scores: softmax, sigmoid (one label or multi-label) or the
@@ -226,7 +218,6 @@ def _split_pairs(inputs: list) -> tuple[list[str], list[str] | None]:
     raise BertkitError("text-classification takes texts or {'text': ..., 'text_pair': ...} dicts (not mixed)")
 
 
-# ---------------------------------------------------------------------------------------------- tokens
 _STRATEGIES = ("none", "simple", "first", "average", "max")
 
 
@@ -309,7 +300,6 @@ def _bio(label: str) -> tuple[str, str]:
     return "I", label
 
 
-# ---------------------------------------------------------------------------------------------- question answering
 class QuestionAnsweringPipeline(Pipeline):
     """{"score", "start", "end", "answer"}: the best span of the context (a list of top_k of them when top_k > 1).
     Long contexts run as windows of max_seq_len tokens overlapping by doc_stride; a span's score is

@@ -4,10 +4,8 @@
     ce.rank("who won?", docs, top_k=3)                      # or a sentence-transformers CrossEncoder directory
     rerank("runs/pairs", "who won?", docs)                  # the same in one call: [{"index", "text", "score"}]
 
-The score of a pair is sentence-transformers' `CrossEncoder.predict`'s, at every front door (`rerank`, `search
---rerank`, serve's /rerank, this module): the model's saved activation on its logits (by default Sigmoid for one
-output, none for two or more: these are softmaxed, as predict(apply_softmax=True)), then the relevant label's
-column: the label named 1 / positive / pos / relevant / true / yes / entailment, else the last label.
+A pair's score is sentence-transformers' `CrossEncoder.predict`'s at every front door (docs/cli.md): the model's
+saved activation on its logits, then the column of the relevant label (one of POSITIVE_LABELS, else the last).
 """
 
 from __future__ import annotations

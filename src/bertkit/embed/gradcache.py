@@ -1,21 +1,15 @@
-"""GradCache (Gao et al. 2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup").
+"""GradCache (Gao et al. 2021): a contrastive loss over a large batch in the activation memory of one mini-batch.
 
-A contrastive loss needs the whole batch's embeddings at once, but the encoder's activations need only be held
-for one mini-batch at a time:
-
-    1. embed every column in mini-batches, keeping no graph, remembering each mini-batch's RNG state;
-    2. compute the loss on the (detached) full-batch embeddings and its gradient w.r.t. them: the cache;
-    3. on backward, re-run each mini-batch with autograd under its remembered RNG state (the same dropout masks)
-       and backpropagate its slice of the cache, scaled by the gradient the outer backward brings (so a
-       `loss / grad_accum` from the training loop reaches every mini-batch).
+    1. embed every column in mini-batches without a graph, remembering each mini-batch's RNG state;
+    2. the loss on the detached full-batch embeddings, and its gradient w.r.t. them: the cache;
+    3. on backward, re-run each mini-batch with autograd under its RNG state (the same dropout masks) and
+       backpropagate its slice of the cache, scaled by the outer gradient (so `loss / grad_accum` reaches it).
 
     loss = cached_loss(model, columns, loss_fn, mini_batch_size=32, keys=...)   # a tensor, as loss_fn's
     loss.backward()                                                               # runs step 3
 
-Peak activation memory is one mini-batch's instead of the batch's; the encoder runs forward twice.
-The result equals the uncached loss and gradients (tests/test_embed_gradcache.py). Parameters of `loss_fn` (a
-learnable scale) get their gradients too. Under DistributedDataParallel it refuses to run (each replayed
-mini-batch would all-reduce on its own).
+The encoder runs forward twice; the loss and gradients (a learnable scale's too) equal the uncached ones. Under
+DistributedDataParallel it refuses to run (each replayed mini-batch would all-reduce on its own).
 """
 
 from __future__ import annotations
@@ -78,9 +72,8 @@ def split_columns(columns: Sequence[dict[str, Tensor]], mini_batch_size: int) ->
 
 
 class _Replay(torch.autograd.Function):
-    """Carries the loss value; its backward runs step 3 and returns the loss parameters' cached gradients.
-    Inputs: the detached embeddings (so the output needs a gradient even for a loss without parameters), then
-    the loss's parameters."""
+    """Carries the loss value; its backward runs step 3 and returns the loss parameters' cached gradients. Inputs:
+    the detached embeddings (so the output needs a gradient even for a loss without parameters), the parameters."""
 
     @staticmethod
     def forward(ctx, replay, param_grads, n_embeddings, loss_value, *tensors):

@@ -7,15 +7,12 @@
       ids.npy          (count,) unicode strings
 
     write_index("index/", vectors, ids, model_hash=model_hash(encoder), dtype="float16")
-    index = EmbeddingIndex.open("index/")
-    result = index.search(query_vectors, k=10, model_hash=model_hash(encoder))   # scores, rows, ids
+    EmbeddingIndex.open("index/").search(query_vectors, k=10, model_hash=model_hash(encoder))   # scores, rows, ids
 
-A directory is written under a temporary name and renamed into place when complete, so a reader never sees half
-an index. Search scores by dot product (cosine for normalised vectors), exact: the corpus is read in blocks of
-`corpus_block` rows, each block's scores (queries x block) are reduced to their top k and merged into a running
-top k, so memory holds one block's scores (query_block x corpus_block), never the full query x corpus matrix; pages
-of a finished block are dropped from this process's resident set (the file stays in the page cache). A query from a
-model whose hash or dimension differs from the index's raises `IndexMismatch` naming both.
+A directory is written under a temporary name and renamed into place, so a reader never sees half an index. Search
+is an exact dot product (cosine for normalised vectors) over blocks of `corpus_block` rows merged into a running top
+k, so memory holds one block's scores, never queries x corpus; a finished block's pages leave the resident set.
+A query from a model whose hash or dimension differs from the index's raises `IndexMismatch` naming both.
 """
 
 from __future__ import annotations

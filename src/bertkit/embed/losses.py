@@ -1,21 +1,13 @@
-"""Contrastive and scored-pair losses on sentence embeddings.
-
-Every loss takes the list of column embeddings a batch produced, each (batch, dim), in column order:
+"""Contrastive and scored-pair losses on the column embeddings a batch produced, each (batch, dim), in column order:
 
     MultipleNegativesRankingLoss   [anchors, positives, negatives_1, ..., negatives_n]      (InfoNCE)
     CoSENTLoss, CosineMSELoss      [texts, text_pairs] + scores (batch,)
 
-Multiple-negatives ranking (InfoNCE with in-batch negatives, Henderson et al. 2017; van den Oord et al. 2018):
-anchor i is scored against every candidate of the batch, the candidates laid out as sentence-transformers lays
-them out, [positives (B), negatives_1 (B), ..., negatives_n (B)], so candidate i is anchor i's positive:
-
-    logits = scale * cos(anchors, candidates)                  # (B, B * (1 + n))
-    loss   = cross_entropy(logits, target = arange(B))
-
-`symmetric` adds the positive -> anchors direction and averages the two cross-entropies. A false negative (a
-candidate that is really relevant to anchor i: the same text as positive i, or the positive of another row whose
-anchor has the same text as anchor i) is masked out of row i when `keys` (one integer per text, equal for equal
-texts; `text_keys` makes them) are given.
+Multiple-negatives ranking (in-batch negatives, Henderson et al. 2017) scores anchor i against every candidate, laid
+out as sentence-transformers lays them out, [positives (B), negatives_1 (B), ...], so candidate i is its positive:
+logits = scale * cos(anchors, candidates), (B, B * (1 + n)); loss = cross_entropy(logits, arange(B)). `symmetric`
+averages in the positive -> anchors direction. With `keys` (equal for equal texts: `text_keys`), false negatives
+(positive i's text, or the positive of a row whose anchor has anchor i's text) are masked out of row i.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Retrieval and similarity metrics for embeddings (numpy only; scipy / scikit-learn are test oracles).
+"""Retrieval and similarity metrics for embeddings (numpy only; scipy / scikit-learn are test oracles), as BEIR /
+pytrec_eval define them: recall@k = |relevant in the top k| / |relevant|; MRR@10 = 1 / rank of the first relevant
+result in the top 10 (0 if none); nDCG@10 = sum over the top 10 of rel / log2(rank + 1), over the ideal ranking's.
 
-    retrieval_metrics(query_ids, ranked, relevant)    recall@1/5/10, MRR@10, nDCG@10, averaged over queries
-    similarity_metrics(a, b, gold)                    Spearman / Pearson of cos(a_i, b_i) against gold scores
-
-`ranked[i]` is query i's corpus ids, best first. `relevant` is either (query id, corpus id) pairs (relevance 1)
-or {query id: {corpus id: graded relevance}}. Definitions (those of BEIR / pytrec_eval):
-
-    recall@k   |relevant in the top k| / |relevant|
-    MRR@10     1 / rank of the first relevant result in the top 10 (0 if none)
-    nDCG@10    sum over the top 10 of rel / log2(rank + 1), over the same sum for the ideal ranking
-
-Queries without any relevant document are left out of the averages and counted in `queries_without_relevant`.
+`ranked[i]` is query i's corpus ids, best first; `relevant` is (query id, corpus id) pairs (relevance 1) or
+{query id: {corpus id: graded relevance}}. Queries without a relevant document are left out of the averages and
+counted in `queries_without_relevant`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Hard-negative mining with a bi-encoder: for each (anchor, positive) pair, the corpus texts the encoder ranks
-closest to the anchor that are not one of its positives become its negatives.
+"""Hard-negative mining with a bi-encoder: for each (anchor, positive) pair, the corpus texts (the distinct positives
+plus `corpus`) the encoder ranks closest to the anchor become its negatives, never the anchor's text or a positive of
+a row with the same anchor (false negatives); `skip_top` leaves out the first ranked ones too (near-duplicates).
 
-    rows = mine_hard_negatives(encoder, tokenizer, pairs, negatives=3, skip_top=0)
-    # [{"anchor", "positive", "negative_1", ..., "negative_3"}], every row with the same count
-    pair_label_rows(rows)    # [{"text", "text_pair", "label"}]: 1 for the positive, 0 for each negative, the
-                             # pointwise training file of a cross-encoder (`bertkit finetune --task pair`)
-
-The corpus is the pairs' distinct positives plus `corpus` (more candidate texts). A candidate is never the
-anchor's text or any positive of a row with the same anchor text (false negatives); `skip_top` leaves out the
-first ranked non-positives too (near-duplicates of the positive that the pairs do not name). Search is the exact
-blocked top-k of bertkit.embed.index.
+    rows = mine_hard_negatives(encoder, tokenizer, pairs, negatives=3)   # [{"anchor", "positive", "negative_1"..}]
+    pair_label_rows(rows)          # [{"text", "text_pair", "label"}]: a cross-encoder's pointwise training file
 """
 
 from __future__ import annotations

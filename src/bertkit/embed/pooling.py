@@ -1,23 +1,14 @@
-"""Token states -> one vector per text: pooling, an optional Dense projection, optional L2 normalisation.
+"""Token states -> one vector per text: pooling, optional Dense projections, optional L2 normalisation, with the
+maths of sentence-transformers' `Pooling`, so its checkpoints give the same vectors.
 
     Pooling("mean")(hidden, mask)                 (batch, seq, hidden) + (batch, seq) -> (batch, hidden)
     SentenceEncoder(bert, Pooling("mean"), normalize=True)(input_ids, token_type_ids, attention_mask)
                                                   -> (batch, dim)
 
-Pooling modes (the maths of sentence-transformers' `Pooling`, so its checkpoints give the same vectors):
-
-    cls            the first attended token ([CLS] with right padding)
-    max            element-wise max over attended tokens
-    mean           sum over attended tokens / their count
-    mean_sqrt_len  sum over attended tokens / sqrt(count)
-    weighted_mean  position-weighted mean, weight 1, 2, 3, ... from the first attended token
-    last_token     the last attended token
-
-Several modes concatenate in the order given, (batch, len(modes) * hidden).
-
-Prompts, as sentence-transformers applies them: the prompt text ("query: ") goes before each text; a Pooling with
-include_prompt=False leaves the prompt's tokens ([CLS] included) out of the pooled ones, the weighted mean's weights
-still counted from the first token.
+Modes: cls / last_token (the first / last attended token), max, mean, mean_sqrt_len (the sum over sqrt(count)),
+weighted_mean (weights 1, 2, 3, ... from the first attended token); several concatenate in the order given. A
+Pooling with include_prompt=False leaves a prompt's tokens ([CLS] included) out of the pooled ones, the weighted
+mean's weights still counted from the first token.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Bi-encoder fine-tuning and evaluation from files: the library behind `bertkit finetune --task embed` and
-`bertkit evaluate --task embed`.
+`bertkit evaluate --task embed` (data formats, prompts and the report: docs/cli.md).
 
     summary = finetune_embed(EmbedFinetuneConfig(model=minilm_dir, train="data/retrieval/train.jsonl",
                                                  dev="data/retrieval/dev", out="runs/retrieval"))
     report = evaluate_embed("runs/retrieval", "data/retrieval/test", baseline=minilm_dir)   # before / after
 
-Evaluation data: a directory of `queries`, `corpus` and `qrels` files (.jsonl / .csv / .tsv; queries and corpus
-rows: id, text; qrels rows: query_id, corpus_id[, score]) scored with recall@1/5/10, MRR@10 and nDCG@10; a
-scored-pair file (text, text_pair, score) scored with Spearman / Pearson of the cosines; or a pair file (anchor,
-positive), whose anchors retrieve among its distinct positives.
-
-`EmbedRun` runs under fine-tuning's one driver (tasks.runner.run: seeds, metrics.json, summary.json); training is
-`bertkit.train`'s (embed_step, GradCache with `gradcache_batch`, bf16 autocast where native, a compact
-word-embedding table: the same maths, see bertkit.train.compact). Each seed's model is saved as a
-sentence-transformers directory, its prompts kept. Training texts go in unprompted unless `prompts`
-(sentence-transformers' training argument: one text for every column, or {column: text}) puts one before a column's
-texts; those of the first two columns are saved as the model's "query" and "document" prompts, and evaluation reads
-queries and corpus with them (else with the default prompt, as SentenceTransformer.encode does). The report holds
-every split's metrics before and after training.
+`EmbedRun` runs under fine-tuning's one driver (tasks.runner.run) on `bertkit.train`'s loop; each seed's model is
+saved as a sentence-transformers directory, the prompts of its first two training columns as "query" and "document".
 """
 
 from __future__ import annotations
@@ -179,8 +168,9 @@ def training_prompts(spec: str | dict | None, columns: list[str], source: str) -
 
 
 def evaluator(path, tokenizer, batch_size: int = 128, precision: str = PRECISION, prompts: tuple = (None, None)):
-    """The eval_fn for an evaluation path (see the module docstring): model -> metrics. prompts: the queries' (or
-    texts') and the corpus' (or text pairs') prompts; None: the model's default."""
+    """The eval_fn (model -> metrics) of a retrieval directory (queries, corpus, qrels), a scored-pair file or a pair
+    file, whose anchors retrieve among its distinct positives. prompts: the queries' (texts') and the corpus' (text
+    pairs') prompts; None: the model's default."""
     path = Path(path)
     if path.is_dir():
         return retrieval_eval(tokenizer, *read_retrieval(path), batch_size=batch_size, precision=precision,
@@ -245,8 +235,7 @@ def _used_ids(encoder, tok, data, prompts: dict[str, str]) -> set[int]:
 
 # ---------------------------------------------------------------------------------------------------- running
 class EmbedRun:
-    """`tasks.runner.run` for a bi-encoder: per seed, every evaluation split before and after training, and the
-    model saved as a sentence-transformers directory."""
+    """`tasks.runner.run` for a bi-encoder: per seed, every evaluation split before and after training."""
 
     def __init__(self, callbacks=()):
         self.callbacks = list(callbacks)

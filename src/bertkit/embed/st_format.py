@@ -1,21 +1,17 @@
-"""sentence-transformers model directories, both directions.
-
-A directory as sentence-transformers writes it (any version from 2.x on):
+"""sentence-transformers model directories, both directions (any version from 2.x on):
 
     modules.json                       the module list: Transformer, Pooling, Dense..., Normalize
     config.json, model.safetensors     the BERT encoder in HF format (the Transformer module lives in the root)
-    vocab.txt, tokenizer_config.json   the tokenizer (a tokenizer.json with a WordPiece model also reads)
-    sentence_bert_config.json          max_seq_length, do_lower_case, and the tokenizer's padding_side /
-                                       truncation_side in tokenizer_args (processor_kwargs from 6.x on)
-    1_Pooling/config.json              pooling_mode_* flags (or the newer `pooling_mode`, a name or a list),
-                                       include_prompt (False: a prompt's tokens are not pooled)
-    2_Dense/config.json + model.safetensors (or pytorch_model.bin)    in/out features, bias, activation
+    vocab.txt, tokenizer_config.json   the tokenizer (or a tokenizer.json)
+    sentence_bert_config.json          max_seq_length, do_lower_case, the tokenizer's padding / truncation sides
+    1_Pooling/config.json              pooling_mode_* flags (or `pooling_mode`, a name or a list), include_prompt
+    2_Dense/config.json + weights      in/out features, bias, activation
     2_Normalize/ or 3_Normalize/       no weights
     config_sentence_transformers.json  versions, similarity function, prompts and default_prompt_name
 
 A plain HF directory (no modules.json) loads as sentence-transformers loads it: mean pooling, no normalisation.
-Writing uses the flag format every sentence-transformers version reads. Module types bertkit cannot run
-(a custom module, a Dense with a residual, a Dense after Normalize) raise CheckpointError naming the module.
+Writing uses the flag format every version reads. Modules bertkit cannot run (a custom one, a Dense with a residual,
+a Dense after Normalize) raise CheckpointError naming the module.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import safetensors.torch
 from bertkit import __version__
 from bertkit.atomic import replacing, write_json
 from bertkit.checkpoint import load_state_dict_file
-from bertkit.config import CONFIG_NAME
+from bertkit.config import CONFIG_NAME, read_json_config
 from bertkit.errors import CheckpointError
 from bertkit.textfiles import parse_json
 from bertkit.model import BertModel
@@ -135,7 +131,7 @@ def module_dirs(directory) -> list[Path]:
 def _pooling_from(path: Path, hidden: int) -> Pooling:
     if not (path / CONFIG_NAME).is_file():          # sentence-transformers cannot load it either; no silent "mean"
         raise CheckpointError(f"{path / CONFIG_NAME}: missing; modules.json names a Pooling module there")
-    cfg = _config_object(path / CONFIG_NAME)
+    cfg = read_json_config(path / CONFIG_NAME, CheckpointError)
     dim = cfg.get("word_embedding_dimension", cfg.get("embedding_dimension", hidden))
     if dim != hidden:
         raise CheckpointError(f"{path / CONFIG_NAME}: pooling dimension {dim} differs from the encoder's "
@@ -147,15 +143,8 @@ def _pooling_from(path: Path, hidden: int) -> Pooling:
     return Pooling(modes, hidden_size=hidden, include_prompt=bool(cfg.get("include_prompt", True)))
 
 
-def _config_object(path: Path) -> dict:
-    cfg = _read_json(path)
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
-    return cfg
-
-
 def _dense_from(path: Path) -> Dense:
-    cfg = _config_object(path / CONFIG_NAME)
+    cfg = read_json_config(path / CONFIG_NAME, CheckpointError)
     if cfg.get("use_residual"):
         raise CheckpointError(f"{path / CONFIG_NAME}: a Dense with use_residual is not supported")
     act_path = cfg.get("activation_function", _ACTIVATION_PATHS["tanh"])

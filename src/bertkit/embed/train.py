@@ -2,22 +2,14 @@
 
     data = EmbedDataset.read("pairs.jsonl")                   # anchor, positive[, negative | negative_1..n]
     model = EmbedModel(encoder, MultipleNegativesRankingLoss())
-    batches = data.batches(encoder, tokenizer, batch_size=64, seed=0)
-    train(model, batches, TrainConfig(max_steps=1000, lr=2e-5), "runs/x",
+    train(model, data.batches(encoder, tokenizer, batch_size=64), TrainConfig(max_steps=1000), "runs/x",
           step_fn=embed_step(mini_batch_size=16), eval_fn=retrieval_eval(tokenizer, queries, corpus, relevant))
-    save_sentence_encoder(model.encoder, tokenizer, "runs/x/model")
 
-Files (CSV / TSV / JSONL, one example a row):
-    pairs    anchor, positive, and optionally negative or negative_1..negative_n (a JSON list in `negative`
-             also works); every row has the same number of negatives
-    scored   text, text_pair, score (CoSENT or cosine-MSE loss)
-Errors are DataError naming file, line and column: an empty text, no positive column, a negative count that
-differs from the first row's, a score that is not a number.
+Files (CSV / TSV / JSONL, one example a row): pairs (anchor, positive, and negative or negative_1..n, a JSON list in
+`negative` too; every row the same count) or scored pairs (text, text_pair, score).
 
-A batch is a flat dict of (batch, seq) tensors per column, `anchor.input_ids`, `positive.attention_mask`,
-`negative_1.token_type_ids`, ..., plus `<column>.key` (equal texts share a key: the loss masks in-batch false
-negatives) or `score`. The loop moves them to the device; `embed_step` embeds each column and applies the loss,
-through GradCache when a mini-batch size is set.
+A batch is a flat dict of (batch, seq) tensors per column (`anchor.input_ids`, `negative_1.attention_mask`, ...),
+plus `<column>.key` (equal texts share a key: the loss masks in-batch false negatives) or `score`.
 """
 
 from __future__ import annotations
