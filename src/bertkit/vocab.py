@@ -5,36 +5,10 @@ the same files into the `tokenizers` library's trainers: train_library_vocab).
     tok = train_vocab(["corpus/*.txt", "more.txt.gz"], vocab_size=30_000)   # -> bertkit Tokenizer
     tok.save("my-bert/")                                                    # vocab.txt + tokenizer_config.json
 
-Three passes; only the first reads the corpus:
-
-1. **Count words, streaming.** Each file (plain or .gz, globs allowed) is read in bounded chunks (a line, or at most
-   `_CHUNK_BYTES` of a very long line, cut at a space) and split by the tokenizer's own `basic_tokenize`, so the
-   vocabulary is learned on exactly the words the tokenizer will see. Memory stays flat at any corpus size: past
-   `max_distinct_words` entries the rarest words are pruned (count <= t, for the smallest t that halves the table).
-   That is the only approximation: a word pruned again and again loses its early counts, and is too rare to earn a
-   piece anyway. Character counts stay exact (a pruned word's characters are folded in first), so character coverage
-   never depends on the pruning.
-2. **Alphabet.** Every character seen becomes `c` and `##c`, so any word of seen characters encodes without [UNK].
-   `limit_alphabet` keeps only the most frequent characters (words with any other then do not train: [UNK]).
-3. **Merges, frequency-driven like BPE** (the scoring HF tokenizers' `WordPieceTrainer` uses): each distinct word
-   starts as its character pieces ("hugs" -> `h ##u ##g ##s`); the adjacent pair with the highest count, weighted by
-   word frequency, becomes a new piece without b's "##" (`##u ##g` -> `##ug`, `h ##ug` -> `hug`), until
-   `vocab_size`, `min_frequency` or no pair left stops it. Ties go to the lower piece ids: training is deterministic.
-   (WordPiece's likelihood score count(ab) / (count(a) count(b)) would change every pair touching a or b at each
-   merge, which defeats the incremental queue; it is not implemented.) A merge touches only the words that hold the
-   pair, and a lazy max-heap re-queues a pair whose count dropped when it surfaces (speed: docs/performance.md).
-   Memory is O(symbols of the distinct words kept), bounded by `max_distinct_words` too.
-
-Vocabulary order (vocab.txt): the special tokens in `special_tokens` order (default [PAD] [UNK] [CLS] [SEP] [MASK],
-ids 0-4; the Tokenizer finds them by name), every character by code point, their ## forms, then the merged pieces in
-the order learned; smaller than `vocab_size` when the pairs run out (see the stats). Words over `max_word_chars` (100,
-BERT's limit) encode as one [UNK], so they do not merge (their characters still join the alphabet). Special tokens
-found verbatim are not counted, so an uncased vocabulary never gains "M", "A", ... from "[MASK]".
-
-Bad input: missing files, globs matching nothing, directories, unreadable or corrupt .gz files and a corpus without a
-word raise `DataError` naming the file or pattern; impossible settings raise `ConfigError` naming the value. Invalid
-UTF-8 follows the tokenizer's text-file policy: each bad byte decodes to U+FFFD, which cleaning drops; they are
-counted (stats `replacement_chars`, shown by `bertkit vocab`).
+Three passes, only the first reading the corpus (docs/tokenizers.md, "How WordPiece training works"): count words
+with the tokenizer's own basic_tokenize, streaming, the word table bounded by pruning the rarest; every character
+seen and its ## form; then BPE-like frequency-driven pair merges until vocab_size. Bad input raises DataError naming
+the file or pattern; impossible settings raise ConfigError naming the value.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ special token raises VocabError naming the file and line. Text files are decoded
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 from bertkit.errors import VocabError
+from bertkit.textfiles import parse_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -85,9 +85,7 @@ def read_text_file(path: str | os.PathLike) -> str:
 def read_json_object(path: Path) -> dict:
     """A JSON file holding an object (tokenizer.json, tokenizer_config.json, ...); VocabError naming the file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise VocabError(f"{path}: not valid JSON: {type(e).__name__}: {str(e)[:120]}") from None
+        data = parse_json(path.read_bytes(), str(path), VocabError)
     except OSError as e:
         raise VocabError(f"{path}: cannot read: {e.strerror}") from None
     if not isinstance(data, dict):

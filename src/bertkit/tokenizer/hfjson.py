@@ -1,10 +1,6 @@
 """HF-format model directories: vocab.txt and/or tokenizer.json, tokenizer_config.json, special_tokens_map.json.
-
-tokenizer.json, the `tokenizers` library's file, is read and written here for the pipeline bertkit's own Tokenizer
-runs: a WordPiece model ("##" continuations, [UNK], 100-character words), BertNormalizer (cleaning, CJK isolation,
-optional lowercasing and accent stripping), BertPreTokenizer and [CLS] A [SEP] (B [SEP]). is_bert_pipeline says
-whether a directory is that pipeline; any other tokenizer.json (BPE, Unigram, other specials) is library.py's.
-"""
+tokenizer.json is read and written here for BERT's own pipeline (WordPiece, BertNormalizer, BertPreTokenizer,
+[CLS] A [SEP] (B [SEP])); is_bert_pipeline says whether a directory is it; any other is library.py's."""
 
 from __future__ import annotations
 
@@ -59,7 +55,7 @@ def is_bert_pipeline(path: Path) -> bool:
             if (path / name).is_file():
                 _check_bert_config(path / name, read_json_object(path / name))
     except VocabError as e:
-        return "not valid JSON" in str(e) or "cannot read" in str(e)
+        return any(m in str(e) for m in ("not valid JSON", "JSON nested too deeply", "cannot read"))
     except (AttributeError, TypeError, KeyError, ValueError, IndexError):
         return False
     return True

@@ -1,12 +1,7 @@
 """Every other tokenizer.json (byte-level BPE: RoBERTa, ModernBERT; SentencePiece Unigram / BPE with Metaspace:
-XLM-R, ALBERT, DeBERTa-v3; WordPiece with other specials: MPNet), read by the `tokenizers` library.
-
-The library is the ecosystem's reader of these files (Rust, the same code transformers' fast tokenizers run), so its
-pieces, offsets and words are those of the file by construction. Everything after the pieces is the Tokenizer's own
-(truncation strategies, the post-processor's layout as a Template, padding, tensors, word ids), shared with bertkit's
-WordPiece: one writer of model inputs. tokenizer_config.json is read as transformers reads it (special tokens,
-model_max_length, add_prefix_space, do_lower_case, clean_up_tokenization_spaces).
-"""
+XLM-R, ALBERT, DeBERTa-v3; WordPiece with other specials: MPNet), read by the `tokenizers` library, the ecosystem's
+reader of these files. Its pieces, offsets and words are the file's by construction; everything after the pieces
+(truncation, the post-processor's layout as a Template, padding, tensors, word ids) is the Tokenizer's own."""
 
 from __future__ import annotations
 

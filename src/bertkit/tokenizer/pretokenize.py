@@ -1,11 +1,6 @@
 """Pre-tokenization, the second stage: text -> words with (start, end) character offsets into the original text.
-
-Special tokens ("[MASK]", ...) found verbatim in the raw text are words first and never split. The rest is split on
-whitespace and punctuation, each punctuation or CJK character a word of its own. ASCII text without control
-characters needs no normalisation beyond lowercasing and is split by a regex; other text is normalised first
-(normalize.Normalizer), and its words carry the original position of each character. wordpiece then cuts each word
-into pieces.
-"""
+Special tokens found verbatim are words first; the rest splits on whitespace and punctuation, each punctuation or
+CJK character a word. Plain ASCII splits by a regex; other text is normalised first, its words carrying alignments."""
 
 from __future__ import annotations
 
