@@ -109,9 +109,8 @@ def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 
 def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Yield the decoded text of `path` in bounded chunks (whole lines, or pieces of a very long line cut after a
-    space, never inside a word unless the word itself exceeds `_CHUNK_BYTES`). Memory is O(_CHUNK_BYTES).
-    `on_bytes(n)` is called with the number of (compressed) bytes consumed since the last call, for progress bars."""
+    """The decoded text of `path` in chunks of O(_CHUNK_BYTES): whole lines, or pieces of a very long line cut after
+    a space. `on_bytes(n)` gets the (compressed) bytes read since its last call, for progress bars."""
     try:
         raw = open(path, "rb")
     except OSError as e:
@@ -184,7 +183,7 @@ def _prune(counts: Counter, char_counts: Counter, target: int, skip: frozenset[s
 def count_words(texts: Iterable[str], basic_tokenize: Callable[[str], list[str]], max_distinct_words: int,
                 special_tokens: Iterable[str] = SPECIAL_TOKENS, stats: dict | None = None) -> tuple[Counter, Counter]:
     """Stream `texts` through `basic_tokenize` into (word counts, character counts), the word table bounded by
-    `max_distinct_words` (see the module docstring). Special tokens found verbatim are not counted."""
+    `max_distinct_words` (docs/tokenizers.md). Special tokens found verbatim are not counted."""
     skip = frozenset(special_tokens)
     counts: Counter = Counter()
     char_counts: Counter = Counter()
@@ -258,12 +257,9 @@ def _trainable_words(word_counts: dict[str, int], token_id: dict[str, int], char
 
 
 class _PairMerges:
-    """The words as piece-id tuples with the counts of their adjacent pairs, updated merge by merge.
-
-    pair -> count (summed over words, weighted by word frequency); pair -> indices of words that contain it. The word
-    lists are append-only (8 bytes an entry; a word listed twice, or no longer holding the pair, is skipped when
-    visited), which keeps memory at O(total symbols) instead of a set per pair. The heap of (-count, a, b) is lazy:
-    an entry whose count dropped is re-queued with its true count when it surfaces."""
+    """The words as piece-id tuples with the counts of their adjacent pairs (weighted by word frequency), updated merge
+    by merge. pair -> indices of the words holding it is append-only (a stale entry is skipped when visited): memory
+    O(total symbols), not a set per pair. The heap of (-count, a, b) is lazy: a stale count is re-queued when popped."""
 
     def __init__(self, words: list[tuple[int, ...]], freqs: list[int]):
         self.words, self.freqs = words, freqs
@@ -349,7 +345,7 @@ def _merge_until_full(pairs: _PairMerges, tokens: list[str], token_id: dict[str,
 
 def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], config: VocabTrainingConfig,
                      progress: bool = False, stats: dict | None = None) -> list[str]:
-    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (module docstring).
+    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (docs/tokenizers.md).
     Uses config's vocab_size, special_tokens, min_frequency, limit_alphabet and max_word_chars."""
     chars = _alphabet(char_counts, config.limit_alphabet)
     tokens = _base_vocabulary(chars, config)
@@ -365,15 +361,13 @@ def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], c
 
 # ------------------------------------------------------------------------------------------------------ front door
 
-def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool = False,
-                basic_tokenize: Callable[[str], list[str]] | None = None) -> VocabTrainingResult:
-    """Count words in `files` (streaming) and learn a vocabulary; returns the tokens in id order and stats.
-    `basic_tokenize` defaults to the Tokenizer's own pre-tokenization for `config.lowercase`."""
+def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool = False) -> VocabTrainingResult:
+    """Count words in `files` (streaming) and learn a vocabulary; returns the tokens in id order and stats."""
     config = config or VocabTrainingConfig()
     config.validate()
     paths = expand_files(files)
     # the tokenizer's own pre-tokenization, so training sees the words encoding will see
-    tokenize = basic_tokenize or tokenizer_from_tokens(list(SPECIAL_TOKENS), config.lowercase).basic_tokenize
+    tokenize = tokenizer_from_tokens(list(SPECIAL_TOKENS), config.lowercase).basic_tokenize
     stats: dict = {"files": len(paths)}
     t0 = time.perf_counter()
 
@@ -394,11 +388,9 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
 
 
 def train_vocab(files, config: VocabTrainingConfig | None = None, *, progress: bool = False, **options):
-    """Learn a WordPiece vocabulary from text files (paths or globs; .gz read transparently) and return a bertkit
-    `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring.
-
-    Settings: a VocabTrainingConfig, or its fields as keywords (`train_vocab(files, vocab_size=8000,
-    lowercase=False)`), which replace those of `config`; an unknown keyword is a ConfigError naming it."""
+    """A bertkit Tokenizer over a WordPiece vocabulary learned from text files (paths or globs; .gz read
+    transparently). Settings: a VocabTrainingConfig, or its fields as keywords (`vocab_size=8000`), which replace
+    those of `config`; an unknown keyword is a ConfigError naming it."""
     config = with_options(VocabTrainingConfig, config, options, "train_vocab")
     result = learn_vocab(files, config, progress=progress)
     return tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)

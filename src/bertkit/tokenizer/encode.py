@@ -129,13 +129,13 @@ class Tokenizer:
         return cls(path, **overrides)
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write vocab.txt, tokenizer.json and tokenizer_config.json (transformers / tokenizers can load the
-        directory) into directory; returns the directory."""
+        """save_pretrained; returns the directory."""
         self.save_pretrained(directory)
         return Path(directory)
 
     def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
-        """As transformers' save_pretrained: write the model directory files; returns their paths."""
+        """Write vocab.txt, tokenizer.json and tokenizer_config.json (transformers / tokenizers load the directory);
+        returns their paths."""
         files = write_model_dir(Path(directory), self.vocab, self.ids_to_tokens, self.lowercase, self.strip_accents,
                                 self.model_max_length, self.sides())
         return tuple(str(f) for f in files)
@@ -164,10 +164,8 @@ class Tokenizer:
         return text
 
     def basic_tokenize(self, text: str) -> list[str]:
-        """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split.
-
-        Special tokens ("[MASK]", ...) appearing verbatim in text stay whole words.
-        """
+        """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split; special tokens
+        ("[MASK]", ...) appearing verbatim stay whole words."""
         self._check_text(text)
         return self._pretok.basic_tokenize(text)
 
@@ -441,10 +439,8 @@ class Tokenizer:
 
     def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                               processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:
-        """Like `self(texts, pairs, **kwargs)` for a large batch: chunks of texts are split into pieces by
-        `processes` worker processes (default: all cores); truncation, special tokens and padding then run here.
-        Results are identical to the serial call. (The Python lists are built here, which bounds the speed-up;
-        `encode_pieces` returns numpy arrays and scales further.)"""
+        """`self(texts, pairs, **kwargs)`, identical, with chunks of texts split into pieces by `processes` worker
+        processes (default: all cores). The Python lists are built here, which bounds the speed-up (encode_pieces)."""
         opts = EncodeOptions.from_kwargs(kwargs)
         texts = self._check_batch(texts, "texts")
         if pairs is not None:

@@ -1,9 +1,5 @@
-"""Files the tokenizer reads and writes: vocab.txt (one token per line, id = line number - 1), JSON objects and text
-files. HF-format model directories (tokenizer.json, tokenizer_config.json) are hfjson.py's.
-
-A vocab is structure, not text: it must be valid UTF-8, and a bad byte, a blank line, a duplicate entry or a missing
-special token raises VocabError naming the file and line. Text files are decoded leniently (see read_text_file).
-"""
+"""Files the tokenizer reads and writes: vocab.txt (one token per line, id = line number - 1; a bad byte, blank line,
+duplicate or missing special token is a VocabError naming file and line), JSON objects and text files (lenient)."""
 
 from __future__ import annotations
 

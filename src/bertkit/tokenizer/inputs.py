@@ -91,11 +91,8 @@ def truncation_strategy(truncation, max_length, padding) -> str | None:
 
 def truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str, n_special: int) -> tuple[int, int]:
     """Lengths (first, second) after truncating so that, with the n_special [CLS]/[SEP] tokens, the input fits
-    max_length.
-
-    longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
-    to the same length and one token is left over it goes to the longer (to the second on a tie).
-    """
+    max_length. longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must
+    be cut to the same length and one token is left over it goes to the longer (to the second on a tie)."""
     budget = max_length - n_special
     nb0 = nb or 0
     if budget < 0:

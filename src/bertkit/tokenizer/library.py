@@ -228,7 +228,7 @@ def _split(enc, n: int, n_seq: int) -> tuple[list[tuple[int, ...]], list]:
 
 
 def _continuation_flags(spec: dict, tokens: list[str]) -> np.ndarray:
-    """Per vocab id: does the piece, after a piece that is not special, continue a word (module docstring)."""
+    """Per vocab id: does the piece, after a piece that is not special, continue a word (continues_word)."""
     model = spec.get("model") or {}
     prefix = model.get("continuing_subword_prefix")
     if prefix:

@@ -82,7 +82,7 @@ def _family_normalizers(path: Path, family: str, config: dict) -> list:
 
 
 def _pipeline(pieces: list, trainer: dict, spec: dict, specials: set, family_steps: list):
-    """The `tokenizers` pipeline that segments as SentencePieceProcessor (module docstring), after the family's own
+    """The `tokenizers` pipeline that segments as SentencePieceProcessor (docs/tokenizers.md), after the family's own
     normalizers."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
