@@ -16,8 +16,8 @@ from bertkit.errors import BertkitError
 from bertkit.hub import resolve_model_dir
 from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, overflow, pad_encodings,
                                       split_words_pieces, to_tensors, uncut_words)
-from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
-from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, read_sides, write_model_dir
+from bertkit.tokenizer.hfjson import (SPECIAL_TOKENS, check_vocab_dict, is_bert_pipeline, load_vocab, read_model_dir,
+                                     read_sides, vocab_hash, write_model_dir)
 from bertkit.tokenizer.inputs import Template, cut, truncated_lengths, truncation_strategy
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, PieceTable, decode_pieces

@@ -14,9 +14,8 @@ import numpy as np
 
 from bertkit.errors import VocabError
 from bertkit.tokenizer.encode import Tokenizer, gc_paused
-from bertkit.tokenizer.formats import read_json_object
 from bertkit.tokenizer.hfcall import as_id_list
-from bertkit.tokenizer.hfjson import NO_LIMIT, read_sides, read_structured, write_files
+from bertkit.tokenizer.hfjson import NO_LIMIT, read_json_object, read_sides, read_structured, write_files
 from bertkit.tokenizer.inputs import Template
 from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
