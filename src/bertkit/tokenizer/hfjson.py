@@ -159,7 +159,7 @@ def _read_config(cfg_file: Path) -> dict:
     """The Tokenizer options a tokenizer_config.json sets (do_lower_case, strip_accents, model_max_length)."""
     cfg = read_json_object(cfg_file)
     _check_bert_config(cfg_file, cfg)
-    kwargs = {}
+    kwargs = {"model_max_length": read_max_length(cfg)}
     for name in ("do_lower_case", "strip_accents"):     # "maybe" would read as True
         if not isinstance(cfg.get(name, False), (bool, type(None))):
             raise VocabError(f"{cfg_file}: {name} must be true, false or null, got {str(cfg[name])[:40]!r}")
@@ -167,10 +167,13 @@ def _read_config(cfg_file: Path) -> dict:
         kwargs["lowercase"] = bool(cfg["do_lower_case"])
     if cfg.get("strip_accents") is not None:
         kwargs["strip_accents"] = bool(cfg["strip_accents"])
-    mml = cfg.get("model_max_length")
-    if isinstance(mml, int) and 0 < mml < 1_000_000:  # HF writes 1e30 for "no limit"
-        kwargs["model_max_length"] = mml
     return {**kwargs, **read_sides(cfg, cfg_file)}
+
+
+def read_max_length(cfg: dict) -> int | None:
+    """A tokenizer config's model_max_length; None for transformers' 1e30 ("no limit")."""
+    mml = cfg.get("model_max_length")
+    return mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
 
 
 def read_sides(cfg: dict, where) -> dict[str, str]:

@@ -15,7 +15,8 @@ import numpy as np
 from bertkit.errors import VocabError
 from bertkit.tokenizer.encode import Tokenizer, gc_paused
 from bertkit.tokenizer.hfcall import as_id_list
-from bertkit.tokenizer.hfjson import NO_LIMIT, read_json_object, read_sides, read_structured, write_files
+from bertkit.tokenizer.hfjson import (NO_LIMIT, read_json_object, read_max_length, read_sides, read_structured,
+                                     write_files)
 from bertkit.tokenizer.inputs import Template
 from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
@@ -49,8 +50,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
             raise VocabError(f"{source}: the tokenizers library cannot encode with it: {str(e)[:160]}") from None
         self._set_specials(config, source)
         self.__dict__.update(read_sides(config, source))    # else the class's "right"
-        mml = config.get("model_max_length")
-        self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
+        self.model_max_length = read_max_length(config)
         self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
         # a "##"-style prefix marks pieces inside words (WordPiece); BPE / Unigram mark word starts instead
         self.continuing_subword_prefix = (spec.get("model") or {}).get("continuing_subword_prefix")
