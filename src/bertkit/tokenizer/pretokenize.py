@@ -123,14 +123,11 @@ class PreTokenizer:
         prepared: list[str | None] = [None] * len(texts)
         one_to_one = self.normalizer.one_to_one
         for i, t in enumerate(texts):
-            if self.special_re.search(t):
+            if self.plain_ascii(t):
+                prepared[i] = t.lower() if self.lowercase else t
+                routes["ascii"].append(i)
+            elif t.isascii() or self.special_re.search(t):
                 routes["general"].append(i)
-            elif t.isascii():
-                if _ASCII_REMOVED_RE.search(t):
-                    routes["general"].append(i)
-                else:
-                    prepared[i] = t.lower() if self.lowercase else t
-                    routes["ascii"].append(i)
             else:
                 prepared[i] = one_to_one(t)
                 routes["unicode" if prepared[i] is not None else "general"].append(i)
