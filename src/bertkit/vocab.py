@@ -5,36 +5,10 @@ the same files into the `tokenizers` library's trainers: train_library_vocab).
     tok = train_vocab(["corpus/*.txt", "more.txt.gz"], vocab_size=30_000)   # -> bertkit Tokenizer
     tok.save("my-bert/")                                                    # vocab.txt + tokenizer_config.json
 
-Three passes; only the first reads the corpus:
-
-1. **Count words, streaming.** Each file (plain or .gz, globs allowed) is read in bounded chunks (a line, or at most
-   `_CHUNK_BYTES` of a very long line, cut at a space) and split by the tokenizer's own `basic_tokenize`, so the
-   vocabulary is learned on exactly the words the tokenizer will see. Memory stays flat at any corpus size: past
-   `max_distinct_words` entries the rarest words are pruned (count <= t, for the smallest t that halves the table).
-   That is the only approximation: a word pruned again and again loses its early counts, and is too rare to earn a
-   piece anyway. Character counts stay exact (a pruned word's characters are folded in first), so character coverage
-   never depends on the pruning.
-2. **Alphabet.** Every character seen becomes `c` and `##c`, so any word of seen characters encodes without [UNK].
-   `limit_alphabet` keeps only the most frequent characters (words with any other then do not train: [UNK]).
-3. **Merges, frequency-driven like BPE** (the scoring HF tokenizers' `WordPieceTrainer` uses): each distinct word
-   starts as its character pieces ("hugs" -> `h ##u ##g ##s`); the adjacent pair with the highest count, weighted by
-   word frequency, becomes a new piece without b's "##" (`##u ##g` -> `##ug`, `h ##ug` -> `hug`), until
-   `vocab_size`, `min_frequency` or no pair left stops it. Ties go to the lower piece ids: training is deterministic.
-   (WordPiece's likelihood score count(ab) / (count(a) count(b)) would change every pair touching a or b at each
-   merge, which defeats the incremental queue; it is not implemented.) A merge touches only the words that hold the
-   pair, and a lazy max-heap re-queues a pair whose count dropped when it surfaces (speed: docs/performance.md).
-   Memory is O(symbols of the distinct words kept), bounded by `max_distinct_words` too.
-
-Vocabulary order (vocab.txt): the special tokens in `special_tokens` order (default [PAD] [UNK] [CLS] [SEP] [MASK],
-ids 0-4; the Tokenizer finds them by name), every character by code point, their ## forms, then the merged pieces in
-the order learned; smaller than `vocab_size` when the pairs run out (see the stats). Words over `max_word_chars` (100,
-BERT's limit) encode as one [UNK], so they do not merge (their characters still join the alphabet). Special tokens
-found verbatim are not counted, so an uncased vocabulary never gains "M", "A", ... from "[MASK]".
-
-Bad input: missing files, globs matching nothing, directories, unreadable or corrupt .gz files and a corpus without a
-word raise `DataError` naming the file or pattern; impossible settings raise `ConfigError` naming the value. Invalid
-UTF-8 follows the tokenizer's text-file policy: each bad byte decodes to U+FFFD, which cleaning drops; they are
-counted (stats `replacement_chars`, shown by `bertkit vocab`).
+Three passes, only the first reading the corpus (docs/tokenizers.md, "How WordPiece training works"): count words
+with the tokenizer's own basic_tokenize, streaming, the word table bounded by pruning the rarest; every character
+seen and its ## form; then BPE-like frequency-driven pair merges until vocab_size. Bad input raises DataError naming
+the file or pattern; impossible settings raise ConfigError naming the value.
 """
 
 from __future__ import annotations
@@ -135,9 +109,8 @@ def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 
 def iter_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Yield the decoded text of `path` in bounded chunks (whole lines, or pieces of a very long line cut after a
-    space, never inside a word unless the word itself exceeds `_CHUNK_BYTES`). Memory is O(_CHUNK_BYTES).
-    `on_bytes(n)` is called with the number of (compressed) bytes consumed since the last call, for progress bars."""
+    """The decoded text of `path` in chunks of O(_CHUNK_BYTES): whole lines, or pieces of a very long line cut after
+    a space. `on_bytes(n)` gets the (compressed) bytes read since its last call, for progress bars."""
     try:
         raw = open(path, "rb")
     except OSError as e:
@@ -210,7 +183,7 @@ def _prune(counts: Counter, char_counts: Counter, target: int, skip: frozenset[s
 def count_words(texts: Iterable[str], basic_tokenize: Callable[[str], list[str]], max_distinct_words: int,
                 special_tokens: Iterable[str] = SPECIAL_TOKENS, stats: dict | None = None) -> tuple[Counter, Counter]:
     """Stream `texts` through `basic_tokenize` into (word counts, character counts), the word table bounded by
-    `max_distinct_words` (see the module docstring). Special tokens found verbatim are not counted."""
+    `max_distinct_words` (docs/tokenizers.md). Special tokens found verbatim are not counted."""
     skip = frozenset(special_tokens)
     counts: Counter = Counter()
     char_counts: Counter = Counter()
@@ -284,12 +257,9 @@ def _trainable_words(word_counts: dict[str, int], token_id: dict[str, int], char
 
 
 class _PairMerges:
-    """The words as piece-id tuples with the counts of their adjacent pairs, updated merge by merge.
-
-    pair -> count (summed over words, weighted by word frequency); pair -> indices of words that contain it. The word
-    lists are append-only (8 bytes an entry; a word listed twice, or no longer holding the pair, is skipped when
-    visited), which keeps memory at O(total symbols) instead of a set per pair. The heap of (-count, a, b) is lazy:
-    an entry whose count dropped is re-queued with its true count when it surfaces."""
+    """The words as piece-id tuples with the counts of their adjacent pairs (weighted by word frequency), updated merge
+    by merge. pair -> indices of the words holding it is append-only (a stale entry is skipped when visited): memory
+    O(total symbols), not a set per pair. The heap of (-count, a, b) is lazy: a stale count is re-queued when popped."""
 
     def __init__(self, words: list[tuple[int, ...]], freqs: list[int]):
         self.words, self.freqs = words, freqs
@@ -375,7 +345,7 @@ def _merge_until_full(pairs: _PairMerges, tokens: list[str], token_id: dict[str,
 
 def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], config: VocabTrainingConfig,
                      progress: bool = False, stats: dict | None = None) -> list[str]:
-    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (module docstring).
+    """The vocabulary (in id order) learned from word counts by frequency-driven pair merges (docs/tokenizers.md).
     Uses config's vocab_size, special_tokens, min_frequency, limit_alphabet and max_word_chars."""
     chars = _alphabet(char_counts, config.limit_alphabet)
     tokens = _base_vocabulary(chars, config)
@@ -391,15 +361,13 @@ def learn_wordpieces(word_counts: dict[str, int], char_counts: dict[str, int], c
 
 # ------------------------------------------------------------------------------------------------------ front door
 
-def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool = False,
-                basic_tokenize: Callable[[str], list[str]] | None = None) -> VocabTrainingResult:
-    """Count words in `files` (streaming) and learn a vocabulary; returns the tokens in id order and stats.
-    `basic_tokenize` defaults to the Tokenizer's own pre-tokenization for `config.lowercase`."""
+def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool = False) -> VocabTrainingResult:
+    """Count words in `files` (streaming) and learn a vocabulary; returns the tokens in id order and stats."""
     config = config or VocabTrainingConfig()
     config.validate()
     paths = expand_files(files)
     # the tokenizer's own pre-tokenization, so training sees the words encoding will see
-    tokenize = basic_tokenize or tokenizer_from_tokens(list(SPECIAL_TOKENS), config.lowercase).basic_tokenize
+    tokenize = tokenizer_from_tokens(list(SPECIAL_TOKENS), config.lowercase).basic_tokenize
     stats: dict = {"files": len(paths)}
     t0 = time.perf_counter()
 
@@ -420,11 +388,9 @@ def learn_vocab(files, config: VocabTrainingConfig | None = None, progress: bool
 
 
 def train_vocab(files, config: VocabTrainingConfig | None = None, *, progress: bool = False, **options):
-    """Learn a WordPiece vocabulary from text files (paths or globs; .gz read transparently) and return a bertkit
-    `Tokenizer` using it. `tok.save(dir)` writes vocab.txt + tokenizer_config.json. See the module docstring.
-
-    Settings: a VocabTrainingConfig, or its fields as keywords (`train_vocab(files, vocab_size=8000,
-    lowercase=False)`), which replace those of `config`; an unknown keyword is a ConfigError naming it."""
+    """A bertkit Tokenizer over a WordPiece vocabulary learned from text files (paths or globs; .gz read
+    transparently). Settings: a VocabTrainingConfig, or its fields as keywords (`vocab_size=8000`), which replace
+    those of `config`; an unknown keyword is a ConfigError naming it."""
     config = with_options(VocabTrainingConfig, config, options, "train_vocab")
     result = learn_vocab(files, config, progress=progress)
     return tokenizer_from_tokens(result.tokens, lowercase=config.lowercase)

@@ -1,9 +1,5 @@
-"""Model inputs, the last stage, and the Tokenizer that runs the whole pipeline.
-
-normalize -> pretokenize -> wordpiece give each text's pieces with offsets; here they are truncated (longest first,
-or one side of a pair), wrapped in [CLS] a [SEP] (b [SEP]) with token types and an attention mask, padded, and made
-tensors. Large batches can be split into pieces by worker processes. Semantics follow BertTokenizerFast.
-"""
+"""Model inputs, the last stage, and the Tokenizer that runs the whole pipeline: pieces truncated, wrapped in
+[CLS] a [SEP] (b [SEP]), padded and made tensors, as BertTokenizerFast does."""
 
 from __future__ import annotations
 
@@ -20,8 +16,8 @@ from bertkit.errors import BertkitError
 from bertkit.hub import resolve_model_dir
 from bertkit.tokenizer.hfcall import (BatchEncoding, as_id_list, hf_text_args, overflow, pad_encodings,
                                       split_words_pieces, to_tensors, uncut_words)
-from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, load_vocab, vocab_hash
-from bertkit.tokenizer.hfjson import is_bert_pipeline, read_model_dir, read_sides, write_model_dir
+from bertkit.tokenizer.hfjson import (SPECIAL_TOKENS, check_vocab_dict, is_bert_pipeline, load_vocab, read_model_dir,
+                                     read_sides, vocab_hash, write_model_dir)
 from bertkit.tokenizer.inputs import Template, cut, truncated_lengths, truncation_strategy
 from bertkit.tokenizer.pretokenize import PreTokenizer
 from bertkit.tokenizer.wordpiece import PieceArrays, PieceEncoder, WordPiece, PieceTable, decode_pieces
@@ -133,13 +129,13 @@ class Tokenizer:
         return cls(path, **overrides)
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write vocab.txt, tokenizer.json and tokenizer_config.json (transformers / tokenizers can load the
-        directory) into directory; returns the directory."""
+        """save_pretrained; returns the directory."""
         self.save_pretrained(directory)
         return Path(directory)
 
     def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, ...]:
-        """As transformers' save_pretrained: write the model directory files; returns their paths."""
+        """Write vocab.txt, tokenizer.json and tokenizer_config.json (transformers / tokenizers load the directory);
+        returns their paths."""
         files = write_model_dir(Path(directory), self.vocab, self.ids_to_tokens, self.lowercase, self.strip_accents,
                                 self.model_max_length, self.sides())
         return tuple(str(f) for f in files)
@@ -168,10 +164,8 @@ class Tokenizer:
         return text
 
     def basic_tokenize(self, text: str) -> list[str]:
-        """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split.
-
-        Special tokens ("[MASK]", ...) appearing verbatim in text stay whole words.
-        """
+        """Words after cleaning, CJK isolation, lowercasing / accent stripping and punctuation split; special tokens
+        ("[MASK]", ...) appearing verbatim stay whole words."""
         self._check_text(text)
         return self._pretok.basic_tokenize(text)
 
@@ -199,44 +193,36 @@ class Tokenizer:
 
     def __call__(self, texts: str | Sequence[str] | None = None, pairs: str | Sequence[str] | None = None,
                  text=None, text_pair=None, **options) -> BatchEncoding:
-        """Model inputs for one text (or pair) or a batch: dict(input_ids, token_type_ids, attention_mask[,
-        offsets]). The keyword options are EncodeOptions' fields (max_length, padding, truncation,
-        pad_to_multiple_of, return_offsets, return_tensors). Semantics follow transformers' BertTokenizerFast:
+        """Model inputs for one text (or pair) or a batch: a BatchEncoding (a dict with attribute access, .to(device),
+        .word_ids(i)) of input_ids, token_type_ids, attention_mask[, offsets]. A single str gives flat lists; tensors
+        always have a batch dimension. The keyword options are EncodeOptions' fields, as BertTokenizerFast reads them:
 
-        truncation: None -> "longest_first" when max_length is given and padding is off, else none;
-          True = "longest_first"; or "only_first" / "only_second". max_length counts the special tokens. A
-          strategy that cannot reach max_length (the sequence it may cut is too short) raises BertkitError (a
-          ValueError); a max_length below the number of special tokens leaves the inputs untruncated, as
-          BertTokenizerFast does.
-        padding: False; True / "longest" (to the longest in the batch); "max_length" (to max_length, default
-          model_max_length);
-          pad_to_multiple_of rounds the padded length up.
-        offsets: (start, end) character positions into the original text, (0, 0) for special and pad tokens.
-        return_tensors="pt" returns torch tensors (batch, seq) (offsets (batch, seq, 2)); needs equal lengths.
-        A single str returns flat lists (but tensors always have a batch dimension).
-        transformers' spellings work too: text= / text_pair=, return_offsets_mapping (the key is then
-        "offset_mapping"), add_special_tokens, return_attention_mask, return_token_type_ids, is_split_into_words.
-        The result is a BatchEncoding: a dict with attribute access, .to(device) and .word_ids(i).
+        truncation: None -> "longest_first" when max_length is given and padding is off, else none; True =
+          "longest_first"; or "only_first" / "only_second". max_length counts the special tokens. A strategy that
+          cannot reach max_length raises BertkitError; a max_length below the special tokens leaves inputs uncut.
+        padding: True / "longest", or "max_length" (default model_max_length); pad_to_multiple_of rounds up.
+        offsets: (start, end) into the original text, (0, 0) for special and pad tokens (key "offset_mapping" with
+          transformers' return_offsets_mapping). return_tensors="pt" / "np" needs equal lengths.
         """
         opts = EncodeOptions.from_kwargs(options)
         if texts is None or text is not None or text_pair is not None:
             texts, pairs = hf_text_args(texts, pairs, text, text_pair)
         if opts.is_split_into_words:
-            return self._call_split_words(texts, pairs, opts)
-        single = isinstance(texts, str)
-        if single:
-            if pairs is not None:
-                self._check_text(pairs, "pair")
-                # BertTokenizerFast treats an empty pair string in an unbatched call as no pair
-                pairs = [pairs] if pairs else None
-            texts = [texts]
+            texts, pairs, single = self._word_lists(texts, pairs)
         else:
-            texts = self._check_batch(texts, "texts")
-            if pairs is not None:
-                pairs = self._check_batch(pairs, "pairs")
-                if len(pairs) != len(texts):
-                    raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
-        return self._encode_texts(texts, pairs, opts, single)
+            single = isinstance(texts, str)
+            if single:
+                if pairs is not None:
+                    self._check_text(pairs, "pair")
+                    # BertTokenizerFast treats an empty pair string in an unbatched call as no pair
+                    pairs = [pairs] if pairs else None
+                texts = [texts]
+            else:
+                texts = self._check_batch(texts, "texts")
+                pairs = None if pairs is None else self._check_batch(pairs, "pairs")
+        if pairs is not None and len(pairs) != len(texts):
+            raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
+        return (self._encode_words if opts.is_split_into_words else self._encode_texts)(texts, pairs, opts, single)
 
     def _encode_texts(self, texts: list[str], pairs: list[str] | None, opts: EncodeOptions, single: bool):
         offsets = opts.return_offsets or opts.return_offsets_mapping
@@ -245,7 +231,8 @@ class Tokenizer:
             second = self._pieces_batch(pairs, offsets) if pairs is not None else None
             return self._assemble(first, second, opts, single)
 
-    def _call_split_words(self, texts, pairs, opts: EncodeOptions) -> BatchEncoding:
+    @staticmethod
+    def _word_lists(texts, pairs) -> tuple[list[list[str]], list[list[str]] | None, bool]:
         """is_split_into_words: texts (and pairs) are lists of words, or batches of them."""
         if not isinstance(texts, (list, tuple)):
             raise BertkitError(f"is_split_into_words=True needs a list of words (or of word lists), got "
@@ -254,9 +241,7 @@ class Tokenizer:
         texts = [list(texts)] if single else [list(t) for t in texts]
         if pairs is not None:
             pairs = [list(pairs)] if single else [list(p) for p in pairs]
-            if len(pairs) != len(texts):
-                raise BertkitError(f"pairs has {len(pairs)} entries, texts has {len(texts)}")
-        return self._encode_words(texts, pairs, opts, single)
+        return texts, pairs, single
 
     def _encode_words(self, texts: list[list[str]], pairs: list[list[str]] | None, opts: EncodeOptions,
                       single: bool) -> BatchEncoding:
@@ -454,10 +439,8 @@ class Tokenizer:
 
     def encode_batch_parallel(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                               processes: int | None = None, chunk_size: int = 2000, **kwargs) -> dict:
-        """Like `self(texts, pairs, **kwargs)` for a large batch: chunks of texts are split into pieces by
-        `processes` worker processes (default: all cores); truncation, special tokens and padding then run here.
-        Results are identical to the serial call. (The Python lists are built here, which bounds the speed-up;
-        `encode_pieces` returns numpy arrays and scales further.)"""
+        """`self(texts, pairs, **kwargs)`, identical, with chunks of texts split into pieces by `processes` worker
+        processes (default: all cores). The Python lists are built here, which bounds the speed-up (encode_pieces)."""
         opts = EncodeOptions.from_kwargs(kwargs)
         texts = self._check_batch(texts, "texts")
         if pairs is not None:
@@ -468,9 +451,7 @@ class Tokenizer:
         offsets = bool(opts.return_offsets or opts.return_offsets_mapping)
         flats = self._map_chunks(texts + (pairs or []), processes, chunk_size)
         with gc_paused():
-            pieces = []
-            for f in flats:
-                pieces.extend(f.lists(offsets))
+            pieces = [p for f in flats for p in f.lists(offsets)]
             first = pieces[:len(texts)]
             second = pieces[len(texts):] if pairs is not None else None
             return self._assemble(first, second, opts, single=False)

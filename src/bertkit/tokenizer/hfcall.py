@@ -148,19 +148,12 @@ def split_words_pieces(tokenizer, sequences: Sequence[Sequence[str]], offsets: b
     """Pieces of pre-split words, per sequence, and each piece's word index (offsets are within each word, as
     transformers gives them)."""
     flat = [w for seq in sequences for w in tokenizer._check_batch(seq, "words")]
-    per_word = tokenizer._pieces_batch(flat, offsets)
-    pieces, words, k = [], [], 0
+    per_word = iter(tokenizer._pieces_batch(flat, offsets))
+    pieces, words = [], []
     for seq in sequences:
-        ids, offs, wids = [], [] if offsets else None, []
-        for j in range(len(seq)):
-            w_ids, w_offs = per_word[k]
-            k += 1
-            ids += w_ids
-            wids += [j] * len(w_ids)
-            if offsets:
-                offs += w_offs
-        pieces.append((ids, offs))
-        words.append(wids)
+        mine = [next(per_word) for _ in seq]        # (ids, offsets) of each word of this sequence
+        pieces.append(([i for ids, _ in mine for i in ids], [o for _, offs in mine for o in offs] if offsets else None))
+        words.append([j for j, (ids, _) in enumerate(mine) for _ in ids])
     return pieces, words
 
 

@@ -1,21 +1,99 @@
-"""HF-format model directories: vocab.txt and/or tokenizer.json, tokenizer_config.json, special_tokens_map.json.
-
-tokenizer.json, the `tokenizers` library's file, is read and written here for the pipeline bertkit's own Tokenizer
-runs: a WordPiece model ("##" continuations, [UNK], 100-character words), BertNormalizer (cleaning, CJK isolation,
-optional lowercasing and accent stripping), BertPreTokenizer and [CLS] A [SEP] (B [SEP]). is_bert_pipeline says
-whether a directory is that pipeline; any other tokenizer.json (BPE, Unigram, other specials) is library.py's.
-"""
+"""The files of HF-format model directories: vocab.txt (one token per line, id = line number - 1; a bad byte, blank
+line, duplicate or missing special token is a VocabError naming file and line), tokenizer.json, tokenizer_config.json,
+special_tokens_map.json. tokenizer.json is read and written here for BERT's own pipeline (WordPiece, BertNormalizer,
+BertPreTokenizer, [CLS] A [SEP] (B [SEP])); is_bert_pipeline says whether a directory is it; any other is
+library.py's."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 from bertkit.atomic import write_json, write_text
 from bertkit.errors import VocabError
-from bertkit.tokenizer.formats import SPECIAL_TOKENS, check_vocab_dict, read_json_object, vocab_hash
+from bertkit.textfiles import parse_json
 from bertkit.tokenizer.inputs import SIDES
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def load_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """Read a vocab.txt (one token per line, id = line number - 1). Raises VocabError naming file and line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise VocabError(f"{path}: vocab file not found") from None
+    except IsADirectoryError:
+        raise VocabError(f"{path}: is a directory, expected a vocab.txt (or use Tokenizer.from_pretrained)") from None
+    except OSError as e:
+        raise VocabError(f"{path}: cannot read vocab file: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise VocabError(f"{path}:{line}: invalid UTF-8 at byte offset {e.start}") from None
+    if not text.strip():
+        raise VocabError(f"{path}: vocab file is empty")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline
+    vocab: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        token = line.rstrip("\r")
+        if token == "" or token != token.strip():
+            raise VocabError(f"{path}:{i + 1}: blank line or token with surrounding whitespace: {line!r}")
+        if token in vocab:
+            raise VocabError(f"{path}:{i + 1}: duplicate entry {token!r} (first on line {vocab[token] + 1})")
+        vocab[token] = i
+    _check_specials(vocab, str(path))
+    return vocab
+
+
+def check_vocab_dict(vocab: dict[str, int]) -> dict[str, int]:
+    """A copy of a vocab given as a dict, checked as load_vocab checks a file (VocabError)."""
+    vocab = dict(vocab)
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in vocab.values()):
+        raise VocabError("vocab dict: ids must be integers")
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        raise VocabError("vocab dict: ids must be exactly 0..len-1, each once")
+    if any(not isinstance(t, str) or not t or t != t.strip() for t in vocab):
+        raise VocabError("vocab dict: tokens must be non-empty strings without surrounding whitespace")
+    _check_specials(vocab, "vocab dict")
+    return vocab
+
+
+def _check_specials(vocab: dict[str, int], where: str) -> None:
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise VocabError(f"{where}:{len(vocab) + 1}: vocab lacks the special token(s) {', '.join(missing)} "
+                         f"(checked to the end of the file, line {len(vocab)})")
+
+
+def vocab_hash(tokens: list[str]) -> str:
+    """sha256 of the vocab.txt that holds tokens (in id order)."""
+    return hashlib.sha256(("\n".join(tokens) + "\n").encode("utf-8")).hexdigest()
+
+
+def read_text_file(path: str | os.PathLike) -> str:
+    """Read a text file under the tokenizer's policy: UTF-8, each invalid byte -> U+FFFD, which cleaning then drops
+    (as BERT does), so offsets index the decoded text."""
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object (tokenizer.json, tokenizer_config.json, ...); VocabError naming the file."""
+    try:
+        data = parse_json(path.read_bytes(), str(path), VocabError)
+    except OSError as e:
+        raise VocabError(f"{path}: cannot read: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise VocabError(f"{path}: expected a JSON object")
+    return data
 
 
 # what transformers writes for "no limit"; bertkit reads anything this large as None
@@ -59,7 +137,7 @@ def is_bert_pipeline(path: Path) -> bool:
             if (path / name).is_file():
                 _check_bert_config(path / name, read_json_object(path / name))
     except VocabError as e:
-        return "not valid JSON" in str(e) or "cannot read" in str(e)
+        return any(m in str(e) for m in ("not valid JSON", "JSON nested too deeply", "cannot read"))
     except (AttributeError, TypeError, KeyError, ValueError, IndexError):
         return False
     return True
@@ -81,7 +159,7 @@ def _read_config(cfg_file: Path) -> dict:
     """The Tokenizer options a tokenizer_config.json sets (do_lower_case, strip_accents, model_max_length)."""
     cfg = read_json_object(cfg_file)
     _check_bert_config(cfg_file, cfg)
-    kwargs = {}
+    kwargs = {"model_max_length": read_max_length(cfg)}
     for name in ("do_lower_case", "strip_accents"):     # "maybe" would read as True
         if not isinstance(cfg.get(name, False), (bool, type(None))):
             raise VocabError(f"{cfg_file}: {name} must be true, false or null, got {str(cfg[name])[:40]!r}")
@@ -89,10 +167,13 @@ def _read_config(cfg_file: Path) -> dict:
         kwargs["lowercase"] = bool(cfg["do_lower_case"])
     if cfg.get("strip_accents") is not None:
         kwargs["strip_accents"] = bool(cfg["strip_accents"])
-    mml = cfg.get("model_max_length")
-    if isinstance(mml, int) and 0 < mml < 1_000_000:  # HF writes 1e30 for "no limit"
-        kwargs["model_max_length"] = mml
     return {**kwargs, **read_sides(cfg, cfg_file)}
+
+
+def read_max_length(cfg: dict) -> int | None:
+    """A tokenizer config's model_max_length; None for transformers' 1e30 ("no limit")."""
+    mml = cfg.get("model_max_length")
+    return mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
 
 
 def read_sides(cfg: dict, where) -> dict[str, str]:

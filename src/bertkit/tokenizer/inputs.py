@@ -1,17 +1,6 @@
-"""Model inputs, laid out in one place: where the special tokens go, token types, attention masks, padding.
-
-Every caller that turns pieces into what the model reads goes through these (the tokenizer call, task features, QA
-windows, pre-training examples and shard batches, ONNX sample inputs), so the layout is written once:
-
-    Template                        a tokenizer's layout (`tok.template`): the specials before a, after a, between a
-                                    and b, after b, with the token type of each part; BERT's [CLS] a [SEP] (b [SEP])
-                                    types 0/1, RoBERTa's <s> a </s> (</s> b </s>) all 0, ...; .wrap / .types
-    wrap_array(a, b, cls, sep)      [CLS] a [SEP] (b [SEP]) as int32 numpy rows (pre-training builds millions of them)
-    truncated_lengths(na, nb, ...)  how many pieces of a and b a truncation strategy keeps
-    cut(seq, keep, side)            what truncation leaves: the first `keep`, or the last on side "left"
-    pad_batch(rows, types, pad_id)  ragged rows -> (batch, seq) input_ids / token_type_ids / attention_mask tensors
-    row_masks(length, a_len, seq)   stored rows of known lengths -> (batch, seq) attention and token-type masks
-"""
+"""Model inputs, laid out in one place: where the special tokens go, token types, attention masks, padding. Every
+caller that turns pieces into what the model reads goes through these (the tokenizer call, task features, QA
+windows, pre-training examples and shard batches, ONNX sample inputs), so the layout is written once."""
 
 from __future__ import annotations
 
@@ -102,11 +91,8 @@ def truncation_strategy(truncation, max_length, padding) -> str | None:
 
 def truncated_lengths(na: int, nb: int | None, max_length: int, strategy: str, n_special: int) -> tuple[int, int]:
     """Lengths (first, second) after truncating so that, with the n_special [CLS]/[SEP] tokens, the input fits
-    max_length.
-
-    longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must be cut
-    to the same length and one token is left over it goes to the longer (to the second on a tie).
-    """
+    max_length. longest_first cuts the longer sequence down to the shorter one, then both alternately; when both must
+    be cut to the same length and one token is left over it goes to the longer (to the second on a tie)."""
     budget = max_length - n_special
     nb0 = nb or 0
     if budget < 0:

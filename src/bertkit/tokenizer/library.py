@@ -1,12 +1,7 @@
 """Every other tokenizer.json (byte-level BPE: RoBERTa, ModernBERT; SentencePiece Unigram / BPE with Metaspace:
-XLM-R, ALBERT, DeBERTa-v3; WordPiece with other specials: MPNet), read by the `tokenizers` library.
-
-The library is the ecosystem's reader of these files (Rust, the same code transformers' fast tokenizers run), so its
-pieces, offsets and words are those of the file by construction. Everything after the pieces is the Tokenizer's own
-(truncation strategies, the post-processor's layout as a Template, padding, tensors, word ids), shared with bertkit's
-WordPiece: one writer of model inputs. tokenizer_config.json is read as transformers reads it (special tokens,
-model_max_length, add_prefix_space, do_lower_case, clean_up_tokenization_spaces).
-"""
+XLM-R, ALBERT, DeBERTa-v3; WordPiece with other specials: MPNet), read by the `tokenizers` library, the ecosystem's
+reader of these files. Its pieces, offsets and words are the file's by construction; everything after the pieces
+(truncation, the post-processor's layout as a Template, padding, tensors, word ids) is the Tokenizer's own."""
 
 from __future__ import annotations
 
@@ -19,9 +14,9 @@ import numpy as np
 
 from bertkit.errors import VocabError
 from bertkit.tokenizer.encode import Tokenizer, gc_paused
-from bertkit.tokenizer.formats import read_json_object
 from bertkit.tokenizer.hfcall import as_id_list
-from bertkit.tokenizer.hfjson import NO_LIMIT, read_sides, read_structured, write_files
+from bertkit.tokenizer.hfjson import (NO_LIMIT, read_json_object, read_max_length, read_sides, read_structured,
+                                     write_files)
 from bertkit.tokenizer.inputs import Template
 from bertkit.tokenizer.spm import sentencepiece_json
 from bertkit.tokenizer.wordpiece import PieceArrays, DECODE_CLEANUP
@@ -55,8 +50,7 @@ class LibraryTokenizer(Tokenizer, reads_other_pipelines=True):
             raise VocabError(f"{source}: the tokenizers library cannot encode with it: {str(e)[:160]}") from None
         self._set_specials(config, source)
         self.__dict__.update(read_sides(config, source))    # else the class's "right"
-        mml = config.get("model_max_length")
-        self.model_max_length = mml if isinstance(mml, int) and 0 < mml < 1_000_000 else None
+        self.model_max_length = read_max_length(config)
         self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
         # a "##"-style prefix marks pieces inside words (WordPiece); BPE / Unigram mark word starts instead
         self.continuing_subword_prefix = (spec.get("model") or {}).get("continuing_subword_prefix")
@@ -233,7 +227,7 @@ def _split(enc, n: int, n_seq: int) -> tuple[list[tuple[int, ...]], list]:
 
 
 def _continuation_flags(spec: dict, tokens: list[str]) -> np.ndarray:
-    """Per vocab id: does the piece, after a piece that is not special, continue a word (module docstring)."""
+    """Per vocab id: does the piece, after a piece that is not special, continue a word (continues_word)."""
     model = spec.get("model") or {}
     prefix = model.get("continuing_subword_prefix")
     if prefix:

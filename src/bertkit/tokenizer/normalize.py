@@ -131,11 +131,8 @@ class LazyMap(dict):
 
 class Normalizer:
     """Cleaning + accent stripping + lowercasing of arbitrary text, with alignment to the original characters.
-
     Lazily-filled str.translate tables keep the per-character work in C: `norm` (char -> normalised form, "" when
-    removed) and `width` (char -> chr(len(normalised form))), to build the alignment only when some char does not
-    map to exactly one char.
-    """
+    removed) and `width` (char -> chr(len(normalised form))), to build the alignment only where it is needed."""
 
     def __init__(self, lowercase: bool, strip_accents: bool):
         self.lowercase, self.strip_accents = lowercase, strip_accents
@@ -178,14 +175,10 @@ class Normalizer:
         return norm
 
     def _normalize_reordered(self, text: str, base: int) -> tuple[str, list[int]]:
-        """Normalise text whose NFD needs canonical reordering of combining marks across characters.
-
-        Emulates the Rust tokenizer exactly: after cleaning, each char decomposes into (char, change) pairs (change
-        0 for its first char, +1 for the ones it adds); runs of nonzero-class marks are stably sorted by class, the
-        pairs moving together; then alignment is assigned by walking the pairs in order: a change-0 char takes the
-        position of the next source char, an added char that of the last one taken. So after a reordering the
-        positions follow the sequence, not the characters.
-        """
+        """Normalise text whose NFD needs canonical reordering of combining marks across characters, as the Rust
+        tokenizer does: each char decomposes into (char, change) pairs (0 for its first char, 1 for those it adds);
+        runs of nonzero-class marks are stably sorted by class, pairs moving together; then a change-0 char takes the
+        position of the next source char, an added one that of the last taken: positions follow the sequence."""
         pairs: list[list] = []
         src: list[int] = []
         for i, c in enumerate(text, base):

@@ -1,11 +1,6 @@
 """Pre-tokenization, the second stage: text -> words with (start, end) character offsets into the original text.
-
-Special tokens ("[MASK]", ...) found verbatim in the raw text are words first and never split. The rest is split on
-whitespace and punctuation, each punctuation or CJK character a word of its own. ASCII text without control
-characters needs no normalisation beyond lowercasing and is split by a regex; other text is normalised first
-(normalize.Normalizer), and its words carry the original position of each character. wordpiece then cuts each word
-into pieces.
-"""
+Special tokens found verbatim are words first; the rest splits on whitespace and punctuation, each punctuation or
+CJK character a word. Plain ASCII splits by a regex; other text is normalised first, its words carrying alignments."""
 
 from __future__ import annotations
 
@@ -49,7 +44,7 @@ def tokens_with_space(text: str, pattern: re.Pattern) -> list[str]:
 
 
 class PreTokenizer:
-    """Words of a text with their offsets (see the module docstring), and which splitter each text of a batch takes."""
+    """Words of a text with their offsets, and which splitter each text of a batch takes."""
 
     def __init__(self, lowercase: bool, strip_accents: bool, special_tokens: Iterable[str]):
         self.lowercase = lowercase
@@ -59,11 +54,8 @@ class PreTokenizer:
         self.special_re = re.compile("|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True)))
 
     def words(self, text: str) -> tuple[list[str], list[int], list[int], list]:
-        """Split one text into words: (words, starts, ends, alignments) in original-text character positions.
-
-        alignments[k] is None when word k is text[start:end] verbatim up to ASCII lowercasing; otherwise it lists
-        the original position of each of the word's normalised characters.
-        """
+        """(words, starts, ends, alignments) of one text in original-text positions; alignments[k] is None when word
+        k is text[start:end] up to ASCII lowercasing, else the original position of each of its characters."""
         words: list[str] = []
         starts: list[int] = []
         ends: list[int] = []
@@ -125,22 +117,17 @@ class PreTokenizer:
 
     def route(self, texts: Sequence[str]) -> tuple[dict[str, list[int]], list[str | None]]:
         """Which splitter each text takes: (text indices per route, each fast-route text prepared for its regex).
-
         "ascii": lowercased for ASCII_TOKEN_RE; "unicode": normalised one char to one char, for unicode_token_re();
-        "general" (special tokens, removed chars, expansions, reordering): words().
-        """
+        "general" (special tokens, removed chars, expansions, reordering): words()."""
         routes: dict[str, list[int]] = {"ascii": [], "unicode": [], "general": []}
         prepared: list[str | None] = [None] * len(texts)
         one_to_one = self.normalizer.one_to_one
         for i, t in enumerate(texts):
-            if self.special_re.search(t):
+            if self.plain_ascii(t):
+                prepared[i] = t.lower() if self.lowercase else t
+                routes["ascii"].append(i)
+            elif t.isascii() or self.special_re.search(t):
                 routes["general"].append(i)
-            elif t.isascii():
-                if _ASCII_REMOVED_RE.search(t):
-                    routes["general"].append(i)
-                else:
-                    prepared[i] = t.lower() if self.lowercase else t
-                    routes["ascii"].append(i)
             else:
                 prepared[i] = one_to_one(t)
                 routes["unicode" if prepared[i] is not None else "general"].append(i)

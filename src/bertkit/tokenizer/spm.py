@@ -1,14 +1,6 @@
 """A SentencePiece `.model` file where it is a directory's only tokenizer file (older XLM-R, ALBERT and DeBERTa-v2/v3
-uploads): read without the sentencepiece or protobuf packages, and rebuilt as the `tokenizers` pipeline that encodes
-as SentencePieceProcessor does, with the family's vocabulary layout and special tokens.
-
-The file is a protobuf ModelProto; only a handful of its fields matter, and protobuf's wire format is a flat list of
-(field number, wire type, value), so bertkit.protobuf's reader takes what is needed: the pieces (piece, score, type), the
-trainer spec (model type, unk id / piece, byte fallback) and the normalizer spec (the precompiled character map,
-dummy prefix, extra-whitespace removal, whitespace escaping). The pipeline follows those settings: the character map,
-leading / trailing spaces dropped and runs collapsed, spaces as "▁", the dummy "▁" in front, user-defined pieces kept
-whole; Unigram with the pieces' scores, or BPE with merges ranked by the merged piece's score.
-"""
+uploads): read without the sentencepiece or protobuf packages (bertkit.protobuf reads the few fields needed), and
+rebuilt as the `tokenizers` pipeline that encodes as SentencePieceProcessor does (docs/tokenizers.md)."""
 
 from __future__ import annotations
 
@@ -90,7 +82,7 @@ def _family_normalizers(path: Path, family: str, config: dict) -> list:
 
 
 def _pipeline(pieces: list, trainer: dict, spec: dict, specials: set, family_steps: list):
-    """The `tokenizers` pipeline that segments as SentencePieceProcessor (module docstring), after the family's own
+    """The `tokenizers` pipeline that segments as SentencePieceProcessor (docs/tokenizers.md), after the family's own
     normalizers."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 

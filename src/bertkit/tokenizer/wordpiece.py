@@ -1,13 +1,7 @@
-"""WordPiece, the third stage: each word becomes its greedy longest-match-first pieces, and texts become pieces with
-character offsets (no [CLS] / [SEP]: encode adds those).
-
-For each word, take the longest vocab entry that prefixes the rest of the word ("##"-prefixed after the first
-piece); a word with no full segmentation, or longer than MAX_INPUT_CHARS_PER_WORD characters, becomes one [UNK]
-covering the word. Segmentation is a pure function of the word and words repeat (Zipf), so it is memoised. Large
-batches of text that pretokenize splits with one regex never loop over words in Python: a dict lookup per regex match
-(through `map`, a C loop) gives a word id, and numpy gathers piece ids and offsets from per-word tables (PieceTable)
-and splits them back per text. Other text takes the per-word general path; both give the same pieces.
-"""
+"""WordPiece, the third stage: each word becomes its greedy longest-match-first pieces ("##" after the first; [UNK]
+for a word with no full segmentation or over MAX_INPUT_CHARS_PER_WORD), and texts become pieces with character
+offsets. Words repeat (Zipf), so segmentation is memoised; batches that one regex splits never loop over words in
+Python (PieceTable, PieceEncoder.fast); other text takes the per-word general path, with the same pieces."""
 
 from __future__ import annotations
 
