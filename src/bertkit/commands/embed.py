@@ -1,15 +1,5 @@
-"""`bertkit search | rerank | mine`, and the embedding side of `finetune --task embed`, `evaluate --task embed` and
-`embed --out INDEX/` (thin over bertkit.embed).
-
-    bertkit task-data retrieval --out data/retrieval
-    bertkit finetune --task embed --model MINILM --train data/retrieval/train.jsonl --dev data/retrieval/dev \\
-        --out runs/retrieval --lr 2e-5 --epochs 1 --batch-size 32
-    bertkit evaluate --task embed --model runs/retrieval --baseline MINILM --data data/retrieval/test
-    bertkit embed runs/retrieval --file docs.txt --out index/ --dtype float16
-    bertkit search index/ --query "oil prices" --top-k 5 [--rerank runs/pairs]
-    bertkit rerank runs/pairs --query "oil prices" --file docs.txt
-    bertkit mine MINILM --data pairs.jsonl --out mined.jsonl --negatives 3
-"""
+"""`bertkit search | rerank | mine`, and the embedding side of `finetune | evaluate --task embed` and
+`embed --out INDEX/` (thin over bertkit.embed; examples in docs/cli.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""`bertkit finetune | evaluate | predict | task-data`: thin wrappers over bertkit.tasks.
-
-    bertkit task-data sentiment --out data/sentiment          # real task files (CSV / CoNLL / SQuAD JSON)
-    bertkit finetune --task classify --model MODEL_DIR --train data/sentiment/train.csv \\
-        --dev data/sentiment/dev.csv --test data/sentiment/test.csv --out runs/sentiment --seeds 1,2,3
-    bertkit evaluate --model runs/sentiment/seed-1 --data data/sentiment/test.csv --out runs/eval
-    bertkit predict --model runs/sentiment/seed-1 --data new.csv --out preds.jsonl
-"""
+"""`bertkit finetune | evaluate | predict | task-data`: thin over bertkit.tasks (examples in docs/cli.md)."""
 
 from __future__ import annotations
 

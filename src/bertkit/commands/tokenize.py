@@ -1,13 +1,5 @@
-"""`bertkit tokenize`: text (arguments, a file, or stdin) -> JSON lines of tokens / ids / offsets.
-
-    bertkit tokenize --model runs/demo/model "Hello world" "Second text"
-    bertkit tokenize --vocab vocab.txt --file corpus.txt --processes 2 > tokens.jsonl
-    bertkit tokenize --vocab vocab.txt "Who wrote it?" --pair "It was written by me." --max-length 16
-
-One JSON object per input text: {"tokens": [...], "ids": [...], "token_type_ids": [...], "offsets": [[s, e], ...]}
-with [CLS]/[SEP] included (offsets (0, 0) for them). Files are read as UTF-8 with invalid bytes replaced (see
-bertkit.tokenizer). Thin over `bertkit.Tokenizer`.
-"""
+"""`bertkit tokenize`: text (arguments, a file, or stdin) -> a JSON line per text: tokens, ids, token_type_ids and
+offsets, [CLS] / [SEP] included (their offsets (0, 0)). Thin over `bertkit.Tokenizer`."""
 
 from __future__ import annotations
 
