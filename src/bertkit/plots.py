@@ -1,21 +1,13 @@
-"""Pictures: training curves, attention heatmaps and confusion matrices, written as PNG files.
+"""Pictures as PNG files: training curves, attention heatmaps, confusion matrices.
 
-    plot_run(run_dir, out_png)                    loss / accuracy curves from a run directory's metrics JSONL
-    plot_attention(attn, tokens, out_png)         a layers x heads grid of (query x key) attention heatmaps
-    plot_attention_from(attn, tokens, query, out) one picture: attention *from one token* (rows = layer.head)
-    plot_confusion(matrix, labels, out_png)       a confusion matrix with counts and row-normalised colours
+matplotlib (the extra `bertkit[plots]`) is imported when a picture is drawn, with the headless Agg backend. Without
+it a picture raises `PlotsMissing` (an ImportError and a ConfigError) after one logged line: a command that draws on
+the side skips its pictures and goes on, one that only draws says which extra to install (`require()`).
 
-matplotlib is imported lazily with the non-interactive Agg backend, so plots work on a headless machine and
-`import bertkit.plots` costs nothing until a picture is drawn. It is the extra `bertkit[plots]`: without it a
-picture raises `PlotsMissing` (an ImportError and a ConfigError) after one logged line, so a command that draws on
-the side (finetune's confusion matrix, pretrain's curves, the demo) skips its pictures and goes on, and one that only
-draws (`plot`, `attention`) says which extra to install (`require()`).
-
-Metrics files: the training loop writes one JSON object per line (`metrics.jsonl` in the run directory). We do not
-depend on a fixed schema: every numeric field whose name contains "loss" goes on the loss panel, every field whose
-name contains "acc", "f1", "exact" or "corr" goes on the score panel, plotted against "step" (else "global_step",
-else "epoch", else the line number). A record that carries a "split" / "phase" field ("train" / "eval") has its series
-named "<split>/<field>", so train and held-out curves of the same quantity are told apart.
+Metrics files (`metrics.jsonl`, a JSON object a line) have no fixed schema: a numeric field whose name holds "loss"
+goes on the loss panel, one holding "acc", "f1", "exact", "corr", ... on the score panel, against "step" (else
+"global_step", else "epoch", else the line number); a record's "split" / "phase" ("train" / "eval") prefixes its
+series' names, so train and held-out curves of one quantity are told apart.
 """
 
 from __future__ import annotations

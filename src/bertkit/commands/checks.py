@@ -96,7 +96,6 @@ nonneg_int = number(int, 0)
 positive_float = number(float, 0, low_open=True)
 nonneg_float = number(float, 0)
 probability = number(float, 0, 1)
-port = number(int, 0, 65535)                    # 0: any free port
 processes = number(int, 1, 256)                 # workers / threads: beyond this a typo, not a machine
 # the TorchScript ONNX exporter's range; below 13 Softmax/ReduceSum differ and BERT's graph does not export
 opset = number(int, 13, 20)

@@ -9,7 +9,7 @@ from functools import partial
 from itertools import islice
 
 from bertkit.commands import checks
-from bertkit.errors import BertkitError, DataError
+from bertkit.errors import BertkitError
 
 
 def register(sub) -> None:
@@ -36,19 +36,10 @@ def register(sub) -> None:
 
 
 def _lines(path: str):
-    """Lines of a file (or stdin) without their newline, decoded as UTF-8 with invalid bytes replaced."""
-    if path == "-":
-        stream = open(sys.stdin.fileno(), "r", encoding="utf-8", errors="replace", closefd=False)
-    else:
-        try:
-            stream = open(path, "r", encoding="utf-8", errors="replace", newline="")
-        except FileNotFoundError:
-            raise DataError(f"{path}: file not found") from None
-        except IsADirectoryError:
-            raise DataError(f"{path}: is a directory, expected a text file") from None
-        except OSError as e:
-            raise DataError(f"{path}: cannot read: {e.strerror}") from None
-    with stream:
+    """Lines of a file (or stdin) without their newline, decoded as UTF-8 with invalid bytes replaced; an unreadable
+    file is the CLI's one line naming it."""
+    with open(sys.stdin.fileno() if path == "-" else path, "r", encoding="utf-8", errors="replace", newline="",
+              closefd=path != "-") as stream:
         for line in stream:
             yield line.rstrip("\r\n")
 
