@@ -184,10 +184,8 @@ def _as_numpy_layers(attn) -> list:
 
 def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Sequence[int] | None = None,
                    title: str | None = None) -> Path:
-    """A grid with one (query x key) heatmap per layer (rows) and head (columns).
-
-    attn: per-layer attention probabilities, each (heads, seq, seq) or (1, heads, seq, seq), rows = queries.
-    """
+    """A grid with one (query x key) heatmap per layer (rows) and head (columns). attn: per-layer attention
+    probabilities, each (heads, seq, seq) or (1, heads, seq, seq), rows = queries."""
     mats = _as_numpy_layers(attn)
     layers = list(range(len(mats))) if layers is None else list(layers)
     heads = range(mats[0].shape[0])
@@ -221,11 +219,8 @@ def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Seq
 
 def plot_attention_from(attn, tokens: Sequence[str], query: int | str, out_png: str | Path,
                         title: str | None = None) -> Path:
-    """Where one token looks: a (layer.head x key token) heatmap of the attention weights from `query`.
-
-    `query` is a position or a token string (its first occurrence). This is the book's "he -> Bert" picture for every
-    head at once: a bright cell in the "bert" column means that head resolves the pronoun to its antecedent.
-    """
+    """Where one token looks: a (layer.head x key token) heatmap of the attention weights from `query`, a position
+    or a token string (its first occurrence): the book's "he -> Bert" picture for every head at once."""
     import numpy as np
     mats = _as_numpy_layers(attn)
     if isinstance(query, str) and query not in tokens:
