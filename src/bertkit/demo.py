@@ -50,8 +50,7 @@ FILL_EXAMPLES = [
 ]
 
 
-# the stages import torch / numpy where they run: commands/demo reads DemoConfig and STAGES while `bertkit -h`
-# builds its parser
+# the stages import torch / numpy where they run: `bertkit -h` reads DemoConfig and STAGES
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -64,9 +63,7 @@ class DemoConfig:
     # (bertkit.train.recipe), on the shards the plan is measured on (recipe.SHARDS: sentence-pair rows of 64)
     preset: str = "mini"
     pretrain_budget_s: float = 720.0      # wall clock for the optimizer loop
-    # fill-mask evaluation on held-out sentences
     fill_eval_sentences: int = 60
-    # sentiment fine-tuning of MiniLM-L6 on Rotten Tomatoes
     sentiment_epochs: float = 1.0
     sentiment_train_examples: int | None = 4000   # a quick run; None = all ~8.3k training sentences
     sentiment_lr: float = 1e-4            # one short epoch: the top of the usual range for a 6-layer model

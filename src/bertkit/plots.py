@@ -123,15 +123,11 @@ def _is_loss(name: str) -> bool:
     return any(w in name.lower() for w in _LOSS_WORDS)
 
 
-def _is_score(name: str) -> bool:
-    return not _is_loss(name) and any(w in name.lower() for w in _SCORE_WORDS)
-
-
 def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
     """Loss curves (left, log scale when they span > 1 decade) and accuracy-like curves (right) of one run."""
     series = read_metrics(run_dir)
     losses = {k: v for k, v in series.items() if _is_loss(k)}
-    scores = {k: v for k, v in series.items() if _is_score(k)}
+    scores = {k: v for k, v in series.items() if not _is_loss(k) and any(w in k.lower() for w in _SCORE_WORDS)}
     if not losses and not scores:
         raise DataError(f"{find_metrics_file(run_dir)}: no finite loss or accuracy values to plot "
                         f"(fields with one: {', '.join(sorted(series)) or 'none'})")

@@ -63,7 +63,6 @@ def run(args) -> int:
     if args.file:
         texts = _lines(args.file)
         pairs = _lines(args.pair_file) if args.pair_file else None
-        # a worker pool for the pieces, or this process
         encode = partial(tok.encode_batch_parallel, processes=args.processes) if args.processes > 1 else tok
         while True:
             batch = list(islice(texts, args.batch_lines))
