@@ -53,9 +53,8 @@ class _RawShowDefaults(argparse.RawDescriptionHelpFormatter, _ShowDefaults):
 
 
 class _AnyOrder(argparse.ArgumentParser):
-    """A subcommand's parser taking options and positionals in any order (`embed --pooling cls MODEL "text"`,
-    `embed MODEL "text" --pooling cls`): argparse's intermixed parsing, which the top-level parser (whose
-    subcommand is a positional of its own) cannot use."""
+    """A subcommand's parser taking options and positionals in any order (`embed --pooling cls MODEL "text"`):
+    argparse's intermixed parsing, which the top-level parser (its subcommand a positional) cannot use."""
 
     _intermixed = False
 

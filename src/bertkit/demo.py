@@ -70,8 +70,6 @@ class DemoConfig:
     progress: bool = True
 
 
-# ------------------------------------------------------------------------------------------------- helpers
-
 def _done(path: Path) -> dict | None:
     try:
         return json.loads((path / "done.json").read_text())
