@@ -40,7 +40,7 @@ class _ShowDefaults(argparse.HelpFormatter):
 
     def _format_action(self, action):
         default = action.default
-        shown = action.nargs != 0 and default not in (None, "", argparse.SUPPRESS) and default != []
+        shown = action.nargs != 0 and default not in (None, "", argparse.SUPPRESS) and default not in ([], ())
         if shown and "default" not in (action.help or "").lower() and action.help != argparse.SUPPRESS:
             action = copy.copy(action)
             value = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)

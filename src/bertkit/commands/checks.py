@@ -160,6 +160,11 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def names(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated names ('wandb,mlflow'), blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 # ---------------------------------------------------------------------------------------------- output paths
 
 def _resolved(path) -> Path:

@@ -58,7 +58,7 @@ def register(sub) -> None:
                    help="checkpoint every N steps, for --resume (default: every 10 minutes, see --save-minutes)")
     p.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
                    help="checkpoint every M minutes of training (default 10)")
-    p.add_argument("--report-to", type=_names, default=(),
+    p.add_argument("--report-to", type=checks.names, default=(),
                    help="also log to wandb and/or mlflow (comma-separated; the extras bertkit[wandb] / "
                         "bertkit[mlflow]); TensorBoard event files go to OUT/train/tb when tensorboard is installed")
     p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
@@ -125,10 +125,6 @@ def run_values(args) -> dict:
     for): TrainConfig and FinetuneConfig fields."""
     return {**{k: getattr(args, k) for k in RECIPE_DESTS}, "precision": chosen_precision(args),
             "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 def _finetune(args) -> int:
