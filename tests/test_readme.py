@@ -297,7 +297,7 @@ def test_help_lists_subcommands_by_stage_and_every_option_default(capsys):
         assert "default" in text, name
         flat = " ".join(text.split())
         for action in command._actions:   # every value default shows, unless the option's own help says it
-            valued = action.nargs != 0 and action.default not in (None, "", [], argparse.SUPPRESS)
+            valued = action.nargs != 0 and action.default not in (None, "", [], (), argparse.SUPPRESS)
             if valued and "default" not in (action.help or "").lower():
                 value = ",".join(map(str, action.default)) if isinstance(action.default, (list, tuple)) \
                     else str(action.default)

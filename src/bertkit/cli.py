@@ -1,10 +1,5 @@
-"""The `bertkit` command: one subcommand per stage, thin over the library.
-
-Each stage's arguments live in `bertkit/commands/<stage>.py`, which exposes `register(subparsers)`; the registered
-handler gets the parsed `argparse.Namespace` and calls the library. User errors (`BertkitError`, and as a last resort
-an OSError a user causes: a full disk, a read-only or forbidden path) print one line and exit 2; anything else is a
-bug and keeps its traceback.
-"""
+"""The `bertkit` command: one subcommand per stage (`bertkit/commands/<stage>.py`, `register(subparsers)`), thin
+over the library. A user's error prints one line and exits 2; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ from bertkit.config import PRESETS
 from bertkit.hub import cli_model_arg
 from bertkit.textfiles import stdin_inputs
 
-# Stage modules under bertkit.commands, in the order of the data flow. A module that is missing is skipped so a
-# partial install still runs the stages it has.
+# stage modules under bertkit.commands, in the order of the data flow
 STAGES = ("tokenize", "vocab", "prepare", "pretrain", "finetune", "distill", "infer", "embed", "serve", "export",
           "convert", "quantize", "demo")
 
@@ -46,7 +40,7 @@ class _ShowDefaults(argparse.HelpFormatter):
 
     def _format_action(self, action):
         default = action.default
-        shown = action.nargs != 0 and default not in (None, "", argparse.SUPPRESS) and default != []
+        shown = action.nargs != 0 and default not in (None, "", argparse.SUPPRESS) and default not in ([], ())
         if shown and "default" not in (action.help or "").lower() and action.help != argparse.SUPPRESS:
             action = copy.copy(action)
             value = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
@@ -59,9 +53,8 @@ class _RawShowDefaults(argparse.RawDescriptionHelpFormatter, _ShowDefaults):
 
 
 class _AnyOrder(argparse.ArgumentParser):
-    """A subcommand's parser taking options and positionals in any order (`embed --pooling cls MODEL "text"`,
-    `embed MODEL "text" --pooling cls`): argparse's intermixed parsing, which the top-level parser (whose
-    subcommand is a positional of its own) cannot use."""
+    """A subcommand's parser taking options and positionals in any order (`embed --pooling cls MODEL "text"`):
+    argparse's intermixed parsing, which the top-level parser (its subcommand a positional) cannot use."""
 
     _intermixed = False
 
@@ -96,13 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_AnyOrder,
                                 help="one of the commands below; `bertkit COMMAND -h` lists its options")
     for stage in STAGES:
-        try:
-            module = importlib.import_module(f"bertkit.commands.{stage}")
-        except ModuleNotFoundError as e:
-            if e.name == f"bertkit.commands.{stage}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"bertkit.commands.{stage}").register(sub)
     parser.epilog = _grouped(sub)
     one_line_errors(parser)
     return parser

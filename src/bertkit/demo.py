@@ -1,23 +1,16 @@
 """The main job: the whole of bertkit on a fresh machine in one command (`make demo` = `bertkit demo --out runs/demo`).
 
     data       BBC News (2,225 articles), split by article 80/10/10: train -> corpus, test -> held-out text
-    vocab      a WordPiece vocabulary trained on the train corpus           (bertkit.vocab.train_vocab)
+    vocab      a WordPiece vocabulary trained on the train corpus
     shards     pre-training shards: train (dynamic masks) + held-out (static masks, for a stable accuracy)
-                                                                            (bertkit.pretraining.prepare)
-    pretrain   a `mini` BERT (4 layers, 256 hidden) from scratch with MLM + NSP: `bertkit pretrain --budget 12m` with
-               its defaults, i.e. the recipe the budget plans (bertkit.train.recipe; bf16 where native)
-    fillmask   fill-mask examples (one mask, whole words, several masks decoded jointly) and the joint-vs-
-               independent exact match on held-out sentences                (bertkit.infer)
-    attention  the "he -> Bert" attention picture of the book, on MiniLM-L6 and on our model  (bertkit.plots)
-    sentiment  fine-tune MiniLM-L6 on Rotten Tomatoes sentiment, evaluate on the test split  (bertkit.tasks)
+    pretrain   a `mini` BERT from scratch: `bertkit pretrain --budget 12m` with the recipe the budget plans
+    fillmask   fill-mask examples and the joint-vs-independent exact match on held-out sentences
+    attention  the "he -> Bert" attention picture of the book, on MiniLM-L6 and on our model
+    sentiment  fine-tune MiniLM-L6 on Rotten Tomatoes sentiment, evaluate on the test split
     report     runs/demo/report.md with every figure and the PNGs
 
-Every stage writes its output under OUT/<stage>/ and a `done.json` last; a stage whose done.json exists is skipped
-(so an interrupted demo resumes where it stopped, and each stage's output is usable on its own), unless --force.
-The defaults aim at about 15 minutes on 2 idle CPU cores (pre-training is a fixed 12-minute wall-clock budget, so on
-a busy machine it gets fewer steps, and the other stages take longer); the report's stage table gives the measured
-times and the load average. `--pretrain-budget` trades time for quality: with much less than 10 minutes on 2 cores
-a from-scratch model stays on its early plateau (every [MASK] -> "the , to ...").
+Every stage writes OUT/<stage>/ and a `done.json` last; a stage whose done.json exists is reused (an interrupted
+demo resumes where it stopped) unless --force. Its time and what the pre-training budget buys: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -57,8 +50,7 @@ FILL_EXAMPLES = [
 ]
 
 
-# the stages import torch / numpy where they run: commands/demo reads DemoConfig and STAGES while `bertkit -h`
-# builds its parser
+# the stages import torch / numpy where they run: `bertkit -h` reads DemoConfig and STAGES
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -71,16 +63,12 @@ class DemoConfig:
     # (bertkit.train.recipe), on the shards the plan is measured on (recipe.SHARDS: sentence-pair rows of 64)
     preset: str = "mini"
     pretrain_budget_s: float = 720.0      # wall clock for the optimizer loop
-    # fill-mask evaluation on held-out sentences
     fill_eval_sentences: int = 60
-    # sentiment fine-tuning of MiniLM-L6 on Rotten Tomatoes
     sentiment_epochs: float = 1.0
     sentiment_train_examples: int | None = 4000   # a quick run; None = all ~8.3k training sentences
     sentiment_lr: float = 1e-4            # one short epoch: the top of the usual range for a 6-layer model
     progress: bool = True
 
-
-# ------------------------------------------------------------------------------------------------- helpers
 
 def _done(path: Path) -> dict | None:
     try:

@@ -1,10 +1,5 @@
-"""Keyword options checked against a config dataclass, for calls that take `config=None, **options`.
-
-    def train_vocab(files, config: VocabTrainingConfig | None = None, **options): ...
-    train_vocab(files, vocab_size=8000)          # the same as train_vocab(files, VocabTrainingConfig(vocab_size=8000))
-
-The dataclass stays the one list of the settings, their defaults and their checks; keywords are a shorthand for it.
-"""
+"""Keyword options checked against a config dataclass, for calls that take `config=None, **options`
+(`train_vocab(files, vocab_size=8000)`): the dataclass stays the one list of the settings and their defaults."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
-"""Pictures: training curves, attention heatmaps and confusion matrices, written as PNG files.
+"""Pictures as PNG files: training curves, attention heatmaps, confusion matrices.
 
-    plot_run(run_dir, out_png)                    loss / accuracy curves from a run directory's metrics JSONL
-    plot_attention(attn, tokens, out_png)         a layers x heads grid of (query x key) attention heatmaps
-    plot_attention_from(attn, tokens, query, out) one picture: attention *from one token* (rows = layer.head)
-    plot_confusion(matrix, labels, out_png)       a confusion matrix with counts and row-normalised colours
+matplotlib (the extra `bertkit[plots]`) is imported when a picture is drawn, with the headless Agg backend. Without
+it a picture raises `PlotsMissing` (an ImportError and a ConfigError) after one logged line: a command that draws on
+the side skips its pictures and goes on, one that only draws says which extra to install (`require()`).
 
-matplotlib is imported lazily with the non-interactive Agg backend, so plots work on a headless machine and
-`import bertkit.plots` costs nothing until a picture is drawn. It is the extra `bertkit[plots]`: without it a
-picture raises `PlotsMissing` (an ImportError and a ConfigError) after one logged line, so a command that draws on
-the side (finetune's confusion matrix, pretrain's curves, the demo) skips its pictures and goes on, and one that only
-draws (`plot`, `attention`) says which extra to install (`require()`).
-
-Metrics files: the training loop writes one JSON object per line (`metrics.jsonl` in the run directory). We do not
-depend on a fixed schema: every numeric field whose name contains "loss" goes on the loss panel, every field whose
-name contains "acc", "f1", "exact" or "corr" goes on the score panel, plotted against "step" (else "global_step",
-else "epoch", else the line number). A record that carries a "split" / "phase" field ("train" / "eval") has its series
-named "<split>/<field>", so train and held-out curves of the same quantity are told apart.
+Metrics files (`metrics.jsonl`, a JSON object a line) have no fixed schema: a numeric field whose name holds "loss"
+goes on the loss panel, one holding "acc", "f1", "exact", "corr", ... on the score panel, against "step" (else
+"global_step", else "epoch", else the line number); a record's "split" / "phase" ("train" / "eval") prefixes its
+series' names, so train and held-out curves of one quantity are told apart.
 """
 
 from __future__ import annotations
@@ -131,15 +123,11 @@ def _is_loss(name: str) -> bool:
     return any(w in name.lower() for w in _LOSS_WORDS)
 
 
-def _is_score(name: str) -> bool:
-    return not _is_loss(name) and any(w in name.lower() for w in _SCORE_WORDS)
-
-
 def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
     """Loss curves (left, log scale when they span > 1 decade) and accuracy-like curves (right) of one run."""
     series = read_metrics(run_dir)
     losses = {k: v for k, v in series.items() if _is_loss(k)}
-    scores = {k: v for k, v in series.items() if _is_score(k)}
+    scores = {k: v for k, v in series.items() if not _is_loss(k) and any(w in k.lower() for w in _SCORE_WORDS)}
     if not losses and not scores:
         raise DataError(f"{find_metrics_file(run_dir)}: no finite loss or accuracy values to plot "
                         f"(fields with one: {', '.join(sorted(series)) or 'none'})")
@@ -192,10 +180,8 @@ def _as_numpy_layers(attn) -> list:
 
 def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Sequence[int] | None = None,
                    title: str | None = None) -> Path:
-    """A grid with one (query x key) heatmap per layer (rows) and head (columns).
-
-    attn: per-layer attention probabilities, each (heads, seq, seq) or (1, heads, seq, seq), rows = queries.
-    """
+    """A grid with one (query x key) heatmap per layer (rows) and head (columns). attn: per-layer attention
+    probabilities, each (heads, seq, seq) or (1, heads, seq, seq), rows = queries."""
     mats = _as_numpy_layers(attn)
     layers = list(range(len(mats))) if layers is None else list(layers)
     heads = range(mats[0].shape[0])
@@ -229,11 +215,8 @@ def plot_attention(attn, tokens: Sequence[str], out_png: str | Path, layers: Seq
 
 def plot_attention_from(attn, tokens: Sequence[str], query: int | str, out_png: str | Path,
                         title: str | None = None) -> Path:
-    """Where one token looks: a (layer.head x key token) heatmap of the attention weights from `query`.
-
-    `query` is a position or a token string (its first occurrence). This is the book's "he -> Bert" picture for every
-    head at once: a bright cell in the "bert" column means that head resolves the pronoun to its antecedent.
-    """
+    """Where one token looks: a (layer.head x key token) heatmap of the attention weights from `query`, a position
+    or a token string (its first occurrence): the book's "he -> Bert" picture for every head at once."""
     import numpy as np
     mats = _as_numpy_layers(attn)
     if isinstance(query, str) and query not in tokens:

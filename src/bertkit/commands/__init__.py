@@ -9,8 +9,7 @@ from bertkit.errors import ConfigError
 
 
 def add_model_argument(parser, help: str) -> None:
-    """MODEL as the first positional, or as `--model MODEL` like tokenize / finetune / evaluate / predict spell it
-    (settle_model keeps the one given)."""
+    """MODEL as the first positional, or as `--model MODEL` (settle_model keeps the one given)."""
     parser.add_argument("model", nargs="?", help=f"{help} (or --model MODEL)")
     parser.add_argument("--model", dest="model_option", metavar="MODEL", help="the same as the MODEL positional")
 
@@ -40,9 +39,8 @@ def config_from(cls, args, **given):
 
 
 def add_precision_argument(parser, default: str = "fp32", verb: str = "run") -> None:
-    """--precision (and --fp32, its short form). Inference commands default to fp32, as every front door does (the
-    numbers transformers and sentence-transformers give); training to auto, and only training takes fp16 (its loss
-    scaling is the training loop's). A half precision is said on stderr when chosen."""
+    """--precision (and --fp32, its short form): inference defaults to fp32 (the numbers transformers gives), training
+    to auto; only training takes fp16 (its loss scaling is the training loop's)."""
     fp16 = ("fp16",) if verb == "train" else ()
     parser.add_argument("--precision", choices=("fp32", "auto", "bf16", *fp16), default=default,
                         help=f"{verb} in fp32 or bf16 autocast{' or fp16 with loss scaling' if fp16 else ''}; auto: "

@@ -1,15 +1,5 @@
-"""Checks every subcommand shares, all made before any work starts.
-
-    p.add_argument("--batch-size", type=checks.positive_int)        # a bad number is a usage error: one line, exit 2
-    out = checks.out_dir(args.out, "finetune", inputs=(args.model, args.train), overwrite=args.overwrite)
-    out = checks.out_file(args.out, inputs=(args.data,), default_name="predictions.jsonl")
-
-Output rules: the path is writable and of the right kind (file vs directory); it is never one of the command's
-inputs; a non-empty directory is refused unless --overwrite, and --overwrite replaces a directory only when it holds
-this command's earlier run (recognised by MARKER), never files someone else put there (MARKER lists them to keep).
-The earlier run is set aside (REPLACED) and deleted only when the new one succeeds (settle_out): a run that fails
-before writing anything puts it back.
-"""
+"""Checks every subcommand shares, all made before any work starts: argument types (a bad value is one line, exit
+2) and output paths (the rules, `--overwrite` included, are in docs/cli.md, Conventions)."""
 
 from __future__ import annotations
 
@@ -52,9 +42,8 @@ _CONTROLS = {c: repr(chr(c))[1:-1] for c in (*range(32), 127) if c != ord("\t")}
 
 
 def error_line(e: BaseException) -> str | None:
-    """The one line for an error a user caused (a BertkitError; as a last resort a full disk or forbidden path, a
-    size too large for memory, an input that is not UTF-8), or None for a bug, which keeps its traceback. A file
-    name holding a newline or a terminal escape is written escaped: one line, and the terminal left as it was."""
+    """The one line for an error a user caused, or None for a bug (which keeps its traceback). Control characters
+    in a file name are escaped: one line, and the terminal left as it was."""
     text = _error_text(e)
     return None if text is None else text.translate(_CONTROLS)
 
@@ -110,14 +99,13 @@ nonneg_int = number(int, 0)
 positive_float = number(float, 0, low_open=True)
 nonneg_float = number(float, 0)
 probability = number(float, 0, 1)
-port = number(int, 0, 65535)                    # 0: any free port
 processes = number(int, 1, 256)                 # workers / threads: beyond this a typo, not a machine
 # the TorchScript ONNX exporter's range; below 13 Softmax/ReduceSum differ and BERT's graph does not export
 opset = number(int, 13, 20)
 
 
 def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Usage errors of `parser` and its subcommands as one line on stderr, exit 2 (argparse prints the usage too)."""
+    """Usage errors of `parser` and its subcommands as one line on stderr (not argparse's usage), exit 2."""
     def error_for(prog: str):
         def error(message: str):
             sys.stderr.write(f"{prog}: error: {message} (see {prog} --help)\n")
@@ -175,6 +163,11 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def names(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated names ('wandb,mlflow'), blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 # ---------------------------------------------------------------------------------------------- output paths
 
 def _resolved(path) -> Path:
@@ -196,9 +189,8 @@ def _existing(inputs) -> list[tuple[str, Path]]:
 
 
 def _check_writable(shown: str, target: Path) -> None:
-    """Refuse `target` (to be created or replaced) unless its nearest existing ancestor is a directory bertkit can
-    write: probed by creating a temporary file there (permission bits alone say nothing to root or on a read-only
-    mount)."""
+    """Refuse `target` unless its nearest existing ancestor is a directory bertkit can write: probed with a temporary
+    file (permission bits alone say nothing to root or on a read-only mount)."""
     ancestor = target
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -271,16 +263,10 @@ def _put_back(d: Path) -> None:
 
 def out_dir(path, command: str, *, inputs=(), overwrite: bool = False, writes_model: bool = False,
             reuse: bool = False, known: tuple[str, ...] = (), dry_run: bool = False) -> Path:
-    """Check (and create) the output directory of `bertkit COMMAND`, before any work.
-
-    Refused: a file; a directory that cannot be written; one of `inputs` (files or directories) or a directory
-    holding one that --overwrite would clear; another command's run; a model directory unless the command writes
-    models and --overwrite is given; any other non-empty directory unless --overwrite. With --overwrite this
-    command's earlier run (what it wrote: files put there later by anyone else stay, as do the files there before
-    it) is set aside until this run succeeds (settle_out). `reuse`: the command's earlier run is kept as it is (its outputs are
-    a cache or are regenerated). `known`: names an earlier run of the command left before MARKER existed.
-    `dry_run`: the checks only, nothing cleared or created (a command that can still refuse after its work, such as
-    a quality gate, calls it again when it is about to write)."""
+    """Check (and create) the output directory of `bertkit COMMAND`, before any work; with --overwrite its earlier
+    run is set aside until this run succeeds (settle_out). `reuse`: an earlier run of the command is kept as it is
+    (a cache). `known`: names an earlier run left before MARKER existed. `dry_run`: the checks only (a command that
+    can still refuse after its work, a quality gate, calls it again when it is about to write)."""
     shown = str(path)
     d = _resolved(path)
     if d.exists() and not d.is_dir():
@@ -368,12 +354,10 @@ def _first_missing(d: Path) -> Path | None:
 
 
 def settle_out(path, ok: bool, disk_full: bool = False) -> str | None:
-    """After a command that wrote to the output directory `path` (out_dir): on success record what it wrote (a later
-    --overwrite replaces only that) and delete the run it replaced; on failure or interruption put the replaced run
-    back if this one wrote nothing (or the disk filled up: its part-run is deleted for the complete one), else leave
-    it in REPLACED, and remove a directory this run created and left empty. Acts only on a directory out_dir set up
-    in this process (a PID can repeat; a path cannot be claimed twice). Returns a line for the user where the
-    earlier run stays aside."""
+    """After a command that wrote to `path` (out_dir, in this process): record what it wrote (a later --overwrite
+    replaces only that); on success delete the run it replaced; on failure put that run back if this one wrote
+    nothing (or filled the disk: its part-run goes), else leave it in REPLACED, and remove a directory this run
+    made and left empty. Returns a line for the user where the earlier run stays aside."""
     if path is None:
         return None
     try:
@@ -429,10 +413,8 @@ def out_index(path, *, inputs=(), overwrite: bool = False) -> Path:
 
 
 def out_file(path, *, inputs=(), default_name: str, overwrite: bool | None = None) -> Path:
-    """Check a command's output file, before any work; an existing directory (or a path ending in '/')
-    gets `default_name` inside it. Refused: a directory or a device / pipe where the file would go, one of
-    `inputs`, an unwritable place, and an existing file when the command has --overwrite (`overwrite` is not None)
-    and it is not given. Returns the file's path."""
+    """Check a command's output file, before any work; a directory (or a path ending in '/') gets `default_name`
+    inside it. `overwrite` None: the command has no --overwrite (an existing file is replaced). Returns the path."""
     _resolved(path)         # '' or a link loop: refused naming the path
     shown, p = str(path), Path(os.path.expanduser(str(path)))
     if shown.endswith(("/", os.sep)) or p.is_dir():
@@ -457,9 +439,8 @@ def out_file(path, *, inputs=(), default_name: str, overwrite: bool | None = Non
 
 @contextlib.contextmanager
 def staged(directory) -> Iterator[Path]:
-    """A temporary directory inside `directory` for a command's output files: on success each file moves into
-    `directory` (os.replace, so no reader sees half a file); on any error (a full disk) they are removed and the
-    files there before stay as they were, and directories it created for them are removed again."""
+    """A temporary directory inside `directory` for a command's output files, each moved in (os.replace) on success:
+    no reader sees half a file; on an error the files there before stay, and directories made for them go."""
     d = Path(directory)
     made = _first_missing(d)
     d.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,5 @@
 """`bertkit convert SRC OUT`: an original google-research/bert TensorFlow checkpoint -> an HF-format directory,
-without TensorFlow (thin over bertkit.tf_checkpoint).
-
-    bertkit convert uncased_L-12_H-768_A-12/ bert-base-uncased/ [--overwrite] [--cased | --uncased]
-    bertkit convert run/model.ckpt-100000 my-bert/ --config bert_config.json --vocab vocab.txt
-"""
+without TensorFlow (thin over bertkit.tf_checkpoint)."""
 
 from __future__ import annotations
 

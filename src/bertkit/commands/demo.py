@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the whole pipeline on BBC News + Rotten Tomatoes, with a report (make demo)")
     p.add_argument("--out", default=d.out)
     p.add_argument("--force", action="store_true", help="redo stages whose output exists")
-    p.add_argument("--only", default="", help=f"comma-separated stages to run ({','.join(STAGES[:-1])})")
+    p.add_argument("--only", type=checks.names, default=(),
+                   help=f"comma-separated stages to run ({','.join(STAGES[:-1])})")
     p.add_argument("--seed", type=checks.nonneg_int, default=d.seed)
     p.add_argument("--pretrain-budget", type=checks.positive_float, default=d.pretrain_budget_s, help="seconds of pre-training")
     p.add_argument("--vocab-size", type=checks.positive_int, default=d.vocab_size)
@@ -27,8 +28,7 @@ def register(sub) -> None:
 def run(args) -> int:
     # its stages are a cache: an earlier demo run is reused (--force redoes them); other files are refused
     checks.out_dir(args.out, "demo", overwrite=args.force, reuse=True, writes_model=True, known=STAGES)
-    cfg = config_from(DemoConfig, args, only=tuple(s.strip() for s in args.only.split(",") if s.strip()),
-                      pretrain_budget_s=args.pretrain_budget, progress=not args.quiet,
+    cfg = config_from(DemoConfig, args, pretrain_budget_s=args.pretrain_budget, progress=not args.quiet,
                       sentiment_train_examples=args.sentiment_train_examples or None)
     print(run_demo(cfg))
     return 0

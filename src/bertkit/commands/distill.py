@@ -1,12 +1,5 @@
-"""`bertkit distill`: a smaller student trained on a teacher's outputs (bertkit.distill, bertkit.distill_mlm).
-
-    # task distillation: the teacher is a `bertkit finetune` directory; the student is a fine-tuned directory too
-    bertkit distill --teacher runs/sentiment/seed-1 --student-layers 3 --train data/sentiment/train.csv \\
-        --dev data/sentiment/dev.csv --out runs/sentiment-l3 --temperature 2 --alpha 0.5
-    # the same student without the teacher (plain fine-tuning of the 3 copied layers): --alpha 0
-    # general distillation: raw text, one document per line, the MLM objective of a pre-trained teacher
-    bertkit distill --teacher MODEL --student-layers 3 --text corpus.txt --out models/student-l3
-"""
+"""`bertkit distill`: a smaller student trained on a teacher's outputs, task (--train / --dev) or general (--text)
+(thin over bertkit.distill, bertkit.distill_mlm)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""`bertkit search | rerank | mine`, and the embedding side of `finetune --task embed`, `evaluate --task embed` and
-`embed --out INDEX/` (thin over bertkit.embed).
-
-    bertkit task-data retrieval --out data/retrieval
-    bertkit finetune --task embed --model MINILM --train data/retrieval/train.jsonl --dev data/retrieval/dev \\
-        --out runs/retrieval --lr 2e-5 --epochs 1 --batch-size 32
-    bertkit evaluate --task embed --model runs/retrieval --baseline MINILM --data data/retrieval/test
-    bertkit embed runs/retrieval --file docs.txt --out index/ --dtype float16
-    bertkit search index/ --query "oil prices" --top-k 5 [--rerank runs/pairs]
-    bertkit rerank runs/pairs --query "oil prices" --file docs.txt
-    bertkit mine MINILM --data pairs.jsonl --out mined.jsonl --negatives 3
-"""
+"""`bertkit search | rerank | mine`, and the embedding side of `finetune | evaluate --task embed` and
+`embed --out INDEX/` (thin over bertkit.embed; examples in docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -93,10 +83,8 @@ FINETUNE_DESTS = {"loss": None, "scale": 20.0, "learnable_scale": False, "symmet
 
 
 def refuse_embed_flags(args) -> None:
-    """A --task embed flag given to another task is a mistake: say so rather than ignore it."""
-    for dest, default in FINETUNE_DESTS.items():
-        if getattr(args, dest, default) != default:
-            raise ConfigError(f"--{dest.replace('_', '-')} applies to --task embed only, not --task {args.task}")
+    _refuse(args, {f"--{d.replace('_', '-')}": (d, v) for d, v in FINETUNE_DESTS.items()},
+            f"applies to --task embed only, not --task {args.task}")
 
 
 def add_finetune_args(p) -> None:
@@ -120,18 +108,18 @@ def add_finetune_args(p) -> None:
                                      "model's query / document prompts")
 
 
-def _check_unused(args, names: dict[str, tuple[str, object]]) -> None:
-    """Each flag -> (its dest, its default): a flag given a value here is a mistake, said rather than ignored."""
-    for flag, (dest, default) in names.items():
+def _refuse(args, flags: dict[str, tuple[str, object]], why: str) -> None:
+    """Each flag -> (its dest, its default): a flag given a value where it does not apply is said, not ignored."""
+    for flag, (dest, default) in flags.items():
         if getattr(args, dest, default) not in (default, None):
-            raise ConfigError(f"{flag} does not apply to --task embed")
+            raise ConfigError(f"{flag} {why}")
 
 
 def finetune(args) -> int:
     from bertkit.embed.runner import EmbedFinetuneConfig, finetune_embed  # deferred: torch, off `bertkit -h`'s path
     from bertkit.train.loop import TrainConfig
-    _check_unused(args, {"--grid": ("grid", False), "--patience": ("patience", 0), "--vocab": ("vocab", None),
-                         "--eval-every": ("eval_every_steps", None)})
+    _refuse(args, {"--grid": ("grid", False), "--patience": ("patience", 0), "--vocab": ("vocab", None),
+                   "--eval-every": ("eval_every_steps", None)}, "does not apply to --task embed")
     training = TrainConfig(lr=args.lr, epochs=args.epochs, warmup=args.warmup, weight_decay=args.weight_decay,
                            precision=chosen_precision(args), log_every_steps=50,
                            progress=progress.wanted(args.progress))

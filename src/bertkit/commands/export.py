@@ -61,8 +61,7 @@ def _verdict(args, out, report: dict) -> None:
             raise BertkitError(f"{out}: onnxruntime differs from PyTorch by {diff:.3g} > tolerance {tolerance:.3g}; "
                                f"nothing written")
         return
-    # two int8 implementations round activations independently: they differ from each other about as much as each
-    # differs from the float product of the same int8 weights (a MiniLM QA model: 0.92 apart, 0.84 and 0.89 from it)
+    # two int8 roundings differ from each other about as much as each differs from the float product (docs/cli.md)
     share = args.tolerance if args.tolerance is not None else 0.15
     tolerance = share * report["max_abs_output"]
     int8 = report.get("int8")          # absent where the model holds no int8 layer: the share alone decides

@@ -1,11 +1,4 @@
-"""`bertkit finetune | evaluate | predict | task-data`: thin wrappers over bertkit.tasks.
-
-    bertkit task-data sentiment --out data/sentiment          # real task files (CSV / CoNLL / SQuAD JSON)
-    bertkit finetune --task classify --model MODEL_DIR --train data/sentiment/train.csv \\
-        --dev data/sentiment/dev.csv --test data/sentiment/test.csv --out runs/sentiment --seeds 1,2,3
-    bertkit evaluate --model runs/sentiment/seed-1 --data data/sentiment/test.csv --out runs/eval
-    bertkit predict --model runs/sentiment/seed-1 --data new.csv --out preds.jsonl
-"""
+"""`bertkit finetune | evaluate | predict | task-data`: thin over bertkit.tasks (examples in docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -65,7 +58,7 @@ def register(sub) -> None:
                    help="checkpoint every N steps, for --resume (default: every 10 minutes, see --save-minutes)")
     p.add_argument("--save-minutes", dest="save_every_minutes", type=checks.positive_float,
                    help="checkpoint every M minutes of training (default 10)")
-    p.add_argument("--report-to", type=_names, default=(),
+    p.add_argument("--report-to", type=checks.names, default=(),
                    help="also log to wandb and/or mlflow (comma-separated; the extras bertkit[wandb] / "
                         "bertkit[mlflow]); TensorBoard event files go to OUT/train/tb when tensorboard is installed")
     p.add_argument("--quiet", action="store_true", help="no log lines (and no bars unless --progress)")
@@ -132,10 +125,6 @@ def run_values(args) -> dict:
     for): TrainConfig and FinetuneConfig fields."""
     return {**{k: getattr(args, k) for k in RECIPE_DESTS}, "precision": chosen_precision(args),
             "progress": progress.wanted(args.progress) if args.progress is not None or not args.quiet else False}
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 def _finetune(args) -> int:

@@ -1,8 +1,4 @@
-"""`bertkit prepare`: raw text -> masked sentence-pair shards for pre-training (thin over `bertkit.pretraining`).
-
-    bertkit prepare --corpus 'wiki/*.txt.gz' books.txt --vocab bert-base-uncased/ --out shards/ \\
-        --seq-len 128 --task nsp --masking wwm [--dynamic] [--dupe-factor 5] [--workers 2] [--seed 1]
-"""
+"""`bertkit prepare`: raw text -> masked sentence-pair shards for pre-training (thin over `bertkit.pretraining`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""`bertkit pretrain`: pre-train (or continue pre-training) BERT on shard directories. Thin over bertkit.train.
-
-    bertkit pretrain shards128/ --preset base --out run/ --global-batch 256 --batch-size 32 --steps 1000000
-    bertkit pretrain shards128/ --phase2 shards512/ --preset base --out run/ --steps 1000000   # 90% / 10%
-    bertkit pretrain shards/ --preset mini --out run/ --budget 15m --eval-shards heldout/   # a planned recipe
-    bertkit pretrain shards/ --init run/model --out run2/ --steps 10000          # continue from a checkpoint
-    bertkit pretrain shards8192/ --init run/model --rope-theta 160000 --out run2/ ...   # context extension
-    bertkit pretrain shards/ --preset small --objective electra --out run/ --steps 20000
-    bertkit pretrain ... --resume                                                  # after a crash / kill
-    torchrun --nproc_per_node=4 -m bertkit pretrain ...                           # DDP (gloo CPU / nccl GPU)
+"""`bertkit pretrain`: pre-train (or continue pre-training) BERT on shard directories (thin over bertkit.train).
+Examples: docs/cli.md (Pre-training); recipes and why: docs/pretraining.md.
 
 --budget from scratch (no --init) plans every setting marked "planned" below that you do not give: masking, warmup,
 schedule, batch size, dropout, lr, evaluation (bertkit.train.recipe; it prints the plan and why, and writes

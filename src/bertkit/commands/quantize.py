@@ -1,9 +1,5 @@
 """`bertkit quantize MODEL OUT`: an int8 copy of a model directory, optionally gated on a dev file (thin over
-bertkit.quantize).
-
-    bertkit quantize runs/sentiment/seed-1 runs/sentiment-int8 --check data/sentiment/dev.csv --max-drop 0.5
-    bertkit quantize my-encoder my-encoder-int8 --keep-float 'bert.encoder.layer.5.output.*'
-"""
+bertkit.quantize)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""`bertkit tokenize`: text (arguments, a file, or stdin) -> JSON lines of tokens / ids / offsets.
-
-    bertkit tokenize --model runs/demo/model "Hello world" "Second text"
-    bertkit tokenize --vocab vocab.txt --file corpus.txt --processes 2 > tokens.jsonl
-    bertkit tokenize --vocab vocab.txt "Who wrote it?" --pair "It was written by me." --max-length 16
-
-One JSON object per input text: {"tokens": [...], "ids": [...], "token_type_ids": [...], "offsets": [[s, e], ...]}
-with [CLS]/[SEP] included (offsets (0, 0) for them). Files are read as UTF-8 with invalid bytes replaced (see
-bertkit.tokenizer). Thin over `bertkit.Tokenizer`.
-"""
+"""`bertkit tokenize`: text (arguments, a file, or stdin) -> a JSON line per text: tokens, ids, token_type_ids and
+offsets, [CLS] / [SEP] included (their offsets (0, 0)). Thin over `bertkit.Tokenizer`."""
 
 from __future__ import annotations
 
@@ -17,7 +9,7 @@ from functools import partial
 from itertools import islice
 
 from bertkit.commands import checks
-from bertkit.errors import BertkitError, DataError
+from bertkit.errors import BertkitError
 
 
 def register(sub) -> None:
@@ -44,19 +36,10 @@ def register(sub) -> None:
 
 
 def _lines(path: str):
-    """Lines of a file (or stdin) without their newline, decoded as UTF-8 with invalid bytes replaced."""
-    if path == "-":
-        stream = open(sys.stdin.fileno(), "r", encoding="utf-8", errors="replace", closefd=False)
-    else:
-        try:
-            stream = open(path, "r", encoding="utf-8", errors="replace", newline="")
-        except FileNotFoundError:
-            raise DataError(f"{path}: file not found") from None
-        except IsADirectoryError:
-            raise DataError(f"{path}: is a directory, expected a text file") from None
-        except OSError as e:
-            raise DataError(f"{path}: cannot read: {e.strerror}") from None
-    with stream:
+    """Lines of a file (or stdin) without their newline, decoded as UTF-8 with invalid bytes replaced; an unreadable
+    file is the CLI's one line naming it."""
+    with open(sys.stdin.fileno() if path == "-" else path, "r", encoding="utf-8", errors="replace", newline="",
+              closefd=path != "-") as stream:
         for line in stream:
             yield line.rstrip("\r\n")
 
@@ -80,7 +63,6 @@ def run(args) -> int:
     if args.file:
         texts = _lines(args.file)
         pairs = _lines(args.pair_file) if args.pair_file else None
-        # a worker pool for the pieces, or this process
         encode = partial(tok.encode_batch_parallel, processes=args.processes) if args.processes > 1 else tok
         while True:
             batch = list(islice(texts, args.batch_lines))

@@ -1,9 +1,5 @@
 """`bertkit vocab`: learn a vocabulary from raw text files (thin over `bertkit.vocab`): WordPiece (bertkit's own), or
-byte-level BPE as RoBERTa's / Unigram with Metaspace as XLM-R's (the `tokenizers` library's trainers).
-
-    bertkit vocab --files 'corpus/*.txt' more.txt.gz --vocab-size 30000 --out my-vocab/ [--cased]
-    bertkit vocab --model bpe --files 'corpus/*.txt' --vocab-size 50265 --out my-roberta-vocab/
-"""
+byte-level BPE as RoBERTa's / Unigram with Metaspace as XLM-R's (the `tokenizers` library's trainers)."""
 
 from __future__ import annotations
 
