@@ -6,13 +6,17 @@ serve.py taken from git history into a temp dir, batching on), on 127.0.0.1 only
 
 Each setting starts its own server subprocess on a free loopback port (so the clients' threads do not share the
 server's GIL) and fires a bounded number of requests (--requests per level, at most --max-seconds per level): it
-always stops by itself. The settings alternate level by level, repeated --repeats times; medians are reported. The
-default model is MiniLM-L6 on /embed with BBC sentences of realistic length, sent as {"text": ...}, which both servers
-take. Every response must be a 200: the benchmark reports the failure count and exits 1 if it is not zero.
+always stops by itself. The settings alternate level by level, repeated --repeats times, each repeat starting the
+level at another setting (a fixed order biases: repeats a multiple of the settings' number balance it); medians are
+reported. The default model is MiniLM-L6 on /embed with BBC sentences of realistic length, sent as {"text": ...},
+which both servers take. Every response must be a 200: the benchmark reports the failure count and exits 1 if it is
+not zero.
 One JSON line at the end: per concurrency, ours (batched), ours one by one, the stdlib reference (batched), and
 ratio_rps = ours / reference (and batching_ratio = ours / ours one by one). --baseline SRC adds bertkit served from
 another checkout's src (same options): ratio_to_baseline_rps = ours / it, and cpu_ratio_to_baseline = its server's
 CPU time per request / ours (Linux): on a shared machine other jobs move requests/s far more than CPU per request.
+Beside it, per server: its event loop's share of that CPU, and model forwards per request (from /health), which say
+whether a difference is the request path's or the batching's.
 
     .venv/bin/python benchmarks/serve.py --attack [--normal 16] [--seconds 15] [--baseline /path/to/old/src]
 
@@ -104,13 +108,32 @@ def start_server(kind: str, args, max_batch: int, ref_dir: Path | None, src: Pat
     raise SystemExit("server did not come up within 120 s")
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds a process has used, all its threads (Linux's /proc; None elsewhere)."""
+def cpu_seconds(pid: int, main_thread: bool = False) -> float | None:
+    """User + system CPU seconds a process has used, all its threads or its main one (the server's event loop;
+    the rest is the batchers' and the forwards') (Linux's /proc; None elsewhere)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def forwards(port: int) -> int | None:
+    """Model forwards a bertkit server has run so far, all routes (its /health counters; None for the reference)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        batches = json.loads(conn.getresponse().read()).get("batches")
+        conn.close()
+    except (OSError, ValueError):
+        return None
+    return sum(b["batches"] for b in batches.values()) if isinstance(batches, dict) else None
+
+
+def meters(proc: subprocess.Popen, port: int) -> tuple:
+    """(CPU seconds of all its threads, of its event loop, forwards run) of a server so far."""
+    return cpu_seconds(proc.pid), cpu_seconds(proc.pid, main_thread=True), forwards(port)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -196,16 +219,25 @@ def run_levels(args, bodies: list[bytes], clients: list[int], ref_dir: Path | No
         results: dict[str, dict[int, list[dict]]] = {n: {c: [] for c in clients} for n in servers}
         for _, port in servers.values():        # warm-up: first forwards allocate
             load(port, args.endpoint, bodies, 4, 16, 30)
+        order = list(servers.items())
         for rep in range(args.repeats):
-            for c in clients:
-                for name, (proc, port) in servers.items():
-                    cpu = cpu_seconds(proc.pid)
+            for i, c in enumerate(clients):
+                # each repeat starts the level at another setting: the one measured first after a level change can
+                # read dearer (the same code's event loop, first: 1.35-1.51 ms a request; last: 0.94-1.20)
+                k = (rep + i) % len(order)
+                for name, (proc, port) in order[k:] + order[:k]:
+                    before = meters(proc, port)
                     r = load(port, args.endpoint, bodies, c, args.requests, args.max_seconds)
-                    spent = None if cpu is None else cpu_seconds(proc.pid) - cpu
-                    r["cpu_ms"] = None if spent is None else spent * 1000 / max(r["requests"], 1)
+                    n = max(r["requests"], 1)
+                    # per request: CPU ms in all threads and in the event loop, forwards (fewer: fuller batches)
+                    for key, a, b, scale in zip(("cpu_ms", "loop_cpu_ms", "forwards"), meters(proc, port), before,
+                                                (1000, 1000, 1)):
+                        r[key] = None if a is None or b is None else (a - b) * scale / n
                     results[name][c].append(r)
                     print(f"rep {rep} {name:>16s} clients={c:>2d}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
-                          f"p99 {r['p99_ms']:7.1f} ms  cpu/request {r['cpu_ms'] or 0:6.2f} ms  ok {r['requests']}  "
+                          f"p99 {r['p99_ms']:7.1f} ms  cpu/request {r['cpu_ms'] or 0:6.2f} ms (event loop "
+                          f"{r['loop_cpu_ms'] or 0:5.2f})  forwards/request {r['forwards'] or 0:5.3f}  "
+                          f"ok {r['requests']}  "
                           f"failed {r['failed']}", file=sys.stderr)
         return results
     finally:
@@ -224,8 +256,10 @@ def summarize(results: dict, clients: list[int]) -> dict:
                          "p50_ms": round(statistics.median(r["p50_ms"] for r in rs), 1),
                          "p99_ms": round(statistics.median(r["p99_ms"] for r in rs), 1),
                          "requests": sum(r["requests"] for r in rs), "failed": sum(r["failed"] for r in rs)}
-            if all(r["cpu_ms"] is not None for r in rs):
-                lvl[name]["cpu_ms_per_request"] = round(statistics.median(r["cpu_ms"] for r in rs), 2)
+            for key, out in (("cpu_ms", "cpu_ms_per_request"), ("loop_cpu_ms", "event_loop_cpu_ms_per_request"),
+                             ("forwards", "forwards_per_request")):
+                if all(r[key] is not None for r in rs):
+                    lvl[name][out] = round(statistics.median(r[key] for r in rs), 3 if key == "forwards" else 2)
         lvl["batching_ratio"] = round(lvl["ours"]["rps"] / lvl["ours_one_by_one"]["rps"], 2)
         if "reference" in lvl:
             lvl["ratio_rps"] = round(lvl["ours"]["rps"] / lvl["reference"]["rps"], 2)
