@@ -86,3 +86,18 @@ def test_a_bf16_choice_is_said(classifier, capsys):
     said = "bf16 autocast" in capsys.readouterr().err
     assert said == (resolve("auto") == "bf16")          # only where auto means bf16 on this machine
     assert Predictor.load(model, precision="auto").precision == "auto"
+
+
+def test_every_front_door_names_unnamed_labels_as_transformers(tmp_path, capsys):
+    """A classifier whose config names no labels: LABEL_i from every front door, as transformers names them."""
+    model = _save(tmp_path / "cls", "BertForSequenceClassification")
+    names = {"LABEL_0", "LABEL_1"}
+    assert set(Predictor.load(model).classify(TEXTS[:1])[0]["scores"]) == names
+    assert {d["label"] for d in bertkit.pipeline("text-classification", str(model), top_k=None)(TEXTS[:1])[0]} == names
+    srv = _serve(Predictor.load(model))
+    try:
+        _, served = _request(srv.port, "POST", "/predict", {"inputs": TEXTS[:1]})
+        _, info = _request(srv.port, "GET", "/info")
+    finally:
+        srv.stop()
+    assert {d["label"] for d in served[0]} == names and set(info["labels"]) == names

@@ -24,7 +24,7 @@ from bertkit.atomic import write_text
 from bertkit.errors import CheckpointError, ConfigError
 from bertkit.families import family
 from bertkit.hub import resolve_model_dir
-from bertkit.textfiles import parse_json
+from bertkit.textfiles import check_fields, parse_json
 
 __all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROBLEM_TYPES", "CONFIG_NAME",
            "read_config"]
@@ -336,8 +336,7 @@ def read_json_config(p: Path, error=ConfigError) -> dict:
     except UnicodeDecodeError as e:
         raise error(f"{p}: not UTF-8 (invalid byte at offset {e.start})") from None
     d = parse_json(text, str(p), error)
-    if not isinstance(d, dict):
-        raise error(f"{p}: expected a JSON object, got {type(d).__name__}")
+    check_fields(d, {}, str(p), error)
     names = d.get("architectures") or []    # kept as HF wrote it, but the loaders pick their class from it
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise error(f"{p}: architectures {str(d['architectures'])[:40]!r} is not a list of class names")

@@ -40,8 +40,8 @@ from bertkit.errors import BertkitError, CheckpointError, DataError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import (FillVocab, class_scores, join_pieces, score_function, top_fills, word_ids,
-                                    word_labels)
+from bertkit.predict.decode import (FillVocab, class_scores, join_pieces, label_names, score_function, top_fills,
+                                    word_ids, word_labels)
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
 from bertkit.predict.load import head_of
 from bertkit.textfiles import read_text
@@ -94,7 +94,7 @@ class Predictor:
         self._encoders: dict[tuple, SentenceEncoder] = {}     # by sentence_encoder's options
         self.tokenizer = tokenizer
         self.task = task
-        self.labels = labels
+        self.labels = labels or (label_names(model.config) if task in ("classify", "tag") else None)
         self.name = name
         self.precision = precision
         self.device = next(model.parameters()).device
@@ -114,12 +114,8 @@ class Predictor:
         # frozen: fused, cast-once (and where this machine measured it faster, prepacked) inference weights
         model = runtime.freeze(model_class.from_pretrained(str(model_dir)).to(device))
         tok = load_tokenizer(model_dir)
-        labels = None
-        id2label = getattr(model.config, "id2label", None)
-        if task in ("classify", "tag") and id2label:
-            labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
         st_dir = model_dir if is_sentence_transformers_dir(model_dir) else None
-        return cls(model, tok, task, labels=labels, name=model_dir.name, st_dir=st_dir, precision=precision,
+        return cls(model, tok, task, name=model_dir.name, st_dir=st_dir, precision=precision,
                    directory=model_dir)
 
     @cached_property
@@ -381,7 +377,7 @@ class Predictor:
             values = [[round(float(x), 6) for x in row] for row in logits]
             return [{"value": v[0] if len(v) == 1 else v} for v in values]
         probs = class_scores(logits, function)
-        labels = self.labels or [str(i) for i in range(probs.shape[-1])]
+        labels = self.labels
         return [{"label": labels[int(np.argmax(row))], "score": round(max(row), 6),
                  "scores": {labels[i]: round(p, 6) for i, p in enumerate(row)}} for row in probs.tolist()]
 
@@ -410,7 +406,7 @@ class Predictor:
     def _tagged_words(self, text: str, ids: list[int], offsets: list, probs: torch.Tensor, keep: int) -> list[dict]:
         words = word_ids(self.tokenizer.continues_word(ids))
         best = word_labels(probs, words[:keep])
-        labels = self.labels or [str(i) for i in range(probs.shape[-1])]
+        labels = self.labels
         spans: dict[int, list[int]] = {}                                # word -> [first piece, last piece]
         for pos, w in enumerate(words):
             spans.setdefault(w, [pos, pos])[1] = pos

@@ -23,7 +23,7 @@ from bertkit.errors import BertkitError, ConfigError
 from bertkit.hub import resolve_model_dir
 from bertkit.infer import Predictor
 from bertkit.predict.answers import Windows, best_spans
-from bertkit.predict.decode import class_scores, score_function, top_fills, word_ids, word_labels
+from bertkit.predict.decode import class_scores, label_names, score_function, top_fills, word_ids, word_labels
 from bertkit.predict.engine import PRECISION, encode, forward
 
 __all__ = ["pipeline", "Pipeline", "FillMaskPipeline", "FeatureExtractionPipeline", "TextClassificationPipeline",
@@ -88,12 +88,6 @@ class Pipeline:
     def _batch(self, inputs: list, **opts) -> list:
         """A task gives `_batch` (one call for the batch) or `_one` (called per input, as here)."""
         return [self._one(x, **opts) for x in inputs]
-
-    def _labels(self) -> list[str]:
-        """config.id2label as transformers names them (LABEL_i where the config has no names)."""
-        config = self.model.config
-        names = config.id2label or {}
-        return [str(names.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
 
     def _encode(self, texts: list[str], pairs: list[str] | None = None, offsets: bool = False,
                 truncation: bool = False) -> dict:
@@ -197,7 +191,7 @@ class TextClassificationPipeline(Pipeline):
     def _batch(self, inputs: list, top_k, function_to_apply, truncation: bool) -> list:
         texts, pairs = _split_pairs(inputs)
         logits = self._forward(self._encode(texts, pairs, truncation=truncation)).logits.float().cpu()
-        labels = self._labels()
+        labels = label_names(self.model.config)
         out = []
         for row in class_scores(logits, function_to_apply or score_function(self.model.config)).tolist():
             ranked = [{"label": labels[i], "score": s} for i, s in enumerate(row)]
@@ -271,7 +265,7 @@ class TokenClassificationPipeline(Pipeline):
         for t, w in zip(tokens, range(len(tokens)) if per_token else word_ids([t["is_subword"] for t in tokens])):
             words[t["index"]] = w
             members.setdefault(w, []).append(t)
-        labels, entities = self._labels(), []
+        labels, entities = label_names(self.model.config), []
         for w, (j, p) in word_labels(scores, words, "first" if per_token else strategy).items():
             ts = members[w]
             entities.append({"entity": labels[j], "score": p, "index": ts[0]["index"],

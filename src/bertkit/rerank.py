@@ -66,8 +66,7 @@ class CrossEncoder:
     def __init__(self, predictor, name: str = "model"):
         self.predictor, self.name = predictor, name
         config = predictor.model.config
-        # transformers 5 writes no id2label for its default one or two labels: theirs are LABEL_0, LABEL_1
-        self.positive = positive_label(predictor.labels or [f"LABEL_{i}" for i in range(config.num_labels)])
+        self.positive = positive_label(predictor.labels)
         self.activation = saved_activation(config, predictor.directory)
         # CrossEncoder's own cut: the tokenizer's model_max_length, within the model's positions
         self.max_length = min(predictor.tokenizer.model_max_length or DEFAULT_MAX_LENGTH, config.max_input_length)

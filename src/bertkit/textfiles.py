@@ -9,6 +9,7 @@ import contextlib
 import functools
 import gzip
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -88,6 +89,33 @@ def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataEr
         raise error(f"{where}: JSON nested too deeply") from None
     except ValueError as e:
         raise error(f"{where}: not valid JSON ({str(e).split(':')[0]})") from None
+
+
+_KINDS = {"count": "a count >= 0", "number": "a number >= 0", "name": "a name", "object": "a JSON object",
+          "list": "a JSON list"}
+
+
+def _is(kind: str, value) -> bool:
+    """Whether `value` is of `kind`; counts and numbers are finite and >= 0, never a bool."""
+    if kind in ("count", "number"):
+        number = isinstance(value, int) if kind == "count" else isinstance(value, (int, float)) and math.isfinite(value)
+        return number and not isinstance(value, bool) and value >= 0
+    return isinstance(value, {"name": str, "object": dict, "list": list}[kind])
+
+
+def check_fields(obj, kinds: dict[str, str], where: str, error: type[BertkitError] = DataError, prefix: str = "",
+                 required: bool = True) -> None:
+    """`error` naming `where` (a file), the field and its value, for the first field of `kinds` whose value in the
+    JSON object `obj` is not of its kind (a key of _KINDS; "kind?" lets it be null); absent fields are errors only
+    when `required`. Hand-edited files are refused by name here, never as a TypeError later."""
+    if not isinstance(obj, dict):
+        raise error(f"{where}: {prefix.rstrip('.')} {obj!r:.40} is not a JSON object" if prefix else
+                    f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key, kind in kinds.items():
+        if (key not in obj and not required) or (obj.get(key) is None and kind.endswith("?")):
+            continue
+        if not _is(kind.rstrip("?"), obj.get(key)):
+            raise error(f"{where}: {prefix}{key} {obj.get(key)!r:.40} is not {_KINDS[kind.rstrip('?')]}")
 
 
 # ---------------------------------------------------------------------------------------------- '-' = stdin

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,11 +24,11 @@ from bertkit.predict.engine import PRECISION
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import column_names, table_rows
 from bertkit.tasks.resume import checkpointing
-from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics
+from bertkit.tasks.runner import check_recipe, compact, log, run, spread, spread_metrics, timed_train
 from bertkit.textfiles import parse_json
 from bertkit.train.callbacks import reporting
 from bertkit.train.compact import restore_word_embeddings
-from bertkit.train.loop import TrainConfig, run_seeds, seed_everything, train
+from bertkit.train.loop import TrainConfig, run_seeds, seed_everything
 
 __all__ = ["EmbedFinetuneConfig", "EmbedRun", "finetune_embed", "evaluate_embed", "read_retrieval", "evaluator",
            "LOSSES", "load_encoder", "training_prompts"]
@@ -274,18 +273,12 @@ class EmbedRun:
         tcfg = replace(cfg.training, max_steps=total, epochs=None, seed=seed, plot=False,
                        progress=cfg.training.progress and not cfg.quiet, eval_every_steps=None,
                        **checkpointing(cfg.training))
-        t0 = time.perf_counter()
-        cpu0 = time.process_time()
-        result = train(model, batches, tcfg, run_dir / "train", step_fn=embed_step(cfg.gradcache_batch),
-                       callbacks=self.callbacks)
-        wall = time.perf_counter() - t0           # the loop's setup included, as a user waits for it
-        cpu = time.process_time() - cpu0          # this process's CPU time: what other load on the machine leaves alone
+        result, timing = timed_train(model, batches, tcfg, run_dir, dict(step_fn=embed_step(cfg.gradcache_batch),
+                                     callbacks=self.callbacks), lambda r: r.steps * cfg.batch_size)
         if compacted:
             restore_word_embeddings(encoder)
         after = {split: fn(encoder) for split, fn in evals.items()}
-        examples = result.steps * cfg.batch_size
-        rec = {"seed": seed, "steps": result.steps, "train_examples": examples, "train_s": wall,
-               "loop_s": result.elapsed_s, "train_cpu_s": cpu, "examples_per_s": examples / wall,
+        rec = {"seed": seed, "steps": result.steps, **timing,
                "final_loss": result.losses[-1] if result.losses else None, "before": before, "after": after}
         if cfg.save_model:
             # the trained prompts under the names SentenceTransformer.encode_query / encode_document read

@@ -14,10 +14,17 @@ import torch
 from bertkit.errors import BertkitError, ConfigError
 from bertkit.tokenizer.hfcall import word_ids  # the tokenizer's word ids: one rule for both
 
-__all__ = ["FUNCTIONS", "score_function", "class_scores", "relevance", "WORD_RULES", "word_ids", "word_labels",
+__all__ = ["label_names", "FUNCTIONS", "score_function", "class_scores", "relevance", "WORD_RULES", "word_ids", "word_labels",
            "hidden_states", "FillVocab", "top_fills", "join_pieces"]
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
+
+
+def label_names(config) -> list[str]:
+    """A head's label names as transformers gives them: config.id2label's, LABEL_i where the config has none (the
+    config keeps no id2label for those defaults, nor does transformers 5 write one for one or two labels)."""
+    names = config.id2label or {}
+    return [str(names.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
 
 
 def score_function(config, regression: str = "none") -> str:

@@ -23,6 +23,7 @@ from bertkit.options import with_options
 from bertkit.pretraining.examples import TASKS
 from bertkit.pretraining.masking import MaskingConfig, VocabTables, example_keys, mask_batch, splitmix64
 from bertkit.tokenizer import Tokenizer
+from bertkit.textfiles import check_fields
 from bertkit.tokenizer.inputs import row_masks
 
 __all__ = ["ShardWriter", "ShardReader", "ReaderOptions", "read_manifest", "write_manifest", "MANIFEST",
@@ -117,37 +118,26 @@ def read_manifest(shard_dir: str | Path, strict: bool = False) -> dict:
     return manifest
 
 
-_MANIFEST_FIELDS = {"vocab_hash": str, "vocab_size": int, "seq_len": int, "task": str, "masking": dict, "shards": list}
-_SHARD_FIELDS = {"name": str, "examples": int, "files": dict}
-_FILE_FIELDS = {"file": str, "bytes": int, "sha256": str}
-
-
-def _check_object(path: Path, obj, types: dict, where: str = "") -> None:
-    """DataError unless `obj` is a dict whose every key of `types` holds a value of that type (an int: >= 0, not a
-    bool)."""
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: {where.rstrip('.')} must be an object")
-    for key, typ in types.items():
-        value = obj.get(key)
-        if not isinstance(value, typ) or (typ is int and (isinstance(value, bool) or value < 0)):
-            raise DataError(f"{path}: {where}{key} must be {'an int >= 0' if typ is int else 'a ' + typ.__name__}, "
-                            f"got {str(value)[:40]!r}")
+_MANIFEST_FIELDS = {"vocab_hash": "name", "vocab_size": "count", "seq_len": "count", "task": "name",
+                    "masking": "object", "shards": "list"}
+_SHARD_FIELDS = {"name": "name", "examples": "count", "files": "object"}
+_FILE_FIELDS = {"file": "name", "bytes": "count", "sha256": "name"}
 
 
 def _check_fields(path: Path, m: dict) -> None:
     """DataError naming the first manifest field the reader uses that is missing or of the wrong type; shard file
     names must be plain names inside the shard directory."""
-    _check_object(path, m, _MANIFEST_FIELDS)
+    check_fields(m, _MANIFEST_FIELDS, str(path))
     if m["task"] not in TASKS:
         raise DataError(f"{path}: task {m['task'][:40]!r} is not one of {', '.join(TASKS)}")
     for i, entry in enumerate(m["shards"]):
         where = f"shards[{i}]."
-        _check_object(path, entry, _SHARD_FIELDS, where)
+        check_fields(entry, _SHARD_FIELDS, str(path), prefix=where)
         for name in ("tokens", "meta"):
             if name not in entry["files"]:
                 raise DataError(f"{path}: {where}files lacks {name!r}")
         for name, info in entry["files"].items():
-            _check_object(path, info, _FILE_FIELDS, f"{where}files.{name}.")
+            check_fields(info, _FILE_FIELDS, str(path), prefix=f"{where}files.{name}.")
             if Path(info["file"]).name != info["file"] or info["file"] in ("", ".", ".."):
                 raise DataError(f"{path}: {where}files.{name}.file={info['file']!r} is not a file name in the shard "
                                 f"directory: refused")

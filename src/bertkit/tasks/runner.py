@@ -225,6 +225,18 @@ def run(cfg, how: FinetuneRun) -> dict:
     return summary
 
 
+def timed_train(model, batches, training: TrainConfig, run_dir: Path, loop: dict, examples, eval_s=lambda: 0.0):
+    """`train` of one seed into RUN_DIR/train, timed as every fine-tuning run records it: train_s (wall, the loop's
+    setup included, its dev evaluations `eval_s()` not), train_cpu_s (this process's CPU time, which other load on
+    the machine leaves alone), loop_s (the loop's own clock), train_examples (`examples(result)`), examples_per_s.
+    Returns the loop's result and those figures."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    result = train(model, batches, training, run_dir / "train", **loop)
+    wall, cpu, n = time.perf_counter() - t0 - eval_s(), time.process_time() - cpu0, examples(result)
+    return result, {"train_s": wall, "train_cpu_s": cpu, "loop_s": result.elapsed_s, "train_examples": n,
+                    "examples_per_s": n / wall if wall > 0 else 0.0}
+
+
 def log(cfg, msg: str) -> None:
     if not cfg.quiet:
         say(msg)
@@ -408,8 +420,7 @@ class TaskRun:
         cfg = _with(cfg, self.lr, self.batch_size)
         r = self._train(cfg, seed, run_dir, log_prefix)
         model = r.pop("model")
-        rec = {"seed": seed, "dev": None, **{k: r[k] for k in ("best_step", "steps", "stopped_early", "history",
-                                                               "train_s", "train_examples", "examples_per_s")}}
+        rec = {"seed": seed, "dev": None, **{k: v for k, v in r.items() if k != "dev"}}
         files = []
         # the dev report at the best state was computed during training; recompute dev outputs for the files
         for split, examples, feats in (("dev", data.dev, data.dev_feats), ("test", data.test, data.test_feats)):
@@ -446,10 +457,8 @@ class TaskRun:
         dev = DevTracker(cfg, task, data, eval_every, total_steps, log_prefix, run_dir / "train")
         tcfg = replace(cfg.training, max_steps=total_steps, seed=seed, eval_every_steps=eval_every, plot=False,
                        **checkpointing(cfg.training))
-        t0 = time.perf_counter()
-        train(model, batches, tcfg, run_dir / "train", eval_fn=dev, step_fn=hooks.step_fn,
-              callbacks=[dev, *self.callbacks])
-        train_s = time.perf_counter() - t0 - dev.s["eval_s"]
+        _, timing = timed_train(model, batches, tcfg, run_dir, dict(eval_fn=dev, step_fn=hooks.step_fn,
+                                callbacks=[dev, *self.callbacks]), lambda _: batches.examples, lambda: dev.s["eval_s"])
         model.load_state_dict(dev.best_state)
         model = hooks.trained(model)
         if compacted:
@@ -457,9 +466,7 @@ class TaskRun:
         for name, value in dev.s["tuned"].items():     # what was tuned on dev at the best state
             setattr(task, name, value)
         return {"model": model, "dev": dev.s["best_report"], "best_step": dev.s["best_step"],
-                "history": dev.s["history"], "stopped_early": dev.s["stopped"], "train_s": train_s,
-                "train_examples": batches.examples,
-                "examples_per_s": batches.examples / train_s if train_s > 0 else 0.0, "steps": total_steps}
+                "history": dev.s["history"], "stopped_early": dev.s["stopped"], "steps": total_steps, **timing}
 
 
 class DevTracker:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bertkit.atomic import write_json, write_text
 from bertkit.errors import VocabError
-from bertkit.textfiles import parse_json
+from bertkit.textfiles import check_fields, parse_json
 from bertkit.tokenizer.inputs import SIDES
 from bertkit.tokenizer.wordpiece import MAX_INPUT_CHARS_PER_WORD
 
@@ -91,8 +91,7 @@ def read_json_object(path: Path) -> dict:
         data = parse_json(path.read_bytes(), str(path), VocabError)
     except OSError as e:
         raise VocabError(f"{path}: cannot read: {e.strerror}") from None
-    if not isinstance(data, dict):
-        raise VocabError(f"{path}: expected a JSON object")
+    check_fields(data, {}, str(path), VocabError)
     return data
 
 

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
 import random
 import shutil
@@ -28,6 +27,7 @@ from torch import Tensor
 from bertkit.atomic import write_failure, write_text
 from bertkit.errors import CheckpointError, ConfigError
 from bertkit.pretraining.shards import file_sha256
+from bertkit.textfiles import check_fields
 from bertkit.train.distributed import Dist, full_state, load_full_state, unwrap
 from bertkit.train.monitor import jsonable
 
@@ -172,19 +172,8 @@ def _fsync(path: Path) -> None:
 _STATE_KEYS = {"step", "total", "tokens", "elapsed", "skipped", "world_size"}
 # RunState's, in state.json
 _SAVED = ("step", "total", "tokens", "elapsed", "skipped", "phase_time", "phase_steps", "scaler")
-_COUNTS = ("step", "total", "tokens", "skipped", "phase_steps", "world_size")
-_SECONDS = ("elapsed", "phase_time")
-
-
-def _check_counters(path: Path, saved: dict) -> None:
-    """CheckpointError naming the first counter of state.json that is no count (or finite time) >= 0."""
-    for key in _COUNTS + _SECONDS:
-        value = saved.get(key, 0)
-        number = isinstance(value, int) if key in _COUNTS else isinstance(value, (int, float)) and math.isfinite(value)
-        if isinstance(value, bool) or not number or value < 0:
-            raise CheckpointError(f"{path / 'state.json'}: {key} {value!r:.40} is not a number >= 0")
-    if not isinstance(saved.get("execution") or {}, dict):
-        raise CheckpointError(f"{path / 'state.json'}: execution {saved['execution']!r:.40} is not an object")
+_COUNTERS = {**dict.fromkeys(("step", "total", "tokens", "skipped", "phase_steps", "world_size"), "count"),
+             "elapsed": "number", "phase_time": "number", "execution": "object?"}     # state.json's, checked
 
 
 def _verify(path: Path) -> dict:
@@ -196,7 +185,7 @@ def _verify(path: Path) -> dict:
     files = saved.get("files", {}) if isinstance(saved, dict) else None
     if not isinstance(files, dict) or not _STATE_KEYS <= set(saved):
         raise CheckpointError(f"{path / 'state.json'} is unreadable or not a bertkit checkpoint state")
-    _check_counters(path, saved)
+    check_fields(saved, _COUNTERS, str(path / "state.json"), CheckpointError, required=False)
     for name, digest in files.items():
         if Path(name).name != name or name in ("", ".", ".."):
             raise CheckpointError(f"{path / 'state.json'}: {name!r} is not a file name of the checkpoint")

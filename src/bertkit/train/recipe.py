@@ -28,7 +28,7 @@ from bertkit.errors import ConfigError
 from bertkit.optim import build_optimizer
 from bertkit.precision import autocast, resolve
 from bertkit.pretraining.local_init import unfit_for
-from bertkit.textfiles import parse_json
+from bertkit.textfiles import check_fields, parse_json
 from bertkit.train.steps import pretraining_step, to_device
 
 __all__ = ["Choice", "RecipePlan", "plan_recipe", "apply_plan", "given_settings", "probe_times", "load_plan",
@@ -299,33 +299,25 @@ def load_plan(out: Path) -> RecipePlan | None:
         return None
 
 
-_PLAN_SECTIONS = {"settings": dict, "reasons": dict, "flags": list, "notes": list}
-_PLAN_COUNTS = ("batch_size", "eval_batches", "eval_every_steps")     # the plan's settings the loop divides by
+_PLAN_SECTIONS = {"settings": "object", "reasons": "object", "flags": "list", "notes": "list", "preset": "name?"}
+_PLAN_COUNTS = ("batch_size", "eval_batches", "eval_every_steps", "seq_len", "corpus_tokens")  # sizes, not rates
 _PLAN_WORDS = ("masking", "schedule", "output_vocab", "attention_init")  # its other settings are numbers
+_PLAN_UNMEASURED = ("step_s", "eval_batch_s", "eval_batches", "eval_every_steps", "decay_fraction")  # may be null
+
+
+def _plan_kinds(names) -> dict[str, str]:
+    """Each plan number's kind: a count the loop divides by, else a number; null where not measured yet."""
+    return {name: ("count" if name in _PLAN_COUNTS else "number") + ("?" if name in _PLAN_UNMEASURED else "")
+            for name in names}
 
 
 def _check_plan(path: Path, d) -> None:
     """ConfigError naming the first field of plan.json whose value is of the wrong type (a hand-edited file)."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(d).__name__}")
-    for name, typ in _PLAN_SECTIONS.items():
-        if not isinstance(d.get(name, typ()), typ):
-            raise ConfigError(f"{path}: {name} {d[name]!r:.40} is not a JSON {'object' if typ is dict else 'list'}")
+    measures = _plan_kinds(name for name in _MEASURES if name != "preset")
+    check_fields(d, {**_PLAN_SECTIONS, **measures}, str(path), ConfigError, required=False)
     settings = d.get("settings", {})
-    for name in _PLAN_WORDS:
-        if not isinstance(settings.get(name, ""), str):
-            raise ConfigError(f"{path}: settings.{name} {settings[name]!r:.40} is not a name")
-    values = {name: d[name] for name in _MEASURES if name in d and name != "preset"}
-    values.update({name: value for name, value in settings.items() if name not in _PLAN_WORDS})
-    for name, value in values.items():
-        count = name in _PLAN_COUNTS or name in ("seq_len", "corpus_tokens")
-        if value is None and name in ("step_s", "eval_batch_s", "eval_batches", "eval_every_steps", "decay_fraction"):
-            continue            # not measured yet / no held-out shards
-        if isinstance(value, bool) or not isinstance(value, int if count else (int, float)) \
-                or not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{path}: {name} {value!r:.40} is not a {'count' if count else 'number'} >= 0")
-    if not isinstance(d.get("preset"), (str, type(None))):
-        raise ConfigError(f"{path}: preset {d['preset']!r:.40} is not a preset name")
+    kinds = {name: "name" for name in _PLAN_WORDS} | _plan_kinds(n for n in settings if n not in _PLAN_WORDS)
+    check_fields(settings, kinds, str(path), ConfigError, prefix="settings.", required=False)
 
 
 def probe_times(model, batches, cfg, device, steps: int = 4) -> tuple[float, float]:
