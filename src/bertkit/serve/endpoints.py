@@ -297,8 +297,7 @@ def _class_run(predictor, max_length: int, rows: Callable, scores: Callable, sha
 
 def _predict_run(predictor, config: ServeConfig) -> Callable[[list], list]:
     def shape(r: S.PredictRequest, scores: np.ndarray):
-        labels = predictor.labels or [f"LABEL_{i}" for i in range(scores.shape[-1])]
-        preds = [sorted(({"label": labels[j], "score": round(float(s), 6)} for j, s in enumerate(row)),
+        preds = [sorted(({"label": predictor.labels[j], "score": round(float(s), 6)} for j, s in enumerate(row)),
                         key=lambda p: -p["score"]) for row in scores]
         return preds if r.inputs.batch else preds[0]
     # TEI's rule: sigmoid for one label or a multi-label model, softmax otherwise; raw_scores: the logits
