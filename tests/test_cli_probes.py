@@ -1284,11 +1284,33 @@ def test_a_full_disk_under_every_writer(cmd, how, world, tmp_path, capsys, monke
     assert not left, f"{cmd}/{how}: left {left}"
 
 
+# the Python API with hostile arguments: a bertkit error naming the argument, never a TypeError / torch error
+_API = {
+    "load-int": lambda bk, w: bk.load(123),
+    "load-none": lambda bk, w: bk.load(None),
+    "pipeline-model-bytes": lambda bk, w: bk.pipeline("fill-mask", b"/tmp"),
+    "fill-top-k-negative": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k=-1),
+    "fill-top-k-text": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k="3"),
+    "fill-batch-size-0": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")(["the [MASK]"], batch_size=0),
+    "predictor-device": lambda bk, w: bk.Predictor.load(w / "clf", device="banana"),
+    "encode-batch-size-negative": lambda bk, w: bk.Predictor.load(w / "mlm").sentence_encoder().encode(
+        bk.Tokenizer.from_pretrained(w / "mlm"), ["a dog"], batch_size=-1),
+}
+
+
+@pytest.mark.parametrize("name", list(_API))
+def test_the_api_refuses_hostile_arguments_in_one_line(name, world):
+    import bertkit
+    with pytest.raises(bertkit.BertkitError) as e:
+        _API[name](bertkit, world)
+    assert "\n" not in str(e.value)
+
+
 def test_the_campaign_counts(capsys):
     from bertkit.cli import build_parser  # noqa: F401 - the campaign's parser builds
-    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS) + 1 + len(_PIPED)
+    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS) + 1 + len(_PIPED) + len(_API)
     print(f"campaign: {n} probes (links {2 * len(_WRITERS)}, full disks {len(_FULL_DISKS) + 1}, pipes read "
-          f"{len(_PIPED)})")
+          f"{len(_PIPED)}, API {len(_API)})")
     assert n > 450
 
 
