@@ -192,6 +192,9 @@ def _indexes(w: Path) -> None:
         shutil.copytree(w / "index", d)
         data = (d / name).read_bytes()
         (d / name).write_bytes(data[:len(data) // 2])
+    for name, texts in _INDEX_TEXTS.items():      # the indexed texts, spoiled
+        shutil.copytree(w / "index", w / f"index-texts-{name}")
+        (w / f"index-texts-{name}" / "texts.jsonl").write_bytes(texts)
 
 
 @pytest.fixture(scope="module")
@@ -613,6 +616,38 @@ def accepted_silently_probes() -> list[Probe]:
     return probes
 
 
+_INDEX_TEXTS = {"not-json": b"not json\n\"b\"\n", "deep": b"[" * 100_000 + b"]" * 100_000 + b"\n\"b\"\n",
+                "number": b"5\n\"b\"\n", "short": b"\"a\"\n"}
+_INDEX = ["embed", "W/mlm", "--file", "W/data/sents.txt", "--out", "T/o/"]
+_VOCAB_OVER = ["vocab", "--files", "W/corpus.txt", "--vocab-size", "60", "--out", "T/v", "--no-progress"]
+
+
+def beside_out_probes() -> list[Probe]:
+    """What an index build keeps beside its --out (`.NAME.parts/`) and a run's marker in --out, spoiled by a user:
+    a folder of theirs is never removed, a hostile file is one line naming it."""
+    probes = [
+        Probe("beside:embed:users-parts-folder", _INDEX, ".o.parts: holds something else", {"T/.o.parts/notes": b"x"}),
+        Probe("beside:embed:parts-is-a-file", _INDEX, ".o.parts: holds something else", {"T/.o.parts": b"mine"}),
+        Probe("beside:embed:plan-deep", _INDEX, "plan.json: JSON nested too deeply",
+              {"T/.o.parts/plan.json": b"[" * 100_000 + b"]" * 100_000}),
+        Probe("beside:embed:plan-binary", _INDEX, "plan.json: not valid JSON", {"T/.o.parts/plan.json": BINARY}),
+        Probe("marker:vocab:keep-a-number", _VOCAB_OVER, "is not empty",
+              {"T/v/" + MARKER: {"command": "vocab", "keep": 5}, "T/v/vocab.txt": b"x"}),
+    ]
+    return probes + [Probe(f"index-texts:{name}:search", ["search", f"W/index-texts-{name}", "--query", "a dog"],
+                           "texts.jsonl") for name in _INDEX_TEXTS]
+
+
+def late_probes() -> list[Probe]:
+    """Values that used to reach torch / zlib / a whole demo before anything looked at them."""
+    return [
+        Probe("trace:finetune:seed-past-64-bits", [*_FT, "--task", "classify", "--seeds", "9" * 30], "--seeds"),
+        Probe("trace:prepare:gzip-broken", ["prepare", "--corpus", "T/c.txt.gz", "--vocab", "W/vocab", "--out", "T/s"],
+              "c.txt.gz", {"T/c.txt.gz": b"\x1f\x8b\x08\x00garbage-garbage"}),
+        Probe("hang:demo:preset-unknown", ["demo", "--out", "T/d", "--preset", "evil"], "--preset"),
+    ]
+
+
 def fifo_probes() -> list[Probe]:
     """A named pipe where an output goes: refused by its kind, never opened (which would wait for a reader)."""
     probes = [Probe(f"fifo:{cmd}:out", _with_out(argv, "T/pipe", _OVERWRITE.get(cmd, "--overwrite")),
@@ -645,7 +680,8 @@ def serve_probes(port: str) -> list[Probe]:
 
 
 ALL = (range_probes() + dir_out_probes() + file_out_probes() + input_probes() + model_probes() + hostile_json_probes()
-       + accepted_silently_probes() + fifo_probes() + sentence_json_probes())
+       + accepted_silently_probes() + fifo_probes() + sentence_json_probes() + beside_out_probes()
+       + late_probes())
 SERVE = serve_probes("PORT")
 
 
@@ -1248,11 +1284,33 @@ def test_a_full_disk_under_every_writer(cmd, how, world, tmp_path, capsys, monke
     assert not left, f"{cmd}/{how}: left {left}"
 
 
+# the Python API with hostile arguments: a bertkit error naming the argument, never a TypeError / torch error
+_API = {
+    "load-int": lambda bk, w: bk.load(123),
+    "load-none": lambda bk, w: bk.load(None),
+    "pipeline-model-bytes": lambda bk, w: bk.pipeline("fill-mask", b"/tmp"),
+    "fill-top-k-negative": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k=-1),
+    "fill-top-k-text": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k="3"),
+    "fill-batch-size-0": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")(["the [MASK]"], batch_size=0),
+    "predictor-device": lambda bk, w: bk.Predictor.load(w / "clf", device="banana"),
+    "encode-batch-size-negative": lambda bk, w: bk.Predictor.load(w / "mlm").sentence_encoder().encode(
+        bk.Tokenizer.from_pretrained(w / "mlm"), ["a dog"], batch_size=-1),
+}
+
+
+@pytest.mark.parametrize("name", list(_API))
+def test_the_api_refuses_hostile_arguments_in_one_line(name, world):
+    import bertkit
+    with pytest.raises(bertkit.BertkitError) as e:
+        _API[name](bertkit, world)
+    assert "\n" not in str(e.value)
+
+
 def test_the_campaign_counts(capsys):
     from bertkit.cli import build_parser  # noqa: F401 - the campaign's parser builds
-    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS) + 1 + len(_PIPED)
+    n = len(ALL) + len(SERVE) + 2 * len(_WRITERS) + len(_FULL_DISKS) + 1 + len(_PIPED) + len(_API)
     print(f"campaign: {n} probes (links {2 * len(_WRITERS)}, full disks {len(_FULL_DISKS) + 1}, pipes read "
-          f"{len(_PIPED)})")
+          f"{len(_PIPED)}, API {len(_API)})")
     assert n > 450
 
 

@@ -85,6 +85,9 @@ def _why_not_downloaded() -> str | None:
 def resolve_model_dir(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
     """The local directory for a model: the path itself when it exists, else the cached (or downloaded) snapshot of
     the Hub repo `name_or_path` at `revision` (default "main"). Raises CheckpointError in one line otherwise."""
+    if not isinstance(name_or_path, (str, os.PathLike)) or isinstance(name_or_path, bytes):
+        raise CheckpointError(f"model: expected a directory or a Hugging Face repo id, got "
+                              f"{type(name_or_path).__name__}")
     path = Path(name_or_path).expanduser()
     if path.exists():
         return path

@@ -36,7 +36,7 @@ from bertkit import runtime
 from bertkit.embed.index import search_vectors
 from bertkit.embed.pooling import Pooling, Prompts, SentenceEncoder
 from bertkit.embed.st_format import is_sentence_transformers_dir, load_tokenizer, read_prompts, sentence_pipeline
-from bertkit.errors import BertkitError, CheckpointError, DataError
+from bertkit.errors import BertkitError, CheckpointError, ConfigError, DataError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
 from bertkit.predict.answers import Windows, best_spans
@@ -107,6 +107,10 @@ class Predictor:
     # ---------------------------------------------------------------------------------------------- loading
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", precision: str = PRECISION) -> "Predictor":
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ConfigError(f"device={device!r:.40}: not a torch device (cpu, cuda, cuda:N, mps)") from None
         model_dir = resolve_model_dir(path)
         if not model_dir.is_dir():
             raise CheckpointError(f"{model_dir}: no such model directory")

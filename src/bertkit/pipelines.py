@@ -15,6 +15,7 @@ padded past it); inputs of one call run as padded batches of `batch_size`.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -72,6 +73,11 @@ class Pipeline:
         if unknown:
             raise ConfigError(f"{self.task} pipeline: unknown option(s) {', '.join(unknown)}; it takes "
                               f"{', '.join([*self.options, 'batch_size'])}")
+        # counts a caller may pass: a positive int (top_k None: every label), never a torch error later
+        for name in ("batch_size", "top_k"):
+            value = options.get(name, 1)
+            if value not in (None, _UNSET) and (not isinstance(value, numbers.Integral) or value < 1):
+                raise ConfigError(f"{self.task} pipeline: {name} must be a positive int, got {value!r:.40}")
         return options
 
     def __call__(self, inputs, **options):

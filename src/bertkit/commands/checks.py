@@ -208,7 +208,9 @@ def _marker(d: Path) -> dict | None:
     """MARKER's content: the command whose earlier run `d` holds, and the names that were there before it."""
     try:
         info = json.loads((d / MARKER).read_text(encoding="utf-8"))
-        return info if isinstance(info, dict) and isinstance(info.get("command"), str) else None
+        lists = [info.get(k, []) for k in ("keep", "wrote")] if isinstance(info, dict) else [None]
+        names = all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in lists)
+        return info if names and isinstance(info.get("command"), str) else None
     except (OSError, ValueError):
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bertkit.commands import checks, config_from
+from bertkit.config import PRESETS
 from bertkit.demo import DemoConfig, STAGES, run_demo
 
 
@@ -16,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=checks.nonneg_int, default=d.seed)
     p.add_argument("--pretrain-budget", type=checks.positive_float, default=d.pretrain_budget_s, help="seconds of pre-training")
     p.add_argument("--vocab-size", type=checks.positive_int, default=d.vocab_size)
-    p.add_argument("--preset", default=d.preset)
+    p.add_argument("--preset", default=d.preset, choices=PRESETS)
     p.add_argument("--sentiment-train-examples", type=checks.nonneg_int, default=d.sentiment_train_examples,
                    help="0 = all training sentences")
     p.add_argument("--sentiment-epochs", type=checks.positive_float, default=d.sentiment_epochs)

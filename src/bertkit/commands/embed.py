@@ -14,7 +14,7 @@ from bertkit import progress
 from bertkit.atomic import replacing, write_json, write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
-from bertkit.textfiles import parse_json
+from bertkit.textfiles import parse_json, read_text
 from bertkit.commands import (add_model_argument, add_precision_argument, checks, chosen_precision, config_from,
                               inference_precision)
 
@@ -291,7 +291,13 @@ def _index_in_parts(args, d, encoder, texts, ids, encode, settings: list) -> int
 def _keep_parts(parts: Path, plan: dict) -> None:
     """`parts` ready for this run: an earlier run's of the same plan kept as it is, anything else made afresh."""
     plan_file = parts / "plan.json"
-    if plan_file.is_file() and json.loads(plan_file.read_text(encoding="utf-8")) == plan:
+    # only a parts directory of bertkit's own is reused or removed: a user's folder of that name beside --out is kept
+    ours = plan_file.is_file() and all(e.name == "plan.json" or e.name.lstrip(".").startswith("part-")
+                                       for e in parts.iterdir())
+    if (parts.exists() or parts.is_symlink()) and (parts.is_symlink() or not ours):
+        raise checks.OutputError(f"{parts}: holds something else than the parts bertkit builds an index in; move it "
+                                 "away or choose another --out")
+    if ours and parse_json(plan_file.read_bytes(), str(plan_file)) == plan:
         done = len(list(parts.glob("part-*.npy")))
         print(f"bertkit embed: {parts} holds {done} encoded parts of this index: encoding the rest", file=sys.stderr)
         return
@@ -324,9 +330,18 @@ def _write_index(args, encoder, texts, ids, spans: dict[Path, slice], digest: st
 
 
 # --------------------------------------------------------------------------------------------------- search
-def _index_texts(directory: Path) -> list[str] | None:
+def _index_texts(directory: Path, rows: int) -> list[str] | None:
+    """The index's texts, one per row, or None where it keeps none; DataError naming the file when they do not fit."""
     path = directory / INDEX_TEXTS
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else None
+    if not path.is_file():
+        return None
+    texts = [parse_json(line, f"{path}:{i}") for i, line in enumerate(read_text(path).splitlines(), 1)]
+    bad = next((i for i, t in enumerate(texts, 1) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise DataError(f"{path}:{bad}: expected a JSON string (an indexed text), got {type(texts[bad - 1]).__name__}")
+    if len(texts) != rows:
+        raise DataError(f"{path}: holds {len(texts)} texts for an index of {rows} rows")
+    return texts
 
 
 def search(args) -> int:
@@ -351,7 +366,7 @@ def search(args) -> int:
     queries = encoder.encode(tok, args.query, precision=precision, prompt=args.prompt, prompt_name=args.prompt_name)
     depth = max(args.top_k, args.rerank_depth) if args.rerank else args.top_k
     result = index.search(queries, k=depth, model_hash=model_hash(encoder))
-    texts = _index_texts(directory)
+    texts = _index_texts(directory, len(index))
     ce = None
     if args.rerank:
         from bertkit.rerank import CrossEncoder  # deferred: torch stays off `bertkit -h`'s path

@@ -12,10 +12,12 @@ input, equal to transformers'; bf16 ("auto", "bf16") is the user's choice, said 
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Callable, Iterator, Sequence
 
 import torch
 
+from bertkit.errors import ConfigError
 from bertkit.precision import autocast, for_model
 
 __all__ = ["PRECISION", "MODEL_KEYS", "encode", "eval_mode", "forward", "forward_batches", "id_batch"]
@@ -78,6 +80,8 @@ def forward_batches(model, lengths: Sequence[int], make_batch: Callable[[list[in
                     **model_kwargs) -> Iterator[tuple[list[int], dict, object]]:
     """Run `model` over len(lengths) inputs, shortest first, `batch_size` at a time: make_batch(indices) gives a
     batch's model inputs; yields (indices, inputs, model output) of each batch, run as `forward` runs one."""
+    if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r:.40}")
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     with eval_mode(model):
         precision, device = for_model(precision, model), next(model.parameters()).device

@@ -7,6 +7,7 @@ import glob as globlib
 import gzip
 import os
 import re
+import zlib
 from dataclasses import dataclass, fields
 from itertools import chain, islice
 from pathlib import Path
@@ -99,7 +100,7 @@ def _iter_lines(path: Path, stats: CorpusStats, max_line_bytes: int) -> Iterator
     with f:
         try:
             head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE]
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise DataError(f"corpus file {path} is not readable gzip: {e}") from None
         if not head.strip():
             stats.empty_files += 1
@@ -110,7 +111,7 @@ def _iter_lines(path: Path, stats: CorpusStats, max_line_bytes: int) -> Iterator
         while True:
             try:
                 raw = f.readline(max_line_bytes + 1)
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:   # zlib.error: a broken deflate stream
                 raise DataError(f"corpus file {path} is truncated or corrupt: {e}") from None
             if not raw:
                 return

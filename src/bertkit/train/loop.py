@@ -160,6 +160,9 @@ def run_seeds(seeds) -> tuple[int, ...]:
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
         raise ConfigError("seeds: give at least one seed")
+    big = next((s for s in seeds if abs(s) >= 2**63), None)     # torch's generator takes 64 bits
+    if big is not None:
+        raise ConfigError(f"seeds: {str(big)[:30]} is too large for a seed")
     if len(set(seeds)) < len(seeds):
         raise ConfigError(f"seeds: {', '.join(map(str, seeds))} repeats a seed; give distinct seeds")
     return seeds
