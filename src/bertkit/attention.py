@@ -13,16 +13,13 @@ Every function computes softmax(q k^T * scale + mask) v with dropout on the prob
     "explicit"  the eager maths in the input dtype with -inf masking and the 16-bit dropout mask: on some CPUs
                 faster than SDPA's math fallback (training with dropout) and its flash kernel on short masked rows
 
-To add one: write the function, register it in ATTENTION_FUNCTIONS, and teach `ExecutionOptions` / `_kernels`
-when to pick it. tests/test_attention.py checks every registered function against "eager".
-
-The plan is built once per forward from the model's `ExecutionOptions` (plain PyTorch by default; `bertkit.runtime`
-switches on what measured faster on this machine) and the mode read once from torch (device, dtype, training,
-tracing). Layers read the plan; nothing below `ExecutionPlan.build` inspects ambient state.
+The plan is built once per forward from the model's `ExecutionOptions` and the `Mode` read once from torch; nothing
+below `ExecutionPlan.build` inspects ambient state. Adding a function: docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,9 +39,7 @@ def dropout_drop_mask(shape: tuple[int, ...], p: float, device: torch.device) ->
     One int64 draw over the full range (the same generator as torch.rand, so seeding and checkpointed RNG state
     hold) gives four 16-bit uniforms, far cheaper on CPU than one Bernoulli draw per element. P(drop) is p rounded
     to a multiple of 1/65536 and the scale uses that exact value, so the expectation is exactly the input's."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     drop = round(p * 65536)
     bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (-(-n // 4),), dtype=torch.int64, device=device)
     dropped = bits.view(torch.int16)[:n].view(shape) < drop - 32768                # P(drop) = drop / 65536

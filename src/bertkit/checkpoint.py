@@ -18,14 +18,8 @@ Then the keys are checked against the model, never silently half-loaded:
   * missing keys: head weights (pooler, cls, classifier, qa_outputs) are newly initialised, logged as a warning
     and listed in `model.loading_info["missing_keys"]`; a missing encoder weight -> CheckpointError.
 
-`path` may also be a Hugging Face repo id ("org/name"), found in the local Hugging Face cache or downloaded
-(`bertkit.hub.resolve_model_dir`; a local path always wins). `dtype` (also spelt `torch_dtype` in from_pretrained)
-takes a torch.dtype, a name ("bfloat16") or "auto": the config's `torch_dtype` / `dtype`, else the weights' own.
-
-Saving writes `config.json` and `model.safetensors` (or transformers' shards and index with `max_shard_size`, or
-`pytorch_model.bin` with `safe_serialization=False`), each to a temp name then renamed, plus the tokenizer's files
-(`tokenizer.save(dir)`) when one is given. The tied decoder is not duplicated (safetensors cannot alias), exactly as
-transformers saves it, so `transformers.BertForPreTraining.from_pretrained(dir)` loads it with nothing missing.
+Saving writes the family's names back, each file atomically; the tied decoder is not duplicated (safetensors cannot
+alias), exactly as transformers saves it, so transformers loads the directory with nothing missing.
 """
 
 from __future__ import annotations
@@ -288,7 +282,6 @@ def parse_dtype(value, where: str = "dtype") -> torch.dtype | str | None:
 
 
 def _auto_dtype(config: BertConfig, sd: dict[str, Tensor], cfg_path: Path) -> torch.dtype:
-    """dtype="auto": the config's `torch_dtype` / `dtype` (as transformers writes it), else the weights' own."""
     for key in ("dtype", "torch_dtype"):
         if config.extra.get(key) is not None:
             return parse_dtype(config.extra[key], f"{cfg_path}: {key}")
@@ -299,8 +292,9 @@ def _auto_dtype(config: BertConfig, sd: dict[str, Tensor], cfg_path: Path) -> to
 def load_pretrained(cls, path, *, dtype=None, device=None, ignore_mismatched_sizes: bool = False,
                     revision: str | None = None, allow_non_finite: bool | None = None, **config_overrides):
     """Build `cls` from the config in `path` (+ overrides) and load its weights (see module docstring). `path` is a
-    directory or a Hugging Face repo id (see bertkit.hub); `dtype` a torch.dtype, a name ("bfloat16") or "auto";
-    allow_non_finite: load NaN / Inf weights with a warning (default: refused; None reads BERTKIT_ALLOW_NON_FINITE)."""
+    directory or a Hugging Face repo id (see bertkit.hub; a local path wins); `dtype` a torch.dtype, a name
+    ("bfloat16") or "auto" (the config's torch_dtype / dtype, else the weights' own); allow_non_finite: load NaN / Inf
+    weights with a warning (default: refused; None reads BERTKIT_ALLOW_NON_FINITE)."""
     dtype = parse_dtype(dtype)
     directory = resolve_model_dir(path, revision=revision)
     if not directory.is_dir():

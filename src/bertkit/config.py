@@ -1,9 +1,8 @@
 """BertConfig: the typed hyper-parameters of a BERT model, with presets and HF `config.json` read/write.
 
 Field names are exactly those of a Hugging Face BERT `config.json`, so a directory written by transformers loads
-here and ours loads there. Other encoder families (`model_type`: roberta, xlm-roberta, electra, distilbert; see
-`bertkit.families`) share the fields; a family that spells a field otherwise (DistilBERT's `dim`) is read and
-written in its own spelling. Keys we do not model (`architectures`, `transformers_version`, `use_cache`, ...) are kept
+here and ours loads there. Other encoder families (`bertkit.families`) share the fields; a family that spells a
+field otherwise (DistilBERT's `dim`) is read and written in its own spelling. Keys we do not model (`architectures`, `transformers_version`, `use_cache`, ...) are kept
 in `extra` and written back unchanged, so a read -> write round trip loses nothing.
 
     cfg = BertConfig.preset("small", vocab_size=8000)
@@ -31,8 +30,7 @@ __all__ = ["BertConfig", "PRESETS", "ATTN_IMPLEMENTATIONS", "HIDDEN_ACTS", "PROB
 
 CONFIG_NAME = "config.json"
 
-# "auto" picks per batch: eager when attention maps are requested, unpadded when the batch has enough padding
-# to be worth removing, sdpa otherwise (the rule and its measurement live in model.py).
+# "auto" picks per batch (attention.ExecutionPlan): eager for attention maps, unpadded for a batch with enough padding
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "unpadded")
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 PROBLEM_TYPES = (None, "single_label_classification", "regression", "multi_label_classification")
@@ -102,10 +100,7 @@ class BertConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value cannot work."""
         family(self.model_type)
-        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                    "max_position_embeddings", "type_vocab_size", "num_labels", "embedding_size",
-                    "relative_attention_num_buckets", "num_hidden_groups")
-        for name in positive:
+        for name in SIZE_LIMITS:                        # the positive ints, each with its upper bound
             v = getattr(self, name)
             if v is None and name in _OPTIONAL \
                     or v == 0 and name == "type_vocab_size":
@@ -262,8 +257,31 @@ class BertConfig:
 
     @property
     def disentangled(self) -> Disentangled | None:
-        """DeBERTa's attention settings (None for other families)."""
-        return _disentangled(self)
+        """The disentangled-attention settings of a DeBERTa config, None for other families; ConfigError naming a key
+        whose value bertkit does not compute (v2-xlarge's convolution layer, a head size other than hidden / heads)."""
+        if not family(self.model_type).disentangled:
+            return None
+        x = self.extra
+        for key, ok in (("conv_kernel_size", lambda v: not v),
+                        ("embedding_size", lambda v: v in (None, self.hidden_size)),
+                        ("attention_head_size", lambda v: v in (None, self.head_dim)),
+                        ("pooler_hidden_size", lambda v: v in (None, self.hidden_size))):
+            value = getattr(self, key, None) if key == "embedding_size" else x.get(key)
+            if not ok(value):
+                raise ConfigError(f"{self.model_type} config key {key}={value!r} is not supported by bertkit")
+        terms = x.get("pos_att_type") or []
+        terms = tuple(t.strip() for t in (terms.lower().split("|") if isinstance(terms, str) else terms))
+        if not set(terms) <= {"c2p", "p2c"}:
+            raise ConfigError(f"{self.model_type} config key pos_att_type={x.get('pos_att_type')!r}: "
+                              f"expected c2p and / or p2c")
+        max_position = x.get("max_relative_positions", -1)
+        max_position = max_position if max_position >= 1 else self.max_position_embeddings
+        buckets = x.get("position_buckets", -1)
+        return Disentangled(bool(x.get("relative_attention", False)), terms, buckets if buckets > 0 else max_position,
+                            buckets, max_position, bool(x.get("share_att_key", False)),
+                            "layer_norm" in str(x.get("norm_rel_ebd", "none")).lower().split("|"),
+                            bool(x.get("position_biased_input", True)), x.get("pooler_hidden_act", "gelu"),
+                            float(x.get("pooler_dropout", 0.0)))
 
     @property
     def position_table(self) -> bool:
@@ -295,33 +313,6 @@ class Disentangled:
     @property
     def scale(self) -> float:
         return 1.0 + len(self.terms)
-
-
-def _disentangled(config: "BertConfig") -> Disentangled | None:
-    """The disentangled-attention settings of a DeBERTa config, None for other families; ConfigError naming a key
-    whose value bertkit does not compute (v2-xlarge's convolution layer, a head size other than hidden / heads)."""
-    if not family(config.model_type).disentangled:
-        return None
-    x = config.extra
-    for key, ok in (("conv_kernel_size", lambda v: not v), ("embedding_size", lambda v: v in (None, config.hidden_size)),
-                    ("attention_head_size", lambda v: v in (None, config.head_dim)),
-                    ("pooler_hidden_size", lambda v: v in (None, config.hidden_size))):
-        value = getattr(config, key, None) if key == "embedding_size" else x.get(key)
-        if not ok(value):
-            raise ConfigError(f"{config.model_type} config key {key}={value!r} is not supported by bertkit")
-    terms = x.get("pos_att_type") or []
-    terms = tuple(t.strip() for t in (terms.lower().split("|") if isinstance(terms, str) else terms))
-    if not set(terms) <= {"c2p", "p2c"}:
-        raise ConfigError(f"{config.model_type} config key pos_att_type={x.get('pos_att_type')!r}: "
-                          f"expected c2p and / or p2c")
-    max_position = x.get("max_relative_positions", -1)
-    max_position = max_position if max_position >= 1 else config.max_position_embeddings
-    buckets = x.get("position_buckets", -1)
-    return Disentangled(bool(x.get("relative_attention", False)), terms, buckets if buckets > 0 else max_position,
-                        buckets, max_position, bool(x.get("share_att_key", False)),
-                        "layer_norm" in str(x.get("norm_rel_ebd", "none")).lower().split("|"),
-                        bool(x.get("position_biased_input", True)), x.get("pooler_hidden_act", "gelu"),
-                        float(x.get("pooler_dropout", 0.0)))
 
 
 def read_json_config(p: Path, error=ConfigError) -> dict:

@@ -11,9 +11,7 @@ terms depend only on q, k and positions counted from 0, so they are a float mask
 both layouts (each unpadded bucket's rows start at position 0). Only the rows of R that the sequence's distances
 reach are projected (at most 2 * len - 1 of them), where transformers projects and multiplies all 2 * span.
 
-The settings are config.json keys bertkit keeps as they are (`BertConfig.extra`), read by `BertConfig.disentangled`
-with transformers' defaults; what bertkit does not compute (v2-xlarge's convolution layer, a head size other than
-hidden / heads) is refused by name there.
+The settings are config.json keys in `BertConfig.extra`, read (or refused by name) by `BertConfig.disentangled`.
 """
 
 from __future__ import annotations

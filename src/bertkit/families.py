@@ -1,25 +1,8 @@
 """The encoder families bertkit reads and writes, as data: what each changes in the one encoder, and its names.
 
-A family is not a copy of the model. `model.py` is one encoder whose parts the config chooses (factorised
-embeddings, token types or none, positions counted from the ids, the classifier's activation); this table says
-which a transformers `model_type` uses and how its checkpoints spell the parameters and classes:
-
-    bert         the reference: the names the modules carry
-    roberta      positions start at pad_token_id + 1 and skip padding; one token type; classifier.dense/out_proj
-    xlm-roberta  RoBERTa's maths and names under its own classes
-    electra      factorised embeddings (embedding_size -> hidden), no pooler; GELU classifier; a discriminator head
-    distilbert   no token types; every parameter renamed (q_lin, sa_layer_norm, ffn.lin1, ...); ReLU pre_classifier
-    mpnet        RoBERTa's positions and heads, no token types, a relative-position attention bias; attn.q/k/v/o
-    albert       factorised embeddings, layers shared in groups (num_hidden_groups), MLM + sentence-order heads
-    modernbert   rotary positions, pre-norm layers with a final norm, GLU feed-forward, no biases, local
-                 sliding-window layers between global ones, heads with a dense + act + norm layer (bertkit.modern)
-    nomic_bert   BERT's post-norm layers with rotary positions (no table), a SwiGLU feed-forward, no linear
-                 biases in the layers; BERT's heads; its checkpoints hold the GLU's halves as two weights (fc11, fc12)
-    gte          NomicBERT's layers with attention biases, a GeGLU whose output layer has a bias, optional token
-                 types; RoBERTa-like MLM head names (lm_head.*)
-    new          GTE as its authors' remote code names it (prefix `new.`, classes NewModel, ...)
-    deberta-v2   DeBERTa-v2 / v3: disentangled attention (bertkit.disentangled), no pooler; query_proj, ...;
-                 the classifier's hidden layer is `pooler.dense`; the MLM head BERT's names (or lm_predictions.*)
+A family is not a copy of the model: `model.py` is one encoder whose parts the config chooses; this table says which
+a transformers `model_type` uses and how its checkpoints spell the parameters and classes (what each family changes:
+docs/families.md).
 
 Weight names map both ways by ordered prefix rules, `#` standing for a layer number: a head's whole names first,
 then the encoder's inner names under its prefix (`bert.` here, `roberta.` there; none in a bare encoder). A key no
@@ -28,6 +11,7 @@ rule matches keeps its name; another head's weights load under "unused." (report
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -128,15 +112,11 @@ def _rename(key: str, rules: tuple[tuple[str, str], ...], side: int) -> str | No
     return None
 
 
-_PATTERNS: dict[str, re.Pattern] = {}
-
-
+@functools.cache
 def _pattern(template: str) -> re.Pattern:
     """"a.#.b" -> a regex matching the prefix "a.<n>.b" at a name boundary, capturing n and the rest."""
-    if template not in _PATTERNS:
-        body = r"(\d+)".join(re.escape(p) for p in template.split("#"))
-        _PATTERNS[template] = re.compile(body + r"(\..*|$)")
-    return _PATTERNS[template]
+    body = r"(\d+)".join(re.escape(p) for p in template.split("#"))
+    return re.compile(body + r"(\..*|$)")
 
 
 def _layer(theirs: str, *pairs: tuple[str, str]) -> tuple[tuple[str, str], ...]:

@@ -1,16 +1,8 @@
 """What this machine computes fast: whether bf16 is native, and so which precision "auto" means.
 
-bf16 autocast is bertkit's speed path where the hardware multiplies in bf16: CUDA GPUs that support it, and CPUs
-with AMX (`amx_bf16`) or AVX-512 BF16 (`avx512_bf16`), where a bf16 matmul runs ~2-6x the fp32 rate. Elsewhere
-PyTorch emulates bf16 matmuls: on an AVX2-only CPU (e.g. AMD Zen 3) a 1024^3 bf16 matmul measured ~1 GFLOP/s
-against ~120 GFLOP/s in fp32, so bf16 there would make training and inference ~100x slower. Every bertkit entry point
-whose precision defaults to "auto" (training, fine-tuning, evaluation, the demo, the benchmarks) resolves it here.
-
-    native_bf16(device)          True where bf16 matmuls are hardware-accelerated on `device`
-    resolve_precision(p, device) "auto" -> "bf16" or "fp32"; "bf16" on a machine without native bf16 warns once
-    use_bf16(flag, device)       the same for the bool | None flags of the task code (None = auto)
-
-`BERTKIT_PRECISION=bf16|fp32` overrides what "auto" picks (e.g. to compare both on one machine).
+bf16 autocast is bertkit's speed path where the hardware multiplies in bf16 (CUDA GPUs that support it, CPUs with
+AMX or AVX-512 BF16); elsewhere PyTorch emulates bf16 matmuls, far slower than fp32 (figures: docs/cli.md). Every
+entry point whose precision defaults to "auto" resolves it here; `BERTKIT_PRECISION=bf16|fp32` overrides that.
 """
 
 from __future__ import annotations

@@ -12,29 +12,8 @@ The BERT paper's (Devlin et al. 2018) and google-research/bert's `modeling.py`:
 Parameter names are the Hugging Face BERT state_dict's (`encoder.layer.3.attention.self.query.weight`, ...); other
 families' checkpoint names map onto them at load and save (`bertkit.families`).
 
-Other families choose parts of the same modules by config: factorised embeddings projected to hidden (ELECTRA,
-ALBERT), no token types (DistilBERT, MPNet), positions counted from the ids (RoBERTa, MPNet), layers shared in groups
-(ALBERT), a relative-position attention bias (MPNet; DeBERTa's disentangled terms, `bertkit.disentangled`), and
-ModernBERT's (`bertkit.modern`):
-
-    x = LayerNorm(word[ids]);  dropout                                      # positions: rotary q and k, no table
-    for each layer:                                                          # pre-LN; layer 0 has no first norm
-        x = x + dropout(attention(LayerNorm(x)) W_o)     # local layers: keys within a window, global: all keys
-        x = x + (act(h) * g) W_2,  [h | g] = LayerNorm(x) W_1                # GLU; no biases anywhere
-    x = LayerNorm(x)
-
-NomicBERT and GTE keep BERT's post-norm layers and take ModernBERT's rotary q and k (no position table) and GLU.
-
-How a forward runs is decided once, in `attention.ExecutionPlan.build`: the layout (padded, or unpadded: real tokens
-only, see `padding.py`), the attention function (see `attention.py`), dropout. Fast paths for a machine are applied
-from outside by `bertkit.runtime` (module swaps and `BertModel.execution`); this file knows nothing of them.
-
-Changes from the textbook code, all exact:
-  * Q, K and V run as one matmul on the concatenated weight (`Projection`); the parameters stay separate.
-  * token_type_ids=None adds the type-0 row by broadcast instead of an embedding lookup.
-  * The last layer can run for some rows only (`rows=`): [CLS] only (one query per sequence; what sequence
-    classification reads) or given positions (the masked tokens of MLM; MosaicBERT's final-layer subset).
-    Attention keys and values still cover every token, so the rows' values are the full layer's.
+Other families choose parts of the same modules by config; the maths of each, how a forward is planned and the
+exact changes from the textbook code: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -455,7 +434,6 @@ class BertPreTrainedModel(PreTrainedMixin, nn.Module):
 
 def _check_shapes(config: BertConfig, input_ids: Tensor | None, inputs_embeds: Tensor | None,
                   token_type_ids: Tensor | None, attention_mask: Tensor | None, position_ids: Tensor | None) -> None:
-    """Raise ConfigError naming the bad shape or dtype."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ConfigError("forward takes input_ids or inputs_embeds: give exactly one")
     if inputs_embeds is not None:

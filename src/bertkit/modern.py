@@ -1,18 +1,11 @@
-"""The parts later encoders (ModernBERT, NomicBERT, GTE) swap into the one encoder, and the config keys choosing them.
+"""The parts later encoders (ModernBERT, NomicBERT, GTE) swap into the one encoder, and the config keys choosing them:
+rotary positions (RoFormer; one base for global layers, another for local ones), sliding-window local layers, the
+GLU feed-forward, linear layers and LayerNorms without bias, and a fresh model's init by module.
 
-    rotary positions   q and k rotated by position-dependent angles (RoFormer): no position embeddings; one base
-                       (theta) for global layers, another for local ones
-    sliding window     local layers attend to keys with |i - j| <= local_attention // 2, combined with the key mask
-    GLU feed-forward   the first linear layer gives 2 x intermediate: act(one half) * the other, then the second
-                       (ModernBERT's GeGLU: act on the first half; NomicBERT's SwiGLU and GTE's: [up | gate])
-    biases             linear layers and LayerNorms without bias (`attention_bias`, `mlp_bias`, `norm_bias`, ...)
-    init               a fresh model's stds by module (init_family; `Family.init_stds`), truncated normal
-
-Which family uses which is `bertkit.families` (switches `rotary`, `pre_norm`, `glu`, `head_transform`). ModernBERT's
-values (thetas, window, biases, pooling) are the config.json's own keys, kept in `BertConfig.extra` so they are
-written back unchanged, read here with ModernBERT's defaults; NomicBERT's and GTE's biases are fixed by the family
-(`Family.parts`), their one rotary base read from `rope_parameters`. BERT's families get `Parts()`: every bias, no
-window.
+Which family uses which is `bertkit.families` (docs/families.md). ModernBERT's values (thetas, window, biases,
+pooling) are the config.json's own keys, kept in `BertConfig.extra` so they are written back unchanged, read here
+with ModernBERT's defaults; NomicBERT's and GTE's biases are fixed by the family (`Family.parts`). BERT's families
+get `Parts()`: every bias, no window.
 """
 
 from __future__ import annotations
@@ -123,9 +116,9 @@ def rotary_table(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
 def rotate(qkv: Tensor, table: tuple[Tensor, Tensor], heads: int) -> Tensor:
     """Fused (..., 3 * hidden) projections with q and k rotated (RoFormer), v as it was; the table's positions
     broadcast over the leading dims: (seq,) for a padded batch, (tokens,) for a packed one. In fp32, the halves
-    x1 cos - x2 sin | x2 cos + x1 sin: transformers' x cos + rotate_half(x) sin, bit for bit. Rotated in place:
-    `qkv` is a fresh projection no one else reads, and no copy or cat of it is made (they were ~6% of a forward),
-    except under tracing (ONNX export), which drops in-place writes to views."""
+    x1 cos - x2 sin | x2 cos + x1 sin: transformers' x cos + rotate_half(x) sin, bit for bit. Rotated in place
+    (`qkv` is a fresh projection no one else reads: no copy or cat), except under tracing (ONNX export), which drops
+    in-place writes to views."""
     cos, sin = (t.unsqueeze(-2) for t in table)                                   # (..., 1, head_dim / 2)
     width = qkv.shape[-1] * 2 // 3
     if torch.jit.is_tracing():

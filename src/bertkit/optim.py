@@ -1,25 +1,10 @@
 """Optimisers and learning-rate schedules for the training loop.
 
-* `param_groups(model, weight_decay)`: two groups, as BERT does it: weight decay on every matrix / embedding, none on
-  biases and LayerNorm weights (any 1-D parameter). Tied parameters appear once.
-* `build_optimizer(model, cfg)`: AdamW (decoupled weight decay; BERT's betas 0.9/0.999 and eps 1e-6), LAMB or
-  StableAdamW. AdamW uses PyTorch's fused kernel when it exists for the device (CPU and CUDA in torch >= 2.4), else
-  foreach.
-* `StableAdamW`: AdamW with AdaFactor's update clipping per tensor (Wortsman et al. 2023, "Stable and low-precision
-  training for large-scale vision-language models"; ModernBERT's optimiser): a tensor whose gradient is large
-  against its second-moment estimate (RMS of g^2 / v_hat over the tensor above 1) takes a step shrunk by that RMS,
-  so a gradient spike cannot make one huge update. Without spikes (RMS <= 1) it is AdamW exactly. Unlike
-  gradient-norm clipping (one global factor for every tensor, which the training loop still applies unless
-  clip is 0) it acts per tensor.
-* `Lamb`: layer-wise adaptive moments (You et al. 2019, "Large Batch Optimization for Deep Learning"): the Adam
-  update plus decoupled weight decay, rescaled per parameter tensor by the trust ratio ||w|| / ||update|| (1 when
-  either norm is 0), so every layer moves by a similar relative amount; what makes batch 32k work for BERT.
-* `lr_factor(step, total, warmup, schedule, min_ratio)`: the multiplier of the peak lr at a given optimizer step:
-  linear warmup from 0 over `warmup` steps, then linear (BERT) or cosine decay to `min_ratio` at `total`, or
-  constant, or "wsd" (warmup-stable-decay: the peak lr held until the last `decay_fraction` of the steps,
-  then a linear decay; a short run's lr stays high through the MLM loss plateau instead of decaying across it).
-  A pure function of (step, total): the schedule has no state of its own beyond those two numbers, which the
-  trainer checkpoints, so a resumed run continues on exactly the same curve.
+* `param_groups` / `build_optimizer`: BERT's weight-decay groups; AdamW (fused where the device has it), LAMB or
+  StableAdamW (ModernBERT's: AdamW with AdaFactor's update clipping per tensor; docs/pretraining.md).
+* `lr_factor`: a pure function of (step, total), which the trainer checkpoints, so a resumed run continues on
+  exactly the same curve; "wsd" holds the peak until the last `decay_fraction` of the steps (a short run's lr stays
+  high through the MLM loss plateau).
 """
 
 from __future__ import annotations
@@ -41,11 +26,8 @@ OPTIMIZERS = ("adamw", "lamb", "stableadamw")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """[{decayed params, weight_decay}, {biases + LayerNorm weights, weight_decay 0}]: BERT's exclusion rule.
-
-    A parameter is excluded when it is 1-D (biases, LayerNorm gamma/beta) or its name says LayerNorm / bias, which
-    covers the HF names (`LayerNorm.weight`, `*.bias`) and any custom norm layer.
-    """
+    """[{decayed params, weight_decay}, {biases + LayerNorm weights, weight_decay 0}]: BERT's exclusion rule (1-D,
+    or named LayerNorm / bias: any custom norm layer too). Tied parameters appear once."""
     decay, no_decay, seen = [], [], set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
@@ -128,11 +110,9 @@ class _Moments(torch.optim.Optimizer, abc.ABC):
 
 
 class Lamb(_Moments):
-    """LAMB: Adam moments + decoupled weight decay, each tensor's update scaled by the trust ratio ||w|| / ||u||.
-
-    Bias correction is applied (as in the paper's v3 and NVIDIA's implementation). Groups with weight_decay 0
-    (biases, LayerNorm) still get the trust ratio, as in the reference implementations.
-    """
+    """LAMB (You et al. 2019): Adam moments + decoupled weight decay, each tensor's update scaled by the trust ratio
+    ||w|| / ||u|| (1 when either is 0). Bias-corrected, and groups without weight decay still get the trust ratio, as
+    in the paper's v3 and NVIDIA's implementation."""
 
     def _apply(self, p, g, m_hat, v_hat, group) -> None:
         update = m_hat / (v_hat.sqrt() + group["eps"])
@@ -145,8 +125,9 @@ class Lamb(_Moments):
 
 
 class StableAdamW(_Moments):
-    """AdamW whose lr per tensor is divided by max(1, RMS(g^2 / v_hat)) (see the module docstring); the decoupled
-    weight decay uses that lr too. v_hat is floored at eps^2 so a zero second moment cannot divide by zero."""
+    """AdamW whose lr per tensor is divided by max(1, RMS(g^2 / v_hat)) (Wortsman et al. 2023): a gradient spike
+    cannot make one huge update; without spikes it is AdamW exactly. The decoupled weight decay uses that lr too.
+    v_hat is floored at eps^2 so a zero second moment cannot divide by zero."""
 
     default_betas = (0.9, 0.98)
 
@@ -171,11 +152,9 @@ DEFAULT_DECAY_FRACTION = 0.2   # wsd: the linear decay spans the last 20% of the
 def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_ratio: float = 0.0,
               decay_fraction: float | None = None) -> float:
     """Multiplier of the peak lr for the update made at optimizer step `step` (0-based) of `total`.
-
     Warmup: (step + 1) / warmup, so the first update already moves (BERT's TF code starts at 0 and wastes one step).
-    Decay over the remaining steps to `min_ratio` at step == total ("wsd": over the last `decay_fraction` of
-    `total` only, the peak held before that; None: DEFAULT_DECAY_FRACTION).
-    """
+    Then linear / cosine decay to `min_ratio` at step == total ("wsd": over the last `decay_fraction` of `total`
+    only; None: DEFAULT_DECAY_FRACTION), or constant."""
     if schedule not in SCHEDULES:
         raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {SCHEDULES}")
     if warmup > 0 and step < warmup:
@@ -184,15 +163,11 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str = "linear", min_
         return 1.0
     start = warmup
     if schedule == "wsd":
-        if decay_fraction is None:
-            decay_fraction = DEFAULT_DECAY_FRACTION
+        decay_fraction = DEFAULT_DECAY_FRACTION if decay_fraction is None else decay_fraction
         if not 0 < decay_fraction <= 1:
             raise ConfigError(f"decay_fraction must be in (0, 1], got {decay_fraction}")
         start = max(warmup, total - int(round(decay_fraction * total)))
     span = max(1, total - start)
     progress = min(1.0, max(0.0, (step - start) / span))
-    if schedule in ("linear", "wsd"):
-        shape = 1.0 - progress
-    else:
-        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    shape = 1.0 - progress if schedule in ("linear", "wsd") else 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_ratio + (1.0 - min_ratio) * shape

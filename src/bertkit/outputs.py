@@ -32,12 +32,8 @@ class ModelOutput:
 
     def items(self) -> list[tuple[str, Any]]:
         """(name, value) of the tuple view: transformers' fields that are not None, in order."""
-        out = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is not None and not f.metadata.get("extra"):
-                out.append((f.name, value))
-        return out
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None and not f.metadata.get("extra")]
 
     def keys(self) -> list[str]:
         return [name for name, _ in self.items()]
@@ -79,9 +75,8 @@ ENCODER_INPUTS = ("position_ids", "inputs_embeds")
 
 
 def forward_flags(owner: str, flags: dict[str, Any], allowed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Check the **flags of a forward: `return_dict`, the names in `allowed`, and transformers' head_mask when
-    None. Returns {name: value} of the accepted flags; anything else raises
-    ConfigError naming it."""
+    """The accepted **flags of a forward: `return_dict`, the names in `allowed`, and transformers' head_mask when
+    None; anything else raises ConfigError naming it."""
     out = {}
     for name, value in flags.items():
         if name == "return_dict" or name in allowed:

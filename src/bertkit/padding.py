@@ -4,13 +4,10 @@ A padded batch is (batch, seq) ids plus a 0/1 attention mask. The encoder runs i
 
     padded     hidden states (batch, seq, hidden); attention takes a (batch, 1, 1, seq) bool key mask
     unpadded   hidden states (tokens, hidden), real tokens only (MosaicBERT's `unpad_input`); every dense op runs
-               on real tokens, and only attention needs sequence structure: the rows are sorted by length into up
-               to 4 buckets, each a (rows, length) grid where every sequence is a left-aligned prefix
+               on real tokens, and only attention needs sequence structure: the rows are sorted by length into
+               buckets (`length_buckets`, `cost_buckets`), each a (rows, length) grid where every sequence is a left-aligned prefix
 
-    Layout.build(layout, attention_mask, batch, seq)   once per forward
-    layout.unpad(t)      (batch, seq, ...) -> (tokens, ...)        real positions only ("unpadded"; else identity)
-    layout.pad(x)        (tokens, hidden) -> (batch, seq, hidden)  zeros at padded positions
-    layout.to_buckets(x) (tokens, d) -> [(rows, length, d)], one grid per bucket, and `from_buckets` back
+`Layout.build` once per forward; `unpad` / `pad` and `to_buckets` / `from_buckets` move between the shapes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """One precision setting, "auto" | "bf16" | "fp32" | "fp16", from the command line to every forward pass, and the one
-autocast that applies it: the training loop, the fine-tuning evaluation and the task predictions use it.
-
-"auto" is bf16 where the device multiplies in bf16 natively, else fp16 on CUDA, else fp32 (bertkit.hardware
-decides; bf16 and fp16 keep the weights and optimizer state in fp32, and training scales an fp16 loss with a
-GradScaler: bertkit.train.loop). The task code's bf16 flags are accepted too: True = "bf16", False = "fp32",
+autocast that applies it. "auto" is bertkit.hardware's; bf16 and fp16 keep the weights and optimizer state in fp32
+(training scales an fp16 loss: bertkit.train.loop). The task code's bf16 flags mean True = "bf16", False = "fp32",
 None = "auto".
 """
 
