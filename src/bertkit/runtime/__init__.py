@@ -99,7 +99,9 @@ def _int8_under_bf16(int8_probe: dict, engine: str | None, kernel: str = "int8_b
             continue
         fast = {"fast": int8_probe.get(f"layer{h}_{kernel}"), "plain": layer["plain"]}
         short = {"fast": int8_probe.get(f"layer{h}_short_{kernel}"), "plain": int8_probe.get(f"layer{h}_short_bf16")}
-        below = BF16_KERNEL_ALWAYS if _won(fast) and fast["fast"] < layer["fast"] else \
+        # a calibrated model has no row limit to fall back on where it loses on one sentence: bf16 there and then
+        lost_short = kernel == "int8_static" and short["fast"] is not None and not _won(short)
+        below = BF16_KERNEL_ALWAYS if _won(fast) and fast["fast"] < layer["fast"] and not lost_short else \
             SHORT_ROWS.stop + 4 if short["fast"] is not None and _won(short) else 0
         faster = not _won(layer) or below == BF16_KERNEL_ALWAYS
         choices.append((h, faster, below))
