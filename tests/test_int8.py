@@ -291,3 +291,43 @@ def test_loading_an_int8_model_quantizes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(int8, "quantize_rows", lambda w: pytest.fail("a load quantized weights"))
     loaded = BertModel.from_pretrained(tmp_path)
     assert torch.equal(_hidden(loaded, ids, mask), _hidden(q, ids, mask))
+
+
+def test_calibrated_ffn_passes_int8_between_its_layers(tmp_path):
+    """`calibrate` gives each FFN block a static scale (its largest intermediate activation on the calibration
+    inputs); under bf16 autocast on the int8 GEMMs, FFN-in then writes int8 at that scale and FFN-out reads it: the
+    hidden states stay as close to fp32 as the dynamic scales', and the scales are saved and loaded with the model.
+    A block whose FFN-out is kept float gets no scale; without autocast nothing changes."""
+    if not int8.qlinear_bf16_ok():
+        pytest.skip("no oneDNN int8 GEMM with VNNI here")
+    ids, mask = _batch()
+    plain = _tiny()
+    with torch.no_grad():
+        q = int8.quantize(_tiny(), calibration=lambda m: m(ids, attention_mask=mask))
+    assert q.config.extra["quantization_config"]["ffn_scales"] == "static" and int8.is_calibrated(q)
+    q.save_pretrained(tmp_path / "int8")
+    loaded = BertModel.from_pretrained(tmp_path / "int8")
+    assert len(int8.ffn_pairs(loaded)) == 2
+    for (a, b), (c, d) in zip(int8.ffn_pairs(q).values(), int8.ffn_pairs(loaded).values()):
+        assert a.output_scale > 0 and torch.equal(a.output_scale, c.output_scale)
+        assert torch.equal(b.input_scale, d.input_scale)
+    runs = {}
+    for name, model in (("static", loaded), ("dynamic", int8.quantize(_tiny()))):
+        plan = runtime.RuntimePlan(runtime.plan(force="none").options, int8_engine=int8.default_engine(),
+                                   int8_under_bf16=((128, True, int8.BF16_KERNEL_ALWAYS),),
+                                   int8_under_bf16_static=((128, True, int8.BF16_KERNEL_ALWAYS),))
+        model = runtime.freeze(model, plan)
+        seen = []
+        model.encoder.layer[0].output.dense.register_forward_hook(lambda m, args, y: seen.append(args[0].dtype))
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            runs[name] = _hidden(model, ids, mask).float()
+        assert seen == [torch.int8 if name == "static" else torch.bfloat16]
+        with torch.no_grad():
+            assert _hidden(model, ids, mask).dtype == torch.float32
+    ref = _hidden(plain, ids, mask)
+    cos = {k: torch.nn.functional.cosine_similarity(v, ref, dim=-1).min() for k, v in runs.items()}
+    assert cos["static"] > 0.99 and cos["static"] > cos["dynamic"] - 0.005, cos
+    kept = int8.quantize(_tiny(), keep_float=("encoder.layer.1.output.dense",),
+                         calibration=lambda m: m(ids, attention_mask=mask))
+    assert list(int8.ffn_pairs(kept)) == ["encoder.layer.0"]
+    assert "output_scale" not in kept.encoder.layer[1].intermediate.dense._buffers
