@@ -1402,3 +1402,17 @@ def test_a_preset_model_gets_a_word_table_the_size_of_its_vocab(world, tmp_path,
     assert rc == 0, err[-2000:]
     rows = len((world / "vocab" / "vocab.txt").read_text().split())
     assert json.loads((tmp_path / "f" / "config.json").read_text())["vocab_size"] == rows == 22
+
+
+@pytest.mark.parametrize("left", [{}, {".plan.json.tmp-77": b"{"}, {"part-00000.npy": b"x", ".part-00001.npy.tmp-7": b""}])
+def test_a_parts_folder_a_killed_index_build_left_is_started_afresh(left, tmp_path):
+    """Killed before its plan.json was written, or while the finished index removed its parts: bertkit's own
+    leftovers, cleared for the new plan (a user's folder of that name is refused: beside_out_probes)."""
+    from bertkit.commands.embed import _keep_parts
+    parts = tmp_path / ".o.parts"
+    parts.mkdir()
+    for name, data in left.items():
+        (parts / name).write_bytes(data)
+    _keep_parts(parts, {"rows": 4})
+    assert sorted(p.name for p in parts.iterdir()) == ["plan.json"]
+    assert json.loads((parts / "plan.json").read_text()) == {"rows": 4}

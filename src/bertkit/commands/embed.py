@@ -292,12 +292,13 @@ def _keep_parts(parts: Path, plan: dict) -> None:
     """`parts` ready for this run: an earlier run's of the same plan kept as it is, anything else made afresh."""
     plan_file = parts / "plan.json"
     # only a parts directory of bertkit's own is reused or removed: a user's folder of that name beside --out is kept
-    ours = plan_file.is_file() and all(e.name == "plan.json" or e.name.lstrip(".").startswith("part-")
-                                       for e in parts.iterdir())
-    if (parts.exists() or parts.is_symlink()) and (parts.is_symlink() or not ours):
+    # (a run killed before its plan.json was written, or while the finished index removed them, left a partial set)
+    ours = parts.is_dir() and not parts.is_symlink() and all(
+        e.name.lstrip(".").startswith(("plan.json", "part-")) for e in parts.iterdir())
+    if (parts.exists() or parts.is_symlink()) and not ours:
         raise checks.OutputError(f"{parts}: holds something else than the parts bertkit builds an index in; move it "
                                  "away or choose another --out")
-    if ours and parse_json(plan_file.read_bytes(), str(plan_file)) == plan:
+    if ours and plan_file.is_file() and parse_json(plan_file.read_bytes(), str(plan_file)) == plan:
         done = len(list(parts.glob("part-*.npy")))
         print(f"bertkit embed: {parts} holds {done} encoded parts of this index: encoding the rest", file=sys.stderr)
         return
