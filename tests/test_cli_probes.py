@@ -1292,6 +1292,10 @@ _API = {
     "fill-top-k-negative": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k=-1),
     "fill-top-k-text": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k="3"),
     "fill-batch-size-0": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")(["the [MASK]"], batch_size=0),
+    "fill-batch-size-none": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")(["the [MASK]"], batch_size=None),
+    "fill-top-k-bool": lambda bk, w: bk.pipeline("fill-mask", w / "mlm")("the [MASK]", top_k=True),
+    "encode-batch-size-bool": lambda bk, w: bk.Predictor.load(w / "mlm").sentence_encoder().encode(
+        bk.Tokenizer.from_pretrained(w / "mlm"), ["a dog"], batch_size=True),
     "predictor-device": lambda bk, w: bk.Predictor.load(w / "clf", device="banana"),
     "encode-batch-size-negative": lambda bk, w: bk.Predictor.load(w / "mlm").sentence_encoder().encode(
         bk.Tokenizer.from_pretrained(w / "mlm"), ["a dog"], batch_size=-1),
@@ -1416,3 +1420,24 @@ def test_a_parts_folder_a_killed_index_build_left_is_started_afresh(left, tmp_pa
     _keep_parts(parts, {"rows": 4})
     assert sorted(p.name for p in parts.iterdir()) == ["plan.json"]
     assert json.loads((parts / "plan.json").read_text()) == {"rows": 4}
+
+
+def test_a_json_count_past_a_floats_range_is_a_count():
+    """Hand-edited numbers in plan.json / state.json / a shard manifest: an int of 400 digits is a count (not an
+    OverflowError from math.isfinite); NaN and a fraction where a count belongs are refused naming the field."""
+    from bertkit.errors import DataError
+    from bertkit.textfiles import check_fields
+    check_fields({"elapsed": 10 ** 400, "step": 10 ** 400}, {"elapsed": "number", "step": "count"}, "state.json")
+    for bad in ({"elapsed": float("nan")}, {"step": 1.5}, {"step": True}):
+        with pytest.raises(DataError, match=f"state.json: {next(iter(bad))}"):
+            check_fields(bad, {"elapsed": "number", "step": "count"}, "state.json", required=False)
+
+
+def test_index_texts_with_unicode_line_separators_read_back(tmp_path):
+    """texts.jsonl is written with ensure_ascii=False, so U+2028 / U+2029 / U+0085 stay raw in it: only newlines
+    separate its records."""
+    from bertkit.commands.embed import INDEX_TEXTS, _index_texts
+    texts = ["a\u2028b", "c\u2029d\x85e"]
+    (tmp_path / INDEX_TEXTS).write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts),
+                                        encoding="utf-8")
+    assert _index_texts(tmp_path, 2) == texts

@@ -76,7 +76,9 @@ class Pipeline:
         # counts a caller may pass: a positive int (top_k None: every label), never a torch error later
         for name in ("batch_size", "top_k"):
             value = options.get(name, 1)
-            if value not in (None, _UNSET) and (not isinstance(value, numbers.Integral) or value < 1):
+            if (value is None and name == "top_k") or value is _UNSET:
+                continue
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{self.task} pipeline: {name} must be a positive int, got {value!r:.40}")
         return options
 

@@ -98,7 +98,8 @@ _KINDS = {"count": "a count >= 0", "number": "a number >= 0", "name": "a name", 
 def _is(kind: str, value) -> bool:
     """Whether `value` is of `kind`; counts and numbers are finite and >= 0, never a bool."""
     if kind in ("count", "number"):
-        number = isinstance(value, int) if kind == "count" else isinstance(value, (int, float)) and math.isfinite(value)
+        # an int of any size is finite (math.isfinite overflows on one past a float's range)
+        number = isinstance(value, int) or (kind == "number" and isinstance(value, float) and math.isfinite(value))
         return number and not isinstance(value, bool) and value >= 0
     return isinstance(value, {"name": str, "object": dict, "list": list}[kind])
 

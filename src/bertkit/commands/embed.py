@@ -336,7 +336,7 @@ def _index_texts(directory: Path, rows: int) -> list[str] | None:
     path = directory / INDEX_TEXTS
     if not path.is_file():
         return None
-    texts = [parse_json(line, f"{path}:{i}") for i, line in enumerate(read_text(path).splitlines(), 1)]
+    texts = [parse_json(line, f"{path}:{i}") for i, line in enumerate(read_text(path).split("\n"), 1) if line]
     bad = next((i for i, t in enumerate(texts, 1) if not isinstance(t, str)), None)
     if bad is not None:
         raise DataError(f"{path}:{bad}: expected a JSON string (an indexed text), got {type(texts[bad - 1]).__name__}")

@@ -80,7 +80,7 @@ def forward_batches(model, lengths: Sequence[int], make_batch: Callable[[list[in
                     **model_kwargs) -> Iterator[tuple[list[int], dict, object]]:
     """Run `model` over len(lengths) inputs, shortest first, `batch_size` at a time: make_batch(indices) gives a
     batch's model inputs; yields (indices, inputs, model output) of each batch, run as `forward` runs one."""
-    if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r:.40}")
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     with eval_mode(model):
