@@ -1441,3 +1441,20 @@ def test_index_texts_with_unicode_line_separators_read_back(tmp_path):
     (tmp_path / INDEX_TEXTS).write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts),
                                         encoding="utf-8")
     assert _index_texts(tmp_path, 2) == texts
+
+
+@pytest.mark.parametrize("encoding,loads", [("utf-8", True), ("utf-8-sig", True), ("utf-16", False)])
+def test_every_json_file_is_read_by_one_encoding_rule(encoding, loads, tmp_path):
+    """config.json (through read_json_config) and tokenizer JSON (read_json_object): UTF-8, a byte-order mark
+    tolerated, anything else refused in one line naming the file."""
+    from bertkit.config import read_json_config
+    from bertkit.errors import BertkitError
+    from bertkit.tokenizer.hfjson import read_json_object
+    path = tmp_path / "config.json"
+    path.write_bytes(json.dumps({"do_lower_case": True}).encode(encoding))
+    for read in (read_json_config, read_json_object):
+        if loads:
+            assert read(path) == {"do_lower_case": True}
+        else:
+            with pytest.raises(BertkitError, match="config.json: not UTF-8"):
+                read(path)

@@ -51,7 +51,7 @@ class PreTrainedMixin:
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:
         """Give the word embeddings `new_num_tokens` rows (rounded up to a multiple of `pad_to_multiple_of`); see
-        the module docstring for how rows are kept and initialised. mean_resizing=False: new rows drawn as at init
+        docs/transformers.md for how rows are kept and initialised. mean_resizing=False: new rows drawn as at init
         (normal(0, initializer_range)). Returns the embedding module."""
         embedding = self.get_input_embeddings()
         if any(getattr(m, "inference_only", False) for m in self.modules()):
@@ -80,7 +80,7 @@ class PreTrainedMixin:
         self.tie_weights()
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Recompute each encoder layer in backward instead of keeping its activations (see the module docstring).
+        """Recompute each encoder layer in backward instead of keeping its activations (see docs/transformers.md).
         gradient_checkpointing_kwargs: transformers' argument; only use_reentrant=False is supported."""
         kwargs = dict(gradient_checkpointing_kwargs or {})
         if kwargs.pop("use_reentrant", False) or kwargs:

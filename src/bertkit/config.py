@@ -319,14 +319,12 @@ def read_json_config(p: Path, error=ConfigError) -> dict:
     """A config.json's object; `error` (one line naming the file) when it is unreadable, not UTF-8, not JSON, too
     deeply nested or not an object."""
     try:
-        text = p.read_bytes().decode("utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise error(f"config file not found: {p}") from None
     except OSError as e:
         raise error(f"{p}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{p}: not UTF-8 (invalid byte at offset {e.start})") from None
-    d = parse_json(text, str(p), error)
+    d = parse_json(data, str(p), error)
     check_fields(d, {}, str(p), error)
     names = d.get("architectures") or []    # kept as HF wrote it, but the loaders pick their class from it
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

@@ -139,10 +139,12 @@ class Predictor:
     def embed_max_length(self) -> int:
         """Pieces per text `embed` reads by default: a sentence-transformers directory's max_seq_length, else
         EMBED_MAX_LENGTH within the model's positions (also where its modules cannot run: `pooling=` still can)."""
+        fallback = min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)
         try:
-            return self.sentence_encoder().max_seq_length
+            pipe = self.pipeline             # the module list only: a spoiled prompts file does not change the length
         except CheckpointError:
-            return min(EMBED_MAX_LENGTH, self.encoder.config.max_input_length)
+            return fallback
+        return pipe.max_seq_length if pipe is not None else fallback
 
     @property
     def has_mlm(self) -> bool:

@@ -80,7 +80,12 @@ def read_text(path) -> str:
 
 def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataError):
     """json.loads, with every way a hostile text fails it as one line of `error` naming `where` (a file, or
-    file:line): not JSON, nested too deeply, an integer past Python's digit limit, bytes that are not UTF-8."""
+    file:line): not JSON, nested too deeply, an integer past Python's digit limit, bytes that are not UTF-8 (one rule
+    for every JSON file: UTF-8, a byte-order mark tolerated; json.loads alone would take UTF-16 bytes and refuse a BOM)."""
+    try:
+        text = text.decode("utf-8-sig") if isinstance(text, bytes) else text.removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 (invalid byte at offset {e.start})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
