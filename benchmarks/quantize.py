@@ -15,9 +15,7 @@ shape (random weights, saved once so every runner reads the same file):
   the int8 weights dequantized to float under "auto") | bertkit int8_kernel (the int8 kernel forced on, fp32
   activations) | bertkit int8 kernel under bf16 autocast (native bf16 only: int8 GEMMs on fp32 activations, bf16
   attention and residual stream) | bertkit int8_bf16_kernel (native bf16 and oneDNN's int8 GEMM: int8 GEMMs on
-  bf16 activations, runtime.int8.qlinear_bf16, forced on) | with --calibrate, bertkit int8_static (static FFN
-  scales calibrated on 256 other sentences, int8.calibrate, as auto runs it here). `--no-anchors` leaves out
-  transformers and onnxruntime (bertkit's own paths only).
+  bf16 activations, runtime.int8.qlinear_bf16, forced on). `--no-anchors` leaves out transformers and onnxruntime (bertkit's own paths only).
 Each variant runs the whole text set per repeat, variants alternating (order reversed every repeat); the figure is
 sequences/s from the median repeat; "ratios" divide bertkit int8 by each, "int8_vs_best_float" by the faster of
 bertkit fp32 and bf16 (the target: >= 1.5x at batch 32, >= 1.2x at batch 1). Every runner gets the same
@@ -26,11 +24,10 @@ thread count.
 accuracy: MiniLM-L6 fine-tuned by `bertkit finetune` (lr 5e-5, settings in ACCURACY_TASKS) on the sentiment
 (Rotten Tomatoes), topic (BBC), NER (silver BBC tags; entity F1) and cloze QA (BBC; SQuAD F1, EM alongside) task
 data, then `bertkit quantize --check TEST` with fp32 and "auto" activations: the test-split scores of fp32 and
-int8 in points of the task's main metric, and the sizes on disk; with --calibrate also int8 with static FFN scales
-calibrated on the task's training file (auto).
+int8 in points of the task's main metric, and the sizes on disk.
 
 predict: the whole `bertkit predict` command on 1,000 unseen sentence pairs through a MiniLM-L6 pair classifier
-(a short fine-tune, --work keeps it) and its int8 copies (dynamic, and static FFN scales calibrated on dev), at predict's default precision and at auto: seconds per
+(a short fine-tune, --work keeps it) and its int8 copy, at predict's default precision and at auto: seconds per
 command (median of --repeats, alternating) and int8's speed-up (the target: >= 1.3x at the default precision).
 """
 
@@ -131,7 +128,7 @@ def anchors(model_dir: Path, work: Path, threads: int) -> dict:
             "onnxruntime_fp32": ort("onnxruntime_fp32"), "onnxruntime_int8": ort("onnxruntime_int8")}
 
 
-def runners(model_dir: Path, work: Path, threads: int, with_anchors: bool = True, calibration=None) -> dict:
+def runners(model_dir: Path, work: Path, threads: int, with_anchors: bool = True) -> dict:
     """name -> fn(batch) for every variant, all built from the same weights file."""
     from bertkit.model import BertModel
     from bertkit.precision import for_model
@@ -152,9 +149,6 @@ def runners(model_dir: Path, work: Path, threads: int, with_anchors: bool = True
         bf16_kernel = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir)))
         int8.set_engine(bf16_kernel, plan.int8_engine, under_bf16=((1, True, int8.BF16_KERNEL_ALWAYS),))
         out["bertkit_int8_bf16_kernel"] = torch_fn(bf16_kernel, "bf16")
-    if calibration:                                   # static FFN scales (int8.calibrate): as auto runs it here
-        static = runtime.freeze(int8.quantize(BertModel.from_pretrained(model_dir), calibration=calibration))
-        out["bertkit_int8_static"] = torch_fn(static, for_model("auto", static))
     return out
 
 
@@ -172,23 +166,12 @@ def interleaved(fns: dict, work, repeats: int) -> dict[str, float]:
     return {n: statistics.median(v) for n, v in times.items()}
 
 
-def calibration_batches(model_dir: Path, timed: list[str]):
-    """A `calibrate` run over 256 BBC sentences past the timed ones (int8.calibrate's scales never see those)."""
-    bs = batches_of(model_dir, bbc_sentences(len(timed) + 256)[len(timed):], 32)
-
-    def run(m):
-        for b in bs:
-            m(**b)
-    return run
-
-
 def speed(args, work: Path) -> list[dict]:
     records = []
     texts = bbc_sentences(max(args.sentences, args.base_sentences))
     for name in args.models.split(","):
         model_dir = model_dir_for(name, work)
-        calibration = calibration_batches(model_dir, texts) if args.calibrate else None
-        fns = runners(model_dir, work, torch.get_num_threads(), not args.no_anchors, calibration)
+        fns = runners(model_dir, work, torch.get_num_threads(), not args.no_anchors)
         for batch in (32, 1):
             n = args.sentences if name == "minilm" else args.base_sentences
             n = n if batch > 1 else max(8, n // 4)
@@ -206,8 +189,7 @@ def speed(args, work: Path) -> list[dict]:
                 "seq_per_s": seq_s, "ratios": {f"int8_vs_{k}": round(seq_s["bertkit_int8"] / v, 2)
                                                for k, v in seq_s.items() if k != "bertkit_int8"},
                 "int8_vs_best_float": {k: round(seq_s[k] / max(seq_s["bertkit_fp32"], seq_s.get("bertkit_bf16", 0)), 2)
-                                       for k in ("bertkit_int8", "bertkit_int8_kernel", "bertkit_int8_bf16_kernel",
-                                                 "bertkit_int8_static")
+                                       for k in ("bertkit_int8", "bertkit_int8_kernel", "bertkit_int8_bf16_kernel")
                                        if k in seq_s}}))
     return records
 
@@ -255,13 +237,11 @@ def accuracy(args, work: Path) -> list[dict]:
                                     training=finetune_recipe(lr=5e-5, epochs=s["epochs"])))
         summary = json.loads((run / "summary.json").read_text())
         check, split = held_out(kind, data, ext, s)
-        for precision, calibrate in (("fp32", None), ("auto", None)) + (
-                (("auto", data / f"train.{ext}"),) if args.calibrate else ()):
-            out = work / "int8" / f"{task}-{precision}{'-static' if calibrate else ''}"
+        for precision in ("fp32", "auto"):
+            out = work / "int8" / f"{task}-{precision}"
             report = quantize_dir(run, out, check=check, max_drop=100.0, precision=precision,
-                                  keep_float=tuple(args.keep_float), overwrite=True, calibrate=calibrate)
+                                  keep_float=tuple(args.keep_float), overwrite=True)
             records.append(emit({"case": "accuracy", "task": task, "model": "minilm-l6", "split": split,
-                                 "ffn_scales": "static" if calibrate else "dynamic",
                                  "finetune": {**s, "train_examples": summary["data"].get(
                                      "train_examples_used", summary["data"]["train_examples_in_file"])},
                                  **report["check"], "keep_float": args.keep_float,
@@ -287,8 +267,6 @@ def pair_model(work: Path) -> tuple[Path, Path, Path]:
                                 quiet=True, training=finetune_recipe(lr=5e-5, epochs=1)))
     if not (q / "model.safetensors").is_file():
         quantize_dir(run, q, overwrite=True)
-    if not (q.with_name("pairs-static") / "model.safetensors").is_file():     # calibrated on dev: never predicted
-        quantize_dir(run, q.with_name("pairs-static"), overwrite=True, calibrate=data / "dev.csv")
     rows = []
     for split in ("train", "test"):
         with open(data / f"{split}.csv", newline="", encoding="utf-8") as f:
@@ -313,13 +291,10 @@ def predict_command(args, work: Path) -> list[dict]:
     cmds = {f"{name}_{p}": [sys.executable, "-m", "bertkit", "predict", "--model", str(d), "--data", str(pairs),
                             "--out", str(work / f"{name}-{p}.jsonl"), "--overwrite", "--no-progress",
                             *(["--precision", p] if p != "default" else [])]
-            for name, d in (("float", run), ("int8", q), ("int8static", q.with_name("pairs-static")))
-            for p in ("default", "auto")}
+            for name, d in (("float", run), ("int8", q)) for p in ("default", "auto")}
     t = interleaved(cmds, lambda cmd: subprocess.run(cmd, env=env, check=True, capture_output=True), args.repeats)
     return [emit({"case": "predict", "pairs": 1000, "seconds": {k: round(v, 2) for k, v in t.items()},
                   "int8_speedup": {p: round(t[f"float_{p}"] / t[f"int8_{p}"], 2) for p in ("default", "auto")},
-                  "int8static_speedup": {p: round(t[f"float_{p}"] / t[f"int8static_{p}"], 2)
-                                         for p in ("default", "auto")},
                   "int8_default_vs_float_best": round(min(t["float_default"], t["float_auto"]) / t["int8_default"],
                                                       2)})]
 
@@ -333,7 +308,6 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="intra-op threads for every runner (default torch's)")
     p.add_argument("--no-anchors", action="store_true", help="speed: bertkit's own paths only")
-    p.add_argument("--calibrate", action="store_true", help="speed, accuracy: also int8 with calibrated FFN scales")
     p.add_argument("--tasks", default="sentiment,topic,ner,qa", help="accuracy case: task data sets")
     p.add_argument("--keep-float", action="append", default=[], metavar="PATTERN",
                    help="accuracy case: layers kept in float (as `bertkit quantize --keep-float`)")

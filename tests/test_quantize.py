@@ -214,23 +214,3 @@ def test_speed_line_says_how_int8_runs_here(monkeypatch):
     assert "not bf16" in quantize.speed_here(384)["line"] and "not bf16" in quantize.speed_here(256)["line"]
     assert "on bf16 activations" in quantize.speed_here(768)["line"]
     assert "on bf16 activations" in quantize.speed_here(1024)["line"]
-
-
-def test_calibrate_stores_static_ffn_scales(finetuned, tmp_path, capsys):
-    """--calibrate FILE: a file of the model's task (or, for a model without one, one text per line) measures
-    static scales for every FFN block, written with the model and gated with it."""
-    from bertkit.model import BertModel
-    from bertkit.quantize import quantize_dir
-    run, dev = finetuned
-    out = tmp_path / "int8"
-    assert main(["quantize", str(run), str(out), "--calibrate", str(run.parent / "train.csv"), "--check", dev,
-                 "--precision", "fp32", "--json"]) == 0
-    qc = json.loads(capsys.readouterr().out)
-    assert qc["ffn_scales"] == "static" and qc["check"]["drop_points"] <= 1.0
-    loaded = BertModel.from_pretrained(out)
-    assert int8.is_calibrated(loaded) and len(int8.ffn_pairs(loaded)) == 2
-    texts = tmp_path / "texts.txt"
-    texts.write_text("\n".join(" ".join(POS[i:i + 4] + NEG[i:i + 3]) for i in range(8)) + "\n")
-    quantize_dir(run.parent / "base", tmp_path / "base-int8", calibrate=texts)
-    scales = [i.output_scale for i, _ in int8.ffn_pairs(BertModel.from_pretrained(tmp_path / "base-int8")).values()]
-    assert len(scales) == 2 and all(s > 0 for s in scales)

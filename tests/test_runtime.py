@@ -277,6 +277,5 @@ def test_int8_encoder_probe_times_both_layers():
     if not int8.int8_kernel_ok():
         pytest.skip("no int8 linear kernel in this PyTorch build")
     t = probe._probe_int8_encoder(int8.default_engine(), 96)
-    kernel = {"int8_bf16", "int8_static", "short_bf16", "short_int8_bf16", "short_int8_static"} \
-        if int8.qlinear_bf16_ok() else set()
+    kernel = {"int8_bf16", "short_bf16", "short_int8_bf16"} if int8.qlinear_bf16_ok() else set()
     assert set(t) == {"int8", "bf16"} | kernel and all(v > 0 for v in t.values())

@@ -1,6 +1,6 @@
 """`bertkit quantize MODEL OUT`: an int8 copy of a model directory, gated on accuracy.
 
-    quantize_dir(model, out, check=None, max_drop=1.0, keep_float=(), calibrate=None)
+    quantize_dir(model, out, check=None, max_drop=1.0, keep_float=())
     write(quantize_model(model, check=...), out)     # the same in two steps (the CLI clears an earlier run between)
 
 1. Says whether this CPU's int8 path measured faster than its float paths (runtime.plan's `int8_linear` probe:
@@ -13,8 +13,6 @@
    model.safetensors (int8 weights + scales), the tokenizer files and a sentence-transformers directory's module
    folders (pooling, dense, normalize: as they are, a Dense stays float), into `out` (new or empty; the CLI's
    --overwrite replaces an earlier quantize run there once the new model passed its gate).
-With `calibrate` (a file of text the model will see), step 2 also measures static scales for the feed-forward's
-intermediate activations (int8.calibrate): under bf16 the int8 GEMMs then pass int8 between the FFN's two layers.
 """
 
 from __future__ import annotations
@@ -30,15 +28,12 @@ from torch import nn
 
 from bertkit import runtime
 from bertkit.atomic import copy_file, write_text
-from bertkit.config import peek_json_config
 from bertkit.embed.st_format import module_dirs
 from bertkit.errors import BertkitError, CheckpointError, ConfigError
-from bertkit.infer import read_lines
 from bertkit.predict.load import head_of
 from bertkit.runtime import int8
 from bertkit.tasks.runner import evaluate_task, load_task
 from bertkit.textfiles import shown
-from bertkit.tokenizer import Tokenizer
 
 __all__ = ["quantize_dir", "quantize_model", "write", "speed_here", "Quantized", "QualityGateError"]
 
@@ -97,13 +92,12 @@ def gate(model_dir: Path, fp32, quantized, dev_file, max_drop: float, precision:
     return figures
 
 
-def speed_here(width: int, calibrated: bool = False) -> dict:
-    """Whether the int8 kernel runs on this CPU against its float paths for a model of hidden size `width` (with
-    calibrated FFN scales or not), with the probe's figures, in one line."""
+def speed_here(width: int) -> dict:
+    """Whether the int8 kernel runs on this CPU against its float paths for a model of hidden size `width`, with
+    the probe's figures, in one line."""
     plan = runtime.plan("cpu")
     why = f"int8_linear: {plan.reasons.get('int8_linear', plan.reasons.get('all', ''))}"
-    bf16_faster, kernel_below = int8.under_bf16_for(
-        width, plan.int8_under_bf16_static if calibrated else plan.int8_under_bf16)
+    bf16_faster, kernel_below = int8.under_bf16_for(width, plan.int8_under_bf16)
     if plan.int8_engine is None:
         line = (f"int8 is not faster than float on this CPU ({why}): predict and serve run this model's weights in "
                 f"float here; the directory keeps int8 for its size")
@@ -119,26 +113,6 @@ def speed_here(width: int, calibrated: bool = False) -> dict:
     return {"int8_runs": plan.int8_engine is not None, "bf16_faster": bf16_faster, "line": line}
 
 
-CALIBRATION_EXAMPLES = 512          # enough text to find each FFN block's largest activation in a few seconds
-
-
-def calibration_run(model_dir: Path, path):
-    """run(model) for int8.calibrate: the first CALIBRATION_EXAMPLES examples of `path` through the model in fp32:
-    a file of the model's task (its training file, say) for a model from `bertkit finetune`, else one text per
-    line."""
-    if "bertkit_task" in peek_json_config(model_dir / "config.json"):
-        task, _, tok = load_task(model_dir)
-        examples = task.read(path, require_label=False)[:CALIBRATION_EXAMPLES]
-        feats = task.features(tok, examples, with_labels=False)
-        return lambda m: task.predict(runtime.freeze(m), examples, feats, 64, "fp32")
-    tok, texts = Tokenizer.from_pretrained(model_dir), read_lines(path)[:CALIBRATION_EXAMPLES]
-
-    def run(m):
-        for i in range(0, len(texts), 32):
-            m(**tok(texts[i:i + 32], padding=True, truncation=True, max_length=256, return_tensors="pt"))
-    return run
-
-
 @dataclass
 class Quantized:
     """An int8 model in memory (gated where a check file was given), not yet written: what `write` puts in a
@@ -151,22 +125,20 @@ class Quantized:
 
 
 def quantize_model(model_dir, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
-                   force: bool = False, calibrate=None) -> Quantized:
+                   force: bool = False) -> Quantized:
     """Load, quantize and (with `check`) gate the model of `model_dir`; nothing is written. `force` is accepted
-    for older callers: int8 is written on every CPU now (where it is slower it runs in float). `calibrate`: a file
-    (`calibration_run`) for static FFN activation scales (int8.calibrate), gated with the rest by `check`."""
+    for older callers: int8 is written on every CPU now (where it is slower it runs in float)."""
     model_dir = Path(model_dir)
     fp32 = _load(model_dir)
     size = sum(f.stat().st_size for f in model_dir.iterdir()
                if f.name.endswith(".safetensors") or f.name == "pytorch_model.bin")
     int8.check_keep_float(fp32, keep_float)
-    quantized = int8.quantize(copy.deepcopy(fp32), keep_float,
-                              calibration_run(model_dir, calibrate) if calibrate is not None else None)
+    quantized = int8.quantize(copy.deepcopy(fp32), keep_float)
     if check is not None:
         qc = quantized.config.extra["quantization_config"]
         qc["check"] = gate(model_dir, fp32, quantized, check, max_drop, precision)
     return Quantized(model_dir, quantized, size, module_dirs(model_dir),
-                     speed_here(quantized.config.hidden_size, int8.is_calibrated(quantized)))
+                     speed_here(quantized.config.hidden_size))
 
 
 def write(q: Quantized, out) -> dict:
@@ -191,8 +163,8 @@ def write(q: Quantized, out) -> dict:
     return {"out": str(out), "int8_layers": n, **qc, "speed_here": q.speed}
 
 
-def quantize_dir(model_dir, out, overwrite: bool = False, **options) -> dict:
-    """The int8 model directory `out` from `model_dir` (see the module docstring; `options`: quantize_model's);
-    returns what was written."""
+def quantize_dir(model_dir, out, check=None, max_drop: float = 1.0, keep_float=(), precision: str = "auto",
+                 overwrite: bool = False, force: bool = False) -> dict:
+    """The int8 model directory `out` from `model_dir` (see the module docstring); returns what was written."""
     _check_out(Path(model_dir), Path(out), overwrite)
-    return write(quantize_model(model_dir, **options), out)
+    return write(quantize_model(model_dir, check, max_drop, keep_float, precision, force), out)

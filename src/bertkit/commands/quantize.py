@@ -23,9 +23,6 @@ def register(subparsers) -> None:
                    help="module names to keep in float (fnmatch, repeatable), e.g. classifier")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="activation precision of the --check runs (default: as the inference commands)")
-    p.add_argument("--calibrate", metavar="FILE", help="text the model will see (a fine-tuned model: a file of its "
-                                                       "task, e.g. its training file; else one text per line): "
-                                                       "static int8 scales between the feed-forward's two layers")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty output directory")
     p.add_argument("--force", action="store_true", help=argparse.SUPPRESS)   # int8 is written everywhere now
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
@@ -37,12 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from bertkit.quantize import quantize_model, write  # deferred: torch, off `bertkit -h`'s start path
 
     def claim(dry_run: bool):
-        checks.out_dir(args.out, "quantize", inputs=(args.model, args.check, args.calibrate), overwrite=args.overwrite,
+        checks.out_dir(args.out, "quantize", inputs=(args.model, args.check), overwrite=args.overwrite,
                        writes_model=True, dry_run=dry_run)
 
     claim(dry_run=True)         # checked before any work; an earlier run is cleared only once the gate has passed
     q = quantize_model(args.model, check=args.check, max_drop=args.max_drop, keep_float=tuple(args.keep_float),
-                       precision=args.precision, force=args.force, calibrate=args.calibrate)
+                       precision=args.precision, force=args.force)
     claim(dry_run=False)
     report = write(q, args.out)
     if args.json:

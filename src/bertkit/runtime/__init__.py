@@ -26,7 +26,7 @@ from bertkit.compat import PreTrainedMixin
 from bertkit.datasets import cache_dir
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags, cpu_signature, native_bf16, resolve_precision
-from bertkit.runtime.int8 import BF16_KERNEL_ALWAYS, default_engine, is_calibrated, set_engine
+from bertkit.runtime.int8 import BF16_KERNEL_ALWAYS, default_engine, set_engine
 from bertkit.runtime.linear import FrozenLinear, freeze_linears
 from bertkit.runtime.probe import LAYER_WIDTHS, MARGIN, SHORT_ROWS, cached_measurements
 
@@ -58,7 +58,6 @@ class RuntimePlan:
                                                     # int8 layers of about that width run their dequantized weights
                                                     # in bf16, except inputs of fewer rows than kernel_below: int8
                                                     # GEMMs on bf16 activations (int8.qlinear_bf16) beat bf16 there
-    int8_under_bf16_static: tuple = ()              # the same for a model with calibrated FFN scales (int8.calibrate)
 
 
 class FastDropout(nn.Dropout):
@@ -87,30 +86,26 @@ def int8_float_below(int8_probe: dict) -> int:
     return SHORT_ROWS.stop + 4
 
 
-def _int8_under_bf16(int8_probe: dict, engine: str | None, kernel: str = "int8_bf16") -> tuple[tuple, str]:
+def _int8_under_bf16(int8_probe: dict, engine: str | None) -> tuple[tuple, str]:
     """How int8 layers run under bf16 autocast, from the encoder-layer probe at each width (native bf16 only): per
     width (bf16 beat the fp32-activation int8 kernel, so "auto" runs bf16; rows under which `qlinear_bf16` runs,
     where it beat bf16: every row count where it won on the batch, one sentence's where it won only there), and
-    the reason. `kernel` "int8_static": the same for a model with calibrated FFN scales."""
+    the reason."""
     choices, line = [], ""
     for h in LAYER_WIDTHS:
         layer = {"fast": int8_probe.get(f"layer{h}_int8"), "plain": int8_probe.get(f"layer{h}_bf16")}
         if engine is None or layer["fast"] is None:
             continue
-        fast = {"fast": int8_probe.get(f"layer{h}_{kernel}"), "plain": layer["plain"]}
-        short = {"fast": int8_probe.get(f"layer{h}_short_{kernel}"), "plain": int8_probe.get(f"layer{h}_short_bf16")}
-        # a calibrated model has no row limit to fall back on where it loses on one sentence: bf16 there and then
-        lost_short = kernel == "int8_static" and short["fast"] is not None and not _won(short)
-        below = BF16_KERNEL_ALWAYS if _won(fast) and fast["fast"] < layer["fast"] and not lost_short else \
+        kernel = {"fast": int8_probe.get(f"layer{h}_int8_bf16"), "plain": layer["plain"]}
+        short = {"fast": int8_probe.get(f"layer{h}_short_int8_bf16"), "plain": int8_probe.get(f"layer{h}_short_bf16")}
+        below = BF16_KERNEL_ALWAYS if _won(kernel) and kernel["fast"] < layer["fast"] else \
             SHORT_ROWS.stop + 4 if short["fast"] is not None and _won(short) else 0
         faster = not _won(layer) or below == BF16_KERNEL_ALWAYS
         choices.append((h, faster, below))
-        if kernel == "int8_bf16":
-            line += f"; one encoder layer of width {h} {_why(layer, 'bf16')}" + (
-                ": under bf16 autocast the int8 layers run bf16" if faster else "")
-        if fast["fast"] is not None:
-            lead = "; with" if kernel == "int8_bf16" else f"; width {h} with calibrated FFN scales and"
-            line += (f"{lead} bf16 activations {_why(fast, 'bf16')}, one sentence {_why(short, 'bf16')}" +
+        line += f"; one encoder layer of width {h} {_why(layer, 'bf16')}" + (
+            ": under bf16 autocast the int8 layers run bf16" if faster else "")
+        if kernel["fast"] is not None:
+            line += (f"; with bf16 activations {_why(kernel, 'bf16')}, one sentence {_why(short, 'bf16')}" +
                      (": the int8 GEMMs take bf16" if below == BF16_KERNEL_ALWAYS else
                       f": under {below} rows the int8 GEMMs take bf16" if below else ""))
     return tuple(choices), line
@@ -134,8 +129,7 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     engine = int8_probe.get("engine") if _won(int8_probe) else None
     reasons["int8_linear"] = _why(int8_probe, "fp32") + (f", {engine}" if engine else "")
     under_bf16, line = _int8_under_bf16(int8_probe, engine)
-    static, static_line = _int8_under_bf16(int8_probe, engine, "int8_static")
-    reasons["int8_linear"] += line + static_line
+    reasons["int8_linear"] += line
     float_below = int8_float_below(int8_probe)
     if float_below:
         short = {"fast": int8_probe["short_fast"], "plain": int8_probe["short_plain"]}
@@ -144,7 +138,7 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     buckets = probes["cost_buckets"]
     overhead = buckets["overhead"] if _won(buckets) else None
     reasons["cost_buckets"] += f", per-bucket cost {buckets['overhead']:.3g}" if "overhead" in buckets else ""
-    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead, under_bf16, static)
+    return RuntimePlan(ExecutionOptions(**chosen), packed, engine, float_below, reasons, overhead, under_bf16)
 
 
 def plan(device="cpu", force: str | None = None) -> RuntimePlan:
@@ -208,8 +202,7 @@ def freeze(model: nn.Module, runtime: RuntimePlan | None = None) -> nn.Module:
     freeze_linears(model, runtime.packed_dtypes)
     # int8 layers (a quantized model): the library measured faster, or their weights in float where float won here
     set_engine(model, runtime.int8_engine, runtime.int8_engine is None and "int8_linear" in runtime.reasons,
-               runtime.int8_float_below, runtime.packed_dtypes,
-               runtime.int8_under_bf16_static if is_calibrated(model) else runtime.int8_under_bf16)
+               runtime.int8_float_below, runtime.packed_dtypes, runtime.int8_under_bf16)
     return model.eval()
 
 

@@ -6,8 +6,6 @@
     to_storage(state_dict)                the word-embedding table as int8 rows + one scale per row, for the file
     from_storage(state_dict)              back to float (embeddings are looked up in float)
     prepare(model, config)                the int8 layers a `quantization_config` in config.json names, before load
-    calibrate(model, run)                 optional static scales for the FFN's intermediate activations: under
-                                          bf16 autocast FFN-in's int8 GEMM then writes int8 into FFN-out's
 
 The kernel is PyTorch's own `quantized::linear_dynamic` on weights prepacked once for fbgemm or oneDNN (whichever
 `runtime.plan` measured faster here): it quantizes each activation matrix with one (asymmetric uint8) scale inside
@@ -25,7 +23,6 @@ An Int8Linear has no trainable parameter: a quantized model is inference-only, l
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import functools
 import logging
@@ -46,8 +43,7 @@ from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, ten
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
            "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
-           "EMBEDDING_KEY", "BF16_KERNEL_ALWAYS", "under_bf16_for", "calibrate", "is_calibrated", "link_ffn",
-           "ffn_pairs"]
+           "EMBEDDING_KEY", "BF16_KERNEL_ALWAYS", "under_bf16_for"]
 
 log = logging.getLogger("bertkit.runtime.int8")
 
@@ -103,23 +99,18 @@ def _qlinear_prepack(q: Tensor, scale: Tensor, bias: Tensor | None) -> tuple:
 _ZERO = torch.zeros((), dtype=torch.int32)        # the activations' zero point: symmetric
 
 
-def qlinear_bf16(x: Tensor, packed: tuple, act: str | None, x_scale: Tensor | None = None,
-                 out_scale: float | None = None) -> Tensor:
+def qlinear_bf16(x: Tensor, packed: tuple, act: str | None) -> Tensor:
     """act(x W^T + b) for bf16 `x` of any leading shape: x quantized to int8 with one symmetric scale (its absolute
     maximum, as a tensor: no sync with Python), oneDNN's int8 GEMM (AMX / VNNI) with the scales, bias and activation
     in its epilogue, bf16 out. Unlike `quantized::linear_dynamic` it takes and gives bf16, so the rest of a layer
-    stays in bf16 under autocast. With `x_scale`, x is int8 already (a calibrated layer's output); with `out_scale`,
-    the result is int8 at that scale (the epilogue quantizes: no pass over the output in PyTorch ops)."""
+    stays in bf16 under autocast."""
     w, w_scale, w_zero, b = packed
-    x2 = x.reshape(-1, x.shape[-1])
-    if x_scale is None:
-        x2 = x2.to(torch.bfloat16)
-        lo, hi = torch.aminmax(x2)                  # one pass, the fastest absolute maximum measured
-        x_scale = torch.maximum(hi, lo.neg()).float().clamp_(min=1e-12).div_(127.0)
-        x2 = x2.div(x_scale).round_().to(torch.int8)
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    lo, hi = torch.aminmax(x2)                      # one pass, the fastest absolute maximum measured
+    scale = torch.maximum(hi, lo.neg()).float().clamp_(min=1e-12).div_(127.0)
+    xq = x2.div(scale).round_().to(torch.int8)
     post, algorithm = _QLINEAR_ACT.get(act, ("none", ""))
-    out = (1.0, 0, torch.bfloat16) if out_scale is None else (out_scale, 0, torch.int8)
-    y = torch.ops.onednn.qlinear_pointwise.tensor(x2, x_scale, _ZERO, w, w_scale, w_zero, b, *out,
+    y = torch.ops.onednn.qlinear_pointwise.tensor(xq, scale, _ZERO, w, w_scale, w_zero, b, 1.0, 0, torch.bfloat16,
                                                    post, [], algorithm).reshape(*x.shape[:-1], -1)
     return y if act is None or act in _QLINEAR_ACT else activation(act)(y)
 
@@ -230,14 +221,11 @@ class Int8Linear(nn.Module):
         if tracing() or x.device.type != "cpu" or not int8_kernel_ok():
             w, b = self.dequantized()                # graphs want plain aten ops; other devices have no kernel here
             y = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
-        elif x.dtype == torch.int8 or x.numel() < self.bf16_kernel_below * x.shape[-1] and \
-                torch.is_autocast_enabled("cpu"):
+        elif x.numel() < self.bf16_kernel_below * x.shape[-1] and torch.is_autocast_enabled("cpu"):
             stamp = self.stamp()
             if self._qpacked[0] != stamp:
                 self._qpacked = (stamp, _qlinear_prepack(*self.parts()))
-            b = self._buffers                        # calibrated FFN: int8 from FFN-in straight into FFN-out
-            return qlinear_bf16(x, self._qpacked[1], self.act, b["input_scale"] if x.dtype == torch.int8 else None,
-                                float(b["output_scale"]) if "output_scale" in b else None)
+            return qlinear_bf16(x, self._qpacked[1], self.act)
         elif self.engine is None or x.numel() < self.float_below * x.shape[-1] or (
                 self.bf16_faster and torch.is_autocast_enabled("cpu")):
             stamp = self.stamp()                     # int8 measured slower than float (here, or at this few rows)
@@ -395,51 +383,6 @@ def quantize_linears(model: nn.Module, keep_float=(), values: bool = True) -> li
     return done
 
 
-def ffn_pairs(model: nn.Module) -> dict[str, tuple[Int8Linear, Int8Linear]]:
-    """name -> (FFN-in, FFN-out) of every int8 feed-forward block whose activation runs in FFN-in's int8 epilogue:
-    the blocks where a calibrated scale lets FFN-in hand int8 straight to FFN-out."""
-    out = {}
-    for name, m in model.named_modules():
-        i, o = getattr(m, "intermediate", None), getattr(m, "output", None)
-        if i is not None and is_ffn_input(i) and isinstance(i.intermediate_act_fn, nn.Identity) and isinstance(
-                i.dense, Int8Linear) and i.dense.act in _QLINEAR_ACT and isinstance(getattr(o, "dense", None),
-                                                                                  Int8Linear):
-            out[name] = (i.dense, o.dense)
-    return out
-
-
-def link_ffn(ffn_in: Int8Linear, ffn_out: Int8Linear, scale: float) -> None:
-    ffn_in.register_buffer("output_scale", torch.tensor(float(scale)))
-    ffn_out.register_buffer("input_scale", torch.tensor(float(scale)))
-
-
-def calibrate(model: nn.Module, run) -> int:
-    """Static scales for the FFN's intermediate activations: `run(copy)` feeds calibration inputs through a copy of
-    `model`; each block's scale is the largest |activation| seen over 127. Under bf16 autocast FFN-in's int8 GEMM
-    then writes int8 at that scale and FFN-out reads it as it is: the widest activation of the layer is never
-    quantized in PyTorch ops (larger values on other text saturate). Returns the blocks calibrated."""
-    probe = copy.deepcopy(model)
-    peaks = dict.fromkeys(ffn_pairs(probe), 0.0)
-
-    def hook(name):
-        return lambda m, args, y: peaks.__setitem__(name, max(peaks[name], float(y.detach().abs().max())))
-    handles = [i.register_forward_hook(hook(name)) for name, (i, _) in ffn_pairs(probe).items()]
-    try:
-        with torch.inference_mode():
-            run(probe)
-    finally:
-        for h in handles:
-            h.remove()
-    for name, (i, o) in ffn_pairs(model).items():
-        link_ffn(i, o, max(peaks[name], 1e-6) / 127.0)
-    return len(peaks)
-
-
-def is_calibrated(model: nn.Module) -> bool:
-    """Whether `calibrate` gave some FFN block of `model` a static scale (runtime.plan has its own choice for it)."""
-    return any("output_scale" in m._buffers for m in model.modules() if isinstance(m, Int8Linear))
-
-
 def is_int8_dir(model_dir) -> bool:
     """Whether `model_dir`'s config.json names bertkit's int8 method; False where it cannot be read (the loaders
     then name what is wrong with it)."""
@@ -453,9 +396,6 @@ def prepare(model: nn.Module, config) -> nn.Module:
     if not isinstance(qc, dict) or qc.get("method") != METHOD:
         raise ConfigError(f"quantization_config {qc!r} is not bertkit's: expected method {METHOD!r}")
     quantize_linears(model, qc.get("keep_float", ()), values=False)
-    if qc.get("ffn_scales") == "static":             # the buffers the checkpoint's calibrated scales load into
-        for i, o in ffn_pairs(model).values():
-            link_ffn(i, o, 1.0)
     return model.eval()
 
 
@@ -475,9 +415,8 @@ def from_storage(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def quantize(model: nn.Module, keep_float=(), calibration=None) -> nn.Module:
-    """`quantize_linears` in place, and the `quantization_config` that save_pretrained / from_pretrained read;
-    with `calibration` (a `calibrate` run), static scales for the FFN's intermediate activations."""
+def quantize(model: nn.Module, keep_float=()) -> nn.Module:
+    """`quantize_linears` in place, and the `quantization_config` that save_pretrained / from_pretrained read."""
     quantize_linears(model, keep_float)
     with torch.no_grad():                             # the values the file will hold: what runs now is what loads
         for name, p in model.named_parameters():
@@ -490,6 +429,4 @@ def quantize(model: nn.Module, keep_float=(), calibration=None) -> nn.Module:
                        "or oneDNN, the one measured faster where the model runs)",
         "embeddings": "word embeddings stored as int8 rows with a scale per row, looked up in float32",
         "keep_float": list(keep_float)}
-    if calibration is not None and calibrate(model, calibration):
-        model.config.extra["quantization_config"]["ffn_scales"] = "static"
     return model.eval()

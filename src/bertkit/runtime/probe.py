@@ -21,7 +21,7 @@ from bertkit.attention import dropout_drop_mask, explicit_attention, sdpa_attent
 from bertkit.errors import BertkitError
 from bertkit.hardware import cpu_signature, load_per_cpu
 from bertkit.padding import Layout
-from bertkit.runtime.int8 import BF16_KERNEL_ALWAYS, ENGINES, Int8Linear, int8_kernel_ok, link_ffn, qlinear_bf16_ok
+from bertkit.runtime.int8 import BF16_KERNEL_ALWAYS, ENGINES, Int8Linear, int8_kernel_ok, qlinear_bf16_ok
 from bertkit.runtime.linear import FrozenLinear, onednn_linear_ok, pack, packed_linear
 
 __all__ = ["MARGIN", "measure", "cached_measurements"]
@@ -131,9 +131,8 @@ def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
     """One encoder layer of width `h` (12 heads, random weights) on 32 sentences of 6-90 tokens, mostly short,
     unpadded as the model runs them: int8 layers through `engine` with fp32 activations (as int8 models run)
     against the float layer under bf16 autocast with prepacked bf16 GEMMs (as "auto" runs a float model), and where
-    oneDNN's int8 GEMM takes bf16 here, the int8 layers under bf16 autocast (`qlinear_bf16`), and the same with a
-    calibrated FFN (int8 from FFN-in into FFN-out, `int8.calibrate`): "int8", "bf16", "int8_bf16", "int8_static";
-    the last three again on one sentence of changing length ("short_bf16", "short_int8_bf16", ...). The GEMMs
+    oneDNN's int8 GEMM takes bf16 here, the int8 layers under bf16 autocast (`qlinear_bf16`): "int8", "bf16",
+    "int8_bf16"; the last two again on one sentence of changing length ("short_bf16", "short_int8_bf16"). The GEMMs
     alone miss that bf16 also speeds the rest of the layer (attention, norms, residual adds); a padded layer
     misjudged BERT-base width, where padding's extra rows favour bf16's GEMMs (docs/performance.md)."""
     g = torch.Generator().manual_seed(0)
@@ -150,11 +149,9 @@ def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
     for q in layers["int8"]:
         q.engine = engine
     if qlinear_bf16_ok():
-        for name in ("int8_bf16", "int8_static"):
-            layers[name] = [Int8Linear.from_float(lin, act) for lin, act in floats]
-            for q in layers[name]:
-                q.bf16_kernel_below = BF16_KERNEL_ALWAYS
-        link_ffn(*layers["int8_static"][2:], 0.02)    # a calibrated model's FFN: int8 from FFN-in into FFN-out
+        layers["int8_bf16"] = [Int8Linear.from_float(lin, act) for lin, act in floats]
+        for q in layers["int8_bf16"]:
+            q.bf16_kernel_below = BF16_KERNEL_ALWAYS
     norms = [torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)]
 
     def run(name, inputs):
@@ -163,7 +160,7 @@ def _probe_int8_encoder(engine: str, h: int = 384) -> dict:
                 _encoder_layer(t.float() if name == "int8" else t.bfloat16(), layout, layers[name], norms, heads)
     out = _time({name: lambda name=name: run(name, [batch]) for name in layers})
     if "int8_bf16" in layers:
-        short = _time({name: lambda name=name: run(name, shorts) for name in ("bf16", "int8_bf16", "int8_static")})
+        short = _time({name: lambda name=name: run(name, shorts) for name in ("bf16", "int8_bf16")})
         out.update({f"short_{k}": v for k, v in short.items()})
     return out
 
@@ -237,7 +234,7 @@ def _probe_cost_buckets() -> dict:
 
 PROBES = ("packed_linear_fp32", "packed_linear_bf16", "int8_linear", "fast_dropout", "explicit_train_attention",
           "explicit_train_short", "explicit_masked_inference", "cost_buckets")
-SCHEMA = 18               # bump when a probe is added or changes: older cache files are measured again
+SCHEMA = 17               # bump when a probe is added or changes: older cache files are measured again
 
 
 def measure(bf16_native: bool) -> dict[str, dict]:
