@@ -630,7 +630,7 @@ def beside_out_probes() -> list[Probe]:
         Probe("beside:embed:parts-is-a-file", _INDEX, ".o.parts: holds something else", {"T/.o.parts": b"mine"}),
         Probe("beside:embed:plan-deep", _INDEX, "plan.json: JSON nested too deeply",
               {"T/.o.parts/plan.json": b"[" * 100_000 + b"]" * 100_000}),
-        Probe("beside:embed:plan-binary", _INDEX, "plan.json: not valid JSON", {"T/.o.parts/plan.json": BINARY}),
+        Probe("beside:embed:plan-binary", _INDEX, "plan.json: not UTF-8", {"T/.o.parts/plan.json": BINARY}),
         Probe("marker:vocab:keep-a-number", _VOCAB_OVER, "is not empty",
               {"T/v/" + MARKER: {"command": "vocab", "keep": 5}, "T/v/vocab.txt": b"x"}),
     ]
