@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-__all__ = ["replacing", "write_text", "write_bytes", "write_json", "copy_file", "file_mode", "write_failure",
+__all__ = ["replacing", "temp_prefix", "write_text", "write_bytes", "write_json", "copy_file", "file_mode", "write_failure",
            "disk_full"]
 
 # How writers that wrap the OS error say a disk or quota is full: safetensors (Rust) "... (os error 28)", torch's
@@ -64,13 +64,18 @@ def file_mode() -> int:
     return 0o666 & ~mask
 
 
+def temp_prefix(name: str) -> str:
+    """How `replacing` names the temp file of `name` (a PID follows): other processes can tell it from content."""
+    return f".{name}.tmp-"
+
+
 @contextlib.contextmanager
 def replacing(path, error: type[BertkitError] = BertkitError, sync: bool = True):
     """Yield a temp Path beside `path`; on a clean exit it is fsynced and renamed over `path`, otherwise removed.
     sync=False skips the fsync (a few ms each) for many small files that a later `os.sync()` makes durable
     together, their sizes and hashes recorded to catch a torn one (pre-training shards)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{temp_prefix(path.name)}{os.getpid()}")
     try:
         yield tmp
         if sync:

@@ -83,7 +83,7 @@ def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataEr
     file:line): not JSON, nested too deeply, an integer past Python's digit limit, bytes that are not UTF-8 (one rule
     for every JSON file: UTF-8, a byte-order mark tolerated; json.loads alone would take UTF-16 bytes and refuse a BOM)."""
     try:
-        text = text.decode("utf-8-sig") if isinstance(text, bytes) else text.removeprefix("\ufeff")
+        text = text.decode("utf-8-sig") if isinstance(text, bytes) else text.removeprefix(_BOM)
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 (invalid byte at offset {e.start})") from None
     try:

@@ -16,12 +16,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertkit.atomic import disk_full, write_failure, write_json
+from bertkit.atomic import disk_full, temp_prefix, write_failure, write_json
 from bertkit.errors import BertkitError
 from bertkit.textfiles import STDIN_FORMATS
 
 MARKER = ".bertkit-run.json"    # {"command", "keep": names already there, "made", "wrote"}: a command's output
-_IN_FLIGHT = (".bertkit-probe-", f".{MARKER}.tmp-")     # names the checks and the marker's write use a moment
+_IN_FLIGHT = (".bertkit-probe-", temp_prefix(MARKER))     # names the checks and the marker's write use a moment
 REPLACED = ".bertkit-replaced"  # the earlier run --overwrite replaces, until the new run succeeds
 _HELD = ".bertkit-held"         # inside REPLACED: it is bertkit's (a user's own folder of that name is refused)
 _CLAIMED: set[Path] = set()     # output directories out_dir set up in this process and settle_out has not settled
