@@ -42,14 +42,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
-                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                    fused: bool | None = None) -> torch.optim.Optimizer:
-    """AdamW, LAMB or StableAdamW over `param_groups(model, weight_decay)`. fused=None: the fused AdamW kernel when
-    available."""
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.Optimizer:
+    """AdamW (the fused kernel where the device has it), LAMB or StableAdamW over `param_groups(model,
+    weight_decay)`."""
     groups = param_groups(model, weight_decay)
     if name == "adamw":
-        fused = _fused_adamw_ok(groups) if fused is None else fused
-        kw = {"fused": True} if fused else {"foreach": True}
+        kw = {"fused": True} if _fused_adamw_ok(groups) else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")

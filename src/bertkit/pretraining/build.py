@@ -8,7 +8,7 @@ import multiprocessing as mp
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -320,8 +320,7 @@ def _merge_results(results: list[dict], counted_once: bool) -> tuple[CorpusStats
         mstats.merge(MaskStats(**r["masks"]))
         shards.extend(r["shards"])
     if not counted_once:
-        for name in ("files", "bytes", "empty_files", "binary_files", "invalid_utf8_lines", "binary_lines",
-                     "long_lines", "split_documents"):
+        for name in (f.name for f in fields(CorpusStats) if f.name not in ("documents", "sentences")):
             setattr(cstats, name, getattr(cstats, name) // len(results))
     return cstats, bstats, mstats, shards
 

@@ -222,6 +222,7 @@ class ReaderOptions:
     vocab_size: int | None = None    # the model's embedding rows: at least the shards' vocab size
     verify: str = "size"             # "size": file sizes against the manifest; "full": also sha256 (reads it all)
     masking: MaskingConfig | None = None  # masks drawn at batch time instead of the shards' own (static ones too)
+    sentence_labels: bool = True     # NSP / SOP shards' next_sentence_label in the batches (False: MLM-only training)
 
     def __post_init__(self):
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -269,6 +270,7 @@ class ShardReader:
             raise DataError(f"{self.dir}: the shards hold no examples")
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, opts.seed, opts.rank, opts.world_size
         self.shuffle, self.drop_last, self.infinite = opts.shuffle, opts.drop_last, opts.infinite
+        self.sentence_labels = opts.sentence_labels and self.task != "none"
         self.per_rank = self.num_examples // self.world_size
         if self.per_rank == 0 or (self.drop_last and self.per_rank < batch_size):
             raise DataError(f"{self.dir}: {self.num_examples} examples are too few for world_size={self.world_size} "
@@ -375,7 +377,7 @@ class ShardReader:
                "token_type_ids": torch.from_numpy(types.astype(np.int64)),
                "attention_mask": torch.from_numpy(attention.astype(np.int64)),
                "labels": torch.from_numpy(labels)}
-        if self.task != "none":
+        if self.sentence_labels:
             out["next_sentence_label"] = torch.from_numpy(label.copy())
         return out
 

@@ -291,25 +291,6 @@ def _check_vocab(config, vocab_size: int, where) -> None:
                         f"vocab_size={config.vocab_size}")
 
 
-class _DropKeys:
-    """A batch source without some keys (MLM-only training on NSP shards), the reader's other attributes kept."""
-
-    def __init__(self, source, keys: tuple[str, ...]):
-        self.source, self.keys = source, keys
-
-    def __getattr__(self, name: str):      # seq_len, tables, token_counts, set_epoch, state_dict, load_state_dict
-        if name.startswith("__") or name == "source":       # copy/pickle probing a half-built object
-            raise AttributeError(name)
-        return getattr(self.source, name)
-
-    def __iter__(self):
-        for batch in self.source:
-            yield {k: v for k, v in batch.items() if k not in self.keys}
-
-    def __len__(self):
-        return len(self.source)
-
-
 def pretrain(pc: PretrainConfig, callbacks=()):
     """Check everything, build the model and readers, train, save `out/model`. Returns the TrainResult.
     `callbacks`: bertkit.train.callbacks.Callback objects for the loop."""
@@ -486,23 +467,17 @@ def _reader(pc: PretrainConfig, path: str, config, objective: str, masked: bool 
     """A ShardReader of `path` for the model (the training rows re-masked as pc.masking / mask_prob ask)."""
     masking = _masking(pc, path) if masked else None
     r = ShardReader(path, pc.batch_size, seed=pc.train.seed, vocab_size=config.vocab_size, verify=pc.verify,
-                    masking=masking, **kw)
-    if pc.packing and masked:
-        r = PackedReader(r)
-    if objective in ("mlm", "electra") and r.task != "none":
-        return _DropKeys(r, ("next_sentence_label",))
-    return r
+                    masking=masking, sentence_labels=objective not in ("mlm", "electra"), **kw)
+    return PackedReader(r) if pc.packing and masked else r
 
 
 def _masking(pc: PretrainConfig, path: str):
     """The masks to draw at batch time instead of the shards' own, or None to keep theirs."""
     if pc.masking == "shards" and pc.mask_prob is None and pc.mask_prob_end is None:
         return None
-    stored = read_manifest(path)["masking"]
-    return MaskingConfig(mode=stored["mode"] if pc.masking == "shards" else pc.masking,
-                         mask_prob=stored["mask_prob"] if pc.mask_prob is None else pc.mask_prob,
-                         mask_token_prob=stored["mask_token_prob"], random_token_prob=stored["random_token_prob"],
-                         max_ngram=stored["max_ngram"], dynamic=True)
+    stored = MaskingConfig(**read_manifest(path)["masking"])        # max_predictions: resolved for the new share
+    return dataclasses.replace(stored, mode=pc.masking if pc.masking != "shards" else stored.mode,
+                               mask_prob=pc.mask_prob or stored.mask_prob, max_predictions=None, dynamic=True)
 
 
 def _averaged_weights(out: Path, k: int) -> dict:

@@ -74,8 +74,7 @@ def pretraining_step(model: nn.Module, batch: dict, token_weight: float = 1.0) -
     return StepOutput(loss=loss, metrics=metrics)
 
 
-def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None,
-                     step_fn: Callable = pretraining_step) -> Callable[[nn.Module], dict]:
+def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None) -> Callable[[nn.Module], dict]:
     """An eval_fn over held-out pre-training batches: MLM loss (mean over every masked token) and accuracy, NSP/SOP
     loss and accuracy, ELECTRA's replaced-token accuracy, and `masked_tokens`, how many masked tokens were scored.
     The same batches each time (`set_epoch(0)` first when the source has it, so dynamic masks repeat too)."""
@@ -87,7 +86,7 @@ def pretraining_eval(batches: Iterable[dict], max_batches: int | None = None,
         masked_tokens = 0
         for batch in itertools.islice(batches, max_batches):
             batch = to_device(batch, device)
-            out = step_fn(model, batch)
+            out = pretraining_step(model, batch)
             metrics = {**out.metrics, "loss": out.loss}
             if "labels" in batch:
                 n_masked = float((batch["labels"] != IGNORE_INDEX).sum())
