@@ -50,14 +50,6 @@ from bertkit.tokenizer.inputs import pad_batch
 __all__ = ["Predictor", "cosine_search", "read_lines"]
 
 
-def _mlm_logits(out) -> torch.Tensor:
-    for name in ("logits", "prediction_logits"):
-        value = getattr(out, name, None)
-        if value is not None:
-            return value
-    raise CheckpointError("the masked-LM model returned no logits")
-
-
 @dataclass
 class FillResult:
     tokens: list[str]        # one per mask
@@ -196,7 +188,8 @@ class Predictor:
         batch["labels"] = torch.full_like(batch["input_ids"], IGNORE_INDEX)
         batch["labels"][:, order] = 0                        # any valid id: we only want the logits
         out = forward(self.model, batch, self.precision, masked_logits_only=True)
-        logits = _mlm_logits(out)
+        # BertForPreTraining names them prediction_logits, BertForMaskedLM logits
+        logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
         if logits.dim() == 3:                                # a head that ignores labels: (n, seq, vocab)
             logits = logits[:, order]
         logits = logits.reshape(len(rows), len(order), -1)[..., : self._n_vocab].float()

@@ -49,13 +49,17 @@ def confusion_matrix(y_true, y_pred, num_labels: int | None = None) -> np.ndarra
     return cm
 
 
+def _per_class(cm: np.ndarray) -> list[tuple[float, float, float]]:
+    """(precision, recall, f1) of each class of a confusion matrix (rows gold, columns predicted)."""
+    tp = np.diag(cm).astype(float)
+    return [prf(tp[k], cm[:, k].sum() - tp[k], cm[k].sum() - tp[k]) for k in range(len(cm))]
+
+
 def f1_macro(y_true, y_pred, num_labels: int | None = None) -> float:
     """Unweighted mean of per-class F1 over the classes present in gold or predictions (as scikit-learn)."""
     cm = confusion_matrix(y_true, y_pred, num_labels)
-    tp = np.diag(cm).astype(float)
-    fp, fn = cm.sum(0) - tp, cm.sum(1) - tp
     present = (cm.sum(0) + cm.sum(1)) > 0
-    f1s = [prf(tp[k], fp[k], fn[k])[2] for k in range(len(cm)) if present[k]]
+    f1s = [f for k, (_, _, f) in enumerate(_per_class(cm)) if present[k]]
     return float(np.mean(f1s)) if f1s else 0.0
 
 
@@ -72,11 +76,8 @@ def mcc(y_true, y_pred, num_labels: int | None = None) -> float:
 def classification_report(y_true, y_pred, labels: list[str]) -> dict:
     """Accuracy, macro F1, MCC, (binary F1 for two classes), per-class P/R/F1/support and the confusion matrix."""
     cm = confusion_matrix(y_true, y_pred, len(labels))
-    tp = np.diag(cm).astype(float)
-    per = {}
-    for k, name in enumerate(labels):
-        p, r, f = prf(tp[k], cm[:, k].sum() - tp[k], cm[k].sum() - tp[k])
-        per[name] = {"precision": p, "recall": r, "f1": f, "support": int(cm[k].sum())}
+    per = {name: {"precision": p, "recall": r, "f1": f, "support": int(cm[k].sum())}
+           for k, (name, (p, r, f)) in enumerate(zip(labels, _per_class(cm)))}
     out = {"accuracy": accuracy(y_true, y_pred), "f1_macro": f1_macro(y_true, y_pred, len(labels)),
            "mcc": mcc(y_true, y_pred, len(labels)), "per_class": per, "confusion_matrix": cm.tolist()}
     if len(labels) == 2:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bertkit import datasets
 from bertkit.errors import DataError
+from bertkit.tasks.metrics import get_entities
 from bertkit.tasks.readers import Sentence, read_conll, write_conll
 
 __all__ = ["ANNOTATIONS", "TYPES", "rebuild", "encode"]
@@ -113,14 +114,9 @@ def _encode_doc(name: str, sents: list[Sentence], root: Path) -> str:
         pos += len(t)
     glued = [i + 1 < len(toks) and starts[i + 1] == starts[i] + len(t) for i, t in enumerate(toks)]
     splits = ",".join(str(len(t)) if g else "" for t, g in zip(toks, glued))
-    ents, i, prev = [], 0, 0
-    while i < len(tags):
-        if tags[i] == "O":
-            i += 1
-            continue
-        typ, j = tags[i][2:], i + 1
-        while j < len(tags) and tags[j] == f"I-{typ}":
-            j += 1
-        ents.append(f"{i - prev}{'' if tags[i][0] == 'B' else '!'}{chr(65 + TYPES.index(typ))}{j - i if j - i > 1 else ''}")
-        prev = i = j
+    ents, prev = [], 0
+    for typ, i, last in get_entities(tags):          # "!": an entity that starts at an I- tag
+        n = last + 1 - i
+        ents.append(f"{i - prev}{'' if tags[i][0] == 'B' else '!'}{chr(65 + TYPES.index(typ))}{n if n > 1 else ''}")
+        prev = last + 1
     return "\t".join([name, splits, ",".join(str(len(s.words)) for s in sents), " ".join(ents)]) + "\n"
