@@ -39,7 +39,7 @@ from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
 from bertkit.activations import activation
-from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, tensors_stamp
+from bertkit.runtime.linear import ONEDNN_ACT, FrozenLinear, is_attention, is_ffn_input, tensors_stamp
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
            "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
@@ -84,11 +84,6 @@ def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None, engine: str):
         torch.backends.quantized.engine = old
 
 
-# activation -> oneDNN post-op (name, algorithm) of the bf16-activation kernel; others run after it
-_QLINEAR_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
-                "relu": ("relu", "")}
-
-
 def _qlinear_prepack(q: Tensor, scale: Tensor, bias: Tensor | None) -> tuple:
     """int8 weight + scales -> what `qlinear_bf16` takes: the weight prepacked for oneDNN, its scales, zero points
     and bias."""
@@ -109,27 +104,30 @@ def qlinear_bf16(x: Tensor, packed: tuple, act: str | None) -> Tensor:
     lo, hi = torch.aminmax(x2)                      # one pass, the fastest absolute maximum measured
     scale = torch.maximum(hi, lo.neg()).float().clamp_(min=1e-12).div_(127.0)
     xq = x2.div(scale).round_().to(torch.int8)
-    post, algorithm = _QLINEAR_ACT.get(act, ("none", ""))
+    post, algorithm = ONEDNN_ACT.get(act, ("none", ""))
     y = torch.ops.onednn.qlinear_pointwise.tensor(xq, scale, _ZERO, w, w_scale, w_zero, b, 1.0, 0, torch.bfloat16,
                                                    post, [], algorithm).reshape(*x.shape[:-1], -1)
-    return y if act is None or act in _QLINEAR_ACT else activation(act)(y)
+    return y if act is None or act in ONEDNN_ACT else activation(act)(y)
+
+
+def _agrees(kernel, dtype: torch.dtype) -> bool:
+    """Whether kernel(x, int8 rows, scales) runs here and agrees with the float product of the dequantized weights."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 64, generator=g).to(dtype), torch.randn(32, 64, generator=g)
+        q, s = quantize_rows(w)
+        ref = F.linear(x.float(), q.float() * s[:, None])
+        return bool((kernel(x, q, s).float() - ref).abs().max() < 0.05 * ref.abs().max())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
 
 
 @functools.cache
 def qlinear_bf16_ok() -> bool:
     """Whether oneDNN's int8 GEMM with bf16 activations (`qlinear_bf16`) runs here and agrees with the bf16
     product of the dequantized weights."""
-    if "onednn" not in torch.backends.quantized.supported_engines or not _vnni():
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        x, w = torch.randn(8, 64, generator=g).bfloat16(), torch.randn(32, 64, generator=g)
-        q, s = quantize_rows(w)
-        y = qlinear_bf16(x, _qlinear_prepack(q, s, None), None).float()
-        ref = F.linear(x.float(), q.float() * s[:, None])
-        return bool((y - ref).abs().max() < 0.05 * ref.abs().max())
-    except (RuntimeError, AttributeError, TypeError):
-        return False
+    return "onednn" in torch.backends.quantized.supported_engines and _vnni() and _agrees(
+        lambda x, q, s: qlinear_bf16(x, _qlinear_prepack(q, s, None), None), torch.bfloat16)
 
 
 @functools.cache
@@ -137,17 +135,8 @@ def int8_kernel_ok(engine: str | None = None) -> bool:
     """Whether the prepacked int8 kernel of `engine` runs here and agrees with the float product of the
     dequantized weights."""
     engine = engine or default_engine()
-    if engine not in torch.backends.quantized.supported_engines:
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        x, w = torch.randn(8, 64, generator=g), torch.randn(32, 64, generator=g)
-        q, s = quantize_rows(w)
-        y = torch.ops.quantized.linear_dynamic(x, _prepack(q, s, None, engine), not _vnni())
-        ref = F.linear(x, q.float() * s[:, None])
-        return bool((y - ref).abs().max() < 0.05 * ref.abs().max())
-    except (RuntimeError, AttributeError, TypeError):
-        return False
+    return engine in torch.backends.quantized.supported_engines and _agrees(
+        lambda x, q, s: torch.ops.quantized.linear_dynamic(x, _prepack(q, s, None, engine), not _vnni()), torch.float32)
 
 
 class Int8Linear(nn.Module):

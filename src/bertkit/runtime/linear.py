@@ -24,9 +24,10 @@ from bertkit.errors import ConfigError
 from bertkit.activations import Activation, activation
 
 __all__ = ["FrozenLinear", "freeze_linears", "onednn_linear_ok", "is_attention", "is_ffn_input",
-           "tensors_stamp"]
+           "tensors_stamp", "ONEDNN_ACT"]
 
-_ONEDNN_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
+# activation -> oneDNN post-op (name, algorithm) fused into the GEMM (float and int8 kernels); others run after it
+ONEDNN_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
                "relu": ("relu", "")}
 
 
@@ -52,7 +53,7 @@ def pack(weight: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def packed_linear(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> Tensor:
-    attr, algorithm = _ONEDNN_ACT[act] if act else ("none", "")
+    attr, algorithm = ONEDNN_ACT[act] if act else ("none", "")
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, attr, [], algorithm)
 
 
@@ -114,7 +115,7 @@ class FrozenLinear(nn.Module):
         self.register_buffer("weight", weight.detach().clone())
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.act = act
-        self.packed = packed if act is None or act in _ONEDNN_ACT else frozenset()   # dtypes run prepacked
+        self.packed = packed if act is None or act in ONEDNN_ACT else frozenset()   # dtypes run prepacked
         self._derived = _Derived()
 
     @property
