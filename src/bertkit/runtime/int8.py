@@ -39,7 +39,8 @@ from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
 from bertkit.activations import activation
-from bertkit.runtime.linear import ONEDNN_ACT, FrozenLinear, is_attention, is_ffn_input, tensors_stamp
+from bertkit.runtime.linear import (ONEDNN_ACT, QKV, FrozenLinear, is_attention, is_ffn_input, swap_attention,
+                                    tensors_stamp)
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
            "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
@@ -317,14 +318,6 @@ def _linear_like(m: nn.Module) -> bool:
         and m.weight.is_floating_point()
 
 
-def _swap_attention(m: nn.Module, values: bool) -> None:
-    for name in ("query", "key", "value"):
-        setattr(m, name, Int8Linear.from_float(getattr(m, name), values=values))
-    m.qkv = Int8Fused(m, ("query", "key", "value"))
-    m.kv = Int8Fused(m, ("key", "value"))
-    m.q = Int8Fused(m, ("query",))
-
-
 def check_keep_float(model: nn.Module, patterns) -> None:
     """Every `keep_float` pattern names some linear layer of `model`, and some layer is left to quantize: a typo
     would otherwise quantize what the user meant to keep, or write a "quantized" model with nothing in int8."""
@@ -346,16 +339,12 @@ def quantize_linears(model: nn.Module, keep_float=(), values: bool = True) -> li
     for path, module in list(model.named_modules()):
         if _matches(path, keep_float):
             continue
-        if is_attention(module) and all(_linear_like(getattr(module, n))
-                                                         for n in ("query", "key", "value")):
-            kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
-            if not kept:
-                _swap_attention(module, values)
-            else:       # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
-                for name in ("query", "key", "value"):
-                    if name not in kept:
-                        setattr(module, name, Int8Linear.from_float(getattr(module, name), values=values))
-            done += [f"{path}.{n}" for n in ("query", "key", "value") if n not in kept]
+        if is_attention(module) and all(_linear_like(getattr(module, n)) for n in QKV):
+            names = [n for n in QKV if not _matches(f"{path}.{n}", keep_float)]
+            # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
+            swap_attention(module, lambda lin: Int8Linear.from_float(lin, values=values), names,
+                           (lambda parts: Int8Fused(module, parts)) if len(names) == len(QKV) else None)
+            done += [f"{path}.{n}" for n in names]
             continue
         for name, child in list(module.named_children()):
             full = f"{path}.{name}" if path else name
