@@ -143,6 +143,7 @@ def int8_kernel_ok(engine: str | None = None) -> bool:
 class Int8Linear(nn.Module):
     """act(x W^T + b) with W stored as int8 (`weight`) times one float scale per output row (`weight_scale`)."""
     inference_only = True
+    _DERIVED = ("_packed", "_float", "_qpacked")      # (stamp, derived data) caches, never copied
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, act: str | None = None):
         super().__init__()
@@ -232,14 +233,13 @@ class Int8Linear(nn.Module):
         return y if self.act is None else activation(self.act)(y)
 
     def __getstate__(self):
-        state = self.__dict__.copy()
         # derived; prepacked weights cannot be copied
-        state["_packed"] = state["_float"] = state["_qpacked"] = (None, None)
-        return state
+        return {**self.__dict__, **dict.fromkeys(self._DERIVED, (None, None))}
 
 
 class Int8Fused(Int8Linear):
     """Sibling Int8Linears of `owner` (Q, K, V) as one GEMM on their concatenated int8 rows; saves nothing itself."""
+    _DERIVED = (*Int8Linear._DERIVED, "_fused")
 
     def __init__(self, owner: nn.Module, names: tuple[str, ...]):
         nn.Module.__init__(self)
@@ -264,11 +264,6 @@ class Int8Fused(Int8Linear):
             cat = [torch.cat(ts) for ts in zip(*(m.parts() for m in self._sources()))]
             self._fused = (stamp, tuple(cat))
         return self._fused[1]
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_fused"] = (None, None)
-        return state
 
 
 def under_bf16_for(width: int, choices: tuple) -> tuple[bool, int]:
