@@ -14,7 +14,7 @@ import logging
 
 import bertkit
 from bertkit.config import read_config
-from bertkit.families import bert_class_name
+from bertkit.families import SUFFIXES, bert_class_name
 from bertkit.hub import resolve_model_dir
 
 __all__ = ["load", "ARCHITECTURES"]
@@ -22,8 +22,7 @@ __all__ = ["load", "ARCHITECTURES"]
 log = logging.getLogger("bertkit.auto")
 
 # the config.json "architectures" names bertkit has a class of that name for
-ARCHITECTURES = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-                 "BertForTokenClassification", "BertForQuestionAnswering", "BertForReplacedTokenDetection")
+ARCHITECTURES = tuple(f"Bert{suffix}" for suffix in SUFFIXES)
 
 
 def load(name_or_path, *, revision: str | None = None, **kwargs):

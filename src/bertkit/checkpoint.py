@@ -64,11 +64,6 @@ ALLOW_NON_FINITE_ENV = "BERTKIT_ALLOW_NON_FINITE"
 _TRUE = {"1", "on", "yes", "true"}
 
 
-def _allow_non_finite(allow: bool | None) -> bool:
-    """The keyword when given, else the environment (what `bertkit --allow-non-finite` sets)."""
-    return allow if allow is not None else os.environ.get(ALLOW_NON_FINITE_ENV, "").lower() in _TRUE
-
-
 def load_state_dict_file(path: Path, allow_non_finite: bool | None = None) -> dict[str, Tensor]:
     """One weights file -> {key: tensor} on CPU. Errors name the file; a tensor with NaN / Inf is refused unless
     allowed (keyword, or BERTKIT_ALLOW_NON_FINITE=1), then loaded with a warning."""
@@ -86,7 +81,9 @@ def load_state_dict_file(path: Path, allow_non_finite: bool | None = None) -> di
         sd = sd["state_dict"]
     if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in sd.items()):
         raise CheckpointError(f"{path} does not hold a flat state_dict of tensors")
-    check_finite(sd, path, _allow_non_finite(allow_non_finite))
+    if allow_non_finite is None:          # the environment: what `bertkit --allow-non-finite` sets
+        allow_non_finite = os.environ.get(ALLOW_NON_FINITE_ENV, "").lower() in _TRUE
+    check_finite(sd, path, allow_non_finite)
     return sd
 
 

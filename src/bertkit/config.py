@@ -202,9 +202,7 @@ class BertConfig:
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "BertConfig":
         """Read an HF-style config.json (a file, or a directory containing one)."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "config.json"
+        p = Path(path) / CONFIG_NAME if Path(path).is_dir() else Path(path)
         d = read_json_config(p)
         try:
             return cls.from_dict(d)
@@ -239,9 +237,7 @@ class BertConfig:
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write config.json atomically (temp file, then rename). A directory path gets `config.json` inside."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / CONFIG_NAME
+        p = Path(path) / CONFIG_NAME if Path(path).is_dir() else Path(path)
         write_text(p, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def replace(self, **changes: Any) -> "BertConfig":

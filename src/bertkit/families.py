@@ -131,19 +131,17 @@ def _mlm(dense: str, norm: str, bias: str) -> tuple[tuple[str, str], ...]:
             ("cls.predictions.bias", bias))
 
 
-# RoBERTa's heads, shared by XLM-R and MPNet (whose encoders they sit on: `prefix`)
-def _roberta_heads(prefix: str) -> dict:
-    return {
+def _roberta(prefix: str) -> dict:
+    """RoBERTa's positions and heads, shared by XLM-R and MPNet (whose encoders they sit on: `prefix`)."""
+    heads = {
         "ForMaskedLM": _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
         # the bare encoder's pooler is not the classifier's hidden layer: a name no model has, reported ignored
         "ForSequenceClassification": (("unused.pooler", f"{prefix}.pooler"),
                                       ("bert.pooler.dense", "classifier.dense"),
                                       ("classifier", "classifier.out_proj")),
     }
-
-
-_ROBERTA = dict(prefix="roberta", positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
-                head_keys=_roberta_heads("roberta"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
+    return dict(prefix=prefix, positions_from_ids=True, classifier_dropout_first=True, mlm_act="gelu",
+                head_keys=heads, tied=("lm_head.decoder.weight", "lm_head.decoder.bias"))
 
 _GTE = dict(pooler=False, rotary=True, glu=True, mlm_act="gelu",
             keys=_layer("encoder.layer.#",
@@ -164,11 +162,10 @@ _albert_mlm = _mlm("predictions.dense", "predictions.LayerNorm", "predictions.bi
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert"),
-    Family("roberta", class_prefix="Roberta", **_ROBERTA),
-    Family("xlm-roberta", class_prefix="XLMRoberta", **_ROBERTA),
+    Family("roberta", class_prefix="Roberta", **_roberta("roberta")),
+    Family("xlm-roberta", class_prefix="XLMRoberta", **_roberta("roberta")),
     Family(
-        "mpnet", prefix="mpnet", class_prefix="MPNet", positions_from_ids=True, classifier_dropout_first=True,
-        mlm_act="gelu", head_keys=_roberta_heads("mpnet"), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"),
+        "mpnet", class_prefix="MPNet", **_roberta("mpnet"),
         keys=_layer("encoder.layer.#",
             ("attention.self.query", "attention.attn.q"), ("attention.self.key", "attention.attn.k"),
             ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),

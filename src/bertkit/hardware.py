@@ -122,11 +122,8 @@ def resolve_precision(precision: str, device=None) -> str:
 
 def use_bf16(flag: bool | None, device=None) -> bool:
     """The task code's `bf16` flags: None = auto (native bf16 on `device`), True / False as given."""
-    if flag is None:
-        return resolve_precision("auto", device) == "bf16"
-    if flag:
-        resolve_precision("bf16", device)      # the warning, where it applies
-    return bool(flag)
+    # an explicit bf16 goes through resolve_precision too: the warning, where it is emulated
+    return resolve_precision("auto" if flag is None else "bf16" if flag else "fp32", device) == "bf16"
 
 
 if __name__ == "__main__":        # `python -m bertkit.hardware`: the plan it prints is bertkit.runtime's, a layer up

@@ -38,9 +38,7 @@ def for_model(value: str | bool | None, model: torch.nn.Module) -> str:
     input, and bf16 autocast only adds casts around them (slower in every run, docs/performance.md). An int8
     model whose layers run float under bf16 here (runtime.freeze, where float measured faster) keeps "auto"."""
     value = as_precision(value)
-    if value == "auto" and runs_int8(model):
-        return "fp32"
-    return value
+    return "fp32" if value == "auto" and runs_int8(model) else value
 
 
 def autocast(value: str | bool | None, device="cpu") -> torch.autocast:

@@ -35,11 +35,8 @@ __all__ = ["FastDropout", "FrozenLinear", "RuntimePlan", "apply", "describe", "f
 
 FORCES = ("measure", "all", "none")
 FORCED_BUCKET_OVERHEAD = 2.5e5                      # force="all": ~20 us a bucket at ~0.08 ns a unit (Zen 4, 1 thread)
-# probe name -> the ExecutionOptions field it decides
-_OPTION_PROBES = {"explicit_train_attention": "explicit_train_attention",
-                  "explicit_train_short": "explicit_train_short",
-                  "explicit_masked_inference": "explicit_masked_inference",
-                  "fast_dropout": "fast_dropout"}
+# the probes that decide the ExecutionOptions field of their name
+_OPTION_PROBES = ("explicit_train_attention", "explicit_train_short", "explicit_masked_inference", "fast_dropout")
 
 
 @dataclass(frozen=True)
@@ -119,7 +116,7 @@ def _measured_plan(bf16: bool, threads: int) -> RuntimePlan:
     except OSError:
         root = None                                  # no cache directory: measure, keep the result in memory
     probes = cached_measurements(root, bf16)
-    chosen = {opt: _won(probes[name]) for name, opt in _OPTION_PROBES.items()}
+    chosen = {name: _won(probes[name]) for name in _OPTION_PROBES}
     chosen["bf16_residual"] = bf16            # CPU autocast: one cast of the stream instead of one per matmul
     packed = frozenset(d for d, name in ((torch.float32, "packed_linear_fp32"), (torch.bfloat16, "packed_linear_bf16"))
                        if _won(probes[name]))
@@ -150,7 +147,7 @@ def plan(device="cpu", force: str | None = None) -> RuntimePlan:
         why = "plain PyTorch kernels" + (" (forced)" if force == "none" else f" on {torch.device(device).type}")
         return RuntimePlan(ExecutionOptions(), frozenset(), reasons={"all": why})
     if force == "all":
-        on = {opt: True for opt in _OPTION_PROBES.values()}
+        on = dict.fromkeys(_OPTION_PROBES, True)
         return RuntimePlan(ExecutionOptions(bf16_residual=True, **on), frozenset({torch.float32, torch.bfloat16}),
                            default_engine(), 0, {"all": "every fast path (forced)"}, FORCED_BUCKET_OVERHEAD)
     return _measured_plan(native_bf16("cpu"), torch.get_num_threads())
@@ -217,10 +214,10 @@ def describe(runtime: RuntimePlan) -> list[str]:
     state = {"packed_linear_fp32": torch.float32 in runtime.packed_dtypes,
              "packed_linear_bf16": torch.bfloat16 in runtime.packed_dtypes,
              "int8_linear": runtime.int8_engine is not None, "cost_buckets": runtime.bucket_overhead is not None,
-             "bf16_residual": o.bf16_residual, **{n: getattr(o, f) for n, f in _OPTION_PROBES.items()}}
-    if "all" in runtime.reasons:
-        return [f"{name}: {'on' if on else 'off'} ({runtime.reasons['all']})" for name, on in state.items()]
-    return [f"{name}: {'on' if on else 'off'} ({runtime.reasons.get(name, '')})" for name, on in state.items()]
+             "bf16_residual": o.bf16_residual, **{n: getattr(o, n) for n in _OPTION_PROBES}}
+    forced = runtime.reasons.get("all")                 # a forced plan: one reason for every choice
+    return [f"{name}: {'on' if on else 'off'} ({forced or runtime.reasons.get(name, '')})"
+            for name, on in state.items()]
 
 
 def main() -> None:

@@ -39,7 +39,8 @@ from bertkit.config import peek_json_config
 from bertkit.errors import ConfigError
 from bertkit.hardware import cpu_flags
 from bertkit.activations import activation
-from bertkit.runtime.linear import FrozenLinear, is_attention, is_ffn_input, tensors_stamp
+from bertkit.runtime.linear import (ONEDNN_ACT, QKV, FrozenLinear, is_attention, is_ffn_input, swap_attention,
+                                    tensors_stamp)
 
 __all__ = ["Int8Linear", "quantize", "quantize_linears", "runs_int8", "to_storage", "from_storage", "prepare",
            "int8_kernel_ok", "qlinear_bf16", "qlinear_bf16_ok", "is_int8_dir", "check_keep_float", "METHOD",
@@ -84,11 +85,6 @@ def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None, engine: str):
         torch.backends.quantized.engine = old
 
 
-# activation -> oneDNN post-op (name, algorithm) of the bf16-activation kernel; others run after it
-_QLINEAR_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
-                "relu": ("relu", "")}
-
-
 def _qlinear_prepack(q: Tensor, scale: Tensor, bias: Tensor | None) -> tuple:
     """int8 weight + scales -> what `qlinear_bf16` takes: the weight prepacked for oneDNN, its scales, zero points
     and bias."""
@@ -109,27 +105,30 @@ def qlinear_bf16(x: Tensor, packed: tuple, act: str | None) -> Tensor:
     lo, hi = torch.aminmax(x2)                      # one pass, the fastest absolute maximum measured
     scale = torch.maximum(hi, lo.neg()).float().clamp_(min=1e-12).div_(127.0)
     xq = x2.div(scale).round_().to(torch.int8)
-    post, algorithm = _QLINEAR_ACT.get(act, ("none", ""))
+    post, algorithm = ONEDNN_ACT.get(act, ("none", ""))
     y = torch.ops.onednn.qlinear_pointwise.tensor(xq, scale, _ZERO, w, w_scale, w_zero, b, 1.0, 0, torch.bfloat16,
                                                    post, [], algorithm).reshape(*x.shape[:-1], -1)
-    return y if act is None or act in _QLINEAR_ACT else activation(act)(y)
+    return y if act is None or act in ONEDNN_ACT else activation(act)(y)
+
+
+def _agrees(kernel, dtype: torch.dtype) -> bool:
+    """Whether kernel(x, int8 rows, scales) runs here and agrees with the float product of the dequantized weights."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 64, generator=g).to(dtype), torch.randn(32, 64, generator=g)
+        q, s = quantize_rows(w)
+        ref = F.linear(x.float(), q.float() * s[:, None])
+        return bool((kernel(x, q, s).float() - ref).abs().max() < 0.05 * ref.abs().max())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
 
 
 @functools.cache
 def qlinear_bf16_ok() -> bool:
     """Whether oneDNN's int8 GEMM with bf16 activations (`qlinear_bf16`) runs here and agrees with the bf16
     product of the dequantized weights."""
-    if "onednn" not in torch.backends.quantized.supported_engines or not _vnni():
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        x, w = torch.randn(8, 64, generator=g).bfloat16(), torch.randn(32, 64, generator=g)
-        q, s = quantize_rows(w)
-        y = qlinear_bf16(x, _qlinear_prepack(q, s, None), None).float()
-        ref = F.linear(x.float(), q.float() * s[:, None])
-        return bool((y - ref).abs().max() < 0.05 * ref.abs().max())
-    except (RuntimeError, AttributeError, TypeError):
-        return False
+    return "onednn" in torch.backends.quantized.supported_engines and _vnni() and _agrees(
+        lambda x, q, s: qlinear_bf16(x, _qlinear_prepack(q, s, None), None), torch.bfloat16)
 
 
 @functools.cache
@@ -137,22 +136,14 @@ def int8_kernel_ok(engine: str | None = None) -> bool:
     """Whether the prepacked int8 kernel of `engine` runs here and agrees with the float product of the
     dequantized weights."""
     engine = engine or default_engine()
-    if engine not in torch.backends.quantized.supported_engines:
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        x, w = torch.randn(8, 64, generator=g), torch.randn(32, 64, generator=g)
-        q, s = quantize_rows(w)
-        y = torch.ops.quantized.linear_dynamic(x, _prepack(q, s, None, engine), not _vnni())
-        ref = F.linear(x, q.float() * s[:, None])
-        return bool((y - ref).abs().max() < 0.05 * ref.abs().max())
-    except (RuntimeError, AttributeError, TypeError):
-        return False
+    return engine in torch.backends.quantized.supported_engines and _agrees(
+        lambda x, q, s: torch.ops.quantized.linear_dynamic(x, _prepack(q, s, None, engine), not _vnni()), torch.float32)
 
 
 class Int8Linear(nn.Module):
     """act(x W^T + b) with W stored as int8 (`weight`) times one float scale per output row (`weight_scale`)."""
     inference_only = True
+    _DERIVED = ("_packed", "_float", "_qpacked")      # (stamp, derived data) caches, never copied
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, act: str | None = None):
         super().__init__()
@@ -242,14 +233,13 @@ class Int8Linear(nn.Module):
         return y if self.act is None else activation(self.act)(y)
 
     def __getstate__(self):
-        state = self.__dict__.copy()
         # derived; prepacked weights cannot be copied
-        state["_packed"] = state["_float"] = state["_qpacked"] = (None, None)
-        return state
+        return {**self.__dict__, **dict.fromkeys(self._DERIVED, (None, None))}
 
 
 class Int8Fused(Int8Linear):
     """Sibling Int8Linears of `owner` (Q, K, V) as one GEMM on their concatenated int8 rows; saves nothing itself."""
+    _DERIVED = (*Int8Linear._DERIVED, "_fused")
 
     def __init__(self, owner: nn.Module, names: tuple[str, ...]):
         nn.Module.__init__(self)
@@ -274,11 +264,6 @@ class Int8Fused(Int8Linear):
             cat = [torch.cat(ts) for ts in zip(*(m.parts() for m in self._sources()))]
             self._fused = (stamp, tuple(cat))
         return self._fused[1]
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_fused"] = (None, None)
-        return state
 
 
 def under_bf16_for(width: int, choices: tuple) -> tuple[bool, int]:
@@ -328,14 +313,6 @@ def _linear_like(m: nn.Module) -> bool:
         and m.weight.is_floating_point()
 
 
-def _swap_attention(m: nn.Module, values: bool) -> None:
-    for name in ("query", "key", "value"):
-        setattr(m, name, Int8Linear.from_float(getattr(m, name), values=values))
-    m.qkv = Int8Fused(m, ("query", "key", "value"))
-    m.kv = Int8Fused(m, ("key", "value"))
-    m.q = Int8Fused(m, ("query",))
-
-
 def check_keep_float(model: nn.Module, patterns) -> None:
     """Every `keep_float` pattern names some linear layer of `model`, and some layer is left to quantize: a typo
     would otherwise quantize what the user meant to keep, or write a "quantized" model with nothing in int8."""
@@ -357,16 +334,12 @@ def quantize_linears(model: nn.Module, keep_float=(), values: bool = True) -> li
     for path, module in list(model.named_modules()):
         if _matches(path, keep_float):
             continue
-        if is_attention(module) and all(_linear_like(getattr(module, n))
-                                                         for n in ("query", "key", "value")):
-            kept = [n for n in ("query", "key", "value") if _matches(f"{path}.{n}", keep_float)]
-            if not kept:
-                _swap_attention(module, values)
-            else:       # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
-                for name in ("query", "key", "value"):
-                    if name not in kept:
-                        setattr(module, name, Int8Linear.from_float(getattr(module, name), values=values))
-            done += [f"{path}.{n}" for n in ("query", "key", "value") if n not in kept]
+        if is_attention(module) and all(_linear_like(getattr(module, n)) for n in QKV):
+            names = [n for n in QKV if not _matches(f"{path}.{n}", keep_float)]
+            # some stay float: no fused int8 GEMM; the module's Projections run each layer on its own
+            swap_attention(module, lambda lin: Int8Linear.from_float(lin, values=values), names,
+                           (lambda parts: Int8Fused(module, parts)) if len(names) == len(QKV) else None)
+            done += [f"{path}.{n}" for n in names]
             continue
         for name, child in list(module.named_children()):
             full = f"{path}.{name}" if path else name

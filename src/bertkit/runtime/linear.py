@@ -14,6 +14,7 @@ with the FFN's activation in the GEMM's epilogue.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +25,12 @@ from bertkit.errors import ConfigError
 from bertkit.activations import Activation, activation
 
 __all__ = ["FrozenLinear", "freeze_linears", "onednn_linear_ok", "is_attention", "is_ffn_input",
-           "tensors_stamp"]
+           "tensors_stamp", "ONEDNN_ACT", "QKV", "swap_attention"]
 
-_ONEDNN_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
+QKV = ("query", "key", "value")                      # an attention block's projections, as checkpoints name them
+
+# activation -> oneDNN post-op (name, algorithm) fused into the GEMM (float and int8 kernels); others run after it
+ONEDNN_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
                "relu": ("relu", "")}
 
 
@@ -52,14 +56,14 @@ def pack(weight: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def packed_linear(x: Tensor, w: Tensor, b: Tensor | None, act: str | None) -> Tensor:
-    attr, algorithm = _ONEDNN_ACT[act] if act else ("none", "")
+    attr, algorithm = ONEDNN_ACT[act] if act else ("none", "")
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, attr, [], algorithm)
 
 
 def is_attention(m: nn.Module) -> bool:
     """A self-attention block as bertkit.model builds it: query / key / value and their fused projections (the
     runtime knows the model's modules by these names, as checkpoints do)."""
-    return all(hasattr(m, n) for n in ("query", "key", "value", "qkv"))
+    return all(hasattr(m, n) for n in (*QKV, "qkv"))
 
 
 def is_ffn_input(m: nn.Module) -> bool:
@@ -114,7 +118,7 @@ class FrozenLinear(nn.Module):
         self.register_buffer("weight", weight.detach().clone())
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.act = act
-        self.packed = packed if act is None or act in _ONEDNN_ACT else frozenset()   # dtypes run prepacked
+        self.packed = packed if act is None or act in ONEDNN_ACT else frozenset()   # dtypes run prepacked
         self._derived = _Derived()
 
     @property
@@ -180,13 +184,13 @@ def _frozen(linear: nn.Linear, packed: frozenset[torch.dtype], act: str | None =
     return FrozenLinear(linear.weight, linear.bias, act, packed)
 
 
-def _freeze_attention(m: nn.Module, packed: frozenset[torch.dtype]) -> None:
-    """Q, K and V frozen under their own names; the fused projections derive from them."""
-    for name in ("query", "key", "value"):
-        setattr(m, name, _frozen(getattr(m, name), frozenset()))
-    m.qkv = FrozenFused(m, ("query", "key", "value"), packed)
-    m.kv = FrozenFused(m, ("key", "value"), packed)
-    m.q = FrozenFused(m, ("query",), packed)
+def swap_attention(m: nn.Module, part: Callable, names=QKV, fused: Callable | None = None) -> None:
+    """`names` of an attention block's Q, K and V as part(linear), under their own names; with `fused`, its fused
+    projections (Q/K/V, K/V, Q) as fused(their names): derived from the parts, saving nothing of their own."""
+    for name in names:
+        setattr(m, name, part(getattr(m, name)))
+    if fused is not None:
+        m.qkv, m.kv, m.q = (fused(parts) for parts in (QKV, QKV[1:], QKV[:1]))
 
 
 def freeze_linears(model: nn.Module, packed: frozenset[torch.dtype]) -> None:
@@ -194,8 +198,9 @@ def freeze_linears(model: nn.Module, packed: frozenset[torch.dtype]) -> None:
     dtypes that run through prepacked oneDNN weights on CPU."""
     for module in list(model.modules()):
         if is_attention(module):
-            if all(type(getattr(module, n)) is nn.Linear for n in ("query", "key", "value")):   # not int8 ones
-                _freeze_attention(module, packed)
+            if all(type(getattr(module, n)) is nn.Linear for n in QKV):   # not int8 ones
+                swap_attention(module, lambda lin: _frozen(lin, frozenset()),
+                               fused=lambda names: FrozenFused(module, names, packed))
         elif is_ffn_input(module) and isinstance(module.dense, nn.Linear):
             module.dense = _frozen(module.dense, packed, module.intermediate_act_fn.name)
             module.intermediate_act_fn = nn.Identity()

@@ -163,23 +163,20 @@ class Health(BaseModel):
 
 # ------------------------------------------------------------------------------- text-embeddings-inference routes
 
-class TeiEmbedRequest(Request):
-    model_config = ConfigDict(json_schema_extra={"example": {"inputs": ["A man is eating food."]}})
-    inputs: Inputs
-    normalize: bool = True
-    truncate: bool = Field(False, description="cut inputs past the maximum input length instead of refusing them")
-    truncation_direction: Direction = Field("Right", description="the end to cut from: Right keeps the start")
-    dimensions: int | None = Field(None, ge=1, description="keep the first k components (Matryoshka), then "
-                                                           "normalise if normalize; at most the model's width")
-    prompt_name: str | None = Field(None, description="the model's prompt of this name goes before each input "
-                                                       "(default: its default_prompt_name)")
-
-
 class EmbedAllRequest(Request):
     model_config = ConfigDict(json_schema_extra={"example": {"inputs": "A man is eating food."}})
     inputs: Inputs
     truncate: bool = Field(False, description="cut inputs past the maximum input length instead of refusing them")
     truncation_direction: Direction = Field("Right", description="the end to cut from: Right keeps the start")
+
+
+class TeiEmbedRequest(EmbedAllRequest):
+    model_config = ConfigDict(json_schema_extra={"example": {"inputs": ["A man is eating food."]}})
+    normalize: bool = True
+    dimensions: int | None = Field(None, ge=1, description="keep the first k components (Matryoshka), then "
+                                                           "normalise if normalize; at most the model's width")
+    prompt_name: str | None = Field(None, description="the model's prompt of this name goes before each input "
+                                                       "(default: its default_prompt_name)")
 
 
 class DecodeRequest(Request):
