@@ -340,7 +340,7 @@ def test_peak_flops_probe_leaves_the_global_rng_alone(tmp_path, monkeypatch):
     """The CPU matmul probe (first logged step of a run) must not draw from the global RNG: otherwise dropout, and
     so a run's losses, would depend on whether an earlier run in the process had already measured the peak."""
     from bertkit.train import monitor
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("BERTKIT_CACHE", str(tmp_path))
     monkeypatch.delenv("BERTKIT_PEAK_FLOPS", raising=False)
     monkeypatch.setattr(monitor, "_measured_peak", {})
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from bertkit.atomic import write_json
+from bertkit.datasets import cache_dir
 from bertkit.errors import BertkitError
 from bertkit.hardware import cpu_signature, native_bf16
 from bertkit.modern import parts
@@ -177,7 +178,7 @@ def _matmul_rate(n: int, dtype: torch.dtype) -> float:
 
 def _remember_peak(key: str, rate: float) -> float:
     """max(rate, the best rate cached for `key`), cached again."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertkit" / "peak_flops.json"
+    cache = cache_dir() / "peak_flops.json"                   # beside the runtime plans: one cache rule
     with contextlib.suppress(OSError, ValueError, BertkitError):     # the cache is best effort
         known = json.loads(cache.read_text()) if cache.exists() else {}
         rate = max(rate, float(known.get(key, 0.0)))
