@@ -261,34 +261,3 @@ def test_metrics_move(server):
     assert after[("bertkit_request_duration_seconds_count", (("route", "/echo"),))] >= 4
     assert after[("bertkit_batch_size_count", (("endpoint", "echo"),))] >= 1
     assert after[("bertkit_queue_depth", (("endpoint", "echo"),))] == 0
-
-
-def test_the_model_is_loaded_in_a_thread_that_has_ended_before_serving(monkeypatch):
-    # a thread that ran torch keeps its OpenMP workers while it lives; with more of them than CPUs libgomp stops
-    # spin-waiting and the batchers' forwards run ~1.5x slower, so no thread but the batchers' may hold them
-    import bertkit.serve.server as server_module
-
-    loaded_in = []
-
-    def load(path, precision):
-        loaded_in.append(threading.current_thread())
-        raise RuntimeError("loaded")
-    monkeypatch.setattr(server_module.Predictor, "load", staticmethod(load))
-    with pytest.raises(RuntimeError, match="loaded"):          # raised again in the caller's thread
-        server_module.serve_model("m", ServeConfig(port=0))
-    assert loaded_in and loaded_in[0] is not threading.current_thread() and not loaded_in[0].is_alive()
-
-
-def test_every_forward_runs_on_one_thread_and_tokenizing_beside_it(server):
-    # one thread holds torch's OpenMP workers however many routes run the model (see the test above)
-    threads: dict[str, set] = {"a": set(), "b": set(), "c": set()}
-
-    def endpoint(name, forwards=True):
-        def run(items):
-            threads[name].add(threading.get_ident())
-            return [{"upper": it.text.upper(), "n": it.n} for it in items]
-        return Endpoint(name, EchoRequest, run, forwards=forwards)
-    port = server({"a": endpoint("a"), "b": endpoint("b"), "c": endpoint("c", forwards=False)})
-    for path in ("/a", "/b", "/a", "/c"):
-        assert _request(port, "POST", path, {"text": "x"})[0] == 200
-    assert len(threads["a"] | threads["b"]) == 1 and not threads["c"] & threads["a"]

@@ -18,7 +18,6 @@ import inspect
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -62,7 +61,6 @@ class Endpoint:
     check: Callable[[Any], None] | None = None         # limits checked before queueing (raises RequestError)
     split: Callable[[Any, int], list[Part]] | None = None   # (request, quantum) -> its parts, token-counted
     join: Callable[[Any, list], Any] | None = None     # (request, its parts' results) -> its result
-    forwards: bool = True                              # run calls the model: on the app's one forward thread
 
 
 def json_response(status: int, payload: Any, headers: dict | None = None) -> Response:
@@ -146,24 +144,15 @@ class Runtime:
         self.endpoints = dict(endpoints)
         self.batchers: dict[str, Batcher] = {}
         self.metrics = Metrics(lambda: {n: b.depth for n, b in self.batchers.items()})
-        # every forward on one thread: a thread that ran torch keeps its OpenMP workers, and with more of them than
-        # CPUs libgomp stops spin-waiting, which made forwards ~1.5x slower (docs/performance.md); one at a time
-        # is also all the cores can run
-        self._forward = ThreadPoolExecutor(1, thread_name_prefix="forward")
         for name, ep in self.endpoints.items():
-            run = partial(self._forwarded, ep.run) if ep.forwards else ep.run
-            self.batchers[name] = Batcher(run, config.max_batch, config.max_wait_ms, name=f"batch-{name}",
+            self.batchers[name] = Batcher(ep.run, config.max_batch, config.max_wait_ms, name=f"batch-{name}",
                                           on_batch=partial(self.metrics.batch, name),
                                           budget=Budget(config.max_batch_tokens, config.max_client_tokens,
                                                         config.max_queue_tokens))
 
-    def _forwarded(self, run: Callable[[list], list], items: list) -> list:
-        return self._forward.submit(run, items).result()
-
     def close(self) -> None:
         for b in self.batchers.values():
             b.close()
-        self._forward.shutdown(wait=False)
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes

@@ -384,9 +384,9 @@ def model_endpoints(predictor, config: ServeConfig | None = None) -> dict[str, E
                  "OpenAI-compatible embeddings", lambda r: len(r.input), dims, embed_split,
                  _openai_join(predictor.name)),
         Endpoint("tokenize", S.TokenizeRequest, _tokenize_run(predictor), list[list[S.SimpleToken]],
-                 "WordPiece tokens with their character offsets", lambda r: len(r.inputs), forwards=False),
+                 "WordPiece tokens with their character offsets", lambda r: len(r.inputs)),
         Endpoint("decode", S.DecodeRequest, _decode_run(predictor), list[str], "token ids -> text, TEI's /decode",
-                 lambda r: len(r.ids), forwards=False),
+                 lambda r: len(r.ids)),
     ]
     if predictor.has_mlm:
         eps.append(Endpoint("fill-mask", S.FillMaskRequest, _fill_run(predictor, config), S.FillMaskResult,

@@ -236,25 +236,6 @@ class ServerThread:
         self.stop()
 
 
-def _in_ended_thread(fn):
-    """fn() run in a thread that has ended when this returns. Loading runs torch's OpenMP on the thread that loads,
-    and that thread keeps its OpenMP workers while it lives; with more of them than CPUs, libgomp stops spin-waiting,
-    and the batchers' forwards ran 1.5x slower at one client (docs/performance.md)."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-            out["error"] = e
-    thread = threading.Thread(target=run, name="load", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 def serve_model(model_path: str, config: ServeConfig, verbose: bool = False, precision: str = PRECISION) -> None:
     """Load a model directory through `Predictor.load` (forwards in `precision`) and serve it until interrupted."""
     config.validate()
@@ -264,7 +245,7 @@ def serve_model(model_path: str, config: ServeConfig, verbose: bool = False, pre
         print(f"bertkit serve: warning: --host {config.host} is reachable from other machines and no --api-key is "
               f"set: anyone who can connect can use the model", file=sys.stderr, flush=True)
     try:
-        predictor = _in_ended_thread(lambda: Predictor.load(model_path, precision=precision))
+        predictor = Predictor.load(model_path, precision=precision)
         endpoints = model_endpoints(predictor, config)
         app = make_app(endpoints, config, model_name=str(model_path), info=model_info(predictor, config),
                        absent=absent_routes(predictor))
