@@ -178,8 +178,8 @@ def _matmul_rate(n: int, dtype: torch.dtype) -> float:
 
 def _remember_peak(key: str, rate: float) -> float:
     """max(rate, the best rate cached for `key`), cached again."""
-    cache = cache_dir() / "peak_flops.json"                   # beside the runtime plans: one cache rule
     with contextlib.suppress(OSError, ValueError, BertkitError):     # the cache is best effort
+        cache = cache_dir() / "peak_flops.json"               # beside the runtime plans: one cache rule
         known = json.loads(cache.read_text()) if cache.exists() else {}
         rate = max(rate, float(known.get(key, 0.0)))
         known[key] = rate

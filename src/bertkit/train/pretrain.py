@@ -475,9 +475,11 @@ def _masking(pc: PretrainConfig, path: str):
     """The masks to draw at batch time instead of the shards' own, or None to keep theirs."""
     if pc.masking == "shards" and pc.mask_prob is None and pc.mask_prob_end is None:
         return None
-    stored = MaskingConfig(**read_manifest(path)["masking"])        # max_predictions: resolved for the new share
-    return dataclasses.replace(stored, mode=pc.masking if pc.masking != "shards" else stored.mode,
-                               mask_prob=pc.mask_prob or stored.mask_prob, max_predictions=None, dynamic=True)
+    stored = read_manifest(path)["masking"]
+    return MaskingConfig(mode=stored["mode"] if pc.masking == "shards" else pc.masking,
+                         mask_prob=stored["mask_prob"] if pc.mask_prob is None else pc.mask_prob,
+                         mask_token_prob=stored["mask_token_prob"], random_token_prob=stored["random_token_prob"],
+                         max_ngram=stored["max_ngram"], dynamic=True)
 
 
 def _averaged_weights(out: Path, k: int) -> dict:
