@@ -36,7 +36,7 @@ from bertkit import runtime
 from bertkit.embed.index import search_vectors
 from bertkit.embed.pooling import Pooling, Prompts, SentenceEncoder
 from bertkit.embed.st_format import is_sentence_transformers_dir, load_tokenizer, read_prompts, sentence_pipeline
-from bertkit.errors import BertkitError, CheckpointError, ConfigError, DataError
+from bertkit.errors import BertkitError, CheckpointError, ConfigError
 from bertkit.heads import IGNORE_INDEX
 from bertkit.hub import resolve_model_dir
 from bertkit.predict.answers import Windows, best_spans
@@ -44,7 +44,7 @@ from bertkit.predict.decode import (FillVocab, class_scores, join_pieces, label_
                                     word_ids, word_labels)
 from bertkit.predict.engine import PRECISION, encode, forward, forward_batches
 from bertkit.predict.load import head_of
-from bertkit.textfiles import read_text
+from bertkit.textfiles import read_lines
 from bertkit.tokenizer.inputs import pad_batch
 
 __all__ = ["Predictor", "cosine_search", "read_lines"]
@@ -469,11 +469,3 @@ def cosine_search(query_vecs: np.ndarray, corpus_vecs: np.ndarray, top_k: int = 
     """For each query row, the top_k (index, cosine) of the corpus rows (vectors need not be normalised)."""
     scores, rows = search_vectors(query_vecs, corpus_vecs, top_k, cosine=True)
     return [[(int(i), float(s)) for i, s in zip(r, sc)] for r, sc in zip(rows, scores)]
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """Non-empty lines of a text file, stripped (for `bertkit embed --file` and similarity search)."""
-    lines = [ln.strip() for ln in read_text(path).splitlines() if ln.strip()]
-    if not lines:
-        raise DataError(f"{path}: no non-empty lines")
-    return lines

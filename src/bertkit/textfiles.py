@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError, ConfigError, DataError
 
-__all__ = ["read_text", "parse_json", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy",
+__all__ = ["read_text", "read_lines", "parse_json", "utf8_error", "utf8_errors", "sniff_suffix", "stdin_inputs", "is_stdin_copy",
            "shown", "shown_all"]
 
 
@@ -76,6 +76,14 @@ def read_text(path) -> str:
         return _raw(Path(path)).decode("utf-8").removeprefix(_BOM)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
+
+
+def read_lines(path) -> list[str]:
+    """Non-empty lines of a text file, stripped (`bertkit embed --file`, similarity search's documents)."""
+    lines = [ln.strip() for ln in read_text(path).splitlines() if ln.strip()]
+    if not lines:
+        raise DataError(f"{path}: no non-empty lines")
+    return lines
 
 
 def parse_json(text: str | bytes, where: str, error: type[BertkitError] = DataError):

@@ -14,7 +14,7 @@ from bertkit import progress
 from bertkit.atomic import replacing, write_json, write_text
 from bertkit.errors import ConfigError, DataError
 from bertkit.tasks.readers import write_table
-from bertkit.textfiles import parse_json, read_text
+from bertkit.textfiles import parse_json, read_lines, read_text
 from bertkit.commands import (add_model_argument, add_precision_argument, checks, chosen_precision, config_from,
                               inference_precision)
 
@@ -174,7 +174,6 @@ def _texts_and_ids(args) -> tuple[list[str], list[str]]:
     """Texts (arguments, then --file) and their ids: a .jsonl / .csv / .tsv file gives `id` (or `_id`) and `text`
     columns, a text file a line each (ids: their order, from 0)."""
     from bertkit.embed.runner import read_id_texts  # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import read_lines
     texts = list(args.texts)
     for i, t in enumerate(texts):
         if not t.strip():
@@ -388,7 +387,6 @@ def search(args) -> int:
 # --------------------------------------------------------------------------------------------- rerank, mine
 def rerank(args) -> int:
     from bertkit.rerank import CrossEncoder  # deferred: torch stays off `bertkit -h`'s path
-    from bertkit.infer import read_lines
     docs = read_lines(args.file)
     ce = CrossEncoder.load(args.model, precision=inference_precision(args, "rerank"))
     limit = ce.predictor.model.config.max_input_length
@@ -408,7 +406,6 @@ def mine(args) -> int:
     from bertkit.embed.mine import mine_hard_negatives, pair_label_rows  # deferred: torch stays off `bertkit -h`'s path
     from bertkit.embed.runner import load_encoder
     from bertkit.embed.train import EmbedDataset
-    from bertkit.infer import read_lines
     out = checks.out_file(args.out, inputs=(args.model, args.data, args.corpus), default_name="mined.jsonl",
                           overwrite=args.overwrite)
     data = EmbedDataset.read(args.data)

@@ -13,7 +13,7 @@ from bertkit.commands import add_model_argument, add_precision_argument, checks,
 from bertkit.commands.embed import add_prompt_arguments, embed_encoder, search_or_write, vector_out, wants_encoder
 from bertkit.errors import ConfigError, DataError
 from bertkit.serve.limits import ServeConfig
-from bertkit.textfiles import is_stdin_copy, read_text
+from bertkit.textfiles import is_stdin_copy, read_lines, read_text
 
 
 def register(sub) -> None:
@@ -81,7 +81,6 @@ def register(sub) -> None:
 
 def _texts(given: list[str], file: str | None) -> list[str]:
     """The texts given as arguments, then the lines of --file."""
-    from bertkit.infer import read_lines  # deferred: torch stays off `bertkit -h`'s path
     texts = list(given) + (read_lines(file) if file else [])
     if not texts:
         raise ConfigError("no texts: give them as arguments or with --file")
